@@ -1,0 +1,13 @@
+//! Quantized block formats, kernels and runtime pieces shared by every Ferrox engine.
+//!
+//! [`quant`] converts between f32 and ggml's block formats, bit-exactly matching
+//! llama.cpp's reference code; [`matrix`] views one tensor's bytes as a weight matrix.
+
+pub mod matrix;
+pub mod quant;
+
+pub use ferrox_gguf::GgmlType;
+pub use matrix::WeightMatrix;
+pub use quant::{
+    can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,
+};

@@ -1,0 +1,190 @@
+//! Opening GGUF checkpoints: one file, or a split checkpoint as one logical file.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::error::{GgufError, Result};
+use crate::metadata::Metadata;
+use crate::parse::{parse, Layout, TensorInfo};
+
+enum Storage {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// One parsed GGUF file (one shard of a checkpoint).
+pub(crate) struct Shard {
+    path: Option<PathBuf>,
+    storage: Storage,
+    layout: Layout,
+}
+
+impl Shard {
+    pub(crate) fn open(path: &Path) -> Result<Shard> {
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only; like every mmap-based loader we rely on the file not
+        // being truncated underneath us while it is open.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let layout = parse(&map)?;
+        Ok(Shard {
+            path: Some(path.to_path_buf()),
+            storage: Storage::Mapped(map),
+            layout,
+        })
+    }
+
+    pub(crate) fn metadata(&self) -> Metadata<'_> {
+        Metadata {
+            bytes: self.storage.bytes(),
+            layout: &self.layout,
+        }
+    }
+
+    pub(crate) fn tensor_count(&self) -> usize {
+        self.layout.tensors.len()
+    }
+}
+
+/// A GGUF checkpoint: a single file, or all files of a split checkpoint
+/// (`NAME-00001-of-00003.gguf`, ...) presented as one. Tensor data stays memory-mapped.
+pub struct Gguf {
+    shards: Vec<Shard>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl Gguf {
+    /// Opens a GGUF file. When its metadata says it is the first of a split checkpoint, the
+    /// other files are found beside it by llama.cpp's naming scheme and opened too.
+    pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
+        let path = path.as_ref();
+        let first = Shard::open(path)?;
+        let split_count = first.metadata().opt_u32("split.count")?.unwrap_or(1);
+        if split_count <= 1 {
+            return Self::from_shards(vec![first]);
+        }
+        crate::split::open_rest(path, first, split_count)
+    }
+
+    /// Parses a GGUF file held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf> {
+        let layout = parse(&bytes)?;
+        Self::from_shards(vec![Shard {
+            path: None,
+            storage: Storage::Owned(bytes),
+            layout,
+        }])
+    }
+
+    pub(crate) fn from_shards(mut shards: Vec<Shard>) -> Result<Gguf> {
+        let mut tensors = Vec::new();
+        let mut tensor_index = HashMap::new();
+        for (i, shard) in shards.iter_mut().enumerate() {
+            for mut t in std::mem::take(&mut shard.layout.tensors) {
+                t.shard = i;
+                if tensor_index.insert(t.name.clone(), tensors.len()).is_some() {
+                    return Err(GgufError::Split {
+                        path: shard.path.clone().unwrap_or_default(),
+                        reason: format!("tensor `{}` appears in more than one file", t.name),
+                    });
+                }
+                tensors.push(t);
+            }
+        }
+        Ok(Gguf {
+            shards,
+            tensors,
+            tensor_index,
+        })
+    }
+
+    /// The checkpoint's metadata (the first file's, for a split checkpoint).
+    pub fn metadata(&self) -> Metadata<'_> {
+        self.shards[0].metadata()
+    }
+
+    /// The GGUF format version of the (first) file.
+    pub fn version(&self) -> u32 {
+        self.shards[0].layout.version
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.shards[0].layout.alignment
+    }
+
+    /// Absolute offset of the (first) file's data section.
+    pub fn data_offset(&self) -> u64 {
+        self.shards[0].layout.data_offset
+    }
+
+    /// Number of files the checkpoint spans.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Paths of the files the checkpoint was read from (empty for an in-memory file).
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().filter_map(|s| s.path.as_deref())
+    }
+
+    /// Total size in bytes of the files.
+    pub fn file_size(&self) -> u64 {
+        self.shards.iter().map(|s| s.storage.bytes().len() as u64).sum()
+    }
+
+    /// All tensors, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The tensor's info, or an error naming it.
+    pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+    }
+
+    /// The bytes of a tensor, borrowed from the mapped file.
+    pub fn tensor_data(&self, tensor: &TensorInfo) -> Result<&[u8]> {
+        let n_bytes = tensor.n_bytes.ok_or_else(|| GgufError::UnknownTensorType {
+            name: tensor.name.clone(),
+            ty: tensor.ty.name().into_owned(),
+        })?;
+        let bytes = self
+            .shards
+            .get(tensor.shard)
+            .map(|s| s.storage.bytes())
+            .unwrap_or_default();
+        // Ranges were validated at parse time; `get` keeps a forged TensorInfo harmless.
+        let start = tensor.file_offset as usize;
+        bytes
+            .get(start..start.saturating_add(n_bytes as usize))
+            .ok_or_else(|| GgufError::Invalid {
+                field: format!("tensor `{}` data", tensor.name),
+                offset: tensor.file_offset,
+                reason: "range lies outside its file".into(),
+            })
+    }
+
+    /// Raw metadata of shard `i` of a split checkpoint.
+    pub fn shard_metadata(&self, i: usize) -> Option<Metadata<'_>> {
+        self.shards.get(i).map(Shard::metadata)
+    }
+}
