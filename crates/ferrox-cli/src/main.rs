@@ -1,1 +1,59 @@
-fn main() {}
+//! `ferrox`: run, inspect and serve GGUF language models on the CPU.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferrox", version, about = "Run large language models from GGUF checkpoints on the CPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file's metadata and tensors.
+    Inspect(commands::inspect::Args),
+}
+
+/// Bad input (a file that cannot be read or parsed, invalid arguments) exits with 2;
+/// anything else that fails exits with 1.
+fn exit_code(err: &anyhow::Error) -> u8 {
+    let is_input = err.chain().any(|e| {
+        e.is::<ferrox_gguf::GgufError>()
+            || e.is::<std::io::Error>()
+            || e.is::<commands::InputError>()
+    });
+    if is_input {
+        2
+    } else {
+        1
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => commands::inspect::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`ferrox inspect ... | head`) is not a failure.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line: the context chain joined with ": ".
+            eprintln!("error: {err:#}");
+            ExitCode::from(exit_code(&err))
+        }
+    }
+}

@@ -62,7 +62,7 @@ impl GgufWriter {
             .iter()
             .find(|(k, _)| k == "general.alignment")
             .and_then(|(_, v)| match v {
-                OwnedValue::U32(a) => Some(u64::from(*a)),
+                OwnedValue::U32(a) if a.is_power_of_two() => Some(u64::from(*a)),
                 _ => None,
             })
             .unwrap_or(DEFAULT_ALIGNMENT)

@@ -1,0 +1,171 @@
+//! `ferrox inspect FILE [--json]`: what a GGUF file holds.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use ferrox_gguf::{GgmlType, Gguf, Value};
+use serde_json::{json, Map, Value as Json};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file (the first file of a split checkpoint).
+    file: PathBuf,
+    /// Print one JSON object: {"metadata": {...}, "tensors": [{name, type, shape, offset, bytes}]}.
+    #[arg(long)]
+    json: bool,
+    /// Print arrays whole instead of summarizing long ones.
+    #[arg(long)]
+    full_arrays: bool,
+}
+
+/// Arrays longer than this are summarized as type, length and first items.
+const ARRAY_SUMMARY_ITEMS: usize = 8;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let gguf = Gguf::open(&args.file).with_context(|| format!("{}", args.file.display()))?;
+    let limit = if args.full_arrays { usize::MAX } else { ARRAY_SUMMARY_ITEMS };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &to_json(&gguf, limit))?;
+        writeln!(out)?;
+    } else {
+        print_text(&mut out, &args.file, &gguf, limit)?;
+    }
+    Ok(())
+}
+
+fn float_json(f: f64) -> Json {
+    serde_json::Number::from_f64(f)
+        .map(Json::Number)
+        .unwrap_or_else(|| Json::String(f.to_string()))
+}
+
+/// f32 values print by their shortest decimal form (1e-6, not 9.99999997e-7).
+fn f32_json(f: f32) -> Json {
+    float_json(f.to_string().parse().unwrap_or(f64::NAN))
+}
+
+fn value_json(v: &Value<'_>, limit: usize) -> Json {
+    match *v {
+        Value::U8(x) => x.into(),
+        Value::I8(x) => x.into(),
+        Value::U16(x) => x.into(),
+        Value::I16(x) => x.into(),
+        Value::U32(x) => x.into(),
+        Value::I32(x) => x.into(),
+        Value::U64(x) => x.into(),
+        Value::I64(x) => x.into(),
+        Value::F32(x) => f32_json(x),
+        Value::F64(x) => float_json(x),
+        Value::Bool(x) => x.into(),
+        Value::String(s) => s.into(),
+        Value::Array(a) => {
+            let items: Vec<Json> = a.iter().take(limit).map(|x| value_json(&x, limit)).collect();
+            if a.len() <= limit {
+                Json::Array(items)
+            } else {
+                json!({"type": "array", "elem_type": a.elem_type().name(), "len": a.len(), "head": items})
+            }
+        }
+    }
+}
+
+fn to_json(gguf: &Gguf, limit: usize) -> Json {
+    let metadata: Map<String, Json> = gguf
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.to_string(), value_json(&v, limit)))
+        .collect();
+    let tensors: Vec<Json> = gguf
+        .tensors()
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "type": t.ty.name(),
+                "shape": t.shape,
+                "offset": t.offset,
+                "bytes": t.n_bytes,
+            })
+        })
+        .collect();
+    json!({
+        "version": gguf.version(),
+        "metadata": metadata,
+        "tensors": tensors,
+    })
+}
+
+/// A value as one line of text: strings quoted and escaped, long arrays summarized.
+fn value_text(v: &Value<'_>, limit: usize) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        Value::F32(x) => x.to_string(),
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().take(limit).map(|x| value_text(&x, limit)).collect();
+            let more = if a.len() > items.len() { ", ..." } else { "" };
+            format!("[{}; {}] [{}{more}]", a.elem_type(), a.len(), items.join(", "))
+        }
+        other => value_json(other, limit).to_string(),
+    }
+}
+
+fn print_text(out: &mut impl Write, path: &std::path::Path, gguf: &Gguf, limit: usize) -> anyhow::Result<()> {
+    let meta = gguf.metadata();
+    writeln!(
+        out,
+        "{}: GGUF v{}, {} bytes in {} file(s), alignment {}, data at offset {}",
+        path.display(),
+        gguf.version(),
+        gguf.file_size(),
+        gguf.shard_count(),
+        gguf.alignment(),
+        gguf.data_offset()
+    )?;
+    writeln!(
+        out,
+        "architecture: {}",
+        meta.opt_str("general.architecture").ok().flatten().unwrap_or("(none)")
+    )?;
+    writeln!(out, "\nmetadata ({} keys):", meta.len())?;
+    for (key, value) in meta.iter() {
+        let ty = match value {
+            Value::Array(_) => "arr".to_string(),
+            v => v.value_type().name().to_string(),
+        };
+        writeln!(out, "  {key:<48} {ty:<6} {}", value_text(&value, limit))?;
+    }
+
+    let tensors = gguf.tensors();
+    writeln!(out, "\ntensors ({}):", tensors.len())?;
+    let width = tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    writeln!(out, "  {:<width$}  {:<8}  {:<24}  {:>12}", "name", "type", "shape", "bytes")?;
+    let mut by_type: BTreeMap<GgmlType, (usize, u64, u64)> = BTreeMap::new();
+    let (mut params, mut bytes) = (0u64, 0u64);
+    for t in tensors {
+        let shape = format!("{:?}", t.shape);
+        let size = t.n_bytes.map_or("?".to_string(), |b| b.to_string());
+        writeln!(out, "  {:<width$}  {:<8}  {:<24}  {:>12}", t.name, t.ty.name(), shape, size)?;
+        let entry = by_type.entry(t.ty).or_default();
+        entry.0 += 1;
+        entry.1 += t.n_elements;
+        entry.2 += t.n_bytes.unwrap_or(0);
+        params += t.n_elements;
+        bytes += t.n_bytes.unwrap_or(0);
+    }
+    writeln!(
+        out,
+        "\ntotals: {} tensors, {} parameters ({:.2} M), {} bytes ({:.2} MiB)",
+        tensors.len(),
+        params,
+        params as f64 / 1e6,
+        bytes,
+        bytes as f64 / (1 << 20) as f64
+    )?;
+    for (ty, (count, n, b)) in by_type {
+        writeln!(out, "  {:<8} {count:>5} tensors {n:>12} parameters {b:>12} bytes", ty.name())?;
+    }
+    Ok(())
+}
