@@ -4,12 +4,9 @@ use std::path::PathBuf;
 /// byte offset where it sits, so a bad file can be diagnosed with a hex dump.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message (not a `source()`), so it is printed once.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("not a GGUF file (magic at offset 0 is {found:02x?}, expected \"GGUF\")")]
     BadMagic { found: Vec<u8> },
     #[error("big-endian GGUF files are not supported")]

@@ -31,9 +31,9 @@ pub(crate) struct Shard {
 
 impl Shard {
     pub(crate) fn open(path: &Path) -> Result<Shard> {
-        let io = |source| GgufError::Io {
+        let io = |err| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            err,
         };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; like every mmap-based loader we rely on the file not

@@ -152,9 +152,9 @@ impl GgufWriter {
 
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |err| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            err,
         };
         let mut file = io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
         self.write_to(&mut file).map_err(io)
