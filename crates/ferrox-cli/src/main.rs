@@ -7,7 +7,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ferrox", version, about = "Run large language models from GGUF checkpoints on the CPU")]
+#[command(
+    name = "ferrox",
+    version,
+    about = "Run large language models from GGUF checkpoints on the CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

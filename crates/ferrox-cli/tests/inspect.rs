@@ -13,7 +13,9 @@ fn same(a: &Json, b: &Json) -> bool {
         (Json::Number(x), Json::Number(y)) if x.is_f64() || y.is_f64() => {
             x.as_f64().map(|v| v as f32) == y.as_f64().map(|v| v as f32)
         }
-        (Json::Array(x), Json::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q)),
+        (Json::Array(x), Json::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
+        }
         _ => a == b,
     }
 }
@@ -21,8 +23,17 @@ fn same(a: &Json, b: &Json) -> bool {
 #[test]
 fn inspect_matches_gguf_py_on_the_default_model() {
     let model = default_model();
-    let out = ferrox(&[OsStr::new("inspect"), OsStr::new("--json"), OsStr::new("--full-arrays"), model.as_os_str()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ferrox(&[
+        OsStr::new("inspect"),
+        OsStr::new("--json"),
+        OsStr::new("--full-arrays"),
+        model.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ours: Json = serde_json::from_slice(&out.stdout).unwrap();
 
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
@@ -43,13 +54,19 @@ fn inspect_matches_gguf_py_on_the_default_model() {
     assert_eq!(tensors.len(), 236);
     assert_eq!(ours["tensors"], theirs["tensors"]);
 
-    let (ours, theirs) = (ours["metadata"].as_object().unwrap(), theirs["metadata"].as_object().unwrap());
+    let (ours, theirs) = (
+        ours["metadata"].as_object().unwrap(),
+        theirs["metadata"].as_object().unwrap(),
+    );
     assert_eq!(ours.len(), theirs.len());
     for (key, value) in theirs {
         assert!(same(&ours[key], value), "metadata `{key}` differs");
     }
     assert_eq!(ours["general.architecture"], "gemma3");
-    assert_eq!(ours["tokenizer.ggml.tokens"].as_array().unwrap().len(), 262_144);
+    assert_eq!(
+        ours["tokenizer.ggml.tokens"].as_array().unwrap().len(),
+        262_144
+    );
 }
 
 #[test]
@@ -59,7 +76,10 @@ fn inspect_text_lists_metadata_tensors_and_totals() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("architecture: gemma3"));
     assert!(text.contains("gemma3.context_length"));
-    assert!(text.contains("[string; 262144] [\"<pad>\", \"<eos>\""), "long arrays are summarized");
+    assert!(
+        text.contains("[string; 262144] [\"<pad>\", \"<eos>\""),
+        "long arrays are summarized"
+    );
     assert!(text.contains("token_embd.weight"));
     assert!(text.contains("totals: 236 tensors, 268098176 parameters"));
 }
@@ -67,7 +87,11 @@ fn inspect_text_lists_metadata_tensors_and_totals() {
 fn assert_clean_failure(what: &str, out: &std::process::Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{what}: stderr: {stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{what}: one line on stderr: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{what}: one line on stderr: {stderr}"
+    );
     assert!(stderr.starts_with("error: "), "{what}: {stderr}");
     assert!(!stderr.contains("panicked"), "{what}");
     assert!(out.stdout.is_empty(), "{what}");

@@ -143,7 +143,10 @@ impl Gguf {
 
     /// Total size in bytes of the files.
     pub fn file_size(&self) -> u64 {
-        self.shards.iter().map(|s| s.storage.bytes().len() as u64).sum()
+        self.shards
+            .iter()
+            .map(|s| s.storage.bytes().len() as u64)
+            .sum()
     }
 
     /// All tensors, in file order.

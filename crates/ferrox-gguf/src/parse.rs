@@ -169,7 +169,12 @@ impl<'a> Cursor<'a> {
             .ok_or_else(|| self.invalid(at, field(), format!("unknown value type {tag}")))
     }
 
-    fn value(&mut self, ty: ValueType, depth: usize, field: &dyn Fn() -> String) -> Result<RawValue> {
+    fn value(
+        &mut self,
+        ty: ValueType,
+        depth: usize,
+        field: &dyn Fn() -> String,
+    ) -> Result<RawValue> {
         match ty {
             ValueType::String => {
                 let (off, len) = self.string(field)?;
@@ -245,9 +250,11 @@ impl<'a> Cursor<'a> {
 /// every tensor's byte range against the file.
 pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
     let mut c = Cursor { buf, pos: 0 };
-    let magic = c.take(4, &|| "magic".into()).map_err(|_| GgufError::BadMagic {
-        found: buf[..buf.len().min(4)].to_vec(),
-    })?;
+    let magic = c
+        .take(4, &|| "magic".into())
+        .map_err(|_| GgufError::BadMagic {
+            found: buf[..buf.len().min(4)].to_vec(),
+        })?;
     if magic != MAGIC {
         return Err(GgufError::BadMagic {
             found: magic.to_vec(),
@@ -322,9 +329,9 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
     let data_offset = align_up(c.pos as u64, alignment);
     let file_len = buf.len() as u64;
     for t in &mut tensors {
-        t.file_offset = data_offset.checked_add(t.offset).unwrap_or(u64::MAX);
+        t.file_offset = data_offset.saturating_add(t.offset);
         let end = t.file_offset.checked_add(t.n_bytes.unwrap_or(0));
-        if !end.is_some_and(|end| end <= file_len) {
+        if end.is_none_or(|end| end > file_len) {
             return Err(GgufError::Invalid {
                 field: format!("tensor `{}` data", t.name),
                 offset: t.file_offset,
@@ -352,7 +359,11 @@ fn tensor_info(c: &mut Cursor<'_>, name: &str, alignment: u64) -> Result<TensorI
     let dims_at = c.pos;
     let n_dims = c.u32(&|| field("dimension count"))?;
     if n_dims > MAX_DIMS {
-        return Err(c.invalid(dims_at, field("dimension count"), format!("{n_dims} > {MAX_DIMS}")));
+        return Err(c.invalid(
+            dims_at,
+            field("dimension count"),
+            format!("{n_dims} > {MAX_DIMS}"),
+        ));
     }
     let mut shape = Vec::with_capacity(n_dims as usize);
     let mut n_elements: u64 = 1;

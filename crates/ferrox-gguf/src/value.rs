@@ -299,7 +299,9 @@ impl<'a> ArrayRef<'a> {
                 return Some(Cow::Borrowed(slice));
             }
         }
-        Some(Cow::Owned(bytes.chunks_exact(size).map(T::read_le).collect()))
+        Some(Cow::Owned(
+            bytes.chunks_exact(size).map(T::read_le).collect(),
+        ))
     }
 
     /// The elements of a bool array.

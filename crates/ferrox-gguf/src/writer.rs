@@ -79,7 +79,9 @@ impl GgufWriter {
     ) -> Result<&mut Self> {
         let (name, data) = (name.into(), data.into());
         if shape.len() > MAX_DIMS as usize {
-            return Err(GgufError::Write(format!("tensor `{name}` has more than {MAX_DIMS} dimensions")));
+            return Err(GgufError::Write(format!(
+                "tensor `{name}` has more than {MAX_DIMS} dimensions"
+            )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::Write(format!("tensor `{name}` added twice")));
@@ -146,7 +148,8 @@ impl GgufWriter {
 
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        self.write_to(&mut out).expect("writing to a Vec cannot fail");
+        self.write_to(&mut out)
+            .expect("writing to a Vec cannot fail");
         out
     }
 

@@ -71,7 +71,9 @@ fn gguf_py_reads_what_we_write() {
         .arg(&path)
         .arg("--data")
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}; install python3 and `pip install gguf`"));
+        .unwrap_or_else(|e| {
+            panic!("cannot run {python}: {e}; install python3 and `pip install gguf`")
+        });
     assert!(
         out.status.success(),
         "gguf-py could not read the file (is the `gguf` package installed? `pip install gguf`):\n{}",
@@ -100,6 +102,11 @@ fn gguf_py_reads_what_we_write() {
         assert_eq!(py["type"], json!(t.ty.name()));
         assert_eq!(py["shape"], json!(t.shape));
         assert_eq!(py["offset"], json!(t.offset));
-        assert_eq!(py["data_hex"], json!(hex(ours.tensor_data(t).unwrap())), "{}", t.name);
+        assert_eq!(
+            py["data_hex"],
+            json!(hex(ours.tensor_data(t).unwrap())),
+            "{}",
+            t.name
+        );
     }
 }

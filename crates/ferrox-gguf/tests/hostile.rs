@@ -3,7 +3,7 @@
 
 mod common;
 
-use ferrox_gguf::{Gguf, GgufError, GgufWriter, GgmlType};
+use ferrox_gguf::{GgmlType, Gguf, GgufError, GgufWriter};
 use proptest::prelude::*;
 
 fn header(version: u32, n_tensors: u64, n_kv: u64) -> Vec<u8> {
@@ -29,9 +29,18 @@ fn err(bytes: Vec<u8>) -> GgufError {
 #[test]
 fn bad_magic_version_and_endianness() {
     assert!(matches!(err(b"GGU".to_vec()), GgufError::BadMagic { .. }));
-    assert!(matches!(err(b"GGML\0\0\0\0".to_vec()), GgufError::BadMagic { .. }));
-    assert!(matches!(err(header(1, 0, 0)), GgufError::UnsupportedVersion(1)));
-    assert!(matches!(err(header(3u32.swap_bytes(), 0, 0)), GgufError::BigEndian));
+    assert!(matches!(
+        err(b"GGML\0\0\0\0".to_vec()),
+        GgufError::BadMagic { .. }
+    ));
+    assert!(matches!(
+        err(header(1, 0, 0)),
+        GgufError::UnsupportedVersion(1)
+    ));
+    assert!(matches!(
+        err(header(3u32.swap_bytes(), 0, 0)),
+        GgufError::BigEndian
+    ));
     assert!(Gguf::from_bytes(header(2, 0, 0)).is_ok());
     assert!(Gguf::from_bytes(header(3, 0, 0)).is_ok());
 }
@@ -140,13 +149,25 @@ fn tensor_infos_are_checked_against_the_file() {
     let e = err(one_tensor(&[8], 0, 1 << 62, 32));
     assert!(e.to_string().contains("past the end"), "{e}");
     // Offsets must be aligned.
-    assert!(err(one_tensor(&[8], 0, 4, 64)).to_string().contains("alignment"));
+    assert!(err(one_tensor(&[8], 0, 4, 64))
+        .to_string()
+        .contains("alignment"));
     // Too many dimensions, overflowing shapes, partial blocks.
-    assert!(err(one_tensor(&[1; 5], 0, 0, 32)).to_string().contains("dimension count"));
-    assert!(err(one_tensor(&[u64::MAX, 2], 0, 0, 32)).to_string().contains("overflow"));
-    assert!(err(one_tensor(&[1 << 40, 1 << 30], 0, 0, 32)).to_string().contains("overflow"));
-    assert!(err(one_tensor(&[33], 2, 0, 64)).to_string().contains("block size"));
-    assert!(err(one_tensor(&[1 << 62], 0, 0, 32)).to_string().contains("overflow"));
+    assert!(err(one_tensor(&[1; 5], 0, 0, 32))
+        .to_string()
+        .contains("dimension count"));
+    assert!(err(one_tensor(&[u64::MAX, 2], 0, 0, 32))
+        .to_string()
+        .contains("overflow"));
+    assert!(err(one_tensor(&[1 << 40, 1 << 30], 0, 0, 32))
+        .to_string()
+        .contains("overflow"));
+    assert!(err(one_tensor(&[33], 2, 0, 64))
+        .to_string()
+        .contains("block size"));
+    assert!(err(one_tensor(&[1 << 62], 0, 0, 32))
+        .to_string()
+        .contains("overflow"));
 }
 
 #[test]
@@ -229,11 +250,18 @@ fn mutation() -> impl Strategy<Value = Mutation> {
     ];
     prop_oneof![
         any::<prop::sample::Index>().prop_map(|i| Mutation::Truncate(i.index(1 << 16))),
-        (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(i, b)| Mutation::SetByte(i.index(1 << 16), b)),
-        (any::<prop::sample::Index>(), big).prop_map(|(i, v)| Mutation::SetU64(i.index(1 << 16), v)),
-        (any::<prop::sample::Index>(), any::<u32>()).prop_map(|(i, v)| Mutation::SetU32(i.index(1 << 16), v)),
-        (any::<prop::sample::Index>(), 1usize..64).prop_map(|(i, n)| Mutation::Remove(i.index(1 << 16), n)),
-        (any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 1..32))
+        (any::<prop::sample::Index>(), any::<u8>())
+            .prop_map(|(i, b)| Mutation::SetByte(i.index(1 << 16), b)),
+        (any::<prop::sample::Index>(), big)
+            .prop_map(|(i, v)| Mutation::SetU64(i.index(1 << 16), v)),
+        (any::<prop::sample::Index>(), any::<u32>())
+            .prop_map(|(i, v)| Mutation::SetU32(i.index(1 << 16), v)),
+        (any::<prop::sample::Index>(), 1usize..64)
+            .prop_map(|(i, n)| Mutation::Remove(i.index(1 << 16), n)),
+        (
+            any::<prop::sample::Index>(),
+            prop::collection::vec(any::<u8>(), 1..32)
+        )
             .prop_map(|(i, v)| Mutation::Insert(i.index(1 << 16), v)),
     ]
 }

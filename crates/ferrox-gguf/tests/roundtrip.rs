@@ -1,6 +1,8 @@
 mod common;
 
-use ferrox_gguf::{GgmlType, Gguf, GgufError, GgufWriter, OwnedArray, OwnedValue, Value, ValueType};
+use ferrox_gguf::{
+    GgmlType, Gguf, GgufError, GgufWriter, OwnedArray, OwnedValue, Value, ValueType,
+};
 use std::borrow::Cow;
 
 #[test]
@@ -34,7 +36,10 @@ fn write_then_read_gives_identical_metadata_and_bytes() {
             ])),
         ),
         ("t.flags", OwnedValue::from(vec![true, false, true])),
-        ("t.empty_array", OwnedValue::Array(OwnedArray::String(vec![]))),
+        (
+            "t.empty_array",
+            OwnedValue::Array(OwnedArray::String(vec![])),
+        ),
     ];
     for (key, value) in written {
         assert_eq!(meta.get(key).unwrap().to_owned_value(), value, "{key}");
@@ -55,9 +60,15 @@ fn write_then_read_gives_identical_metadata_and_bytes() {
     let expected = common::sample_writer();
     let reread = Gguf::from_bytes(expected.to_bytes()).unwrap();
     let names: Vec<&str> = gguf.tensors().iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["a.weight", "b.weight", "c.weight", "d.bias", "e.scalar"]);
+    assert_eq!(
+        names,
+        ["a.weight", "b.weight", "c.weight", "d.bias", "e.scalar"]
+    );
     let b = gguf.require_tensor("b.weight").unwrap();
-    assert_eq!((b.ty, b.shape.as_slice(), b.n_elements), (GgmlType::Q4_0, &[64u64, 2][..], 128));
+    assert_eq!(
+        (b.ty, b.shape.as_slice(), b.n_elements),
+        (GgmlType::Q4_0, &[64u64, 2][..], 128)
+    );
     assert_eq!(gguf.tensor_data(b).unwrap(), common::pattern(72));
     let a = gguf.require_tensor("a.weight").unwrap();
     let a_bytes = gguf.tensor_data(a).unwrap();
@@ -78,7 +89,8 @@ fn rewriting_what_was_read_reproduces_the_file() {
         w.set(k, v.to_owned_value());
     }
     for t in gguf.tensors() {
-        w.add_tensor(&t.name, t.ty, &t.shape, gguf.tensor_data(t).unwrap()).unwrap();
+        w.add_tensor(&t.name, t.ty, &t.shape, gguf.tensor_data(t).unwrap())
+            .unwrap();
     }
     assert_eq!(w.to_bytes(), original);
 }
@@ -109,7 +121,10 @@ fn typed_accessors_report_missing_and_mistyped_keys() {
     assert!(meta.get_u32("t.u64").is_err());
     assert!(meta.get_u32("t.i8").is_err());
     assert!(matches!(meta.get("t.i16"), Some(Value::I16(-32000))));
-    assert!(matches!(gguf.require_tensor("zz"), Err(GgufError::MissingTensor(_))));
+    assert!(matches!(
+        gguf.require_tensor("zz"),
+        Err(GgufError::MissingTensor(_))
+    ));
 }
 
 #[test]
@@ -138,10 +153,21 @@ fn typed_slices_borrow_when_aligned() {
 #[test]
 fn writer_rejects_inconsistent_tensors() {
     let mut w = GgufWriter::new();
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[33], vec![0; 18]).is_err());
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 17]).is_err());
-    assert!(w.add_tensor("x", GgmlType::Other(4), &[32], vec![0; 18]).is_err());
-    assert!(w.add_tensor("x", GgmlType::F32, &[1, 1, 1, 1, 1], vec![0; 4]).is_err());
-    w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18]).unwrap();
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18]).is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[33], vec![0; 18])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 17])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Other(4), &[32], vec![0; 18])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::F32, &[1, 1, 1, 1, 1], vec![0; 4])
+        .is_err());
+    w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18])
+        .unwrap();
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 18])
+        .is_err());
 }

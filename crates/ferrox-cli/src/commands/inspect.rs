@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use ferrox_gguf::{GgmlType, Gguf, Value};
 use serde_json::{json, Map, Value as Json};
 
@@ -24,8 +23,12 @@ pub struct Args {
 const ARRAY_SUMMARY_ITEMS: usize = 8;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let gguf = Gguf::open(&args.file).with_context(|| format!("{}", args.file.display()))?;
-    let limit = if args.full_arrays { usize::MAX } else { ARRAY_SUMMARY_ITEMS };
+    let gguf = super::open_gguf(&args.file)?;
+    let limit = if args.full_arrays {
+        usize::MAX
+    } else {
+        ARRAY_SUMMARY_ITEMS
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &to_json(&gguf, limit))?;
@@ -62,7 +65,11 @@ fn value_json(v: &Value<'_>, limit: usize) -> Json {
         Value::Bool(x) => x.into(),
         Value::String(s) => s.into(),
         Value::Array(a) => {
-            let items: Vec<Json> = a.iter().take(limit).map(|x| value_json(&x, limit)).collect();
+            let items: Vec<Json> = a
+                .iter()
+                .take(limit)
+                .map(|x| value_json(&x, limit))
+                .collect();
             if a.len() <= limit {
                 Json::Array(items)
             } else {
@@ -104,15 +111,29 @@ fn value_text(v: &Value<'_>, limit: usize) -> String {
         Value::String(s) => format!("{s:?}"),
         Value::F32(x) => x.to_string(),
         Value::Array(a) => {
-            let items: Vec<String> = a.iter().take(limit).map(|x| value_text(&x, limit)).collect();
+            let items: Vec<String> = a
+                .iter()
+                .take(limit)
+                .map(|x| value_text(&x, limit))
+                .collect();
             let more = if a.len() > items.len() { ", ..." } else { "" };
-            format!("[{}; {}] [{}{more}]", a.elem_type(), a.len(), items.join(", "))
+            format!(
+                "[{}; {}] [{}{more}]",
+                a.elem_type(),
+                a.len(),
+                items.join(", ")
+            )
         }
         other => value_json(other, limit).to_string(),
     }
 }
 
-fn print_text(out: &mut impl Write, path: &std::path::Path, gguf: &Gguf, limit: usize) -> anyhow::Result<()> {
+fn print_text(
+    out: &mut impl Write,
+    path: &std::path::Path,
+    gguf: &Gguf,
+    limit: usize,
+) -> anyhow::Result<()> {
     let meta = gguf.metadata();
     writeln!(
         out,
@@ -127,7 +148,10 @@ fn print_text(out: &mut impl Write, path: &std::path::Path, gguf: &Gguf, limit: 
     writeln!(
         out,
         "architecture: {}",
-        meta.opt_str("general.architecture").ok().flatten().unwrap_or("(none)")
+        meta.opt_str("general.architecture")
+            .ok()
+            .flatten()
+            .unwrap_or("(none)")
     )?;
     writeln!(out, "\nmetadata ({} keys):", meta.len())?;
     for (key, value) in meta.iter() {
@@ -140,14 +164,30 @@ fn print_text(out: &mut impl Write, path: &std::path::Path, gguf: &Gguf, limit: 
 
     let tensors = gguf.tensors();
     writeln!(out, "\ntensors ({}):", tensors.len())?;
-    let width = tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    writeln!(out, "  {:<width$}  {:<8}  {:<24}  {:>12}", "name", "type", "shape", "bytes")?;
+    let width = tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    writeln!(
+        out,
+        "  {:<width$}  {:<8}  {:<24}  {:>12}",
+        "name", "type", "shape", "bytes"
+    )?;
     let mut by_type: BTreeMap<GgmlType, (usize, u64, u64)> = BTreeMap::new();
     let (mut params, mut bytes) = (0u64, 0u64);
     for t in tensors {
         let shape = format!("{:?}", t.shape);
         let size = t.n_bytes.map_or("?".to_string(), |b| b.to_string());
-        writeln!(out, "  {:<width$}  {:<8}  {:<24}  {:>12}", t.name, t.ty.name(), shape, size)?;
+        writeln!(
+            out,
+            "  {:<width$}  {:<8}  {:<24}  {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            size
+        )?;
         let entry = by_type.entry(t.ty).or_default();
         entry.0 += 1;
         entry.1 += t.n_elements;
@@ -165,7 +205,11 @@ fn print_text(out: &mut impl Write, path: &std::path::Path, gguf: &Gguf, limit: 
         bytes as f64 / (1 << 20) as f64
     )?;
     for (ty, (count, n, b)) in by_type {
-        writeln!(out, "  {:<8} {count:>5} tensors {n:>12} parameters {b:>12} bytes", ty.name())?;
+        writeln!(
+            out,
+            "  {:<8} {count:>5} tensors {n:>12} parameters {b:>12} bytes",
+            ty.name()
+        )?;
     }
     Ok(())
 }

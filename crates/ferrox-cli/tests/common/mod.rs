@@ -7,7 +7,9 @@ use std::process::{Command, Output};
 pub fn default_model() -> PathBuf {
     let dir = std::env::var_os("FERROX_MODELS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
+        });
     let path = dir.join("gemma-3-270m-q4_k_m.gguf");
     assert!(
         path.is_file(),

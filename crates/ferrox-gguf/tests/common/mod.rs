@@ -33,13 +33,23 @@ pub fn sample_writer() -> GgufWriter {
                 OwnedArray::I64(vec![]),
             ]),
         )
-        .set("t.empty_array", OwnedValue::Array(OwnedArray::String(vec![])));
-    let f32s: Vec<u8> = (0..64).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
-    w.add_tensor("a.weight", GgmlType::F32, &[16, 4], f32s).unwrap();
-    w.add_tensor("b.weight", GgmlType::Q4_0, &[64, 2], pattern(4 * 18)).unwrap();
-    w.add_tensor("c.weight", GgmlType::Q4K, &[256], pattern(144)).unwrap();
-    w.add_tensor("d.bias", GgmlType::F16, &[3], pattern(6)).unwrap();
-    w.add_tensor("e.scalar", GgmlType::I32, &[], pattern(4)).unwrap();
+        .set(
+            "t.empty_array",
+            OwnedValue::Array(OwnedArray::String(vec![])),
+        );
+    let f32s: Vec<u8> = (0..64)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    w.add_tensor("a.weight", GgmlType::F32, &[16, 4], f32s)
+        .unwrap();
+    w.add_tensor("b.weight", GgmlType::Q4_0, &[64, 2], pattern(4 * 18))
+        .unwrap();
+    w.add_tensor("c.weight", GgmlType::Q4K, &[256], pattern(144))
+        .unwrap();
+    w.add_tensor("d.bias", GgmlType::F16, &[3], pattern(6))
+        .unwrap();
+    w.add_tensor("e.scalar", GgmlType::I32, &[], pattern(4))
+        .unwrap();
     w
 }
 

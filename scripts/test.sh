@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (llama.cpp's Python GGUF reader, the default
+# model, cached after the first run), then runs the whole workspace's tests in release mode.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
+    echo "installing the Python reference reader (pip: gguf, numpy) ..." >&2
+    "$PYTHON" -m pip install --quiet gguf numpy >&2
+fi
+scripts/fetch-model.sh >/dev/null
+
+cargo test --workspace --release "$@"
