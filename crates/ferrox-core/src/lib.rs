@@ -3,10 +3,12 @@
 //! [`quant`] converts between f32 and ggml's block formats, bit-exactly matching
 //! llama.cpp's reference code; [`matrix`] views one tensor's bytes as a weight matrix.
 
+pub mod kv_cache;
 pub mod matrix;
 pub mod quant;
 
 pub use ferrox_gguf::GgmlType;
+pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};
 pub use matrix::WeightMatrix;
 pub use quant::{
     can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,

@@ -1,0 +1,240 @@
+//! Hyperparameters of a dense decoder, read from GGUF metadata.
+//!
+//! Keys llama.cpp requires are required here too (a missing one is an error naming it);
+//! keys llama.cpp treats as optional get llama.cpp's documented defaults.
+
+use ferrox_gguf::{Metadata, Value};
+
+use crate::layers::activation::Activation;
+use crate::layers::rope::{Rope, RopeStyle};
+use crate::ModelError;
+
+/// What differs between the dense families, beyond the numbers in the metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecoderConfig {
+    pub arch: String,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub norm_eps: f32,
+    pub layers: Vec<LayerConfig>,
+    pub activation: Activation,
+    /// Token embeddings are multiplied by this (gemma: sqrt(n_embd)).
+    pub embedding_scale: Option<f32>,
+    /// Queries are multiplied by this after RoPE and q·k is not scaled again (gemma, phi3);
+    /// when `None`, q·k is scaled by 1/sqrt(head_dim).
+    pub query_scale: Option<f32>,
+    /// Per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before the residual add (gemma2, gemma3).
+    pub post_norms: bool,
+    pub attn_softcap: Option<f32>,
+    pub final_logit_softcap: Option<f32>,
+}
+
+/// Per-layer attention and FFN geometry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerConfig {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub n_ff: usize,
+    /// Keys further back than this many positions are masked (sliding-window layers).
+    pub sliding_window: Option<usize>,
+    pub rope: Rope,
+}
+
+impl DecoderConfig {
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Widest per-token key/value rows over the layers (the KV cache's row sizes).
+    pub fn kv_widths(&self) -> (usize, usize) {
+        let k = self.layers.iter().map(|l| l.n_head_kv * l.head_dim_k).max().unwrap_or(0);
+        let v = self.layers.iter().map(|l| l.n_head_kv * l.head_dim_v).max().unwrap_or(0);
+        (k, v)
+    }
+}
+
+/// Reads `{arch}.{name}` keys.
+pub struct Keys<'m, 'a> {
+    pub meta: &'m Metadata<'a>,
+    pub arch: &'m str,
+}
+
+impl Keys<'_, '_> {
+    pub fn key(&self, name: &str) -> String {
+        format!("{}.{name}", self.arch)
+    }
+
+    pub fn usize(&self, name: &str) -> Result<usize, ModelError> {
+        Ok(self.meta.get_usize(&self.key(name))?)
+    }
+
+    pub fn opt_usize(&self, name: &str) -> Result<Option<usize>, ModelError> {
+        Ok(self.meta.opt_usize(&self.key(name))?)
+    }
+
+    pub fn f32(&self, name: &str) -> Result<f32, ModelError> {
+        Ok(self.meta.get_f32(&self.key(name))?)
+    }
+
+    pub fn opt_f32(&self, name: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.meta.opt_f32(&self.key(name))?)
+    }
+
+    /// A per-layer count stored either as one integer or as an array with one per layer.
+    pub fn per_layer(&self, name: &str, n_layer: usize) -> Result<Option<Vec<usize>>, ModelError> {
+        let key = self.key(name);
+        match self.meta.get(&key) {
+            None => Ok(None),
+            Some(Value::Array(a)) => {
+                let values: Option<Vec<usize>> = a
+                    .iter()
+                    .map(|v| v.as_i128().and_then(|i| usize::try_from(i).ok()))
+                    .collect();
+                match values {
+                    Some(v) if v.len() == n_layer => Ok(Some(v)),
+                    _ => Err(ModelError::Config(format!(
+                        "`{key}` must hold {n_layer} non-negative integers"
+                    ))),
+                }
+            }
+            Some(_) => Ok(Some(vec![self.usize(name)?; n_layer])),
+        }
+    }
+}
+
+/// The metadata every dense family shares. Families then adjust the result.
+pub fn read_common(meta: &Metadata<'_>, arch: &str, rope_style: RopeStyle) -> Result<DecoderConfig, ModelError> {
+    let k = Keys { meta, arch };
+    let n_layer = k.usize("block_count")?;
+    let n_embd = k.usize("embedding_length")?;
+    let n_ctx_train = k.usize("context_length")?;
+    if n_layer == 0 || n_embd == 0 {
+        return Err(ModelError::Config("block_count and embedding_length must be positive".into()));
+    }
+    let n_head = k
+        .per_layer("attention.head_count", n_layer)?
+        .ok_or_else(|| ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(k.key("attention.head_count"))))?;
+    let n_head_kv = k.per_layer("attention.head_count_kv", n_layer)?.unwrap_or_else(|| n_head.clone());
+    let n_ff = k
+        .per_layer("feed_forward_length", n_layer)?
+        .ok_or_else(|| ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(k.key("feed_forward_length"))))?;
+    let first_heads = n_head[0].max(1);
+    let head_dim_k = k.opt_usize("attention.key_length")?.unwrap_or(n_embd / first_heads);
+    let head_dim_v = k.opt_usize("attention.value_length")?.unwrap_or(n_embd / first_heads);
+    let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim_k);
+    let rope = read_rope(&k, rope_style, n_rot, n_ctx_train)?;
+    let norm_eps = k.f32("attention.layer_norm_rms_epsilon")?;
+    let n_vocab = vocab_size(meta, &k)?;
+
+    let mut layers = Vec::with_capacity(n_layer);
+    for il in 0..n_layer {
+        let (h, hkv) = (n_head[il], n_head_kv[il]);
+        if h == 0 || hkv == 0 || h % hkv != 0 {
+            return Err(ModelError::Config(format!(
+                "layer {il}: {h} query heads cannot share {hkv} KV heads"
+            )));
+        }
+        layers.push(LayerConfig {
+            n_head: h,
+            n_head_kv: hkv,
+            head_dim_k,
+            head_dim_v,
+            n_ff: n_ff[il],
+            sliding_window: None,
+            rope: rope.clone(),
+        });
+    }
+    if n_rot > head_dim_k || n_rot % 2 != 0 {
+        return Err(ModelError::Config(format!("rope.dimension_count {n_rot} does not fit head size {head_dim_k}")));
+    }
+    if head_dim_k > crate::layers::attention::MAX_HEAD_DIM || head_dim_v > crate::layers::attention::MAX_HEAD_DIM {
+        return Err(ModelError::Config(format!("head size {head_dim_k}/{head_dim_v} is too large")));
+    }
+    Ok(DecoderConfig {
+        arch: arch.to_string(),
+        n_embd,
+        n_vocab,
+        n_ctx_train,
+        norm_eps,
+        layers,
+        activation: Activation::Silu,
+        embedding_scale: None,
+        query_scale: None,
+        qk_norm: false,
+        post_norms: false,
+        attn_softcap: None,
+        final_logit_softcap: None,
+    })
+}
+
+fn vocab_size(meta: &Metadata<'_>, k: &Keys<'_, '_>) -> Result<usize, ModelError> {
+    if let Some(n) = k.opt_usize("vocab_size")? {
+        return Ok(n);
+    }
+    Ok(meta.get_array("tokenizer.ggml.tokens")?.len())
+}
+
+fn read_rope(k: &Keys<'_, '_>, style: RopeStyle, n_dims: usize, n_ctx_train: usize) -> Result<Rope, ModelError> {
+    let mut rope = Rope::plain(style, n_dims, k.opt_f32("rope.freq_base")?.unwrap_or(10000.0));
+    let factor = match k.opt_f32("rope.scaling.factor")? {
+        Some(f) => f,
+        None => k.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
+    };
+    rope.freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let scaling = k.meta.opt_str(&k.key("rope.scaling.type"))?.unwrap_or("linear");
+    rope.n_ctx_orig = k.opt_usize("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+    match scaling {
+        "none" | "linear" => {}
+        "yarn" => {
+            rope.ext_factor = 1.0;
+            if let Some(a) = k.opt_f32("rope.scaling.attn_factor")? {
+                rope.attn_factor = a;
+            }
+            if let Some(b) = k.opt_f32("rope.scaling.yarn_beta_fast")? {
+                rope.beta_fast = b;
+            }
+            if let Some(b) = k.opt_f32("rope.scaling.yarn_beta_slow")? {
+                rope.beta_slow = b;
+            }
+        }
+        other => {
+            return Err(ModelError::Config(format!("rope scaling type `{other}` is not supported")));
+        }
+    }
+    Ok(rope)
+}
+
+/// Marks layers as sliding-window from llama.cpp's pattern rule: with pattern `n`, every
+/// `n`-th layer (the last of each group) uses full attention. An explicit
+/// `attention.sliding_window_pattern` array or integer in the metadata wins.
+pub fn apply_swa_pattern(
+    config: &mut DecoderConfig,
+    meta: &Metadata<'_>,
+    window: usize,
+    default_pattern: usize,
+) -> Result<(), ModelError> {
+    let key = format!("{}.attention.sliding_window_pattern", config.arch);
+    let n_layer = config.n_layer();
+    let is_swa: Vec<bool> = match meta.get(&key) {
+        Some(Value::Array(a)) => {
+            let flags = a.as_bools().ok_or_else(|| ModelError::Config(format!("`{key}` must be an array of bools")))?;
+            if flags.len() != n_layer {
+                return Err(ModelError::Config(format!("`{key}` has {} entries for {n_layer} layers", flags.len())));
+            }
+            flags
+        }
+        _ => {
+            let n = meta.opt_usize(&key)?.unwrap_or(default_pattern);
+            (0..n_layer).map(|il| n == 0 || il % n < n - 1).collect()
+        }
+    };
+    for (layer, swa) in config.layers.iter_mut().zip(is_swa) {
+        layer.sliding_window = swa.then_some(window);
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The dense decoder: one engine for every GQA + RoPE transformer family
+//! (llama, qwen2/3, gemma/2/3, phi3). Family differences live in [`crate::families`];
+//! the shared pieces in [`crate::layers`].
+
+mod config;
+mod linear;
+mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrox_core::{KvCache, KvSnapshot, KvStorage};
+use ferrox_gguf::Gguf;
+use rayon::prelude::*;
+
+pub use config::{apply_swa_pattern, read_common, DecoderConfig, Keys, LayerConfig};
+pub use weights::DecoderWeights;
+
+use crate::engine::{Engine, EngineError, LogitsFor};
+use crate::layers::activation::{gated, softcap};
+use crate::layers::attention::{attend, AttentionParams, KvView};
+use crate::layers::norm::{rms_norm, rms_norm_in_place};
+use crate::tokenizer::TokenId;
+use crate::ModelError;
+use linear::linear;
+use weights::{GateUpWeights, QkvWeights};
+
+/// Tokens processed together in one pass of a long prompt (bounds scratch memory).
+const MAX_MICRO_BATCH: usize = 512;
+
+/// How to run a decoder.
+#[derive(Clone, Debug)]
+pub struct DecoderOptions {
+    /// Context size in tokens; 0 means the model's training context.
+    pub n_ctx: usize,
+    /// Worker threads; 0 means one per available core.
+    pub threads: usize,
+    pub kv_storage: KvStorage,
+}
+
+impl Default for DecoderOptions {
+    fn default() -> Self {
+        DecoderOptions {
+            n_ctx: 4096,
+            threads: 0,
+            kv_storage: KvStorage::F16,
+        }
+    }
+}
+
+/// A dense transformer decoder over a memory-mapped GGUF checkpoint.
+pub struct Decoder {
+    gguf: Arc<Gguf>,
+    config: DecoderConfig,
+    weights: DecoderWeights,
+    n_ctx: usize,
+    kv_storage: KvStorage,
+    pool: rayon::ThreadPool,
+}
+
+/// Per-sequence state: the KV cache, scratch buffers and the last logits.
+pub struct DecoderState {
+    kv: KvCache,
+    scratch: Scratch,
+    logits: Vec<f32>,
+}
+
+impl DecoderState {
+    /// Positions held in the cache.
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_empty()
+    }
+
+    /// Forgets every position from `len` on (to re-use a shared prefix).
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
+    }
+
+    pub fn snapshot(&self) -> KvSnapshot {
+        self.kv.snapshot()
+    }
+
+    pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<(), EngineError> {
+        self.kv.restore(snapshot).map_err(|e| EngineError::State(e.to_string()))
+    }
+
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
+    }
+}
+
+/// Activations for a micro-batch, reused across steps so decoding does not allocate.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    angles: Vec<(f32, f32)>,
+}
+
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+impl Decoder {
+    /// Opens a GGUF file and prepares a decoder for its architecture.
+    pub fn open(path: impl AsRef<Path>, options: &DecoderOptions) -> Result<Decoder, ModelError> {
+        let gguf = Gguf::open(path)?;
+        Decoder::from_gguf(Arc::new(gguf), options)
+    }
+
+    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Decoder, ModelError> {
+        let mut config = crate::families::decoder_config(&gguf.metadata())?;
+        let weights = DecoderWeights::load(&gguf, &config)?;
+        if let Some(freqs) = &weights.rope_freqs {
+            for layer in &mut config.layers {
+                layer.rope.freq_factors = Some(freqs.clone());
+            }
+        }
+        let n_ctx = if options.n_ctx == 0 { config.n_ctx_train } else { options.n_ctx };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .thread_name(|i| format!("ferrox-worker-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
+        Ok(Decoder {
+            gguf,
+            config,
+            weights,
+            n_ctx,
+            kv_storage: options.kv_storage,
+            pool,
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Bytes of weights read per decoded token.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.weights.bytes_per_token()
+    }
+
+    /// Runs `tokens` at positions `start_pos..`, appending to the state's cache.
+    fn forward(&self, tokens: &[TokenId], start_pos: usize, state: &mut DecoderState, want: LogitsFor) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyBatch);
+        }
+        if start_pos != state.kv.len() {
+            return Err(EngineError::Position { got: start_pos, len: state.kv.len() });
+        }
+        if start_pos + tokens.len() > state.kv.capacity() {
+            return Err(EngineError::ContextFull {
+                needed: start_pos + tokens.len(),
+                capacity: state.kv.capacity(),
+            });
+        }
+        let n_vocab = self.config.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::InvalidToken { token: bad, vocab_size: n_vocab });
+        }
+        let n_out = match want {
+            LogitsFor::Last => 1,
+            LogitsFor::All => tokens.len(),
+        };
+        state.logits.resize(n_out * n_vocab, 0.0);
+        self.pool.install(|| {
+            let mut done = 0;
+            for chunk in tokens.chunks(MAX_MICRO_BATCH) {
+                let pos = start_pos + done;
+                let is_last = done + chunk.len() == tokens.len();
+                let logits_rows = match want {
+                    LogitsFor::All => Some(done..done + chunk.len()),
+                    LogitsFor::Last if is_last => Some(0..1),
+                    LogitsFor::Last => None,
+                };
+                self.forward_micro_batch(chunk, pos, state, logits_rows)?;
+                done += chunk.len();
+            }
+            Ok(())
+        })
+    }
+
+    /// One micro-batch through every layer; writes logits rows `logits_rows` (of the
+    /// state's logits buffer) for the batch's last token, or for all of them.
+    fn forward_micro_batch(
+        &self,
+        tokens: &[TokenId],
+        start_pos: usize,
+        state: &mut DecoderState,
+        logits_rows: Option<std::ops::Range<usize>>,
+    ) -> Result<(), EngineError> {
+        let c = &self.config;
+        let n = tokens.len();
+        let n_embd = c.n_embd;
+        let s = &mut state.scratch;
+        let x = sized(&mut s.x, n * n_embd);
+
+        let embd = self.weights.token_embd.view(&self.gguf).map_err(EngineError::model)?;
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[t * n_embd..(t + 1) * n_embd];
+            embd.dequant_row(tok as usize, row).map_err(|e| EngineError::model(e.into()))?;
+            if let Some(scale) = c.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+
+        for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
+            self.attention_block(il, lc, lw, n, start_pos, &mut state.kv, s)?;
+            self.ffn_block(lc, lw, n, s)?;
+        }
+        state.kv.advance(start_pos + n);
+
+        if let Some(rows) = logits_rows {
+            let first = if rows.len() == 1 { n - 1 } else { 0 };
+            let count = rows.len();
+            let xn = sized(&mut s.xn, count * n_embd);
+            for i in 0..count {
+                let t = first + i;
+                rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &self.weights.output_norm, c.norm_eps, &mut xn[i * n_embd..(i + 1) * n_embd]);
+            }
+            let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
+            let n_vocab = c.n_vocab;
+            let logits = &mut state.logits[rows.start * n_vocab..rows.end * n_vocab];
+            linear(&out, xn, count, logits).map_err(EngineError::model)?;
+            if let Some(cap) = c.final_logit_softcap {
+                softcap(logits, cap);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        il: usize,
+        lc: &LayerConfig,
+        lw: &weights::LayerWeights,
+        n: usize,
+        start_pos: usize,
+        kv: &mut KvCache,
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let c = &self.config;
+        let n_embd = c.n_embd;
+        let (hd_k, hd_v) = (lc.head_dim_k, lc.head_dim_v);
+        let (q_w, k_w, v_w) = (lc.n_head * hd_k, lc.n_head_kv * hd_k, lc.n_head_kv * hd_v);
+        let xn = sized(&mut s.xn, n * n_embd);
+        for t in 0..n {
+            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.norm_eps, &mut xn[t * n_embd..(t + 1) * n_embd]);
+        }
+        let q = sized(&mut s.q, n * q_w);
+        let k = sized(&mut s.k, n * k_w);
+        let v = sized(&mut s.v, n * v_w);
+        match &lw.qkv {
+            QkvWeights::Separate { q: wq, k: wk, v: wv } => {
+                linear(&wq.view(&self.gguf).map_err(EngineError::model)?, xn, n, q).map_err(EngineError::model)?;
+                linear(&wk.view(&self.gguf).map_err(EngineError::model)?, xn, n, k).map_err(EngineError::model)?;
+                linear(&wv.view(&self.gguf).map_err(EngineError::model)?, xn, n, v).map_err(EngineError::model)?;
+            }
+            QkvWeights::Fused(w) => {
+                let all = q_w + k_w + v_w;
+                let qkv = sized(&mut s.qkv, n * all);
+                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, qkv).map_err(EngineError::model)?;
+                for t in 0..n {
+                    let row = &qkv[t * all..(t + 1) * all];
+                    q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
+                    k[t * k_w..(t + 1) * k_w].copy_from_slice(&row[q_w..q_w + k_w]);
+                    v[t * v_w..(t + 1) * v_w].copy_from_slice(&row[q_w + k_w..]);
+                }
+            }
+        }
+        for (buf, bias, width) in [(&mut *q, &lw.q_bias, q_w), (&mut *k, &lw.k_bias, k_w), (&mut *v, &lw.v_bias, v_w)] {
+            if let Some(b) = bias {
+                buf.chunks_exact_mut(width).for_each(|row| row.iter_mut().zip(b).for_each(|(x, bi)| *x += bi));
+            }
+        }
+        for t in 0..n {
+            let (qt, kt) = (&mut q[t * q_w..(t + 1) * q_w], &mut k[t * k_w..(t + 1) * k_w]);
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                qt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
+                kt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
+            }
+            lc.rope.angles(start_pos + t, &mut s.angles);
+            lc.rope.apply(qt, hd_k, &s.angles);
+            lc.rope.apply(kt, hd_k, &s.angles);
+            if let Some(scale) = c.query_scale {
+                qt.iter_mut().for_each(|x| *x *= scale);
+            }
+            kv.write(il, start_pos + t, kt, &v[t * v_w..(t + 1) * v_w]);
+        }
+
+        let params = AttentionParams {
+            scale: if c.query_scale.is_some() { 1.0 } else { 1.0 / (hd_k as f32).sqrt() },
+            softcap: c.attn_softcap,
+        };
+        let end = start_pos + n;
+        let view = KvView {
+            keys: kv.keys(il, 0, end),
+            values: kv.values(il, 0, end),
+            key_width: kv.key_width(),
+            value_width: kv.value_width(),
+            head: 0,
+            head_dim_k: hd_k,
+            head_dim_v: hd_v,
+        };
+        let group = lc.n_head / lc.n_head_kv;
+        let attn = sized(&mut s.attn, n * lc.n_head * hd_v);
+        let q = &*q;
+        attn.par_chunks_mut(hd_v).enumerate().for_each(|(i, out)| {
+            let (t, h) = (i / lc.n_head, i % lc.n_head);
+            let pos = start_pos + t;
+            let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let head_view = KvView { head: h / group, ..view };
+            attend(&q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k], &head_view, lo, pos + 1, &params, out);
+        });
+
+        let proj = sized(&mut s.proj, n * n_embd);
+        linear(&lw.wo.view(&self.gguf).map_err(EngineError::model)?, attn, n, proj).map_err(EngineError::model)?;
+        self.residual_add(&lw.attn_post_norm, n, s);
+        Ok(())
+    }
+
+    fn ffn_block(&self, lc: &LayerConfig, lw: &weights::LayerWeights, n: usize, s: &mut Scratch) -> Result<(), EngineError> {
+        let c = &self.config;
+        let n_embd = c.n_embd;
+        let xn = sized(&mut s.xn, n * n_embd);
+        for t in 0..n {
+            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &lw.ffn_norm, c.norm_eps, &mut xn[t * n_embd..(t + 1) * n_embd]);
+        }
+        let n_ff = lc.n_ff;
+        let gate = sized(&mut s.gate, n * n_ff);
+        match &lw.gate_up {
+            GateUpWeights::Separate { gate: wg, up: wu } => {
+                let up = sized(&mut s.up, n * n_ff);
+                linear(&wg.view(&self.gguf).map_err(EngineError::model)?, xn, n, gate).map_err(EngineError::model)?;
+                linear(&wu.view(&self.gguf).map_err(EngineError::model)?, xn, n, up).map_err(EngineError::model)?;
+                gated(c.activation, gate, up);
+            }
+            GateUpWeights::Fused(w) => {
+                let both = sized(&mut s.up, n * 2 * n_ff);
+                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, both).map_err(EngineError::model)?;
+                for t in 0..n {
+                    let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
+                    gated(c.activation, g, u);
+                    gate[t * n_ff..(t + 1) * n_ff].copy_from_slice(g);
+                }
+            }
+        }
+        let proj = sized(&mut s.proj, n * n_embd);
+        linear(&lw.down.view(&self.gguf).map_err(EngineError::model)?, gate, n, proj).map_err(EngineError::model)?;
+        self.residual_add(&lw.ffn_post_norm, n, s);
+        Ok(())
+    }
+
+    /// `x += post_norm(proj)` (or `x += proj` without a post norm).
+    fn residual_add(&self, post_norm: &Option<Vec<f32>>, n: usize, s: &mut Scratch) {
+        let n_embd = self.config.n_embd;
+        for t in 0..n {
+            let p = &mut s.proj[t * n_embd..(t + 1) * n_embd];
+            if let Some(w) = post_norm {
+                rms_norm_in_place(p, w, self.config.norm_eps);
+            }
+            s.x[t * n_embd..(t + 1) * n_embd].iter_mut().zip(p.iter()).for_each(|(x, p)| *x += p);
+        }
+    }
+}
+
+impl Engine for Decoder {
+    type State = DecoderState;
+
+    fn new_state(&self) -> DecoderState {
+        let (kw, vw) = self.config.kv_widths();
+        DecoderState {
+            kv: KvCache::new(self.config.n_layer(), self.n_ctx, kw, vw, self.kv_storage),
+            scratch: Scratch::default(),
+            logits: Vec::new(),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.n_vocab
+    }
+
+    fn context_size(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn forward_token<'s>(&self, token: TokenId, pos: usize, state: &'s mut DecoderState) -> Result<&'s [f32], EngineError> {
+        self.forward(&[token], pos, state, LogitsFor::Last)?;
+        Ok(&state.logits)
+    }
+
+    fn forward_batch<'s>(
+        &self,
+        tokens: &[TokenId],
+        start_pos: usize,
+        state: &'s mut DecoderState,
+        logits: LogitsFor,
+    ) -> Result<&'s [f32], EngineError> {
+        self.forward(tokens, start_pos, state, logits)?;
+        Ok(&state.logits)
+    }
+}

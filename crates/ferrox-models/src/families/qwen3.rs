@@ -1,0 +1,13 @@
+//! Qwen3: per-head RMSNorm of queries and keys, NeoX RoPE, no biases.
+
+use ferrox_gguf::Metadata;
+
+use crate::decoder::{read_common, DecoderConfig};
+use crate::layers::rope::RopeStyle;
+use crate::ModelError;
+
+pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
+    let mut config = read_common(meta, "qwen3", RopeStyle::Neox)?;
+    config.qk_norm = true;
+    Ok(config)
+}

@@ -1,0 +1,139 @@
+//! Rotary position embeddings: ggml's "normal" (adjacent pairs, llama) and "NeoX" (halves)
+//! layouts, with linear and YaRN frequency scaling.
+
+/// Which elements RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (x[2i], x[2i+1]): llama, mistral.
+    Normal,
+    /// Pairs (x[i], x[i + n/2]): gpt-neox, qwen, gemma, phi3.
+    Neox,
+}
+
+/// Everything that fixes the rotation angles of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (`rope.dimension_count`), at most the head size.
+    pub n_dims: usize,
+    pub freq_base: f32,
+    /// 1 / linear scaling factor.
+    pub freq_scale: f32,
+    /// YaRN: 0 disables extrapolation mixing.
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: usize,
+    /// Per-dimension-pair frequency divisors (`rope_freqs.weight`, Llama 3.1 style).
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+impl Rope {
+    pub fn plain(style: RopeStyle, n_dims: usize, freq_base: f32) -> Rope {
+        Rope {
+            style,
+            n_dims,
+            freq_base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 0,
+            freq_factors: None,
+        }
+    }
+
+    fn corr_dims(&self) -> [f32; 2] {
+        let n_dims = self.n_dims as f32;
+        let corr_dim = |n_rot: f32| {
+            n_dims * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = corr_dim(self.beta_fast).floor();
+        let end = corr_dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_dims - 1.0)]
+    }
+
+    /// The (cos, sin) pairs for position `pos`, as ggml's rope cache builds them: the angle
+    /// is advanced by repeated multiplication, not recomputed by `powf`.
+    pub fn angles(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let corr = self.corr_dims();
+        let mut theta = pos as f32;
+        for i in 0..self.n_dims / 2 {
+            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+            out.push(self.yarn(theta / ff, corr, 2 * i));
+            theta *= theta_scale;
+        }
+    }
+
+    fn yarn(&self, theta_extrap: f32, corr: [f32; 2], i0: usize) -> (f32, f32) {
+        let theta_interp = self.freq_scale * theta_extrap;
+        let mut theta = theta_interp;
+        let mut mscale = self.attn_factor;
+        if self.ext_factor != 0.0 {
+            let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+            theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+            mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+        }
+        (theta.cos() * mscale, theta.sin() * mscale)
+    }
+
+    /// Rotates every head of `x` (`x.len() / head_dim` heads) by the given angles.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+        for head in x.chunks_exact_mut(head_dim) {
+            let half = self.n_dims / 2;
+            for (i, &(cos, sin)) in angles.iter().enumerate() {
+                let (a, b) = match self.style {
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_zero_is_identity_and_rotation_preserves_norm() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            let rope = Rope::plain(style, 8, 10000.0);
+            let mut angles = Vec::new();
+            rope.angles(0, &mut angles);
+            let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+            let mut x = orig.clone();
+            rope.apply(&mut x, 8, &angles);
+            assert_eq!(x, orig);
+            rope.angles(37, &mut angles);
+            rope.apply(&mut x, 8, &angles);
+            let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+            assert!((norm(&x) - norm(&orig)).abs() < 1e-4);
+            assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn neox_rotates_halves_and_normal_rotates_neighbours() {
+        let mut angles = Vec::new();
+        let rope = Rope::plain(RopeStyle::Neox, 4, 10000.0);
+        rope.angles(1, &mut angles);
+        // Only the first pair (theta = 1 rad) matters for this vector.
+        let mut x = [1.0, 0.0, 0.0, 0.0];
+        rope.apply(&mut x, 4, &angles);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+        let rope = Rope::plain(RopeStyle::Normal, 4, 10000.0);
+        let mut x = [1.0, 0.0, 0.0, 0.0];
+        rope.apply(&mut x, 4, &angles);
+        assert!((x[1] - 1f32.sin()).abs() < 1e-6);
+    }
+}
