@@ -12,8 +12,22 @@ use crate::ModelError;
 pub enum LogitsFor {
     /// Only the last token (prompt prefill).
     Last,
-    /// Every token (perplexity, speculative checks).
+    /// Every token (speculative checks).
     All,
+    /// The tokens from this index of the batch on (perplexity scores the second half of
+    /// each chunk; the rest would be wasted memory with a large vocabulary).
+    From(usize),
+}
+
+impl LogitsFor {
+    /// The batch indices that get logits, for a batch of `n` tokens.
+    pub fn range(self, n: usize) -> std::ops::Range<usize> {
+        match self {
+            LogitsFor::Last => n.saturating_sub(1)..n,
+            LogitsFor::All => 0..n,
+            LogitsFor::From(i) => i.min(n)..n,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +72,8 @@ pub trait Engine: Send + Sync {
     fn forward_token<'s>(&self, token: TokenId, pos: usize, state: &'s mut Self::State) -> Result<&'s [f32], EngineError>;
 
     /// Runs a batch of tokens at positions `start_pos..` (prompt prefill) and returns the
-    /// logits of the last token, or of every token (`vocab_size()` each, in order).
+    /// logits the batch indices in `logits.range(tokens.len())` (`vocab_size()` each, in
+    /// order).
     fn forward_batch<'s>(
         &self,
         tokens: &[TokenId],

@@ -182,36 +182,33 @@ impl Decoder {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::InvalidToken { token: bad, vocab_size: n_vocab });
         }
-        let n_out = match want {
-            LogitsFor::Last => 1,
-            LogitsFor::All => tokens.len(),
-        };
-        state.logits.resize(n_out * n_vocab, 0.0);
+        let wanted = want.range(tokens.len());
+        state.logits.resize(wanted.len() * n_vocab, 0.0);
         self.pool.install(|| {
             let mut done = 0;
             for chunk in tokens.chunks(MAX_MICRO_BATCH) {
-                let pos = start_pos + done;
-                let is_last = done + chunk.len() == tokens.len();
-                let logits_rows = match want {
-                    LogitsFor::All => Some(done..done + chunk.len()),
-                    LogitsFor::Last if is_last => Some(0..1),
-                    LogitsFor::Last => None,
-                };
-                self.forward_micro_batch(chunk, pos, state, logits_rows)?;
+                let batch = done..done + chunk.len();
+                // Indices of this micro-batch that need logits, relative to it.
+                let first = wanted.start.max(batch.start);
+                let last = wanted.end.min(batch.end);
+                let rows = (first < last).then(|| (first - batch.start)..(last - batch.start));
+                let out_offset = first.saturating_sub(wanted.start);
+                self.forward_micro_batch(chunk, start_pos + done, state, rows, out_offset)?;
                 done += chunk.len();
             }
             Ok(())
         })
     }
 
-    /// One micro-batch through every layer; writes logits rows `logits_rows` (of the
-    /// state's logits buffer) for the batch's last token, or for all of them.
+    /// One micro-batch through every layer; for the batch indices in `logits_rows`,
+    /// writes logits into the state's buffer from row `out_offset` on.
     fn forward_micro_batch(
         &self,
         tokens: &[TokenId],
         start_pos: usize,
         state: &mut DecoderState,
         logits_rows: Option<std::ops::Range<usize>>,
+        out_offset: usize,
     ) -> Result<(), EngineError> {
         let c = &self.config;
         let n = tokens.len();
@@ -235,7 +232,7 @@ impl Decoder {
         state.kv.advance(start_pos + n);
 
         if let Some(rows) = logits_rows {
-            let first = if rows.len() == 1 { n - 1 } else { 0 };
+            let first = rows.start;
             let count = rows.len();
             let xn = sized(&mut s.xn, count * n_embd);
             for i in 0..count {
@@ -244,7 +241,7 @@ impl Decoder {
             }
             let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
             let n_vocab = c.n_vocab;
-            let logits = &mut state.logits[rows.start * n_vocab..rows.end * n_vocab];
+            let logits = &mut state.logits[out_offset * n_vocab..(out_offset + count) * n_vocab];
             linear(&out, xn, count, logits).map_err(EngineError::model)?;
             if let Some(cap) = c.final_logit_softcap {
                 softcap(logits, cap);
