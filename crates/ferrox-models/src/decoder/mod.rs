@@ -107,6 +107,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     angles: Vec<(f32, f32)>,
+    /// Activations quantized for the integer kernels.
+    xq: Vec<u8>,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -242,7 +244,7 @@ impl Decoder {
             let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
             let n_vocab = c.n_vocab;
             let logits = &mut state.logits[out_offset * n_vocab..(out_offset + count) * n_vocab];
-            linear(&out, xn, count, logits).map_err(EngineError::model)?;
+            linear(&out, xn, count, logits, &mut s.xq).map_err(EngineError::model)?;
             if let Some(cap) = c.final_logit_softcap {
                 softcap(logits, cap);
             }
@@ -274,14 +276,14 @@ impl Decoder {
         let v = sized(&mut s.v, n * v_w);
         match &lw.qkv {
             QkvWeights::Separate { q: wq, k: wk, v: wv } => {
-                linear(&wq.view(&self.gguf).map_err(EngineError::model)?, xn, n, q).map_err(EngineError::model)?;
-                linear(&wk.view(&self.gguf).map_err(EngineError::model)?, xn, n, k).map_err(EngineError::model)?;
-                linear(&wv.view(&self.gguf).map_err(EngineError::model)?, xn, n, v).map_err(EngineError::model)?;
+                linear(&wq.view(&self.gguf).map_err(EngineError::model)?, xn, n, q, &mut s.xq).map_err(EngineError::model)?;
+                linear(&wk.view(&self.gguf).map_err(EngineError::model)?, xn, n, k, &mut s.xq).map_err(EngineError::model)?;
+                linear(&wv.view(&self.gguf).map_err(EngineError::model)?, xn, n, v, &mut s.xq).map_err(EngineError::model)?;
             }
             QkvWeights::Fused(w) => {
                 let all = q_w + k_w + v_w;
                 let qkv = sized(&mut s.qkv, n * all);
-                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, qkv).map_err(EngineError::model)?;
+                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, qkv, &mut s.xq).map_err(EngineError::model)?;
                 for t in 0..n {
                     let row = &qkv[t * all..(t + 1) * all];
                     q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
@@ -336,7 +338,7 @@ impl Decoder {
         });
 
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.wo.view(&self.gguf).map_err(EngineError::model)?, attn, n, proj).map_err(EngineError::model)?;
+        linear(&lw.wo.view(&self.gguf).map_err(EngineError::model)?, attn, n, proj, &mut s.xq).map_err(EngineError::model)?;
         self.residual_add(&lw.attn_post_norm, n, s);
         Ok(())
     }
@@ -353,13 +355,13 @@ impl Decoder {
         match &lw.gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
-                linear(&wg.view(&self.gguf).map_err(EngineError::model)?, xn, n, gate).map_err(EngineError::model)?;
-                linear(&wu.view(&self.gguf).map_err(EngineError::model)?, xn, n, up).map_err(EngineError::model)?;
+                linear(&wg.view(&self.gguf).map_err(EngineError::model)?, xn, n, gate, &mut s.xq).map_err(EngineError::model)?;
+                linear(&wu.view(&self.gguf).map_err(EngineError::model)?, xn, n, up, &mut s.xq).map_err(EngineError::model)?;
                 gated(c.activation, gate, up);
             }
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
-                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, both).map_err(EngineError::model)?;
+                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, both, &mut s.xq).map_err(EngineError::model)?;
                 for t in 0..n {
                     let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
                     gated(c.activation, g, u);
@@ -368,7 +370,7 @@ impl Decoder {
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.down.view(&self.gguf).map_err(EngineError::model)?, gate, n, proj).map_err(EngineError::model)?;
+        linear(&lw.down.view(&self.gguf).map_err(EngineError::model)?, gate, n, proj, &mut s.xq).map_err(EngineError::model)?;
         self.residual_add(&lw.ffn_post_norm, n, s);
         Ok(())
     }

@@ -2,6 +2,11 @@
 //! online-softmax accumulator (one pass over the keys, no score buffer). Prefill runs the
 //! same per-query routine as decode, so a prompt's logits do not depend on how it was
 //! batched or chunked.
+//!
+//! With an f16 cache this follows ggml's CPU flash-attention arithmetic (its default
+//! configuration): the query is rounded to f16 for the q·k products and the weighted sum
+//! of values accumulates in f16, rounding after every step. With an f32 cache everything
+//! stays in f32.
 
 use ferrox_core::KvRows;
 use half::f16;
@@ -38,6 +43,7 @@ pub fn attend(q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, params: &Attenti
     let dk = kv.head_dim_k;
     let dv = kv.head_dim_v;
     out[..dv].fill(0.0);
+    let mut acc16 = [f16::ZERO; MAX_HEAD_DIM];
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     // f16 caches are read the way ggml reads them: the query is rounded to f16 once and
     // the dot product accumulates in f32.
@@ -71,10 +77,15 @@ pub fn attend(q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, params: &Attenti
         };
         let v_at = p * kv.value_width + kv.head * dv;
         match kv.values {
-            KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs, |x| x),
-            KvRows::F16(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs, f16::to_f32),
+            KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs),
+            KvRows::F16(v) => mad_f16(&mut acc16[..dv], ms, &v[v_at..v_at + dv], vs),
         }
         sum = sum * ms + vs;
+    }
+    if let KvRows::F16(_) = kv.values {
+        for (o, a) in out[..dv].iter_mut().zip(&acc16[..dv]) {
+            *o = a.to_f32();
+        }
     }
     let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
     out[..dv].iter_mut().for_each(|o| *o *= inv);
@@ -89,12 +100,23 @@ fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
 }
 
 /// `acc = acc * ms + v * vs`.
-fn mad<T: Copy>(acc: &mut [f32], ms: f32, v: &[T], vs: f32, to_f32: impl Fn(T) -> f32) {
+fn mad(acc: &mut [f32], ms: f32, v: &[f32], vs: f32) {
     if ms != 1.0 {
         acc.iter_mut().for_each(|a| *a *= ms);
     }
     for (a, &x) in acc.iter_mut().zip(v) {
-        *a += to_f32(x) * vs;
+        *a += x * vs;
+    }
+}
+
+/// The same in an f16 accumulator, rounded after the rescale and after each fused
+/// multiply-add, as ggml's `ggml_vec_scale_f16` / `ggml_vec_mad_f16` do.
+fn mad_f16(acc: &mut [f16], ms: f32, v: &[f16], vs: f32) {
+    if ms != 1.0 {
+        acc.iter_mut().for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+    }
+    for (a, x) in acc.iter_mut().zip(v) {
+        *a = f16::from_f32(x.to_f32().mul_add(vs, a.to_f32()));
     }
 }
 
