@@ -3,9 +3,11 @@
 //! [`quant`] converts between f32 and ggml's block formats, bit-exactly matching
 //! llama.cpp's reference code; [`matrix`] views one tensor's bytes as a weight matrix.
 
+pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
 pub mod quant;
+pub mod vec_f16;
 
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};

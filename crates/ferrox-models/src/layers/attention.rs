@@ -8,7 +8,7 @@
 //! of values accumulates in f16, rounding after every step. With an f32 cache everything
 //! stays in f32.
 
-use ferrox_core::KvRows;
+use ferrox_core::{vec_f16, KvRows};
 use half::f16;
 
 /// Largest head size the on-stack query buffer holds.
@@ -61,7 +61,7 @@ pub fn attend(q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, params: &Attenti
         let k_at = p * kv.key_width + kv.head * dk;
         let mut s = match kv.keys {
             KvRows::F32(k) => dot_f32(&k[k_at..k_at + dk], &q[..dk]),
-            KvRows::F16(k) => dot_f16(&k[k_at..k_at + dk], &q16[..dk]),
+            KvRows::F16(k) => vec_f16::dot_f16(&k[k_at..k_at + dk], &q16[..dk]),
         };
         s *= scale;
         if params.softcap.is_some() {
@@ -78,7 +78,12 @@ pub fn attend(q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, params: &Attenti
         let v_at = p * kv.value_width + kv.head * dv;
         match kv.values {
             KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs),
-            KvRows::F16(v) => mad_f16(&mut acc16[..dv], ms, &v[v_at..v_at + dv], vs),
+            KvRows::F16(v) => {
+                if ms != 1.0 {
+                    vec_f16::scale_f16(&mut acc16[..dv], ms);
+                }
+                vec_f16::mad_f16(&mut acc16[..dv], &v[v_at..v_at + dv], vs);
+            }
         }
         sum = sum * ms + vs;
     }
@@ -95,10 +100,6 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x.to_f32() * y.to_f32()).sum()
-}
-
 /// `acc = acc * ms + v * vs`.
 fn mad(acc: &mut [f32], ms: f32, v: &[f32], vs: f32) {
     if ms != 1.0 {
@@ -106,17 +107,6 @@ fn mad(acc: &mut [f32], ms: f32, v: &[f32], vs: f32) {
     }
     for (a, &x) in acc.iter_mut().zip(v) {
         *a += x * vs;
-    }
-}
-
-/// The same in an f16 accumulator, rounded after the rescale and after each fused
-/// multiply-add, as ggml's `ggml_vec_scale_f16` / `ggml_vec_mad_f16` do.
-fn mad_f16(acc: &mut [f16], ms: f32, v: &[f16], vs: f32) {
-    if ms != 1.0 {
-        acc.iter_mut().for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
-    }
-    for (a, x) in acc.iter_mut().zip(v) {
-        *a = f16::from_f32(x.to_f32().mul_add(vs, a.to_f32()));
     }
 }
 

@@ -1,0 +1,101 @@
+//! `ferrox chat`: an interactive conversation rendered with the model's chat template. The
+//! KV cache keeps the conversation so far; each turn evaluates only the new tokens.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use ferrox_models::chat_template::{prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions};
+use ferrox_models::generate::{generate, GenerationParams};
+use ferrox_models::Engine;
+
+use super::model::{self, ModelArgs};
+use super::run::SamplingArgs;
+use super::InputError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system message to start the conversation with.
+    #[arg(long = "system")]
+    pub system: Option<String>,
+    /// Most tokens per reply (-1: until the model ends its turn or the context is full).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sampler = args.sampling.params()?;
+    let loaded = model::load(&args.model)?;
+    let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
+    let template = match ChatTemplate::from_metadata(&decoder.gguf().metadata())? {
+        Some(t) => t,
+        None => {
+            eprintln!("the model has no chat template; using ChatML");
+            ChatTemplate::chatml()
+        }
+    };
+    let vocab = tokenizer.vocab();
+    let token_text = |id: Option<u32>| id.map(|i| vocab.text(i).to_string()).unwrap_or_default();
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        bos_token: token_text(vocab.bos()),
+        eos_token: token_text(vocab.eos()),
+        ..RenderOptions::default()
+    };
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    let mut state = decoder.new_state();
+    // Tokens whose keys and values are in the cache.
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    eprintln!("chatting with {} (Ctrl-D to leave)", loaded.path.display());
+    loop {
+        eprint!("\n> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            continue;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let rendered = template.render(&messages, &options).context("chat template")?;
+        // A BOS the template printed is dropped: the tokenizer adds the model's own.
+        let text = prompt_for_tokenizer(&rendered, &options, vocab.add_bos(), vocab.add_eos());
+        let tokens = tokenizer.encode(text, true, true);
+        let common = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+        // Keep at least one token to evaluate so there are logits to sample from.
+        let reuse = common.min(tokens.len().saturating_sub(1));
+        if tokens.len() >= decoder.context_size() {
+            return Err(InputError(format!(
+                "the conversation ({} tokens) no longer fits the context ({})",
+                tokens.len(),
+                decoder.context_size()
+            ))
+            .into());
+        }
+        state.truncate(reuse);
+        let params = GenerationParams {
+            max_tokens: usize::try_from(args.n_predict).ok(),
+            sampler: sampler.clone(),
+            ..GenerationParams::default()
+        };
+        let outcome = generate(decoder, &mut state, reuse, tokenizer, &tokens[reuse..], &params, |step| {
+            let _ = stdout.write_all(step.text.as_bytes());
+            let _ = stdout.flush();
+            true
+        })?;
+        println!();
+        cached = tokens;
+        cached.extend(&outcome.tokens[..outcome.tokens.len().saturating_sub(1)]);
+        messages.push(ChatMessage::new("assistant", outcome.text.trim()));
+    }
+}

@@ -1,0 +1,175 @@
+//! `ferrox run`: generate a continuation of a prompt.
+
+use std::io::Write;
+
+use anyhow::Context;
+use ferrox_models::generate::{generate, GenerationParams, Outcome};
+use ferrox_models::sampling::SamplerParams;
+use ferrox_models::Engine;
+use serde_json::json;
+
+use super::model::{self, ModelArgs};
+use super::InputError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Tokens to generate (-1: until end of generation or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json: the K most likely alternatives of each generated token.
+    #[arg(long = "top-logprobs", default_value_t = 0)]
+    pub top_logprobs: usize,
+    /// Do not add the model's BOS token to the prompt.
+    #[arg(long)]
+    pub no_bos: bool,
+}
+
+/// Sampler flags shared by `run` and `chat` (llama.cpp's names and defaults).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "typical", default_value_t = 1.0)]
+    pub typical_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: fixed, so runs repeat).
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> anyhow::Result<SamplerParams> {
+        let defaults = SamplerParams::default();
+        let params = SamplerParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.repeat_last_n,
+            logit_bias: Vec::new(),
+            seed: self.seed.unwrap_or(defaults.seed),
+        };
+        params.validate().map_err(InputError)?;
+        Ok(params)
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sampler = args.sampling.params()?;
+    let loaded = model::load(&args.model)?;
+    let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
+    let prompt = tokenizer.encode(&args.prompt, !args.no_bos, true);
+    if prompt.is_empty() {
+        return Err(InputError("the prompt is empty (and the model adds no BOS token)".into()).into());
+    }
+    let ctx = decoder.context_size();
+    if prompt.len() >= ctx {
+        return Err(InputError(format!(
+            "the prompt has {} tokens but the context holds {ctx}: use a larger --ctx-size",
+            prompt.len()
+        ))
+        .into());
+    }
+    let params = GenerationParams {
+        max_tokens: usize::try_from(args.n_predict).ok(),
+        stop: args.stop.clone(),
+        sampler,
+        top_logprobs: args.top_logprobs,
+        logprobs: false,
+        ignore_eog: false,
+    };
+    let mut state = decoder.new_state();
+    let mut stdout = std::io::stdout().lock();
+    let mut top_logprobs = Vec::new();
+    let mut write_error = None;
+    let outcome = generate(decoder, &mut state, 0, tokenizer, &prompt, &params, |step| {
+        if args.json {
+            top_logprobs.push(step.top_logprobs.iter().map(|&(id, lp)| json!([id, lp])).collect::<Vec<_>>());
+            return true;
+        }
+        if let Err(e) = stdout.write_all(step.text.as_bytes()).and_then(|_| stdout.flush()) {
+            write_error = Some(e);
+            return false;
+        }
+        true
+    })
+    .context("generation failed")?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    if args.json {
+        let mut object = json!({
+            "prompt_tokens": prompt,
+            "tokens": outcome.tokens,
+            "text": outcome.text,
+            "finish_reason": outcome.finish.as_str(),
+            "timings": timings_json(&outcome),
+        });
+        if args.top_logprobs > 0 {
+            object["top_logprobs"] = json!(top_logprobs);
+        }
+        serde_json::to_writer(&mut stdout, &object)?;
+        writeln!(stdout)?;
+    } else {
+        writeln!(stdout)?;
+        print_timings(&outcome);
+    }
+    Ok(())
+}
+
+pub fn timings_json(outcome: &Outcome) -> serde_json::Value {
+    let t = &outcome.timings;
+    json!({
+        "prompt_n": t.prompt_tokens,
+        "prompt_ms": t.prompt_time.as_secs_f64() * 1e3,
+        "prompt_per_second": t.prompt_tokens_per_second(),
+        "predicted_n": t.generated_tokens,
+        "predicted_ms": t.generation_time.as_secs_f64() * 1e3,
+        "predicted_per_second": t.generation_tokens_per_second(),
+    })
+}
+
+pub fn print_timings(outcome: &Outcome) {
+    let t = &outcome.timings;
+    eprintln!(
+        "prompt: {} tokens in {:.1} ms ({:.2} t/s); generated: {} tokens in {:.1} ms ({:.2} t/s); finish: {}",
+        t.prompt_tokens,
+        t.prompt_time.as_secs_f64() * 1e3,
+        t.prompt_tokens_per_second(),
+        t.generated_tokens,
+        t.generation_time.as_secs_f64() * 1e3,
+        t.generation_tokens_per_second(),
+        outcome.finish.as_str()
+    );
+}
