@@ -11,6 +11,7 @@
 
 mod error;
 mod file;
+mod file_type;
 mod metadata;
 mod parse;
 mod split;
@@ -20,6 +21,7 @@ mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::Gguf;
+pub use file_type::file_type_name;
 pub use metadata::Metadata;
 pub use parse::{TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use split::split_path;

@@ -1,0 +1,335 @@
+//! `ferrox bench`: llama-bench's measurements (pp = one batched prefill of random tokens,
+//! tg = single-token decode steps from an empty context; one warm-up, then repetitions;
+//! mean and sample standard deviation of per-repetition t/s), optionally side by side with
+//! llama-bench itself on the same file and threads.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use ferrox_models::tokenizer::TokenId;
+use ferrox_models::{Decoder, DecoderState, Engine, LogitsFor};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use super::model::{self, ModelArgs};
+use super::InputError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model file (default: the default model).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Prompt tokens for the prefill test (0: skip it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0: skip it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Timed repetitions per test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Threads (default: one per core).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Print a JSON array (llama-bench's field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also run this llama-bench binary on the same file, tests and threads, alternating
+    /// with ferrox, and print the ratios.
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+}
+
+/// One test's result.
+struct Measurement {
+    name: String,
+    n_prompt: usize,
+    n_gen: usize,
+    samples_ns: Vec<u64>,
+}
+
+impl Measurement {
+    fn tokens(&self) -> usize {
+        self.n_prompt + self.n_gen
+    }
+
+    fn samples_ts(&self) -> Vec<f64> {
+        self.samples_ns.iter().map(|&ns| 1e9 * self.tokens() as f64 / ns as f64).collect()
+    }
+
+    fn avg_ts(&self) -> f64 {
+        mean(&self.samples_ts())
+    }
+
+    fn stddev_ts(&self) -> f64 {
+        stddev(&self.samples_ts())
+    }
+}
+
+fn mean(x: &[f64]) -> f64 {
+    x.iter().sum::<f64>() / x.len().max(1) as f64
+}
+
+/// Sample standard deviation (n - 1), as llama-bench reports.
+fn stddev(x: &[f64]) -> f64 {
+    if x.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(x);
+    (x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (x.len() - 1) as f64).sqrt()
+}
+
+struct Bench<'a> {
+    decoder: &'a Decoder,
+    bos: Option<TokenId>,
+    rng: rand::rngs::StdRng,
+}
+
+impl Bench<'_> {
+    fn random_tokens(&mut self, n: usize) -> Vec<TokenId> {
+        let vocab = self.decoder.vocab_size() as TokenId;
+        (0..n)
+            .map(|i| match (i, self.bos) {
+                (0, Some(bos)) => bos,
+                _ => self.rng.random_range(0..vocab),
+            })
+            .collect()
+    }
+
+    fn prefill(&mut self, state: &mut DecoderState, n: usize) -> anyhow::Result<u64> {
+        let tokens = self.random_tokens(n);
+        state.truncate(0);
+        let start = Instant::now();
+        self.decoder.forward_batch(&tokens, 0, state, LogitsFor::Last)?;
+        Ok(start.elapsed().as_nanos() as u64)
+    }
+
+    fn generate(&mut self, state: &mut DecoderState, n: usize) -> anyhow::Result<u64> {
+        let tokens = self.random_tokens(n);
+        state.truncate(0);
+        let start = Instant::now();
+        for (pos, &t) in tokens.iter().enumerate() {
+            self.decoder.forward_token(t, pos, state)?;
+        }
+        Ok(start.elapsed().as_nanos() as u64)
+    }
+
+    fn run(&mut self, state: &mut DecoderState, n_prompt: usize, n_gen: usize, reps: usize) -> anyhow::Result<Measurement> {
+        // Warm-up: one full run of the test.
+        self.timed(state, n_prompt, n_gen)?;
+        let samples_ns = (0..reps).map(|_| self.timed(state, n_prompt, n_gen)).collect::<anyhow::Result<_>>()?;
+        let name = if n_prompt > 0 { format!("pp{n_prompt}") } else { format!("tg{n_gen}") };
+        Ok(Measurement {
+            name,
+            n_prompt,
+            n_gen,
+            samples_ns,
+        })
+    }
+
+    fn timed(&mut self, state: &mut DecoderState, n_prompt: usize, n_gen: usize) -> anyhow::Result<u64> {
+        if n_prompt > 0 {
+            self.prefill(state, n_prompt)
+        } else {
+            self.generate(state, n_gen)
+        }
+    }
+}
+
+/// What llama-bench calls the model (`gemma3 270M Q4_K - Medium`).
+fn model_type(decoder: &Decoder) -> String {
+    let meta = decoder.gguf().metadata();
+    let arch = meta.architecture().unwrap_or("?");
+    let size = meta.opt_str("general.size_label").ok().flatten().unwrap_or("?");
+    let ftype = meta
+        .opt_u32("general.file_type")
+        .ok()
+        .flatten()
+        .and_then(ferrox_gguf::file_type_name)
+        .unwrap_or("?");
+    format!("{arch} {size} {ftype}")
+}
+
+fn human_size(bytes: u64) -> String {
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    if mib < 1024.0 {
+        format!("{mib:.2} MiB")
+    } else {
+        format!("{:.2} GiB", mib / 1024.0)
+    }
+}
+
+fn human_params(n: u64) -> String {
+    if n < 1_000_000_000 {
+        format!("{:.2} M", n as f64 / 1e6)
+    } else {
+        format!("{:.2} B", n as f64 / 1e9)
+    }
+}
+
+/// llama-bench's JSON results for one test, run as its own process.
+fn llama_bench(binary: &Path, model: &Path, m: &Measurement, threads: usize, reps: usize) -> anyhow::Result<f64> {
+    let out = Command::new(binary)
+        .args(["-m", &model.to_string_lossy()])
+        .args(["-p", &m.n_prompt.to_string(), "-n", &m.n_gen.to_string()])
+        .args(["-r", &reps.to_string(), "-t", &threads.to_string(), "-o", "json"])
+        .output()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    if !out.status.success() {
+        bail!("{} failed: {}", binary.display(), String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+    }
+    let results: Value = serde_json::from_slice(&out.stdout).context("llama-bench JSON")?;
+    results
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["n_prompt"] == m.n_prompt && r["n_gen"] == m.n_gen))
+        .and_then(|r| r["avg_ts"].as_f64())
+        .context("llama-bench printed no result for the test")
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        return Err(InputError("--repetitions must be at least 1".into()).into());
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let model_args = ModelArgs {
+        model: args.model.clone(),
+        threads,
+        ctx_size: args.n_prompt.max(args.n_gen).max(1),
+        kv_f32: false,
+    };
+    let loaded = model::load(&model_args)?;
+    let decoder = &loaded.decoder;
+    let vocab = loaded.tokenizer.vocab();
+    let mut bench = Bench {
+        decoder,
+        bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
+        rng: rand::rngs::StdRng::seed_from_u64(1234),
+    };
+    let mut state = decoder.new_state();
+    let mut results = Vec::new();
+    let mut llama = Vec::new();
+    let tests = [(args.n_prompt, 0), (0, args.n_gen)];
+    for (n_prompt, n_gen) in tests.into_iter().filter(|t| t.0 + t.1 > 0) {
+        let m = bench.run(&mut state, n_prompt, n_gen, args.repetitions)?;
+        if let Some(binary) = &args.compare {
+            // Alternate the engines test by test so both see the same machine conditions.
+            llama.push(llama_bench(binary, &loaded.path, &m, threads, args.repetitions)?);
+        }
+        results.push(m);
+    }
+
+    let gguf = decoder.gguf();
+    let model_size: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes).sum();
+    let n_params: u64 = gguf.tensors().iter().map(|t| t.n_elements).sum();
+    let file_name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let bandwidth = args.compare.as_ref().map(|_| ferrox_core::bandwidth::read_bandwidth(threads, 5));
+    let bytes_per_token = decoder.weight_bytes_per_token();
+
+    if args.json {
+        let rows: Vec<Value> = results
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let samples_ns = &m.samples_ns;
+                let avg_ns = samples_ns.iter().sum::<u64>() / samples_ns.len() as u64;
+                let ns: Vec<f64> = samples_ns.iter().map(|&x| x as f64).collect();
+                let mut row = json!({
+                    "engine": "ferrox",
+                    "model_filename": loaded.path.to_string_lossy(),
+                    "model_type": model_type(decoder),
+                    "model_size": model_size,
+                    "model_n_params": n_params,
+                    "n_threads": threads,
+                    "n_prompt": m.n_prompt,
+                    "n_gen": m.n_gen,
+                    "type_k": "f16",
+                    "type_v": "f16",
+                    "test_time": chrono_now(),
+                    "avg_ns": avg_ns,
+                    "stddev_ns": stddev(&ns) as u64,
+                    "avg_ts": m.avg_ts(),
+                    "stddev_ts": m.stddev_ts(),
+                    "samples_ns": samples_ns,
+                    "samples_ts": m.samples_ts(),
+                });
+                if let Some(&other) = llama.get(i) {
+                    row["llama_cpp_avg_ts"] = json!(other);
+                    row["ratio"] = json!(m.avg_ts() / other);
+                }
+                if let (Some(bw), true) = (bandwidth, m.n_gen > 0) {
+                    row["read_bandwidth_gbs"] = json!(bw / 1e9);
+                    row["weight_bytes_per_token"] = json!(bytes_per_token);
+                    row["bandwidth_bound_ts"] = json!(bw / bytes_per_token as f64);
+                }
+                row
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+
+    println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
+    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
+    for m in &results {
+        println!(
+            "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+            model_type(decoder),
+            human_size(model_size),
+            human_params(n_params),
+            "ferrox",
+            threads,
+            m.name,
+            format!("{:.2} ± {:.2}", m.avg_ts(), m.stddev_ts())
+        );
+    }
+    println!("\nmodel: {file_name}");
+    if !llama.is_empty() {
+        println!("\n| test | ferrox t/s | llama.cpp t/s | ferrox / llama.cpp |");
+        println!("| ---- | ---------: | ------------: | -----------------: |");
+        for (m, other) in results.iter().zip(&llama) {
+            println!("| {} | {:.2} | {:.2} | {:.3} |", m.name, m.avg_ts(), other, m.avg_ts() / other);
+        }
+    }
+    if let Some(bw) = bandwidth {
+        let bound = bw / bytes_per_token as f64;
+        println!(
+            "\nread bandwidth ({threads} threads): {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {bound:.1} t/s",
+            bw / 1e9,
+            bytes_per_token as f64 / 1e6
+        );
+        for (i, m) in results.iter().enumerate().filter(|(_, m)| m.n_gen > 0) {
+            print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * m.avg_ts() / bound);
+            match llama.get(i) {
+                Some(other) => println!(", llama.cpp at {:.0}%", 100.0 * other / bound),
+                None => println!(),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// UTC time as llama-bench prints it (`2025-04-24T11:57:09Z`).
+fn chrono_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
