@@ -10,5 +10,6 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
     "$PYTHON" -m pip install --quiet gguf numpy >&2
 fi
 scripts/fetch-model.sh >/dev/null
+scripts/fetch-vocab-suite.sh >/dev/null
 
 cargo test --workspace --release "$@"

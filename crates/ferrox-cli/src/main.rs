@@ -21,6 +21,18 @@ struct Cli {
 enum Command {
     /// Show a GGUF file's metadata and tensors.
     Inspect(commands::inspect::Args),
+    /// Print the token ids (and pieces) a model's tokenizer gives a text.
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Generate a continuation of a prompt.
+    Run(commands::run::Args),
+    /// Chat interactively using the model's chat template.
+    Chat(commands::chat::Args),
+    /// Measure perplexity on a text file, as llama-perplexity does.
+    Perplexity(commands::perplexity::Args),
+    /// Measure prefill and decode speed, as llama-bench does.
+    Bench(commands::bench::Args),
+    /// Print the text token ids stand for.
+    Detokenize(commands::tokenize::DetokenizeArgs),
 }
 
 /// Bad input (a file that cannot be read or parsed, invalid arguments) exits with 2;
@@ -49,6 +61,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Tokenize(args) => commands::tokenize::run_tokenize(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
+        Command::Perplexity(args) => commands::perplexity::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Detokenize(args) => commands::tokenize::run_detokenize(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -197,7 +197,11 @@ mod tests {
             let (a, b) = (row(n, 1), row(n, 2));
             let (s, v) = (dot_f16_with(Isa::Scalar, &a, &b), dot_f16_with(isa, &a, &b));
             // Same products, different summation order: relative to the sum of |products|.
-            let mag: f32 = a.iter().zip(&b).map(|(x, y)| (x.to_f32() * y.to_f32()).abs()).sum();
+            let mag: f32 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x.to_f32() * y.to_f32()).abs())
+                .sum();
             assert!((s - v).abs() <= 1e-6 * mag.max(1.0), "n={n}: {s} vs {v}");
 
             // Element-wise ops round identically: bit-exact.

@@ -1,4 +1,4 @@
-//! `WeightMatrix`: the matrix-vector product agrees with a dense f32 reference, rows decode
+//! `WeightMatrix`: the matrix-vector products (scalar and fast) agree with a dense f64 reference, rows decode
 //! the same as the whole tensor does, and malformed shapes are refused.
 
 use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, QuantError, WeightMatrix};
@@ -56,7 +56,9 @@ fn apply_matches_a_dense_reference() {
             dequantize_row(ty, bytes, &mut dense).unwrap();
             let x = random_values(&mut rng, cols);
             let mut y = vec![f32::NAN; rows];
-            matrix.apply(&x, &mut y).unwrap();
+            matrix.apply_dequantized(&x, &mut y).unwrap();
+            let mut fast = vec![f32::NAN; rows];
+            matrix.apply(&x, &mut fast).unwrap();
 
             let mut row = vec![0f32; cols];
             for i in 0..rows {
@@ -81,9 +83,47 @@ fn apply_matches_a_dense_reference() {
                     "{ty} {rows}x{cols} row {i}: {} vs {want}",
                     y[i]
                 );
+                // The fast path quantizes x first (Q8: half a step of amax/127 plus the f16
+                // rounding of the step; F16/BF16: the rounding of each value).
+                let bound = activation_error_bound(ty, w, &x) + 1e-5 * scale + 1e-30;
+                let err = (f64::from(fast[i]) - want).abs();
+                assert!(
+                    err <= bound,
+                    "{ty} {rows}x{cols} row {i}: apply {} vs {want} (bound {bound:e})",
+                    fast[i]
+                );
             }
         }
     }
+}
+
+fn activation_error_bound(ty: GgmlType, w: &[f32], x: &[f32]) -> f64 {
+    let per_value = |w: &f32, x: &f32, step: f64| {
+        let relative = match ty {
+            GgmlType::F16 => 2f64.powi(-11),
+            GgmlType::Bf16 => 2f64.powi(-8),
+            _ => 0.0,
+        };
+        f64::from(w.abs()) * (0.57 * step + relative * f64::from(x.abs()))
+    };
+    if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16) {
+        return w.iter().zip(x).map(|(w, x)| per_value(w, x, 0.0)).sum();
+    }
+    let block = if ty.block_size() == Some(256) {
+        256
+    } else {
+        32
+    };
+    w.chunks(block)
+        .zip(x.chunks(block))
+        .map(|(wb, xb)| {
+            let step = f64::from(xb.iter().fold(0.0f32, |m, v| m.max(v.abs()))) / 127.0;
+            wb.iter()
+                .zip(xb)
+                .map(|(w, x)| per_value(w, x, step))
+                .sum::<f64>()
+        })
+        .sum()
 }
 
 #[test]

@@ -1,10 +1,14 @@
 //! Model configurations, one module per architecture family, tokenizers, sampling and
 //! generation.
 
+pub mod chat_template;
 pub mod decoder;
 pub mod engine;
 pub mod families;
+pub mod generate;
 pub mod layers;
+pub mod sampling;
+pub mod stop;
 pub mod tokenizer;
 
 pub use decoder::{Decoder, DecoderOptions, DecoderState};

@@ -132,3 +132,54 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
         .collect();
     assert!(nested.iter().all(|r| r == &expected));
 }
+
+#[test]
+fn sequences_stepped_together_equal_each_alone() {
+    use ferrox_models::decoder::SequenceStep;
+    let decoder = common::gemma_decoder(128, 2);
+    let tok = common::gemma_tokenizer();
+    let prompts: Vec<Vec<TokenId>> = ["Hello there", "The capital of France is", "fn main() {", "一二三四五"]
+        .iter()
+        .map(|p| tok.encode(p, true, false))
+        .collect();
+    // Alone: prefill, then 6 greedy steps; record every step's logits.
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = decoder.new_state();
+            let mut logits = vec![decoder.forward_batch(p, 0, &mut s, LogitsFor::Last).unwrap().to_vec()];
+            for _ in 0..6 {
+                let t = argmax(logits.last().unwrap());
+                let pos = s.len();
+                logits.push(decoder.forward_token(t, pos, &mut s).unwrap().to_vec());
+            }
+            logits
+        })
+        .collect();
+    // Together: the prefills in one step, then every decode step shared.
+    let mut states: Vec<_> = prompts.iter().map(|_| decoder.new_state()).collect();
+    let mut steps: Vec<SequenceStep<'_>> = prompts
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(p, state)| SequenceStep { tokens: p, state, logits: LogitsFor::Last })
+        .collect();
+    decoder.forward_many(&mut steps).unwrap();
+    drop(steps);
+    for step in 0..=6 {
+        for (i, state) in states.iter().enumerate() {
+            let got = state.logits();
+            let want = &alone[i][step];
+            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {i}, step {step}");
+        }
+        if step == 6 {
+            break;
+        }
+        let next: Vec<[TokenId; 1]> = states.iter().map(|s| [argmax(s.logits())]).collect();
+        let mut steps: Vec<SequenceStep<'_>> = next
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(t, state)| SequenceStep { tokens: t, state, logits: LogitsFor::Last })
+            .collect();
+        decoder.forward_many(&mut steps).unwrap();
+    }
+}

@@ -1,4 +1,10 @@
+pub mod bench;
+pub mod chat;
 pub mod inspect;
+pub mod model;
+pub mod perplexity;
+pub mod run;
+pub mod tokenize;
 
 use std::path::Path;
 

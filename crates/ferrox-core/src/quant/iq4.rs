@@ -17,7 +17,7 @@ use super::kquants::QK_K;
 use super::{BlockFormat, QuantizeBlock};
 
 /// ggml's `kvalues_iq4nl`.
-const LEVELS: [i8; 16] = [
+pub(crate) const LEVELS: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 const SUB: usize = 32;
@@ -125,9 +125,9 @@ impl QuantizeBlock for Iq4Nl {
 
 pub(crate) struct Iq4Xs;
 
-const XS_SCALES_HIGH_AT: usize = 2;
-const XS_SCALES_LOW_AT: usize = 4;
-const XS_NIBBLES_AT: usize = 8;
+pub(crate) const XS_SCALES_HIGH_AT: usize = 2;
+pub(crate) const XS_SCALES_LOW_AT: usize = 4;
+pub(crate) const XS_NIBBLES_AT: usize = 8;
 const XS_SUBS: usize = QK_K / SUB;
 
 impl BlockFormat for Iq4Xs {

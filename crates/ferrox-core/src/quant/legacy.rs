@@ -27,14 +27,15 @@ pub(crate) type Q5_0 = LowBitBlock<5, false>;
 pub(crate) type Q5_1 = LowBitBlock<5, true>;
 
 impl<const BITS: u32, const WITH_MIN: bool> LowBitBlock<BITS, WITH_MIN> {
-    const MIN_AT: usize = 2;
-    const HIGH_BITS_AT: usize = if WITH_MIN { 4 } else { 2 };
-    const NIBBLES_AT: usize = Self::HIGH_BITS_AT + if BITS == 5 { 4 } else { 0 };
+    pub(crate) const MIN_AT: usize = 2;
+    pub(crate) const HIGH_BITS_AT: usize = if WITH_MIN { 4 } else { 2 };
+    pub(crate) const NIBBLES_AT: usize = Self::HIGH_BITS_AT + if BITS == 5 { 4 } else { 0 };
     const MAX_CODE: u8 = (1 << BITS) - 1;
     /// The code that decodes to zero in the symmetric (`_0`) variants.
-    const MID_CODE: i32 = 1 << (BITS - 1);
+    pub(crate) const MID_CODE: i32 = 1 << (BITS - 1);
 
-    fn codes(block: &[u8]) -> [u8; QK] {
+    /// The raw codes of one block (0..2^BITS, before any offset).
+    pub(crate) fn codes(block: &[u8]) -> [u8; QK] {
         let mut codes = [0u8; QK];
         unpack_nibbles(&block[Self::NIBBLES_AT..], &mut codes);
         if BITS == 5 {
@@ -131,8 +132,8 @@ pub(crate) type Q8_0 = Q8Block<false>;
 pub(crate) type Q8_1 = Q8Block<true>;
 
 impl<const WITH_SUM: bool> Q8Block<WITH_SUM> {
-    const SUM_AT: usize = 2;
-    const CODES_AT: usize = if WITH_SUM { 4 } else { 2 };
+    pub(crate) const SUM_AT: usize = 2;
+    pub(crate) const CODES_AT: usize = if WITH_SUM { 4 } else { 2 };
 }
 
 impl<const WITH_SUM: bool> BlockFormat for Q8Block<WITH_SUM> {

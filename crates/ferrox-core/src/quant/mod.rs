@@ -5,11 +5,11 @@
 //! produce it); the public functions here validate lengths once and then walk the blocks,
 //! so the per-format code never sees a short block.
 
-mod bits;
+pub(crate) mod bits;
 mod float;
-mod iq4;
-mod kquants;
-mod legacy;
+pub(crate) mod iq4;
+pub(crate) mod kquants;
+pub(crate) mod legacy;
 
 use ferrox_gguf::GgmlType;
 
@@ -43,6 +43,10 @@ pub enum QuantError {
     },
     #[error("row {row} is out of range for a matrix of {rows} rows")]
     RowOutOfRange { row: usize, rows: usize },
+    #[error("no dot-product kernel pairs with {0} weights")]
+    UnsupportedDot(GgmlType),
+    #[error("this machine cannot run {0:?} kernels")]
+    IsaUnavailable(crate::kernels::Isa),
     #[error("{what} has {actual} values, expected {expected}")]
     VectorLength {
         what: &'static str,

@@ -58,6 +58,24 @@ pub struct Decoder {
     pool: rayon::ThreadPool,
 }
 
+/// One sequence's part of a [`Decoder::forward_many`] step.
+pub struct SequenceStep<'a> {
+    /// Tokens to append at the state's next positions.
+    pub tokens: &'a [TokenId],
+    pub state: &'a mut DecoderState,
+    pub logits: LogitsFor,
+}
+
+/// Where one row of a micro-batch comes from.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    seq: usize,
+    pos: usize,
+    token: TokenId,
+    /// Which of the sequence's logits rows this token fills, if any.
+    logits_row: Option<usize>,
+}
+
 /// Per-sequence state: the KV cache, scratch buffers and the last logits.
 pub struct DecoderState {
     kv: KvCache,
@@ -91,6 +109,11 @@ impl DecoderState {
     pub fn kv_cache(&self) -> &KvCache {
         &self.kv
     }
+
+    /// The logits of the last forward step (`vocab_size` per requested token).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
 }
 
 /// Activations for a micro-batch, reused across steps so decoding does not allocate.
@@ -109,6 +132,8 @@ struct Scratch {
     angles: Vec<(f32, f32)>,
     /// Activations quantized for the integer kernels.
     xq: Vec<u8>,
+    /// Output-head results before they are handed to each sequence.
+    logits: Vec<f32>,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -168,101 +193,111 @@ impl Decoder {
 
     /// Runs `tokens` at positions `start_pos..`, appending to the state's cache.
     fn forward(&self, tokens: &[TokenId], start_pos: usize, state: &mut DecoderState, want: LogitsFor) -> Result<(), EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyBatch);
-        }
         if start_pos != state.kv.len() {
             return Err(EngineError::Position { got: start_pos, len: state.kv.len() });
         }
-        if start_pos + tokens.len() > state.kv.capacity() {
-            return Err(EngineError::ContextFull {
-                needed: start_pos + tokens.len(),
-                capacity: state.kv.capacity(),
-            });
-        }
-        let n_vocab = self.config.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(EngineError::InvalidToken { token: bad, vocab_size: n_vocab });
-        }
-        let wanted = want.range(tokens.len());
-        state.logits.resize(wanted.len() * n_vocab, 0.0);
-        self.pool.install(|| {
-            let mut done = 0;
-            for chunk in tokens.chunks(MAX_MICRO_BATCH) {
-                let batch = done..done + chunk.len();
-                // Indices of this micro-batch that need logits, relative to it.
-                let first = wanted.start.max(batch.start);
-                let last = wanted.end.min(batch.end);
-                let rows = (first < last).then(|| (first - batch.start)..(last - batch.start));
-                let out_offset = first.saturating_sub(wanted.start);
-                self.forward_micro_batch(chunk, start_pos + done, state, rows, out_offset)?;
-                done += chunk.len();
-            }
-            Ok(())
-        })
+        self.forward_many(&mut [SequenceStep { tokens, state, logits: want }])
     }
 
-    /// One micro-batch through every layer; for the batch indices in `logits_rows`,
-    /// writes logits into the state's buffer from row `out_offset` on.
-    fn forward_micro_batch(
-        &self,
-        tokens: &[TokenId],
-        start_pos: usize,
-        state: &mut DecoderState,
-        logits_rows: Option<std::ops::Range<usize>>,
-        out_offset: usize,
-    ) -> Result<(), EngineError> {
+    /// One step for several sequences at once (continuous batching): all their tokens go
+    /// through the matrix products together, while each token attends only to its own
+    /// sequence's cache. Each sequence continues from its state's length and gets its logits
+    /// in its state ([`DecoderState::logits`]). Because the kernels are batch-invariant, a
+    /// sequence's results do not depend on which others share the step.
+    pub fn forward_many(&self, steps: &mut [SequenceStep<'_>]) -> Result<(), EngineError> {
+        let n_vocab = self.config.n_vocab;
+        let mut rows = Vec::new();
+        for (seq, step) in steps.iter_mut().enumerate() {
+            if step.tokens.is_empty() {
+                return Err(EngineError::EmptyBatch);
+            }
+            let start = step.state.kv.len();
+            let needed = start + step.tokens.len();
+            if needed > step.state.kv.capacity() {
+                return Err(EngineError::ContextFull { needed, capacity: step.state.kv.capacity() });
+            }
+            if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(EngineError::InvalidToken { token: bad, vocab_size: n_vocab });
+            }
+            let wanted = step.logits.range(step.tokens.len());
+            step.state.logits.resize(wanted.len() * n_vocab, 0.0);
+            for (i, &token) in step.tokens.iter().enumerate() {
+                let logits_row = wanted.contains(&i).then(|| i - wanted.start);
+                rows.push(Row { seq, pos: start + i, token, logits_row });
+            }
+        }
+        let mut scratch = std::mem::take(&mut steps[0].state.scratch);
+        let result = self.pool.install(|| {
+            rows.chunks(MAX_MICRO_BATCH)
+                .try_for_each(|chunk| self.forward_micro_batch(chunk, steps, &mut scratch))
+        });
+        steps[0].state.scratch = scratch;
+        result
+    }
+
+    /// One micro-batch of rows (from one or more sequences, each sequence's rows in
+    /// position order) through every layer, then the output head for the rows that want
+    /// logits.
+    fn forward_micro_batch(&self, rows: &[Row], steps: &mut [SequenceStep<'_>], s: &mut Scratch) -> Result<(), EngineError> {
         let c = &self.config;
-        let n = tokens.len();
+        let n = rows.len();
         let n_embd = c.n_embd;
-        let s = &mut state.scratch;
         let x = sized(&mut s.x, n * n_embd);
 
         let embd = self.weights.token_embd.view(&self.gguf).map_err(EngineError::model)?;
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut x[t * n_embd..(t + 1) * n_embd];
-            embd.dequant_row(tok as usize, row).map_err(|e| EngineError::model(e.into()))?;
+        for (t, row) in rows.iter().enumerate() {
+            let out = &mut x[t * n_embd..(t + 1) * n_embd];
+            embd.dequant_row(row.token as usize, out).map_err(|e| EngineError::model(e.into()))?;
             if let Some(scale) = c.embedding_scale {
-                row.iter_mut().for_each(|v| *v *= scale);
+                out.iter_mut().for_each(|v| *v *= scale);
             }
         }
 
-        for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
-            self.attention_block(il, lc, lw, n, start_pos, &mut state.kv, s)?;
-            self.ffn_block(lc, lw, n, s)?;
+        {
+            let mut caches: Vec<&mut KvCache> = steps.iter_mut().map(|st| &mut st.state.kv).collect();
+            for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
+                self.attention_block(il, lc, lw, rows, &mut caches, s)?;
+                self.ffn_block(lc, lw, n, s)?;
+            }
+            for row in rows {
+                caches[row.seq].advance(row.pos + 1);
+            }
         }
-        state.kv.advance(start_pos + n);
 
-        if let Some(rows) = logits_rows {
-            let first = rows.start;
-            let count = rows.len();
-            let xn = sized(&mut s.xn, count * n_embd);
-            for i in 0..count {
-                let t = first + i;
-                rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &self.weights.output_norm, c.norm_eps, &mut xn[i * n_embd..(i + 1) * n_embd]);
-            }
-            let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
-            let n_vocab = c.n_vocab;
-            let logits = &mut state.logits[out_offset * n_vocab..(out_offset + count) * n_vocab];
-            linear(&out, xn, count, logits, &mut s.xq).map_err(EngineError::model)?;
-            if let Some(cap) = c.final_logit_softcap {
-                softcap(logits, cap);
-            }
+        let wanting: Vec<usize> = (0..n).filter(|&t| rows[t].logits_row.is_some()).collect();
+        if wanting.is_empty() {
+            return Ok(());
+        }
+        let count = wanting.len();
+        let xn = sized(&mut s.xn, count * n_embd);
+        for (i, &t) in wanting.iter().enumerate() {
+            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &self.weights.output_norm, c.norm_eps, &mut xn[i * n_embd..(i + 1) * n_embd]);
+        }
+        let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
+        let n_vocab = c.n_vocab;
+        let logits = sized(&mut s.logits, count * n_vocab);
+        linear(&out, xn, count, logits, &mut s.xq).map_err(EngineError::model)?;
+        if let Some(cap) = c.final_logit_softcap {
+            softcap(logits, cap);
+        }
+        for (i, &t) in wanting.iter().enumerate() {
+            let (row, slot) = (&rows[t], rows[t].logits_row.unwrap_or(0));
+            steps[row.seq].state.logits[slot * n_vocab..(slot + 1) * n_vocab]
+                .copy_from_slice(&logits[i * n_vocab..(i + 1) * n_vocab]);
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention_block(
         &self,
         il: usize,
         lc: &LayerConfig,
         lw: &weights::LayerWeights,
-        n: usize,
-        start_pos: usize,
-        kv: &mut KvCache,
+        rows: &[Row],
+        caches: &mut [&mut KvCache],
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
+        let n = rows.len();
         let c = &self.config;
         let n_embd = c.n_embd;
         let (hd_k, hd_v) = (lc.head_dim_k, lc.head_dim_v);
@@ -303,38 +338,39 @@ impl Decoder {
                 qt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
                 kt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
             }
-            lc.rope.angles(start_pos + t, &mut s.angles);
+            let pos = rows[t].pos;
+            lc.rope.angles(pos, &mut s.angles);
             lc.rope.apply(qt, hd_k, &s.angles);
             lc.rope.apply(kt, hd_k, &s.angles);
             if let Some(scale) = c.query_scale {
                 qt.iter_mut().for_each(|x| *x *= scale);
             }
-            kv.write(il, start_pos + t, kt, &v[t * v_w..(t + 1) * v_w]);
+            caches[rows[t].seq].write(il, pos, kt, &v[t * v_w..(t + 1) * v_w]);
         }
 
         let params = AttentionParams {
             scale: if c.query_scale.is_some() { 1.0 } else { 1.0 / (hd_k as f32).sqrt() },
             softcap: c.attn_softcap,
         };
-        let end = start_pos + n;
-        let view = KvView {
-            keys: kv.keys(il, 0, end),
-            values: kv.values(il, 0, end),
-            key_width: kv.key_width(),
-            value_width: kv.value_width(),
-            head: 0,
-            head_dim_k: hd_k,
-            head_dim_v: hd_v,
-        };
         let group = lc.n_head / lc.n_head_kv;
         let attn = sized(&mut s.attn, n * lc.n_head * hd_v);
         let q = &*q;
+        let caches = &*caches;
         attn.par_chunks_mut(hd_v).enumerate().for_each(|(i, out)| {
             let (t, h) = (i / lc.n_head, i % lc.n_head);
-            let pos = start_pos + t;
+            let Row { seq, pos, .. } = rows[t];
+            let kv = &*caches[seq];
+            let view = KvView {
+                keys: kv.keys(il, 0, pos + 1),
+                values: kv.values(il, 0, pos + 1),
+                key_width: kv.key_width(),
+                value_width: kv.value_width(),
+                head: h / group,
+                head_dim_k: hd_k,
+                head_dim_v: hd_v,
+            };
             let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let head_view = KvView { head: h / group, ..view };
-            attend(&q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k], &head_view, lo, pos + 1, &params, out);
+            attend(&q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k], &view, lo, pos + 1, &params, out);
         });
 
         let proj = sized(&mut s.proj, n * n_embd);

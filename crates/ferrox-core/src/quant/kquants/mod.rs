@@ -3,11 +3,11 @@
 //! super-block scales. Q8_K is the activation format the K-quant dot products pair with.
 
 mod fit;
-mod q2_k;
-mod q3_k;
-mod q4_q5_k;
-mod q6_k;
-mod q8_k;
+pub(crate) mod q2_k;
+pub(crate) mod q3_k;
+pub(crate) mod q4_q5_k;
+pub(crate) mod q6_k;
+pub(crate) mod q8_k;
 
 pub(crate) use q2_k::Q2K;
 pub(crate) use q3_k::Q3K;

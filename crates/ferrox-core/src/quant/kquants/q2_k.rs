@@ -9,10 +9,10 @@ use crate::quant::{BlockFormat, QuantizeBlock};
 
 pub(crate) struct Q2K;
 
-const SCALES_AT: usize = 0;
-const CODES_AT: usize = 16;
-const D_AT: usize = 80;
-const DMIN_AT: usize = 82;
+pub(crate) const SCALES_AT: usize = 0;
+pub(crate) const CODES_AT: usize = 16;
+pub(crate) const D_AT: usize = 80;
+pub(crate) const DMIN_AT: usize = 82;
 const SUB: usize = 16;
 
 impl BlockFormat for Q2K {

@@ -10,16 +10,16 @@ use crate::quant::{BlockFormat, QuantizeBlock};
 
 pub(crate) struct Q3K;
 
-const HMASK_AT: usize = 0;
-const CODES_AT: usize = 32;
-const SCALES_AT: usize = 96;
-const D_AT: usize = 108;
+pub(crate) const HMASK_AT: usize = 0;
+pub(crate) const CODES_AT: usize = 32;
+pub(crate) const SCALES_AT: usize = 96;
+pub(crate) const D_AT: usize = 108;
 const SUB: usize = 16;
 
 /// Sub-block `j`'s scale from the 12 packed bytes: low four bits in the low (j < 8) or high
 /// nibble of byte `j % 8`, top two bits in byte `8 + j % 4` at bit `2·(j / 4)`. Returns the
 /// signed scale (stored with an offset of 32).
-fn sub_block_scale(packed: &[u8], j: usize) -> i32 {
+pub(crate) fn sub_block_scale(packed: &[u8], j: usize) -> i32 {
     let low = if j < 8 {
         packed[j] & 0x0F
     } else {
@@ -40,7 +40,7 @@ fn set_sub_block_scale(packed: &mut [u8], j: usize, offset_scale: u8) {
     packed[8 + j % 4] |= (offset_scale >> 4) << (2 * (j / 4));
 }
 
-fn high_bit_set(hmask: &[u8], e: usize) -> bool {
+pub(crate) fn high_bit_set(hmask: &[u8], e: usize) -> bool {
     hmask[e % 32] & (1 << (e / 32)) != 0
 }
 

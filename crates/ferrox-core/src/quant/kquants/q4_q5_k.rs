@@ -13,17 +13,17 @@ pub(crate) struct AffineK<const BITS: u32>;
 pub(crate) type Q4K = AffineK<4>;
 pub(crate) type Q5K = AffineK<5>;
 
-const D_AT: usize = 0;
-const DMIN_AT: usize = 2;
-const SCALES_AT: usize = 4;
-const HIGH_BITS_AT: usize = 16;
+pub(crate) const D_AT: usize = 0;
+pub(crate) const DMIN_AT: usize = 2;
+pub(crate) const SCALES_AT: usize = 4;
+pub(crate) const HIGH_BITS_AT: usize = 16;
 const SUB: usize = 32;
 const SUBS: usize = QK_K / SUB;
 /// Sub-block scales and mins are 6-bit.
 const SCALE_LEVELS: f32 = 63.0;
 
 impl<const BITS: u32> AffineK<BITS> {
-    const NIBBLES_AT: usize = HIGH_BITS_AT + if BITS == 5 { QK_K / 8 } else { 0 };
+    pub(crate) const NIBBLES_AT: usize = HIGH_BITS_AT + if BITS == 5 { QK_K / 8 } else { 0 };
     const MAX_CODE: i32 = (1 << BITS) - 1;
     /// ggml's scale search for this width (`quantize_row_q{4,5}_K_ref`).
     const SEARCH: AffineSearch = AffineSearch {
@@ -34,7 +34,7 @@ impl<const BITS: u32> AffineK<BITS> {
         use_mad: false,
     };
 
-    fn codes(block: &[u8]) -> [u8; QK_K] {
+    pub(crate) fn codes(block: &[u8]) -> [u8; QK_K] {
         let nibbles = &block[Self::NIBBLES_AT..];
         std::array::from_fn(|e| {
             let (sub, l) = (e / SUB, e % SUB);

@@ -10,15 +10,15 @@ use crate::quant::{BlockFormat, QuantizeBlock};
 
 pub(crate) struct Q6K;
 
-const LOW_AT: usize = 0;
-const HIGH_AT: usize = 128;
-const SCALES_AT: usize = 192;
-const D_AT: usize = 208;
+pub(crate) const LOW_AT: usize = 0;
+pub(crate) const HIGH_AT: usize = 128;
+pub(crate) const SCALES_AT: usize = 192;
+pub(crate) const D_AT: usize = 208;
 const SUB: usize = 16;
 const SUBS: usize = QK_K / SUB;
 
 /// (low byte index, low nibble shift, high byte index, high bits shift) of value `e`.
-fn code_position(e: usize) -> (usize, u32, usize, u32) {
+pub(crate) fn code_position(e: usize) -> (usize, u32, usize, u32) {
     let (half, quarter, l) = (e / 128, (e % 128) / 32, e % 32);
     let low_byte = LOW_AT + 64 * half + l + 32 * (quarter % 2);
     let high_byte = HIGH_AT + 32 * half + l;

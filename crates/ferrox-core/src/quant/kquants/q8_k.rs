@@ -7,9 +7,9 @@ use crate::quant::{BlockFormat, QuantizeBlock};
 
 pub(crate) struct Q8K;
 
-const D_AT: usize = 0;
-const CODES_AT: usize = 4;
-const SUMS_AT: usize = CODES_AT + QK_K;
+pub(crate) const D_AT: usize = 0;
+pub(crate) const CODES_AT: usize = 4;
+pub(crate) const SUMS_AT: usize = CODES_AT + QK_K;
 
 impl BlockFormat for Q8K {
     const ELEMS: usize = QK_K;

@@ -1,0 +1,178 @@
+//! Small AVX2 building blocks shared by the kernels: loads from unaligned byte slices,
+//! byte-product sums, nibble and bit unpacking, and ggml's horizontal sums (whose exact
+//! order decides the last bits of every result).
+
+use std::arch::x86_64::*;
+
+/// Loads the first 32 bytes of `bytes`.
+///
+/// # Panics
+/// If `bytes` is shorter than 32 (kernels slice whole blocks, so it never is).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_32(bytes: &[u8]) -> __m256i {
+    let chunk: &[u8; 32] = bytes.first_chunk().expect("a 32-byte chunk");
+    // SAFETY: `chunk` is 32 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) }
+}
+
+/// Loads the first 16 bytes of `bytes`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_16(bytes: &[u8]) -> __m128i {
+    let chunk: &[u8; 16] = bytes.first_chunk().expect("a 16-byte chunk");
+    // SAFETY: `chunk` is 16 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm_loadu_si128(chunk.as_ptr().cast()) }
+}
+
+/// The f16 at `bytes[at..at + 2]` as f32, exactly, in integer arithmetic (about fifteen
+/// instructions: fine once per super-block; per 32-value block use [`f16x4`]).
+///
+/// Why not F16C: converting a lone half with `vcvtph2ps` makes LLVM insert it into
+/// whatever vector register is at hand, chaining each conversion to that register's last
+/// writer, often an accumulator. Shifting exponent and mantissa into f32 position and
+/// scaling by 2¹¹² is exact for zero, subnormal and normal halves; infinities and NaNs are
+/// selected without a branch or call that would make the caller spill its accumulators.
+#[inline]
+pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    let bits = u32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
+    let finite = f32::from_bits((bits & 0x7FFF) << 13) * f32::from_bits(0x7780_0000);
+    let special = 0x7F80_0000 | ((bits & 0x03FF) << 13);
+    let magnitude = if bits & 0x7C00 == 0x7C00 {
+        special
+    } else {
+        finite.to_bits()
+    };
+    f32::from_bits(magnitude | ((bits & 0x8000) << 16))
+}
+
+/// Four halves converted at once with F16C: lanes 0, 1 from `low[0..4]`, lanes 2, 3 from
+/// `high[0..4]`. Callers use several lanes, so LLVM moves the whole 64 bits into a fresh
+/// register (no false dependency, unlike a lone half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16x4(low: &[u8], high: &[u8]) -> __m128 {
+    let word = |b: &[u8]| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let halves = word(low) | (word(high) << 32);
+    _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64))
+}
+
+/// `f16(a[0..2]) · f16(b[0..2])`, both converted with one F16C instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_product(a: &[u8], b: &[u8]) -> f32 {
+    let halves = u32::from(u16::from_le_bytes([a[0], a[1]]))
+        | (u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(halves as i32));
+    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
+}
+
+/// The f32 at `bytes[at..at + 4]`.
+#[inline]
+pub(super) fn f32_at(bytes: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// Sixteen packed bytes split into 32: low nibbles in bytes 0..16, high nibbles in 16..32
+/// (the layout of Q4_0, Q4_1, IQ4_NL and each IQ4_XS sub-block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn split_nibbles(packed: &[u8]) -> __m256i {
+    let bytes = load_16(packed);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 0xFF in byte `j` where bit `j` of `bits` is set, 0 elsewhere.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn bits_to_byte_mask(bits: u32) -> __m256i {
+    // Give each output byte the source byte holding its bit, then test that bit.
+    let source_byte = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), source_byte);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+/// 16 i16 lanes: `x[2i]·y[2i] + x[2i+1]·y[2i+1]` for unsigned `x` and signed `y`.
+/// Exact while each pair stays within i16, which holds for every format's code range.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn pair_sums_unsigned(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(x, y)
+}
+
+/// [`pair_sums_unsigned`] for signed `x`: moves `x`'s sign onto `y`. Exact for
+/// |x|, |y| <= 127, and for x = -128 when y > -128.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn pair_sums_signed(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// 8 i32 lanes, each the sum of two adjacent i16 lanes times `scales` (pairwise).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn scaled_quads(pairs: __m256i, scales: __m256i) -> __m256i {
+    _mm256_madd_epi16(pairs, scales)
+}
+
+/// 8 i32 lanes, each the sum of two adjacent i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn quads(pairs: __m256i) -> __m256i {
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// ggml's `hsum_float_8`: `((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum_ggml(v: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    hsum4_ggml(q)
+}
+
+/// The tail of [`hsum_ggml`] on four lanes: `(v0+v2) + (v1+v3)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum4_ggml(q: __m128) -> f32 {
+    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
+}
+
+/// Sum of the eight i32 lanes (exact, in wrapping arithmetic).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum_i32(v: __m256i) -> i32 {
+    let q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01>(q));
+    _mm_cvtsi128_si32(q)
+}
+
+/// An all-zero accumulator for each of `N` activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn zeros<const N: usize>() -> [__m256; N] {
+    [_mm256_setzero_ps(); N]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_half() {
+        for bits in 0..=u16::MAX {
+            let want = half::f16::from_bits(bits).to_f32();
+            let got = f16_at(&bits.to_le_bytes(), 0);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{bits:#06x}: {got} vs {want}"
+            );
+        }
+    }
+}

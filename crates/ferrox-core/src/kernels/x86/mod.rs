@@ -1,0 +1,62 @@
+//! AVX2+FMA+F16C kernels, compiled for the generic x86-64 target and chosen at run time.
+//!
+//! Every kernel function carries `#[target_feature(enable = "avx2,fma,f16c")]`; the only
+//! way to reach one is through [`avx2_kernel`], which hands them out only after detecting
+//! those features, so the `unsafe` calls in the entry wrappers below are sound.
+
+mod avx2_common;
+mod avx2_float;
+mod avx2_kquants;
+mod avx2_legacy;
+
+use super::{DotKernel, WeightKind};
+
+pub(super) fn avx2_detected() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Safe `DotKernel` entries for an AVX2 driver `$run::<N>(w, xs)`.
+macro_rules! avx2_entry {
+    ($run:expr) => {{
+        fn rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+            // SAFETY: these entries are only handed out by `avx2_kernel`, after
+            // `avx2_detected()` confirmed AVX2, FMA and F16C.
+            unsafe { $run(w, xs) }
+        }
+        DotKernel {
+            one: rows::<1>,
+            four: rows::<4>,
+        }
+    }};
+}
+
+/// The AVX2 kernels for `kind`, or `None` if this machine lacks the features.
+pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
+    use avx2_float::{float_dot, Bf16Lanes, F16Lanes, F32Lanes};
+    use avx2_kquants::{super_block_dot, Iq4XsAvx2, Q2KAvx2, Q3KAvx2, Q4KAvx2, Q5KAvx2, Q6KAvx2};
+    use avx2_legacy::{legacy_dot, Iq4NlAvx2, Q4_0Avx2, Q4_1Avx2, Q5_0Avx2, Q5_1Avx2, Q8_0Avx2};
+    use WeightKind as K;
+
+    if !avx2_detected() {
+        return None;
+    }
+    Some(match kind {
+        K::F32 => avx2_entry!(float_dot::<F32Lanes, N>),
+        K::F16 => avx2_entry!(float_dot::<F16Lanes, N>),
+        K::Bf16 => avx2_entry!(float_dot::<Bf16Lanes, N>),
+        K::Q4_0 => avx2_entry!(legacy_dot::<Q4_0Avx2, N>),
+        K::Q4_1 => avx2_entry!(legacy_dot::<Q4_1Avx2, N>),
+        K::Q5_0 => avx2_entry!(legacy_dot::<Q5_0Avx2, N>),
+        K::Q5_1 => avx2_entry!(legacy_dot::<Q5_1Avx2, N>),
+        K::Q8_0 => avx2_entry!(legacy_dot::<Q8_0Avx2, N>),
+        K::Iq4Nl => avx2_entry!(legacy_dot::<Iq4NlAvx2, N>),
+        K::Q2K => avx2_entry!(super_block_dot::<Q2KAvx2, N>),
+        K::Q3K => avx2_entry!(super_block_dot::<Q3KAvx2, N>),
+        K::Q4K => avx2_entry!(super_block_dot::<Q4KAvx2, N>),
+        K::Q5K => avx2_entry!(super_block_dot::<Q5KAvx2, N>),
+        K::Q6K => avx2_entry!(super_block_dot::<Q6KAvx2, N>),
+        K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
+    })
+}

@@ -1,0 +1,467 @@
+//! Dot-product kernels, in the spirit of llama.cpp's test-backend-ops:
+//! - every SIMD kernel agrees with the scalar reference on random and extreme data;
+//! - the scalar reference agrees with dequantize-then-dot in f64;
+//! - `matmul` is bit-identical to `matvec` per token, and neither depends on the number
+//!   of threads.
+//!
+//! Tolerances. The integer part of every kernel is exact, so SIMD and scalar differ only
+//! in the order of the float operations that scale and add the per-block sums. Each of
+//! those roundings is at most half an ulp of a partial sum, and a partial sum never
+//! exceeds `M = Σ|x_i|·(|w_i| + |min_i|)` (the magnitudes of both the scaled codes and the
+//! subtracted minimums of affine formats), so with `B` blocks (at most `B` sequential
+//! additions plus a few per block and in the final reductions) the two results are within
+//! `(B + 16)·ε·M` of each other, ε = 2⁻²³. For 8 blocks that is about 3e-6·M.
+
+use ferrox_core::kernels::{self, Isa};
+use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMatrix};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const ALL_TYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Iq4Nl,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Iq4Xs,
+];
+
+fn block_size(ty: GgmlType) -> usize {
+    ty.block_size().unwrap() as usize
+}
+
+fn block_bytes(ty: GgmlType) -> usize {
+    ty.block_bytes().unwrap() as usize
+}
+
+/// Roughly Gaussian values at a random overall magnitude, with occasional outliers and
+/// runs of exact zeros.
+fn random_values(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let magnitude = 10f32.powf(rng.random_range(-3.0..3.0));
+    let mut values: Vec<f32> = (0..n)
+        .map(|_| {
+            let u: f32 = rng.random_range(f32::EPSILON..1.0);
+            let v: f32 = rng.random();
+            let outlier = if rng.random_range(0..50) == 0 {
+                30.0
+            } else {
+                1.0
+            };
+            outlier * magnitude * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        })
+        .collect();
+    if n >= 64 && rng.random_range(0..4) == 0 {
+        let start = rng.random_range(0..n - 32) / 32 * 32;
+        values[start..start + 32].fill(0.0);
+    }
+    values
+}
+
+/// Byte offsets of the f16 scales in one block of a quantized type.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType as T;
+    match ty {
+        T::Q4_1 | T::Q5_1 | T::Q4K | T::Q5K => &[0, 2],
+        T::Q2K => &[80, 82],
+        T::Q3K => &[108],
+        T::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Byte ranges of the codes (not scales) of the formats that subtract a minimum.
+fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
+    use GgmlType as T;
+    match ty {
+        T::Q4_1 => Some(4..20),
+        T::Q5_1 => Some(4..24),
+        T::Q2K => Some(16..80),
+        T::Q4K => Some(16..144),
+        T::Q5K => Some(16..176),
+        _ => None,
+    }
+}
+
+/// One weight row of `cols` values: either quantized from random values, or (for
+/// quantized types) uniformly random bytes with sane f16 scales, which reaches every code
+/// pattern, including ones the quantizers never produce.
+fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; row_byte_len(ty, cols).unwrap()];
+    let float_type = block_size(ty) == 1;
+    if float_type || rng.random_range(0..2) == 0 {
+        quantize_row(ty, &random_values(rng, cols), &mut bytes).unwrap();
+        return bytes;
+    }
+    rng.fill(&mut bytes[..]);
+    for block in bytes.chunks_exact_mut(block_bytes(ty)) {
+        for &at in f16_fields(ty) {
+            let scale = half::f16::from_f32(rng.random_range(-2.0f32..2.0) * 1e-2);
+            block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+fn dot_type(ty: GgmlType) -> GgmlType {
+    kernels::vec_dot_type(ty).unwrap()
+}
+
+fn quantized_activation(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let dot_ty = dot_type(ty);
+    let mut xq = vec![0u8; row_byte_len(dot_ty, x.len()).unwrap()];
+    kernels::quantize_activation(dot_ty, x, &mut xq).unwrap();
+    xq
+}
+
+fn dequantized(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    dequantize_row(ty, bytes, &mut out).unwrap();
+    out
+}
+
+/// The per-value minimum an affine format subtracts (decode with all codes zero).
+fn minimums(ty: GgmlType, w: &[u8], n: usize) -> Vec<f32> {
+    let Some(codes) = affine_code_bytes(ty) else {
+        return vec![0.0; n];
+    };
+    let mut zeroed = w.to_vec();
+    for block in zeroed.chunks_exact_mut(block_bytes(ty)) {
+        block[codes.clone()].fill(0);
+    }
+    dequantized(ty, &zeroed, n)
+}
+
+/// `M = Σ|x_i|·(|w_i| + |min_i|)`, the magnitude bound of every partial sum.
+fn magnitude(ty: GgmlType, w: &[u8], xq: &[u8], n: usize) -> f64 {
+    let wd = dequantized(ty, w, n);
+    let mins = minimums(ty, w, n);
+    let xd = dequantized(dot_type(ty), xq, n);
+    (0..n)
+        .map(|i| f64::from(xd[i].abs()) * (f64::from(wd[i].abs()) + f64::from(mins[i].abs())))
+        .sum()
+}
+
+fn blocks_of(ty: GgmlType, cols: usize) -> usize {
+    cols.div_ceil(block_size(ty).max(32))
+}
+
+fn column_choices(ty: GgmlType) -> Vec<usize> {
+    match block_size(ty) {
+        1 => vec![1, 7, 31, 32, 33, 64, 100, 255, 256, 257],
+        b => (1..=8).map(|k| k * b).collect(),
+    }
+}
+
+/// Random weights and activations for each type and width, `rows` rows at a time.
+fn for_each_case(seed: u64, rows: usize, mut check: impl FnMut(GgmlType, usize, &[u8], &[f32])) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for ty in ALL_TYPES {
+        for cols in column_choices(ty) {
+            for _ in 0..rows {
+                let w = weight_row(&mut rng, ty, cols);
+                let x = random_values(&mut rng, cols);
+                check(ty, cols, &w, &x);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_type_has_a_scalar_kernel() {
+    for ty in ALL_TYPES {
+        assert!(kernels::has_kernel(ty, Isa::Scalar), "{ty}");
+    }
+}
+
+#[test]
+fn simd_kernels_match_the_scalar_reference() {
+    let isa = Isa::Avx2;
+    if !isa.is_available() {
+        eprintln!("skipped: this machine has no AVX2");
+        return;
+    }
+    let mut worst = 0.0f64;
+    let mut compared = 0;
+    for_each_case(0xD07, 7, |ty, cols, w, x| {
+        if !kernels::has_kernel(ty, isa) {
+            return;
+        }
+        let xq = quantized_activation(ty, x);
+        let simd = kernels::vec_dot_with(isa, ty, w, &xq).unwrap();
+        let scalar = kernels::vec_dot_with(Isa::Scalar, ty, w, &xq).unwrap();
+        let m = magnitude(ty, w, &xq, cols);
+        let bound = (blocks_of(ty, cols) + 16) as f64 * f64::from(f32::EPSILON) * m + 1e-30;
+        let err = (f64::from(simd) - f64::from(scalar)).abs();
+        assert!(
+            err <= bound,
+            "{ty} {cols} cols: simd {simd} vs scalar {scalar} (|Δ| {err:e} > {bound:e})"
+        );
+        if m > 0.0 {
+            worst = worst.max(err / m);
+        }
+        compared += 1;
+    });
+    eprintln!("{compared} rows compared; worst |simd − scalar| / M = {worst:e}");
+    for ty in ALL_TYPES {
+        assert!(kernels::has_kernel(ty, isa), "{ty} has no {isa:?} kernel");
+    }
+}
+
+/// Saturated codes and scales at both ends: the integer paths must not overflow.
+#[test]
+fn extreme_blocks_agree() {
+    let mut rng = StdRng::seed_from_u64(0xE7);
+    for ty in ALL_TYPES {
+        let cols = 4 * block_size(ty).max(32);
+        for fill in [0x00u8, 0xFF, 0x80, 0x7F, 0x88] {
+            let mut w = vec![fill; row_byte_len(ty, cols).unwrap()];
+            if block_size(ty) == 1 {
+                // Float types: the largest finite values instead of NaN patterns.
+                w = weight_row(&mut rng, ty, cols);
+            } else {
+                for block in w.chunks_exact_mut(block_bytes(ty)) {
+                    for &at in f16_fields(ty) {
+                        block[at..at + 2].copy_from_slice(&half::f16::MAX.to_le_bytes());
+                    }
+                }
+            }
+            // Activations at full scale, every code ±127.
+            let x: Vec<f32> = (0..cols)
+                .map(|i| if i % 3 == 0 { -1e3 } else { 1e3 })
+                .collect();
+            let xq = quantized_activation(ty, &x);
+            let scalar = kernels::vec_dot_with(Isa::Scalar, ty, &w, &xq).unwrap();
+            for isa in [Isa::Avx2] {
+                if !isa.is_available() {
+                    continue;
+                }
+                let simd = kernels::vec_dot_with(isa, ty, &w, &xq).unwrap();
+                let m = magnitude(ty, &w, &xq, cols);
+                let bound = 32.0 * f64::from(f32::EPSILON) * m;
+                let err = (f64::from(simd) - f64::from(scalar)).abs();
+                assert!(
+                    err <= bound || (simd.is_infinite() && simd == scalar),
+                    "{ty} fill {fill:#x}: {simd} vs {scalar}"
+                );
+            }
+        }
+    }
+}
+
+/// The scalar reference computes exactly Σ dequant(w)·dequant(xq), up to float rounding
+/// (and, for Q8_1, the f16 rounding of its stored code sum).
+#[test]
+fn scalar_reference_matches_dequantized_f64_dot() {
+    for_each_case(0xF64, 5, |ty, cols, w, x| {
+        let xq = quantized_activation(ty, x);
+        let got = kernels::vec_dot_with(Isa::Scalar, ty, w, &xq).unwrap();
+        let wd = dequantized(ty, w, cols);
+        let xd = dequantized(dot_type(ty), &xq, cols);
+        let want: f64 = wd
+            .iter()
+            .zip(&xd)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let m = magnitude(ty, w, &xq, cols);
+        // Q8_1 carries s = d·Σq rounded to f16: error up to 2⁻¹¹ of the minimum term.
+        let f16_sum_error = if dot_type(ty) == GgmlType::Q8_1 {
+            let mins = minimums(ty, w, cols);
+            mins.iter()
+                .zip(&xd)
+                .map(|(m, x)| f64::from((m * x).abs()))
+                .sum::<f64>()
+                * 2f64.powi(-10)
+        } else {
+            0.0
+        };
+        // Dequantizing rounds each weight to f32 once more than the kernel does.
+        let bound =
+            (blocks_of(ty, cols) + 16) as f64 * f64::from(f32::EPSILON) * m + f16_sum_error + 1e-30;
+        let err = (f64::from(got) - want).abs();
+        assert!(
+            err <= bound,
+            "{ty} {cols} cols: {got} vs {want} (|Δ| {err:e} > {bound:e})"
+        );
+    });
+}
+
+/// Against the unquantized input the error is the activation's quantization error:
+/// each value is off by at most half a step d = amax/127 plus the f16 rounding of d
+/// (127·2⁻¹¹·d), so |Δ| <= Σ|w_i|·0.57·d_block(i) (Q8_K: d = amax/127 too).
+#[test]
+fn scalar_reference_is_within_activation_quantization_error() {
+    for_each_case(0xACC, 3, |ty, cols, w, x| {
+        let xq = quantized_activation(ty, x);
+        let got = kernels::vec_dot_with(Isa::Scalar, ty, w, &xq).unwrap();
+        let wd = dequantized(ty, w, cols);
+        let exact: f64 = wd
+            .iter()
+            .zip(x)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let dot_block = block_size(dot_type(ty));
+        let mut bound = 0.0f64;
+        for (wb, xb) in wd.chunks(dot_block).zip(x.chunks(dot_block)) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let step = if dot_block == 1 {
+                // f16/bf16 activations: relative rounding of each value.
+                0.0
+            } else {
+                f64::from(amax) / 127.0
+            };
+            let rel = match dot_type(ty) {
+                GgmlType::F16 => 2f64.powi(-11),
+                GgmlType::Bf16 => 2f64.powi(-8),
+                _ => 0.0,
+            };
+            bound += wb
+                .iter()
+                .zip(xb)
+                .map(|(w, x)| f64::from(w.abs()) * (0.57 * step + rel * f64::from(x.abs())))
+                .sum::<f64>();
+        }
+        let m = magnitude(ty, w, &xq, cols);
+        bound += (blocks_of(ty, cols) + 16) as f64 * f64::from(f32::EPSILON) * m + 1e-30;
+        let err = (f64::from(got) - exact).abs();
+        assert!(
+            err <= bound,
+            "{ty} {cols} cols: {got} vs exact {exact} (|Δ| {err:e} > {bound:e})"
+        );
+    });
+}
+
+struct TestMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl TestMatrix {
+    fn random(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Self {
+        let bytes = (0..rows).flat_map(|_| weight_row(rng, ty, cols)).collect();
+        Self {
+            ty,
+            rows,
+            cols,
+            bytes,
+        }
+    }
+
+    fn view(&self) -> WeightMatrix<'_> {
+        WeightMatrix::new(self.ty, self.rows, self.cols, &self.bytes).unwrap()
+    }
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `matmul` output for token t, row r, must be the very bits `matvec` gives for token t.
+#[test]
+fn matmul_is_bit_identical_to_matvec() {
+    let mut rng = StdRng::seed_from_u64(0xBA7C);
+    for ty in ALL_TYPES {
+        let cols = 3 * block_size(ty).max(32) + if block_size(ty) == 1 { 5 } else { 0 };
+        for (rows, tokens) in [(1, 1), (5, 3), (37, 4), (67, 9), (130, 13), (2100, 6)] {
+            let m = TestMatrix::random(&mut rng, ty, rows, cols);
+            let matrix = m.view();
+            let x = random_values(&mut rng, tokens * cols);
+            let mut xq = Vec::new();
+            assert_eq!(matrix.quantize_activation(&x, &mut xq).unwrap(), tokens);
+            let mut batched = vec![f32::NAN; tokens * rows];
+            matrix.matmul(&xq, tokens, &mut batched).unwrap();
+            let act = matrix.activation_row_bytes();
+            for t in 0..tokens {
+                let mut single = vec![f32::NAN; rows];
+                matrix
+                    .matvec(&xq[t * act..(t + 1) * act], &mut single)
+                    .unwrap();
+                assert_eq!(
+                    bits(&batched[t * rows..(t + 1) * rows]),
+                    bits(&single),
+                    "{ty} {rows}x{cols}, token {t} of {tokens}"
+                );
+                // And matvec is the dispatched kernel, row by row.
+                for (r, y) in single.iter().enumerate() {
+                    let row = &m.bytes[r * m.bytes.len() / rows..(r + 1) * m.bytes.len() / rows];
+                    let want = kernels::vec_dot(ty, row, &xq[t * act..(t + 1) * act]).unwrap();
+                    assert_eq!(y.to_bits(), want.to_bits(), "{ty} row {r}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    let mut rng = StdRng::seed_from_u64(0x7EAD);
+    let pools: Vec<_> = [1, 2, 3]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::F32,
+        GgmlType::Q5_1,
+    ] {
+        let cols = 2 * block_size(ty).max(64);
+        let (rows, tokens) = (3001, 7);
+        let m = TestMatrix::random(&mut rng, ty, rows, cols);
+        let matrix = m.view();
+        let x = random_values(&mut rng, tokens * cols);
+        let mut xq = Vec::new();
+        matrix.quantize_activation(&x, &mut xq).unwrap();
+        let act = matrix.activation_row_bytes();
+        let results: Vec<(Vec<u32>, Vec<u32>)> = pools
+            .iter()
+            .map(|pool| {
+                pool.install(|| {
+                    let mut single = vec![0f32; rows];
+                    matrix.matvec(&xq[..act], &mut single).unwrap();
+                    let mut batched = vec![0f32; rows * tokens];
+                    matrix.matmul(&xq, tokens, &mut batched).unwrap();
+                    (bits(&single), bits(&batched))
+                })
+            })
+            .collect();
+        for (threads, r) in [1, 2, 3].iter().zip(&results) {
+            assert_eq!(r, &results[0], "{ty} with {threads} threads");
+        }
+    }
+}
+
+#[test]
+fn products_reject_bad_lengths() {
+    let bytes = vec![0u8; 3 * 34];
+    let matrix = WeightMatrix::new(GgmlType::Q8_0, 3, 32, &bytes).unwrap();
+    assert_eq!(matrix.vec_dot_type(), GgmlType::Q8_0);
+    assert_eq!(matrix.activation_row_bytes(), 34);
+    let mut xq = Vec::new();
+    assert_eq!(matrix.quantize_activation(&[1.0; 64], &mut xq).unwrap(), 2);
+    assert_eq!(xq.len(), 68);
+    assert!(matrix.quantize_activation(&[1.0; 40], &mut xq).is_err());
+    let mut y = vec![0f32; 6];
+    assert!(matrix.matvec(&xq, &mut y[..3]).is_err());
+    assert!(matrix.matvec(&xq[..34], &mut y[..2]).is_err());
+    assert!(matrix.matmul(&xq, 3, &mut y).is_err());
+    assert!(matrix.matmul(&xq, 2, &mut y[..5]).is_err());
+    matrix.matmul(&xq, 2, &mut y).unwrap();
+    matrix.matmul(&[], 0, &mut []).unwrap();
+}

@@ -1,0 +1,49 @@
+//! Writes the synthetic test models of `tests/synthetic/mod.rs` (one tiny GGUF per dense
+//! family) and their reference token sequences, for `scripts/reference/gen-synthetic-logits.sh`.
+//!
+//! ```sh
+//! cargo run --release -p ferrox-models --example write_synthetic -- OUT_DIR
+//! ```
+//!
+//! writes `OUT_DIR/<arch>.gguf` and `OUT_DIR/<arch>.tokens` (the ids, one line, space
+//! separated) for every family, and prints one `arch path bytes` line per model.
+//! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
+//! models, a variant for investigating differences.
+
+#[path = "../tests/synthetic/mod.rs"]
+mod synthetic;
+
+use std::path::PathBuf;
+
+use ferrox_gguf::GgmlType;
+
+fn usage() -> ! {
+    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE]");
+    std::process::exit(2);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (dir, all) = match args.as_slice() {
+        [dir] => (PathBuf::from(dir), None),
+        [dir, flag, ty] if flag == "--all" => match GgmlType::from_name(ty) {
+            Some(ty) => (PathBuf::from(dir), Some(ty)),
+            None => usage(),
+        },
+        _ => usage(),
+    };
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for &arch in synthetic::FAMILIES {
+        let bytes = synthetic::gguf_bytes_with(arch, all);
+        let path = dir.join(format!("{arch}.gguf"));
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let ids: Vec<String> = synthetic::token_ids(arch)
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        let tokens = dir.join(format!("{arch}.tokens"));
+        std::fs::write(&tokens, ids.join(" ") + "\n")
+            .unwrap_or_else(|e| panic!("{}: {e}", tokens.display()));
+        println!("{arch} {} {}", path.display(), bytes.len());
+    }
+}

@@ -1,0 +1,460 @@
+#![allow(dead_code)]
+//! Tiny synthetic GGUF models, one per dense family, for logit parity with llama.cpp.
+//!
+//! Shared by `tests/synthetic_parity.rs` (which rebuilds the files in memory) and
+//! `examples/write_synthetic.rs` (which writes them for `scripts/reference/gen-synthetic-logits.sh`).
+//! The bytes must not depend on the platform: values come from a seeded `StdRng` through
+//! integer operations, additions and multiplications only (no `ln`/`cos`/`exp`, whose results
+//! vary between math libraries), then through Ferrox's quantizers, which follow ggml's
+//! reference code. A change here, in `rand`'s `StdRng` stream, or in a quantizer changes the
+//! files' sha256, which the parity test checks against the manifest of the stored logits.
+//!
+//! Every model has n_embd 256 and n_ff 512 (so every matrix row is a whole number of 256-value
+//! K-quant blocks), a 272-352 token SentencePiece-style vocabulary (llama.cpp refuses a file
+//! without one), and the features of its family:
+//!
+//! | family | layers | heads (q/kv x dim) | tensor types | features |
+//! | --- | --- | --- | --- | --- |
+//! | llama | 3 | 4/2 x 64 | Q4_K, Q6_K (a Q4_K_M mix) | untied Q6_K output, `rope_freqs` (Llama 3 style) |
+//! | qwen2 | 2 | 4/2 x 64 | Q8_0 | Q/K/V biases, tied output, rope base 1e6 |
+//! | qwen3 | 3 | 8/2 x 64 (q width 512) | F16 embd, Q5_0, Q8_0 | Q/K norms, untied Q8_0 output |
+//! | gemma2 | 4 | 4/2 x 64 | F16 | post norms, attn/final softcaps (10/5), SWA 16 on even layers, `rope.freq_base_swa` 5000 |
+//! | gemma3 | 6 | 4/1 x 128 (q width 512) | Q8_0 embd, Q4_0, Q6_K | Q/K norms, SWA 16 with the default 5:1 pattern, global base 1e6 / local 1e4 |
+//! | phi3 | 2 | 4/2 x 64 | F32 qkv, F16, Q4_K, Q6_K, Q5_0 embd, Q4_0 output | fused QKV and gate/up, `sliding_window` (ignored by llama.cpp) |
+
+use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+/// The families, in the order of the manifest.
+pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
+
+/// Tokens in the reference sequence (BOS first).
+pub const N_TOKENS: usize = 64;
+
+/// The vocabulary's BOS id (SentencePiece layout: `<unk>`, `<s>`, `</s>`, then bytes).
+pub const BOS_ID: u32 = 1;
+pub const EOS_ID: u32 = 2;
+
+const N_EMBD: usize = 256;
+const N_FF: usize = 512;
+/// Three special tokens and 256 byte tokens.
+const N_FIXED_TOKENS: usize = 3 + 256;
+
+/// One family's tiny model.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub arch: &'static str,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_vocab: usize,
+    pub seed: u64,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub types: Types,
+}
+
+/// Tensor types of the matrices (vectors are always F32).
+#[derive(Clone, Debug)]
+pub struct Types {
+    pub embd: GgmlType,
+    /// `None`: the output head is the token embedding (no `output.weight`).
+    pub output: Option<GgmlType>,
+    pub q: GgmlType,
+    pub k: GgmlType,
+    pub v: GgmlType,
+    pub o: GgmlType,
+    pub gate: GgmlType,
+    pub up: GgmlType,
+    pub down: GgmlType,
+}
+
+pub fn spec(arch: &str) -> Spec {
+    use GgmlType as T;
+    let same = |t: GgmlType| Types {
+        embd: t,
+        output: None,
+        q: t,
+        k: t,
+        v: t,
+        o: t,
+        gate: t,
+        up: t,
+        down: t,
+    };
+    match arch {
+        "llama" => Spec {
+            arch: "llama",
+            n_layer: 3,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 320,
+            seed: 0x11a_0001,
+            rms_eps: 1e-5,
+            rope_base: 500000.0,
+            types: Types {
+                embd: T::Q4K,
+                output: Some(T::Q6K),
+                v: T::Q6K,
+                down: T::Q6K,
+                ..same(T::Q4K)
+            },
+        },
+        "qwen2" => Spec {
+            arch: "qwen2",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 288,
+            seed: 0x11a_0002,
+            rms_eps: 1e-6,
+            rope_base: 1000000.0,
+            types: same(T::Q8_0),
+        },
+        "qwen3" => Spec {
+            arch: "qwen3",
+            n_layer: 3,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 352,
+            seed: 0x11a_0003,
+            rms_eps: 1e-6,
+            rope_base: 1000000.0,
+            types: Types {
+                embd: T::F16,
+                output: Some(T::Q8_0),
+                down: T::Q8_0,
+                ..same(T::Q5_0)
+            },
+        },
+        "gemma2" => Spec {
+            arch: "gemma2",
+            n_layer: 4,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 272,
+            seed: 0x11a_0004,
+            rms_eps: 1e-6,
+            rope_base: 10000.0,
+            types: same(T::F16),
+        },
+        "gemma3" => Spec {
+            arch: "gemma3",
+            n_layer: 6,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 128,
+            n_vocab: 304,
+            seed: 0x11a_0005,
+            rms_eps: 1e-6,
+            rope_base: 1000000.0,
+            types: Types {
+                embd: T::Q8_0,
+                v: T::Q6K,
+                down: T::Q6K,
+                ..same(T::Q4_0)
+            },
+        },
+        "phi3" => Spec {
+            arch: "phi3",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 336,
+            seed: 0x11a_0006,
+            rms_eps: 1e-5,
+            rope_base: 10000.0,
+            types: Types {
+                embd: T::Q5_0,
+                output: Some(T::Q4_0),
+                // q/k/v are one fused F32 matrix; gate/up one fused Q4_K matrix.
+                q: T::F32,
+                k: T::F32,
+                v: T::F32,
+                o: T::F16,
+                gate: T::Q4K,
+                up: T::Q4K,
+                down: T::Q6K,
+            },
+        },
+        other => panic!("no synthetic model for `{other}`"),
+    }
+}
+
+/// Uniform and roughly normal values from a seeded generator, with exact arithmetic only.
+struct Values(StdRng);
+
+impl Values {
+    /// Uniform in [0, 1), 24 random bits (exactly representable).
+    fn uniform(&mut self) -> f32 {
+        (self.0.next_u32() >> 8) as f32 * (1.0 / 16_777_216.0)
+    }
+
+    /// Mean 0, standard deviation 1: the sum of four uniforms (Irwin-Hall), centred and
+    /// scaled by sqrt(3), within +-3.46.
+    fn normal(&mut self) -> f32 {
+        let s = self.uniform() + self.uniform() + self.uniform() + self.uniform();
+        (s - 2.0) * 1.732_050_8
+    }
+
+    fn normals(&mut self, n: usize, mean: f32, std: f32) -> Vec<f32> {
+        (0..n).map(|_| mean + std * self.normal()).collect()
+    }
+}
+
+/// Adds a `rows` x `cols` matrix (ggml shape `[cols, rows]`) of `ty`, entries of deviation `std`.
+fn matrix(
+    w: &mut GgufWriter,
+    vals: &mut Values,
+    name: &str,
+    ty: GgmlType,
+    cols: usize,
+    rows: usize,
+    std: f32,
+) {
+    let data = vals.normals(rows * cols, 0.0, std);
+    add(w, name, ty, &[cols as u64, rows as u64], &data);
+}
+
+/// Adds an F32 vector.
+fn vector(w: &mut GgufWriter, vals: &mut Values, name: &str, n: usize, mean: f32, std: f32) {
+    let data = vals.normals(n, mean, std);
+    add(w, name, GgmlType::F32, &[n as u64], &data);
+}
+
+fn add(w: &mut GgufWriter, name: &str, ty: GgmlType, shape: &[u64], data: &[f32]) {
+    let bytes = ty.bytes_for(data.len() as u64).expect("known type") as usize;
+    let mut out = vec![0u8; bytes];
+    ferrox_core::quantize_row(ty, data, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
+    w.add_tensor(name, ty, shape, out)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+/// A SentencePiece-style vocabulary: `<unk>` `<s>` `</s>`, the 256 byte tokens `<0xXX>`
+/// (llama.cpp looks up `<0x0A>` as the newline token), then two-letter pieces with and
+/// without the word-start mark.
+fn vocab(w: &mut GgufWriter, n_vocab: usize) {
+    assert!(n_vocab > N_FIXED_TOKENS);
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types: Vec<i32> = vec![2, 3, 3]; // unknown, control, control
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6); // byte
+    }
+    'outer: for c in "bcdfghjklmnprstvwxyz".chars() {
+        for v in "aeiou".chars() {
+            for prefix in ["\u{2581}", ""] {
+                if tokens.len() == n_vocab {
+                    break 'outer;
+                }
+                tokens.push(format!("{prefix}{c}{v}"));
+                types.push(1); // normal
+            }
+        }
+    }
+    assert_eq!(
+        tokens.len(),
+        n_vocab,
+        "vocabulary too large for the piece list"
+    );
+    let scores: Vec<f32> = (0..n_vocab)
+        .map(|i| {
+            if i < N_FIXED_TOKENS {
+                0.0
+            } else {
+                -((i - N_FIXED_TOKENS) as f32)
+            }
+        })
+        .collect();
+    w.set("tokenizer.ggml.model", "llama");
+    w.set(
+        "tokenizer.ggml.tokens",
+        OwnedValue::Array(OwnedArray::String(tokens)),
+    );
+    w.set("tokenizer.ggml.scores", scores);
+    w.set("tokenizer.ggml.token_type", types);
+    w.set("tokenizer.ggml.bos_token_id", BOS_ID);
+    w.set("tokenizer.ggml.eos_token_id", EOS_ID);
+    w.set("tokenizer.ggml.unknown_token_id", 0u32);
+    w.set("tokenizer.ggml.add_bos_token", true);
+    w.set("tokenizer.ggml.add_eos_token", false);
+}
+
+/// The GGUF file of `arch`'s synthetic model.
+pub fn gguf_bytes(arch: &str) -> Vec<u8> {
+    gguf_bytes_with(arch, None)
+}
+
+/// The same model with every matrix stored as `all` (for investigations: with F32 matrices
+/// neither engine quantizes activations, so rounding differences are not amplified).
+pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
+    let mut s = spec(arch);
+    if let Some(ty) = all {
+        s.types = Types {
+            embd: ty,
+            output: s.types.output.map(|_| ty),
+            q: ty,
+            k: ty,
+            v: ty,
+            o: ty,
+            gate: ty,
+            up: ty,
+            down: ty,
+        };
+    }
+    let a = s.arch;
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{a}.{k}");
+    w.set("general.architecture", a);
+    // A neutral name: llama.cpp keys some vocabulary fix-ups on the model name (a name
+    // containing "phi3" makes it look up `<|endoftext|>`, which this vocabulary lacks).
+    w.set("general.name", "ferrox synthetic test model");
+    w.set(key("context_length"), 2048u32);
+    w.set(key("embedding_length"), N_EMBD as u32);
+    w.set(key("block_count"), s.n_layer as u32);
+    w.set(key("feed_forward_length"), N_FF as u32);
+    w.set(key("attention.head_count"), s.n_head as u32);
+    w.set(key("attention.head_count_kv"), s.n_head_kv as u32);
+    if s.n_head * s.head_dim != N_EMBD {
+        w.set(key("attention.key_length"), s.head_dim as u32);
+        w.set(key("attention.value_length"), s.head_dim as u32);
+    }
+    w.set(key("rope.dimension_count"), s.head_dim as u32);
+    w.set(key("rope.freq_base"), s.rope_base);
+    w.set(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
+    match a {
+        "gemma2" => {
+            w.set(key("attention.sliding_window"), 16u32);
+            // Caps well below the defaults (50, 30), so that they bend these small scores and
+            // logits noticeably.
+            w.set(key("attn_logit_softcapping"), 10.0f32);
+            w.set(key("final_logit_softcapping"), 5.0f32);
+            w.set(key("rope.freq_base_swa"), 5000.0f32);
+        }
+        "gemma3" => {
+            // No pattern key: llama.cpp's default (5 local layers, then 1 global) applies,
+            // and the local RoPE base is its default 10000.
+            w.set(key("attention.sliding_window"), 16u32);
+        }
+        "phi3" => {
+            // Phi-3 files carry a window; llama.cpp disables Phi's SWA, so it must not matter.
+            w.set(key("attention.sliding_window"), 16u32);
+        }
+        _ => {}
+    }
+    vocab(&mut w, s.n_vocab);
+
+    let mut vals = Values(StdRng::seed_from_u64(s.seed));
+    let v = &mut vals;
+    let gemma = a.starts_with("gemma");
+    let t = &s.types;
+    let (q_w, kv_w) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    // Gemma scales the embeddings by sqrt(n_embd) = 16 and ties the output head to them: with
+    // larger embeddings the current token's own logit dominates every row.
+    let embd_std = if gemma { 0.03 } else { 0.08 };
+    matrix(
+        &mut w,
+        v,
+        "token_embd.weight",
+        t.embd,
+        N_EMBD,
+        s.n_vocab,
+        embd_std,
+    );
+    vector(&mut w, v, "output_norm.weight", N_EMBD, 1.0, 0.1);
+    if let Some(ty) = t.output {
+        matrix(&mut w, v, "output.weight", ty, N_EMBD, s.n_vocab, 0.1);
+    }
+    if a == "llama" {
+        // Llama 3.1 style frequency divisors: 1 for the fastest pairs, rising to 8 for the
+        // slow ones. The ramp starts early so that the divisors change angles a lot within 64
+        // positions (with base 5e5, pair 4 turns by ~0.19 rad per position).
+        let factors: Vec<f32> = (0..s.head_dim / 2)
+            .map(|i| {
+                if i < 4 {
+                    1.0
+                } else if i >= 12 {
+                    8.0
+                } else {
+                    1.0 + (i - 4) as f32 * (7.0 / 8.0)
+                }
+            })
+            .collect();
+        add(
+            &mut w,
+            "rope_freqs.weight",
+            GgmlType::F32,
+            &[factors.len() as u64],
+            &factors,
+        );
+    }
+    for il in 0..s.n_layer {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        vector(&mut w, v, &n("attn_norm.weight"), N_EMBD, 1.0, 0.1);
+        if a == "phi3" {
+            matrix(
+                &mut w,
+                v,
+                &n("attn_qkv.weight"),
+                t.q,
+                N_EMBD,
+                q_w + 2 * kv_w,
+                0.08,
+            );
+        } else {
+            matrix(&mut w, v, &n("attn_q.weight"), t.q, N_EMBD, q_w, 0.08);
+            matrix(&mut w, v, &n("attn_k.weight"), t.k, N_EMBD, kv_w, 0.08);
+            matrix(&mut w, v, &n("attn_v.weight"), t.v, N_EMBD, kv_w, 0.06);
+        }
+        if a == "qwen2" {
+            vector(&mut w, v, &n("attn_q.bias"), q_w, 0.0, 0.2);
+            vector(&mut w, v, &n("attn_k.bias"), kv_w, 0.0, 0.2);
+            vector(&mut w, v, &n("attn_v.bias"), kv_w, 0.0, 0.1);
+        }
+        if a == "qwen3" || a == "gemma3" {
+            vector(&mut w, v, &n("attn_q_norm.weight"), s.head_dim, 1.0, 0.1);
+            vector(&mut w, v, &n("attn_k_norm.weight"), s.head_dim, 1.0, 0.1);
+        }
+        matrix(&mut w, v, &n("attn_output.weight"), t.o, q_w, N_EMBD, 0.06);
+        if gemma {
+            vector(
+                &mut w,
+                v,
+                &n("post_attention_norm.weight"),
+                N_EMBD,
+                1.0,
+                0.1,
+            );
+        }
+        vector(&mut w, v, &n("ffn_norm.weight"), N_EMBD, 1.0, 0.1);
+        if a == "phi3" {
+            matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, 2 * N_FF, 0.06);
+        } else {
+            matrix(&mut w, v, &n("ffn_gate.weight"), t.gate, N_EMBD, N_FF, 0.06);
+            matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, N_FF, 0.06);
+        }
+        matrix(&mut w, v, &n("ffn_down.weight"), t.down, N_FF, N_EMBD, 0.05);
+        if gemma {
+            vector(&mut w, v, &n("post_ffw_norm.weight"), N_EMBD, 1.0, 0.1);
+        }
+    }
+    w.to_bytes()
+}
+
+/// The reference token sequence of `arch`: BOS, then 63 ids drawn from the model's
+/// non-special tokens.
+pub fn token_ids(arch: &str) -> Vec<u32> {
+    let s = spec(arch);
+    let mut rng = StdRng::seed_from_u64(s.seed ^ 0x7015_e4_5eed);
+    let n_regular = (s.n_vocab - 3) as u32;
+    let mut ids = vec![BOS_ID];
+    ids.extend((1..N_TOKENS).map(|_| 3 + rng.next_u32() % n_regular));
+    ids
+}
