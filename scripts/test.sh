@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama.cpp's Python GGUF reader, the default
-# model, cached after the first run), then runs the whole workspace's tests in release mode.
+# model, llama.cpp's tokenizer suite, the perplexity text; all cached after the first run),
+# then runs the whole workspace's tests in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,5 +12,6 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
 fi
 scripts/fetch-model.sh >/dev/null
 scripts/fetch-vocab-suite.sh >/dev/null
+scripts/reference/fetch-ppl-text.sh >/dev/null
 
 cargo test --workspace --release "$@"

@@ -13,16 +13,38 @@ fn run_json(extra: &[&str]) -> Value {
     args.extend(extra.iter().map(OsStr::new));
     args.push(OsStr::new("--json"));
     let out = ferrox(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.lines().count(), 1, "one JSON object on one line: {stdout}");
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "one JSON object on one line: {stdout}"
+    );
     serde_json::from_str(&stdout).unwrap()
 }
 
 #[test]
 fn greedy_json_output_has_the_contract_fields() {
-    let v = run_json(&["-p", "The capital of France is", "-n", "12", "--temp", "0", "--top-logprobs", "3"]);
-    let prompt: Vec<u64> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let v = run_json(&[
+        "-p",
+        "The capital of France is",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--top-logprobs",
+        "3",
+    ]);
+    let prompt: Vec<u64> = v["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
     assert_eq!(prompt[0], 2, "BOS first");
     let tokens = v["tokens"].as_array().unwrap();
     assert_eq!(tokens.len(), 12);
@@ -43,10 +65,37 @@ fn greedy_json_output_has_the_contract_fields() {
 
 #[test]
 fn seeded_sampling_repeats_and_streams_only_new_text() {
-    let a = run_json(&["-p", "Once upon a time", "-n", "16", "--temp", "1.0", "--seed", "11"]);
-    let b = run_json(&["-p", "Once upon a time", "-n", "16", "--temp", "1.0", "--seed", "11"]);
+    let a = run_json(&[
+        "-p",
+        "Once upon a time",
+        "-n",
+        "16",
+        "--temp",
+        "1.0",
+        "--seed",
+        "11",
+    ]);
+    let b = run_json(&[
+        "-p",
+        "Once upon a time",
+        "-n",
+        "16",
+        "--temp",
+        "1.0",
+        "--seed",
+        "11",
+    ]);
     assert_eq!(a["tokens"], b["tokens"]);
-    let c = run_json(&["-p", "Once upon a time", "-n", "16", "--temp", "1.0", "--seed", "12"]);
+    let c = run_json(&[
+        "-p",
+        "Once upon a time",
+        "-n",
+        "16",
+        "--temp",
+        "1.0",
+        "--seed",
+        "12",
+    ]);
     assert_ne!(a["tokens"], c["tokens"], "another seed, another sample");
 
     // Plain mode prints only the continuation, the same text as --json reports.
@@ -66,8 +115,15 @@ fn seeded_sampling_repeats_and_streams_only_new_text() {
     ]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text, format!("{}\n", a["text"].as_str().unwrap()), "the continuation, then one newline");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("t/s"), "timings on stderr");
+    assert_eq!(
+        text,
+        format!("{}\n", a["text"].as_str().unwrap()),
+        "the continuation, then one newline"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("t/s"),
+        "timings on stderr"
+    );
 }
 
 #[test]
@@ -76,8 +132,19 @@ fn stop_strings_end_generation_without_being_printed() {
     let text = free["text"].as_str().unwrap().to_string();
     // Stop at a word the free run produced, split across tokens or not.
     let stop = "country";
-    let at = text.find(stop).expect("the greedy text mentions the country");
-    let stopped = run_json(&["-p", "The capital of France is", "-n", "16", "--temp", "0", "--stop", stop]);
+    let at = text
+        .find(stop)
+        .expect("the greedy text mentions the country");
+    let stopped = run_json(&[
+        "-p",
+        "The capital of France is",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "--stop",
+        stop,
+    ]);
     assert_eq!(stopped["text"].as_str().unwrap(), &text[..at]);
     assert_eq!(stopped["finish_reason"], "stop");
 }
@@ -97,6 +164,9 @@ fn a_prompt_longer_than_the_context_is_refused() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("context") && stderr.contains("64"), "{stderr}");
+    assert!(
+        stderr.contains("context") && stderr.contains("64"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"));
 }

@@ -11,12 +11,19 @@ use ferrox_models::{Engine, EngineError, LogitsFor};
 use rayon::prelude::*;
 
 fn prompt() -> Vec<TokenId> {
-    common::gemma_tokenizer().encode("The quick brown fox jumps over the lazy dog because it wants to reach", true, false)
+    common::gemma_tokenizer().encode(
+        "The quick brown fox jumps over the lazy dog because it wants to reach",
+        true,
+        false,
+    )
 }
 
 fn max_relative_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 #[test]
@@ -24,7 +31,10 @@ fn prefill_equals_token_by_token() {
     let decoder = common::gemma_decoder(256, 2);
     let tokens = prompt();
     let mut batched = decoder.new_state();
-    let all = decoder.forward_batch(&tokens, 0, &mut batched, LogitsFor::All).unwrap().to_vec();
+    let all = decoder
+        .forward_batch(&tokens, 0, &mut batched, LogitsFor::All)
+        .unwrap()
+        .to_vec();
     let n_vocab = decoder.vocab_size();
     assert_eq!(all.len(), tokens.len() * n_vocab);
 
@@ -34,25 +44,37 @@ fn prefill_equals_token_by_token() {
         let row = decoder.forward_token(t, i, &mut stepped).unwrap();
         worst = worst.max(max_relative_diff(row, &all[i * n_vocab..(i + 1) * n_vocab]));
     }
-    assert!(worst <= 1e-4, "prefill and token-by-token logits differ by {worst} (relative)");
+    assert!(
+        worst <= 1e-4,
+        "prefill and token-by-token logits differ by {worst} (relative)"
+    );
     eprintln!("prefill vs token-by-token: max relative difference {worst:e}");
 
     // Logits for a tail of the batch are the same rows.
     let mut tail_state = decoder.new_state();
     let from = tokens.len() - 3;
-    let tail = decoder.forward_batch(&tokens, 0, &mut tail_state, LogitsFor::From(from)).unwrap();
+    let tail = decoder
+        .forward_batch(&tokens, 0, &mut tail_state, LogitsFor::From(from))
+        .unwrap();
     assert_eq!(tail, &all[from * n_vocab..]);
 }
 
 /// Drives any engine greedily.
 fn greedy_via_trait<E: Engine>(engine: &E, prompt: &[TokenId], n: usize) -> Vec<TokenId> {
     let mut state = engine.new_state();
-    let mut logits = engine.forward_batch(prompt, 0, &mut state, LogitsFor::Last).unwrap().to_vec();
+    let mut logits = engine
+        .forward_batch(prompt, 0, &mut state, LogitsFor::Last)
+        .unwrap()
+        .to_vec();
     let mut out = Vec::new();
     for i in 0..n {
         let t = argmax(&logits);
         out.push(t);
-        logits.copy_from_slice(engine.forward_token(t, prompt.len() + i, &mut state).unwrap());
+        logits.copy_from_slice(
+            engine
+                .forward_token(t, prompt.len() + i, &mut state)
+                .unwrap(),
+        );
     }
     out
 }
@@ -69,7 +91,16 @@ fn engine_trait_path_equals_direct_path_and_generation_loop() {
         ..GenerationParams::default()
     };
     let mut state = decoder.new_state();
-    let outcome = generate(&decoder, &mut state, 0, common::gemma_tokenizer(), &tokens, &params, |_| true).unwrap();
+    let outcome = generate(
+        &decoder,
+        &mut state,
+        0,
+        common::gemma_tokenizer(),
+        &tokens,
+        &params,
+        |_| true,
+    )
+    .unwrap();
     assert_eq!(outcome.tokens, via_trait);
 }
 
@@ -78,17 +109,26 @@ fn truncate_and_restore_reproduce_logits() {
     let decoder = common::gemma_decoder(256, 2);
     let tokens = prompt();
     let mut state = decoder.new_state();
-    let first = decoder.forward_batch(&tokens, 0, &mut state, LogitsFor::Last).unwrap().to_vec();
+    let first = decoder
+        .forward_batch(&tokens, 0, &mut state, LogitsFor::Last)
+        .unwrap()
+        .to_vec();
     let snapshot = state.snapshot();
     decoder.forward_token(5, tokens.len(), &mut state).unwrap();
     // Rewind by truncation and re-run the last prompt token.
     state.truncate(tokens.len() - 1);
-    let again = decoder.forward_token(tokens[tokens.len() - 1], tokens.len() - 1, &mut state).unwrap().to_vec();
+    let again = decoder
+        .forward_token(tokens[tokens.len() - 1], tokens.len() - 1, &mut state)
+        .unwrap()
+        .to_vec();
     assert_eq!(again, first);
     state.restore(&snapshot).unwrap();
     assert_eq!(state.len(), tokens.len());
     // Positions must continue the sequence; tokens must exist.
-    assert!(matches!(decoder.forward_token(1, 3, &mut state), Err(EngineError::Position { .. })));
+    assert!(matches!(
+        decoder.forward_token(1, 3, &mut state),
+        Err(EngineError::Position { .. })
+    ));
     assert!(matches!(
         decoder.forward_token(u32::MAX, tokens.len(), &mut state),
         Err(EngineError::InvalidToken { .. })
@@ -106,16 +146,25 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
     let tokens = prompt();
     let expected = {
         let mut s = decoder.new_state();
-        decoder.forward_batch(&tokens, 0, &mut s, LogitsFor::Last).unwrap().to_vec()
+        decoder
+            .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
+            .unwrap()
+            .to_vec()
     };
     // From inside another pool, with several sequences at once sharing the decoder.
-    let outer = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let outer = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
     let results: Vec<Vec<f32>> = outer.install(|| {
         (0..3)
             .into_par_iter()
             .map(|_| {
                 let mut s = decoder.new_state();
-                decoder.forward_batch(&tokens, 0, &mut s, LogitsFor::Last).unwrap().to_vec()
+                decoder
+                    .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
+                    .unwrap()
+                    .to_vec()
             })
             .collect()
     });
@@ -127,7 +176,10 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
         .into_par_iter()
         .map(|_| {
             let mut s = decoder.new_state();
-            decoder.forward_batch(&tokens, 0, &mut s, LogitsFor::Last).unwrap().to_vec()
+            decoder
+                .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
+                .unwrap()
+                .to_vec()
         })
         .collect();
     assert!(nested.iter().all(|r| r == &expected));
@@ -138,16 +190,24 @@ fn sequences_stepped_together_equal_each_alone() {
     use ferrox_models::decoder::SequenceStep;
     let decoder = common::gemma_decoder(128, 2);
     let tok = common::gemma_tokenizer();
-    let prompts: Vec<Vec<TokenId>> = ["Hello there", "The capital of France is", "fn main() {", "一二三四五"]
-        .iter()
-        .map(|p| tok.encode(p, true, false))
-        .collect();
+    let prompts: Vec<Vec<TokenId>> = [
+        "Hello there",
+        "The capital of France is",
+        "fn main() {",
+        "一二三四五",
+    ]
+    .iter()
+    .map(|p| tok.encode(p, true, false))
+    .collect();
     // Alone: prefill, then 6 greedy steps; record every step's logits.
     let alone: Vec<Vec<Vec<f32>>> = prompts
         .iter()
         .map(|p| {
             let mut s = decoder.new_state();
-            let mut logits = vec![decoder.forward_batch(p, 0, &mut s, LogitsFor::Last).unwrap().to_vec()];
+            let mut logits = vec![decoder
+                .forward_batch(p, 0, &mut s, LogitsFor::Last)
+                .unwrap()
+                .to_vec()];
             for _ in 0..6 {
                 let t = argmax(logits.last().unwrap());
                 let pos = s.len();
@@ -161,7 +221,11 @@ fn sequences_stepped_together_equal_each_alone() {
     let mut steps: Vec<SequenceStep<'_>> = prompts
         .iter()
         .zip(states.iter_mut())
-        .map(|(p, state)| SequenceStep { tokens: p, state, logits: LogitsFor::Last })
+        .map(|(p, state)| SequenceStep {
+            tokens: p,
+            state,
+            logits: LogitsFor::Last,
+        })
         .collect();
     decoder.forward_many(&mut steps).unwrap();
     drop(steps);
@@ -169,7 +233,12 @@ fn sequences_stepped_together_equal_each_alone() {
         for (i, state) in states.iter().enumerate() {
             let got = state.logits();
             let want = &alone[i][step];
-            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "sequence {i}, step {step}");
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "sequence {i}, step {step}"
+            );
         }
         if step == 6 {
             break;
@@ -178,7 +247,11 @@ fn sequences_stepped_together_equal_each_alone() {
         let mut steps: Vec<SequenceStep<'_>> = next
             .iter()
             .zip(states.iter_mut())
-            .map(|(t, state)| SequenceStep { tokens: t, state, logits: LogitsFor::Last })
+            .map(|(t, state)| SequenceStep {
+                tokens: t,
+                state,
+                logits: LogitsFor::Last,
+            })
             .collect();
         decoder.forward_many(&mut steps).unwrap();
     }

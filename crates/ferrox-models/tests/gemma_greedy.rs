@@ -19,7 +19,11 @@ use ferrox_models::{Engine, LogitsFor};
 const NOISE_GAP: f64 = 0.35;
 
 fn ids(v: &serde_json::Value) -> Vec<TokenId> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as TokenId).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as TokenId)
+        .collect()
 }
 
 #[test]
@@ -35,14 +39,26 @@ fn greedy_continuations_match_llama_cpp() {
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["generated"]);
-        let gaps: Vec<f64> = case["top2_gap"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
+        let gaps: Vec<f64> = case["top2_gap"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_f64().unwrap())
+            .collect();
         let top5 = case["top5"].as_array().unwrap();
         // Our tokenizer must agree on the prompt too.
         let text = case["prompt"].as_str().unwrap();
-        assert_eq!(tokenizer.encode(text, true, true), prompt, "{name}: prompt tokenization");
+        assert_eq!(
+            tokenizer.encode(text, true, true),
+            prompt,
+            "{name}: prompt tokenization"
+        );
 
         let mut state = decoder.new_state();
-        let mut logits = decoder.forward_batch(&prompt, 0, &mut state, LogitsFor::Last).unwrap().to_vec();
+        let mut logits = decoder
+            .forward_batch(&prompt, 0, &mut state, LogitsFor::Last)
+            .unwrap()
+            .to_vec();
         let mut diverged_at = None;
         for (step, &want) in expected.iter().enumerate() {
             for pair in top5[step].as_array().unwrap() {
@@ -55,7 +71,11 @@ fn greedy_continuations_match_llama_cpp() {
                 diverged_at = Some(step);
                 break;
             }
-            logits.copy_from_slice(decoder.forward_token(got, prompt.len() + step, &mut state).unwrap());
+            logits.copy_from_slice(
+                decoder
+                    .forward_token(got, prompt.len() + step, &mut state)
+                    .unwrap(),
+            );
         }
         total_tokens += expected.len();
         match diverged_at {
@@ -67,7 +87,9 @@ fn greedy_continuations_match_llama_cpp() {
             Some(step) => {
                 matched_tokens += step;
                 let gap = gaps[step];
-                report.push(format!("{name}: diverges at step {step}, llama.cpp's top-2 gap there {gap:.4}"));
+                report.push(format!(
+                    "{name}: diverges at step {step}, llama.cpp's top-2 gap there {gap:.4}"
+                ));
                 if gap > NOISE_GAP {
                     failures.push(format!("{name}: diverged at step {step} where llama.cpp's top-2 gap is {gap:.4} (> {NOISE_GAP})"));
                 }

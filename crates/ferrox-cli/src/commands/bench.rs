@@ -56,7 +56,10 @@ impl Measurement {
     }
 
     fn samples_ts(&self) -> Vec<f64> {
-        self.samples_ns.iter().map(|&ns| 1e9 * self.tokens() as f64 / ns as f64).collect()
+        self.samples_ns
+            .iter()
+            .map(|&ns| 1e9 * self.tokens() as f64 / ns as f64)
+            .collect()
     }
 
     fn avg_ts(&self) -> f64 {
@@ -102,7 +105,8 @@ impl Bench<'_> {
         let tokens = self.random_tokens(n);
         state.truncate(0);
         let start = Instant::now();
-        self.decoder.forward_batch(&tokens, 0, state, LogitsFor::Last)?;
+        self.decoder
+            .forward_batch(&tokens, 0, state, LogitsFor::Last)?;
         Ok(start.elapsed().as_nanos() as u64)
     }
 
@@ -116,11 +120,23 @@ impl Bench<'_> {
         Ok(start.elapsed().as_nanos() as u64)
     }
 
-    fn run(&mut self, state: &mut DecoderState, n_prompt: usize, n_gen: usize, reps: usize) -> anyhow::Result<Measurement> {
+    fn run(
+        &mut self,
+        state: &mut DecoderState,
+        n_prompt: usize,
+        n_gen: usize,
+        reps: usize,
+    ) -> anyhow::Result<Measurement> {
         // Warm-up: one full run of the test.
         self.timed(state, n_prompt, n_gen)?;
-        let samples_ns = (0..reps).map(|_| self.timed(state, n_prompt, n_gen)).collect::<anyhow::Result<_>>()?;
-        let name = if n_prompt > 0 { format!("pp{n_prompt}") } else { format!("tg{n_gen}") };
+        let samples_ns = (0..reps)
+            .map(|_| self.timed(state, n_prompt, n_gen))
+            .collect::<anyhow::Result<_>>()?;
+        let name = if n_prompt > 0 {
+            format!("pp{n_prompt}")
+        } else {
+            format!("tg{n_gen}")
+        };
         Ok(Measurement {
             name,
             n_prompt,
@@ -129,7 +145,12 @@ impl Bench<'_> {
         })
     }
 
-    fn timed(&mut self, state: &mut DecoderState, n_prompt: usize, n_gen: usize) -> anyhow::Result<u64> {
+    fn timed(
+        &mut self,
+        state: &mut DecoderState,
+        n_prompt: usize,
+        n_gen: usize,
+    ) -> anyhow::Result<u64> {
         if n_prompt > 0 {
             self.prefill(state, n_prompt)
         } else {
@@ -142,7 +163,11 @@ impl Bench<'_> {
 fn model_type(decoder: &Decoder) -> String {
     let meta = decoder.gguf().metadata();
     let arch = meta.architecture().unwrap_or("?");
-    let size = meta.opt_str("general.size_label").ok().flatten().unwrap_or("?");
+    let size = meta
+        .opt_str("general.size_label")
+        .ok()
+        .flatten()
+        .unwrap_or("?");
     let ftype = meta
         .opt_u32("general.file_type")
         .ok()
@@ -170,20 +195,43 @@ fn human_params(n: u64) -> String {
 }
 
 /// llama-bench's JSON results for one test, run as its own process.
-fn llama_bench(binary: &Path, model: &Path, m: &Measurement, threads: usize, reps: usize) -> anyhow::Result<f64> {
+fn llama_bench(
+    binary: &Path,
+    model: &Path,
+    m: &Measurement,
+    threads: usize,
+    reps: usize,
+) -> anyhow::Result<f64> {
     let out = Command::new(binary)
         .args(["-m", &model.to_string_lossy()])
         .args(["-p", &m.n_prompt.to_string(), "-n", &m.n_gen.to_string()])
-        .args(["-r", &reps.to_string(), "-t", &threads.to_string(), "-o", "json"])
+        .args([
+            "-r",
+            &reps.to_string(),
+            "-t",
+            &threads.to_string(),
+            "-o",
+            "json",
+        ])
         .output()
         .with_context(|| format!("cannot run {}", binary.display()))?;
     if !out.status.success() {
-        bail!("{} failed: {}", binary.display(), String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+        bail!(
+            "{} failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
     }
     let results: Value = serde_json::from_slice(&out.stdout).context("llama-bench JSON")?;
     results
         .as_array()
-        .and_then(|a| a.iter().find(|r| r["n_prompt"] == m.n_prompt && r["n_gen"] == m.n_gen))
+        .and_then(|a| {
+            a.iter()
+                .find(|r| r["n_prompt"] == m.n_prompt && r["n_gen"] == m.n_gen)
+        })
         .and_then(|r| r["avg_ts"].as_f64())
         .context("llama-bench printed no result for the test")
 }
@@ -192,7 +240,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         return Err(InputError("--repetitions must be at least 1".into()).into());
     }
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_args = ModelArgs {
         model: args.model.clone(),
         threads,
@@ -215,7 +265,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let m = bench.run(&mut state, n_prompt, n_gen, args.repetitions)?;
         if let Some(binary) = &args.compare {
             // Alternate the engines test by test so both see the same machine conditions.
-            llama.push(llama_bench(binary, &loaded.path, &m, threads, args.repetitions)?);
+            llama.push(llama_bench(
+                binary,
+                &loaded.path,
+                &m,
+                threads,
+                args.repetitions,
+            )?);
         }
         results.push(m);
     }
@@ -223,8 +279,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gguf = decoder.gguf();
     let model_size: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes).sum();
     let n_params: u64 = gguf.tensors().iter().map(|t| t.n_elements).sum();
-    let file_name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let bandwidth = args.compare.as_ref().map(|_| ferrox_core::bandwidth::read_bandwidth(threads, 5));
+    let file_name = loaded
+        .path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bandwidth = args
+        .compare
+        .as_ref()
+        .map(|_| ferrox_core::bandwidth::read_bandwidth(threads, 5));
     let bytes_per_token = decoder.weight_bytes_per_token();
 
     if args.json {
@@ -289,7 +352,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("\n| test | ferrox t/s | llama.cpp t/s | ferrox / llama.cpp |");
         println!("| ---- | ---------: | ------------: | -----------------: |");
         for (m, other) in results.iter().zip(&llama) {
-            println!("| {} | {:.2} | {:.2} | {:.3} |", m.name, m.avg_ts(), other, m.avg_ts() / other);
+            println!(
+                "| {} | {:.2} | {:.2} | {:.3} |",
+                m.name,
+                m.avg_ts(),
+                other,
+                m.avg_ts() / other
+            );
         }
     }
     if let Some(bw) = bandwidth {
@@ -300,7 +369,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bytes_per_token as f64 / 1e6
         );
         for (i, m) in results.iter().enumerate().filter(|(_, m)| m.n_gen > 0) {
-            print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * m.avg_ts() / bound);
+            print!(
+                "{}: ferrox at {:.0}% of the bound",
+                m.name,
+                100.0 * m.avg_ts() / bound
+            );
             match llama.get(i) {
                 Some(other) => println!(", llama.cpp at {:.0}%", 100.0 * other / bound),
                 None => println!(),

@@ -4,7 +4,9 @@
 use std::io::{BufRead, Write};
 
 use anyhow::Context;
-use ferrox_models::chat_template::{prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions};
+use ferrox_models::chat_template::{
+    prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions,
+};
 use ferrox_models::generate::{generate, GenerationParams};
 use ferrox_models::Engine;
 
@@ -67,11 +69,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         messages.push(ChatMessage::new("user", line));
-        let rendered = template.render(&messages, &options).context("chat template")?;
+        let rendered = template
+            .render(&messages, &options)
+            .context("chat template")?;
         // A BOS the template printed is dropped: the tokenizer adds the model's own.
         let text = prompt_for_tokenizer(&rendered, &options, vocab.add_bos(), vocab.add_eos());
         let tokens = tokenizer.encode(text, true, true);
-        let common = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+        let common = cached
+            .iter()
+            .zip(&tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
         // Keep at least one token to evaluate so there are logits to sample from.
         let reuse = common.min(tokens.len().saturating_sub(1));
         if tokens.len() >= decoder.context_size() {
@@ -88,11 +96,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             sampler: sampler.clone(),
             ..GenerationParams::default()
         };
-        let outcome = generate(decoder, &mut state, reuse, tokenizer, &tokens[reuse..], &params, |step| {
-            let _ = stdout.write_all(step.text.as_bytes());
-            let _ = stdout.flush();
-            true
-        })?;
+        let outcome = generate(
+            decoder,
+            &mut state,
+            reuse,
+            tokenizer,
+            &tokens[reuse..],
+            &params,
+            |step| {
+                let _ = stdout.write_all(step.text.as_bytes());
+                let _ = stdout.flush();
+                true
+            },
+        )?;
         println!();
         cached = tokens;
         cached.extend(&outcome.tokens[..outcome.tokens.len().saturating_sub(1)]);

@@ -32,9 +32,11 @@ pub struct ModelArgs {
 
 /// Where the default model lives: `$FERROX_MODELS_DIR` or `~/.cache/ferrox/models`.
 pub fn default_model_path() -> PathBuf {
-    let dir = std::env::var_os("FERROX_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-    });
+    let dir = std::env::var_os("FERROX_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
+        });
     dir.join(DEFAULT_MODEL_FILE)
 }
 
@@ -47,7 +49,10 @@ pub fn resolve(model: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if path.is_file() {
         return Ok(path);
     }
-    eprintln!("the default model is not at {}; fetching it ...", path.display());
+    eprintln!(
+        "the default model is not at {}; fetching it ...",
+        path.display()
+    );
     let out = Command::new("bash")
         .arg("-c")
         .arg(FETCH_SCRIPT)
@@ -70,13 +75,19 @@ pub struct Loaded {
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let path = resolve(&args.model)?;
     let gguf = Arc::new(super::open_gguf(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
+    let tokenizer =
+        Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
     let options = DecoderOptions {
         n_ctx: args.ctx_size,
         threads: args.threads,
-        kv_storage: if args.kv_f32 { KvStorage::F32 } else { KvStorage::F16 },
+        kv_storage: if args.kv_f32 {
+            KvStorage::F32
+        } else {
+            KvStorage::F16
+        },
     };
-    let decoder = Decoder::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
+    let decoder =
+        Decoder::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
     Ok(Loaded {
         path,
         decoder,

@@ -58,7 +58,9 @@ impl NllStats {
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     // llama-perplexity's context default is 512, not the model's.
-    if args.model.ctx_size == 4096 && !std::env::args().any(|a| a == "-c" || a.starts_with("--ctx-size")) {
+    if args.model.ctx_size == 4096
+        && !std::env::args().any(|a| a == "-c" || a.starts_with("--ctx-size"))
+    {
         args.model.ctx_size = 512;
     }
     let n_ctx = args.model.ctx_size;
@@ -84,7 +86,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         Ok(limit) => available.min(limit),
         Err(_) => available,
     };
-    let bos = tokenizer.vocab().add_bos().then(|| tokenizer.vocab().bos()).flatten();
+    let bos = tokenizer
+        .vocab()
+        .add_bos()
+        .then(|| tokenizer.vocab().bos())
+        .flatten();
     let first = n_ctx / 2;
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks, n_ctx={n_ctx}, {} threads",
@@ -93,8 +99,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     );
     let bar = ProgressBar::new(n_chunk as u64);
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} chunks, {elapsed} elapsed, eta {eta} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} chunks, {elapsed} elapsed, eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut stats = NllStats::default();
     let mut running = String::new();
@@ -125,7 +133,12 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{running}")?;
     match stats.ppl_error() {
-        Some(err) => writeln!(out, "Final estimate: PPL = {:.4} +/- {:.5}", stats.ppl(), err)?,
+        Some(err) => writeln!(
+            out,
+            "Final estimate: PPL = {:.4} +/- {:.5}",
+            stats.ppl(),
+            err
+        )?,
         None => writeln!(out, "Final estimate: PPL = {:.4} +/- nan", stats.ppl())?,
     }
     Ok(())

@@ -19,7 +19,12 @@ pub struct Args {
     #[arg(short = 'p', long)]
     pub prompt: String,
     /// Tokens to generate (-1: until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
     pub n_predict: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -91,7 +96,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
     let prompt = tokenizer.encode(&args.prompt, !args.no_bos, true);
     if prompt.is_empty() {
-        return Err(InputError("the prompt is empty (and the model adds no BOS token)".into()).into());
+        return Err(
+            InputError("the prompt is empty (and the model adds no BOS token)".into()).into(),
+        );
     }
     let ctx = decoder.context_size();
     if prompt.len() >= ctx {
@@ -113,17 +120,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut top_logprobs = Vec::new();
     let mut write_error = None;
-    let outcome = generate(decoder, &mut state, 0, tokenizer, &prompt, &params, |step| {
-        if args.json {
-            top_logprobs.push(step.top_logprobs.iter().map(|&(id, lp)| json!([id, lp])).collect::<Vec<_>>());
-            return true;
-        }
-        if let Err(e) = stdout.write_all(step.text.as_bytes()).and_then(|_| stdout.flush()) {
-            write_error = Some(e);
-            return false;
-        }
-        true
-    })
+    let outcome = generate(
+        decoder,
+        &mut state,
+        0,
+        tokenizer,
+        &prompt,
+        &params,
+        |step| {
+            if args.json {
+                top_logprobs.push(
+                    step.top_logprobs
+                        .iter()
+                        .map(|&(id, lp)| json!([id, lp]))
+                        .collect::<Vec<_>>(),
+                );
+                return true;
+            }
+            if let Err(e) = stdout
+                .write_all(step.text.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                write_error = Some(e);
+                return false;
+            }
+            true
+        },
+    )
     .context("generation failed")?;
     if let Some(e) = write_error {
         return Err(e.into());

@@ -20,7 +20,12 @@ impl MatrixRef {
     /// `MatrixRef` made from the same file).
     pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<WeightMatrix<'g>, ModelError> {
         let bytes = gguf.tensor_data(&self.tensor)?;
-        Ok(WeightMatrix::new(self.tensor.ty, self.rows, self.cols, bytes)?)
+        Ok(WeightMatrix::new(
+            self.tensor.ty,
+            self.rows,
+            self.cols,
+            bytes,
+        )?)
     }
 
     pub fn name(&self) -> &str {
@@ -33,9 +38,15 @@ impl MatrixRef {
 }
 
 /// Query/key/value projections: separate, or fused into one matrix (phi3).
+/// (Built once per layer at load, so the variants' size difference costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum QkvWeights {
-    Separate { q: MatrixRef, k: MatrixRef, v: MatrixRef },
+    Separate {
+        q: MatrixRef,
+        k: MatrixRef,
+        v: MatrixRef,
+    },
     Fused(MatrixRef),
 }
 
@@ -92,13 +103,26 @@ impl Loader<'_> {
         self.check_matrix(t, cols, rows)
     }
 
-    fn opt_matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Option<MatrixRef>, ModelError> {
-        self.find(name).map(|t| self.check_matrix(t, cols, rows)).transpose()
+    fn opt_matrix(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+    ) -> Result<Option<MatrixRef>, ModelError> {
+        self.find(name)
+            .map(|t| self.check_matrix(t, cols, rows))
+            .transpose()
     }
 
-    fn check_matrix(&self, t: &TensorInfo, cols: usize, rows: usize) -> Result<MatrixRef, ModelError> {
+    fn check_matrix(
+        &self,
+        t: &TensorInfo,
+        cols: usize,
+        rows: usize,
+    ) -> Result<MatrixRef, ModelError> {
         let shape = [cols as u64, rows as u64];
-        let matches = t.shape == shape || (t.shape.len() > 2 && t.shape[..2] == shape && t.shape[2..].iter().all(|&d| d == 1));
+        let matches = t.shape == shape
+            || (t.shape.len() > 2 && t.shape[..2] == shape && t.shape[2..].iter().all(|&d| d == 1));
         if !matches {
             return Err(ModelError::TensorShape {
                 name: t.name.clone(),
@@ -130,7 +154,9 @@ impl Loader<'_> {
     }
 
     fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
-        self.find(name).map(|t| self.decode_vector(t, n)).transpose()
+        self.find(name)
+            .map(|t| self.decode_vector(t, n))
+            .transpose()
     }
 
     fn decode_vector(&self, t: &TensorInfo, n: usize) -> Result<Vec<f32>, ModelError> {
@@ -159,7 +185,9 @@ impl DecoderWeights {
         let n_embd = config.n_embd;
         let n_vocab = config.n_vocab;
         let token_embd = l.matrix("token_embd.weight", n_embd, n_vocab)?;
-        let output = l.opt_matrix("output.weight", n_embd, n_vocab)?.unwrap_or_else(|| token_embd.clone());
+        let output = l
+            .opt_matrix("output.weight", n_embd, n_vocab)?
+            .unwrap_or_else(|| token_embd.clone());
         let output_norm = l.vector("output_norm.weight", n_embd)?;
         let rope_dims = config.layers[0].rope.n_dims;
         let rope_freqs = l.opt_vector("rope_freqs.weight", rope_dims / 2)?;
@@ -170,7 +198,11 @@ impl DecoderWeights {
             let q_width = lc.n_head * lc.head_dim_k;
             let k_width = lc.n_head_kv * lc.head_dim_k;
             let v_width = lc.n_head_kv * lc.head_dim_v;
-            let qkv = match l.opt_matrix(&name("attn_qkv.weight"), n_embd, q_width + k_width + v_width)? {
+            let qkv = match l.opt_matrix(
+                &name("attn_qkv.weight"),
+                n_embd,
+                q_width + k_width + v_width,
+            )? {
                 Some(fused) => QkvWeights::Fused(fused),
                 None => QkvWeights::Separate {
                     q: l.matrix(&name("attn_q.weight"), n_embd, q_width)?,
@@ -183,15 +215,18 @@ impl DecoderWeights {
                     gate,
                     up: l.matrix(&name("ffn_up.weight"), n_embd, lc.n_ff)?,
                 },
-                None => GateUpWeights::Fused(l.matrix(&name("ffn_up.weight"), n_embd, 2 * lc.n_ff)?),
-            };
-            let norm_or_missing = |tensor: &str, wanted: bool, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
-                if wanted {
-                    l.vector(&name(tensor), n).map(Some)
-                } else {
-                    Ok(None)
+                None => {
+                    GateUpWeights::Fused(l.matrix(&name("ffn_up.weight"), n_embd, 2 * lc.n_ff)?)
                 }
             };
+            let norm_or_missing =
+                |tensor: &str, wanted: bool, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+                    if wanted {
+                        l.vector(&name(tensor), n).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
             layers.push(LayerWeights {
                 attn_norm: l.vector(&name("attn_norm.weight"), n_embd)?,
                 qkv,
@@ -200,8 +235,16 @@ impl DecoderWeights {
                 v_bias: l.opt_vector(&name("attn_v.bias"), v_width)?,
                 q_norm: norm_or_missing("attn_q_norm.weight", config.qk_norm, lc.head_dim_k)?,
                 k_norm: norm_or_missing("attn_k_norm.weight", config.qk_norm, lc.head_dim_k)?,
-                wo: l.matrix(&name("attn_output.weight"), lc.n_head * lc.head_dim_v, n_embd)?,
-                attn_post_norm: norm_or_missing("post_attention_norm.weight", config.post_norms, n_embd)?,
+                wo: l.matrix(
+                    &name("attn_output.weight"),
+                    lc.n_head * lc.head_dim_v,
+                    n_embd,
+                )?,
+                attn_post_norm: norm_or_missing(
+                    "post_attention_norm.weight",
+                    config.post_norms,
+                    n_embd,
+                )?,
                 ffn_norm: l.vector(&name("ffn_norm.weight"), n_embd)?,
                 gate_up,
                 down: l.matrix(&name("ffn_down.weight"), lc.n_ff, n_embd)?,
@@ -219,7 +262,8 @@ impl DecoderWeights {
 
     /// Bytes of weights one decoded token reads (every matrix once, one embedding row).
     pub fn bytes_per_token(&self) -> u64 {
-        let mut total = self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
+        let mut total =
+            self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
         for l in &self.layers {
             total += match &l.qkv {
                 QkvWeights::Separate { q, k, v } => q.n_bytes() + k.n_bytes() + v.n_bytes(),

@@ -10,11 +10,17 @@ use ferrox_models::{Decoder, DecoderOptions};
 
 /// The default model as `scripts/fetch-model.sh` stores it (the README's path).
 pub fn default_model_path() -> PathBuf {
-    let dir = std::env::var_os("FERROX_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-    });
+    let dir = std::env::var_os("FERROX_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
+        });
     let path = dir.join("gemma-3-270m-q4_k_m.gguf");
-    assert!(path.is_file(), "{} is missing: run scripts/fetch-model.sh", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        path.display()
+    );
     path
 }
 
@@ -43,7 +49,9 @@ pub fn gemma_decoder(n_ctx: usize, threads: usize) -> Decoder {
 }
 
 pub fn fixture(path: &str) -> serde_json::Value {
-    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path);
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(path);
     let text = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
 }

@@ -19,7 +19,7 @@
 //! | qwen2 | 2 | 4/2 x 64 | Q8_0 | Q/K/V biases, tied output, rope base 1e6 |
 //! | qwen3 | 3 | 8/2 x 64 (q width 512) | F16 embd, Q5_0, Q8_0 | Q/K norms, untied Q8_0 output |
 //! | gemma2 | 4 | 4/2 x 64 | F16 | post norms, attn/final softcaps (10/5), SWA 16 on even layers, `rope.freq_base_swa` 5000 |
-//! | gemma3 | 6 | 4/1 x 128 (q width 512) | Q8_0 embd, Q4_0, Q6_K | Q/K norms, SWA 16 with the default 5:1 pattern, global base 1e6 / local 1e4 |
+//! | gemma3 | 6 | 4/1 x 128 (q width 512) | Q8_0 embd, Q4_0, Q6_K | Q/K norms, SWA 16 with the default 5:1 pattern, global RoPE base 1e6 / local `rope.freq_base_swa` 2e4 |
 //! | phi3 | 2 | 4/2 x 64 | F32 qkv, F16, Q4_K, Q6_K, Q5_0 embd, Q4_0 output | fused QKV and gate/up, `sliding_window` (ignored by llama.cpp) |
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
@@ -92,7 +92,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 2,
             head_dim: 64,
             n_vocab: 320,
-            seed: 0x11a_0001,
+            seed: 0x011a_0001,
             rms_eps: 1e-5,
             rope_base: 500000.0,
             types: Types {
@@ -110,7 +110,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 2,
             head_dim: 64,
             n_vocab: 288,
-            seed: 0x11a_0002,
+            seed: 0x011a_0002,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: same(T::Q8_0),
@@ -122,7 +122,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 2,
             head_dim: 64,
             n_vocab: 352,
-            seed: 0x11a_0003,
+            seed: 0x011a_0003,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -139,7 +139,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 2,
             head_dim: 64,
             n_vocab: 272,
-            seed: 0x11a_0004,
+            seed: 0x011a_0004,
             rms_eps: 1e-6,
             rope_base: 10000.0,
             types: same(T::F16),
@@ -151,7 +151,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 1,
             head_dim: 128,
             n_vocab: 304,
-            seed: 0x11a_0005,
+            seed: 0x011a_0005,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -168,7 +168,7 @@ pub fn spec(arch: &str) -> Spec {
             n_head_kv: 2,
             head_dim: 64,
             n_vocab: 336,
-            seed: 0x11a_0006,
+            seed: 0x011a_0006,
             rms_eps: 1e-5,
             rope_base: 10000.0,
             types: Types {
@@ -339,9 +339,11 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             w.set(key("rope.freq_base_swa"), 5000.0f32);
         }
         "gemma3" => {
-            // No pattern key: llama.cpp's default (5 local layers, then 1 global) applies,
-            // and the local RoPE base is its default 10000.
+            // No pattern key: llama.cpp's default (5 local layers, then 1 global) applies. The
+            // local RoPE base is written as recent converters do, with a value other than the
+            // 10000 a reader assumes without it.
             w.set(key("attention.sliding_window"), 16u32);
+            w.set(key("rope.freq_base_swa"), 20000.0f32);
         }
         "phi3" => {
             // Phi-3 files carry a window; llama.cpp disables Phi's SWA, so it must not matter.
@@ -452,7 +454,7 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
 /// non-special tokens.
 pub fn token_ids(arch: &str) -> Vec<u32> {
     let s = spec(arch);
-    let mut rng = StdRng::seed_from_u64(s.seed ^ 0x7015_e4_5eed);
+    let mut rng = StdRng::seed_from_u64(s.seed ^ 0x0070_15e4_5eed);
     let n_regular = (s.n_vocab - 3) as u32;
     let mut ids = vec![BOS_ID];
     ids.extend((1..N_TOKENS).map(|_| 3 + rng.next_u32() % n_regular));
