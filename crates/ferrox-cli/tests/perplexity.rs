@@ -33,7 +33,7 @@ fn ppl_text() -> PathBuf {
 fn perplexity_matches_llama_perplexity() {
     let reference = reference();
     let chunks = reference["n_chunks"].as_u64().unwrap().to_string();
-    let n_ctx = reference["n_ctx"].as_u64().unwrap().to_string();
+    let n_ctx = reference["metadata"]["n_ctx"].as_u64().unwrap().to_string();
     let expected = reference["ppl"].as_f64().unwrap();
     let model = common::default_model();
     let text = ppl_text();
