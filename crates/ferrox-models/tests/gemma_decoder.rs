@@ -229,30 +229,29 @@ fn sequences_stepped_together_equal_each_alone() {
         .collect();
     decoder.forward_many(&mut steps).unwrap();
     drop(steps);
-    for step in 0..=6 {
-        for (i, state) in states.iter().enumerate() {
-            let got = state.logits();
-            let want = &alone[i][step];
-            assert!(
-                got.iter()
-                    .zip(want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "sequence {i}, step {step}"
-            );
+    let last_step = 6;
+    for (step, expected) in (0..=last_step).map(|step| (step, alone.iter().map(move |a| &a[step])))
+    {
+        for ((i, state), want) in states.iter().enumerate().zip(expected) {
+            let same = state
+                .logits()
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "sequence {i}, step {step}");
         }
-        if step == 6 {
-            break;
+        if step < last_step {
+            let next: Vec<[TokenId; 1]> = states.iter().map(|s| [argmax(s.logits())]).collect();
+            let mut steps: Vec<SequenceStep<'_>> = next
+                .iter()
+                .zip(states.iter_mut())
+                .map(|(t, state)| SequenceStep {
+                    tokens: t,
+                    state,
+                    logits: LogitsFor::Last,
+                })
+                .collect();
+            decoder.forward_many(&mut steps).unwrap();
         }
-        let next: Vec<[TokenId; 1]> = states.iter().map(|s| [argmax(s.logits())]).collect();
-        let mut steps: Vec<SequenceStep<'_>> = next
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(t, state)| SequenceStep {
-                tokens: t,
-                state,
-                logits: LogitsFor::Last,
-            })
-            .collect();
-        decoder.forward_many(&mut steps).unwrap();
     }
 }
