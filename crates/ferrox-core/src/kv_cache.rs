@@ -2,6 +2,7 @@
 //! position, stored as f32 or f16, with truncation and snapshot/restore for prefix reuse.
 
 use half::f16;
+use half::vec::HalfBitsVecExt;
 
 /// How cached keys and values are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -23,7 +24,8 @@ impl Rows {
         // Zeroed allocations come from calloc: pages are touched only as positions fill.
         match storage {
             KvStorage::F32 => Rows::F32(vec![0.0; len]),
-            KvStorage::F16 => Rows::F16(vec![f16::ZERO; len]),
+            // (`vec![f16::ZERO; n]` would write every element; zero u16s come from calloc.)
+            KvStorage::F16 => Rows::F16(vec![0u16; len].reinterpret_into()),
         }
     }
 

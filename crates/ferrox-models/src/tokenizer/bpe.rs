@@ -4,9 +4,12 @@
 //!
 //! Text is cut into words by the pre-tokenizer, then each word is merged on its own: it
 //! starts as one symbol per byte (byte-level) or per char (UTF-8), and the adjacent pair
-//! with the lowest merge rank, leftmost first, is merged until no pair has a rank. A
-//! priority queue of candidate pairs, with stale ones skipped when popped, keeps this
-//! O(n log n) in the word's length.
+//! with the lowest merge rank, leftmost first, is merged until no pair has a rank. Symbols
+//! that end up being no token are emitted byte by byte through the fallback tokens.
+//!
+//! Merges work on interned symbol ids, never on strings: a pair's merge is one hash lookup.
+//! Short words rescan their pairs after each merge; long ones keep a priority queue of
+//! candidate pairs (stale ones skipped when popped), which stays O(n log n) in the length.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -80,7 +83,9 @@ impl Bpe {
             let c = byte_to_char(byte);
             byte_symbols[usize::from(byte)] = symbols.get(c.encode_utf8(&mut [0; 4]));
             byte_fallback[usize::from(byte)] = if byte_encode {
-                c.is_ascii().then(|| vocab.id(c.encode_utf8(&mut [0; 4]))).flatten()
+                c.is_ascii()
+                    .then(|| vocab.id(c.encode_utf8(&mut [0; 4])))
+                    .flatten()
             } else {
                 vocab.id(&format!("<0x{byte:02X}>"))
             };
@@ -211,7 +216,10 @@ impl Bpe {
                 out.push(symbol.id);
             } else {
                 let text = &bytes[symbol.start..symbol.start + symbol.len];
-                out.extend(text.iter().filter_map(|&b| self.byte_fallback[usize::from(b)]));
+                out.extend(
+                    text.iter()
+                        .filter_map(|&b| self.byte_fallback[usize::from(b)]),
+                );
             }
         }
     }
@@ -384,8 +392,8 @@ fn load_merges(
     let mut merges = HashMap::with_capacity_and_hasher(vocab.merges_len(), FastHash::default());
     let mut merged_text = String::new();
     for (rank, line) in vocab.merges().enumerate() {
-        let rank =
-            u32::try_from(rank).map_err(|_| TokenizerError::Invalid("too many BPE merges".into()))?;
+        let rank = u32::try_from(rank)
+            .map_err(|_| TokenizerError::Invalid("too many BPE merges".into()))?;
         let Some(space) = line.as_bytes().iter().skip(1).position(|&b| b == b' ') else {
             continue; // llama.cpp ranks the pair ("", ""), which never matches
         };
@@ -544,6 +552,105 @@ impl Hasher for FastHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrox_gguf::{Gguf, GgufWriter};
+
+    /// A vocabulary whose tokens are normal but for the `<0xAB>` ones, which are bytes.
+    fn vocab(model: &str, pre: &str, tokens: &[&str], merges: &[&str]) -> Vocab {
+        let is_byte = |t: &&str| t.len() == 6 && t.starts_with("<0x");
+        let types: Vec<i32> = tokens
+            .iter()
+            .map(|t| if is_byte(t) { 6 } else { 1 })
+            .collect();
+        let mut w = GgufWriter::new();
+        w.set("tokenizer.ggml.token_type", types);
+        w.set("tokenizer.ggml.model", model);
+        w.set("tokenizer.ggml.pre", pre);
+        w.set("tokenizer.ggml.tokens", tokens.to_vec());
+        w.set("tokenizer.ggml.merges", merges.to_vec());
+        let gguf = Gguf::from_bytes(w.to_bytes()).expect("valid gguf");
+        Vocab::from_gguf(&gguf.metadata()).expect("valid vocab")
+    }
+
+    fn encode(bpe: &Bpe, vocab: &Vocab, text: &str) -> Vec<TokenId> {
+        let mut out = Vec::new();
+        bpe.encode(vocab, &[Fragment::Text(text)], false, &mut out);
+        out
+    }
+
+    /// Textbook BPE on strings: merge the lowest-ranked adjacent pair, leftmost first.
+    fn reference_bpe(word: &str, merges: &[&str], vocab: &Vocab) -> Vec<TokenId> {
+        let rank = |l: &str, r: &str| merges.iter().position(|m| *m == format!("{l} {r}"));
+        let mut parts: Vec<String> = word.chars().map(String::from).collect();
+        loop {
+            let best = (1..parts.len())
+                .filter_map(|i| rank(&parts[i - 1], &parts[i]).map(|r| (r, i)))
+                .min();
+            let Some((_, i)) = best else { break };
+            let right = parts.remove(i);
+            parts[i - 1].push_str(&right);
+        }
+        let ids = parts.iter().flat_map(|p| match vocab.id(p) {
+            Some(id) => vec![id],
+            None => p.chars().filter_map(|c| vocab.id(&c.to_string())).collect(),
+        });
+        ids.collect()
+    }
+
+    #[test]
+    fn short_and_long_words_merge_like_textbook_bpe() {
+        let tokens = [
+            "a", "b", "c", "ab", "bc", "abc", "ca", "aa", "aaaa", "bb", "cab",
+        ];
+        // "c c" merges into "cc", which is no token: it comes out as its bytes.
+        let merges = [
+            "a b", "b c", "ab c", "c a", "a a", "aa aa", "b b", "c c", "c ab", "cc cc",
+        ];
+        let vocab = vocab("gpt2", "gpt-2", &tokens, &merges);
+        let bpe = Bpe::new(&vocab).unwrap();
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for len in (1..=70).chain([150]) {
+            for _ in 0..10 {
+                let word: String = (0..len)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        ['a', 'b', 'c'][(seed % 3) as usize]
+                    })
+                    .collect();
+                let want = reference_bpe(&word, &merges, &vocab);
+                assert_eq!(encode(&bpe, &vocab, &word), want, "{word}");
+            }
+        }
+    }
+
+    #[test]
+    fn utf8_vocabularies_merge_chars_and_fall_back_to_byte_tokens() {
+        let tokens = [
+            "<0xC3>",
+            "<0xA9>",
+            "\u{2581}",
+            "a",
+            "\u{2581}a",
+            "\u{2581}a\u{2581}",
+            "\n\n",
+        ];
+        let merges = ["\u{2581} a", "\u{2581}a \u{2581}"];
+        let vocab = vocab("gemma4", "gemma4", &tokens, &merges);
+        let bpe = Bpe::new(&vocab).unwrap();
+        // Spaces become ▁ and merge; 'é' is no token, so its UTF-8 bytes come out.
+        assert_eq!(encode(&bpe, &vocab, " a a"), [4, 4]);
+        assert_eq!(encode(&bpe, &vocab, " a "), [5]);
+        assert_eq!(encode(&bpe, &vocab, "é"), [0, 1]);
+        // A run of newlines is looked up whole.
+        assert_eq!(encode(&bpe, &vocab, "\n\n"), [6]);
+        let mut piece = Vec::new();
+        bpe.token_to_piece(&vocab, 5, false, &mut piece);
+        assert_eq!(piece, b" a ");
+        piece.clear();
+        bpe.token_to_piece(&vocab, 1, false, &mut piece);
+        assert_eq!(piece, [0xA9]);
+    }
 
     #[test]
     fn byte_token_parsing_follows_strtol() {

@@ -4,8 +4,11 @@
 //! A pre-tokenizer is a list of regexes applied in turn, each one splitting every piece the
 //! previous ones left: its matches and the gaps between them all become pieces. llama.cpp
 //! runs its hottest regexes through hand-written splitters, and those splitters (not the
-//! regexes they stand for) define its behaviour, so we mirror them one for one. Every other
-//! regex runs on fancy-regex over the text llama.cpp hands to `std::regex`:
+//! regexes they stand for) define its behaviour, so we mirror them one for one. SuperBPE's
+//! digit-grouping lookahead, which backtracks quadratically, has a splitter of ours too,
+//! equivalent to the regex. Every other regex runs on fancy-regex over the text llama.cpp
+//! hands to `std::regex` (whose ECMAScript matching is leftmost-first backtracking, as
+//! fancy-regex's):
 //! - when the regex uses `\p{..}` classes, a "collapsed" text where each non-ASCII codepoint
 //!   is replaced by a stand-in for its class (non-ASCII whitespace by `\x0B`), the classes
 //!   being rewritten to match their stand-in plus their ASCII members;
@@ -62,7 +65,10 @@ enum Step {
     /// of an ASCII digit run. The regex itself backtracks quadratically on long runs.
     ThousandsBoundaries,
     /// Any other regex.
-    Regex { regex: Regex, haystack: HaystackKind },
+    Regex {
+        regex: Regex,
+        haystack: HaystackKind,
+    },
 }
 
 /// The text a generic regex runs over (see the module docs).
@@ -72,8 +78,9 @@ enum HaystackKind {
     Wide,
 }
 
-// The regexes of llama.cpp's pre-tokenizers, verbatim. Those that `Step::compile` recognises
-// run through hand-written splitters, exactly where llama.cpp uses its own.
+// The regexes of llama.cpp's pre-tokenizers, verbatim (chars that Unicode normalization
+// would alter are escaped). Those that `Step::compile` recognises run through hand-written
+// splitters, exactly where llama.cpp uses its own.
 macro_rules! contractions {
     () => {
         "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -118,7 +125,8 @@ const THREE_ASCII_DIGITS: &str = "[0-9][0-9][0-9]";
 const HAN_KANA: &str = "[一-龥\u{3040}-ゟ゠-ヿ]+";
 const DEEPSEEK3_WORDS: &str = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
 const SPARK2_5_WORDS: &str = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+";
-const YOUTU_CJK: &str = "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u{3040}-ゟ゠-ヿ]+";
+const YOUTU_CJK: &str =
+    "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u{3040}-ゟ゠-ヿ]+";
 const YOUTU_WORDS: &str = concat!(
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+",
     contractions!(),
@@ -203,15 +211,11 @@ const fn utf8(regexes: &'static [&'static str], word_rule: WordRule) -> Recipe {
 /// llama.cpp's pre-tokenizer for a `tokenizer.ggml.pre` value (a missing one is "default").
 fn recipe(pre: &str) -> Option<Recipe> {
     Some(match pre {
-        "" | "default" => byte_level(&[
-            DEFAULT_PUNCTUATION,
-            GPT2,
-            DIGIT_RUNS,
-            THREE_ASCII_DIGITS,
-        ]),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-        | "midm-2.0" | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" | "chatglm-bpe"
-        | "glm4" | "glm5" => byte_level(&[LLAMA3]),
+        "" | "default" => byte_level(&[DEFAULT_PUNCTUATION, GPT2, DIGIT_RUNS, THREE_ASCII_DIGITS]),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" | "chatglm-bpe" | "glm4" | "glm5" => {
+            byte_level(&[LLAMA3])
+        }
         "jais-2" => byte_level(&[JAIS2]),
         "deepseek-llm" => byte_level(&[
             NEWLINE,
@@ -226,22 +230,19 @@ fn recipe(pre: &str) -> Option<Recipe> {
         }
         "spark2_5" => byte_level(&[DIGITS_1_TO_3, HAN_KANA, SPARK2_5_WORDS, DIGIT]),
         "youtu" => byte_level(&[YOUTU_CJK, YOUTU_WORDS]),
-        "deepseek-coder" => byte_level(&[
-            NEWLINE,
-            LETTER_RUNS,
-            PUNCTUATION_RUNS,
-            DEEPSEEK_CJK,
-            DIGIT,
-        ]),
+        "deepseek-coder" => {
+            byte_level(&[NEWLINE, LETTER_RUNS, PUNCTUATION_RUNS, DEEPSEEK_CJK, DIGIT])
+        }
         "falcon" => byte_level(&[FALCON_PUNCTUATION, GPT2, THREE_ASCII_DIGITS]),
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-        | "minerva-7b" | "mellum2" => byte_level(&[DIGIT, GPT2]),
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => byte_level(&[DIGIT, GPT2]),
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code"
-        | "roberta-bpe" | "exaone4" | "mpt" | "olmo" | "jais" | "trillion"
-        | "granite-docling" => byte_level(&[GPT2]),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
-        | "hunyuan" | "solar-open" | "grok-2" => byte_level(&[QWEN2]),
+        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
+        | "exaone4" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" => {
+            byte_level(&[GPT2])
+        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
+        | "solar-open" | "grok-2" => byte_level(&[QWEN2]),
         "qwen35" => byte_level(&[QWEN35]),
         "poro-chat" | "bloom" | "gpt3-finnish" => byte_level(&[BLOOM]),
         "viking" => byte_level(&[BLOOM, DIGIT]),
@@ -266,9 +267,7 @@ fn recipe(pre: &str) -> Option<Recipe> {
         "laguna" => byte_level(&[NEWLINE_RUNS, QWEN2]),
         "exaone-moe" => byte_level(&[EXAONE_MOE]),
         "minicpm5" => byte_level(&[DIGITS_1_TO_3, MINICPM5]),
-        "gemma4" | "granite-embed-multi-311m" => {
-            utf8(&[NEWLINE_RUNS], WordRule::WholeNewlineRuns)
-        }
+        "gemma4" | "granite-embed-multi-311m" => utf8(&[NEWLINE_RUNS], WordRule::WholeNewlineRuns),
         "mmbert" => utf8(&[NEWLINE_RUNS], WordRule::Metaspace),
         "sarvam-moe" => utf8(&[NEWLINE_RUNS], WordRule::Plain),
         "whitespace" => utf8(&[NON_WHITESPACE_RUNS], WordRule::Plain),
@@ -313,7 +312,9 @@ impl PreTokenizer {
         }
         let text = Codepoints::decode(text);
         let mut haystacks = Haystacks::default();
-        let mut pieces = vec![0..text.chars.len()];
+        // One piece, the whole text, for the first regex to split.
+        let mut pieces = Vec::with_capacity(text.chars.len() / 4 + 1);
+        pieces.push(0..text.chars.len());
         let mut next = Vec::with_capacity(pieces.len());
         for step in &self.steps {
             next.clear();
@@ -459,10 +460,13 @@ fn split_gpt2(w: &Window<'_>, cut: &mut Cutter<'_>) {
         }
         let space = usize::from(w.chars[pos] == ' ');
         // ` ?X+` for X in letters, numbers, and neither-nor-whitespace.
-        let next = if space == 1 { w.flags_at(pos + 1) } else { w.flags[pos] };
-        let is_other = |f: CharFlags| {
-            !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.exists()
+        let next = if space == 1 {
+            w.flags_at(pos + 1)
+        } else {
+            w.flags[pos]
         };
+        let is_other =
+            |f: CharFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.exists();
         let class: Option<fn(CharFlags) -> bool> = if next.is_letter() {
             Some(CharFlags::is_letter)
         } else if next.is_number() {
@@ -522,7 +526,11 @@ fn split_llama3_like(
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
         let is_other = |f: CharFlags| !(f.is_whitespace() || is_word(f) || f.is_number());
         let space = usize::from(c == ' ');
-        let next = if space == 1 { w.flags_at(pos + 1) } else { flags };
+        let next = if space == 1 {
+            w.flags_at(pos + 1)
+        } else {
+            flags
+        };
         if is_other(next) {
             pos += space;
             while is_other(w.flags_at(pos)) && w.flags_at(pos).exists() {
@@ -596,11 +604,14 @@ fn split_kimi_k2(w: &Window<'_>, cut: &mut Cutter<'_>) {
             continue;
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let is_other = |f: CharFlags| {
-            !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.exists()
-        };
+        let is_other =
+            |f: CharFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.exists();
         let space = usize::from(c == ' ');
-        let next = if space == 1 { w.flags_at(pos + 1) } else { flags };
+        let next = if space == 1 {
+            w.flags_at(pos + 1)
+        } else {
+            flags
+        };
         if is_other(next) {
             pos += space;
             while is_other(w.flags_at(pos)) {
@@ -786,8 +797,7 @@ impl Haystack {
     /// The codepoint index (in the original text) of byte `byte` of the haystack, which lies
     /// within `piece`.
     fn position(&self, piece: Range<usize>, byte: usize) -> usize {
-        piece.start
-            + self.starts[piece.start..=piece.end].partition_point(|&start| start < byte)
+        piece.start + self.starts[piece.start..=piece.end].partition_point(|&start| start < byte)
     }
 }
 
@@ -823,7 +833,9 @@ const COLLAPSED_CLASSES: [(&str, Category); 10] = [
 ];
 
 fn uses_categories(expr: &str) -> bool {
-    COLLAPSED_CLASSES.iter().any(|(class, _)| expr.contains(class))
+    COLLAPSED_CLASSES
+        .iter()
+        .any(|(class, _)| expr.contains(class))
 }
 
 /// The char a non-ASCII, non-whitespace codepoint becomes in the collapsed text: one
@@ -903,20 +915,98 @@ mod tests {
 
     /// Every pre-tokenizer name llama.cpp knows.
     const ALL_PRE_NAMES: &[&str] = &[
-        "default", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-        "midm-2.0", "lfm2", "jina-v5-nano", "deepseek-llm", "deepseek-coder", "deepseek-v3",
-        "spark2_5", "youtu", "falcon", "mpt", "starcoder", "gpt-2", "phi-2", "jina-es",
-        "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert",
-        "jais-2", "gemma4", "granite-embed-multi-311m", "mmbert", "sarvam-moe", "jina-v1-en",
-        "jina-v2-code", "roberta-bpe", "whitespace", "refact", "command-r", "qwen2",
-        "deepseek-r1-qwen", "kormo", "f2llmv2", "qwen35", "stablelm2", "olmo", "dbrx",
-        "smaug-bpe", "poro-chat", "chatglm-bpe", "glm4", "glm5", "viking", "jais", "tekken",
-        "smollm", "codeshell", "bloom", "gpt3-finnish", "exaone", "exaone4", "exaone-moe",
-        "chameleon", "minerva-7b", "megrez", "gpt-4o", "llama4", "kanana2", "talkie",
-        "granite-embed-multi-97m", "tiny_aya", "cohere2moe", "superbpe", "trillion",
-        "granite-docling", "bailingmoe", "bailingmoe2", "llada-moe", "seed-coder", "hunyuan",
-        "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
-        "laguna", "minimax-m2", "solar-open", "mellum2", "minicpm5",
+        "default",
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+        "deepseek-llm",
+        "deepseek-coder",
+        "deepseek-v3",
+        "spark2_5",
+        "youtu",
+        "falcon",
+        "mpt",
+        "starcoder",
+        "gpt-2",
+        "phi-2",
+        "jina-es",
+        "jina-de",
+        "gigachat",
+        "jina-v2-es",
+        "jina-v2-de",
+        "a.x-4.0",
+        "mellum",
+        "modern-bert",
+        "jais-2",
+        "gemma4",
+        "granite-embed-multi-311m",
+        "mmbert",
+        "sarvam-moe",
+        "jina-v1-en",
+        "jina-v2-code",
+        "roberta-bpe",
+        "whitespace",
+        "refact",
+        "command-r",
+        "qwen2",
+        "deepseek-r1-qwen",
+        "kormo",
+        "f2llmv2",
+        "qwen35",
+        "stablelm2",
+        "olmo",
+        "dbrx",
+        "smaug-bpe",
+        "poro-chat",
+        "chatglm-bpe",
+        "glm4",
+        "glm5",
+        "viking",
+        "jais",
+        "tekken",
+        "smollm",
+        "codeshell",
+        "bloom",
+        "gpt3-finnish",
+        "exaone",
+        "exaone4",
+        "exaone-moe",
+        "chameleon",
+        "minerva-7b",
+        "megrez",
+        "gpt-4o",
+        "llama4",
+        "kanana2",
+        "talkie",
+        "granite-embed-multi-97m",
+        "tiny_aya",
+        "cohere2moe",
+        "superbpe",
+        "trillion",
+        "granite-docling",
+        "bailingmoe",
+        "bailingmoe2",
+        "llada-moe",
+        "seed-coder",
+        "hunyuan",
+        "hunyuan-dense",
+        "hy_v4",
+        "joyai-llm",
+        "kimi-k2",
+        "ufakzeka",
+        "grok-2",
+        "afmoe",
+        "laguna",
+        "minimax-m2",
+        "solar-open",
+        "mellum2",
+        "minicpm5",
     ];
 
     fn words(pre: &str, text: &str) -> Vec<String> {
@@ -953,12 +1043,19 @@ mod tests {
                 .collect();
             let got = words(pre, text);
             if got != expected {
-                failures.push(format!("{pre} {text:?}\n  want {expected:?}\n  got  {got:?}"));
+                failures.push(format!(
+                    "{pre} {text:?}\n  want {expected:?}\n  got  {got:?}"
+                ));
             }
             cases += 1;
         }
         assert!(cases > 700, "fixture has only {cases} cases");
-        assert!(failures.is_empty(), "{} of {cases} differ:\n{}", failures.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {cases} differ:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
 
     #[test]
@@ -979,7 +1076,7 @@ mod tests {
         let n = std::env::var("FERROX_PRETOKENIZE_RUN")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
+            .unwrap_or(10_000);
         let runs = [
             " ".repeat(n),
             "a".repeat(n),
@@ -1008,7 +1105,11 @@ mod tests {
                 }
                 assert_eq!(end, run.len(), "{name}");
                 let elapsed = start.elapsed();
-                assert!(elapsed.as_secs() < 5, "{name} took {elapsed:?} on {:?}", &run[..8]);
+                assert!(
+                    elapsed.as_secs() < 5,
+                    "{name} took {elapsed:?} on {:?}",
+                    &run[..8]
+                );
             }
         }
     }
@@ -1032,6 +1133,9 @@ mod tests {
             translate_regex("(?=(\\d{3})+(?!\\d))", HaystackKind::Wide),
             "(?=([0-9]{3})+(?![0-9]))"
         );
-        assert_eq!(translate_regex("[\\[\\]]\\p{M}", HaystackKind::Collapsed), "[\\[\\]][\\x{E0D4}]");
+        assert_eq!(
+            translate_regex("[\\[\\]]\\p{M}", HaystackKind::Collapsed),
+            "[\\[\\]][\\x{E0D4}]"
+        );
     }
 }

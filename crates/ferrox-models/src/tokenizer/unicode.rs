@@ -39,9 +39,9 @@ const CATEGORY_MASK: u8 = 0x0F;
 
 /// The Unicode White_Space property (PropList.txt), which is the set llama.cpp uses.
 const WHITESPACE: [u32; 25] = [
-    0x0009, 0x000A, 0x000B, 0x000C, 0x000D, 0x0020, 0x0085, 0x00A0, 0x1680, 0x2000, 0x2001,
-    0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029,
-    0x202F, 0x205F, 0x3000,
+    0x0009, 0x000A, 0x000B, 0x000C, 0x000D, 0x0020, 0x0085, 0x00A0, 0x1680, 0x2000, 0x2001, 0x2002,
+    0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F,
+    0x3000,
 ];
 
 const CODEPOINT_LIMIT: usize = 0x11_0000;
@@ -207,14 +207,19 @@ mod tests {
         assert_eq!(CharFlags::of('\n').category(), Some(Category::Control));
         // Unicode 15.1: U+2EBF0 (CJK Extension I) is assigned, U+1C89 (16.0) is not.
         assert!(CharFlags::of('\u{2EBF0}').is_letter());
-        assert_eq!(CharFlags::of('\u{1C89}').category(), Some(Category::Undefined));
+        assert_eq!(
+            CharFlags::of('\u{1C89}').category(),
+            Some(Category::Undefined)
+        );
         assert!(CharFlags::of('\u{10FFFF}').exists());
         assert!(!CharFlags::NONE.exists());
     }
 
     #[test]
     fn whitespace_is_unicode_white_space() {
-        for c in ['\t', '\n', '\x0B', '\x0C', '\r', ' ', '\u{85}', '\u{A0}', '\u{3000}'] {
+        for c in [
+            '\t', '\n', '\x0B', '\x0C', '\r', ' ', '\u{85}', '\u{A0}', '\u{3000}',
+        ] {
             assert!(CharFlags::of(c).is_whitespace(), "{c:?}");
         }
         for c in ['\x1C', '\u{200B}', 'a', '\0'] {
