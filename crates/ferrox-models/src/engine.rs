@@ -69,7 +69,12 @@ pub trait Engine: Send + Sync {
 
     /// Runs one token at position `pos` (which must follow what the state holds) and
     /// returns the next-token logits.
-    fn forward_token<'s>(&self, token: TokenId, pos: usize, state: &'s mut Self::State) -> Result<&'s [f32], EngineError>;
+    fn forward_token<'s>(
+        &self,
+        token: TokenId,
+        pos: usize,
+        state: &'s mut Self::State,
+    ) -> Result<&'s [f32], EngineError>;
 
     /// Runs a batch of tokens at positions `start_pos..` (prompt prefill) and returns the
     /// logits the batch indices in `logits.range(tokens.len())` (`vocab_size()` each, in

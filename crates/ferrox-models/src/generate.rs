@@ -68,7 +68,11 @@ pub struct Generation<'t> {
 
 impl<'t> Generation<'t> {
     /// Starts a generation after `prompt` (whose tokens feed the repetition penalties).
-    pub fn new(tokenizer: &'t Tokenizer, params: GenerationParams, prompt: &[TokenId]) -> Generation<'t> {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        params: GenerationParams,
+        prompt: &[TokenId],
+    ) -> Generation<'t> {
         let mut sampler = Sampler::new(params.sampler.clone());
         for &t in prompt {
             sampler.accept(t);
@@ -146,7 +150,11 @@ impl<'t> Generation<'t> {
         if !released.stopped {
             text.push_str(&self.stop.flush());
         }
-        self.finish = Some(if released.stopped { FinishReason::Stop } else { reason });
+        self.finish = Some(if released.stopped {
+            FinishReason::Stop
+        } else {
+            reason
+        });
     }
 }
 
@@ -202,7 +210,9 @@ pub fn generate<E: Engine>(
         ..Timings::default()
     };
     let started = Instant::now();
-    let mut logits = engine.forward_batch(prompt, start_pos, state, LogitsFor::Last)?.to_vec();
+    let mut logits = engine
+        .forward_batch(prompt, start_pos, state, LogitsFor::Last)?
+        .to_vec();
     timings.prompt_time = started.elapsed();
 
     let mut generation = Generation::new(tokenizer, params.clone(), prompt);
@@ -224,7 +234,11 @@ pub fn generate<E: Engine>(
         if pos >= capacity {
             let tail = generation.end_for_length();
             if !tail.is_empty() {
-                let last = Step { text: tail, finish: Some(FinishReason::Length), ..step };
+                let last = Step {
+                    text: tail,
+                    finish: Some(FinishReason::Length),
+                    ..step
+                };
                 text.push_str(&last.text);
                 on_step(&last);
             }

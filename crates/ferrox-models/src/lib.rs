@@ -26,7 +26,11 @@ pub enum ModelError {
     #[error("tensor `{0}` is missing")]
     MissingTensor(String),
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    TensorShape { name: String, expected: Vec<u64>, found: Vec<u64> },
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
     #[error("tensor `{name}` has type {ty}, which is not supported")]
     UnsupportedTensorType { name: String, ty: String },
     #[error("invalid model configuration: {0}")]

@@ -61,13 +61,28 @@ impl SamplerParams {
     /// Checks ranges, naming the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
         let check = |ok: bool, what: &str| if ok { Ok(()) } else { Err(what.to_string()) };
-        check(self.temperature.is_finite() && self.temperature >= 0.0, "temperature must be >= 0")?;
+        check(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature must be >= 0",
+        )?;
         check((0.0..=1.0).contains(&self.top_p), "top_p must be in [0, 1]")?;
         check((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
-        check((0.0..=1.0).contains(&self.typical_p), "typical_p must be in [0, 1]")?;
-        check(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0, "repeat_penalty must be > 0")?;
-        check(self.presence_penalty.is_finite() && (-2.0..=2.0).contains(&self.presence_penalty), "presence_penalty must be in [-2, 2]")?;
-        check(self.frequency_penalty.is_finite() && (-2.0..=2.0).contains(&self.frequency_penalty), "frequency_penalty must be in [-2, 2]")?;
+        check(
+            (0.0..=1.0).contains(&self.typical_p),
+            "typical_p must be in [0, 1]",
+        )?;
+        check(
+            self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0,
+            "repeat_penalty must be > 0",
+        )?;
+        check(
+            self.presence_penalty.is_finite() && (-2.0..=2.0).contains(&self.presence_penalty),
+            "presence_penalty must be in [-2, 2]",
+        )?;
+        check(
+            self.frequency_penalty.is_finite() && (-2.0..=2.0).contains(&self.frequency_penalty),
+            "frequency_penalty must be in [-2, 2]",
+        )?;
         Ok(())
     }
 }
@@ -109,7 +124,8 @@ impl Sampler {
     /// Picks the next token from raw logits.
     pub fn sample(&mut self, logits: &[f32]) -> TokenId {
         let p = &self.params;
-        let needs_penalties = p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let needs_penalties =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if p.temperature <= 0.0 && !needs_penalties && p.logit_bias.is_empty() {
             return argmax(logits);
         }
@@ -125,7 +141,10 @@ impl Sampler {
             apply_penalties(c, &self.recent, p);
         }
         if p.temperature <= 0.0 {
-            return c.iter().fold(c[0], |best, &x| if x.1 > best.1 { x } else { best }).0;
+            return c
+                .iter()
+                .fold(c[0], |best, &x| if x.1 > best.1 { x } else { best })
+                .0;
         }
         top_k(c, p.top_k);
         typical(c, p.typical_p);
@@ -165,7 +184,11 @@ fn apply_penalties(c: &mut [(TokenId, f32)], recent: &VecDeque<TokenId>, p: &Sam
     for (token, count) in counts {
         if let Some(entry) = c.get_mut(token as usize) {
             let l = &mut entry.1;
-            *l = if *l <= 0.0 { *l * p.repeat_penalty } else { *l / p.repeat_penalty };
+            *l = if *l <= 0.0 {
+                *l * p.repeat_penalty
+            } else {
+                *l / p.repeat_penalty
+            };
             *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
@@ -222,7 +245,11 @@ fn typical(c: &mut Vec<(TokenId, f32)>, p: f32) {
         return;
     }
     let probs = softmax(c);
-    let entropy: f32 = -probs.iter().filter(|&&x| x > 0.0).map(|x| x * x.ln()).sum::<f32>();
+    let entropy: f32 = -probs
+        .iter()
+        .filter(|&&x| x > 0.0)
+        .map(|x| x * x.ln())
+        .sum::<f32>();
     let mut order: Vec<usize> = (0..c.len()).collect();
     let shift = |i: usize| (-probs[i].ln() - entropy).abs();
     order.sort_by(|&a, &b| shift(a).total_cmp(&shift(b)));
@@ -243,8 +270,17 @@ fn typical(c: &mut Vec<(TokenId, f32)>, p: f32) {
 /// log-softmax of raw logits, and the `k` most likely (id, logprob) pairs.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(TokenId, f32)> {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
-    let mut c: Vec<(TokenId, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)).collect();
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    let mut c: Vec<(TokenId, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as TokenId, l))
+        .collect();
     top_k(&mut c, k);
     c.truncate(k);
     c.into_iter().map(|(i, l)| (i, l - lse)).collect()
@@ -253,7 +289,12 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(TokenId, f32)> {
 /// The log-probability of one token under the raw logits.
 pub fn logprob_of(logits: &[f32], token: TokenId) -> f32 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     logits[token as usize] - lse
 }
 
@@ -276,7 +317,12 @@ mod tests {
     #[test]
     fn same_seed_same_draws_and_filters_hold() {
         let l = logits();
-        let params = SamplerParams { temperature: 1.0, top_k: 5, seed: 42, ..Default::default() };
+        let params = SamplerParams {
+            temperature: 1.0,
+            top_k: 5,
+            seed: 42,
+            ..Default::default()
+        };
         let draw = |params: &SamplerParams| {
             let mut s = Sampler::new(params.clone());
             (0..50).map(|_| s.sample(&l)).collect::<Vec<_>>()
@@ -295,12 +341,26 @@ mod tests {
     #[test]
     fn min_p_and_top_p_cut_the_tail() {
         let l = vec![10.0, 9.0, 0.0, -5.0];
-        let params = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.2, seed: 1, ..Default::default() };
+        let params = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.2,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(params);
         for _ in 0..100 {
             assert!(s.sample(&l) < 2);
         }
-        let params = SamplerParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1, ..Default::default() };
+        let params = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(params);
         for _ in 0..100 {
             assert_eq!(s.sample(&l), 0);
@@ -310,7 +370,11 @@ mod tests {
     #[test]
     fn repetition_penalty_discourages_recent_tokens() {
         let l = vec![5.0, 4.9, 0.0];
-        let mut s = Sampler::new(SamplerParams { temperature: 0.0, repeat_penalty: 1.5, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            repeat_penalty: 1.5,
+            ..Default::default()
+        });
         assert_eq!(s.sample(&l), 0);
         s.accept(0);
         assert_eq!(s.sample(&l), 1);
@@ -322,7 +386,11 @@ mod tests {
         let top = top_logprobs(&l, 3);
         assert_eq!(top.len(), 3);
         assert!(top[0].1 >= top[1].1 && top[1].1 >= top[2].1);
-        let total: f32 = l.iter().map(|&x| logprob_of(&l, 0) - l[0] + x).map(f32::exp).sum();
+        let total: f32 = l
+            .iter()
+            .map(|&x| logprob_of(&l, 0) - l[0] + x)
+            .map(f32::exp)
+            .sum();
         assert!((total - 1.0).abs() < 1e-4);
     }
 }

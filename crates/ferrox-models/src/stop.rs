@@ -36,13 +36,19 @@ impl StopMatcher {
         if let Some(at) = first_match {
             let text = self.pending[..at].to_string();
             self.pending.clear();
-            return Released { text, stopped: true };
+            return Released {
+                text,
+                stopped: true,
+            };
         }
         let hold = self.held_back_len();
         let split = self.pending.len() - hold;
         let text = self.pending[..split].to_string();
         self.pending.drain(..split);
-        Released { text, stopped: false }
+        Released {
+            text,
+            stopped: false,
+        }
     }
 
     /// Releases whatever was held back (generation ended for another reason).
@@ -88,11 +94,20 @@ mod tests {
 
     #[test]
     fn stops_across_pieces_and_never_emits_the_stop() {
-        assert_eq!(run(&["</s>"], &["Hello <", "/", "s> more"]), ("Hello ".into(), true));
+        assert_eq!(
+            run(&["</s>"], &["Hello <", "/", "s> more"]),
+            ("Hello ".into(), true)
+        );
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
-        assert_eq!(run(&["STOP"], &["no st", "op here"]), ("no stop here".into(), false));
+        assert_eq!(
+            run(&["STOP"], &["no st", "op here"]),
+            ("no stop here".into(), false)
+        );
         assert_eq!(run(&["ab", "b"], &["xab"]), ("x".into(), true));
-        assert_eq!(run(&["日本"], &["今日", "は日", "本"]), ("今日は".into(), true));
+        assert_eq!(
+            run(&["日本"], &["今日", "は日", "本"]),
+            ("今日は".into(), true)
+        );
     }
 
     #[test]

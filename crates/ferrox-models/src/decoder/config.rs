@@ -52,8 +52,18 @@ impl DecoderConfig {
 
     /// Widest per-token key/value rows over the layers (the KV cache's row sizes).
     pub fn kv_widths(&self) -> (usize, usize) {
-        let k = self.layers.iter().map(|l| l.n_head_kv * l.head_dim_k).max().unwrap_or(0);
-        let v = self.layers.iter().map(|l| l.n_head_kv * l.head_dim_v).max().unwrap_or(0);
+        let k = self
+            .layers
+            .iter()
+            .map(|l| l.n_head_kv * l.head_dim_k)
+            .max()
+            .unwrap_or(0);
+        let v = self
+            .layers
+            .iter()
+            .map(|l| l.n_head_kv * l.head_dim_v)
+            .max()
+            .unwrap_or(0);
         (k, v)
     }
 }
@@ -108,24 +118,44 @@ impl Keys<'_, '_> {
 }
 
 /// The metadata every dense family shares. Families then adjust the result.
-pub fn read_common(meta: &Metadata<'_>, arch: &str, rope_style: RopeStyle) -> Result<DecoderConfig, ModelError> {
+pub fn read_common(
+    meta: &Metadata<'_>,
+    arch: &str,
+    rope_style: RopeStyle,
+) -> Result<DecoderConfig, ModelError> {
     let k = Keys { meta, arch };
     let n_layer = k.usize("block_count")?;
     let n_embd = k.usize("embedding_length")?;
     let n_ctx_train = k.usize("context_length")?;
     if n_layer == 0 || n_embd == 0 {
-        return Err(ModelError::Config("block_count and embedding_length must be positive".into()));
+        return Err(ModelError::Config(
+            "block_count and embedding_length must be positive".into(),
+        ));
     }
     let n_head = k
         .per_layer("attention.head_count", n_layer)?
-        .ok_or_else(|| ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(k.key("attention.head_count"))))?;
-    let n_head_kv = k.per_layer("attention.head_count_kv", n_layer)?.unwrap_or_else(|| n_head.clone());
+        .ok_or_else(|| {
+            ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(
+                k.key("attention.head_count"),
+            ))
+        })?;
+    let n_head_kv = k
+        .per_layer("attention.head_count_kv", n_layer)?
+        .unwrap_or_else(|| n_head.clone());
     let n_ff = k
         .per_layer("feed_forward_length", n_layer)?
-        .ok_or_else(|| ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(k.key("feed_forward_length"))))?;
+        .ok_or_else(|| {
+            ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(
+                k.key("feed_forward_length"),
+            ))
+        })?;
     let first_heads = n_head[0].max(1);
-    let head_dim_k = k.opt_usize("attention.key_length")?.unwrap_or(n_embd / first_heads);
-    let head_dim_v = k.opt_usize("attention.value_length")?.unwrap_or(n_embd / first_heads);
+    let head_dim_k = k
+        .opt_usize("attention.key_length")?
+        .unwrap_or(n_embd / first_heads);
+    let head_dim_v = k
+        .opt_usize("attention.value_length")?
+        .unwrap_or(n_embd / first_heads);
     let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim_k);
     let rope = read_rope(&k, rope_style, n_rot, n_ctx_train)?;
     let norm_eps = k.f32("attention.layer_norm_rms_epsilon")?;
@@ -150,10 +180,16 @@ pub fn read_common(meta: &Metadata<'_>, arch: &str, rope_style: RopeStyle) -> Re
         });
     }
     if n_rot > head_dim_k || n_rot % 2 != 0 {
-        return Err(ModelError::Config(format!("rope.dimension_count {n_rot} does not fit head size {head_dim_k}")));
+        return Err(ModelError::Config(format!(
+            "rope.dimension_count {n_rot} does not fit head size {head_dim_k}"
+        )));
     }
-    if head_dim_k > crate::layers::attention::MAX_HEAD_DIM || head_dim_v > crate::layers::attention::MAX_HEAD_DIM {
-        return Err(ModelError::Config(format!("head size {head_dim_k}/{head_dim_v} is too large")));
+    if head_dim_k > crate::layers::attention::MAX_HEAD_DIM
+        || head_dim_v > crate::layers::attention::MAX_HEAD_DIM
+    {
+        return Err(ModelError::Config(format!(
+            "head size {head_dim_k}/{head_dim_v} is too large"
+        )));
     }
     Ok(DecoderConfig {
         arch: arch.to_string(),
@@ -179,15 +215,29 @@ fn vocab_size(meta: &Metadata<'_>, k: &Keys<'_, '_>) -> Result<usize, ModelError
     Ok(meta.get_array("tokenizer.ggml.tokens")?.len())
 }
 
-fn read_rope(k: &Keys<'_, '_>, style: RopeStyle, n_dims: usize, n_ctx_train: usize) -> Result<Rope, ModelError> {
-    let mut rope = Rope::plain(style, n_dims, k.opt_f32("rope.freq_base")?.unwrap_or(10000.0));
+fn read_rope(
+    k: &Keys<'_, '_>,
+    style: RopeStyle,
+    n_dims: usize,
+    n_ctx_train: usize,
+) -> Result<Rope, ModelError> {
+    let mut rope = Rope::plain(
+        style,
+        n_dims,
+        k.opt_f32("rope.freq_base")?.unwrap_or(10000.0),
+    );
     let factor = match k.opt_f32("rope.scaling.factor")? {
         Some(f) => f,
         None => k.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
     };
     rope.freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
-    let scaling = k.meta.opt_str(&k.key("rope.scaling.type"))?.unwrap_or("linear");
-    rope.n_ctx_orig = k.opt_usize("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+    let scaling = k
+        .meta
+        .opt_str(&k.key("rope.scaling.type"))?
+        .unwrap_or("linear");
+    rope.n_ctx_orig = k
+        .opt_usize("rope.scaling.original_context_length")?
+        .unwrap_or(n_ctx_train);
     match scaling {
         "none" | "linear" => {}
         "yarn" => {
@@ -203,7 +253,9 @@ fn read_rope(k: &Keys<'_, '_>, style: RopeStyle, n_dims: usize, n_ctx_train: usi
             }
         }
         other => {
-            return Err(ModelError::Config(format!("rope scaling type `{other}` is not supported")));
+            return Err(ModelError::Config(format!(
+                "rope scaling type `{other}` is not supported"
+            )));
         }
     }
     Ok(rope)
@@ -222,9 +274,14 @@ pub fn apply_swa_pattern(
     let n_layer = config.n_layer();
     let is_swa: Vec<bool> = match meta.get(&key) {
         Some(Value::Array(a)) => {
-            let flags = a.as_bools().ok_or_else(|| ModelError::Config(format!("`{key}` must be an array of bools")))?;
+            let flags = a
+                .as_bools()
+                .ok_or_else(|| ModelError::Config(format!("`{key}` must be an array of bools")))?;
             if flags.len() != n_layer {
-                return Err(ModelError::Config(format!("`{key}` has {} entries for {n_layer} layers", flags.len())));
+                return Err(ModelError::Config(format!(
+                    "`{key}` has {} entries for {n_layer} layers",
+                    flags.len()
+                )));
             }
             flags
         }

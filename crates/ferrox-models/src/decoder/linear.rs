@@ -6,7 +6,13 @@ use ferrox_core::WeightMatrix;
 use crate::ModelError;
 
 /// `y[t * rows + r] = W[r] · x[t * cols ..]` for `n` tokens; `xq` is reusable scratch.
-pub fn linear(w: &WeightMatrix<'_>, x: &[f32], n: usize, y: &mut [f32], xq: &mut Vec<u8>) -> Result<(), ModelError> {
+pub fn linear(
+    w: &WeightMatrix<'_>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    xq: &mut Vec<u8>,
+) -> Result<(), ModelError> {
     let (rows, cols) = (w.rows(), w.cols());
     w.quantize_activation(&x[..n * cols], xq)?;
     let y = &mut y[..n * rows];

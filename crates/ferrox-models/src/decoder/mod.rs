@@ -103,7 +103,9 @@ impl DecoderState {
     }
 
     pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<(), EngineError> {
-        self.kv.restore(snapshot).map_err(|e| EngineError::State(e.to_string()))
+        self.kv
+            .restore(snapshot)
+            .map_err(|e| EngineError::State(e.to_string()))
     }
 
     pub fn kv_cache(&self) -> &KvCache {
@@ -158,7 +160,11 @@ impl Decoder {
                 layer.rope.freq_factors = Some(freqs.clone());
             }
         }
-        let n_ctx = if options.n_ctx == 0 { config.n_ctx_train } else { options.n_ctx };
+        let n_ctx = if options.n_ctx == 0 {
+            config.n_ctx_train
+        } else {
+            options.n_ctx
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .thread_name(|i| format!("ferrox-worker-{i}"))
@@ -192,11 +198,24 @@ impl Decoder {
     }
 
     /// Runs `tokens` at positions `start_pos..`, appending to the state's cache.
-    fn forward(&self, tokens: &[TokenId], start_pos: usize, state: &mut DecoderState, want: LogitsFor) -> Result<(), EngineError> {
+    fn forward(
+        &self,
+        tokens: &[TokenId],
+        start_pos: usize,
+        state: &mut DecoderState,
+        want: LogitsFor,
+    ) -> Result<(), EngineError> {
         if start_pos != state.kv.len() {
-            return Err(EngineError::Position { got: start_pos, len: state.kv.len() });
+            return Err(EngineError::Position {
+                got: start_pos,
+                len: state.kv.len(),
+            });
         }
-        self.forward_many(&mut [SequenceStep { tokens, state, logits: want }])
+        self.forward_many(&mut [SequenceStep {
+            tokens,
+            state,
+            logits: want,
+        }])
     }
 
     /// One step for several sequences at once (continuous batching): all their tokens go
@@ -214,16 +233,27 @@ impl Decoder {
             let start = step.state.kv.len();
             let needed = start + step.tokens.len();
             if needed > step.state.kv.capacity() {
-                return Err(EngineError::ContextFull { needed, capacity: step.state.kv.capacity() });
+                return Err(EngineError::ContextFull {
+                    needed,
+                    capacity: step.state.kv.capacity(),
+                });
             }
             if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= n_vocab) {
-                return Err(EngineError::InvalidToken { token: bad, vocab_size: n_vocab });
+                return Err(EngineError::InvalidToken {
+                    token: bad,
+                    vocab_size: n_vocab,
+                });
             }
             let wanted = step.logits.range(step.tokens.len());
             step.state.logits.resize(wanted.len() * n_vocab, 0.0);
             for (i, &token) in step.tokens.iter().enumerate() {
                 let logits_row = wanted.contains(&i).then(|| i - wanted.start);
-                rows.push(Row { seq, pos: start + i, token, logits_row });
+                rows.push(Row {
+                    seq,
+                    pos: start + i,
+                    token,
+                    logits_row,
+                });
             }
         }
         let mut scratch = std::mem::take(&mut steps[0].state.scratch);
@@ -238,23 +268,34 @@ impl Decoder {
     /// One micro-batch of rows (from one or more sequences, each sequence's rows in
     /// position order) through every layer, then the output head for the rows that want
     /// logits.
-    fn forward_micro_batch(&self, rows: &[Row], steps: &mut [SequenceStep<'_>], s: &mut Scratch) -> Result<(), EngineError> {
+    fn forward_micro_batch(
+        &self,
+        rows: &[Row],
+        steps: &mut [SequenceStep<'_>],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
         let c = &self.config;
         let n = rows.len();
         let n_embd = c.n_embd;
         let x = sized(&mut s.x, n * n_embd);
 
-        let embd = self.weights.token_embd.view(&self.gguf).map_err(EngineError::model)?;
+        let embd = self
+            .weights
+            .token_embd
+            .view(&self.gguf)
+            .map_err(EngineError::model)?;
         for (t, row) in rows.iter().enumerate() {
             let out = &mut x[t * n_embd..(t + 1) * n_embd];
-            embd.dequant_row(row.token as usize, out).map_err(|e| EngineError::model(e.into()))?;
+            embd.dequant_row(row.token as usize, out)
+                .map_err(|e| EngineError::model(e.into()))?;
             if let Some(scale) = c.embedding_scale {
                 out.iter_mut().for_each(|v| *v *= scale);
             }
         }
 
         {
-            let mut caches: Vec<&mut KvCache> = steps.iter_mut().map(|st| &mut st.state.kv).collect();
+            let mut caches: Vec<&mut KvCache> =
+                steps.iter_mut().map(|st| &mut st.state.kv).collect();
             for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
                 self.attention_block(il, lc, lw, rows, &mut caches, s)?;
                 self.ffn_block(lc, lw, n, s)?;
@@ -271,9 +312,18 @@ impl Decoder {
         let count = wanting.len();
         let xn = sized(&mut s.xn, count * n_embd);
         for (i, &t) in wanting.iter().enumerate() {
-            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &self.weights.output_norm, c.norm_eps, &mut xn[i * n_embd..(i + 1) * n_embd]);
+            rms_norm(
+                &s.x[t * n_embd..(t + 1) * n_embd],
+                &self.weights.output_norm,
+                c.norm_eps,
+                &mut xn[i * n_embd..(i + 1) * n_embd],
+            );
         }
-        let out = self.weights.output.view(&self.gguf).map_err(EngineError::model)?;
+        let out = self
+            .weights
+            .output
+            .view(&self.gguf)
+            .map_err(EngineError::model)?;
         let n_vocab = c.n_vocab;
         let logits = sized(&mut s.logits, count * n_vocab);
         linear(&out, xn, count, logits, &mut s.xq).map_err(EngineError::model)?;
@@ -304,21 +354,58 @@ impl Decoder {
         let (q_w, k_w, v_w) = (lc.n_head * hd_k, lc.n_head_kv * hd_k, lc.n_head_kv * hd_v);
         let xn = sized(&mut s.xn, n * n_embd);
         for t in 0..n {
-            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.norm_eps, &mut xn[t * n_embd..(t + 1) * n_embd]);
+            rms_norm(
+                &s.x[t * n_embd..(t + 1) * n_embd],
+                &lw.attn_norm,
+                c.norm_eps,
+                &mut xn[t * n_embd..(t + 1) * n_embd],
+            );
         }
         let q = sized(&mut s.q, n * q_w);
         let k = sized(&mut s.k, n * k_w);
         let v = sized(&mut s.v, n * v_w);
         match &lw.qkv {
-            QkvWeights::Separate { q: wq, k: wk, v: wv } => {
-                linear(&wq.view(&self.gguf).map_err(EngineError::model)?, xn, n, q, &mut s.xq).map_err(EngineError::model)?;
-                linear(&wk.view(&self.gguf).map_err(EngineError::model)?, xn, n, k, &mut s.xq).map_err(EngineError::model)?;
-                linear(&wv.view(&self.gguf).map_err(EngineError::model)?, xn, n, v, &mut s.xq).map_err(EngineError::model)?;
+            QkvWeights::Separate {
+                q: wq,
+                k: wk,
+                v: wv,
+            } => {
+                linear(
+                    &wq.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    q,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
+                linear(
+                    &wk.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    k,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
+                linear(
+                    &wv.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    v,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
             }
             QkvWeights::Fused(w) => {
                 let all = q_w + k_w + v_w;
                 let qkv = sized(&mut s.qkv, n * all);
-                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, qkv, &mut s.xq).map_err(EngineError::model)?;
+                linear(
+                    &w.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    qkv,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
                 for t in 0..n {
                     let row = &qkv[t * all..(t + 1) * all];
                     q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
@@ -327,16 +414,26 @@ impl Decoder {
                 }
             }
         }
-        for (buf, bias, width) in [(&mut *q, &lw.q_bias, q_w), (&mut *k, &lw.k_bias, k_w), (&mut *v, &lw.v_bias, v_w)] {
+        for (buf, bias, width) in [
+            (&mut *q, &lw.q_bias, q_w),
+            (&mut *k, &lw.k_bias, k_w),
+            (&mut *v, &lw.v_bias, v_w),
+        ] {
             if let Some(b) = bias {
-                buf.chunks_exact_mut(width).for_each(|row| row.iter_mut().zip(b).for_each(|(x, bi)| *x += bi));
+                buf.chunks_exact_mut(width)
+                    .for_each(|row| row.iter_mut().zip(b).for_each(|(x, bi)| *x += bi));
             }
         }
         for t in 0..n {
-            let (qt, kt) = (&mut q[t * q_w..(t + 1) * q_w], &mut k[t * k_w..(t + 1) * k_w]);
+            let (qt, kt) = (
+                &mut q[t * q_w..(t + 1) * q_w],
+                &mut k[t * k_w..(t + 1) * k_w],
+            );
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                qt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
-                kt.chunks_exact_mut(hd_k).for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
+                qt.chunks_exact_mut(hd_k)
+                    .for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
+                kt.chunks_exact_mut(hd_k)
+                    .for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
             }
             let pos = rows[t].pos;
             lc.rope.angles(pos, &mut s.angles);
@@ -349,7 +446,11 @@ impl Decoder {
         }
 
         let params = AttentionParams {
-            scale: if c.query_scale.is_some() { 1.0 } else { 1.0 / (hd_k as f32).sqrt() },
+            scale: if c.query_scale.is_some() {
+                1.0
+            } else {
+                1.0 / (hd_k as f32).sqrt()
+            },
             softcap: c.attn_softcap,
         };
         let group = lc.n_head / lc.n_head_kv;
@@ -370,34 +471,80 @@ impl Decoder {
                 head_dim_v: hd_v,
             };
             let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            attend(&q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k], &view, lo, pos + 1, &params, out);
+            attend(
+                &q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k],
+                &view,
+                lo,
+                pos + 1,
+                &params,
+                out,
+            );
         });
 
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.wo.view(&self.gguf).map_err(EngineError::model)?, attn, n, proj, &mut s.xq).map_err(EngineError::model)?;
+        linear(
+            &lw.wo.view(&self.gguf).map_err(EngineError::model)?,
+            attn,
+            n,
+            proj,
+            &mut s.xq,
+        )
+        .map_err(EngineError::model)?;
         self.residual_add(&lw.attn_post_norm, n, s);
         Ok(())
     }
 
-    fn ffn_block(&self, lc: &LayerConfig, lw: &weights::LayerWeights, n: usize, s: &mut Scratch) -> Result<(), EngineError> {
+    fn ffn_block(
+        &self,
+        lc: &LayerConfig,
+        lw: &weights::LayerWeights,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
         let c = &self.config;
         let n_embd = c.n_embd;
         let xn = sized(&mut s.xn, n * n_embd);
         for t in 0..n {
-            rms_norm(&s.x[t * n_embd..(t + 1) * n_embd], &lw.ffn_norm, c.norm_eps, &mut xn[t * n_embd..(t + 1) * n_embd]);
+            rms_norm(
+                &s.x[t * n_embd..(t + 1) * n_embd],
+                &lw.ffn_norm,
+                c.norm_eps,
+                &mut xn[t * n_embd..(t + 1) * n_embd],
+            );
         }
         let n_ff = lc.n_ff;
         let gate = sized(&mut s.gate, n * n_ff);
         match &lw.gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
-                linear(&wg.view(&self.gguf).map_err(EngineError::model)?, xn, n, gate, &mut s.xq).map_err(EngineError::model)?;
-                linear(&wu.view(&self.gguf).map_err(EngineError::model)?, xn, n, up, &mut s.xq).map_err(EngineError::model)?;
+                linear(
+                    &wg.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    gate,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
+                linear(
+                    &wu.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    up,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
                 gated(c.activation, gate, up);
             }
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
-                linear(&w.view(&self.gguf).map_err(EngineError::model)?, xn, n, both, &mut s.xq).map_err(EngineError::model)?;
+                linear(
+                    &w.view(&self.gguf).map_err(EngineError::model)?,
+                    xn,
+                    n,
+                    both,
+                    &mut s.xq,
+                )
+                .map_err(EngineError::model)?;
                 for t in 0..n {
                     let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
                     gated(c.activation, g, u);
@@ -406,7 +553,14 @@ impl Decoder {
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.down.view(&self.gguf).map_err(EngineError::model)?, gate, n, proj, &mut s.xq).map_err(EngineError::model)?;
+        linear(
+            &lw.down.view(&self.gguf).map_err(EngineError::model)?,
+            gate,
+            n,
+            proj,
+            &mut s.xq,
+        )
+        .map_err(EngineError::model)?;
         self.residual_add(&lw.ffn_post_norm, n, s);
         Ok(())
     }
@@ -419,7 +573,10 @@ impl Decoder {
             if let Some(w) = post_norm {
                 rms_norm_in_place(p, w, self.config.norm_eps);
             }
-            s.x[t * n_embd..(t + 1) * n_embd].iter_mut().zip(p.iter()).for_each(|(x, p)| *x += p);
+            s.x[t * n_embd..(t + 1) * n_embd]
+                .iter_mut()
+                .zip(p.iter())
+                .for_each(|(x, p)| *x += p);
         }
     }
 }
@@ -444,7 +601,12 @@ impl Engine for Decoder {
         self.n_ctx
     }
 
-    fn forward_token<'s>(&self, token: TokenId, pos: usize, state: &'s mut DecoderState) -> Result<&'s [f32], EngineError> {
+    fn forward_token<'s>(
+        &self,
+        token: TokenId,
+        pos: usize,
+        state: &'s mut DecoderState,
+    ) -> Result<&'s [f32], EngineError> {
         self.forward(&[token], pos, state, LogitsFor::Last)?;
         Ok(&state.logits)
     }

@@ -22,7 +22,11 @@ pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     apply_swa_pattern(&mut config, meta, window, 2)?;
     // Local layers use the same RoPE base unless the file says otherwise.
     if let Some(base) = keys.opt_f32("rope.freq_base_swa")? {
-        for layer in config.layers.iter_mut().filter(|l| l.sliding_window.is_some()) {
+        for layer in config
+            .layers
+            .iter_mut()
+            .filter(|l| l.sliding_window.is_some())
+        {
             layer.rope.freq_base = base;
         }
     }

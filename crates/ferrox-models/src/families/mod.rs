@@ -16,7 +16,9 @@ use crate::decoder::DecoderConfig;
 use crate::ModelError;
 
 /// Architectures the dense decoder runs.
-pub const DENSE_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"];
+pub const DENSE_ARCHITECTURES: &[&str] = &[
+    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3",
+];
 
 /// The decoder configuration for the file's `general.architecture`.
 pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
@@ -37,6 +39,10 @@ pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> 
 /// 1/sqrt(n_embd / n_head) (as the reference implementation does).
 fn gemma_query_scale(config: &DecoderConfig, is_27b: bool) -> f32 {
     let layer = &config.layers[0];
-    let dim = if is_27b { config.n_embd / layer.n_head } else { layer.head_dim_k };
+    let dim = if is_27b {
+        config.n_embd / layer.n_head
+    } else {
+        layer.head_dim_k
+    };
     1.0 / (dim as f32).sqrt()
 }

@@ -34,8 +34,14 @@ pub fn gelu(x: f32) -> f32 {
 /// `gate[i] = act(gate[i]) * up[i]`.
 pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {
     match act {
-        Activation::Silu => gate.iter_mut().zip(up).for_each(|(g, &u)| *g = silu(*g) * u),
-        Activation::Gelu => gate.iter_mut().zip(up).for_each(|(g, &u)| *g = gelu(*g) * u),
+        Activation::Silu => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, &u)| *g = silu(*g) * u),
+        Activation::Gelu => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, &u)| *g = gelu(*g) * u),
     }
 }
 

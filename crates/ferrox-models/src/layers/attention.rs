@@ -39,7 +39,14 @@ pub struct KvView<'a> {
 
 /// `out = softmax(q·K^T * scale) · V` over positions `lo..hi` of the view (indices relative
 /// to the view's first position).
-pub fn attend(q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, params: &AttentionParams, out: &mut [f32]) {
+pub fn attend(
+    q: &[f32],
+    kv: &KvView<'_>,
+    lo: usize,
+    hi: usize,
+    params: &AttentionParams,
+    out: &mut [f32],
+) {
     let dk = kv.head_dim_k;
     let dv = kv.head_dim_v;
     out[..dv].fill(0.0);
@@ -132,8 +139,16 @@ mod tests {
     #[test]
     fn online_softmax_matches_two_pass() {
         let (n, d) = (13, 8);
-        let keys: Vec<Vec<f32>> = (0..n).map(|p| (0..d).map(|i| ((p * 7 + i * 3) % 11) as f32 * 0.3 - 1.5).collect()).collect();
-        let values: Vec<Vec<f32>> = (0..n).map(|p| (0..d).map(|i| ((p * 5 + i) % 7) as f32 - 3.0).collect()).collect();
+        let keys: Vec<Vec<f32>> = (0..n)
+            .map(|p| {
+                (0..d)
+                    .map(|i| ((p * 7 + i * 3) % 11) as f32 * 0.3 - 1.5)
+                    .collect()
+            })
+            .collect();
+        let values: Vec<Vec<f32>> = (0..n)
+            .map(|p| (0..d).map(|i| ((p * 5 + i) % 7) as f32 - 3.0).collect())
+            .collect();
         let q: Vec<f32> = (0..d).map(|i| i as f32 * 0.25 - 1.0).collect();
         let flat = |rows: &[Vec<f32>]| rows.concat();
         let (kf, vf) = (flat(&keys), flat(&values));
@@ -146,7 +161,10 @@ mod tests {
             head_dim_k: d,
             head_dim_v: d,
         };
-        let params = AttentionParams { scale: 0.35, softcap: None };
+        let params = AttentionParams {
+            scale: 0.35,
+            softcap: None,
+        };
         let mut out = vec![0.0; d];
         attend(&q, &view, 3, 11, &params, &mut out);
         let expected = reference(&q, &keys[3..11], &values[3..11], 0.35);

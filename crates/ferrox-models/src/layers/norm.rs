@@ -27,7 +27,11 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
 pub fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let n = x.len() as f64;
     let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
-    let var: f64 = x.iter().map(|&v| f64::from((v - mean) * (v - mean))).sum::<f64>() / n;
+    let var: f64 = x
+        .iter()
+        .map(|&v| f64::from((v - mean) * (v - mean)))
+        .sum::<f64>()
+        / n;
     let scale = 1.0 / (var as f32 + eps).sqrt();
     for (i, o) in out.iter_mut().enumerate() {
         let y = ((x[i] - mean) * scale) * weight[i];
