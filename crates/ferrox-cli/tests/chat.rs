@@ -18,7 +18,9 @@ fn chat_answers_each_turn_and_leaves_on_end_of_input() {
         .expect("start ferrox chat");
     {
         let stdin = child.stdin.as_mut().unwrap();
-        stdin.write_all(b"Hello, who are you?\nWhat is two plus two?\n").unwrap();
+        stdin
+            .write_all(b"Hello, who are you?\nWhat is two plus two?\n")
+            .unwrap();
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();

@@ -25,7 +25,7 @@ pub fn read_bandwidth(threads: usize, passes: usize) -> f64 {
             let start = Instant::now();
             let total: u64 = buffer
                 .par_chunks(chunk)
-                .map(sum_lanes)
+                .map(sum_words)
                 .reduce(|| 0, u64::wrapping_add);
             black_box(total);
             let secs = start.elapsed().as_secs_f64();
