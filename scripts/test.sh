@@ -10,6 +10,7 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
     echo "installing the Python reference reader (pip: gguf, numpy) ..." >&2
     "$PYTHON" -m pip install --quiet gguf numpy >&2
 fi
+"$PYTHON" -c 'import openai, httpx' 2>/dev/null || "$PYTHON" -m pip install --quiet openai httpx >&2  # ferrox serve's tests
 scripts/fetch-model.sh >/dev/null
 scripts/fetch-vocab-suite.sh >/dev/null
 scripts/reference/fetch-ppl-text.sh >/dev/null

@@ -33,6 +33,8 @@ enum Command {
     Bench(commands::bench::Args),
     /// Print the text token ids stand for.
     Detokenize(commands::tokenize::DetokenizeArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::Args),
 }
 
 /// Bad input (a file that cannot be read or parsed, invalid arguments) exits with 2;
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Detokenize(args) => commands::tokenize::run_detokenize(args),
+        Command::Serve(args) => commands::serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@ pub mod inspect;
 pub mod model;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 
 use std::path::Path;

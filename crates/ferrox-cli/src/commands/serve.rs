@@ -1,0 +1,90 @@
+//! `ferrox serve`: an OpenAI-compatible HTTP server (see the `ferrox-server` crate).
+
+use std::time::Duration;
+
+use ferrox_server::{LoadedModel, ServerConfig};
+
+use super::model::{self, ModelArgs};
+use super::InputError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model, threads and context: --ctx-size is per sequence (each slot holds that many
+    /// positions).
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; anything but loopback needs --api-key.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the log says which).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` (default: $FERROX_API_KEY if set).
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Sequences decoded together (KV slots of --ctx-size positions each).
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Cap on the KV cache of all slots together, in MiB (serves fewer slots if needed).
+    #[arg(long = "kv-memory", value_name = "MIB")]
+    pub kv_memory: Option<usize>,
+    /// Model id reported by /v1/models and accepted in requests (default: the file name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Chat template: `chatml`, a template name stored in the model, or a Jinja file
+    /// (default: the model's own, ChatML when it has none).
+    #[arg(long = "chat-template", value_name = "NAME|FILE")]
+    pub chat_template: Option<String>,
+    /// Requests that may wait for a free slot; more are answered 429.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per step while other sequences decode (smaller: smoother
+    /// streams, larger: faster prefill).
+    #[arg(long = "prefill-chunk", default_value_t = 128)]
+    pub prefill_chunk: usize,
+    /// Largest request body in MiB (larger ones get 413).
+    #[arg(long = "body-limit", value_name = "MIB", default_value_t = 4)]
+    pub body_limit: usize,
+    /// Seconds running requests may go on after SIGTERM before they are cancelled.
+    #[arg(long = "shutdown-grace", value_name = "SECONDS", default_value_t = 10)]
+    pub shutdown_grace: u64,
+    /// Seconds between SSE comment pings while a stream waits (long prefills).
+    #[arg(long = "sse-ping", value_name = "SECONDS", default_value_t = 15)]
+    pub sse_ping: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("FERROX_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    // Refuse a bad or public address before loading anything.
+    ferrox_server::bind_address(&args.host, args.port, api_key.is_some()).map_err(InputError)?;
+    if args.parallel == 0 {
+        return Err(InputError("--parallel must be at least 1".into()).into());
+    }
+    let config = ServerConfig {
+        host: args.host,
+        port: args.port,
+        api_key,
+        parallel: args.parallel,
+        kv_memory_mib: args.kv_memory,
+        alias: args.alias,
+        chat_template: args.chat_template,
+        max_queue: args.max_queue,
+        prefill_chunk: args.prefill_chunk.max(1),
+        body_limit: args.body_limit.max(1) << 20,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        ping_interval: Duration::from_secs(args.sse_ping.max(1)),
+    };
+    let model_args = args.model;
+    ferrox_server::run(config, move || {
+        let loaded = model::load(&model_args)?;
+        Ok(LoadedModel {
+            path: loaded.path,
+            decoder: loaded.decoder,
+            tokenizer: loaded.tokenizer,
+        })
+    })
+}

@@ -1,0 +1,366 @@
+//! `ferrox serve` end to end: a real server on a free loopback port with the default model,
+//! driven through the official `openai` Python client (tests/serve/client.py), then stopped
+//! with SIGTERM while a stream is running.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{default_model, repo_root};
+
+const API_KEY: &str = "test-key-123";
+const N_CTX: usize = 2048;
+
+/// A running `ferrox serve` and its log.
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts the server on port 0 and waits for the port it reports.
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrox"));
+        cmd.arg("serve")
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start ferrox serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+                        let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                        let _ = tx.send(port.parse::<u16>().unwrap());
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let port = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(p) => p,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "ferrox serve did not report its port; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        Server { child, port, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if http(self.port, "GET", "/health", None, None).0 == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the server did not become ready; log:\n{}", self.log());
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to end; its exit status.
+    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!(
+                    "ferrox serve did not exit within {timeout:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 request; the status and the whole body.
+fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = body.unwrap_or("");
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn require_openai() {
+    let ok = Command::new(python())
+        .args(["-c", "import openai, httpx"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the `openai` Python package is not installed: run `python3 -m pip install openai httpx` (scripts/test.sh does)"
+    );
+}
+
+#[test]
+fn serve_end_to_end_through_the_openai_client() {
+    let model = default_model();
+    require_openai();
+    let root = repo_root();
+    let template = root.join("crates/ferrox-cli/tests/serve/gemma-3-it.jinja");
+    let mut server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-size",
+            &N_CTX.to_string(),
+            "--parallel",
+            "8",
+            "--api-key",
+            API_KEY,
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--shutdown-grace",
+            "2",
+            "--sse-ping",
+            "1",
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(120));
+    let log = server.log();
+    assert!(
+        log.contains("loaded") && log.contains("KV cache: 8 slots x 2048 positions"),
+        "{log}"
+    );
+
+    let out = Command::new(python())
+        .arg(root.join("crates/ferrox-cli/tests/serve/client.py"))
+        .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
+        .args(["--api-key", API_KEY, "--n-ctx", &N_CTX.to_string()])
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "client checks failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+
+    // SIGTERM with a stream running: the server stops taking requests, cancels the stream
+    // after the grace period (an SSE error event, never content) and exits 0.
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let body = r#"{"prompt": "Tell me a long story.", "max_tokens": 1800, "temperature": 0, "stream": true}"#;
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut first = String::new();
+    while !first.starts_with("data: ") {
+        first.clear();
+        reader.read_line(&mut first).unwrap();
+    }
+    server.terminate();
+    let started = Instant::now();
+    let mut rest = String::new();
+    let _ = reader.read_to_string(&mut rest);
+    assert!(
+        rest.contains("shutting down") || rest.contains("[DONE]"),
+        "{rest}"
+    );
+    let status = server.wait_exit(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        server.log()
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(server.log().contains("SIGTERM"), "{}", server.log());
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_an_api_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args([
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "-m",
+            "/nonexistent.gguf",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--api-key") && err.contains("loopback"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_health_is_503_while_loading_and_errors_are_openai_shaped() {
+    let model = default_model();
+    let mut server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-size",
+            "256",
+            "--parallel",
+            "1",
+            "--max-queue",
+            "1",
+        ],
+        &[("FERROX_SERVE_TEST_LOAD_DELAY_MS", "1500")],
+    );
+    let (status, body) = http(server.port, "GET", "/health", None, None);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(r#""type":"unavailable_error""#), "{body}");
+    let (status, body) = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "x"}"#),
+        None,
+    );
+    assert_eq!(status, 503, "{body}");
+    server.wait_ready(Duration::from_secs(60));
+    let (status, body) = http(server.port, "GET", "/health", None, None);
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+    // No key configured: requests need none. The prompt does not fit 256 positions.
+    let long = format!(
+        r#"{{"prompt": "{}", "max_tokens": 4}}"#,
+        "word ".repeat(400)
+    );
+    let (status, body) = http(server.port, "POST", "/v1/completions", Some(&long), None);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("256") && body.contains(r#""param":"prompt""#),
+        "{body}"
+    );
+    let (status, body) = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "One, two,", "max_tokens": 2, "temperature": 0}"#),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""completion_tokens":2"#), "{body}");
+
+    // One slot, a queue of one: a third request at once is refused with 429, the other two
+    // complete.
+    let port = server.port;
+    let busy: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(150));
+            std::thread::spawn(move || {
+                let body = format!(r#"{{"prompt": "Story {i}:", "max_tokens": 120, "temperature": 0, "logit_bias": {{"1": -100, "106": -100}}}}"#);
+                http(port, "POST", "/v1/completions", Some(&body), None)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = http(
+        port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "x", "max_tokens": 2}"#),
+        None,
+    );
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains(r#""type":"rate_limit_error""#), "{body}");
+    for b in busy {
+        let (status, body) = b.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, metrics) = http(port, "GET", "/metrics", None, None);
+    assert!(
+        metrics.contains("ferrox_requests_deferred_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"ferrox_requests_total{route="/v1/completions",status="429"} 1"#),
+        "{metrics}"
+    );
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).success());
+}

@@ -1,0 +1,734 @@
+//! Request parsing and validation for the OpenAI endpoints.
+//!
+//! Bodies are parsed as plain JSON and read field by field, so a wrong type or an
+//! out-of-range value is a 400 that names the field (`param`). Unknown fields are ignored;
+//! known fields that would change the meaning of the request but are not supported (`n` > 1,
+//! `tools`, `response_format` other than text, `echo`, `suffix`, ...) are a 400 naming them.
+//!
+//! Sampling defaults are llama.cpp's (as llama-server's): temperature 0.8, top_k 40,
+//! top_p 0.95, min_p 0.05, no penalties (repeat_penalty 1, presence and frequency 0, over the
+//! last 64 tokens). Without `seed` each request draws a random one. Without `max_tokens` /
+//! `max_completion_tokens` a request generates until an end-of-generation token or a full
+//! context.
+
+use ferrox_models::generate::GenerationParams;
+use ferrox_models::sampling::SamplerParams;
+use ferrox_models::tokenizer::TokenId;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// What every generating endpoint takes besides the prompt.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub params: GenerationParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// `/v1/chat/completions`.
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    pub gen: GenRequest,
+    /// The messages as the template sees them (content parts flattened to text).
+    pub messages: Value,
+    /// `chat_template_kwargs`: extra template variables.
+    pub template_kwargs: Map<String, Value>,
+}
+
+/// The prompt of `/v1/completions`.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<TokenId>),
+}
+
+/// `/v1/completions`.
+#[derive(Clone, Debug)]
+pub struct CompletionRequest {
+    pub gen: GenRequest,
+    pub prompt: Prompt,
+}
+
+/// Typed access to a request object's fields; a `null` field counts as absent.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                ApiError::param(key, format!("'{key}' must be a number, got {}", kind(v)))
+            }),
+        }
+    }
+
+    /// A number within `lo..=hi`.
+    fn ranged(&self, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+        match self.number(key)? {
+            None => Ok(None),
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x as f32)),
+            Some(x) => Err(ApiError::param(
+                key,
+                format!("'{key}' must be between {lo} and {hi}, got {x}"),
+            )),
+        }
+    }
+
+    fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match (v.as_i64(), v.as_u64()) {
+                (Some(i), _) => Ok(Some(i)),
+                (None, Some(u)) => Ok(Some(u.min(i64::MAX as u64) as i64)),
+                _ => Err(ApiError::param(
+                    key,
+                    format!("'{key}' must be an integer, got {}", kind(v)),
+                )),
+            },
+        }
+    }
+
+    /// An integer of at least `min`.
+    fn at_least(&self, key: &str, min: i64) -> Result<Option<u64>, ApiError> {
+        match self.integer(key)? {
+            None => Ok(None),
+            Some(i) if i >= min => Ok(Some(i as u64)),
+            Some(i) => Err(ApiError::param(
+                key,
+                format!("'{key}' must be at least {min}, got {i}"),
+            )),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::param(
+                key,
+                format!("'{key}' must be a boolean, got {}", kind(v)),
+            )),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::param(
+                key,
+                format!("'{key}' must be a string, got {}", kind(v)),
+            )),
+        }
+    }
+
+    fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o)),
+            Some(v) => Err(ApiError::param(
+                key,
+                format!("'{key}' must be an object, got {}", kind(v)),
+            )),
+        }
+    }
+}
+
+/// A JSON value's type, as error messages name it.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn as_object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
+    body.as_object().ok_or_else(|| {
+        ApiError::invalid(format!(
+            "the request body must be a JSON object, got {}",
+            kind(body)
+        ))
+    })
+}
+
+/// Which endpoint a request is for (the two differ in `logprobs` and a few fields).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+fn parse_common(
+    f: &Fields<'_>,
+    endpoint: Endpoint,
+    n_vocab: usize,
+) -> Result<GenRequest, ApiError> {
+    let model = f.string("model")?.map(str::to_string);
+    f.string("user")?;
+
+    // Fields that would change the meaning of the request: refuse, never ignore.
+    for key in ["n", "n_cmpl", "best_of"] {
+        if let Some(n) = f.integer(key)? {
+            if n < 1 {
+                return Err(ApiError::param(
+                    key,
+                    format!("'{key}' must be at least 1, got {n}"),
+                ));
+            }
+            if n > 1 {
+                return Err(ApiError::unsupported(
+                    key,
+                    format!("'{key}' > 1 is not supported: one choice per request"),
+                ));
+            }
+        }
+    }
+    for key in ["tools", "functions"] {
+        match f.get(key) {
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::unsupported(
+                    key,
+                    format!("'{key}' (function calling) is not supported"),
+                ))
+            }
+            None => {}
+        }
+    }
+    for key in ["tool_choice", "function_call"] {
+        match f.get(key) {
+            None => {}
+            Some(Value::String(s)) if s == "none" || s == "auto" => {}
+            Some(_) => {
+                return Err(ApiError::unsupported(
+                    key,
+                    format!("'{key}' is not supported (no function calling)"),
+                ))
+            }
+        }
+    }
+    if let Some(format) = f.get("response_format") {
+        let ty = format.get("type").and_then(Value::as_str);
+        if ty != Some("text") {
+            let what = ty.unwrap_or("that value");
+            return Err(ApiError::unsupported(
+                "response_format",
+                format!("'response_format' {what} is not supported; only {{\"type\": \"text\"}}"),
+            ));
+        }
+    }
+    for key in ["json_schema", "grammar", "prediction", "audio"] {
+        if f.get(key).is_some() {
+            return Err(ApiError::unsupported(
+                key,
+                format!("'{key}' is not supported"),
+            ));
+        }
+    }
+    if let Some(m) = f.get("modalities") {
+        let text_only = m
+            .as_array()
+            .is_some_and(|a| a.iter().all(|x| x.as_str() == Some("text")));
+        if !text_only {
+            return Err(ApiError::unsupported(
+                "modalities",
+                "only the 'text' modality is supported",
+            ));
+        }
+    }
+    if endpoint == Endpoint::Completion {
+        if f.boolean("echo")? == Some(true) {
+            return Err(ApiError::unsupported("echo", "'echo' is not supported"));
+        }
+        if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::unsupported(
+                "suffix",
+                "'suffix' (fill-in-the-middle) is not supported",
+            ));
+        }
+    }
+
+    let max_tokens = match f.at_least("max_completion_tokens", 1)? {
+        Some(m) => Some(m),
+        None => f.at_least("max_tokens", 1)?,
+    };
+
+    let defaults = SamplerParams::default();
+    let repeat_penalty = match f.ranged("repeat_penalty", 0.0, 10.0)? {
+        Some(r) => Some(r),
+        None => f.ranged("repetition_penalty", 0.0, 10.0)?,
+    };
+    let seed = match f.get("seed") {
+        None => rand::random::<u64>(),
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => u,
+            (None, Some(i)) => i as u64,
+            _ => {
+                return Err(ApiError::param(
+                    "seed",
+                    format!("'seed' must be an integer, got {}", kind(v)),
+                ))
+            }
+        },
+    };
+    let sampler = SamplerParams {
+        temperature: f
+            .ranged("temperature", 0.0, 2.0)?
+            .unwrap_or(defaults.temperature),
+        top_k: f
+            .at_least("top_k", 0)?
+            .map_or(defaults.top_k, |k| k as usize),
+        top_p: f.ranged("top_p", 0.0, 1.0)?.unwrap_or(defaults.top_p),
+        min_p: f.ranged("min_p", 0.0, 1.0)?.unwrap_or(defaults.min_p),
+        typical_p: f
+            .ranged("typical_p", 0.0, 1.0)?
+            .unwrap_or(defaults.typical_p),
+        repeat_penalty: repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        presence_penalty: f
+            .ranged("presence_penalty", -2.0, 2.0)?
+            .unwrap_or(defaults.presence_penalty),
+        frequency_penalty: f
+            .ranged("frequency_penalty", -2.0, 2.0)?
+            .unwrap_or(defaults.frequency_penalty),
+        penalty_last_n: f
+            .at_least("repeat_last_n", 0)?
+            .map_or(defaults.penalty_last_n, |n| n as usize),
+        logit_bias: parse_logit_bias(f, n_vocab)?,
+        seed,
+    };
+    if sampler.repeat_penalty <= 0.0 {
+        return Err(ApiError::param(
+            "repeat_penalty",
+            "'repeat_penalty' must be greater than 0",
+        ));
+    }
+    sampler.validate().map_err(ApiError::invalid)?;
+
+    let (logprobs, top_logprobs) = match endpoint {
+        Endpoint::Chat => {
+            let logprobs = f.boolean("logprobs")?.unwrap_or(false);
+            let top = f.at_least("top_logprobs", 0)?.unwrap_or(0);
+            if top > 20 {
+                return Err(ApiError::param(
+                    "top_logprobs",
+                    format!("'top_logprobs' must be at most 20, got {top}"),
+                ));
+            }
+            if top > 0 && !logprobs {
+                return Err(ApiError::param(
+                    "top_logprobs",
+                    "'top_logprobs' needs 'logprobs' set to true",
+                ));
+            }
+            (logprobs, top as usize)
+        }
+        Endpoint::Completion => match f.get("logprobs") {
+            // The legacy API's `logprobs` is the number of alternatives.
+            Some(Value::Bool(b)) => (*b, 0),
+            _ => match f.at_least("logprobs", 0)? {
+                None => (false, 0),
+                Some(n) if n <= 20 => (true, n as usize),
+                Some(n) => {
+                    return Err(ApiError::param(
+                        "logprobs",
+                        format!("'logprobs' must be at most 20, got {n}"),
+                    ))
+                }
+            },
+        },
+    };
+
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        None => false,
+        Some(o) => Fields(o)
+            .boolean("include_usage")
+            .map_err(|e| e.with_param("stream_options.include_usage"))?
+            .unwrap_or(false),
+    };
+
+    Ok(GenRequest {
+        model,
+        params: GenerationParams {
+            max_tokens: max_tokens.map(|m| m as usize),
+            stop: parse_stop(f)?,
+            sampler,
+            top_logprobs,
+            logprobs,
+            ignore_eog: false,
+        },
+        stream,
+        include_usage,
+    })
+}
+
+fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
+    const MAX_STOPS: usize = 16;
+    let stops: Vec<String> = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::String(s) => out.push(s.clone()),
+                    other => {
+                        return Err(ApiError::param(
+                            "stop",
+                            format!(
+                            "'stop' must be a string or an array of strings; found {} in the array",
+                            kind(other)
+                        ),
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(other) => {
+            return Err(ApiError::param(
+                "stop",
+                format!(
+                    "'stop' must be a string or an array of strings, got {}",
+                    kind(other)
+                ),
+            ))
+        }
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ApiError::param(
+            "stop",
+            format!("at most {MAX_STOPS} stop sequences, got {}", stops.len()),
+        ));
+    }
+    Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+fn parse_logit_bias(f: &Fields<'_>, n_vocab: usize) -> Result<Vec<(TokenId, f32)>, ApiError> {
+    let Some(map) = f.object("logit_bias")? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let id: TokenId = key
+            .parse()
+            .ok()
+            .filter(|&id: &TokenId| (id as usize) < n_vocab)
+            .ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!("'logit_bias' key {key:?} is not a token id below {n_vocab}"),
+                )
+            })?;
+        let bias = value
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!(
+                        "'logit_bias' value for token {key} must be a number between -100 and 100"
+                    ),
+                )
+            })?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
+pub fn parse_chat(body: &Value, n_vocab: usize) -> Result<ChatRequest, ApiError> {
+    let f = Fields(as_object(body)?);
+    let gen = parse_common(&f, Endpoint::Chat, n_vocab)?;
+    let messages = match f.get("messages") {
+        None => return Err(ApiError::param("messages", "'messages' is required")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::param("messages", "'messages' must not be empty"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(ApiError::param(
+                "messages",
+                format!("'messages' must be an array, got {}", kind(v)),
+            ))
+        }
+    };
+    let mut normalized = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        normalized.push(normalize_message(i, message)?);
+    }
+    let template_kwargs = f
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
+    Ok(ChatRequest {
+        gen,
+        messages: Value::Array(normalized),
+        template_kwargs,
+    })
+}
+
+/// Checks one message and flattens content parts to text.
+fn normalize_message(i: usize, message: &Value) -> Result<Value, ApiError> {
+    let param = format!("messages[{i}]");
+    let Some(obj) = message.as_object() else {
+        return Err(ApiError::param(
+            &param,
+            format!("'{param}' must be an object, got {}", kind(message)),
+        ));
+    };
+    match obj.get("role") {
+        Some(Value::String(_)) => {}
+        None | Some(Value::Null) => {
+            return Err(ApiError::param(
+                &format!("{param}.role"),
+                format!("'{param}.role' is required"),
+            ))
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                &format!("{param}.role"),
+                format!("'{param}.role' must be a string, got {}", kind(v)),
+            ))
+        }
+    }
+    let content = match obj.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let at = format!("{param}.content[{j}]");
+                match part {
+                    Value::String(s) => text.push_str(s),
+                    Value::Object(p) => match p.get("type").and_then(Value::as_str) {
+                        Some("text") => match p.get("text") {
+                            Some(Value::String(s)) => text.push_str(s),
+                            _ => {
+                                return Err(ApiError::param(
+                                    &at,
+                                    format!("'{at}.text' must be a string"),
+                                ))
+                            }
+                        },
+                        Some(other) => {
+                            return Err(ApiError::unsupported(
+                                &at,
+                                format!(
+                                    "content parts of type '{other}' are not supported (text only)"
+                                ),
+                            ))
+                        }
+                        None => {
+                            return Err(ApiError::param(&at, format!("'{at}.type' is required")))
+                        }
+                    },
+                    other => {
+                        return Err(ApiError::param(
+                            &at,
+                            format!("'{at}' must be an object, got {}", kind(other)),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                &format!("{param}.content"),
+                format!(
+                    "'{param}.content' must be a string or an array of parts, got {}",
+                    kind(v)
+                ),
+            ))
+        }
+    };
+    let mut out = obj.clone();
+    out.insert("content".into(), Value::String(content));
+    Ok(Value::Object(out))
+}
+
+pub fn parse_completion(body: &Value, n_vocab: usize) -> Result<CompletionRequest, ApiError> {
+    let f = Fields(as_object(body)?);
+    let gen = parse_common(&f, Endpoint::Completion, n_vocab)?;
+    let token = |v: &Value| -> Option<TokenId> {
+        v.as_u64()
+            .filter(|&t| (t as usize) < n_vocab)
+            .map(|t| t as TokenId)
+    };
+    let tokens = |items: &[Value]| -> Result<Vec<TokenId>, ApiError> {
+        items
+            .iter()
+            .map(|v| {
+                token(v).ok_or_else(|| {
+                    ApiError::param(
+                        "prompt",
+                        format!("prompt token ids must be integers below {n_vocab}"),
+                    )
+                })
+            })
+            .collect()
+    };
+    let one = |n: usize| -> Result<(), ApiError> {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::unsupported(
+                "prompt",
+                format!("a batch of {n} prompts is not supported: one prompt per request"),
+            ))
+        }
+    };
+    let prompt = match f.get("prompt") {
+        None => return Err(ApiError::param("prompt", "'prompt' is required")),
+        Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::param("prompt", "'prompt' must not be empty"))
+        }
+        Some(Value::Array(items)) => match &items[0] {
+            Value::String(s) => {
+                one(items.len())?;
+                Prompt::Text(s.clone())
+            }
+            Value::Number(_) => Prompt::Tokens(tokens(items)?),
+            Value::Array(inner) => {
+                one(items.len())?;
+                Prompt::Tokens(tokens(inner)?)
+            }
+            other => {
+                return Err(ApiError::param(
+                    "prompt",
+                    format!(
+                        "'prompt' must be a string, an array of strings or token ids; found {}",
+                        kind(other)
+                    ),
+                ))
+            }
+        },
+        Some(v) => {
+            return Err(ApiError::param(
+                "prompt",
+                format!("'prompt' must be a string or an array, got {}", kind(v)),
+            ))
+        }
+    };
+    Ok(CompletionRequest { gen, prompt })
+}
+
+/// `POST /tokenize` (llama-server's shape).
+pub struct TokenizeRequest {
+    pub content: String,
+    pub add_special: bool,
+    pub parse_special: bool,
+    pub with_pieces: bool,
+}
+
+pub fn parse_tokenize(body: &Value) -> Result<TokenizeRequest, ApiError> {
+    let f = Fields(as_object(body)?);
+    Ok(TokenizeRequest {
+        content: f
+            .string("content")?
+            .ok_or_else(|| ApiError::param("content", "'content' is required"))?
+            .to_string(),
+        add_special: f.boolean("add_special")?.unwrap_or(false),
+        parse_special: f.boolean("parse_special")?.unwrap_or(true),
+        with_pieces: f.boolean("with_pieces")?.unwrap_or(false),
+    })
+}
+
+/// `POST /detokenize`: the token ids.
+pub fn parse_detokenize(body: &Value) -> Result<Vec<TokenId>, ApiError> {
+    let f = Fields(as_object(body)?);
+    match f.get("tokens") {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&t| t <= u32::MAX as u64)
+                    .map(|t| t as TokenId)
+                    .ok_or_else(|| {
+                        ApiError::param("tokens", "'tokens' must be an array of token ids")
+                    })
+            })
+            .collect(),
+        Some(v) => Err(ApiError::param(
+            "tokens",
+            format!("'tokens' must be an array, got {}", kind(v)),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wrong_types_and_ranges_name_the_field() {
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
+            100,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}),
+            100,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+        let e = parse_chat(&json!({"messages": []}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}),
+            100,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
+            100,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e =
+            parse_completion(&json!({"prompt": "x", "logit_bias": {"100": 1}}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias"));
+    }
+
+    #[test]
+    fn accepts_openai_shapes_and_ignores_unknown_fields() {
+        let r = parse_chat(
+            &json!({
+                "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                "max_completion_tokens": 5, "stop": "x", "seed": -1, "stream": true,
+                "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 2,
+                "logit_bias": {"5": -100}, "whatever": {"x": 1}, "user": "u", "n": 1, "response_format": {"type": "text"}
+            }),
+            100,
+        )
+        .unwrap();
+        assert_eq!(r.messages[0]["content"], "ab");
+        assert_eq!(r.gen.params.max_tokens, Some(5));
+        assert_eq!(r.gen.params.stop, vec!["x".to_string()]);
+        assert!(r.gen.stream && r.gen.include_usage && r.gen.params.logprobs);
+        assert_eq!(r.gen.params.top_logprobs, 2);
+        assert_eq!(r.gen.params.sampler.logit_bias, vec![(5, -100.0)]);
+        let c = parse_completion(&json!({"prompt": [[1, 2, 3]], "logprobs": 3}), 100).unwrap();
+        assert!(matches!(c.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
+        assert_eq!(c.gen.params.top_logprobs, 3);
+        assert_eq!(c.gen.params.max_tokens, None);
+    }
+}

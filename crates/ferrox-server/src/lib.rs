@@ -1,0 +1,584 @@
+//! ferrox's OpenAI-compatible HTTP server (`ferrox serve`).
+//!
+//! * Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (also
+//!   without the `/v1` prefix), llama-server's `POST /tokenize` and `POST /detokenize`,
+//!   `GET /metrics` (Prometheus text) and `GET /health` (503 while the model loads, 200 when
+//!   ready; never behind the API key).
+//! * Errors are always OpenAI's `{"error": {"message", "type", "param", "code"}}`, the
+//!   router's and layers' own rejections included; after a stream has started an error is an
+//!   SSE `data: {"error": ...}` event.
+//! * Scheduling is continuous batching ([`scheduler`]): one thread owns the decoder and
+//!   advances every active sequence in one [`ferrox_models::Decoder::forward_many`] step,
+//!   mixing decode tokens with bounded prefill chunks. KV memory is one cache per slot with
+//!   llama-server-style prefix reuse ([`kv`]).
+//! * Request fields and sampling defaults: see [`api`].
+
+pub mod api;
+mod error;
+pub mod kv;
+mod metrics;
+mod routes;
+pub mod scheduler;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use ferrox_models::chat_template::{ChatTemplate, RenderOptions};
+use ferrox_models::tokenizer::Tokenizer;
+use ferrox_models::{Decoder, Engine};
+use tower_http::catch_panic::CatchPanicLayer;
+
+pub use error::ApiError;
+use kv::KvPool;
+use metrics::Metrics;
+use scheduler::{Scheduler, SchedulerOptions};
+
+/// Reported as `system_fingerprint`.
+pub const SYSTEM_FINGERPRINT: &str = concat!("ferrox-", env!("CARGO_PKG_VERSION"));
+
+/// How to run the server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Required as `Authorization: Bearer KEY` on every route but `/health`.
+    pub api_key: Option<String>,
+    /// Sequences decoded together (KV slots).
+    pub parallel: usize,
+    /// Upper bound on the KV cache of all slots together, in MiB (fewer slots if needed).
+    pub kv_memory_mib: Option<usize>,
+    /// The model id clients see and send (default: the file name).
+    pub alias: Option<String>,
+    /// `chatml`, a template name stored in the model (`tokenizer.chat_template.NAME`) or a
+    /// file with Jinja source; default: the model's own template, ChatML without one.
+    pub chat_template: Option<String>,
+    /// Requests that may wait for a slot; more are refused with 429.
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per step while other sequences are decoding.
+    pub prefill_chunk: usize,
+    /// Request bodies above this many bytes are refused with 413.
+    pub body_limit: usize,
+    /// After SIGTERM/SIGINT, how long running requests may go on before they are cancelled.
+    pub shutdown_grace: Duration,
+    /// SSE comment pings while a stream has nothing to send (long prefills).
+    pub ping_interval: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            parallel: 4,
+            kv_memory_mib: None,
+            alias: None,
+            chat_template: None,
+            max_queue: 64,
+            prefill_chunk: 128,
+            body_limit: 4 << 20,
+            shutdown_grace: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What the loader hands the server.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub decoder: Decoder,
+    pub tokenizer: Tokenizer,
+}
+
+/// Everything that exists once the model is loaded.
+pub(crate) struct Ready {
+    pub model_id: String,
+    pub model_path: String,
+    /// Names a request's `model` may use.
+    pub accepted_ids: Vec<String>,
+    pub created: u64,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub render_options: RenderOptions,
+    /// Stop strings chat requests get from the template: end-of-turn markers it prints that
+    /// the vocabulary does not know as end-of-generation tokens (ChatML on a model without
+    /// `<|im_end|>`).
+    pub template_stops: Vec<String>,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub slots: usize,
+    pub scheduler: Scheduler,
+}
+
+impl Ready {
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m) if self.accepted_ids.iter().any(|id| id == m) => Ok(()),
+            Some(m) => Err(ApiError::not_found(format!(
+                "The model `{m}` does not exist; this server serves `{}`",
+                self.model_id
+            ))
+            .with_param("model")
+            .with_code("model_not_found")),
+        }
+    }
+}
+
+pub(crate) struct AppState {
+    pub config: ServerConfig,
+    pub ready: OnceLock<Arc<Ready>>,
+    pub metrics: Arc<Metrics>,
+    pub shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn ready(&self) -> Result<&Arc<Ready>, ApiError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable(
+                "shutting_down",
+                "the server is shutting down",
+            ));
+        }
+        self.ready
+            .get()
+            .ok_or_else(|| ApiError::unavailable("loading_model", "Loading model"))
+    }
+}
+
+pub(crate) fn unix_time() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Resolves `host:port`. A non-loopback address is refused unless an API key is set.
+pub fn bind_address(host: &str, port: u16, has_api_key: bool) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve --host {host}: {e}"))?
+        .collect();
+    let Some(first) = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+    else {
+        return Err(format!("--host {host} resolves to no address"));
+    };
+    if !has_api_key && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(format!(
+            "refusing to listen on {host} ({}), which is not a loopback address, without --api-key",
+            first.ip()
+        ));
+    }
+    Ok(first)
+}
+
+/// Starts logging to stderr (`RUST_LOG` filters; default `info`).
+pub fn init_logging() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Runs the server until SIGTERM or SIGINT (then exits cleanly after the grace period).
+/// `load` runs on a worker thread once the socket listens; until it returns, `/health`
+/// answers 503.
+pub fn run(
+    config: ServerConfig,
+    load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
+) -> anyhow::Result<()> {
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ferrox-http")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(config, load))
+}
+
+async fn serve(
+    config: ServerConfig,
+    load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr = bind_address(&config.host, config.port, config.api_key.is_some())
+        .map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        config,
+        ready: OnceLock::new(),
+        metrics: Arc::new(Metrics::default()),
+        shutting_down: AtomicBool::new(false),
+    });
+    tracing::info!(
+        "listening on http://{local} (API key {}); loading the model",
+        if state.config.api_key.is_some() {
+            "required"
+        } else {
+            "not required"
+        }
+    );
+
+    let load_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<bool>();
+    {
+        let state = state.clone();
+        let load_error = load_error.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Some(ms) = std::env::var("FERROX_SERVE_TEST_LOAD_DELAY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            let started = Instant::now();
+            let result =
+                load().and_then(|model| prepare(&state.config, model, state.metrics.clone()));
+            match result {
+                Ok(ready) => {
+                    let _ = state.ready.set(Arc::new(ready));
+                    tracing::info!(
+                        "ready in {:.1} s: serving on http://{local}",
+                        started.elapsed().as_secs_f64()
+                    );
+                    let _ = loaded_tx.send(true);
+                }
+                Err(e) => {
+                    tracing::error!("loading the model failed: {e:#}");
+                    *load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    let _ = loaded_tx.send(false);
+                }
+            }
+        });
+    }
+
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let app = app(state.clone());
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.wait_for(|&stop| stop).await;
+            })
+            .await
+    });
+
+    let load_failed = async {
+        match loaded_rx.await {
+            Ok(false) => (),
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        signal = shutdown_signal() => tracing::info!("{signal}: shutting down (grace period {:?})", state.config.shutdown_grace),
+        () = load_failed => {}
+        result = &mut server => {
+            result.context("the HTTP server task failed")?.context("the HTTP server failed")?;
+            bail!("the HTTP server stopped unexpectedly");
+        }
+    }
+    state.shutting_down.store(true, Ordering::Relaxed);
+    let grace = state.config.shutdown_grace;
+    if let Some(ready) = state.ready.get() {
+        ready.scheduler.begin_shutdown(grace);
+    }
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(grace + Duration::from_secs(3), &mut server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("the HTTP server ended with an error: {e}"),
+        Ok(Err(e)) => tracing::warn!("the HTTP server task failed: {e}"),
+        Err(_) => {
+            tracing::warn!("connections still open after the grace period; closing them");
+            server.abort();
+        }
+    }
+    if let Some(ready) = state.ready.get().cloned() {
+        let _ = tokio::task::spawn_blocking(move || ready.scheduler.stop()).await;
+    }
+    if let Some(e) = load_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(e);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() -> &'static str {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => "SIGINT",
+        () = terminate => "SIGTERM",
+    }
+}
+
+/// The chat template to use and where it came from.
+fn resolve_template(
+    choice: Option<&str>,
+    decoder: &Decoder,
+) -> anyhow::Result<(ChatTemplate, String)> {
+    let meta = decoder.gguf().metadata();
+    match choice {
+        None => match ChatTemplate::from_metadata(&meta).context("the model's chat template")? {
+            Some(t) => Ok((t, "the model's tokenizer.chat_template".into())),
+            None => {
+                tracing::warn!(
+                    "the model has no chat template; using ChatML for /v1/chat/completions"
+                );
+                Ok((
+                    ChatTemplate::chatml(),
+                    "ChatML (the model has no template)".into(),
+                ))
+            }
+        },
+        Some("chatml") => Ok((
+            ChatTemplate::chatml(),
+            "ChatML (--chat-template chatml)".into(),
+        )),
+        Some(name) => {
+            let path = std::path::Path::new(name);
+            if path.is_file() {
+                let source = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --chat-template {name}"))?;
+                let t = ChatTemplate::new(&source)
+                    .with_context(|| format!("--chat-template {name}"))?;
+                return Ok((t, format!("the file {name}")));
+            }
+            match ChatTemplate::from_metadata_named(&meta, name)
+                .context("the model's chat templates")?
+            {
+                Some(t) => Ok((t, format!("the model's tokenizer.chat_template.{name}"))),
+                None => {
+                    let names = ChatTemplate::metadata_names(&meta);
+                    bail!(
+                        "--chat-template {name}: no such file, and the model has no template of that name (it has: {})",
+                        if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// Builds what serving needs from a loaded model: template, KV slots, the scheduler.
+fn prepare(
+    config: &ServerConfig,
+    model: LoadedModel,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Ready> {
+    let LoadedModel {
+        path,
+        decoder,
+        tokenizer,
+    } = model;
+    let (template, template_source) = resolve_template(config.chat_template.as_deref(), &decoder)?;
+    let n_ctx = decoder.context_size();
+    let n_vocab = decoder.vocab_size().min(tokenizer.vocab().len());
+
+    let bytes_per_slot = decoder.new_state().kv_cache().bytes_per_position() * n_ctx;
+    let mut slots = config.parallel.max(1);
+    if let Some(mib) = config.kv_memory_mib {
+        let fit = (mib << 20) / bytes_per_slot.max(1);
+        if fit == 0 {
+            bail!(
+                "--kv-memory {mib} MiB cannot hold one sequence of {n_ctx} positions ({} MiB); lower --ctx-size or raise --kv-memory",
+                bytes_per_slot.div_ceil(1 << 20)
+            );
+        }
+        if fit < slots {
+            tracing::warn!("--kv-memory {mib} MiB holds {fit} sequences of {n_ctx} positions; serving {fit} in parallel instead of {slots}");
+            slots = fit;
+        }
+    }
+    let pool = KvPool::new(&decoder, slots);
+
+    let vocab = tokenizer.vocab();
+    let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
+    let render_options = RenderOptions {
+        bos_token: token_text(vocab.bos()),
+        eos_token: token_text(vocab.eos()),
+        ..Default::default()
+    };
+    let template_stops: Vec<String> = ["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>"]
+        .into_iter()
+        .filter(|marker| template.source().contains(marker))
+        .filter(|marker| !matches!(tokenizer.encode(marker, false, true).as_slice(), [id] if vocab.is_eog(*id)))
+        .map(str::to_string)
+        .collect();
+    if !template_stops.is_empty() {
+        tracing::info!("chat stop strings from the template: {template_stops:?}");
+    }
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let model_id = config.alias.clone().unwrap_or_else(|| file_name.clone());
+    let mut accepted_ids = vec![model_id.clone(), file_name, path.display().to_string()];
+    if let Some(stem) = path.file_stem() {
+        accepted_ids.push(stem.to_string_lossy().into_owned());
+    }
+
+    tracing::info!(
+        "loaded {} ({} layers, {} vocab, {} threads)",
+        path.display(),
+        decoder.config().n_layer(),
+        n_vocab,
+        decoder.threads()
+    );
+    tracing::info!(
+        "KV cache: {slots} slots x {n_ctx} positions, {:.0} MiB; chat template: {template_source}",
+        (bytes_per_slot * slots) as f64 / (1 << 20) as f64
+    );
+
+    let tokenizer = Arc::new(tokenizer);
+    let scheduler = Scheduler::start(
+        decoder,
+        pool,
+        tokenizer.clone(),
+        SchedulerOptions {
+            max_queue: config.max_queue,
+            prefill_chunk: config.prefill_chunk.max(1),
+            prefill_chunk_idle: config.prefill_chunk.max(512),
+        },
+        metrics,
+    );
+    Ok(Ready {
+        model_id,
+        model_path: path.display().to_string(),
+        accepted_ids,
+        created: unix_time(),
+        tokenizer,
+        template,
+        render_options,
+        template_stops,
+        n_ctx,
+        n_vocab,
+        slots,
+        scheduler,
+    })
+}
+
+fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(routes::health))
+        .route("/v1/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/v1/models", get(routes::list_models))
+        .route("/models", get(routes::list_models))
+        .route("/v1/models/{*id}", get(routes::get_model))
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/chat/completions", post(routes::chat_completions))
+        .route("/v1/completions", post(routes::completions))
+        .route("/completions", post(routes::completions))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .fallback(routes::fallback)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown cause");
+    tracing::error!("a request handler panicked: {what}");
+    ApiError::internal(format!("internal error: {what}")).into_response()
+}
+
+async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let open = matches!(req.uri().path(), "/health" | "/v1/health");
+        if !open {
+            let headers = req.headers();
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| {
+                    v.strip_prefix("Bearer ")
+                        .or_else(|| v.strip_prefix("bearer "))
+                })
+                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+                .map(str::trim);
+            match given {
+                None => {
+                    return ApiError::unauthorized(
+                        "missing API key: send it as 'Authorization: Bearer KEY'",
+                    )
+                    .into_response()
+                }
+                Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
+                    return ApiError::unauthorized("invalid API key").into_response()
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Counts every answer by route and status, logs errors, and puts error statuses produced
+/// by the router or a layer into OpenAI's shape.
+async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = Instant::now();
+    let response = routes::wrap_error(next.run(req).await).await;
+    let status = response.status();
+    state.metrics.count_request(&route, status.as_u16());
+    if status.is_client_error() || status.is_server_error() {
+        tracing::info!(
+            "{method} {path} -> {} ({:.0?})",
+            status.as_u16(),
+            started.elapsed()
+        );
+    } else {
+        tracing::debug!(
+            "{method} {path} -> {} ({:.0?})",
+            status.as_u16(),
+            started.elapsed()
+        );
+    }
+    response
+}

@@ -1,0 +1,629 @@
+//! The HTTP endpoints.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ferrox_models::chat_template::{prompt_for_tokenizer, ChatTemplateError};
+use ferrox_models::generate::FinishReason;
+use ferrox_models::tokenizer::TokenId;
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::api::{self, GenRequest, Prompt};
+use crate::error::ApiError;
+use crate::scheduler::{Event, Job, SubmitError, Summary, TokenEvent};
+use crate::{AppState, Ready};
+
+/// Bodies larger than this are not even drained before the 413 (the connection is closed).
+const MAX_DRAIN: usize = 256 << 20;
+
+/// A JSON request body read under the configured size limit. Every failure (body too large,
+/// invalid JSON) is an [`ApiError`] in OpenAI's shape. The content type is not checked.
+pub struct JsonBody(pub Value);
+
+impl FromRequest<Arc<AppState>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let limit = state.config.body_limit;
+        let too_large = |n: usize| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body ({n} bytes or more) exceeds the limit of {limit} bytes"),
+            )
+            .with_code("request_too_large")
+        };
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(n) = declared.filter(|&n| n > MAX_DRAIN) {
+            return Err(too_large(n));
+        }
+        // Read to the end even past the limit (up to MAX_DRAIN), so the client, which is
+        // still sending, gets to read the 413 instead of a reset connection.
+        let mut stream = req.into_body().into_data_stream();
+        let mut buf = Vec::new();
+        let mut total = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+            total += chunk.len();
+            if total <= limit {
+                buf.extend_from_slice(&chunk);
+            } else if total > MAX_DRAIN {
+                break;
+            }
+        }
+        if total > limit {
+            return Err(too_large(total));
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::invalid(
+                "the request body is empty; expected a JSON object",
+            ));
+        }
+        serde_json::from_slice(&buf).map(JsonBody).map_err(|e| {
+            ApiError::invalid(format!("invalid JSON in the request body: {e}"))
+                .with_code("invalid_json")
+        })
+    }
+}
+
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready.get() {
+        Some(_) if state.shutting_down.load(Ordering::Relaxed) => {
+            ApiError::unavailable("shutting_down", "the server is shutting down").into_response()
+        }
+        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        None => ApiError::unavailable("loading_model", "Loading model").into_response(),
+    }
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(state.ready.get().is_some());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+fn model_object(ready: &Ready) -> Value {
+    json!({
+        "id": ready.model_id,
+        "object": "model",
+        "created": ready.created,
+        "owned_by": "ferrox",
+        "meta": {
+            "n_ctx": ready.n_ctx,
+            "n_vocab": ready.n_vocab,
+            "slots": ready.slots,
+            "path": ready.model_path,
+        }
+    })
+}
+
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    Ok(Json(
+        json!({"object": "list", "data": [model_object(ready)]}),
+    ))
+}
+
+pub async fn get_model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    ready.check_model(Some(&id))?;
+    Ok(Json(model_object(ready)))
+}
+
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?.clone();
+    let req = api::parse_tokenize(&body)?;
+    let tokens = blocking(move || {
+        let tok = &ready.tokenizer;
+        let ids = tok.encode(&req.content, req.add_special, req.parse_special);
+        if !req.with_pieces {
+            return json!({"tokens": ids});
+        }
+        let pieces: Vec<Value> = ids
+            .iter()
+            .map(|&id| {
+                let bytes = tok.token_to_piece(id);
+                let piece = match std::str::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(bytes),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect();
+        json!({"tokens": pieces})
+    })
+    .await?;
+    Ok(Json(tokens))
+}
+
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let ids = api::parse_detokenize(&body)?;
+    Ok(Json(json!({"content": ready.tokenizer.decode(&ids)})))
+}
+
+pub async fn fallback(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "Invalid URL ({} {})",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))
+}
+
+fn template_error(e: ChatTemplateError) -> ApiError {
+    match e {
+        ChatTemplateError::Metadata(_) | ChatTemplateError::Syntax { .. } => {
+            ApiError::internal(e.to_string())
+        }
+        e => ApiError::param(
+            "messages",
+            format!("cannot apply the chat template to these messages: {e}"),
+        ),
+    }
+}
+
+/// Checks that the prompt and the requested tokens fit one sequence's context.
+fn check_context(
+    prompt: usize,
+    max_tokens: Option<usize>,
+    n_ctx: usize,
+    prompt_param: &str,
+) -> Result<(), ApiError> {
+    let exceeded =
+        |msg: String, param: &str| ApiError::param(param, msg).with_code("context_length_exceeded");
+    if prompt == 0 {
+        return Err(ApiError::param(
+            prompt_param,
+            "the prompt is empty (0 tokens)",
+        ));
+    }
+    if prompt >= n_ctx {
+        return Err(exceeded(
+            format!("the prompt ({prompt} tokens) exceeds the available context size ({n_ctx} tokens); at least one position must be left for generation"),
+            prompt_param,
+        ));
+    }
+    if let Some(m) = max_tokens {
+        if prompt + m > n_ctx {
+            return Err(exceeded(
+                format!(
+                    "the request ({prompt} prompt tokens + {m} max_tokens = {} tokens) exceeds the available context size ({n_ctx} tokens)",
+                    prompt + m
+                ),
+                "max_tokens",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let ready = state.ready()?.clone();
+    let mut req = api::parse_chat(&body, ready.n_vocab)?;
+    ready.check_model(req.gen.model.as_deref())?;
+    for stop in &ready.template_stops {
+        if !req.gen.params.stop.contains(stop) {
+            req.gen.params.stop.push(stop.clone());
+        }
+    }
+    let prompt = {
+        let ready = ready.clone();
+        let (messages, kwargs) = (req.messages, req.template_kwargs);
+        blocking(move || -> Result<Vec<TokenId>, ApiError> {
+            let mut options = ready.render_options.clone();
+            options.add_generation_prompt = true;
+            options.extra = kwargs;
+            let text = ready
+                .template
+                .render_json(&messages, &options)
+                .map_err(template_error)?;
+            let vocab = ready.tokenizer.vocab();
+            let text = prompt_for_tokenizer(&text, &options, vocab.add_bos(), vocab.add_eos());
+            Ok(ready.tokenizer.encode(text, true, true))
+        })
+        .await??
+    };
+    generate(state, ready, Kind::Chat, req.gen, prompt).await
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let ready = state.ready()?.clone();
+    let req = api::parse_completion(&body, ready.n_vocab)?;
+    ready.check_model(req.gen.model.as_deref())?;
+    let prompt = match req.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(text) => {
+            let ready = ready.clone();
+            blocking(move || ready.tokenizer.encode(&text, true, true)).await?
+        }
+    };
+    generate(state, ready, Kind::Completion, req.gen, prompt).await
+}
+
+/// Turns generated tokens into response JSON (one request's envelope and logprobs mode).
+struct Responder {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    ready: Arc<Ready>,
+    logprobs: bool,
+    top_logprobs: usize,
+}
+
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+impl Responder {
+    fn piece(&self, id: TokenId) -> (String, &[u8]) {
+        let bytes = self.ready.tokenizer.token_to_piece(id);
+        (String::from_utf8_lossy(bytes).into_owned(), bytes)
+    }
+
+    fn wants_logprobs(&self) -> bool {
+        self.logprobs || self.top_logprobs > 0
+    }
+
+    /// The logprobs of some tokens in this endpoint's shape; `text_offset` is where the
+    /// tokens' text starts in the completion (legacy endpoint only).
+    fn logprobs_json(&self, tokens: &[TokenEvent], text_offset: usize) -> Value {
+        if !self.wants_logprobs() {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let (text, bytes) = self.piece(t.token);
+                        let top: Vec<Value> = t
+                            .top_logprobs
+                            .iter()
+                            .map(|&(id, lp)| {
+                                let (text, bytes) = self.piece(id);
+                                json!({"token": text, "logprob": finite(lp), "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": text, "logprob": finite(t.logprob.unwrap_or(0.0)), "bytes": bytes, "top_logprobs": top})
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let mut offset = text_offset;
+                let mut texts = Vec::new();
+                let mut lps = Vec::new();
+                let mut tops = Vec::new();
+                let mut offsets = Vec::new();
+                for t in tokens {
+                    let (text, _) = self.piece(t.token);
+                    offsets.push(offset);
+                    offset += text.chars().count();
+                    texts.push(text);
+                    lps.push(finite(t.logprob.unwrap_or(0.0)));
+                    let mut top = Map::new();
+                    for &(id, lp) in &t.top_logprobs {
+                        top.insert(self.piece(id).0, json!(finite(lp)));
+                    }
+                    tops.push(Value::Object(top));
+                }
+                json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
+    fn usage(&self, s: &Summary) -> Value {
+        json!({
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+        })
+    }
+
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": crate::SYSTEM_FINGERPRINT,
+            "choices": choices,
+        })
+    }
+
+    fn full(&self, text: String, tokens: &[TokenEvent], s: &Summary) -> Value {
+        let logprobs = self.logprobs_json(tokens, 0);
+        let mut body = match self.kind {
+            Kind::Chat => self.envelope(
+                "chat.completion",
+                json!([{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "logprobs": logprobs,
+                    "finish_reason": s.finish.as_str(),
+                }]),
+            ),
+            Kind::Completion => self.envelope(
+                "text_completion",
+                json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": s.finish.as_str()}]),
+            ),
+        };
+        body["usage"] = self.usage(s);
+        body
+    }
+
+    /// The first chunk of a chat stream: the assistant role.
+    fn role_chunk(&self) -> Value {
+        self.envelope(
+            "chat.completion.chunk",
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+        )
+    }
+
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        tokens: &[TokenEvent],
+        text_offset: usize,
+        finish: Option<FinishReason>,
+    ) -> Value {
+        let logprobs = if tokens.is_empty() {
+            Value::Null
+        } else {
+            self.logprobs_json(tokens, text_offset)
+        };
+        let finish = finish.map(FinishReason::as_str);
+        match self.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                self.envelope("chat.completion.chunk", json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+            }
+            Kind::Completion => self.envelope(
+                "text_completion",
+                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]),
+            ),
+        }
+    }
+
+    fn usage_chunk(&self, s: &Summary) -> Value {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let mut body = self.envelope(object, json!([]));
+        body["usage"] = self.usage(s);
+        body
+    }
+}
+
+fn random_id(prefix: &str) -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    format!(
+        "{prefix}{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 29)
+    )
+}
+
+async fn generate(
+    state: Arc<AppState>,
+    ready: Arc<Ready>,
+    kind: Kind,
+    gen: GenRequest,
+    prompt: Vec<TokenId>,
+) -> Result<Response, ApiError> {
+    let prompt_param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    check_context(
+        prompt.len(),
+        gen.params.max_tokens,
+        ready.n_ctx,
+        prompt_param,
+    )?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let responder = Responder {
+        kind,
+        id: random_id(if kind == Kind::Chat {
+            "chatcmpl-"
+        } else {
+            "cmpl-"
+        }),
+        created: crate::unix_time(),
+        model: ready.model_id.clone(),
+        logprobs: gen.params.logprobs,
+        top_logprobs: gen.params.top_logprobs,
+        ready: ready.clone(),
+    };
+    let job = Job {
+        prompt,
+        params: gen.params,
+        events: tx,
+        submitted: Instant::now(),
+    };
+    ready.scheduler.submit(job).map_err(|e| match e {
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "the server is busy: {} requests are already waiting; retry later",
+                state.config.max_queue
+            ),
+        )
+        .with_code("queue_full"),
+        SubmitError::ShuttingDown => {
+            ApiError::unavailable("shutting_down", "the server is shutting down")
+        }
+    })?;
+    if gen.stream {
+        Ok(stream_response(
+            responder,
+            rx,
+            gen.include_usage,
+            state.config.ping_interval,
+        ))
+    } else {
+        collect_response(responder, rx).await
+    }
+}
+
+async fn collect_response(
+    responder: Responder,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Started { .. } => {}
+            Event::Token(t) => {
+                text.push_str(&t.text);
+                if responder.wants_logprobs() && !t.eog {
+                    tokens.push(t);
+                }
+            }
+            Event::Done(summary) => {
+                return Ok(Json(responder.full(text, &tokens, &summary)).into_response())
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("the generation ended without a result"))
+}
+
+fn sse_json(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+fn stream_response(
+    responder: Responder,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    ping: std::time::Duration,
+) -> Response {
+    let stream = async_stream::stream! {
+        if responder.kind == Kind::Chat {
+            yield Ok::<_, Infallible>(sse_json(&responder.role_chunk()));
+        }
+        let mut pending: Vec<TokenEvent> = Vec::new();
+        let mut offset = 0usize;
+        let mut pending_offset = 0usize;
+        loop {
+            match rx.recv().await {
+                Some(Event::Started { .. }) => {}
+                Some(Event::Token(mut t)) => {
+                    let text = std::mem::take(&mut t.text);
+                    if responder.wants_logprobs() && !t.eog {
+                        pending.push(t);
+                    }
+                    if !text.is_empty() {
+                        let chunk = responder.chunk(Some(&text), &pending, pending_offset, None);
+                        pending.clear();
+                        offset += text.chars().count();
+                        pending_offset = offset;
+                        yield Ok(sse_json(&chunk));
+                    }
+                }
+                Some(Event::Done(summary)) => {
+                    yield Ok(sse_json(&responder.chunk(None, &pending, pending_offset, Some(summary.finish))));
+                    if include_usage {
+                        yield Ok(sse_json(&responder.usage_chunk(&summary)));
+                    }
+                    yield Ok(SseEvent::default().data("[DONE]"));
+                    break;
+                }
+                Some(Event::Failed(e)) => {
+                    tracing::warn!("stream failed after it started: {}", e.message);
+                    yield Ok(sse_json(&e.body()));
+                    break;
+                }
+                None => {
+                    yield Ok(sse_json(&ApiError::internal("the generation ended without a result").body()));
+                    break;
+                }
+            }
+        }
+    };
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(ping).text("ping"))
+        .into_response()
+}
+
+/// Answers an error status produced outside our handlers (a layer, the router) in OpenAI's
+/// shape, keeping the layer's text as the message.
+pub async fn wrap_error(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (_, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_else(|_| Bytes::new());
+    ApiError::from_status(status, &String::from_utf8_lossy(&text)).into_response()
+}

@@ -1,0 +1,531 @@
+//! Continuous batching: one thread owns the decoder and, step after step, advances every
+//! active sequence together through [`Decoder::forward_many`]: the next token of each
+//! decoding sequence plus a bounded chunk of prompt tokens of those still prefilling, so
+//! streams keep flowing while a long prompt is read. New requests join between steps from a
+//! bounded queue; a sequence whose client went away (its event receiver dropped) is cancelled
+//! at the next step and its slot freed.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step};
+use ferrox_models::tokenizer::{TokenId, Tokenizer};
+use ferrox_models::Decoder;
+use rayon::prelude::*;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::kv::{KvPool, SlotId, Work};
+use crate::metrics::Metrics;
+
+/// A request waiting for, or holding, a slot.
+pub struct Job {
+    pub prompt: Vec<TokenId>,
+    pub params: GenerationParams,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+/// What the scheduler tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// The request got a slot; `cached_tokens` of its prompt were already in the cache.
+    Started {
+        cached_tokens: usize,
+    },
+    Token(TokenEvent),
+    Done(Summary),
+    Failed(ApiError),
+}
+
+#[derive(Debug)]
+pub struct TokenEvent {
+    pub token: TokenId,
+    /// Text released by this token (may be empty while held back).
+    pub text: String,
+    pub logprob: Option<f32>,
+    pub top_logprobs: Vec<(TokenId, f32)>,
+    /// An end-of-generation token (not part of the content).
+    pub eog: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Summary {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug)]
+pub enum SubmitError {
+    QueueFull,
+    ShuttingDown,
+}
+
+/// Scheduling knobs.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// Waiting requests beyond which new ones are refused.
+    pub max_queue: usize,
+    /// Prompt tokens per step while other sequences are decoding.
+    pub prefill_chunk: usize,
+    /// Prompt tokens per step when nothing is decoding.
+    pub prefill_chunk_idle: usize,
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    accepting: bool,
+    /// After this instant, whatever is still running is cancelled (shutdown).
+    deadline: Option<Instant>,
+    stop: bool,
+}
+
+struct Shared {
+    queue: Mutex<QueueState>,
+    wake: Condvar,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, QueueState> {
+    shared.queue.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The handle the HTTP side holds.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    max_queue: usize,
+    metrics: Arc<Metrics>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Scheduler {
+    /// Starts the scheduler thread, which owns `decoder` and `pool`.
+    pub fn start(
+        decoder: Decoder,
+        pool: KvPool,
+        tokenizer: Arc<Tokenizer>,
+        options: SchedulerOptions,
+        metrics: Arc<Metrics>,
+    ) -> Scheduler {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                accepting: true,
+                deadline: None,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let max_queue = options.max_queue;
+        let thread = {
+            let shared = shared.clone();
+            let metrics = metrics.clone();
+            std::thread::Builder::new()
+                .name("ferrox-scheduler".into())
+                .spawn(move || {
+                    let mut looper = Loop {
+                        decoder,
+                        pool,
+                        tokenizer: &tokenizer,
+                        options,
+                        metrics,
+                        shared,
+                    };
+                    looper.run();
+                })
+                .expect("start the scheduler thread")
+        };
+        Scheduler {
+            shared,
+            max_queue,
+            metrics,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// Queues a request; refused when the queue is full or the server is shutting down.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let mut q = lock(&self.shared);
+        if !q.accepting {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if q.jobs.len() >= self.max_queue {
+            self.metrics
+                .rejected_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(SubmitError::QueueFull);
+        }
+        q.jobs.push_back(job);
+        self.metrics
+            .queue_depth
+            .store(q.jobs.len() as u64, Ordering::Relaxed);
+        drop(q);
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
+    /// Stops taking requests; what is queued or running may finish until `grace` has passed,
+    /// then it is cancelled.
+    pub fn begin_shutdown(&self, grace: Duration) {
+        let mut q = lock(&self.shared);
+        q.accepting = false;
+        q.deadline = Some(Instant::now() + grace);
+        drop(q);
+        self.shared.wake.notify_all();
+    }
+
+    /// Cancels everything and waits for the thread to end.
+    pub fn stop(&self) {
+        {
+            let mut q = lock(&self.shared);
+            q.accepting = false;
+            q.stop = true;
+        }
+        self.shared.wake.notify_all();
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One admitted sequence.
+struct Seq<'t> {
+    job: Job,
+    slot: SlotId,
+    cached: usize,
+    /// Prompt tokens in the cache.
+    fed: usize,
+    generation: Generation<'t>,
+    /// The sampled token to feed at the next step.
+    next: Option<TokenId>,
+    last_token_at: Option<Instant>,
+}
+
+struct Loop<'t> {
+    decoder: Decoder,
+    pool: KvPool,
+    tokenizer: &'t Tokenizer,
+    options: SchedulerOptions,
+    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
+}
+
+/// One sequence's share of a step.
+struct Planned {
+    index: usize,
+    tokens: usize,
+    logits: bool,
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown cause")
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::unavailable("shutting_down", "the server is shutting down")
+}
+
+impl<'t> Loop<'t> {
+    fn run(&mut self) {
+        let mut active: Vec<Seq<'t>> = Vec::new();
+        let (_, capacity) = self.pool.usage();
+        self.metrics
+            .kv_capacity_positions
+            .store(capacity as u64, Ordering::Relaxed);
+        self.metrics
+            .kv_bytes
+            .store(self.pool.reserved_bytes() as u64, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        loop {
+            let admitted = {
+                let mut q = lock(&shared);
+                loop {
+                    if q.stop {
+                        let jobs: Vec<Job> = q.jobs.drain(..).collect();
+                        drop(q);
+                        for job in jobs {
+                            let _ = job.events.send(Event::Failed(shutting_down()));
+                        }
+                        self.cancel_all(&mut active, shutting_down());
+                        return;
+                    }
+                    if q.deadline.is_some_and(|d| Instant::now() >= d) {
+                        for job in q.jobs.drain(..) {
+                            let _ = job.events.send(Event::Failed(shutting_down()));
+                        }
+                        self.cancel_all(&mut active, shutting_down());
+                    }
+                    if !active.is_empty() || !q.jobs.is_empty() {
+                        break;
+                    }
+                    q = shared
+                        .wake
+                        .wait_timeout(q, Duration::from_millis(250))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                let mut admitted = Vec::new();
+                while self.pool.n_slots() > active.len() + admitted.len() {
+                    let Some(job) = q.jobs.pop_front() else { break };
+                    if job.events.is_closed() {
+                        self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    admitted.push(job);
+                }
+                self.metrics
+                    .queue_depth
+                    .store(q.jobs.len() as u64, Ordering::Relaxed);
+                admitted
+            };
+            for job in admitted {
+                self.admit(job, &mut active);
+            }
+            self.drop_cancelled(&mut active);
+            if !active.is_empty() {
+                // A fault in one step fails the sequences it ran, never the server.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step(&mut active))) {
+                    let message = format!("the scheduler step panicked: {}", panic_text(&*panic));
+                    tracing::error!("{message}");
+                    let error = ApiError::internal(message);
+                    for s in active.drain(..) {
+                        let _ = s.job.events.send(Event::Failed(error.clone()));
+                        self.pool.reset(s.slot);
+                        self.pool.release(s.slot);
+                    }
+                }
+            }
+            let (used, _) = self.pool.usage();
+            self.metrics
+                .kv_used_positions
+                .store(used as u64, Ordering::Relaxed);
+            self.metrics
+                .active_sequences
+                .store(active.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn admit(&mut self, job: Job, active: &mut Vec<Seq<'t>>) {
+        let Some(lease) = self.pool.acquire(&job.prompt) else {
+            // Cannot happen: admission is bounded by the free slots.
+            let _ = job
+                .events
+                .send(Event::Failed(ApiError::internal("no free KV slot")));
+            return;
+        };
+        self.metrics
+            .prompt_tokens
+            .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .prefix_hit_tokens
+            .fetch_add(lease.reused as u64, Ordering::Relaxed);
+        tracing::debug!(
+            slot = lease.slot.index(),
+            prompt = job.prompt.len(),
+            reused = lease.reused,
+            "sequence admitted"
+        );
+        let _ = job.events.send(Event::Started {
+            cached_tokens: lease.reused,
+        });
+        let generation = Generation::new(self.tokenizer, job.params.clone(), &job.prompt);
+        active.push(Seq {
+            slot: lease.slot,
+            cached: lease.reused,
+            fed: lease.reused,
+            generation,
+            next: None,
+            last_token_at: None,
+            job,
+        });
+    }
+
+    fn drop_cancelled(&mut self, active: &mut Vec<Seq<'t>>) {
+        let pool = &mut self.pool;
+        let metrics = &self.metrics;
+        active.retain(|s| {
+            if s.job.events.is_closed() {
+                tracing::debug!(
+                    slot = s.slot.index(),
+                    "client went away; sequence cancelled"
+                );
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                pool.release(s.slot);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn cancel_all(&mut self, active: &mut Vec<Seq<'t>>, error: ApiError) {
+        for s in active.drain(..) {
+            let _ = s.job.events.send(Event::Failed(error.clone()));
+            self.pool.release(s.slot);
+        }
+    }
+
+    fn step(&mut self, active: &mut Vec<Seq<'t>>) {
+        let decoding = active.iter().any(|s| s.next.is_some());
+        let mut budget = if decoding {
+            self.options.prefill_chunk
+        } else {
+            self.options.prefill_chunk_idle
+        }
+        .max(1);
+        let mut plan = Vec::with_capacity(active.len());
+        for (index, s) in active.iter().enumerate() {
+            if s.next.is_some() {
+                plan.push(Planned {
+                    index,
+                    tokens: 1,
+                    logits: true,
+                });
+            } else {
+                let take = (s.job.prompt.len() - s.fed).min(budget);
+                if take > 0 {
+                    budget -= take;
+                    plan.push(Planned {
+                        index,
+                        tokens: take,
+                        logits: s.fed + take == s.job.prompt.len(),
+                    });
+                }
+            }
+        }
+        let work: Vec<Work<'_>> = plan
+            .iter()
+            .map(|p| {
+                let s = &active[p.index];
+                let tokens = match &s.next {
+                    Some(t) => std::slice::from_ref(t),
+                    None => &s.job.prompt[s.fed..s.fed + p.tokens],
+                };
+                Work {
+                    slot: s.slot,
+                    tokens,
+                    logits: p.logits,
+                }
+            })
+            .collect();
+        let (pool, decoder) = (&mut self.pool, &self.decoder);
+        let result = catch_unwind(AssertUnwindSafe(|| pool.forward(decoder, &work)));
+        drop(work);
+        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        let failure = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("the forward step failed: {e}")),
+            Err(panic) => Some(format!(
+                "the forward step panicked: {}",
+                panic_text(&*panic)
+            )),
+        };
+        if let Some(message) = failure {
+            tracing::error!("{message}");
+            let error = ApiError::internal(message);
+            let mut failed: Vec<usize> = plan.iter().map(|p| p.index).collect();
+            failed.sort_unstable();
+            for &i in failed.iter().rev() {
+                let s = active.remove(i);
+                let _ = s.job.events.send(Event::Failed(error.clone()));
+                self.pool.reset(s.slot);
+                self.pool.release(s.slot);
+            }
+            return;
+        }
+
+        let mut sampling = vec![false; active.len()];
+        for p in &plan {
+            let s = &mut active[p.index];
+            if s.next.take().is_none() {
+                s.fed += p.tokens;
+            }
+            sampling[p.index] = p.logits;
+        }
+        // Sampling (and logprobs) cost O(vocab) per sequence: spread it over the cores.
+        let pool = &self.pool;
+        let mut picked: Vec<(usize, &mut Seq<'t>)> = active
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| sampling[*i])
+            .collect();
+        let steps: Vec<(usize, Step)> = if picked.len() > 1 {
+            picked
+                .par_iter_mut()
+                .map(|(i, s)| (*i, s.generation.step(pool.logits(s.slot))))
+                .collect()
+        } else {
+            picked
+                .iter_mut()
+                .map(|(i, s)| (*i, s.generation.step(pool.logits(s.slot))))
+                .collect()
+        };
+        drop(picked);
+
+        let n_ctx = self.pool.capacity_per_sequence();
+        let mut finished = Vec::new();
+        for (index, step) in steps {
+            let s = &mut active[index];
+            let now = Instant::now();
+            self.metrics
+                .generated_tokens
+                .fetch_add(1, Ordering::Relaxed);
+            match s.last_token_at {
+                None => self.metrics.observe_ttft(now - s.job.submitted),
+                Some(t) => self.metrics.observe_itl(now - t),
+            }
+            s.last_token_at = Some(now);
+            let mut text = step.text;
+            let mut finish = step.finish;
+            // Prompt and completion together never exceed the context (the last sampled
+            // token needs no position, but max_tokens is checked the same way).
+            if finish.is_none() && s.job.prompt.len() + s.generation.generated() >= n_ctx {
+                text.push_str(&s.generation.end_for_length());
+                finish = Some(FinishReason::Length);
+            }
+            let event = Event::Token(TokenEvent {
+                token: step.token,
+                text,
+                logprob: step.logprob,
+                top_logprobs: step.top_logprobs,
+                eog: self.tokenizer.vocab().is_eog(step.token),
+            });
+            let delivered = s.job.events.send(event).is_ok();
+            match finish {
+                Some(finish) => {
+                    let _ = s.job.events.send(Event::Done(Summary {
+                        finish,
+                        prompt_tokens: s.job.prompt.len(),
+                        completion_tokens: s.generation.generated(),
+                        cached_tokens: s.cached,
+                    }));
+                    finished.push(index);
+                }
+                None if !delivered => {
+                    tracing::debug!(
+                        slot = s.slot.index(),
+                        "client went away; sequence cancelled"
+                    );
+                    self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    finished.push(index);
+                }
+                None => s.next = Some(step.token),
+            }
+        }
+        finished.sort_unstable();
+        for &i in finished.iter().rev() {
+            let s = active.remove(i);
+            self.pool.release(s.slot);
+        }
+    }
+}
