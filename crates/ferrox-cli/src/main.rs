@@ -37,11 +37,13 @@ enum Command {
     Serve(commands::serve::Args),
 }
 
-/// Bad input (a file that cannot be read or parsed, invalid arguments) exits with 2;
-/// anything else that fails exits with 1.
+/// Bad input (a file that cannot be read or parsed, a model we cannot run, invalid
+/// arguments) exits with 2; anything else that fails exits with 1.
 fn exit_code(err: &anyhow::Error) -> u8 {
     let is_input = err.chain().any(|e| {
         e.is::<ferrox_gguf::GgufError>()
+            || e.is::<ferrox_models::ModelError>()
+            || e.is::<ferrox_models::tokenizer::TokenizerError>()
             || e.is::<std::io::Error>()
             || e.is::<commands::InputError>()
     });
