@@ -269,13 +269,7 @@ fn typical(c: &mut Vec<(TokenId, f32)>, p: f32) {
 
 /// log-softmax of raw logits, and the `k` most likely (id, logprob) pairs.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(TokenId, f32)> {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
+    let lse = log_sum_exp(logits);
     let mut c: Vec<(TokenId, f32)> = logits
         .iter()
         .enumerate()
@@ -288,14 +282,15 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(TokenId, f32)> {
 
 /// The log-probability of one token under the raw logits.
 pub fn logprob_of(logits: &[f32], token: TokenId) -> f32 {
+    logits[token as usize] - log_sum_exp(logits)
+}
+
+/// log Σ exp(logits), shifted by the maximum and summed in f64 so a large vocabulary
+/// neither overflows nor loses the small terms.
+fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
-    logits[token as usize] - lse
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    max + sum.ln() as f32
 }
 
 #[cfg(test)]
