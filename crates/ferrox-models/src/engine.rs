@@ -46,8 +46,8 @@ pub enum EngineError {
     Model(Box<ModelError>),
 }
 
-impl EngineError {
-    pub(crate) fn model(e: ModelError) -> EngineError {
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> EngineError {
         EngineError::Model(Box::new(e))
     }
 }

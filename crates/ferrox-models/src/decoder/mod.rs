@@ -279,15 +279,11 @@ impl Decoder {
         let n_embd = c.n_embd;
         let x = sized(&mut s.x, n * n_embd);
 
-        let embd = self
-            .weights
-            .token_embd
-            .view(&self.gguf)
-            .map_err(EngineError::model)?;
+        let embd = self.weights.token_embd.view(&self.gguf)?;
         for (t, row) in rows.iter().enumerate() {
             let out = &mut x[t * n_embd..(t + 1) * n_embd];
             embd.dequant_row(row.token as usize, out)
-                .map_err(|e| EngineError::model(e.into()))?;
+                .map_err(ModelError::from)?;
             if let Some(scale) = c.embedding_scale {
                 out.iter_mut().for_each(|v| *v *= scale);
             }
@@ -319,14 +315,10 @@ impl Decoder {
                 &mut xn[i * n_embd..(i + 1) * n_embd],
             );
         }
-        let out = self
-            .weights
-            .output
-            .view(&self.gguf)
-            .map_err(EngineError::model)?;
+        let out = self.weights.output.view(&self.gguf)?;
         let n_vocab = c.n_vocab;
         let logits = sized(&mut s.logits, count * n_vocab);
-        linear(&out, xn, count, logits, &mut s.xq).map_err(EngineError::model)?;
+        linear(&out, xn, count, logits, &mut s.xq)?;
         if let Some(cap) = c.final_logit_softcap {
             softcap(logits, cap);
         }
@@ -370,42 +362,14 @@ impl Decoder {
                 k: wk,
                 v: wv,
             } => {
-                linear(
-                    &wq.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    q,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
-                linear(
-                    &wk.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    k,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
-                linear(
-                    &wv.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    v,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
+                linear(&wq.view(&self.gguf)?, xn, n, q, &mut s.xq)?;
+                linear(&wk.view(&self.gguf)?, xn, n, k, &mut s.xq)?;
+                linear(&wv.view(&self.gguf)?, xn, n, v, &mut s.xq)?;
             }
             QkvWeights::Fused(w) => {
                 let all = q_w + k_w + v_w;
                 let qkv = sized(&mut s.qkv, n * all);
-                linear(
-                    &w.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    qkv,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
+                linear(&w.view(&self.gguf)?, xn, n, qkv, &mut s.xq)?;
                 for t in 0..n {
                     let row = &qkv[t * all..(t + 1) * all];
                     q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
@@ -482,14 +446,7 @@ impl Decoder {
         });
 
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(
-            &lw.wo.view(&self.gguf).map_err(EngineError::model)?,
-            attn,
-            n,
-            proj,
-            &mut s.xq,
-        )
-        .map_err(EngineError::model)?;
+        linear(&lw.wo.view(&self.gguf)?, attn, n, proj, &mut s.xq)?;
         self.residual_add(&lw.attn_post_norm, n, s);
         Ok(())
     }
@@ -517,34 +474,13 @@ impl Decoder {
         match &lw.gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
-                linear(
-                    &wg.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    gate,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
-                linear(
-                    &wu.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    up,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
+                linear(&wg.view(&self.gguf)?, xn, n, gate, &mut s.xq)?;
+                linear(&wu.view(&self.gguf)?, xn, n, up, &mut s.xq)?;
                 gated(c.activation, gate, up);
             }
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
-                linear(
-                    &w.view(&self.gguf).map_err(EngineError::model)?,
-                    xn,
-                    n,
-                    both,
-                    &mut s.xq,
-                )
-                .map_err(EngineError::model)?;
+                linear(&w.view(&self.gguf)?, xn, n, both, &mut s.xq)?;
                 for t in 0..n {
                     let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
                     gated(c.activation, g, u);
@@ -553,14 +489,7 @@ impl Decoder {
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(
-            &lw.down.view(&self.gguf).map_err(EngineError::model)?,
-            gate,
-            n,
-            proj,
-            &mut s.xq,
-        )
-        .map_err(EngineError::model)?;
+        linear(&lw.down.view(&self.gguf)?, gate, n, proj, &mut s.xq)?;
         self.residual_add(&lw.ffn_post_norm, n, s);
         Ok(())
     }
