@@ -1,0 +1,479 @@
+//! Routed experts stored as stacked 3-D tensors, and the batched expert FFN.
+//!
+//! GGUF stores a layer's experts as `ffn_gate_exps` / `ffn_up_exps` with ggml shape
+//! `{n_embd, n_ff_exp, n_expert}` and `ffn_down_exps` with `{n_ff_exp, n_embd, n_expert}`:
+//! expert `e` is the `e`-th contiguous 2-D slab. [`ExpertTensor`] views the mapped bytes in
+//! place and hands out each slab as a [`WeightMatrix`].
+//!
+//! [`moe_ffn`] evaluates a batch the way llama.cpp's `build_moe_ffn` does, but grouped by
+//! expert: every token is routed, each selected expert gathers its tokens and runs one
+//! `matmul` for gate and up, the activation, and one `matmul` for down, so its weights
+//! stream once per batch; experts no token selected are never read. The weighted outputs
+//! are summed per token in routing order (`((o_0 + o_1) + o_2) + …`, as ggml's chain of
+//! adds), so a token's result is bit-identical whatever batch it is in.
+
+use ferrox_core::{GgmlType, WeightMatrix};
+use ferrox_gguf::TensorInfo;
+
+use crate::numerics;
+use crate::routing::{route, RouterConfig};
+use crate::MoeError;
+
+/// The gated activation of the expert FFNs: `act(gate · x) * (up · x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (ggml's `swiglu`), every MoE model so far.
+    SwiGlu,
+    /// `gelu(gate) * up` (ggml's `geglu`, f16-table GELU).
+    GeGlu,
+}
+
+impl Activation {
+    /// Applies the activation to one token's row, in place over `gate`.
+    pub fn apply(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Activation::SwiGlu => numerics::swiglu(gate, up),
+            Activation::GeGlu => numerics::geglu(gate, up),
+        }
+    }
+}
+
+/// `n_expert` weight matrices of `rows × cols`, stacked back to back (ggml shape
+/// `{cols, rows, n_expert}`), borrowed from the tensor's bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertTensor<'a> {
+    ty: GgmlType,
+    cols: usize,
+    rows: usize,
+    n_expert: usize,
+    expert_bytes: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> ExpertTensor<'a> {
+    /// Views `bytes` as a tensor of ggml shape `ne = [cols, rows, n_expert]` and type `ty`;
+    /// checks the byte length and that each expert is a valid [`WeightMatrix`].
+    pub fn new(ty: GgmlType, ne: [usize; 3], bytes: &'a [u8]) -> Result<Self, MoeError> {
+        let [cols, rows, n_expert] = ne;
+        let row = ferrox_core::row_byte_len(ty, cols)?;
+        let expert_bytes = row
+            .checked_mul(rows)
+            .ok_or_else(|| MoeError::Shape(format!("{ne:?} of {ty:?} overflows")))?;
+        if expert_bytes.checked_mul(n_expert) != Some(bytes.len()) {
+            return Err(MoeError::Shape(format!(
+                "{ne:?} of {ty:?} needs {expert_bytes} × {n_expert} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let t = ExpertTensor {
+            ty,
+            cols,
+            rows,
+            n_expert,
+            expert_bytes,
+            bytes,
+        };
+        if n_expert > 0 {
+            WeightMatrix::new(ty, rows, cols, &bytes[..expert_bytes])?;
+        }
+        Ok(t)
+    }
+
+    /// Views a 3-D tensor of a GGUF file, given its info and its data
+    /// (`Gguf::tensor_data(info)`).
+    pub fn from_tensor(info: &TensorInfo, bytes: &'a [u8]) -> Result<Self, MoeError> {
+        let dims = match info.shape.as_slice() {
+            [a, b, c] => [*a, *b, *c],
+            s => {
+                return Err(MoeError::Shape(format!(
+                    "{}: expected 3 dimensions, found {s:?}",
+                    info.name
+                )))
+            }
+        };
+        let ne = dims.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+        Self::new(info.ty, ne, bytes)
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Input width of each expert (ggml `ne0`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Output width of each expert (ggml `ne1`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn n_expert(&self) -> usize {
+        self.n_expert
+    }
+
+    /// The bytes of expert `e`, offset `e × rows × row_bytes` into the tensor.
+    ///
+    /// # Panics
+    /// If `e >= self.n_expert()`.
+    pub fn expert_bytes(&self, e: usize) -> &'a [u8] {
+        assert!(e < self.n_expert, "expert {e} of {}", self.n_expert);
+        &self.bytes[e * self.expert_bytes..(e + 1) * self.expert_bytes]
+    }
+
+    /// Expert `e` as a `rows × cols` matrix over its slab of the tensor.
+    ///
+    /// # Panics
+    /// If `e >= self.n_expert()`.
+    pub fn expert(&self, e: usize) -> WeightMatrix<'a> {
+        WeightMatrix::new(self.ty, self.rows, self.cols, self.expert_bytes(e))
+            .expect("validated in ExpertTensor::new")
+    }
+}
+
+/// A layer's routed experts: `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeExperts<'a> {
+    gate: ExpertTensor<'a>,
+    up: ExpertTensor<'a>,
+    down: ExpertTensor<'a>,
+    activation: Activation,
+}
+
+impl<'a> MoeExperts<'a> {
+    /// Checks that gate and up are `{n_embd, n_ff, n_expert}` and down `{n_ff, n_embd,
+    /// n_expert}`.
+    pub fn new(
+        gate: ExpertTensor<'a>,
+        up: ExpertTensor<'a>,
+        down: ExpertTensor<'a>,
+        activation: Activation,
+    ) -> Result<Self, MoeError> {
+        let (e, d, f) = (gate.n_expert, gate.cols, gate.rows);
+        if (up.n_expert, up.cols, up.rows) != (e, d, f)
+            || (down.n_expert, down.cols, down.rows) != (e, f, d)
+        {
+            return Err(MoeError::Shape(format!(
+                "expert tensors disagree: gate {:?}, up {:?}, down {:?}",
+                [gate.cols, gate.rows, gate.n_expert],
+                [up.cols, up.rows, up.n_expert],
+                [down.cols, down.rows, down.n_expert]
+            )));
+        }
+        Ok(MoeExperts {
+            gate,
+            up,
+            down,
+            activation,
+        })
+    }
+
+    pub fn n_embd(&self) -> usize {
+        self.gate.cols
+    }
+
+    pub fn n_ff(&self) -> usize {
+        self.gate.rows
+    }
+
+    pub fn n_expert(&self) -> usize {
+        self.gate.n_expert
+    }
+
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    pub fn gate(&self) -> &ExpertTensor<'a> {
+        &self.gate
+    }
+
+    pub fn up(&self) -> &ExpertTensor<'a> {
+        &self.up
+    }
+
+    pub fn down(&self) -> &ExpertTensor<'a> {
+        &self.down
+    }
+}
+
+/// Reusable buffers for [`moe_ffn`] and [`SharedExpert::forward_add`]; keep one per
+/// thread of inference so that steady-state decoding allocates nothing but the router's
+/// small vectors.
+#[derive(Default, Debug)]
+pub struct MoeScratch {
+    /// Per token, the selected `(expert, weight)` pairs of the last call, best first.
+    pub routes: Vec<(usize, f32)>,
+    route_tmp: Vec<(usize, f32)>,
+    assign: Vec<(usize, usize, usize)>,
+    xq_gate: Vec<u8>,
+    xq_up: Vec<u8>,
+    xg_gate: Vec<u8>,
+    xg_up: Vec<u8>,
+    hq: Vec<u8>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    y: Vec<f32>,
+    contrib: Vec<f32>,
+}
+
+/// Router logits for a batch: `ffn_gate_inp · x` per token, token-major
+/// (`logits[t * n_expert + e]`), computed with the same quantized product as every other
+/// matrix so that batching does not change them.
+pub fn router_logits(
+    gate_inp: &WeightMatrix<'_>,
+    x: &[f32],
+    logits: &mut Vec<f32>,
+) -> Result<(), MoeError> {
+    let mut xq = Vec::new();
+    let n_tokens = gate_inp.quantize_activation(x, &mut xq)?;
+    logits.clear();
+    logits.resize(n_tokens * gate_inp.rows(), 0.0);
+    gate_inp.matmul(&xq, n_tokens, logits)?;
+    Ok(())
+}
+
+/// One gated FFN over `m` tokens whose activations are already quantized for gate (`xg`)
+/// and up (`xu`): leaves `down · act(gate · x, up · x)` in `scratch.y` (`m × down.rows()`).
+#[allow(clippy::too_many_arguments)]
+fn gated_ffn(
+    gate: &WeightMatrix<'_>,
+    up: &WeightMatrix<'_>,
+    down: &WeightMatrix<'_>,
+    activation: Activation,
+    xg: &[u8],
+    xu: &[u8],
+    m: usize,
+    g: &mut Vec<f32>,
+    u: &mut Vec<f32>,
+    hq: &mut Vec<u8>,
+    y: &mut Vec<f32>,
+) -> Result<(), MoeError> {
+    let n_ff = gate.rows();
+    g.clear();
+    g.resize(m * n_ff, 0.0);
+    u.clear();
+    u.resize(m * n_ff, 0.0);
+    gate.matmul(xg, m, g)?;
+    up.matmul(xu, m, u)?;
+    if n_ff > 0 {
+        for (gr, ur) in g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)) {
+            activation.apply(gr, ur);
+        }
+    }
+    down.quantize_activation(g, hq)?;
+    y.clear();
+    y.resize(m * down.rows(), 0.0);
+    down.matmul(hq, m, y)?;
+    Ok(())
+}
+
+/// The routed-expert part of an MoE FFN for a batch of tokens.
+///
+/// * `x`: `n_tokens × n_embd` activations (the FFN input after its norm), token-major.
+/// * `router_logits`: `n_tokens × n_expert`, token-major (see [`router_logits`]).
+/// * `selection_bias`: `exp_probs_b`, one per expert, if the layer has it.
+/// * `out`: `n_tokens × n_embd`, overwritten with `Σ_i w_i · expert_{e_i}(x)`.
+///
+/// The routes are left in `scratch.routes` (`n_used` per token). Only the experts some
+/// token selected are read; each of those is read once for the whole batch.
+pub fn moe_ffn(
+    router: &RouterConfig,
+    experts: &MoeExperts<'_>,
+    x: &[f32],
+    router_logits: &[f32],
+    selection_bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut MoeScratch,
+) -> Result<(), MoeError> {
+    router.validate()?;
+    let (n_embd, n_expert) = (experts.n_embd(), experts.n_expert());
+    let n_used = router.n_used;
+    if router.n_expert != n_expert {
+        return Err(MoeError::Shape(format!(
+            "router has {} experts, tensors {n_expert}",
+            router.n_expert
+        )));
+    }
+    if n_embd == 0 || !x.len().is_multiple_of(n_embd) {
+        return Err(MoeError::Shape(format!(
+            "{} activations are not whole rows of {n_embd}",
+            x.len()
+        )));
+    }
+    let n_tokens = x.len() / n_embd;
+    if router_logits.len() != n_tokens * n_expert || out.len() != x.len() {
+        return Err(MoeError::Shape(format!(
+            "{n_tokens} tokens need {} logits and {} outputs, got {} and {}",
+            n_tokens * n_expert,
+            x.len(),
+            router_logits.len(),
+            out.len()
+        )));
+    }
+    if selection_bias.is_some_and(|b| b.len() != n_expert) {
+        return Err(MoeError::Shape("selection bias: one per expert".into()));
+    }
+    if n_tokens == 0 {
+        scratch.routes.clear();
+        return Ok(());
+    }
+
+    // Route every token; list (expert, token, slot) triples grouped by expert.
+    let s = scratch;
+    s.routes.clear();
+    s.assign.clear();
+    for (t, logits) in router_logits.chunks_exact(n_expert).enumerate() {
+        route(router, logits, selection_bias, &mut s.route_tmp);
+        for (slot, &(e, _)) in s.route_tmp.iter().enumerate() {
+            s.assign.push((e, t, slot));
+        }
+        s.routes.extend_from_slice(&s.route_tmp);
+    }
+    s.assign.sort_unstable();
+
+    // Quantize every token once per activation type; quantization is row by row, so
+    // gathering quantized rows equals quantizing gathered rows.
+    let first = experts.gate.expert(s.assign[0].0);
+    let first_up = experts.up.expert(s.assign[0].0);
+    first.quantize_activation(x, &mut s.xq_gate)?;
+    let shared_q = first_up.vec_dot_type() == first.vec_dot_type();
+    if !shared_q {
+        first_up.quantize_activation(x, &mut s.xq_up)?;
+    }
+    let (ag, au) = (
+        first.activation_row_bytes(),
+        first_up.activation_row_bytes(),
+    );
+
+    s.contrib.clear();
+    s.contrib.resize(n_tokens * n_used * n_embd, 0.0);
+    let mut start = 0;
+    while start < s.assign.len() {
+        let e = s.assign[start].0;
+        let end = start + s.assign[start..].iter().take_while(|a| a.0 == e).count();
+        let group = &s.assign[start..end];
+        let m = group.len();
+        s.xg_gate.clear();
+        s.xg_up.clear();
+        for &(_, t, _) in group {
+            s.xg_gate
+                .extend_from_slice(&s.xq_gate[t * ag..(t + 1) * ag]);
+            if !shared_q {
+                s.xg_up.extend_from_slice(&s.xq_up[t * au..(t + 1) * au]);
+            }
+        }
+        let xu: &[u8] = if shared_q { &s.xg_gate } else { &s.xg_up };
+        gated_ffn(
+            &experts.gate.expert(e),
+            &experts.up.expert(e),
+            &experts.down.expert(e),
+            experts.activation,
+            &s.xg_gate,
+            xu,
+            m,
+            &mut s.g,
+            &mut s.u,
+            &mut s.hq,
+            &mut s.y,
+        )?;
+        for (&(_, t, slot), y) in group.iter().zip(s.y.chunks_exact(n_embd)) {
+            let w = s.routes[t * n_used + slot].1;
+            let dst = &mut s.contrib[(t * n_used + slot) * n_embd..][..n_embd];
+            dst.iter_mut().zip(y).for_each(|(d, &v)| *d = v * w);
+        }
+        start = end;
+    }
+
+    // Sum each token's weighted expert outputs in routing order.
+    for (o, c) in out
+        .chunks_exact_mut(n_embd)
+        .zip(s.contrib.chunks_exact(n_used * n_embd))
+    {
+        o.copy_from_slice(&c[..n_embd]);
+        for slot in c.chunks_exact(n_embd).skip(1) {
+            o.iter_mut().zip(slot).for_each(|(a, &b)| *a += b);
+        }
+    }
+    Ok(())
+}
+
+/// Qwen2-MoE's shared-expert gate for one token: `silu(l) / l` (ggml computes the sigmoid
+/// that way), where `l = ffn_gate_inp_shexp · x`. NaN when `l == 0`, as in llama.cpp.
+pub fn shared_expert_gate(logit: f32) -> f32 {
+    numerics::silu(logit) / logit
+}
+
+/// A shared expert: a plain gated FFN every token goes through (`ffn_{gate,up,down}_shexp`),
+/// optionally scaled per token by [`shared_expert_gate`] of `ffn_gate_inp_shexp · x`
+/// (Qwen2-MoE). DeepSeek-style models have no gate.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedExpert<'a> {
+    pub gate: WeightMatrix<'a>,
+    pub up: WeightMatrix<'a>,
+    pub down: WeightMatrix<'a>,
+    pub activation: Activation,
+    /// `ffn_gate_inp_shexp`: one row of `n_embd`.
+    pub gate_inp: Option<WeightMatrix<'a>>,
+}
+
+impl SharedExpert<'_> {
+    /// `out[t] += g_t · shared_ffn(x[t])` for every token (`g_t = 1` without a gate), the
+    /// order of llama.cpp's `moe_out + ffn_shexp_out`.
+    pub fn forward_add(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut MoeScratch,
+    ) -> Result<(), MoeError> {
+        let n_embd = self.gate.cols();
+        if self.up.cols() != n_embd
+            || self.up.rows() != self.gate.rows()
+            || self.down.cols() != self.gate.rows()
+            || self.down.rows() != n_embd
+            || self
+                .gate_inp
+                .is_some_and(|g| g.rows() != 1 || g.cols() != n_embd)
+            || out.len() != x.len()
+        {
+            return Err(MoeError::Shape("shared expert shapes disagree".into()));
+        }
+        let s = scratch;
+        let m = self.gate.quantize_activation(x, &mut s.xq_gate)?;
+        let shared_q = self.up.vec_dot_type() == self.gate.vec_dot_type();
+        if !shared_q {
+            self.up.quantize_activation(x, &mut s.xq_up)?;
+        }
+        let xu: &[u8] = if shared_q { &s.xq_gate } else { &s.xq_up };
+        gated_ffn(
+            &self.gate,
+            &self.up,
+            &self.down,
+            self.activation,
+            &s.xq_gate,
+            xu,
+            m,
+            &mut s.g,
+            &mut s.u,
+            &mut s.hq,
+            &mut s.y,
+        )?;
+        let mut gates = Vec::new();
+        if let Some(gi) = &self.gate_inp {
+            router_logits(gi, x, &mut gates)?;
+            gates.iter_mut().for_each(|l| *l = shared_expert_gate(*l));
+        }
+        for (t, (o, y)) in out
+            .chunks_exact_mut(n_embd)
+            .zip(s.y.chunks_exact(n_embd))
+            .enumerate()
+        {
+            match gates.get(t) {
+                Some(&g) => o.iter_mut().zip(y).for_each(|(a, &b)| *a += b * g),
+                None => o.iter_mut().zip(y).for_each(|(a, &b)| *a += b),
+            }
+        }
+        Ok(())
+    }
+}

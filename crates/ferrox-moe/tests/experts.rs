@@ -1,0 +1,305 @@
+use ferrox_core::{quantize_row, row_byte_len, GgmlType, WeightMatrix};
+use ferrox_moe::numerics::{self, swiglu};
+use ferrox_moe::{
+    moe_ffn, route, router_logits, shared_expert_gate, Activation, ExpertTensor, Gating,
+    MoeExperts, MoeScratch, RouterConfig, SharedExpert,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const N_EMBD: usize = 256;
+const N_FF: usize = 96;
+const N_EXPERT: usize = 12;
+
+/// `n` stacked random matrices of `rows × cols`, quantized row by row to `ty`.
+fn stacked(rng: &mut StdRng, ty: GgmlType, cols: usize, rows: usize, n: usize) -> Vec<u8> {
+    let rb = row_byte_len(ty, cols).unwrap();
+    let mut bytes = vec![0u8; rb * rows * n];
+    let mut row = vec![0f32; cols];
+    for dst in bytes.chunks_exact_mut(rb) {
+        row.iter_mut()
+            .for_each(|v| *v = rng.random_range(-1.0..1.0) / (cols as f32).sqrt());
+        quantize_row(ty, &row, dst).unwrap();
+    }
+    bytes
+}
+
+struct Model {
+    gate: Vec<u8>,
+    up: Vec<u8>,
+    down: Vec<u8>,
+    gate_inp: Vec<u8>,
+    bias: Vec<f32>,
+}
+
+// Gate Q4_K and up Q8_0 quantize activations differently (Q8_K vs Q8_0); down is Q4_0.
+const TY: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::Q4_0];
+
+impl Model {
+    fn new(seed: u64) -> Model {
+        let mut rng = StdRng::seed_from_u64(seed);
+        Model {
+            gate: stacked(&mut rng, TY[0], N_EMBD, N_FF, N_EXPERT),
+            up: stacked(&mut rng, TY[1], N_EMBD, N_FF, N_EXPERT),
+            down: stacked(&mut rng, TY[2], N_FF, N_EMBD, N_EXPERT),
+            gate_inp: (0..N_EMBD * N_EXPERT)
+                .flat_map(|_| (rng.random_range(-1.0f32..1.0) * 0.3).to_le_bytes())
+                .collect(),
+            bias: (0..N_EXPERT)
+                .map(|_| rng.random_range(-0.05..0.05))
+                .collect(),
+        }
+    }
+
+    fn experts(&self, act: Activation) -> MoeExperts<'_> {
+        MoeExperts::new(
+            ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &self.gate).unwrap(),
+            ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &self.up).unwrap(),
+            ExpertTensor::new(TY[2], [N_FF, N_EMBD, N_EXPERT], &self.down).unwrap(),
+            act,
+        )
+        .unwrap()
+    }
+
+    fn gate_inp(&self) -> WeightMatrix<'_> {
+        WeightMatrix::new(GgmlType::F32, N_EXPERT, N_EMBD, &self.gate_inp).unwrap()
+    }
+}
+
+fn inputs(seed: u64, n_tokens: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n_tokens * N_EMBD)
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect()
+}
+
+fn configs() -> Vec<RouterConfig> {
+    vec![
+        RouterConfig {
+            n_expert: N_EXPERT,
+            n_used: 4,
+            gating: Gating::Softmax,
+            norm_weights: true,
+            scale: 0.0,
+            groups: None,
+        },
+        RouterConfig {
+            n_expert: N_EXPERT,
+            n_used: 3,
+            gating: Gating::Sigmoid,
+            norm_weights: true,
+            scale: 2.5,
+            groups: Some((4, 2)),
+        },
+        RouterConfig {
+            n_expert: N_EXPERT,
+            n_used: 1,
+            gating: Gating::SoftmaxWeight,
+            norm_weights: false,
+            scale: 0.0,
+            groups: None,
+        },
+    ]
+}
+
+/// One token through the selected experts with single-token products, summed in order.
+fn per_token(
+    m: &Model,
+    c: &RouterConfig,
+    act: Activation,
+    x: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let ex = m.experts(act);
+    let mut logits = vec![0f32; N_EXPERT];
+    m.gate_inp().apply(x, &mut logits).unwrap();
+    let mut sel = Vec::new();
+    route(c, &logits, bias, &mut sel);
+    let mut out = vec![0f32; N_EMBD];
+    for (i, &(e, w)) in sel.iter().enumerate() {
+        let (mut g, mut u, mut y) = (vec![0f32; N_FF], vec![0f32; N_FF], vec![0f32; N_EMBD]);
+        ex.gate().expert(e).apply(x, &mut g).unwrap();
+        ex.up().expert(e).apply(x, &mut u).unwrap();
+        act.apply(&mut g, &u);
+        ex.down().expert(e).apply(&g, &mut y).unwrap();
+        for (o, v) in out.iter_mut().zip(&y) {
+            *o = if i == 0 { v * w } else { *o + v * w };
+        }
+    }
+    out
+}
+
+/// The same in plain f32 arithmetic on dequantized weights (no activation quantization).
+fn dequantized(m: &Model, c: &RouterConfig, x: &[f32]) -> Vec<f32> {
+    let ex = m.experts(Activation::SwiGlu);
+    let mut logits = vec![0f32; N_EXPERT];
+    m.gate_inp().apply_dequantized(x, &mut logits).unwrap();
+    let mut sel = Vec::new();
+    route(c, &logits, None, &mut sel);
+    let mut out = vec![0f32; N_EMBD];
+    for &(e, w) in &sel {
+        let (mut g, mut u, mut y) = (vec![0f32; N_FF], vec![0f32; N_FF], vec![0f32; N_EMBD]);
+        ex.gate().expert(e).apply_dequantized(x, &mut g).unwrap();
+        ex.up().expert(e).apply_dequantized(x, &mut u).unwrap();
+        g.iter_mut()
+            .zip(&u)
+            .for_each(|(g, u)| *g = numerics::silu(*g) * u);
+        ex.down().expert(e).apply_dequantized(&g, &mut y).unwrap();
+        out.iter_mut().zip(&y).for_each(|(o, v)| *o += v * w);
+    }
+    out
+}
+
+fn run(
+    m: &Model,
+    c: &RouterConfig,
+    act: Activation,
+    x: &[f32],
+    bias: Option<&[f32]>,
+) -> (Vec<f32>, Vec<(usize, f32)>) {
+    let mut logits = Vec::new();
+    router_logits(&m.gate_inp(), x, &mut logits).unwrap();
+    let mut out = vec![f32::NAN; x.len()];
+    let mut scratch = MoeScratch::default();
+    moe_ffn(c, &m.experts(act), x, &logits, bias, &mut out, &mut scratch).unwrap();
+    (out, scratch.routes)
+}
+
+#[test]
+fn batch_equals_per_token_bit_for_bit() {
+    let m = Model::new(1);
+    let n_tokens = 13;
+    let x = inputs(2, n_tokens);
+    for c in configs() {
+        for act in [Activation::SwiGlu, Activation::GeGlu] {
+            for bias in [None, Some(m.bias.as_slice())] {
+                let (batch, _) = run(&m, &c, act, &x, bias);
+                for (t, xt) in x.chunks_exact(N_EMBD).enumerate() {
+                    let want = per_token(&m, &c, act, xt, bias);
+                    let (alone, _) = run(&m, &c, act, xt, bias);
+                    let got = &batch[t * N_EMBD..(t + 1) * N_EMBD];
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{c:?} {act:?} token {t}: batch vs per-token reference"
+                    );
+                    assert_eq!(
+                        alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{c:?} {act:?} token {t}: decode vs per-token reference"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn close_to_dequantized_f32_reference() {
+    let m = Model::new(3);
+    let x = inputs(4, 5);
+    for c in configs() {
+        let (got, _) = run(&m, &c, Activation::SwiGlu, &x, None);
+        for (t, xt) in x.chunks_exact(N_EMBD).enumerate() {
+            let want = dequantized(&m, &c, xt);
+            let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-3);
+            for (g, w) in got[t * N_EMBD..].iter().zip(&want) {
+                assert!((g - w).abs() <= 0.03 * scale, "{c:?} token {t}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn unselected_experts_are_never_read() {
+    let clean = Model::new(5);
+    for n_tokens in [1, 3] {
+        let x = inputs(6 + n_tokens as u64, n_tokens);
+        for c in configs() {
+            let (want, routes) = run(&clean, &c, Activation::SwiGlu, &x, None);
+            let mut used = [false; N_EXPERT];
+            routes.iter().for_each(|&(e, _)| used[e] = true);
+            assert!(used.iter().any(|u| !u), "test needs an unselected expert");
+            // 0xFF bytes make every block scale an f16 NaN: any read poisons the output.
+            let mut poisoned = Model::new(5);
+            for bytes in [&mut poisoned.gate, &mut poisoned.up, &mut poisoned.down] {
+                let per = bytes.len() / N_EXPERT;
+                for (e, slab) in bytes.chunks_exact_mut(per).enumerate() {
+                    if !used[e] {
+                        slab.fill(0xFF);
+                    }
+                }
+            }
+            let (got, _) = run(&poisoned, &c, Activation::SwiGlu, &x, None);
+            assert!(got.iter().all(|v| v.is_finite()));
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn expert_views_address_their_slab() {
+    let m = Model::new(9);
+    let ex = m.experts(Activation::SwiGlu);
+    let per = m.down.len() / N_EXPERT;
+    for e in [0, 5, N_EXPERT - 1] {
+        let w = ex.down().expert(e);
+        assert_eq!((w.rows(), w.cols()), (N_EMBD, N_FF));
+        assert_eq!(w.row_bytes(0).as_ptr(), m.down[e * per..].as_ptr());
+    }
+    assert!(ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT + 1], &m.gate).is_err());
+    let gate = ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &m.gate).unwrap();
+    let up = ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &m.up).unwrap();
+    assert!(MoeExperts::new(gate, up, up, Activation::SwiGlu).is_err());
+}
+
+#[test]
+fn shared_expert_with_sigmoid_gate() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let n_ff = 64;
+    let gate = stacked(&mut rng, GgmlType::Q8_0, N_EMBD, n_ff, 1);
+    let up = stacked(&mut rng, GgmlType::Q8_0, N_EMBD, n_ff, 1);
+    let down = stacked(&mut rng, GgmlType::Q8_0, n_ff, N_EMBD, 1);
+    let gi = stacked(&mut rng, GgmlType::F32, N_EMBD, 1, 1);
+    let mat = |b: &'static [u8], r, c| WeightMatrix::new(GgmlType::Q8_0, r, c, b).unwrap();
+    let (gate, up, down, gi): (&'static [u8], &'static [u8], &'static [u8], &'static [u8]) = (
+        Box::leak(gate.into_boxed_slice()),
+        Box::leak(up.into_boxed_slice()),
+        Box::leak(down.into_boxed_slice()),
+        Box::leak(gi.into_boxed_slice()),
+    );
+    let sh = SharedExpert {
+        gate: mat(gate, n_ff, N_EMBD),
+        up: mat(up, n_ff, N_EMBD),
+        down: mat(down, N_EMBD, n_ff),
+        activation: Activation::SwiGlu,
+        gate_inp: Some(WeightMatrix::new(GgmlType::F32, 1, N_EMBD, gi).unwrap()),
+    };
+    let x = inputs(12, 4);
+    let base: Vec<f32> = (0..x.len()).map(|i| i as f32 * 1e-3).collect();
+    let mut out = base.clone();
+    sh.forward_add(&x, &mut out, &mut MoeScratch::default())
+        .unwrap();
+    for (t, xt) in x.chunks_exact(N_EMBD).enumerate() {
+        let (mut g, mut u, mut y, mut l) = (
+            vec![0f32; n_ff],
+            vec![0f32; n_ff],
+            vec![0f32; N_EMBD],
+            [0f32],
+        );
+        sh.gate.apply(xt, &mut g).unwrap();
+        sh.up.apply(xt, &mut u).unwrap();
+        swiglu(&mut g, &u);
+        sh.down.apply(&g, &mut y).unwrap();
+        sh.gate_inp.unwrap().apply(xt, &mut l).unwrap();
+        let s = shared_expert_gate(l[0]);
+        assert!((s - numerics::sigmoid(l[0])).abs() < 1e-6);
+        for i in 0..N_EMBD {
+            let want = base[t * N_EMBD + i] + y[i] * s;
+            assert_eq!(out[t * N_EMBD + i].to_bits(), want.to_bits());
+        }
+    }
+    assert!(shared_expert_gate(0.0).is_nan());
+}
