@@ -1,5 +1,5 @@
-//! Logit parity with llama.cpp on tiny synthetic models, one per dense family (llama, qwen2,
-//! qwen3, gemma2, gemma3, phi3; see `synthetic/mod.rs` for what each one exercises).
+//! Logit parity with llama.cpp on tiny synthetic models, one per decoder family (llama, qwen2,
+//! qwen3, gemma2, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, olmoe; see `synthetic/mod.rs` for what each one exercises).
 //!
 //! The reference is `fixtures/synthetic/` (made by `scripts/reference/gen-synthetic-logits.sh`):
 //! llama.cpp's logits for a 64-token sequence evaluated as one batch, with its default
@@ -41,6 +41,16 @@
 //! | gemma2 | 0.0045 | 0.0027 | 0.008 |
 //! | gemma3 | 0.064 | 0.062 | 0.10 |
 //! | phi3 | 0.146 | 0.121 | 0.22 |
+//! | qwen2moe | 1.198 | 1.254 | 1.8 |
+//! | qwen3moe | 0.122 | 0.484 | 0.18 |
+//! | olmoe | 0.182 | 0.314 | 0.28 |
+//!
+//! The MoE families (qwen2moe, qwen3moe, olmoe) add a discontinuity: where a token's router
+//! logits for its 2nd and 3rd expert are nearly tied, the ~1e-4 attention differences can
+//! select a different expert, which moves that position's logits by far more than the
+//! quantization noise. llama.cpp does the same to itself (its flash-attention on/off spread is
+//! 0.31-1.25 on these models, with 3-4 argmax flips each); qwen2moe's largest difference
+//! (position 10) is such a case.
 //!
 //! The tolerances still catch semantic errors, measured by running our decoder on the same
 //! models with one hyperparameter changed against the same reference: a RoPE base off
@@ -76,6 +86,9 @@ fn tolerance(arch: &str) -> f32 {
         "gemma2" => 0.008,
         "gemma3" => 0.10,
         "phi3" => 0.22,
+        "qwen2moe" => 1.8,
+        "qwen3moe" => 0.18,
+        "olmoe" => 0.28,
         other => panic!("no tolerance for `{other}`"),
     }
 }
@@ -304,4 +317,19 @@ fn gemma3_matches_llama_cpp() {
 #[test]
 fn phi3_matches_llama_cpp() {
     check_family("phi3");
+}
+
+#[test]
+fn qwen2moe_matches_llama_cpp() {
+    check_family("qwen2moe");
+}
+
+#[test]
+fn qwen3moe_matches_llama_cpp() {
+    check_family("qwen3moe");
+}
+
+#[test]
+fn olmoe_matches_llama_cpp() {
+    check_family("olmoe");
 }

@@ -4,6 +4,7 @@
 //! keys llama.cpp treats as optional get llama.cpp's documented defaults.
 
 use ferrox_gguf::{Metadata, Value};
+use ferrox_moe::{MoeHparams, RouterConfig};
 
 use crate::layers::activation::Activation;
 use crate::layers::rope::{Rope, RopeStyle};
@@ -26,6 +27,9 @@ pub struct DecoderConfig {
     pub query_scale: Option<f32>,
     /// Per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3).
     pub qk_norm: bool,
+    /// With `qk_norm`: the norm spans the whole query / key projection (one weight of
+    /// `n_head * head_dim` values) instead of each head (olmoe).
+    pub qk_norm_whole: bool,
     /// RMSNorm of the attention and FFN outputs before the residual add (gemma2, gemma3).
     pub post_norms: bool,
     pub attn_softcap: Option<f32>,
@@ -40,9 +44,63 @@ pub struct LayerConfig {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub n_ff: usize,
+    /// Dense FFN or mixture of experts.
+    pub ffn: FfnKind,
     /// Keys further back than this many positions are masked (sliding-window layers).
     pub sliding_window: Option<usize>,
     pub rope: Rope,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FfnKind {
+    /// `down(act(gate x) * up x)` with `n_ff` hidden units.
+    Dense,
+    /// Routed experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), optionally plus a shared
+    /// expert (`ffn_{gate,up,down}_shexp`).
+    Moe(MoeFfnConfig),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeFfnConfig {
+    pub router: RouterConfig,
+    /// Hidden units of each routed expert.
+    pub n_ff_exp: usize,
+    /// Hidden units of the shared expert, if the layer has one.
+    pub n_ff_shexp: Option<usize>,
+    /// The shared expert's output is scaled by `sigmoid(ffn_gate_inp_shexp · x)` (qwen2moe).
+    pub shexp_gate: bool,
+}
+
+impl MoeFfnConfig {
+    /// Reads the MoE hyperparameters of `arch` (llama.cpp's defaults: each expert has
+    /// `n_ff / n_expert_used` hidden units unless `expert_feed_forward_length` says).
+    pub fn from_metadata(
+        meta: &Metadata<'_>,
+        arch: &str,
+        n_ff: usize,
+    ) -> Result<MoeFfnConfig, ModelError> {
+        let hp = MoeHparams::from_metadata(meta, arch).map_err(moe_error)?;
+        if hp.router.n_expert == 0 || hp.router.n_used == 0 {
+            return Err(ModelError::Config(format!(
+                "{arch}: expert_count and expert_used_count must be positive"
+            )));
+        }
+        Ok(MoeFfnConfig {
+            router: hp.router,
+            n_ff_exp: hp
+                .n_ff_exp
+                .filter(|&n| n > 0)
+                .unwrap_or(n_ff / hp.router.n_used),
+            n_ff_shexp: None,
+            shexp_gate: false,
+        })
+    }
+}
+
+/// MoE errors as model errors.
+pub fn moe_error(e: ferrox_moe::MoeError) -> ModelError {
+    ModelError::Config(format!("mixture of experts: {e}"))
 }
 
 impl DecoderConfig {
@@ -175,6 +233,7 @@ pub fn read_common(
             head_dim_k,
             head_dim_v,
             n_ff: n_ff[il],
+            ffn: FfnKind::Dense,
             sliding_window: None,
             rope: rope.clone(),
         });
@@ -202,6 +261,7 @@ pub fn read_common(
         embedding_scale: None,
         query_scale: None,
         qk_norm: false,
+        qk_norm_whole: false,
         post_norms: false,
         attn_softcap: None,
         final_logit_softcap: None,

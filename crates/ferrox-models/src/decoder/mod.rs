@@ -13,7 +13,10 @@ use ferrox_core::{KvCache, KvSnapshot, KvStorage};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-pub use config::{apply_swa_pattern, read_common, DecoderConfig, Keys, LayerConfig};
+pub use config::{
+    apply_swa_pattern, moe_error, read_common, DecoderConfig, FfnKind, Keys, LayerConfig,
+    MoeFfnConfig,
+};
 pub use weights::DecoderWeights;
 
 use crate::engine::{Engine, EngineError, LogitsFor};
@@ -23,7 +26,7 @@ use crate::layers::norm::{rms_norm, rms_norm_in_place};
 use crate::tokenizer::TokenId;
 use crate::ModelError;
 use linear::linear;
-use weights::{GateUpWeights, QkvWeights};
+use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
 const MAX_MICRO_BATCH: usize = 512;
@@ -136,6 +139,9 @@ struct Scratch {
     xq: Vec<u8>,
     /// Output-head results before they are handed to each sequence.
     logits: Vec<f32>,
+    /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
+    router_logits: Vec<f32>,
+    moe: ferrox_moe::MoeScratch,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -194,7 +200,7 @@ impl Decoder {
 
     /// Bytes of weights read per decoded token.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        self.weights.bytes_per_token()
+        self.weights.bytes_per_token(&self.config)
     }
 
     /// Runs `tokens` at positions `start_pos..`, appending to the state's cache.
@@ -393,7 +399,10 @@ impl Decoder {
                 &mut q[t * q_w..(t + 1) * q_w],
                 &mut k[t * k_w..(t + 1) * k_w],
             );
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            if let (Some(qn), Some(kn), true) = (&lw.q_norm, &lw.k_norm, c.qk_norm_whole) {
+                rms_norm_in_place(qt, qn, c.norm_eps);
+                rms_norm_in_place(kt, kn, c.norm_eps);
+            } else if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 qt.chunks_exact_mut(hd_k)
                     .for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
                 kt.chunks_exact_mut(hd_k)
@@ -469,9 +478,39 @@ impl Decoder {
                 &mut xn[t * n_embd..(t + 1) * n_embd],
             );
         }
+        let (gate_up, down) = match &lw.ffn {
+            FfnWeights::Dense { gate_up, down } => (gate_up, down),
+            FfnWeights::Moe(mw) => {
+                let FfnKind::Moe(mc) = &lc.ffn else {
+                    return Err(ModelError::Config("MoE weights on a dense layer".into()).into());
+                };
+                let xn = &s.xn[..n * n_embd];
+                ferrox_moe::router_logits(&mw.gate_inp.view(&self.gguf)?, xn, &mut s.router_logits)
+                    .map_err(config::moe_error)?;
+                let experts = mw.experts(&self.gguf)?;
+                let proj = sized(&mut s.proj, n * n_embd);
+                ferrox_moe::moe_ffn(
+                    &mc.router,
+                    &experts,
+                    xn,
+                    &s.router_logits,
+                    None,
+                    proj,
+                    &mut s.moe,
+                )
+                .map_err(config::moe_error)?;
+                if let Some(shared) = mw.shared_expert(&self.gguf)? {
+                    shared
+                        .forward_add(xn, proj, &mut s.moe)
+                        .map_err(config::moe_error)?;
+                }
+                self.residual_add(&lw.ffn_post_norm, n, s);
+                return Ok(());
+            }
+        };
         let n_ff = lc.n_ff;
         let gate = sized(&mut s.gate, n * n_ff);
-        match &lw.gate_up {
+        match gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
                 linear(&wg.view(&self.gguf)?, xn, n, gate, &mut s.xq)?;
@@ -489,7 +528,7 @@ impl Decoder {
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.down.view(&self.gguf)?, gate, n, proj, &mut s.xq)?;
+        linear(&down.view(&self.gguf)?, gate, n, proj, &mut s.xq)?;
         self.residual_add(&lw.ffn_post_norm, n, s);
         Ok(())
     }

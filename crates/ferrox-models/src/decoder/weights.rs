@@ -4,7 +4,9 @@
 use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
 use ferrox_gguf::{Gguf, TensorInfo};
 
-use super::config::DecoderConfig;
+use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
+
+use super::config::{moe_error, DecoderConfig, FfnKind, MoeFfnConfig};
 use crate::ModelError;
 
 /// A 2-D weight tensor in the file: `rows` outputs, each a dot product over `cols` inputs.
@@ -58,6 +60,94 @@ pub enum GateUpWeights {
     Fused(MatrixRef),
 }
 
+/// A layer's feed-forward weights (see [`FfnKind`]).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum FfnWeights {
+    Dense {
+        gate_up: GateUpWeights,
+        down: MatrixRef,
+    },
+    Moe(MoeWeights),
+}
+
+/// A stacked 3-D expert tensor (ggml shape `{cols, rows, n_expert}`).
+#[derive(Clone, Debug)]
+pub struct ExpertRef {
+    tensor: TensorInfo,
+}
+
+impl ExpertRef {
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<ExpertTensor<'g>, ModelError> {
+        ExpertTensor::from_tensor(&self.tensor, gguf.tensor_data(&self.tensor)?).map_err(moe_error)
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        self.tensor.n_bytes.unwrap_or(0)
+    }
+}
+
+/// Routed experts, their router and an optional shared expert.
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `ffn_gate_inp`: `n_expert` rows of `n_embd`.
+    pub gate_inp: MatrixRef,
+    pub gate_exps: ExpertRef,
+    pub up_exps: ExpertRef,
+    pub down_exps: ExpertRef,
+    pub shared: Option<SharedExpertWeights>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SharedExpertWeights {
+    pub gate: MatrixRef,
+    pub up: MatrixRef,
+    pub down: MatrixRef,
+    /// `ffn_gate_inp_shexp`: one row of `n_embd`.
+    pub gate_inp: Option<MatrixRef>,
+}
+
+impl MoeWeights {
+    pub fn experts<'g>(&self, gguf: &'g Gguf) -> Result<MoeExperts<'g>, ModelError> {
+        MoeExperts::new(
+            self.gate_exps.view(gguf)?,
+            self.up_exps.view(gguf)?,
+            self.down_exps.view(gguf)?,
+            MoeActivation::SwiGlu,
+        )
+        .map_err(moe_error)
+    }
+
+    pub fn shared_expert<'g>(
+        &self,
+        gguf: &'g Gguf,
+    ) -> Result<Option<SharedExpert<'g>>, ModelError> {
+        let Some(sh) = &self.shared else {
+            return Ok(None);
+        };
+        Ok(Some(SharedExpert {
+            gate: sh.gate.view(gguf)?,
+            up: sh.up.view(gguf)?,
+            down: sh.down.view(gguf)?,
+            activation: MoeActivation::SwiGlu,
+            gate_inp: sh.gate_inp.as_ref().map(|g| g.view(gguf)).transpose()?,
+        }))
+    }
+
+    /// Bytes read per decoded token: the router, `n_used` experts, the shared expert.
+    fn bytes_per_token(&self, n_expert: usize, n_used: usize) -> u64 {
+        let per_expert =
+            (self.gate_exps.n_bytes() + self.up_exps.n_bytes() + self.down_exps.n_bytes())
+                / n_expert.max(1) as u64;
+        let mut total = self.gate_inp.n_bytes() + per_expert * n_used as u64;
+        if let Some(sh) = &self.shared {
+            total += sh.gate.n_bytes() + sh.up.n_bytes() + sh.down.n_bytes();
+            total += sh.gate_inp.as_ref().map_or(0, MatrixRef::n_bytes);
+        }
+        total
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
@@ -70,8 +160,7 @@ pub struct LayerWeights {
     pub wo: MatrixRef,
     pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub gate_up: GateUpWeights,
-    pub down: MatrixRef,
+    pub ffn: FfnWeights,
     pub ffn_post_norm: Option<Vec<f32>>,
 }
 
@@ -145,6 +234,84 @@ impl Loader<'_> {
         Ok(m)
     }
 
+    /// A 1-D tensor of `n` values used as a one-row matrix (ggml shape `[n]` or `[n, 1]`).
+    fn row_matrix(&self, name: &str, n: usize) -> Result<MatrixRef, ModelError> {
+        let t = self
+            .find(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if t.shape.len() == 1 && t.shape[0] == n as u64 {
+            let mut t2 = t.clone();
+            t2.shape = vec![n as u64, 1];
+            return self.check_matrix(&t2, n, 1);
+        }
+        self.check_matrix(t, n, 1)
+    }
+
+    /// A stacked expert tensor of ggml shape `[cols, rows, n_expert]`.
+    fn experts(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<ExpertRef, ModelError> {
+        let t = self
+            .find(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let shape = [cols as u64, rows as u64, n_expert as u64];
+        if t.shape != shape {
+            return Err(ModelError::TensorShape {
+                name: t.name.clone(),
+                expected: shape.to_vec(),
+                found: t.shape.clone(),
+            });
+        }
+        if !can_dequantize(t.ty) {
+            return Err(ModelError::UnsupportedTensorType {
+                name: t.name.clone(),
+                ty: t.ty.name().into_owned(),
+            });
+        }
+        let r = ExpertRef { tensor: t.clone() };
+        r.view(self.gguf)?;
+        Ok(r)
+    }
+
+    fn moe(&self, il: usize, n_embd: usize, mc: &MoeFfnConfig) -> Result<MoeWeights, ModelError> {
+        let name = |s: &str| format!("blk.{il}.{s}");
+        let n_expert = mc.router.n_expert;
+        let shared = match mc.n_ff_shexp {
+            None => None,
+            Some(n_sh) => Some(SharedExpertWeights {
+                gate: self.matrix(&name("ffn_gate_shexp.weight"), n_embd, n_sh)?,
+                up: self.matrix(&name("ffn_up_shexp.weight"), n_embd, n_sh)?,
+                down: self.matrix(&name("ffn_down_shexp.weight"), n_sh, n_embd)?,
+                gate_inp: if mc.shexp_gate {
+                    Some(self.row_matrix(&name("ffn_gate_inp_shexp.weight"), n_embd)?)
+                } else {
+                    None
+                },
+            }),
+        };
+        Ok(MoeWeights {
+            gate_inp: self.matrix(&name("ffn_gate_inp.weight"), n_embd, n_expert)?,
+            gate_exps: self.experts(
+                &name("ffn_gate_exps.weight"),
+                n_embd,
+                mc.n_ff_exp,
+                n_expert,
+            )?,
+            up_exps: self.experts(&name("ffn_up_exps.weight"), n_embd, mc.n_ff_exp, n_expert)?,
+            down_exps: self.experts(
+                &name("ffn_down_exps.weight"),
+                mc.n_ff_exp,
+                n_embd,
+                n_expert,
+            )?,
+            shared,
+        })
+    }
+
     /// A 1-D tensor of `n` values, decoded to f32.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
         let t = self
@@ -210,14 +377,27 @@ impl DecoderWeights {
                     v: l.matrix(&name("attn_v.weight"), n_embd, v_width)?,
                 },
             };
-            let gate_up = match l.opt_matrix(&name("ffn_gate.weight"), n_embd, lc.n_ff)? {
-                Some(gate) => GateUpWeights::Separate {
-                    gate,
-                    up: l.matrix(&name("ffn_up.weight"), n_embd, lc.n_ff)?,
+            let ffn = match &lc.ffn {
+                FfnKind::Dense => FfnWeights::Dense {
+                    gate_up: match l.opt_matrix(&name("ffn_gate.weight"), n_embd, lc.n_ff)? {
+                        Some(gate) => GateUpWeights::Separate {
+                            gate,
+                            up: l.matrix(&name("ffn_up.weight"), n_embd, lc.n_ff)?,
+                        },
+                        None => GateUpWeights::Fused(l.matrix(
+                            &name("ffn_up.weight"),
+                            n_embd,
+                            2 * lc.n_ff,
+                        )?),
+                    },
+                    down: l.matrix(&name("ffn_down.weight"), lc.n_ff, n_embd)?,
                 },
-                None => {
-                    GateUpWeights::Fused(l.matrix(&name("ffn_up.weight"), n_embd, 2 * lc.n_ff)?)
-                }
+                FfnKind::Moe(mc) => FfnWeights::Moe(l.moe(il, n_embd, mc)?),
+            };
+            let (q_norm_len, k_norm_len) = if config.qk_norm_whole {
+                (q_width, k_width)
+            } else {
+                (lc.head_dim_k, lc.head_dim_k)
             };
             let norm_or_missing =
                 |tensor: &str, wanted: bool, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
@@ -233,8 +413,8 @@ impl DecoderWeights {
                 q_bias: l.opt_vector(&name("attn_q.bias"), q_width)?,
                 k_bias: l.opt_vector(&name("attn_k.bias"), k_width)?,
                 v_bias: l.opt_vector(&name("attn_v.bias"), v_width)?,
-                q_norm: norm_or_missing("attn_q_norm.weight", config.qk_norm, lc.head_dim_k)?,
-                k_norm: norm_or_missing("attn_k_norm.weight", config.qk_norm, lc.head_dim_k)?,
+                q_norm: norm_or_missing("attn_q_norm.weight", config.qk_norm, q_norm_len)?,
+                k_norm: norm_or_missing("attn_k_norm.weight", config.qk_norm, k_norm_len)?,
                 wo: l.matrix(
                     &name("attn_output.weight"),
                     lc.n_head * lc.head_dim_v,
@@ -246,8 +426,7 @@ impl DecoderWeights {
                     n_embd,
                 )?,
                 ffn_norm: l.vector(&name("ffn_norm.weight"), n_embd)?,
-                gate_up,
-                down: l.matrix(&name("ffn_down.weight"), lc.n_ff, n_embd)?,
+                ffn,
                 ffn_post_norm: norm_or_missing("post_ffw_norm.weight", config.post_norms, n_embd)?,
             });
         }
@@ -261,19 +440,28 @@ impl DecoderWeights {
     }
 
     /// Bytes of weights one decoded token reads (every matrix once, one embedding row).
-    pub fn bytes_per_token(&self) -> u64 {
+    pub fn bytes_per_token(&self, config: &DecoderConfig) -> u64 {
         let mut total =
             self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
-        for l in &self.layers {
+        for (l, lc) in self.layers.iter().zip(&config.layers) {
             total += match &l.qkv {
                 QkvWeights::Separate { q, k, v } => q.n_bytes() + k.n_bytes() + v.n_bytes(),
                 QkvWeights::Fused(m) => m.n_bytes(),
             };
-            total += match &l.gate_up {
-                GateUpWeights::Separate { gate, up } => gate.n_bytes() + up.n_bytes(),
-                GateUpWeights::Fused(m) => m.n_bytes(),
+            total += match (&l.ffn, &lc.ffn) {
+                (FfnWeights::Dense { gate_up, down }, _) => {
+                    down.n_bytes()
+                        + match gate_up {
+                            GateUpWeights::Separate { gate, up } => gate.n_bytes() + up.n_bytes(),
+                            GateUpWeights::Fused(m) => m.n_bytes(),
+                        }
+                }
+                (FfnWeights::Moe(m), FfnKind::Moe(mc)) => {
+                    m.bytes_per_token(mc.router.n_expert, mc.router.n_used)
+                }
+                (FfnWeights::Moe(m), FfnKind::Dense) => m.bytes_per_token(1, 1),
             };
-            total += l.wo.n_bytes() + l.down.n_bytes();
+            total += l.wo.n_bytes();
         }
         total
     }

@@ -6,9 +6,12 @@ mod gemma;
 mod gemma2;
 mod gemma3;
 mod llama;
+mod olmoe;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 
 use ferrox_gguf::Metadata;
 
@@ -19,6 +22,9 @@ use crate::ModelError;
 pub const DENSE_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3",
 ];
+
+/// Mixture-of-experts architectures the same decoder runs (MoE FFN layers).
+pub const MOE_ARCHITECTURES: &[&str] = &["qwen2moe", "qwen3moe", "olmoe"];
 
 /// The decoder configuration for the file's `general.architecture`.
 pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
@@ -31,6 +37,9 @@ pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> 
         "gemma2" => gemma2::config(meta),
         "gemma3" => gemma3::config(meta),
         "phi3" => phi3::config(meta),
+        "qwen2moe" => qwen2moe::config(meta),
+        "qwen3moe" => qwen3moe::config(meta),
+        "olmoe" => olmoe::config(meta),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
 }

@@ -21,13 +21,23 @@
 //! | gemma2 | 4 | 4/2 x 64 | F16 | post norms, attn/final softcaps (10/5), SWA 16 on even layers, `rope.freq_base_swa` 5000 |
 //! | gemma3 | 6 | 4/1 x 128 (q width 512) | Q8_0 embd, Q4_0, Q6_K | Q/K norms, SWA 16 with the default 5:1 pattern, global RoPE base 1e6 / local `rope.freq_base_swa` 2e4 |
 //! | phi3 | 2 | 4/2 x 64 | F32 qkv, F16, Q4_K, Q6_K, Q5_0 embd, Q4_0 output | fused QKV and gate/up, `sliding_window` (ignored by llama.cpp) |
+//! | qwen2moe | 2 | 4/2 x 64 | Q8_0, F32 routers | Q/K/V biases, 8 experts (2 used, n_ff_exp 128), shared expert (n_ff 256) with sigmoid gate |
+//! | qwen3moe | 2 | 8/2 x 64 (q width 512) | F16 embd, Q5_0, Q4_0 experts, Q8_0 down/output, F32 router | Q/K norms, 8 experts (2 used, n_ff_exp 128, weights renormalised) |
+//! | olmoe | 2 | 4/4 x 64 | Q4_K, Q8_0 expert down, Q6_K output, F32 router | Q/K norms over the whole projections, 8 experts (2 used, 128 wide: `feed_forward_length`, as llama.cpp reads it) |
+//!
+//! The MoE families store their experts as stacked `blk.N.ffn_{gate,up,down}_exps.weight`
+//! (ggml shapes `{n_embd, n_ff_exp, n_expert}` / `{n_ff_exp, n_embd, n_expert}`) with an F32
+//! router `blk.N.ffn_gate_inp.weight` `{n_embd, n_expert}`; the matrix types of `Types` then
+//! apply to the experts (and the shared expert).
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
 /// The families, in the order of the manifest.
-pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
+pub const FAMILIES: &[&str] = &[
+    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "olmoe",
+];
 
 /// Tokens in the reference sequence (BOS first).
 pub const N_TOKENS: usize = 64;
@@ -54,6 +64,18 @@ pub struct Spec {
     pub rms_eps: f32,
     pub rope_base: f32,
     pub types: Types,
+    /// Mixture-of-experts FFNs instead of dense ones.
+    pub moe: Option<MoeSpec>,
+}
+
+/// The experts of an MoE family's layers.
+#[derive(Clone, Debug)]
+pub struct MoeSpec {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_exp: usize,
+    /// Hidden size of a shared expert with a sigmoid gate (qwen2moe).
+    pub n_ff_shexp: Option<usize>,
 }
 
 /// Tensor types of the matrices (vectors are always F32).
@@ -93,6 +115,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 64,
             n_vocab: 320,
             seed: 0x011a_0001,
+            moe: None,
             rms_eps: 1e-5,
             rope_base: 500000.0,
             types: Types {
@@ -111,6 +134,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 64,
             n_vocab: 288,
             seed: 0x011a_0002,
+            moe: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: same(T::Q8_0),
@@ -123,6 +147,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 64,
             n_vocab: 352,
             seed: 0x011a_0003,
+            moe: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -140,6 +165,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 64,
             n_vocab: 272,
             seed: 0x011a_0004,
+            moe: None,
             rms_eps: 1e-6,
             rope_base: 10000.0,
             types: same(T::F16),
@@ -152,6 +178,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 128,
             n_vocab: 304,
             seed: 0x011a_0005,
+            moe: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -169,6 +196,7 @@ pub fn spec(arch: &str) -> Spec {
             head_dim: 64,
             n_vocab: 336,
             seed: 0x011a_0006,
+            moe: None,
             rms_eps: 1e-5,
             rope_base: 10000.0,
             types: Types {
@@ -182,6 +210,76 @@ pub fn spec(arch: &str) -> Spec {
                 gate: T::Q4K,
                 up: T::Q4K,
                 down: T::Q6K,
+            },
+        },
+        "qwen2moe" => Spec {
+            arch: "qwen2moe",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 296,
+            seed: 0x011a_0007,
+            moe: Some(MoeSpec {
+                n_expert: 8,
+                n_used: 2,
+                n_ff_exp: 128,
+                n_ff_shexp: Some(256),
+            }),
+            rms_eps: 1e-6,
+            rope_base: 1000000.0,
+            // llama.cpp requires `output.weight` for qwen2moe.
+            types: Types {
+                output: Some(T::Q8_0),
+                ..same(T::Q8_0)
+            },
+        },
+        "qwen3moe" => Spec {
+            arch: "qwen3moe",
+            n_layer: 2,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 312,
+            seed: 0x011a_0008,
+            moe: Some(MoeSpec {
+                n_expert: 8,
+                n_used: 2,
+                n_ff_exp: 128,
+                n_ff_shexp: None,
+            }),
+            rms_eps: 1e-6,
+            rope_base: 1000000.0,
+            types: Types {
+                embd: T::F16,
+                output: Some(T::Q8_0),
+                gate: T::Q4_0,
+                up: T::Q4_0,
+                down: T::Q8_0,
+                ..same(T::Q5_0)
+            },
+        },
+        "olmoe" => Spec {
+            arch: "olmoe",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 4,
+            head_dim: 64,
+            n_vocab: 328,
+            seed: 0x011a_0009,
+            moe: Some(MoeSpec {
+                n_expert: 8,
+                n_used: 2,
+                n_ff_exp: 128,
+                n_ff_shexp: None,
+            }),
+            rms_eps: 1e-5,
+            rope_base: 10000.0,
+            // Expert down projections have 128 inputs: no K-quant there.
+            types: Types {
+                output: Some(T::Q6K),
+                down: T::Q8_0,
+                ..same(T::Q4K)
             },
         },
         other => panic!("no synthetic model for `{other}`"),
@@ -319,7 +417,12 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
     w.set(key("context_length"), 2048u32);
     w.set(key("embedding_length"), N_EMBD as u32);
     w.set(key("block_count"), s.n_layer as u32);
-    w.set(key("feed_forward_length"), N_FF as u32);
+    // OLMoE's experts are `feed_forward_length` wide (llama.cpp reads no expert width).
+    let n_ff = match (&s.moe, a) {
+        (Some(m), "olmoe") => m.n_ff_exp,
+        _ => N_FF,
+    };
+    w.set(key("feed_forward_length"), n_ff as u32);
     w.set(key("attention.head_count"), s.n_head as u32);
     w.set(key("attention.head_count_kv"), s.n_head_kv as u32);
     if s.n_head * s.head_dim != N_EMBD {
@@ -350,6 +453,16 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             w.set(key("attention.sliding_window"), 16u32);
         }
         _ => {}
+    }
+    if let Some(m) = &s.moe {
+        w.set(key("expert_count"), m.n_expert as u32);
+        w.set(key("expert_used_count"), m.n_used as u32);
+        if a != "olmoe" {
+            w.set(key("expert_feed_forward_length"), m.n_ff_exp as u32);
+        }
+        if let Some(n) = m.n_ff_shexp {
+            w.set(key("expert_shared_feed_forward_length"), n as u32);
+        }
     }
     vocab(&mut w, s.n_vocab);
 
@@ -415,12 +528,17 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             matrix(&mut w, v, &n("attn_k.weight"), t.k, N_EMBD, kv_w, 0.08);
             matrix(&mut w, v, &n("attn_v.weight"), t.v, N_EMBD, kv_w, 0.06);
         }
-        if a == "qwen2" {
+        if a == "qwen2" || a == "qwen2moe" {
             vector(&mut w, v, &n("attn_q.bias"), q_w, 0.0, 0.2);
             vector(&mut w, v, &n("attn_k.bias"), kv_w, 0.0, 0.2);
             vector(&mut w, v, &n("attn_v.bias"), kv_w, 0.0, 0.1);
         }
-        if a == "qwen3" || a == "gemma3" {
+        if a == "olmoe" {
+            // One norm over the whole projection.
+            vector(&mut w, v, &n("attn_q_norm.weight"), q_w, 1.0, 0.1);
+            vector(&mut w, v, &n("attn_k_norm.weight"), kv_w, 1.0, 0.1);
+        }
+        if a == "qwen3" || a == "gemma3" || a == "qwen3moe" {
             vector(&mut w, v, &n("attn_q_norm.weight"), s.head_dim, 1.0, 0.1);
             vector(&mut w, v, &n("attn_k_norm.weight"), s.head_dim, 1.0, 0.1);
         }
@@ -436,18 +554,52 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             );
         }
         vector(&mut w, v, &n("ffn_norm.weight"), N_EMBD, 1.0, 0.1);
-        if a == "phi3" {
+        if let Some(m) = &s.moe {
+            moe_layer(&mut w, v, il, t, m);
+        } else if a == "phi3" {
             matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, 2 * N_FF, 0.06);
         } else {
             matrix(&mut w, v, &n("ffn_gate.weight"), t.gate, N_EMBD, N_FF, 0.06);
             matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, N_FF, 0.06);
         }
-        matrix(&mut w, v, &n("ffn_down.weight"), t.down, N_FF, N_EMBD, 0.05);
+        if s.moe.is_none() {
+            matrix(&mut w, v, &n("ffn_down.weight"), t.down, N_FF, N_EMBD, 0.05);
+        }
         if gemma {
             vector(&mut w, v, &n("post_ffw_norm.weight"), N_EMBD, 1.0, 0.1);
         }
     }
     w.to_bytes()
+}
+
+/// One MoE layer's FFN: the F32 router, the stacked experts and the optional shared expert.
+fn moe_layer(w: &mut GgufWriter, v: &mut Values, il: usize, t: &Types, m: &MoeSpec) {
+    let n = |t: &str| format!("blk.{il}.{t}");
+    let (e, f) = (m.n_expert as u64, m.n_ff_exp as u64);
+    let d = N_EMBD as u64;
+    // Router logits of deviation ~1.6: distinct enough that routing is not decided by noise.
+    matrix(
+        w,
+        v,
+        &n("ffn_gate_inp.weight"),
+        GgmlType::F32,
+        N_EMBD,
+        m.n_expert,
+        0.1,
+    );
+    let mut stacked = |name: &str, ty: GgmlType, shape: [u64; 3], std: f32| {
+        let data = v.normals((shape[0] * shape[1] * shape[2]) as usize, 0.0, std);
+        add(w, &n(name), ty, &shape, &data);
+    };
+    stacked("ffn_gate_exps.weight", t.gate, [d, f, e], 0.06);
+    stacked("ffn_up_exps.weight", t.up, [d, f, e], 0.06);
+    stacked("ffn_down_exps.weight", t.down, [f, d, e], 0.08);
+    if let Some(sh) = m.n_ff_shexp {
+        vector(w, v, &n("ffn_gate_inp_shexp.weight"), N_EMBD, 0.0, 0.06);
+        matrix(w, v, &n("ffn_gate_shexp.weight"), t.gate, N_EMBD, sh, 0.06);
+        matrix(w, v, &n("ffn_up_shexp.weight"), t.up, N_EMBD, sh, 0.06);
+        matrix(w, v, &n("ffn_down_shexp.weight"), t.down, sh, N_EMBD, 0.05);
+    }
 }
 
 /// The reference token sequence of `arch`: BOS, then 63 ids drawn from the model's
