@@ -3,7 +3,8 @@
 //!
 //! `cargo bench -p ferrox-core --bench matvec [-- FILTER]`. Weights are random bytes with
 //! sane f16 scales (quantizing 170M values would dominate the run); speed does not depend
-//! on the values.
+//! on the values. The kernels are the best this machine has; `FERROX_ISA=avx2` (or
+//! `scalar`) measures a lower instruction set's.
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //!
 //! [`quant`] converts between f32 and ggml's block formats, bit-exactly matching
 //! llama.cpp's reference code; [`kernels`] holds the quantized dot products (a scalar
-//! reference per weight type, AVX2 versions bit-exact with ggml's, picked at run time);
-//! [`matrix`] views one tensor's bytes as a weight matrix with parallel, batch-invariant
-//! matrix-vector and matrix-matrix products.
+//! reference per weight type, AVX2 versions bit-exact with ggml's, AVX-512 VNNI versions
+//! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
+//! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products.
 
 pub mod bandwidth;
 pub mod kernels;

@@ -135,9 +135,10 @@ impl<'a> WeightMatrix<'a> {
 
     /// `y = W·x` for one activation row `xq` quantized by [`Self::quantize_activation`].
     ///
-    /// Rows are split across the current rayon pool; every output is computed by the same
-    /// kernel call whatever the split, so results do not depend on the number of threads.
-    /// Allocates nothing.
+    /// Rows are split into contiguous runs of equal bytes across the current rayon pool;
+    /// every output is computed by the same operations whatever the split (and whatever
+    /// the row's place in a kernel tile), so results do not depend on the number of
+    /// threads. Allocates nothing.
     pub fn matvec(&self, xq: &[u8], y: &mut [f32]) -> Result<(), QuantError> {
         self.check_product(xq, 1, y)?;
         if self.rows == 0 {
@@ -148,17 +149,16 @@ impl<'a> WeightMatrix<'a> {
             return Ok(());
         }
         let kernel = kernels::best_kernel(self.kind);
-        let chunk = self.rows_per_task();
+        let row_bytes = self.bytes_per_row;
         let run = |(weights, out): (&[u8], &mut [f32])| {
-            for (row, y) in weights.chunks_exact(self.bytes_per_row).zip(out) {
-                *y = (kernel.one)(row, [xq])[0];
-            }
+            (kernel.panel1)(weights, row_bytes, [xq], out);
         };
-        if self.bytes.len() < PARALLEL_MIN_BYTES {
+        let chunk = self.rows_per_task(1);
+        if chunk >= self.rows {
             run((self.bytes, y));
         } else {
             self.bytes
-                .par_chunks(chunk * self.bytes_per_row)
+                .par_chunks(chunk * row_bytes)
                 .zip(y.par_chunks_mut(chunk))
                 .for_each(run);
         }
@@ -168,11 +168,12 @@ impl<'a> WeightMatrix<'a> {
     /// `Y = W·X` for `n_tokens` activation rows `xq` (back to back, each quantized by
     /// [`Self::quantize_activation`]), with `y` token-major: `y[t * rows + r]`.
     ///
-    /// Each output is bit-identical to what [`Self::matvec`] gives for that token alone: the
-    /// batched kernels decode a weight block once for four tokens but apply exactly the
-    /// single-token operations to each. Work is split by rows across the rayon pool, and
-    /// within a task the rows are swept once per block of tokens whose activations fit in
-    /// L1/L2, so each weight row is reused across the whole block.
+    /// Each output is bit-identical to what [`Self::matvec`] gives for that token alone:
+    /// the kernels decode each weight block once for a tile of rows and tokens but apply
+    /// exactly the single-token operations to every row and token. Work is split into
+    /// contiguous row runs across the rayon pool; within a run, panels of rows small enough
+    /// to stay cached are swept against every token, eight tokens per kernel call.
+    /// Allocates nothing.
     pub fn matmul(&self, xq: &[u8], n_tokens: usize, y: &mut [f32]) -> Result<(), QuantError> {
         self.check_product(xq, n_tokens, y)?;
         if self.rows == 0 || n_tokens == 0 {
@@ -182,69 +183,104 @@ impl<'a> WeightMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
-        let chunk = self.rows_per_task();
-        // Gather the outputs chunk by chunk: task `c` owns rows `c·chunk..` of every token.
-        let mut per_token: Vec<_> = y
-            .chunks_mut(self.rows)
-            .map(|t| t.chunks_mut(chunk))
-            .collect();
-        let chunks = self.rows.div_ceil(chunk);
-        let mut outputs: Vec<&mut [f32]> = Vec::with_capacity(chunks * n_tokens);
-        for _ in 0..chunks {
-            outputs.extend(per_token.iter_mut().filter_map(Iterator::next));
-        }
-        let run = |(c, outs): (usize, &mut [&mut [f32]])| {
-            let weights = &self.bytes[c * chunk * self.bytes_per_row..];
-            self.matmul_rows(weights, xq, outs);
+        let kernel = kernels::best_kernel(self.kind);
+        let chunk = self.rows_per_task(n_tokens);
+        let out = Outputs {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
         };
-        if self.bytes.len() * n_tokens < PARALLEL_MIN_BYTES {
-            outputs.chunks_mut(n_tokens).enumerate().for_each(run);
+        let run = |first: usize| {
+            let rows = first..(first + chunk).min(self.rows);
+            // SAFETY: tasks get disjoint row ranges, so no output is written twice, and
+            // `y` is not otherwise touched until every task has finished.
+            unsafe { self.matmul_rows(&kernel, rows, xq, n_tokens, &out) };
+        };
+        if chunk >= self.rows {
+            run(0);
         } else {
-            outputs.par_chunks_mut(n_tokens).enumerate().for_each(run);
+            (0..self.rows.div_ceil(chunk))
+                .into_par_iter()
+                .for_each(|task| run(task * chunk));
         }
         Ok(())
     }
 
-    /// Rows `0..outs[0].len()` of `weights` against every token; `outs[t]` receives token
-    /// `t`'s outputs.
-    fn matmul_rows(&self, weights: &[u8], xq: &[u8], outs: &mut [&mut [f32]]) {
-        let kernel = kernels::best_kernel(self.kind);
+    /// Rows `rows` against every token, written to `out[t * self.rows + r]`.
+    ///
+    /// # Safety
+    /// No other thread may access those outputs meanwhile.
+    unsafe fn matmul_rows(
+        &self,
+        kernel: &kernels::DotKernel,
+        rows: std::ops::Range<usize>,
+        xq: &[u8],
+        n_tokens: usize,
+        out: &Outputs,
+    ) {
         let act = self.activation_row_bytes;
-        let rows = outs.first().map_or(0, |o| o.len());
-        let block = self.tokens_per_block();
-        for (outs, xq) in outs.chunks_mut(block).zip(xq.chunks(block * act)) {
-            let weight_rows = weights.chunks_exact(self.bytes_per_row).take(rows);
-            for (r, w) in weight_rows.enumerate() {
-                let mut out_quads = outs.chunks_exact_mut(4);
-                let mut token_quads = xq.chunks_exact(4 * act);
-                for (out, x) in (&mut out_quads).zip(&mut token_quads) {
-                    let tokens = [
-                        &x[..act],
-                        &x[act..2 * act],
-                        &x[2 * act..3 * act],
-                        &x[3 * act..],
-                    ];
-                    for (out, y) in out.iter_mut().zip((kernel.four)(w, tokens)) {
-                        out[r] = y;
+        let row_bytes = self.bytes_per_row;
+        let panel_rows = (PANEL_BYTES / row_bytes).clamp(4, MAX_PANEL_ROWS) / 4 * 4;
+        let mut tile = [0f32; MAX_PANEL_ROWS * 8];
+        let token = |t: usize| &xq[t * act..(t + 1) * act];
+        for first in rows.clone().step_by(panel_rows) {
+            let n = panel_rows.min(rows.end - first);
+            let weights = &self.bytes[first * row_bytes..(first + n) * row_bytes];
+            let scatter = |t0: usize, width: usize, tile: &[f32]| {
+                for k in 0..width {
+                    // SAFETY: this task's rows of token `t0 + k` (bounds checked by
+                    // `rows`), which no other task touches.
+                    let y = unsafe { out.rows((t0 + k) * self.rows + first, n) };
+                    for (y, values) in y.iter_mut().zip(tile.chunks_exact(width)) {
+                        *y = values[k];
                     }
                 }
-                let rest = token_quads.remainder().chunks_exact(act);
-                for (out, x) in out_quads.into_remainder().iter_mut().zip(rest) {
-                    out[r] = (kernel.one)(w, [x])[0];
-                }
+            };
+            let mut t = 0;
+            while t + 8 <= n_tokens {
+                let xs = std::array::from_fn(|i| token(t + i));
+                (kernel.panel8)(weights, row_bytes, xs, &mut tile[..8 * n]);
+                scatter(t, 8, &tile[..8 * n]);
+                t += 8;
+            }
+            if t + 4 <= n_tokens {
+                let xs = std::array::from_fn(|i| token(t + i));
+                (kernel.panel4)(weights, row_bytes, xs, &mut tile[..4 * n]);
+                scatter(t, 4, &tile[..4 * n]);
+                t += 4;
+            }
+            while t < n_tokens {
+                (kernel.panel1)(weights, row_bytes, [token(t)], &mut tile[..n]);
+                scatter(t, 1, &tile[..n]);
+                t += 1;
             }
         }
     }
 
-    /// Rows per parallel task: about four tasks per thread, so uneven progress balances.
-    fn rows_per_task(&self) -> usize {
-        let tasks = 4 * rayon::current_num_threads();
-        self.rows.div_ceil(tasks).max(MIN_ROWS_PER_TASK)
-    }
-
-    /// Tokens whose activations stay cached while a task sweeps its rows (a multiple of 4).
-    fn tokens_per_block(&self) -> usize {
-        (TOKEN_BLOCK_BYTES / self.activation_row_bytes.max(1) / 4 * 4).max(4)
+    /// Rows per parallel task: contiguous runs of equal bytes, a multiple of the kernels'
+    /// four-row tiles, at least four tasks per thread so that uneven progress (other
+    /// processes taking a core) balances by work stealing, and no finer than
+    /// [`MIN_TASK_WORK`] bytes of weights times tokens. A matrix-vector product, bound by
+    /// memory, also caps tasks at [`TASK_BYTES`] of weights; a matrix product keeps its
+    /// tasks at least [`MIN_MATMUL_ROWS`] rows, so that each sweeps its activations
+    /// against a panel of rows, not a single tile.
+    fn rows_per_task(&self, n_tokens: usize) -> usize {
+        let threads = rayon::current_num_threads();
+        if threads <= 1 {
+            return self.rows;
+        }
+        let work_per_row = (self.bytes_per_row * n_tokens).max(1);
+        let total = work_per_row * self.rows;
+        if total < PARALLEL_MIN_BYTES {
+            return self.rows;
+        }
+        let by_threads = self.rows.div_ceil(4 * threads);
+        let floor = MIN_TASK_WORK.div_ceil(work_per_row);
+        let rows = if n_tokens == 1 {
+            TASK_BYTES.div_ceil(work_per_row).min(by_threads).max(floor)
+        } else {
+            by_threads.max(floor).max(MIN_MATMUL_ROWS)
+        };
+        rows.next_multiple_of(4)
     }
 
     fn check_product(&self, xq: &[u8], n_tokens: usize, y: &[f32]) -> Result<(), QuantError> {
@@ -312,7 +348,36 @@ impl<'a> WeightMatrix<'a> {
 /// Below this many weight bytes (times tokens) a product runs on the calling thread:
 /// handing it to the pool would cost more than it saves.
 const PARALLEL_MIN_BYTES: usize = 64 * 1024;
-/// Never split finer than this, so each task amortizes its scheduling.
-const MIN_ROWS_PER_TASK: usize = 16;
-/// Activation bytes per token block in `matmul`: a good part of L1 plus L2.
-const TOKEN_BLOCK_BYTES: usize = 64 * 1024;
+/// Weight bytes (times tokens) per parallel task of a large product: small enough that
+/// work stealing evens out threads slowed by other processes.
+const TASK_BYTES: usize = 512 * 1024;
+/// Never split finer than this many weight bytes (times tokens) per task.
+const MIN_TASK_WORK: usize = 16 * 1024;
+/// Rows per task of a matrix product, at least.
+const MIN_MATMUL_ROWS: usize = 32;
+/// Weight bytes of a panel of rows in `matmul`, swept against every token while cached.
+const PANEL_BYTES: usize = 128 * 1024;
+/// At most this many rows per panel (the stack tile holds eight tokens of each).
+const MAX_PANEL_ROWS: usize = 256;
+
+/// `y` as the tasks of one `matmul` write it, each to its own rows.
+struct Outputs {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint elements (see `matmul`).
+unsafe impl Sync for Outputs {}
+
+impl Outputs {
+    /// Elements `start..start + len`.
+    ///
+    /// # Safety
+    /// No other thread accesses them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn rows(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len, "outputs {start}.. out of range");
+        // SAFETY: in bounds; exclusive per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

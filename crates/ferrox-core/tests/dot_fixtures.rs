@@ -102,6 +102,35 @@ fn avx2_kernels_reproduce_ggml_results_bit_for_bit() {
     }
 }
 
+/// The AVX-512 VNNI kernels (where the machine has them) give ggml's AVX2 results bit for
+/// bit too.
+#[test]
+fn avx512_kernels_reproduce_ggml_results_bit_for_bit() {
+    let isa = Isa::Avx512Vnni;
+    if !isa.is_available() {
+        eprintln!("skipped: this machine has no AVX-512 VNNI");
+        return;
+    }
+    let mut checked = 0;
+    for name in TYPES {
+        let (ty, _, cases) = load(name);
+        if !kernels::has_kernel(ty, isa) {
+            continue;
+        }
+        for (i, case) in cases.iter().enumerate() {
+            let got = kernels::vec_dot_with(isa, ty, &case.w, &case.xq).unwrap();
+            assert_eq!(
+                got.to_bits(),
+                case.result.to_bits(),
+                "{name} case {i}: {got} vs ggml {}",
+                case.result
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}
+
 #[test]
 fn scalar_reference_agrees_with_ggml() {
     for name in TYPES {

@@ -182,37 +182,207 @@ fn every_type_has_a_scalar_kernel() {
     }
 }
 
+/// The SIMD instruction sets, each tested where the machine has it.
+const SIMD_ISAS: [Isa; 2] = [Isa::Avx2, Isa::Avx512Vnni];
+
 #[test]
 fn simd_kernels_match_the_scalar_reference() {
-    let isa = Isa::Avx2;
+    for isa in SIMD_ISAS {
+        if !isa.is_available() {
+            eprintln!("skipped {isa:?}: this machine lacks it");
+            continue;
+        }
+        let mut worst = 0.0f64;
+        let mut compared = 0;
+        for_each_case(0xD07, 7, |ty, cols, w, x| {
+            if !kernels::has_kernel(ty, isa) {
+                return;
+            }
+            let xq = quantized_activation(ty, x);
+            let simd = kernels::vec_dot_with(isa, ty, w, &xq).unwrap();
+            let scalar = kernels::vec_dot_with(Isa::Scalar, ty, w, &xq).unwrap();
+            let m = magnitude(ty, w, &xq, cols);
+            let bound = (blocks_of(ty, cols) + 16) as f64 * f64::from(f32::EPSILON) * m + 1e-30;
+            let err = (f64::from(simd) - f64::from(scalar)).abs();
+            assert!(
+                err <= bound,
+                "{isa:?} {ty} {cols} cols: simd {simd} vs scalar {scalar} (|Δ| {err:e} > {bound:e})"
+            );
+            if m > 0.0 {
+                worst = worst.max(err / m);
+            }
+            compared += 1;
+        });
+        eprintln!("{isa:?}: {compared} rows compared; worst |simd − scalar| / M = {worst:e}");
+    }
+    if Isa::Avx2.is_available() {
+        for ty in ALL_TYPES {
+            assert!(
+                kernels::has_kernel(ty, Isa::Avx2),
+                "{ty} has no AVX2 kernel"
+            );
+        }
+    }
+}
+
+/// The AVX-512 VNNI kernels compute the AVX2 kernels' integer lane sums with other
+/// instructions and then the very same float operations, so their results are the AVX2
+/// results (ggml's, see tests/dot_fixtures.rs) bit for bit, on random and extreme blocks.
+#[test]
+fn avx512_kernels_are_bit_identical_to_avx2() {
+    let isa = Isa::Avx512Vnni;
     if !isa.is_available() {
-        eprintln!("skipped: this machine has no AVX2");
+        eprintln!("skipped: this machine has no AVX-512 VNNI");
         return;
     }
-    let mut worst = 0.0f64;
     let mut compared = 0;
-    for_each_case(0xD07, 7, |ty, cols, w, x| {
-        if !kernels::has_kernel(ty, isa) {
-            return;
-        }
-        let xq = quantized_activation(ty, x);
-        let simd = kernels::vec_dot_with(isa, ty, w, &xq).unwrap();
-        let scalar = kernels::vec_dot_with(Isa::Scalar, ty, w, &xq).unwrap();
-        let m = magnitude(ty, w, &xq, cols);
-        let bound = (blocks_of(ty, cols) + 16) as f64 * f64::from(f32::EPSILON) * m + 1e-30;
-        let err = (f64::from(simd) - f64::from(scalar)).abs();
-        assert!(
-            err <= bound,
-            "{ty} {cols} cols: simd {simd} vs scalar {scalar} (|Δ| {err:e} > {bound:e})"
+    let mut check = |ty: GgmlType, w: &[u8], xq: &[u8]| {
+        let wide = kernels::vec_dot_with(isa, ty, w, xq).unwrap();
+        let avx2 = kernels::vec_dot_with(Isa::Avx2, ty, w, xq).unwrap();
+        assert_eq!(
+            wide.to_bits(),
+            avx2.to_bits(),
+            "{ty}: {wide} vs AVX2 {avx2}"
         );
-        if m > 0.0 {
-            worst = worst.max(err / m);
-        }
         compared += 1;
+    };
+    for_each_case(0xA512, 9, |ty, _, w, x| {
+        if kernels::has_kernel(ty, isa) {
+            check(ty, w, &quantized_activation(ty, x));
+        }
     });
-    eprintln!("{compared} rows compared; worst |simd − scalar| / M = {worst:e}");
-    for ty in ALL_TYPES {
-        assert!(kernels::has_kernel(ty, isa), "{ty} has no {isa:?} kernel");
+    for ty in ALL_TYPES
+        .into_iter()
+        .filter(|&ty| kernels::has_kernel(ty, isa))
+    {
+        let cols = 4 * block_size(ty).max(32);
+        for fill in [0x00u8, 0xFF, 0x80, 0x7F, 0x88, 0x11] {
+            let mut w = vec![fill; row_byte_len(ty, cols).unwrap()];
+            for block in w.chunks_exact_mut(block_bytes(ty)) {
+                for &at in f16_fields(ty) {
+                    block[at..at + 2].copy_from_slice(&half::f16::MAX.to_le_bytes());
+                }
+            }
+            for sign in [1e3f32, -1e3] {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| if i % 3 == 0 { -sign } else { sign })
+                    .collect();
+                check(ty, &w, &quantized_activation(ty, &x));
+            }
+        }
+    }
+    assert!(compared > 0);
+    eprintln!("{compared} rows bit-identical");
+}
+
+/// Every kernel's panels (tiles of rows against eight, four or one token) give exactly
+/// the bits of that kernel's single dot product, for every row of the panel, including
+/// the rows of a partly filled last tile.
+#[test]
+fn panels_are_bit_identical_to_single_dots() {
+    let mut rng = StdRng::seed_from_u64(0x9A4E);
+    for isa in Isa::ALL {
+        if !isa.is_available() {
+            continue;
+        }
+        for ty in ALL_TYPES
+            .into_iter()
+            .filter(|&ty| kernels::has_kernel(ty, isa))
+        {
+            let narrow = 2 * block_size(ty).max(32) + if block_size(ty) == 1 { 3 } else { 0 };
+            // Over 128 blocks per row: the AVX-512 panels then skip preparing activations.
+            let wide = 130 * block_size(ty).max(32);
+            let shapes = [
+                (1, 1, narrow),
+                (2, 3, narrow),
+                (3, 9, narrow),
+                (5, 8, narrow),
+                (6, 12, narrow),
+                (7, 13, narrow),
+                (9, 4, narrow),
+                (9, 9, wide),
+            ];
+            for (rows, tokens, cols) in shapes {
+                let m = TestMatrix::random(&mut rng, ty, rows, cols);
+                let xqs: Vec<Vec<u8>> = (0..tokens)
+                    .map(|_| quantized_activation(ty, &random_values(&mut rng, cols)))
+                    .collect();
+                let xs: Vec<&[u8]> = xqs.iter().map(Vec::as_slice).collect();
+                let row_bytes = m.bytes.len() / rows;
+                let mut out = vec![f32::NAN; rows * tokens];
+                kernels::panel_dot_with(isa, ty, &m.bytes, row_bytes, &xs, &mut out).unwrap();
+                for r in 0..rows {
+                    let row = &m.bytes[r * row_bytes..(r + 1) * row_bytes];
+                    for (t, x) in xs.iter().enumerate() {
+                        let want = kernels::vec_dot_with(isa, ty, row, x).unwrap();
+                        assert_eq!(
+                            out[r * tokens + t].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} {ty} {rows}x{cols}: row {r}, token {t} of {tokens}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The SIMD activation quantizers write exactly the scalar ones' bytes (which are
+/// ggml-cpu's, see tests/dot_fixtures.rs), for random rows and for rows with zeros, ties,
+/// repeated maxima of both signs, huge values, infinities and NaNs.
+#[test]
+fn simd_activation_quantizers_match_the_scalar_ones() {
+    let mut rng = StdRng::seed_from_u64(0xAC7);
+    let specials = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        2.5,
+        -127.0,
+        127.0,
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+    ];
+    for isa in SIMD_ISAS.into_iter().filter(|isa| isa.is_available()) {
+        for dot_ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K] {
+            let n = 4 * block_size(dot_ty);
+            for case in 0..400 {
+                let mut x = random_values(&mut rng, n);
+                match case % 4 {
+                    0 => {}
+                    1 => {
+                        for _ in 0..rng.random_range(1..8) {
+                            let at = rng.random_range(0..n);
+                            x[at] = specials[rng.random_range(0..specials.len())];
+                        }
+                    }
+                    2 => {
+                        // The largest magnitude several times, with both signs.
+                        let m = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) * 2.0;
+                        for _ in 0..3 {
+                            let at = rng.random_range(0..n);
+                            x[at] = if rng.random() { m } else { -m };
+                        }
+                    }
+                    _ => {
+                        // Small integers: products land on exact halves.
+                        for v in &mut x {
+                            *v = f32::from(rng.random_range(-8i8..=8)) * 0.5;
+                        }
+                    }
+                }
+                let len = row_byte_len(dot_ty, n).unwrap();
+                let (mut simd, mut scalar) = (vec![0u8; len], vec![0u8; len]);
+                kernels::quantize_activation_with(isa, dot_ty, &x, &mut simd).unwrap();
+                kernels::quantize_activation_with(Isa::Scalar, dot_ty, &x, &mut scalar).unwrap();
+                assert!(simd == scalar, "{isa:?} {dot_ty} case {case}: bytes differ");
+            }
+        }
     }
 }
 
@@ -240,8 +410,8 @@ fn extreme_blocks_agree() {
                 .collect();
             let xq = quantized_activation(ty, &x);
             let scalar = kernels::vec_dot_with(Isa::Scalar, ty, &w, &xq).unwrap();
-            for isa in [Isa::Avx2] {
-                if !isa.is_available() {
+            for isa in SIMD_ISAS {
+                if !isa.is_available() || !kernels::has_kernel(ty, isa) {
                     continue;
                 }
                 let simd = kernels::vec_dot_with(isa, ty, &w, &xq).unwrap();
@@ -416,6 +586,8 @@ fn results_do_not_depend_on_thread_count() {
         .collect();
     for ty in [
         GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_0,
         GgmlType::Q4K,
         GgmlType::Q6K,
         GgmlType::F32,

@@ -158,7 +158,7 @@ impl GgmlType {
     /// Bytes taken by `n` elements, if `n` is a whole number of blocks and nothing overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bs = self.block_size()?;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes()?)

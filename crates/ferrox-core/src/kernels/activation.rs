@@ -8,7 +8,9 @@
 
 use ferrox_gguf::GgmlType;
 
+use super::{best_isa, Isa};
 use crate::quant::bits::write_f16;
+use crate::quant::kquants::{Q8K, QK_K};
 use crate::quant::legacy::{Q8_0, Q8_1};
 use crate::quant::{self, BlockFormat, QuantError};
 
@@ -17,19 +19,30 @@ const QK: usize = 32;
 /// Quantizes `x` (a whole number of blocks of `dot_ty`) into `out`, which must be exactly
 /// the size of that many blocks, the way ggml-cpu quantizes a matrix product's input.
 pub fn quantize_activation(dot_ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    quantize_activation_with(best_isa(), dot_ty, x, out)
+}
+
+/// [`quantize_activation`] with an explicit instruction set (the AVX2 quantizers of Q8_0,
+/// Q8_1 and Q8_K give the scalar ones' bytes exactly), for comparing them.
+pub fn quantize_activation_with(
+    isa: Isa,
+    dot_ty: GgmlType,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<(), QuantError> {
+    if !isa.is_available() {
+        return Err(QuantError::IsaUnavailable(isa));
+    }
+    let simd = isa.has_avx2() && cfg!(target_arch = "x86_64");
     match dot_ty {
-        GgmlType::Q8_0 => quantize_q8_blocks::<false>(x, out),
-        GgmlType::Q8_1 => quantize_q8_blocks::<true>(x, out),
+        GgmlType::Q8_0 => quantize_q8_blocks::<false>(simd, x, out),
+        GgmlType::Q8_1 => quantize_q8_blocks::<true>(simd, x, out),
+        GgmlType::Q8K if simd => quantize_q8k_blocks(x, out),
         _ => quant::quantize_row(dot_ty, x, out),
     }
 }
 
-fn quantize_q8_blocks<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
-    let (ty, bytes) = if WITH_SUM {
-        (GgmlType::Q8_1, Q8_1::BYTES)
-    } else {
-        (GgmlType::Q8_0, Q8_0::BYTES)
-    };
+fn check_lengths(ty: GgmlType, x: &[f32], out: &[u8]) -> Result<(), QuantError> {
     let expected = quant::row_byte_len(ty, x.len())?;
     if out.len() != expected {
         return Err(QuantError::ByteLength {
@@ -39,8 +52,49 @@ fn quantize_q8_blocks<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) -> Result
             actual: out.len(),
         });
     }
+    Ok(())
+}
+
+fn quantize_q8_blocks<const WITH_SUM: bool>(
+    simd: bool,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<(), QuantError> {
+    let (ty, bytes) = if WITH_SUM {
+        (GgmlType::Q8_1, Q8_1::BYTES)
+    } else {
+        (GgmlType::Q8_0, Q8_0::BYTES)
+    };
+    check_lengths(ty, x, out)?;
     for (src, block) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bytes)) {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` is only set where AVX2, FMA and F16C were detected.
+            unsafe {
+                crate::kernels::x86::avx2_activation::quantize_q8_block(src, block, WITH_SUM)
+            };
+            continue;
+        }
+        let _ = simd;
         quantize_q8_block::<WITH_SUM>(src, block);
+    }
+    Ok(())
+}
+
+/// Q8_K through the AVX2 quantizer (only called where it is available).
+fn quantize_q8k_blocks(x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    check_lengths(GgmlType::Q8K, x, out)?;
+    for (src, block) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8K::BYTES)) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only called where AVX2, FMA and F16C were detected.
+        unsafe {
+            crate::kernels::x86::avx2_activation::quantize_q8k_block(src, block)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            use crate::quant::QuantizeBlock;
+            Q8K::quantize_block(src, block);
+        }
     }
     Ok(())
 }

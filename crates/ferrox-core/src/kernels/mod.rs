@@ -1,4 +1,4 @@
-//! Dot products of one weight row with activation rows, the inner loop of every matrix
+//! Dot products of weight rows with activation rows, the inner loop of every matrix
 //! product.
 //!
 //! As in ggml, the activation is first quantized to the weight type's *vec-dot type*
@@ -6,19 +6,24 @@
 //! integer sums per block with one float scaling per block. Each pair has a scalar
 //! reference following ggml's `_generic` C code and, on x86-64, an AVX2+FMA+F16C version
 //! whose float accumulation order follows ggml's own AVX2 kernels, so that our results
-//! match llama.cpp's on the same machine bit for bit where that is cheap.
+//! match llama.cpp's on the same machine bit for bit where that is cheap. Where the CPU has
+//! AVX-512 with VNNI, the types that dominate quantized models (Q4_0, Q5_0, Q8_0, Q4_K,
+//! Q6_K) have kernels that compute the same integer lane sums with `vpdpbusd` and then the
+//! AVX2 kernels' float operations in the same order, two rows per 512-bit register: the
+//! same bits, faster.
 //!
 //! The best kernel set is picked once per process ([`best_isa`]) and kept in a table of
-//! function pointers; every kernel takes `N` activation rows at once (`N` = 1 or 4) so that
-//! batched products decode each weight block once, while computing every output with
-//! exactly the same operations as the single-row call.
+//! function pointers. Matrix products call *panels*: a run of weight rows against 1, 4 or
+//! 8 activation rows at once, so that each weight block is decoded once per tile of rows
+//! and tokens, while every output is computed with exactly the operations of the
+//! single-row, single-token call (batch invariance).
 
 mod activation;
 mod dot_float;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use std::sync::OnceLock;
 
@@ -26,24 +31,39 @@ use ferrox_gguf::GgmlType;
 
 use crate::quant::{self, QuantError};
 
-pub use activation::quantize_activation;
+pub use activation::{quantize_activation, quantize_activation_with};
 
-/// The instruction sets kernels exist for.
+/// The instruction sets kernels exist for, from the most portable up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Portable Rust following ggml's `_generic` reference arithmetic.
     Scalar,
     /// x86-64 AVX2 with FMA and F16C, following ggml's AVX2 kernels.
     Avx2,
+    /// x86-64 AVX-512 (F, BW, VL, DQ) with VNNI, on top of AVX2/FMA/F16C: several weight
+    /// rows per pass, integer sums by `vpdpbusd`. Its results are bit-identical to the
+    /// AVX2 kernels' (the same integer lane sums, the same float operations in the same
+    /// order per output); types without a kernel of their own use the AVX2 ones.
+    Avx512Vnni,
 }
 
 impl Isa {
-    /// Whether this machine can run kernels for `self`.
+    /// Every instruction set, from the most portable up.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// Whether this machine can run kernels for `self` (detected once).
     pub fn is_available(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            Isa::Avx2 => avx2_detected(),
-        }
+        static AVAILABLE: OnceLock<[bool; 3]> = OnceLock::new();
+        AVAILABLE.get_or_init(|| {
+            let avx2 = avx2_detected();
+            [true, avx2, avx2 && avx512_vnni_detected()]
+        })[self as usize]
+    }
+
+    /// Whether `self` includes AVX2, FMA and F16C (so AVX2 code may run where it is
+    /// available).
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
     }
 }
 
@@ -57,15 +77,33 @@ fn avx2_detected() -> bool {
     false
 }
 
-/// The fastest instruction set available here, detected once.
+#[cfg(target_arch = "x86_64")]
+fn avx512_vnni_detected() -> bool {
+    x86::avx512_vnni_detected()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_vnni_detected() -> bool {
+    false
+}
+
+/// The fastest instruction set available here, detected once. Setting the environment
+/// variable `FERROX_ISA` to `scalar`, `avx2` or `avx512vnni` caps it (for comparing
+/// kernels end to end; a level the machine lacks is ignored).
 pub fn best_isa() -> Isa {
     static BEST: OnceLock<Isa> = OnceLock::new();
     *BEST.get_or_init(|| {
-        if Isa::Avx2.is_available() {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
-        }
+        let cap = std::env::var("FERROX_ISA").ok().and_then(|v| {
+            Isa::ALL
+                .into_iter()
+                .find(|isa| format!("{isa:?}").eq_ignore_ascii_case(v.trim()))
+        });
+        let allowed = |isa: Isa| cap.is_none_or(|cap| isa as usize <= cap as usize);
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|&isa| isa.is_available() && allowed(isa))
+            .unwrap_or(Isa::Scalar)
     })
 }
 
@@ -81,9 +119,13 @@ pub fn has_kernel(ty: GgmlType, isa: Isa) -> bool {
 }
 
 /// Dot product of one weight row `w` (whole blocks of `ty`) with one activation row `x`
-/// already quantized to [`vec_dot_type`]`(ty)`, using the best kernel available.
+/// already quantized to [`vec_dot_type`]`(ty)`, using the kernel matrix products use (the
+/// best instruction set's, or the next best for types it lacks).
 pub fn vec_dot(ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
-    vec_dot_with(best_isa(), ty, w, x)
+    let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
+    let cols = elements_in(ty, w.len())?;
+    check_activation_len(kind, cols, x.len())?;
+    Ok((best_kernel(kind).one)(w, [x])[0])
 }
 
 /// [`vec_dot`] with an explicit instruction set, for comparing kernels.
@@ -98,10 +140,69 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, Q
     Ok((kernel.one)(w, [x])[0])
 }
 
+/// Rows of `w` (each `row_bytes` bytes, whole blocks of `ty`) against the activation rows
+/// `xs`, through `isa`'s panel kernels as matrix products use them (eight tokens per call,
+/// then four, then one): `out[r * xs.len() + t]`. For comparing kernels.
+pub fn panel_dot_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
+    if !isa.is_available() {
+        return Err(QuantError::IsaUnavailable(isa));
+    }
+    let kernel = kernel_for(kind, isa).ok_or(QuantError::UnsupportedDot(ty))?;
+    let cols = elements_in(ty, row_bytes)?;
+    let rows = w.len().checked_div(row_bytes).unwrap_or(0);
+    if rows * row_bytes != w.len() || cols == 0 {
+        return Err(QuantError::ByteLength {
+            ty,
+            elements: rows * cols,
+            expected: rows * row_bytes,
+            actual: w.len(),
+        });
+    }
+    for x in xs {
+        check_activation_len(kind, cols, x.len())?;
+    }
+    let n = xs.len();
+    if out.len() != rows * n {
+        return Err(QuantError::VectorLength {
+            what: "panel output",
+            expected: rows * n,
+            actual: out.len(),
+        });
+    }
+    let mut tile = vec![0f32; rows * 8];
+    let mut t = 0;
+    while t < n {
+        let width = match n - t {
+            8.. => 8,
+            4.. => 4,
+            _ => 1,
+        };
+        let tile = &mut tile[..rows * width];
+        match width {
+            8 => (kernel.panel8)(w, row_bytes, std::array::from_fn(|i| xs[t + i]), tile),
+            4 => (kernel.panel4)(w, row_bytes, std::array::from_fn(|i| xs[t + i]), tile),
+            _ => (kernel.panel1)(w, row_bytes, [xs[t]], tile),
+        }
+        for (r, values) in tile.chunks_exact(width).enumerate() {
+            out[r * n + t..r * n + t + width].copy_from_slice(values);
+        }
+        t += width;
+    }
+    Ok(())
+}
+
 /// Values in `bytes` bytes of `ty`, which must be whole blocks.
 pub(crate) fn elements_in(ty: GgmlType, bytes: usize) -> Result<usize, QuantError> {
     let (block_elems, block_bytes) = quant::block_geometry(ty)?;
-    if bytes % block_bytes != 0 {
+    if !bytes.is_multiple_of(block_bytes) {
         return Err(QuantError::ByteLength {
             ty,
             elements: bytes / block_bytes * block_elems,
@@ -131,12 +232,60 @@ fn check_activation_len(kind: WeightKind, cols: usize, actual: usize) -> Result<
 /// exactly as many values.
 pub(crate) type DotFn<const N: usize> = fn(&[u8], [&[u8]; N]) -> [f32; N];
 
-/// The kernels for one weight type on one instruction set. `four` gives, for each of its
-/// rows, exactly the bits `one` gives for that row alone.
+/// A panel of weight rows against `N` activation rows: `w` holds whole rows of
+/// `row_bytes` bytes each, and `out[r * N + t]` receives row `r` times `xs[t]`. Callers
+/// guarantee the lengths (`out` holds exactly `N` values per row).
+pub(crate) type PanelFn<const N: usize> = fn(&[u8], usize, [&[u8]; N], &mut [f32]);
+
+/// The kernels for one weight type on one instruction set. Every panel output is exactly
+/// the bits `one` gives for that row and activation alone, whatever the panel's size and
+/// the row's place in it: that is what makes matrix products batch-invariant.
 #[derive(Clone, Copy)]
 pub(crate) struct DotKernel {
     pub(crate) one: DotFn<1>,
-    pub(crate) four: DotFn<4>,
+    pub(crate) panel1: PanelFn<1>,
+    pub(crate) panel4: PanelFn<4>,
+    pub(crate) panel8: PanelFn<8>,
+}
+
+/// A kernel computing one weight row against `N` activation rows at a time (`N` = 1 or 4
+/// are used); panels are built from it row by row.
+pub(crate) trait RowKernel {
+    fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N];
+}
+
+/// The panels of a [`RowKernel`]: each row against the activations four at a time, then
+/// one at a time.
+pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
+    fn one<K: RowKernel>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
+        K::dot(w, xs)
+    }
+    fn panel<K: RowKernel, const N: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        xs: [&[u8]; N],
+        out: &mut [f32],
+    ) {
+        for (row, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(N)) {
+            let mut quads = xs.chunks_exact(4);
+            let mut at = 0;
+            for quad in &mut quads {
+                let quad: [&[u8]; 4] = std::array::from_fn(|i| quad[i]);
+                out[at..at + 4].copy_from_slice(&K::dot(row, quad));
+                at += 4;
+            }
+            for x in quads.remainder() {
+                out[at] = K::dot(row, [*x])[0];
+                at += 1;
+            }
+        }
+    }
+    DotKernel {
+        one: one::<K>,
+        panel1: panel::<K, 1>,
+        panel4: panel::<K, 4>,
+        panel8: panel::<K, 8>,
+    }
 }
 
 /// The weight types we have kernels for.
@@ -217,6 +366,7 @@ fn kernel_for(kind: WeightKind, isa: Isa) -> Option<DotKernel> {
     match isa {
         Isa::Scalar => Some(scalar_kernel(kind)),
         Isa::Avx2 => avx2_kernel(kind),
+        Isa::Avx512Vnni => avx512_vnni_kernel(kind),
     }
 }
 
@@ -227,6 +377,16 @@ fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_kernel(_kind: WeightKind) -> Option<DotKernel> {
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
+    x86::avx512_vnni_kernel(kind)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_vnni_kernel(_kind: WeightKind) -> Option<DotKernel> {
     None
 }
 
@@ -256,24 +416,34 @@ pub(crate) trait ScalarDot {
     fn dot(w: &[u8], x: &[u8]) -> f32;
 }
 
-fn scalar_entry<S: ScalarDot>() -> DotKernel {
-    fn rows<S: ScalarDot, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+struct ScalarRows<S>(std::marker::PhantomData<S>);
+
+impl<S: ScalarDot> RowKernel for ScalarRows<S> {
+    fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
         xs.map(|x| S::dot(w, x))
-    }
-    DotKernel {
-        one: rows::<S, 1>,
-        four: rows::<S, 4>,
     }
 }
 
-/// The kernels matrix products use: the best instruction set's, falling back to scalar
-/// for types it lacks. Built once.
+fn scalar_entry<S: ScalarDot>() -> DotKernel {
+    row_kernel_entry::<ScalarRows<S>>()
+}
+
+/// The kernels matrix products use: the best instruction set's, falling back to the next
+/// best for types it lacks, down to scalar. Built once.
 pub(crate) fn best_kernel(kind: WeightKind) -> DotKernel {
     static TABLE: OnceLock<Vec<DotKernel>> = OnceLock::new();
     let table = TABLE.get_or_init(|| {
+        let best = best_isa();
         WeightKind::ALL
             .iter()
-            .map(|&k| kernel_for(k, best_isa()).unwrap_or_else(|| scalar_kernel(k)))
+            .map(|&k| {
+                Isa::ALL
+                    .into_iter()
+                    .rev()
+                    .filter(|&isa| isa as usize <= best as usize)
+                    .find_map(|isa| kernel_for(k, isa))
+                    .unwrap_or_else(|| scalar_kernel(k))
+            })
             .collect()
     });
     table[kind as usize]

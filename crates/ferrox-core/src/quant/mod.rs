@@ -174,7 +174,7 @@ fn byte_len(
     block_elems: usize,
     block_bytes: usize,
 ) -> Result<usize, QuantError> {
-    if elements % block_elems != 0 {
+    if !elements.is_multiple_of(block_elems) {
         return Err(QuantError::PartialBlock {
             ty,
             elements,

@@ -16,7 +16,7 @@ use super::avx2_common::{
 use super::avx2_legacy::iq4_levels;
 use crate::kernels::dot_kquants::iq4_xs_scale;
 use crate::quant::iq4::XS_NIBBLES_AT;
-use crate::quant::kquants::{q2_k, q3_k, q4_q5_k, q6_k, q8_k, scale_min_k4};
+use crate::quant::kquants::{q2_k, q3_k, q4_q5_k, q6_k, q8_k};
 
 const Q8K_BYTES: usize = 292;
 
@@ -161,17 +161,31 @@ fn q3k_offset_scales(packed: &[u8]) -> [u8; 16] {
     std::array::from_fn(|j| quads[j / 4][j % 4])
 }
 
-/// Q4_K/Q5_K: eight 6-bit scales and minimums, one per 32 values.
+/// Q4_K/Q5_K: eight 6-bit scales and minimums, one per 32 values, unpacked as ggml does:
+/// all eight at once in three 32-bit words (the values of [`scale_min_k4`]), which keeps
+/// this small enough to inline.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn affine_k_header(block: &[u8]) -> SuperBlock {
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
     let mut sb = empty_block();
-    let packed = &block[q4_q5_k::SCALES_AT..q4_q5_k::HIGH_BITS_AT];
+    let word = |i: usize| {
+        let at = q4_q5_k::SCALES_AT + 4 * i;
+        u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
+    };
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    // Sub-blocks 0-3 keep their low six bits in bytes 0-3 (scales) and 4-7 (minimums);
+    // 4-7 take their low four bits from bytes 8-11 and their top two from bits 6-7 of 0-7.
+    let scales = u64::from(u0 & LOW6) | (u64::from((u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)) << 32);
+    let mins =
+        u64::from(u1 & LOW6) | (u64::from(((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)) << 32);
     for j in 0..8 {
-        let (scale, min) = scale_min_k4(j, packed);
-        sb.scales[2 * j] = i16::from(scale);
-        sb.scales[2 * j + 1] = i16::from(scale);
-        sb.mins[j] = i16::from(min);
+        let scale = ((scales >> (8 * j)) & 0xFF) as i16;
+        sb.scales[2 * j] = scale;
+        sb.scales[2 * j + 1] = scale;
+        sb.mins[j] = ((mins >> (8 * j)) & 0xFF) as i16;
     }
     sb.d = f16_at(block, q4_q5_k::D_AT);
     sb.dmin = f16_at(block, q4_q5_k::DMIN_AT);

@@ -1,15 +1,21 @@
-//! AVX2+FMA+F16C kernels, compiled for the generic x86-64 target and chosen at run time.
+//! AVX2+FMA+F16C and AVX-512 VNNI kernels, compiled for the generic x86-64 target and
+//! chosen at run time.
 //!
-//! Every kernel function carries `#[target_feature(enable = "avx2,fma,f16c")]`; the only
-//! way to reach one is through [`avx2_kernel`], which hands them out only after detecting
-//! those features, so the `unsafe` calls in the entry wrappers below are sound.
+//! Every AVX2 kernel function carries `#[target_feature(enable = "avx2,fma,f16c")]`, every
+//! AVX-512 one [`AVX512`]'s features as well; the only way to reach one is through
+//! [`avx2_kernel`] or [`avx512_vnni_kernel`], which hand them out only after detecting
+//! those features, so the `unsafe` calls in the entry wrappers are sound.
 
+pub(crate) mod avx2_activation;
 mod avx2_common;
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
+mod avx512_common;
+mod avx512_kquants;
+mod avx512_legacy;
 
-use super::{DotKernel, WeightKind};
+use super::{row_kernel_entry, DotKernel, RowKernel, WeightKind};
 
 pub(super) fn avx2_detected() -> bool {
     is_x86_feature_detected!("avx2")
@@ -17,18 +23,26 @@ pub(super) fn avx2_detected() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+pub(super) fn avx512_vnni_detected() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
 /// Safe `DotKernel` entries for an AVX2 driver `$run::<N>(w, xs)`.
 macro_rules! avx2_entry {
     ($run:expr) => {{
-        fn rows<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-            // SAFETY: these entries are only handed out by `avx2_kernel`, after
-            // `avx2_detected()` confirmed AVX2, FMA and F16C.
-            unsafe { $run(w, xs) }
+        struct Rows;
+        impl RowKernel for Rows {
+            fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+                // SAFETY: these entries are only handed out by `avx2_kernel`, after
+                // `avx2_detected()` confirmed AVX2, FMA and F16C.
+                unsafe { $run(w, xs) }
+            }
         }
-        DotKernel {
-            one: rows::<1>,
-            four: rows::<4>,
-        }
+        row_kernel_entry::<Rows>()
     }};
 }
 
@@ -58,5 +72,25 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Q5K => avx2_entry!(super_block_dot::<Q5KAvx2, N>),
         K::Q6K => avx2_entry!(super_block_dot::<Q6KAvx2, N>),
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
+    })
+}
+
+/// The AVX-512 VNNI kernels for `kind`, or `None` if this machine lacks the features or
+/// the type has no such kernel (it then uses the AVX2 one).
+pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
+    use avx512_kquants::{Q4KZmm, Q6KZmm};
+    use avx512_legacy::{Q4_0Zmm, Q5_0Zmm, Q8_0Zmm};
+    use WeightKind as K;
+
+    if !(avx2_detected() && avx512_vnni_detected()) {
+        return None;
+    }
+    Some(match kind {
+        K::Q4_0 => avx512_legacy::entry::<Q4_0Zmm>(),
+        K::Q5_0 => avx512_legacy::entry::<Q5_0Zmm>(),
+        K::Q8_0 => avx512_legacy::entry::<Q8_0Zmm>(),
+        K::Q4K => avx512_kquants::entry::<Q4KZmm>(),
+        K::Q6K => avx512_kquants::entry::<Q6KZmm>(),
+        _ => return None,
     })
 }
