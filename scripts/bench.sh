@@ -29,6 +29,7 @@ done
 
 cargo build --release -p ferrox-cli >&2
 FERROX=target/release/ferrox
+LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
 
 {
     echo "# Benchmarks"
@@ -41,7 +42,7 @@ FERROX=target/release/ferrox
     echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
         "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
     echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)"
-    echo "- llama.cpp: $("$BENCH" --version 2>&1 | head -n1 || echo unknown) ($BENCH)"
+    echo "- llama.cpp: ${LLAMA_VERSION:-unknown} ($BENCH)"
     for f in "${files[@]}"; do
         echo
         echo "## $(basename "$f")"
