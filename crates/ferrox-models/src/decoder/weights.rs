@@ -175,6 +175,17 @@ pub struct DecoderWeights {
     pub rope_freqs: Option<Vec<f32>>,
 }
 
+/// Refuses, naming the tensor, a type we cannot decode.
+fn check_type(t: &TensorInfo) -> Result<(), ModelError> {
+    if !can_dequantize(t.ty) {
+        return Err(ModelError::UnsupportedTensorType {
+            name: t.name.clone(),
+            ty: t.ty.name().into_owned(),
+        });
+    }
+    Ok(())
+}
+
 struct Loader<'g> {
     gguf: &'g Gguf,
 }
@@ -184,12 +195,31 @@ impl Loader<'_> {
         self.gguf.tensor(name)
     }
 
+    fn require(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.find(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    /// Checks a tensor's shape (trailing dimensions of 1 ignored on both sides, so `[n]` is
+    /// a one-row `[n, 1]`) and that we can decode its type.
+    fn check(&self, t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
+        fn trimmed(shape: &[u64]) -> &[u64] {
+            let len = shape.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+            &shape[..len]
+        }
+        if trimmed(&t.shape) != trimmed(expected) {
+            return Err(ModelError::TensorShape {
+                name: t.name.clone(),
+                expected: expected.to_vec(),
+                found: t.shape.clone(),
+            });
+        }
+        check_type(t)
+    }
+
     /// A matrix with `cols` inputs and `rows` outputs (ggml shape `[cols, rows]`).
     fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<MatrixRef, ModelError> {
-        let t = self
-            .find(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        self.check_matrix(t, cols, rows)
+        self.check_matrix(self.require(name)?, cols, rows)
     }
 
     fn opt_matrix(
@@ -209,22 +239,7 @@ impl Loader<'_> {
         cols: usize,
         rows: usize,
     ) -> Result<MatrixRef, ModelError> {
-        let shape = [cols as u64, rows as u64];
-        let matches = t.shape == shape
-            || (t.shape.len() > 2 && t.shape[..2] == shape && t.shape[2..].iter().all(|&d| d == 1));
-        if !matches {
-            return Err(ModelError::TensorShape {
-                name: t.name.clone(),
-                expected: shape.to_vec(),
-                found: t.shape.clone(),
-            });
-        }
-        if !can_dequantize(t.ty) {
-            return Err(ModelError::UnsupportedTensorType {
-                name: t.name.clone(),
-                ty: t.ty.name().into_owned(),
-            });
-        }
+        self.check(t, &[cols as u64, rows as u64])?;
         let m = MatrixRef {
             tensor: t.clone(),
             rows,
@@ -236,15 +251,7 @@ impl Loader<'_> {
 
     /// A 1-D tensor of `n` values used as a one-row matrix (ggml shape `[n]` or `[n, 1]`).
     fn row_matrix(&self, name: &str, n: usize) -> Result<MatrixRef, ModelError> {
-        let t = self
-            .find(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        if t.shape.len() == 1 && t.shape[0] == n as u64 {
-            let mut t2 = t.clone();
-            t2.shape = vec![n as u64, 1];
-            return self.check_matrix(&t2, n, 1);
-        }
-        self.check_matrix(t, n, 1)
+        self.matrix(name, n, 1)
     }
 
     /// A stacked expert tensor of ggml shape `[cols, rows, n_expert]`.
@@ -255,23 +262,8 @@ impl Loader<'_> {
         rows: usize,
         n_expert: usize,
     ) -> Result<ExpertRef, ModelError> {
-        let t = self
-            .find(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let shape = [cols as u64, rows as u64, n_expert as u64];
-        if t.shape != shape {
-            return Err(ModelError::TensorShape {
-                name: t.name.clone(),
-                expected: shape.to_vec(),
-                found: t.shape.clone(),
-            });
-        }
-        if !can_dequantize(t.ty) {
-            return Err(ModelError::UnsupportedTensorType {
-                name: t.name.clone(),
-                ty: t.ty.name().into_owned(),
-            });
-        }
+        let t = self.require(name)?;
+        self.check(t, &[cols as u64, rows as u64, n_expert as u64])?;
         let r = ExpertRef { tensor: t.clone() };
         r.view(self.gguf)?;
         Ok(r)
@@ -314,10 +306,7 @@ impl Loader<'_> {
 
     /// A 1-D tensor of `n` values, decoded to f32.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-        let t = self
-            .find(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        self.decode_vector(t, n)
+        self.decode_vector(self.require(name)?, n)
     }
 
     fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
@@ -334,12 +323,7 @@ impl Loader<'_> {
                 found: t.shape.clone(),
             });
         }
-        if !can_dequantize(t.ty) {
-            return Err(ModelError::UnsupportedTensorType {
-                name: t.name.clone(),
-                ty: t.ty.name().into_owned(),
-            });
-        }
+        check_type(t)?;
         let mut out = vec![0.0; n];
         dequantize_row(t.ty, self.gguf.tensor_data(t)?, &mut out)?;
         Ok(out)
