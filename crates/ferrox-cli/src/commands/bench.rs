@@ -246,7 +246,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model_args = ModelArgs {
         model: args.model.clone(),
         threads,
-        ctx_size: args.n_prompt.max(args.n_gen).max(1),
+        ctx_size: Some(args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
     };
     let loaded = model::load(&model_args)?;

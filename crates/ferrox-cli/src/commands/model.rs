@@ -12,6 +12,8 @@ use ferrox_models::{Decoder, DecoderOptions};
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
 const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+/// Context size when `-c` is not given.
+const DEFAULT_CTX_SIZE: usize = 4096;
 
 /// Options every model-running command takes.
 #[derive(clap::Args, Clone, Debug)]
@@ -22,9 +24,10 @@ pub struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
-    /// Context size in tokens (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    pub ctx_size: usize,
+    /// Context size in tokens (0: the model's training context; default 4096, 512 for
+    /// perplexity as llama-perplexity).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
     /// Store the KV cache as f32 instead of f16.
     #[arg(long)]
     pub kv_f32: bool,
@@ -78,7 +81,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let tokenizer =
         Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
     let options = DecoderOptions {
-        n_ctx: args.ctx_size,
+        n_ctx: args.ctx_size.unwrap_or(DEFAULT_CTX_SIZE),
         threads: args.threads,
         kv_storage: if args.kv_f32 {
             KvStorage::F32

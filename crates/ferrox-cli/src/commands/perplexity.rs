@@ -58,12 +58,7 @@ impl NllStats {
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     // llama-perplexity's context default is 512, not the model's.
-    if args.model.ctx_size == 4096
-        && !std::env::args().any(|a| a == "-c" || a.starts_with("--ctx-size"))
-    {
-        args.model.ctx_size = 512;
-    }
-    let n_ctx = args.model.ctx_size;
+    let n_ctx = *args.model.ctx_size.get_or_insert(512);
     if n_ctx < 4 {
         return Err(InputError(format!("--ctx-size {n_ctx} is too small to score")).into());
     }
