@@ -197,7 +197,7 @@ fn serve_end_to_end_through_the_openai_client() {
     server.wait_ready(Duration::from_secs(120));
     let log = server.log();
     assert!(
-        log.contains("loaded") && log.contains("KV cache: 8 slots x 2048 positions"),
+        log.contains("loaded") && log.contains("up to 8 sequences of 2048 positions"),
         "{log}"
     );
 
@@ -361,6 +361,52 @@ fn serve_health_is_503_while_loading_and_errors_are_openai_shaped() {
         metrics.contains(r#"ferrox_requests_total{route="/v1/completions",status="429"} 1"#),
         "{metrics}"
     );
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).success());
+}
+
+/// A KV pool with room for about one context: concurrent requests wait for blocks instead
+/// of failing, each still gets exactly its solo output, and every block comes back.
+#[test]
+fn serve_queues_requests_for_kv_memory() {
+    let model = default_model();
+    let mut server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-size",
+            "256",
+            "--parallel",
+            "4",
+            "--kv-memory",
+            "5",
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    let log = server.log();
+    assert!(log.contains("KV pool: 17 blocks of 16 positions"), "{log}");
+    let port = server.port;
+    let request = |i: usize| {
+        let body = format!(
+            r#"{{"prompt": "Story {i}:", "max_tokens": 100, "temperature": 0, "logit_bias": {{"1": -100, "106": -100}}}}"#
+        );
+        let (status, body) = http(port, "POST", "/v1/completions", Some(&body), None);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 100, "{body}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let solo: Vec<String> = (0..4).map(request).collect();
+    // Each request may need 7 blocks: two run at a time, the others wait.
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4).map(|i| s.spawn(move || request(i))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, solo);
+    let (_, metrics) = http(port, "GET", "/metrics", None, None);
+    assert!(metrics.contains("ferrox_kv_blocks_used 0"), "{metrics}");
+    assert!(metrics.contains("ferrox_kv_blocks_total 17"), "{metrics}");
     server.terminate();
     assert!(server.wait_exit(Duration::from_secs(20)).success());
 }

@@ -13,14 +13,24 @@ pub enum KvStorage {
     F16,
 }
 
+impl KvStorage {
+    /// Bytes per stored element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvStorage::F32 => 4,
+            KvStorage::F16 => 2,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
-enum Rows {
+pub(crate) enum Rows {
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
 
 impl Rows {
-    fn zeroed(storage: KvStorage, len: usize) -> Rows {
+    pub(crate) fn zeroed(storage: KvStorage, len: usize) -> Rows {
         // Zeroed allocations come from calloc: pages are touched only as positions fill.
         match storage {
             KvStorage::F32 => Rows::F32(vec![0.0; len]),
@@ -29,7 +39,7 @@ impl Rows {
         }
     }
 
-    fn write(&mut self, at: usize, values: &[f32]) {
+    pub(crate) fn write(&mut self, at: usize, values: &[f32]) {
         match self {
             Rows::F32(buf) => buf[at..at + values.len()].copy_from_slice(values),
             Rows::F16(buf) => {
@@ -40,7 +50,7 @@ impl Rows {
         }
     }
 
-    fn slice(&self, start: usize, end: usize) -> KvRows<'_> {
+    pub(crate) fn slice(&self, start: usize, end: usize) -> KvRows<'_> {
         match self {
             Rows::F32(buf) => KvRows::F32(&buf[start..end]),
             Rows::F16(buf) => KvRows::F16(&buf[start..end]),
@@ -159,11 +169,7 @@ impl KvCache {
 
     /// Bytes held per position across all layers.
     pub fn bytes_per_position(&self) -> usize {
-        let elem = match self.storage {
-            KvStorage::F32 => 4,
-            KvStorage::F16 => 2,
-        };
-        self.layers.len() * (self.key_width + self.value_width) * elem
+        self.layers.len() * (self.key_width + self.value_width) * self.storage.element_bytes()
     }
 
     /// Forgets every position from `len` on.

@@ -7,15 +7,19 @@
 //! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products.
 
 pub mod bandwidth;
+pub mod block_manager;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
+pub mod paged_kv;
 pub mod quant;
 pub mod vec_f16;
 
+pub use block_manager::{BlockManager, BlockUsage};
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};
 pub use matrix::WeightMatrix;
+pub use paged_kv::{BlockId, BlockTable, PagedKv};
 pub use quant::{
     can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,
 };

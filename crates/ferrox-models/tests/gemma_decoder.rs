@@ -255,3 +255,117 @@ fn sequences_stepped_together_equal_each_alone() {
         }
     }
 }
+
+/// Sequences kept in a paged arena (small blocks handed out interleaved, a prompt prefix
+/// shared by reference between two sequences) get the same logits, bit for bit, as the
+/// same sequences in contiguous caches.
+#[test]
+fn paged_sequences_equal_contiguous_ones() {
+    use ferrox_models::decoder::{PagedSequence, PagedStep, StepScratch};
+    let decoder = common::gemma_decoder(128, 2);
+    let tok = common::gemma_tokenizer();
+    let shared = tok.encode(
+        "You are a helpful assistant. Answer briefly and precisely.",
+        true,
+        false,
+    );
+    let suffixes = [" What is the capital of France?", " Name three colours."];
+    let prompts: Vec<Vec<TokenId>> = suffixes
+        .iter()
+        .map(|s| {
+            let mut p = shared.clone();
+            p.extend(tok.encode(s, false, false));
+            p
+        })
+        .collect();
+    let contiguous: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = decoder.new_state();
+            decoder
+                .forward_batch(p, 0, &mut s, LogitsFor::All)
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+
+    let block_tokens = 4;
+    let mut arena = decoder.new_paged_kv(64, block_tokens);
+    let mut scratch = StepScratch::default();
+    let mut next_block = 0u32;
+    let mut grow = |seq: &mut PagedSequence, len: usize| {
+        while seq.table.capacity(block_tokens) < len {
+            seq.table.push_block(next_block);
+            next_block += 1;
+        }
+    };
+    // The first sequence's prompt in two chunks, its second chunk stepped together with
+    // nothing else; the second sequence then starts from the first one's whole blocks.
+    let n_vocab = decoder.vocab_size();
+    let mut first = PagedSequence::new();
+    let cut = 7;
+    let mut first_logits = Vec::new();
+    for chunk in [&prompts[0][..cut], &prompts[0][cut..]] {
+        let end = first.table.len() + chunk.len();
+        grow(&mut first, end);
+        let mut steps = [PagedStep {
+            tokens: chunk,
+            seq: &mut first,
+            logits: LogitsFor::All,
+        }];
+        decoder
+            .forward_paged(&mut arena, &mut scratch, &mut steps)
+            .unwrap();
+        first_logits.extend_from_slice(first.logits());
+    }
+    assert_eq!(first_logits, contiguous[0]);
+
+    let reused_blocks = shared.len() / block_tokens;
+    let reused = reused_blocks * block_tokens;
+    let mut second = PagedSequence::new();
+    for &b in &first.table.blocks()[..reused_blocks] {
+        second.table.push_block(b);
+    }
+    second.table.advance(reused);
+    let rest = &prompts[1][reused..];
+    grow(&mut second, prompts[1].len());
+    // Step the second sequence alongside one more token of the first.
+    let extra = [argmax(&first_logits[first_logits.len() - n_vocab..])];
+    grow(&mut first, prompts[0].len() + 1);
+    let mut steps = [
+        PagedStep {
+            tokens: rest,
+            seq: &mut second,
+            logits: LogitsFor::All,
+        },
+        PagedStep {
+            tokens: &extra,
+            seq: &mut first,
+            logits: LogitsFor::Last,
+        },
+    ];
+    decoder
+        .forward_paged(&mut arena, &mut scratch, &mut steps)
+        .unwrap();
+    assert_eq!(second.logits(), &contiguous[1][reused * n_vocab..]);
+
+    let mut alone = decoder.new_state();
+    decoder
+        .forward_batch(&prompts[0], 0, &mut alone, LogitsFor::Last)
+        .unwrap();
+    let pos = alone.len();
+    let want = decoder.forward_token(extra[0], pos, &mut alone).unwrap();
+    assert_eq!(first.logits(), want);
+
+    // A table without blocks for the new positions is refused, not written past.
+    let mut empty = PagedSequence::new();
+    let mut steps = [PagedStep {
+        tokens: &extra,
+        seq: &mut empty,
+        logits: LogitsFor::Last,
+    }];
+    assert!(matches!(
+        decoder.forward_paged(&mut arena, &mut scratch, &mut steps),
+        Err(EngineError::ContextFull { .. })
+    ));
+}

@@ -1,16 +1,24 @@
-//! KV memory for the scheduler: which sequence holds which cache, what each cache holds,
-//! and prefix reuse.
+//! KV memory for the scheduler: a paged block pool shared by every sequence, with a prefix
+//! cache.
 //!
-//! This version keeps one [`DecoderState`] per slot (`--parallel` slots of `--ctx-size`
-//! positions each), as llama-server does: a new request takes the free slot whose cached
-//! tokens share the longest prefix with its prompt, the cache is cut back to that prefix and
-//! only the rest is prefilled. The scheduler only sees [`KvPool`]'s methods (acquire,
-//! forward, logits, release), so a paged pool with shared, refcounted prefix blocks can
-//! replace it without touching the scheduling.
+//! One arena of fixed-size blocks (`--kv-memory`, or `--ctx-size` x `--parallel` positions)
+//! holds every sequence's keys and values. A sequence is admitted when the blocks it may
+//! need (prompt plus its token limit, within the context) are available; its blocks are
+//! then allocated as it grows, so a request never fails half-way for lack of memory.
+//! Whole blocks of a prompt prefix already computed (a system prompt, a chat's earlier
+//! turns, even a finished request's output) are shared by reference instead of being
+//! prefilled again; finished sequences leave their blocks in the cache until fresh blocks
+//! run out, least recently released first.
 
-use ferrox_models::decoder::SequenceStep;
+use ferrox_core::block_manager::{chain_hash, BlockUsage, ROOT_HASH};
+use ferrox_core::{BlockManager, PagedKv};
+use ferrox_models::decoder::{PagedSequence, PagedStep, StepScratch};
 use ferrox_models::tokenizer::TokenId;
-use ferrox_models::{Decoder, DecoderState, Engine, EngineError, LogitsFor};
+use ferrox_models::{Decoder, Engine, EngineError, LogitsFor};
+
+/// Positions per block: small enough that a shared prefix is reused to within a few
+/// tokens, large enough that attention reads long runs.
+pub const BLOCK_TOKENS: usize = 16;
 
 /// A sequence's hold on KV memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,20 +31,32 @@ impl SlotId {
 }
 
 struct Slot {
-    state: DecoderState,
-    /// The tokens whose keys and values `state` holds, in order.
+    seq: PagedSequence,
+    /// The tokens whose keys and values the sequence holds, in order.
     tokens: Vec<TokenId>,
-    busy: bool,
-    /// When the slot was last released (for least-recently-used choice among equals).
-    last_used: u64,
+    /// Leading blocks registered in the prefix cache, and the chain hash of the last.
+    registered: usize,
+    last_hash: u64,
+    /// Blocks promised at admission and not yet allocated.
+    promised: usize,
 }
 
-/// A slot handed out by [`KvPool::acquire`].
+/// A sequence admitted by [`KvPool::acquire`].
 #[derive(Clone, Copy, Debug)]
 pub struct Lease {
     pub slot: SlotId,
     /// Leading prompt tokens already in the cache (not to be prefilled again).
     pub reused: usize,
+}
+
+/// Why a request cannot be admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Every sequence slot is taken, or the blocks it needs are held by running sequences:
+    /// it can be admitted once some finish.
+    Busy,
+    /// It needs more blocks than the whole pool has.
+    TooLarge { needed: usize, capacity: usize },
 }
 
 /// One sequence's part of a [`KvPool::forward`] step.
@@ -48,28 +68,29 @@ pub struct Work<'a> {
 }
 
 pub struct KvPool {
-    slots: Vec<Slot>,
+    arena: PagedKv,
+    blocks: BlockManager,
+    scratch: StepScratch,
+    slots: Vec<Option<Slot>>,
+    /// Positions one sequence may hold (the context size).
     n_ctx: usize,
-    clock: u64,
+    /// Blocks promised to admitted sequences and not yet allocated; never more than
+    /// `blocks.available()`, so allocation during a step cannot fail.
+    promised: usize,
     bytes_per_position: usize,
 }
 
 impl KvPool {
-    pub fn new(decoder: &Decoder, n_slots: usize) -> KvPool {
-        let slots: Vec<Slot> = (0..n_slots.max(1))
-            .map(|_| Slot {
-                state: decoder.new_state(),
-                tokens: Vec::new(),
-                busy: false,
-                last_used: 0,
-            })
-            .collect();
-        let bytes_per_position = slots[0].state.kv_cache().bytes_per_position();
+    /// A pool of `n_blocks` blocks serving at most `max_sequences` sequences at once.
+    pub fn new(decoder: &Decoder, n_blocks: usize, max_sequences: usize) -> KvPool {
         KvPool {
-            slots,
+            arena: decoder.new_paged_kv(n_blocks, BLOCK_TOKENS),
+            blocks: BlockManager::new(n_blocks, BLOCK_TOKENS),
+            scratch: StepScratch::default(),
+            slots: (0..max_sequences.max(1)).map(|_| None).collect(),
             n_ctx: decoder.context_size(),
-            clock: 0,
-            bytes_per_position,
+            promised: 0,
+            bytes_per_position: decoder.kv_bytes_per_position(),
         }
     }
 
@@ -78,126 +99,182 @@ impl KvPool {
         self.n_ctx
     }
 
-    pub fn n_slots(&self) -> usize {
+    pub fn max_sequences(&self) -> usize {
         self.slots.len()
     }
 
-    pub fn has_free(&self) -> bool {
-        self.slots.iter().any(|s| !s.busy)
+    pub fn block_tokens(&self) -> usize {
+        BLOCK_TOKENS
     }
 
-    /// Bytes reserved for all caches.
+    /// Bytes reserved for the arena.
     pub fn reserved_bytes(&self) -> usize {
-        self.bytes_per_position * self.n_ctx * self.slots.len()
+        self.bytes_per_position * BLOCK_TOKENS * self.blocks.n_blocks()
     }
 
-    /// Positions held by busy slots, and the total.
-    pub fn usage(&self) -> (usize, usize) {
-        let used = self
-            .slots
+    pub fn n_blocks(&self) -> usize {
+        self.blocks.n_blocks()
+    }
+
+    /// Blocks in use, kept for prefix reuse, and free.
+    pub fn usage(&self) -> BlockUsage {
+        self.blocks.usage()
+    }
+
+    /// The blocks a prompt would reuse, and how many more it needs to reach `max_len`
+    /// positions. At least one prompt token is always left to prefill, since the
+    /// next-token logits come from it.
+    fn plan(&self, prompt: &[TokenId], max_len: usize) -> (Vec<u32>, usize) {
+        let max_reused = prompt.len().saturating_sub(1) / BLOCK_TOKENS;
+        let reused = self.blocks.lookup_prefix(prompt, max_reused);
+        let total = max_len
+            .clamp(prompt.len(), self.n_ctx)
+            .div_ceil(BLOCK_TOKENS);
+        (reused.clone(), total.saturating_sub(reused.len()))
+    }
+
+    /// Whether [`acquire`](Self::acquire) would admit the prompt now.
+    pub fn check(&self, prompt: &[TokenId], max_len: usize) -> Result<(), Refusal> {
+        let (reused, fresh) = self.plan(prompt, max_len);
+        let capacity = self.blocks.n_blocks();
+        if reused.len() + fresh > capacity {
+            return Err(Refusal::TooLarge {
+                needed: (reused.len() + fresh) * BLOCK_TOKENS,
+                capacity: capacity * BLOCK_TOKENS,
+            });
+        }
+        // Reused blocks nobody holds stop being available once taken.
+        let idle_reused = reused
             .iter()
-            .filter(|s| s.busy)
-            .map(|s| s.state.len())
-            .sum();
-        (used, self.n_ctx * self.slots.len())
-    }
-
-    /// Takes the free slot sharing the longest prefix with `prompt` (the least recently used
-    /// among equals) and cuts its cache back to that prefix. At least one prompt token is
-    /// always left to prefill, since the next-token logits come from it.
-    pub fn acquire(&mut self, prompt: &[TokenId]) -> Option<Lease> {
-        let mut best: Option<(usize, usize)> = None;
-        for (i, slot) in self.slots.iter().enumerate() {
-            if slot.busy {
-                continue;
-            }
-            let common = common_prefix(&slot.tokens, prompt).min(prompt.len().saturating_sub(1));
-            let better = match best {
-                None => true,
-                Some((b, bc)) => {
-                    common > bc || (common == bc && slot.last_used < self.slots[b].last_used)
-                }
-            };
-            if better {
-                best = Some((i, common));
-            }
-        }
-        let (i, reused) = best?;
-        let slot = &mut self.slots[i];
-        slot.busy = true;
-        slot.state.truncate(reused);
-        slot.tokens.truncate(reused);
-        Some(Lease {
-            slot: SlotId(i),
-            reused,
-        })
-    }
-
-    /// Gives the slot back; its cache stays for later prefix reuse.
-    pub fn release(&mut self, id: SlotId) {
-        self.clock += 1;
-        let slot = &mut self.slots[id.0];
-        slot.busy = false;
-        slot.last_used = self.clock;
-    }
-
-    /// Forgets what a slot holds (after a failed step, whose effect on it is unknown).
-    pub fn reset(&mut self, id: SlotId) {
-        let slot = &mut self.slots[id.0];
-        slot.state.truncate(0);
-        slot.tokens.clear();
-    }
-
-    /// Positions the slot's cache holds.
-    pub fn len(&self, id: SlotId) -> usize {
-        self.slots[id.0].state.len()
-    }
-
-    /// Runs one batched step: each entry's tokens are appended to its slot's cache.
-    pub fn forward(&mut self, decoder: &Decoder, work: &[Work<'_>]) -> Result<(), EngineError> {
-        let mut steps: Vec<SequenceStep<'_>> = Vec::with_capacity(work.len());
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(w) = work.iter().find(|w| w.slot.0 == i) {
-                steps.push(SequenceStep {
-                    tokens: w.tokens,
-                    state: &mut slot.state,
-                    logits: if w.logits {
-                        LogitsFor::Last
-                    } else {
-                        LogitsFor::From(w.tokens.len())
-                    },
-                });
-            }
-        }
-        if steps.is_empty() {
-            return Ok(());
-        }
-        decoder.forward_many(&mut steps)?;
-        drop(steps);
-        for w in work {
-            self.slots[w.slot.0].tokens.extend_from_slice(w.tokens);
+            .filter(|&&b| self.blocks.ref_count(b) == 0)
+            .count();
+        let available = self.blocks.available() - idle_reused - self.promised;
+        if !self.slots.iter().any(Option::is_none) || fresh > available {
+            return Err(Refusal::Busy);
         }
         Ok(())
     }
 
-    /// The next-token logits of the slot's last step (when it asked for them).
-    pub fn logits(&self, id: SlotId) -> &[f32] {
-        self.slots[id.0].state.logits()
+    /// Admits a sequence for `prompt` that may grow to `max_len` positions (capped at the
+    /// context size), sharing the cached blocks of its longest cached prefix.
+    pub fn acquire(&mut self, prompt: &[TokenId], max_len: usize) -> Result<Lease, Refusal> {
+        self.check(prompt, max_len)?;
+        let (reused, fresh) = self.plan(prompt, max_len);
+        let index = self.slots.iter().position(Option::is_none).unwrap_or(0);
+        let mut seq = PagedSequence::new();
+        let mut last_hash = ROOT_HASH;
+        for (chunk, &block) in prompt.chunks_exact(BLOCK_TOKENS).zip(&reused) {
+            self.blocks.acquire(block);
+            seq.table.push_block(block);
+            last_hash = chain_hash(last_hash, chunk);
+        }
+        let n_reused = reused.len() * BLOCK_TOKENS;
+        seq.table.advance(n_reused);
+        self.promised += fresh;
+        self.slots[index] = Some(Slot {
+            seq,
+            tokens: prompt[..n_reused].to_vec(),
+            registered: reused.len(),
+            last_hash,
+            promised: fresh,
+        });
+        Ok(Lease {
+            slot: SlotId(index),
+            reused: n_reused,
+        })
     }
-}
 
-fn common_prefix(a: &[TokenId], b: &[TokenId]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
+    /// Ends a sequence: its blocks go back to the pool, the full ones staying in the prefix
+    /// cache.
+    pub fn release(&mut self, id: SlotId) {
+        if let Some(mut slot) = self.slots[id.0].take() {
+            for block in slot.seq.table.clear().into_iter().rev() {
+                self.blocks.release(block);
+            }
+            self.promised -= slot.promised;
+        }
+    }
 
-#[cfg(test)]
-mod tests {
-    use super::common_prefix;
+    /// Positions the sequence holds.
+    pub fn len(&self, id: SlotId) -> usize {
+        self.slot(id).seq.table.len()
+    }
 
-    #[test]
-    fn common_prefix_counts_equal_leading_tokens() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[], &[1]), 0);
-        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    fn slot(&self, id: SlotId) -> &Slot {
+        self.slots[id.0].as_ref().expect("an admitted sequence")
+    }
+
+    /// Gives the sequence blocks for `len` positions, from its promise first.
+    fn grow(&mut self, id: SlotId, len: usize) -> Result<(), EngineError> {
+        let slot = self.slots[id.0].as_mut().expect("an admitted sequence");
+        while slot.seq.table.capacity(BLOCK_TOKENS) < len {
+            let unpromised = self.blocks.available() - self.promised;
+            if slot.promised == 0 && unpromised == 0 {
+                return Err(EngineError::ContextFull {
+                    needed: len,
+                    capacity: slot.seq.table.capacity(BLOCK_TOKENS),
+                });
+            }
+            let block = self
+                .blocks
+                .allocate()
+                .expect("promised blocks are available");
+            if slot.promised > 0 {
+                slot.promised -= 1;
+                self.promised -= 1;
+            }
+            slot.seq.table.push_block(block);
+        }
+        Ok(())
+    }
+
+    /// Runs one batched step: each entry's tokens are appended to its sequence.
+    pub fn forward(&mut self, decoder: &Decoder, work: &[Work<'_>]) -> Result<(), EngineError> {
+        for w in work {
+            let len = self.len(w.slot) + w.tokens.len();
+            self.grow(w.slot, len)?;
+        }
+        let mut steps: Vec<PagedStep<'_>> = Vec::with_capacity(work.len());
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let (Some(slot), Some(w)) = (slot, work.iter().find(|w| w.slot.0 == i)) else {
+                continue;
+            };
+            steps.push(PagedStep {
+                tokens: w.tokens,
+                seq: &mut slot.seq,
+                logits: if w.logits {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::From(w.tokens.len())
+                },
+            });
+        }
+        if steps.is_empty() {
+            return Ok(());
+        }
+        decoder.forward_paged(&mut self.arena, &mut self.scratch, &mut steps)?;
+        drop(steps);
+        for w in work {
+            self.record(w.slot, w.tokens);
+        }
+        Ok(())
+    }
+
+    /// Notes the tokens a step added and offers newly filled blocks to the prefix cache.
+    fn record(&mut self, id: SlotId, tokens: &[TokenId]) {
+        let slot = self.slots[id.0].as_mut().expect("an admitted sequence");
+        slot.tokens.extend_from_slice(tokens);
+        while (slot.registered + 1) * BLOCK_TOKENS <= slot.tokens.len() {
+            let i = slot.registered;
+            let block = slot.seq.table.blocks()[i];
+            let chunk = &slot.tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            slot.last_hash = self.blocks.register(block, slot.last_hash, chunk);
+            slot.registered += 1;
+        }
+    }
+
+    /// The next-token logits of the sequence's last step (when it asked for them).
+    pub fn logits(&self, id: SlotId) -> &[f32] {
+        self.slot(id).seq.logits()
     }
 }

@@ -53,9 +53,9 @@ pub struct ServerConfig {
     pub port: u16,
     /// Required as `Authorization: Bearer KEY` on every route but `/health`.
     pub api_key: Option<String>,
-    /// Sequences decoded together (KV slots).
+    /// Most sequences decoded together.
     pub parallel: usize,
-    /// Upper bound on the KV cache of all slots together, in MiB (fewer slots if needed).
+    /// The KV block pool's size in MiB (default: `parallel` full contexts).
     pub kv_memory_mib: Option<usize>,
     /// The model id clients see and send (default: the file name).
     pub alias: Option<String>,
@@ -342,6 +342,34 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
+/// The KV block pool: `--kv-memory` MiB, or room for `--parallel` full contexts.
+fn kv_pool(config: &ServerConfig, decoder: &Decoder) -> anyhow::Result<KvPool> {
+    let n_ctx = decoder.context_size();
+    let parallel = config.parallel.max(1);
+    let block_bytes = decoder.kv_bytes_per_position() * kv::BLOCK_TOKENS;
+    let context_blocks = n_ctx.div_ceil(kv::BLOCK_TOKENS);
+    let n_blocks = match config.kv_memory_mib {
+        Some(mib) => {
+            let fit = (mib << 20) / block_bytes.max(1);
+            if fit < context_blocks {
+                bail!(
+                    "--kv-memory {mib} MiB cannot hold one sequence of {n_ctx} positions ({} MiB); lower --ctx-size or raise --kv-memory",
+                    (context_blocks * block_bytes).div_ceil(1 << 20)
+                );
+            }
+            fit
+        }
+        None => context_blocks * parallel,
+    };
+    let pool = KvPool::new(decoder, n_blocks, parallel);
+    tracing::info!(
+        "KV pool: {n_blocks} blocks of {} positions ({} MiB), up to {parallel} sequences of {n_ctx} positions",
+        kv::BLOCK_TOKENS,
+        pool.reserved_bytes().div_ceil(1 << 20)
+    );
+    Ok(pool)
+}
+
 /// The chat template to use and where it came from.
 fn resolve_template(
     choice: Option<&str>,
@@ -390,7 +418,7 @@ fn resolve_template(
     }
 }
 
-/// Builds what serving needs from a loaded model: template, KV slots, the scheduler.
+/// Builds what serving needs from a loaded model: template, KV pool, the scheduler.
 fn prepare(
     config: &ServerConfig,
     model: LoadedModel,
@@ -405,22 +433,7 @@ fn prepare(
     let n_ctx = decoder.context_size();
     let n_vocab = decoder.vocab_size().min(tokenizer.vocab().len());
 
-    let bytes_per_slot = decoder.new_state().kv_cache().bytes_per_position() * n_ctx;
-    let mut slots = config.parallel.max(1);
-    if let Some(mib) = config.kv_memory_mib {
-        let fit = (mib << 20) / bytes_per_slot.max(1);
-        if fit == 0 {
-            bail!(
-                "--kv-memory {mib} MiB cannot hold one sequence of {n_ctx} positions ({} MiB); lower --ctx-size or raise --kv-memory",
-                bytes_per_slot.div_ceil(1 << 20)
-            );
-        }
-        if fit < slots {
-            tracing::warn!("--kv-memory {mib} MiB holds {fit} sequences of {n_ctx} positions; serving {fit} in parallel instead of {slots}");
-            slots = fit;
-        }
-    }
-    let pool = KvPool::new(&decoder, slots);
+    let pool = kv_pool(config, &decoder)?;
 
     let vocab = tokenizer.vocab();
     let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
@@ -455,10 +468,8 @@ fn prepare(
         n_vocab,
         decoder.threads()
     );
-    tracing::info!(
-        "KV cache: {slots} slots x {n_ctx} positions, {:.0} MiB; chat template: {template_source}",
-        (bytes_per_slot * slots) as f64 / (1 << 20) as f64
-    );
+    tracing::info!("chat template: {template_source}");
+    let slots = pool.max_sequences();
 
     let tokenizer = Arc::new(tokenizer);
     let scheduler = Scheduler::start(

@@ -59,8 +59,10 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub queue_depth: AtomicU64,
     pub active_sequences: AtomicU64,
-    pub kv_used_positions: AtomicU64,
-    pub kv_capacity_positions: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_cached: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub kv_block_tokens: AtomicU64,
     pub kv_bytes: AtomicU64,
     pub steps: AtomicU64,
     ttft: Mutex<Histogram>,
@@ -78,8 +80,10 @@ impl Default for Metrics {
             cancelled: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
             active_sequences: AtomicU64::new(0),
-            kv_used_positions: AtomicU64::new(0),
-            kv_capacity_positions: AtomicU64::new(0),
+            kv_blocks_used: AtomicU64::new(0),
+            kv_blocks_cached: AtomicU64::new(0),
+            kv_blocks_total: AtomicU64::new(0),
+            kv_block_tokens: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
@@ -93,6 +97,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Metrics {
+    pub fn set_kv_usage(&self, usage: ferrox_core::BlockUsage) {
+        self.kv_blocks_used
+            .store(usage.used as u64, Ordering::Relaxed);
+        self.kv_blocks_cached
+            .store(usage.cached as u64, Ordering::Relaxed);
+    }
+
     pub fn count_request(&self, route: &str, status: u16) {
         *lock(&self.requests)
             .entry((route.to_string(), status))
@@ -157,41 +168,57 @@ impl Metrics {
                 get(v)
             );
         }
-        let used = get(&self.kv_used_positions);
-        let cap = get(&self.kv_capacity_positions);
+        let used = get(&self.kv_blocks_used);
+        let cached = get(&self.kv_blocks_cached);
+        let total = get(&self.kv_blocks_total);
         let gauges = [
             (
                 "ferrox_requests_waiting",
-                "Requests queued for a free slot.",
+                "Requests queued for a sequence slot or KV memory.",
                 get(&self.queue_depth) as f64,
             ),
             (
                 "ferrox_active_sequences",
-                "Sequences holding a slot (prefilling or decoding).",
+                "Sequences being prefilled or decoded.",
                 get(&self.active_sequences) as f64,
             ),
             (
-                "ferrox_kv_cache_used_positions",
-                "KV positions in use by active sequences.",
+                "ferrox_kv_blocks_used",
+                "KV blocks held by active sequences.",
                 used as f64,
             ),
             (
-                "ferrox_kv_cache_capacity_positions",
-                "KV positions of all slots together.",
-                cap as f64,
+                "ferrox_kv_blocks_cached",
+                "KV blocks held by nobody, kept for prefix reuse (evictable).",
+                cached as f64,
+            ),
+            (
+                "ferrox_kv_blocks_free",
+                "KV blocks never filled or dropped.",
+                total.saturating_sub(used + cached) as f64,
+            ),
+            (
+                "ferrox_kv_blocks_total",
+                "KV blocks in the pool.",
+                total as f64,
+            ),
+            (
+                "ferrox_kv_block_tokens",
+                "Positions per KV block.",
+                get(&self.kv_block_tokens) as f64,
             ),
             (
                 "ferrox_kv_cache_usage_ratio",
-                "Used over capacity.",
-                if cap == 0 {
+                "KV blocks held by active sequences over all blocks.",
+                if total == 0 {
                     0.0
                 } else {
-                    used as f64 / cap as f64
+                    used as f64 / total as f64
                 },
             ),
             (
                 "ferrox_kv_cache_bytes",
-                "Bytes reserved for the KV cache of all slots.",
+                "Bytes reserved for the KV block pool.",
                 get(&self.kv_bytes) as f64,
             ),
         ];

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
-use crate::kv::{KvPool, SlotId, Work};
+use crate::kv::{KvPool, Refusal, SlotId, Work};
 use crate::metrics::Metrics;
 
 /// A request waiting for, or holding, a slot.
@@ -223,6 +223,14 @@ struct Planned {
     logits: bool,
 }
 
+/// The most positions a job's sequence can reach: its prompt plus its token limit (the
+/// pool caps it at the context size).
+fn max_len(job: &Job) -> usize {
+    job.prompt
+        .len()
+        .saturating_add(job.params.max_tokens.unwrap_or(usize::MAX))
+}
+
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<String>()
@@ -238,16 +246,18 @@ fn shutting_down() -> ApiError {
 impl<'t> Loop<'t> {
     fn run(&mut self) {
         let mut active: Vec<Seq<'t>> = Vec::new();
-        let (_, capacity) = self.pool.usage();
         self.metrics
-            .kv_capacity_positions
-            .store(capacity as u64, Ordering::Relaxed);
+            .kv_blocks_total
+            .store(self.pool.n_blocks() as u64, Ordering::Relaxed);
+        self.metrics
+            .kv_block_tokens
+            .store(self.pool.block_tokens() as u64, Ordering::Relaxed);
         self.metrics
             .kv_bytes
             .store(self.pool.reserved_bytes() as u64, Ordering::Relaxed);
         let shared = self.shared.clone();
         loop {
-            let admitted = {
+            {
                 let mut q = lock(&shared);
                 loop {
                     if q.stop {
@@ -274,22 +284,31 @@ impl<'t> Loop<'t> {
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
-                let mut admitted = Vec::new();
-                while self.pool.n_slots() > active.len() + admitted.len() {
-                    let Some(job) = q.jobs.pop_front() else { break };
+                // First come, first served: a request waiting for memory holds back those
+                // behind it, so a large one is not starved by a stream of small ones.
+                while let Some(job) = q.jobs.front() {
                     if job.events.is_closed() {
+                        q.jobs.pop_front();
                         self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    admitted.push(job);
+                    match self.pool.check(&job.prompt, max_len(job)) {
+                        Err(Refusal::Busy) => break,
+                        Err(Refusal::TooLarge { needed, capacity }) => {
+                            let job = q.jobs.pop_front().expect("the front job");
+                            let _ = job.events.send(Event::Failed(ApiError::invalid(
+                                format!("this request may need {needed} KV positions (prompt plus max_tokens); the server's KV memory holds {capacity}"),
+                            )));
+                        }
+                        Ok(()) => {
+                            let job = q.jobs.pop_front().expect("the front job");
+                            self.admit(job, &mut active);
+                        }
+                    }
                 }
                 self.metrics
                     .queue_depth
                     .store(q.jobs.len() as u64, Ordering::Relaxed);
-                admitted
-            };
-            for job in admitted {
-                self.admit(job, &mut active);
             }
             self.drop_cancelled(&mut active);
             if !active.is_empty() {
@@ -300,15 +319,11 @@ impl<'t> Loop<'t> {
                     let error = ApiError::internal(message);
                     for s in active.drain(..) {
                         let _ = s.job.events.send(Event::Failed(error.clone()));
-                        self.pool.reset(s.slot);
                         self.pool.release(s.slot);
                     }
                 }
             }
-            let (used, _) = self.pool.usage();
-            self.metrics
-                .kv_used_positions
-                .store(used as u64, Ordering::Relaxed);
+            self.metrics.set_kv_usage(self.pool.usage());
             self.metrics
                 .active_sequences
                 .store(active.len() as u64, Ordering::Relaxed);
@@ -316,12 +331,14 @@ impl<'t> Loop<'t> {
     }
 
     fn admit(&mut self, job: Job, active: &mut Vec<Seq<'t>>) {
-        let Some(lease) = self.pool.acquire(&job.prompt) else {
-            // Cannot happen: admission is bounded by the free slots.
-            let _ = job
-                .events
-                .send(Event::Failed(ApiError::internal("no free KV slot")));
-            return;
+        let lease = match self.pool.acquire(&job.prompt, max_len(&job)) {
+            Ok(lease) => lease,
+            Err(refusal) => {
+                // Cannot happen: admission follows a successful check.
+                let message = format!("no KV memory for an admitted request: {refusal:?}");
+                let _ = job.events.send(Event::Failed(ApiError::internal(message)));
+                return;
+            }
         };
         self.metrics
             .prompt_tokens
@@ -438,7 +455,6 @@ impl<'t> Loop<'t> {
             for &i in failed.iter().rev() {
                 let s = active.remove(i);
                 let _ = s.job.events.send(Event::Failed(error.clone()));
-                self.pool.reset(s.slot);
                 self.pool.release(s.slot);
             }
             return;

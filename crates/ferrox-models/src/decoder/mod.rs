@@ -3,13 +3,14 @@
 //! the shared pieces in [`crate::layers`].
 
 mod config;
+mod kv_target;
 mod linear;
 mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use ferrox_core::{KvCache, KvSnapshot, KvStorage};
+use ferrox_core::{BlockTable, KvCache, KvSnapshot, KvStorage, PagedKv};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
@@ -21,10 +22,11 @@ pub use weights::DecoderWeights;
 
 use crate::engine::{Engine, EngineError, LogitsFor};
 use crate::layers::activation::{gated, softcap};
-use crate::layers::attention::{attend, AttentionParams, KvView};
+use crate::layers::attention::AttentionParams;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
 use crate::tokenizer::TokenId;
 use crate::ModelError;
+use kv_target::{HeadSlot, KvTarget};
 use linear::linear;
 use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
@@ -68,6 +70,37 @@ pub struct SequenceStep<'a> {
     pub state: &'a mut DecoderState,
     pub logits: LogitsFor,
 }
+
+/// A sequence whose keys and values live in a shared [`PagedKv`] arena (see
+/// [`Decoder::forward_paged`]). Whoever owns the arena's blocks fills `table` with enough
+/// of them before each step.
+#[derive(Debug, Default)]
+pub struct PagedSequence {
+    pub table: BlockTable,
+    logits: Vec<f32>,
+}
+
+impl PagedSequence {
+    pub fn new() -> PagedSequence {
+        PagedSequence::default()
+    }
+
+    /// The logits of the last step (`vocab_size` per requested token).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
+
+/// One sequence's part of a [`Decoder::forward_paged`] step.
+pub struct PagedStep<'a> {
+    pub tokens: &'a [TokenId],
+    pub seq: &'a mut PagedSequence,
+    pub logits: LogitsFor,
+}
+
+/// Activation buffers for batched steps, kept between steps so decoding does not allocate.
+#[derive(Default)]
+pub struct StepScratch(Scratch);
 
 /// Where one row of a micro-batch comes from.
 #[derive(Clone, Copy, Debug)]
@@ -230,29 +263,103 @@ impl Decoder {
     /// in its state ([`DecoderState::logits`]). Because the kernels are batch-invariant, a
     /// sequence's results do not depend on which others share the step.
     pub fn forward_many(&self, steps: &mut [SequenceStep<'_>]) -> Result<(), EngineError> {
+        let Some(first) = steps.first_mut() else {
+            return Ok(());
+        };
+        let mut scratch = std::mem::take(&mut first.state.scratch);
+        let mut caches = Vec::with_capacity(steps.len());
+        let mut logits = Vec::with_capacity(steps.len());
+        let mut seqs = Vec::with_capacity(steps.len());
+        for step in steps.iter_mut() {
+            let DecoderState {
+                kv, logits: out, ..
+            } = &mut *step.state;
+            caches.push(kv);
+            logits.push(out);
+            seqs.push((step.tokens, step.logits));
+        }
+        let result = self.run_step(KvTarget::Owned(caches), &mut logits, &seqs, &mut scratch);
+        steps[0].state.scratch = scratch;
+        result
+    }
+
+    /// An arena for [`forward_paged`](Self::forward_paged) with this model's layer shapes:
+    /// `n_blocks` blocks of `block_tokens` positions.
+    pub fn new_paged_kv(&self, n_blocks: usize, block_tokens: usize) -> PagedKv {
+        let (kw, vw) = self.config.kv_widths();
+        let n_layer = self.config.n_layer();
+        PagedKv::new(n_layer, n_blocks, block_tokens, kw, vw, self.kv_storage)
+    }
+
+    /// Bytes of KV memory one position takes.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let (kw, vw) = self.config.kv_widths();
+        PagedKv::bytes_per_position(self.config.n_layer(), kw, vw, self.kv_storage)
+    }
+
+    /// [`forward_many`](Self::forward_many) for sequences kept in a paged arena (made by
+    /// [`new_paged_kv`](Self::new_paged_kv)). Each sequence's table must already hold
+    /// blocks for its new positions; blocks shared with other tables are only read (a
+    /// sequence writes only positions from its length on).
+    pub fn forward_paged(
+        &self,
+        arena: &mut PagedKv,
+        scratch: &mut StepScratch,
+        steps: &mut [PagedStep<'_>],
+    ) -> Result<(), EngineError> {
+        let (kw, vw) = self.config.kv_widths();
+        if arena.n_layers() != self.config.n_layer()
+            || (arena.key_width(), arena.value_width()) != (kw, vw)
+        {
+            return Err(EngineError::State(
+                "the paged KV arena was made for another model".into(),
+            ));
+        }
+        let mut tables = Vec::with_capacity(steps.len());
+        let mut logits = Vec::with_capacity(steps.len());
+        let mut seqs = Vec::with_capacity(steps.len());
+        for step in steps.iter_mut() {
+            let PagedSequence { table, logits: out } = &mut *step.seq;
+            tables.push(table);
+            logits.push(out);
+            seqs.push((step.tokens, step.logits));
+        }
+        let target = KvTarget::Paged { arena, tables };
+        self.run_step(target, &mut logits, &seqs, &mut scratch.0)
+    }
+
+    /// Checks a step's sequences, lays their tokens out as rows and runs them through the
+    /// model in micro-batches.
+    fn run_step(
+        &self,
+        mut kv: KvTarget<'_>,
+        logits: &mut [&mut Vec<f32>],
+        seqs: &[(&[TokenId], LogitsFor)],
+        scratch: &mut Scratch,
+    ) -> Result<(), EngineError> {
         let n_vocab = self.config.n_vocab;
         let mut rows = Vec::new();
-        for (seq, step) in steps.iter_mut().enumerate() {
-            if step.tokens.is_empty() {
+        for (seq, &(tokens, want)) in seqs.iter().enumerate() {
+            if tokens.is_empty() {
                 return Err(EngineError::EmptyBatch);
             }
-            let start = step.state.kv.len();
-            let needed = start + step.tokens.len();
-            if needed > step.state.kv.capacity() {
+            let start = kv.len(seq);
+            let needed = start + tokens.len();
+            if needed > kv.capacity(seq) {
                 return Err(EngineError::ContextFull {
                     needed,
-                    capacity: step.state.kv.capacity(),
+                    capacity: kv.capacity(seq),
                 });
             }
-            if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(EngineError::InvalidToken {
                     token: bad,
                     vocab_size: n_vocab,
                 });
             }
-            let wanted = step.logits.range(step.tokens.len());
-            step.state.logits.resize(wanted.len() * n_vocab, 0.0);
-            for (i, &token) in step.tokens.iter().enumerate() {
+            let wanted = want.range(tokens.len());
+            logits[seq].resize(wanted.len() * n_vocab, 0.0);
+            for (i, &token) in tokens.iter().enumerate() {
                 let logits_row = wanted.contains(&i).then(|| i - wanted.start);
                 rows.push(Row {
                     seq,
@@ -262,13 +369,10 @@ impl Decoder {
                 });
             }
         }
-        let mut scratch = std::mem::take(&mut steps[0].state.scratch);
-        let result = self.pool.install(|| {
+        self.pool.install(|| {
             rows.chunks(MAX_MICRO_BATCH)
-                .try_for_each(|chunk| self.forward_micro_batch(chunk, steps, &mut scratch))
-        });
-        steps[0].state.scratch = scratch;
-        result
+                .try_for_each(|chunk| self.forward_micro_batch(chunk, &mut kv, logits, scratch))
+        })
     }
 
     /// One micro-batch of rows (from one or more sequences, each sequence's rows in
@@ -277,7 +381,8 @@ impl Decoder {
     fn forward_micro_batch(
         &self,
         rows: &[Row],
-        steps: &mut [SequenceStep<'_>],
+        kv: &mut KvTarget<'_>,
+        seq_logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
         let c = &self.config;
@@ -295,16 +400,12 @@ impl Decoder {
             }
         }
 
-        {
-            let mut caches: Vec<&mut KvCache> =
-                steps.iter_mut().map(|st| &mut st.state.kv).collect();
-            for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
-                self.attention_block(il, lc, lw, rows, &mut caches, s)?;
-                self.ffn_block(lc, lw, n, s)?;
-            }
-            for row in rows {
-                caches[row.seq].advance(row.pos + 1);
-            }
+        for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
+            self.attention_block(il, lc, lw, rows, kv, s)?;
+            self.ffn_block(lc, lw, n, s)?;
+        }
+        for row in rows {
+            kv.advance(row.seq, row.pos + 1);
         }
 
         let wanting: Vec<usize> = (0..n).filter(|&t| rows[t].logits_row.is_some()).collect();
@@ -330,7 +431,7 @@ impl Decoder {
         }
         for (i, &t) in wanting.iter().enumerate() {
             let (row, slot) = (&rows[t], rows[t].logits_row.unwrap_or(0));
-            steps[row.seq].state.logits[slot * n_vocab..(slot + 1) * n_vocab]
+            seq_logits[row.seq][slot * n_vocab..(slot + 1) * n_vocab]
                 .copy_from_slice(&logits[i * n_vocab..(i + 1) * n_vocab]);
         }
         Ok(())
@@ -342,7 +443,7 @@ impl Decoder {
         lc: &LayerConfig,
         lw: &weights::LayerWeights,
         rows: &[Row],
-        caches: &mut [&mut KvCache],
+        kv: &mut KvTarget<'_>,
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
         let n = rows.len();
@@ -415,7 +516,7 @@ impl Decoder {
             if let Some(scale) = c.query_scale {
                 qt.iter_mut().for_each(|x| *x *= scale);
             }
-            caches[rows[t].seq].write(il, pos, kt, &v[t * v_w..(t + 1) * v_w]);
+            kv.write(rows[t].seq, il, pos, kt, &v[t * v_w..(t + 1) * v_w]);
         }
 
         let params = AttentionParams {
@@ -429,29 +530,20 @@ impl Decoder {
         let group = lc.n_head / lc.n_head_kv;
         let attn = sized(&mut s.attn, n * lc.n_head * hd_v);
         let q = &*q;
-        let caches = &*caches;
+        let kv = &*kv;
         attn.par_chunks_mut(hd_v).enumerate().for_each(|(i, out)| {
             let (t, h) = (i / lc.n_head, i % lc.n_head);
             let Row { seq, pos, .. } = rows[t];
-            let kv = &*caches[seq];
-            let view = KvView {
-                keys: kv.keys(il, 0, pos + 1),
-                values: kv.values(il, 0, pos + 1),
-                key_width: kv.key_width(),
-                value_width: kv.value_width(),
-                head: h / group,
+            let at = HeadSlot {
+                seq,
+                layer: il,
+                kv_head: h / group,
                 head_dim_k: hd_k,
                 head_dim_v: hd_v,
             };
             let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            attend(
-                &q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k],
-                &view,
-                lo,
-                pos + 1,
-                &params,
-                out,
-            );
+            let q_head = &q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k];
+            kv.attend(at, q_head, lo, pos + 1, &params, out);
         });
 
         let proj = sized(&mut s.proj, n * n_embd);

@@ -47,60 +47,107 @@ pub fn attend(
     params: &AttentionParams,
     out: &mut [f32],
 ) {
-    let dk = kv.head_dim_k;
-    let dv = kv.head_dim_v;
-    out[..dv].fill(0.0);
-    let mut acc16 = [f16::ZERO; MAX_HEAD_DIM];
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    // f16 caches are read the way ggml reads them: the query is rounded to f16 once and
-    // the dot product accumulates in f32.
-    let mut q16 = [f16::ZERO; MAX_HEAD_DIM];
-    if let KvRows::F16(_) = kv.keys {
-        for (d, &s) in q16.iter_mut().zip(&q[..dk]) {
-            *d = f16::from_f32(s);
-        }
-    }
-    let (scale, cap) = match params.softcap {
-        Some(cap) => (params.scale / cap, cap),
-        None => (params.scale, 0.0),
-    };
-    for p in lo..hi {
-        let k_at = p * kv.key_width + kv.head * dk;
-        let mut s = match kv.keys {
-            KvRows::F32(k) => dot_f32(&k[k_at..k_at + dk], &q[..dk]),
-            KvRows::F16(k) => vec_f16::dot_f16(&k[k_at..k_at + dk], &q16[..dk]),
-        };
-        s *= scale;
-        if params.softcap.is_some() {
-            s = cap * s.tanh();
-        }
-        // Online softmax: rescale what has accumulated when a new maximum appears.
-        let (ms, vs) = if s > max {
-            let ms = (max - s).exp();
-            max = s;
-            (ms, 1.0)
-        } else {
-            (1.0, (s - max).exp())
-        };
-        let v_at = p * kv.value_width + kv.head * dv;
-        match kv.values {
-            KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs),
-            KvRows::F16(v) => {
-                if ms != 1.0 {
-                    vec_f16::scale_f16(&mut acc16[..dv], ms);
-                }
-                vec_f16::mad_f16(&mut acc16[..dv], &v[v_at..v_at + dv], vs);
+    let mut acc = OnlineAttention::new(q, kv, params, out);
+    acc.consume(q, kv, lo, hi, out);
+    acc.finish(out);
+}
+
+/// One query's attention accumulated run by run (the runs of a paged cache, in position
+/// order). The arithmetic is the same whether the keys come in one run or many.
+pub struct OnlineAttention {
+    /// The query rounded to f16 (f16 caches only).
+    q16: [f16; MAX_HEAD_DIM],
+    /// The weighted sum of f16 values (f16 caches only; f32 sums accumulate in `out`).
+    acc16: [f16; MAX_HEAD_DIM],
+    max: f32,
+    sum: f32,
+    scale: f32,
+    softcap: Option<f32>,
+    head_dim_v: usize,
+    f16_values: bool,
+}
+
+impl OnlineAttention {
+    /// Starts an empty accumulation for `q`; `out` (the head's output row) is zeroed.
+    /// `kv` gives the shapes and storage of the runs to come.
+    pub fn new(
+        q: &[f32],
+        kv: &KvView<'_>,
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> OnlineAttention {
+        out[..kv.head_dim_v].fill(0.0);
+        let mut q16 = [f16::ZERO; MAX_HEAD_DIM];
+        // f16 caches are read the way ggml reads them: the query is rounded to f16 once
+        // and the dot product accumulates in f32.
+        if let KvRows::F16(_) = kv.keys {
+            for (d, &s) in q16.iter_mut().zip(&q[..kv.head_dim_k]) {
+                *d = f16::from_f32(s);
             }
         }
-        sum = sum * ms + vs;
-    }
-    if let KvRows::F16(_) = kv.values {
-        for (o, a) in out[..dv].iter_mut().zip(&acc16[..dv]) {
-            *o = a.to_f32();
+        let scale = match params.softcap {
+            Some(cap) => params.scale / cap,
+            None => params.scale,
+        };
+        OnlineAttention {
+            q16,
+            acc16: [f16::ZERO; MAX_HEAD_DIM],
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            scale,
+            softcap: params.softcap,
+            head_dim_v: kv.head_dim_v,
+            f16_values: matches!(kv.values, KvRows::F16(_)),
         }
     }
-    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-    out[..dv].iter_mut().for_each(|o| *o *= inv);
+
+    /// Adds positions `lo..hi` of `kv` (which must follow everything consumed so far).
+    pub fn consume(&mut self, q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, out: &mut [f32]) {
+        let dk = kv.head_dim_k;
+        let dv = kv.head_dim_v;
+        for p in lo..hi {
+            let k_at = p * kv.key_width + kv.head * dk;
+            let mut s = match kv.keys {
+                KvRows::F32(k) => dot_f32(&k[k_at..k_at + dk], &q[..dk]),
+                KvRows::F16(k) => vec_f16::dot_f16(&k[k_at..k_at + dk], &self.q16[..dk]),
+            };
+            s *= self.scale;
+            if let Some(cap) = self.softcap {
+                s = cap * s.tanh();
+            }
+            // Online softmax: rescale what has accumulated when a new maximum appears.
+            let (ms, vs) = if s > self.max {
+                let ms = (self.max - s).exp();
+                self.max = s;
+                (ms, 1.0)
+            } else {
+                (1.0, (s - self.max).exp())
+            };
+            let v_at = p * kv.value_width + kv.head * dv;
+            match kv.values {
+                KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs),
+                KvRows::F16(v) => {
+                    if ms != 1.0 {
+                        vec_f16::scale_f16(&mut self.acc16[..dv], ms);
+                    }
+                    vec_f16::mad_f16(&mut self.acc16[..dv], &v[v_at..v_at + dv], vs);
+                }
+            }
+            self.sum = self.sum * ms + vs;
+        }
+    }
+
+    /// Writes the normalised result to `out`.
+    pub fn finish(&self, out: &mut [f32]) {
+        let out = &mut out[..self.head_dim_v];
+        if self.f16_values {
+            for (o, a) in out.iter_mut().zip(&self.acc16) {
+                *o = a.to_f32();
+            }
+        }
+        let inv = if self.sum > 0.0 { 1.0 / self.sum } else { 0.0 };
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {

@@ -1,0 +1,257 @@
+//! Paged KV memory: one arena of fixed-size blocks shared by every sequence, as vLLM's
+//! paged attention does. A sequence's cache is a [`BlockTable`] (block ids in position
+//! order); blocks holding a common prompt prefix can appear in several tables at once, so
+//! the prefix is stored and computed once. Which block is free, shared or cached is
+//! [`crate::block_manager`]'s business; this module only stores rows.
+
+use crate::kv_cache::Rows;
+use crate::{KvRows, KvStorage};
+
+/// Index of a block in a [`PagedKv`] arena.
+pub type BlockId = u32;
+
+#[derive(Debug)]
+struct LayerBlocks {
+    keys: Rows,
+    values: Rows,
+}
+
+/// Keys and values for `n_blocks` blocks of `block_tokens` positions, every layer.
+/// Inside a block, rows are position-major like [`crate::KvCache`]'s.
+#[derive(Debug)]
+pub struct PagedKv {
+    layers: Vec<LayerBlocks>,
+    storage: KvStorage,
+    n_blocks: usize,
+    block_tokens: usize,
+    key_width: usize,
+    value_width: usize,
+}
+
+impl PagedKv {
+    /// Reserves the arena (zeroed pages: memory is touched only as blocks fill).
+    pub fn new(
+        n_layers: usize,
+        n_blocks: usize,
+        block_tokens: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> PagedKv {
+        assert!(block_tokens > 0, "blocks hold at least one position");
+        assert!(
+            n_blocks <= BlockId::MAX as usize,
+            "block ids are 32-bit ({n_blocks} blocks requested)"
+        );
+        let positions = n_blocks * block_tokens;
+        let layers = (0..n_layers)
+            .map(|_| LayerBlocks {
+                keys: Rows::zeroed(storage, positions * key_width),
+                values: Rows::zeroed(storage, positions * value_width),
+            })
+            .collect();
+        PagedKv {
+            layers,
+            storage,
+            n_blocks,
+            block_tokens,
+            key_width,
+            value_width,
+        }
+    }
+
+    /// Bytes one position takes across all layers.
+    pub fn bytes_per_position(
+        n_layers: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> usize {
+        n_layers * (key_width + value_width) * storage.element_bytes()
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn storage(&self) -> KvStorage {
+        self.storage
+    }
+
+    pub fn key_width(&self) -> usize {
+        self.key_width
+    }
+
+    pub fn value_width(&self) -> usize {
+        self.value_width
+    }
+
+    /// Stores the rows of `layer` at `offset` inside `block`.
+    pub fn write(
+        &mut self,
+        layer: usize,
+        block: BlockId,
+        offset: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) {
+        debug_assert!(offset < self.block_tokens && (block as usize) < self.n_blocks);
+        let at = block as usize * self.block_tokens + offset;
+        let l = &mut self.layers[layer];
+        l.keys.write(at * self.key_width, keys);
+        l.values.write(at * self.value_width, values);
+    }
+
+    /// Keys of offsets `start..end` inside `block`, position-major.
+    pub fn keys(&self, layer: usize, block: BlockId, start: usize, end: usize) -> KvRows<'_> {
+        let base = block as usize * self.block_tokens;
+        self.layers[layer].keys.slice(
+            (base + start) * self.key_width,
+            (base + end) * self.key_width,
+        )
+    }
+
+    /// Values of offsets `start..end` inside `block`, position-major.
+    pub fn values(&self, layer: usize, block: BlockId, start: usize, end: usize) -> KvRows<'_> {
+        let base = block as usize * self.block_tokens;
+        self.layers[layer].values.slice(
+            (base + start) * self.value_width,
+            (base + end) * self.value_width,
+        )
+    }
+}
+
+/// One sequence's view of a [`PagedKv`]: the blocks holding its positions, in order, and
+/// how many positions are filled. Position `p` lives in `blocks[p / block_tokens]` at
+/// offset `p % block_tokens`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockTable {
+    blocks: Vec<BlockId>,
+    len: usize,
+}
+
+impl BlockTable {
+    pub fn new() -> BlockTable {
+        BlockTable::default()
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// Positions the table's blocks can hold.
+    pub fn capacity(&self, block_tokens: usize) -> usize {
+        self.blocks.len() * block_tokens
+    }
+
+    /// Appends a block (its positions become writable).
+    pub fn push_block(&mut self, block: BlockId) {
+        self.blocks.push(block);
+    }
+
+    /// Marks positions up to `len` (exclusive) as filled.
+    pub fn advance(&mut self, len: usize) {
+        self.len = self.len.max(len);
+    }
+
+    /// Forgets positions from `len` on and hands back the blocks no longer needed (for
+    /// the caller to release).
+    pub fn truncate(&mut self, len: usize, block_tokens: usize) -> Vec<BlockId> {
+        self.len = self.len.min(len);
+        let keep = self.len.div_ceil(block_tokens);
+        self.blocks.split_off(keep.min(self.blocks.len()))
+    }
+
+    /// Empties the table, handing back every block.
+    pub fn clear(&mut self) -> Vec<BlockId> {
+        self.len = 0;
+        std::mem::take(&mut self.blocks)
+    }
+
+    /// The block and offset of position `pos`.
+    pub fn locate(&self, pos: usize, block_tokens: usize) -> (BlockId, usize) {
+        (self.blocks[pos / block_tokens], pos % block_tokens)
+    }
+
+    /// Calls `f(block, start, end)` for each block-contiguous run of positions `lo..hi`,
+    /// in order (`start..end` are offsets inside the block).
+    pub fn for_each_run(
+        &self,
+        lo: usize,
+        hi: usize,
+        block_tokens: usize,
+        mut f: impl FnMut(BlockId, usize, usize),
+    ) {
+        let mut p = lo;
+        while p < hi {
+            let (block, offset) = self.locate(p, block_tokens);
+            let end = (offset + (hi - p)).min(block_tokens);
+            f(block, offset, end);
+            p += end - offset;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_land_in_their_block_and_runs_cover_the_range() {
+        let mut kv = PagedKv::new(2, 4, 3, 2, 1, KvStorage::F32);
+        let mut table = BlockTable::new();
+        // Blocks out of order: positions 0..3 in block 2, 3..6 in block 0.
+        table.push_block(2);
+        table.push_block(0);
+        for pos in 0..5 {
+            let (b, off) = table.locate(pos, 3);
+            kv.write(1, b, off, &[pos as f32; 2], &[-(pos as f32)]);
+        }
+        table.advance(5);
+        let mut seen = Vec::new();
+        table.for_each_run(1, 5, 3, |b, s, e| {
+            match kv.keys(1, b, s, e) {
+                KvRows::F32(k) => seen.extend(k.iter().step_by(2).copied()),
+                KvRows::F16(_) => unreachable!(),
+            }
+            let n = e - s;
+            assert!(n > 0 && e <= 3);
+        });
+        assert_eq!(seen, vec![1.0, 2.0, 3.0, 4.0]);
+        match kv.values(1, 0, 1, 2) {
+            KvRows::F32(v) => assert_eq!(v, &[-4.0]),
+            KvRows::F16(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn truncate_returns_unused_blocks() {
+        let mut table = BlockTable::new();
+        for b in [5, 6, 7] {
+            table.push_block(b);
+        }
+        table.advance(8);
+        assert_eq!(table.truncate(4, 3), vec![7]);
+        assert_eq!(table.len(), 4);
+        assert_eq!(table.truncate(3, 3), vec![6]);
+        assert_eq!(table.clear(), vec![5]);
+        assert!(table.is_empty());
+    }
+}
