@@ -8,6 +8,7 @@
 
 pub mod bandwidth;
 pub mod block_manager;
+pub mod flash_attn;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;

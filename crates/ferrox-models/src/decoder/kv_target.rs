@@ -2,9 +2,12 @@
 //! [`KvCache`], or in blocks of one shared [`PagedKv`] arena (the server's pool). The layer
 //! code writes and attends through [`KvTarget`] and does not care which.
 
-use ferrox_core::{BlockTable, KvCache, PagedKv};
+use std::cell::RefCell;
 
-use crate::layers::attention::{attend, AttentionParams, KvView, OnlineAttention};
+use ferrox_core::flash_attn::{GroupShape, GroupState, KvRun};
+use ferrox_core::{BlockTable, KvCache, KvRows, PagedKv};
+
+use crate::layers::attention::{AttentionParams, KvView, OnlineAttention};
 
 pub(super) enum KvTarget<'a> {
     Owned(Vec<&'a mut KvCache>),
@@ -14,14 +17,21 @@ pub(super) enum KvTarget<'a> {
     },
 }
 
-/// One query head's place in the cache.
+/// A group of query heads sharing one KV head, at one position of one sequence.
 #[derive(Clone, Copy)]
-pub(super) struct HeadSlot {
+pub(super) struct HeadGroup {
     pub seq: usize,
     pub layer: usize,
     pub kv_head: usize,
+    pub n_queries: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
+}
+
+thread_local! {
+    /// Each worker's flash-attention state (sized for the largest group: reused, not
+    /// reallocated, per call).
+    static GROUP_STATE: RefCell<GroupState> = RefCell::new(GroupState::default());
 }
 
 impl KvTarget<'_> {
@@ -59,47 +69,106 @@ impl KvTarget<'_> {
         }
     }
 
-    /// Attention of one query head over positions `lo..hi` of its sequence.
+    fn widths(&self) -> (usize, usize) {
+        match self {
+            KvTarget::Owned(c) => (c[0].key_width(), c[0].value_width()),
+            KvTarget::Paged { arena, .. } => (arena.key_width(), arena.value_width()),
+        }
+    }
+
+    /// Calls `f(keys, values, n)` for each stretch of positions `lo..hi` of a sequence
+    /// that lies contiguously in memory, in order (rows position-major from the stretch's
+    /// first position).
+    fn for_each_run<'s>(
+        &'s self,
+        seq: usize,
+        layer: usize,
+        lo: usize,
+        hi: usize,
+        mut f: impl FnMut(KvRows<'s>, KvRows<'s>, usize),
+    ) {
+        match self {
+            KvTarget::Owned(c) => {
+                let kv = &*c[seq];
+                f(kv.keys(layer, lo, hi), kv.values(layer, lo, hi), hi - lo);
+            }
+            KvTarget::Paged { arena, tables } => {
+                let arena = &**arena;
+                tables[seq].for_each_run(lo, hi, arena.block_tokens(), |block, start, end| {
+                    f(
+                        arena.keys(layer, block, start, end),
+                        arena.values(layer, block, start, end),
+                        end - start,
+                    )
+                });
+            }
+        }
+    }
+
+    /// Attention of a group of query heads (`q`: `n_queries` rows) over positions `lo..hi`
+    /// of their sequence; `out` gets `n_queries` rows of `head_dim_v`.
     pub fn attend(
         &self,
-        at: HeadSlot,
+        at: HeadGroup,
         q: &[f32],
         lo: usize,
         hi: usize,
         params: &AttentionParams,
         out: &mut [f32],
     ) {
-        match self {
-            KvTarget::Owned(c) => {
-                let kv = &*c[at.seq];
-                let view = KvView {
-                    keys: kv.keys(at.layer, 0, hi),
-                    values: kv.values(at.layer, 0, hi),
-                    key_width: kv.key_width(),
-                    value_width: kv.value_width(),
-                    head: at.kv_head,
-                    head_dim_k: at.head_dim_k,
-                    head_dim_v: at.head_dim_v,
-                };
-                attend(q, &view, lo, hi, params, out);
+        let (key_width, value_width) = self.widths();
+        let (dk, dv) = (at.head_dim_k, at.head_dim_v);
+        let (k_off, v_off) = (at.kv_head * dk, at.kv_head * dv);
+        let mut f32_runs = false;
+        GROUP_STATE.with_borrow_mut(|state| {
+            let shape = GroupShape {
+                n_queries: at.n_queries,
+                head_dim_k: dk,
+                head_dim_v: dv,
+                scale: params.scale,
+                softcap: params.softcap,
+            };
+            state.start(shape, q);
+            self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
+                if let (KvRows::F16(k), KvRows::F16(v)) = (keys, values) {
+                    state.attend_run(&KvRun {
+                        keys: &k[k_off..],
+                        key_stride: key_width,
+                        values: &v[v_off..],
+                        value_stride: value_width,
+                        len,
+                    });
+                } else {
+                    f32_runs = true;
+                }
+            });
+            if !f32_runs {
+                state.finish(out);
             }
-            KvTarget::Paged { arena, tables } => {
-                let bt = arena.block_tokens();
-                let view = |block, start, end| KvView {
-                    keys: arena.keys(at.layer, block, start, end),
-                    values: arena.values(at.layer, block, start, end),
-                    key_width: arena.key_width(),
-                    value_width: arena.value_width(),
-                    head: at.kv_head,
-                    head_dim_k: at.head_dim_k,
-                    head_dim_v: at.head_dim_v,
-                };
-                let table = &*tables[at.seq];
-                let first = table.locate(lo.min(hi.saturating_sub(1)), bt).0;
-                let mut acc = OnlineAttention::new(q, &view(first, 0, 0), params, out);
-                table.for_each_run(lo, hi, bt, |block, start, end| {
-                    acc.consume(q, &view(block, start, end), 0, end - start, out);
-                });
+        });
+        if !f32_runs {
+            return;
+        }
+        // An f32 cache: each query on its own, in f32 throughout.
+        for g in 0..at.n_queries {
+            let qg = &q[g * dk..(g + 1) * dk];
+            let out = &mut out[g * dv..(g + 1) * dv];
+            let view = |keys, values| KvView {
+                keys,
+                values,
+                key_width,
+                value_width,
+                head: at.kv_head,
+                head_dim_k: dk,
+                head_dim_v: dv,
+            };
+            let mut acc: Option<OnlineAttention> = None;
+            self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
+                let view = view(keys, values);
+                acc.get_or_insert_with(|| OnlineAttention::new(qg, &view, params, out))
+                    .consume(qg, &view, 0, len, out);
+            });
+            if let Some(acc) = acc {
                 acc.finish(out);
             }
         }

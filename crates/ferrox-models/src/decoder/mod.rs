@@ -26,7 +26,7 @@ use crate::layers::attention::AttentionParams;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
 use crate::tokenizer::TokenId;
 use crate::ModelError;
-use kv_target::{HeadSlot, KvTarget};
+use kv_target::{HeadGroup, KvTarget};
 use linear::linear;
 use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
@@ -175,6 +175,14 @@ struct Scratch {
     /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
+}
+
+/// The largest divisor of `n` not above `cap`.
+fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
+    (1..=cap.min(n))
+        .rev()
+        .find(|&d| n.is_multiple_of(d))
+        .unwrap_or(1)
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -528,23 +536,35 @@ impl Decoder {
             softcap: c.attn_softcap,
         };
         let group = lc.n_head / lc.n_head_kv;
+        // Heads sharing a KV head are attended together (the keys and values are read once
+        // for all of them); with few rows, one head per task keeps every thread busy. The
+        // results are the same bits either way.
+        let per_task = if n * lc.n_head_kv >= 2 * self.threads() {
+            largest_divisor_at_most(group, ferrox_core::flash_attn::MAX_GROUP)
+        } else {
+            1
+        };
+        let tasks_per_row = lc.n_head / per_task;
         let attn = sized(&mut s.attn, n * lc.n_head * hd_v);
         let q = &*q;
         let kv = &*kv;
-        attn.par_chunks_mut(hd_v).enumerate().for_each(|(i, out)| {
-            let (t, h) = (i / lc.n_head, i % lc.n_head);
-            let Row { seq, pos, .. } = rows[t];
-            let at = HeadSlot {
-                seq,
-                layer: il,
-                kv_head: h / group,
-                head_dim_k: hd_k,
-                head_dim_v: hd_v,
-            };
-            let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let q_head = &q[t * q_w + h * hd_k..t * q_w + (h + 1) * hd_k];
-            kv.attend(at, q_head, lo, pos + 1, &params, out);
-        });
+        attn.par_chunks_mut(per_task * hd_v)
+            .enumerate()
+            .for_each(|(i, out)| {
+                let (t, h0) = (i / tasks_per_row, (i % tasks_per_row) * per_task);
+                let Row { seq, pos, .. } = rows[t];
+                let at = HeadGroup {
+                    seq,
+                    layer: il,
+                    kv_head: h0 / group,
+                    n_queries: per_task,
+                    head_dim_k: hd_k,
+                    head_dim_v: hd_v,
+                };
+                let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let q_heads = &q[t * q_w + h0 * hd_k..t * q_w + (h0 + per_task) * hd_k];
+                kv.attend(at, q_heads, lo, pos + 1, &params, out);
+            });
 
         let proj = sized(&mut s.proj, n * n_embd);
         linear(&lw.wo.view(&self.gguf)?, attn, n, proj, &mut s.xq)?;

@@ -1,0 +1,606 @@
+//! The inner loop of attention over an f16 KV cache, for a group of queries that share one
+//! KV head (grouped-query attention): ggml's CPU flash-attention arithmetic, computed with
+//! the running sums in registers.
+//!
+//! For each query, key by key: `s = (q·k)·scale` (optionally `cap·tanh(s)`), an online
+//! softmax (`ms` rescales what has accumulated when a new maximum appears, `vs` weighs the
+//! key), and an f16 accumulator updated as `acc = f16(acc·ms)` (when `ms != 1`) then
+//! `acc = f16(v·vs + acc)`, rounded after every step as ggml stores it. The query is the
+//! f16-rounded query and q·k is [`crate::vec_f16::dot_f16_with`] on the same instruction set,
+//! so results are the bits of the one-key-at-a-time loop (tested), however keys are split
+//! into runs (paged caches) or queries into groups.
+//!
+//! Keys are taken in blocks: scores of a block first, then the value rows of the block are
+//! read once for all the group's queries while their accumulators stay in registers.
+
+use half::f16;
+
+use crate::kernels::{best_isa, Isa};
+use crate::vec_f16;
+
+/// Largest head size.
+pub const MAX_HEAD_DIM: usize = 1024;
+/// Most queries per group.
+pub const MAX_GROUP: usize = 8;
+/// Keys scored before their values are accumulated.
+const BLOCK_KEYS: usize = 16;
+
+/// The shape of one group of queries and how their scores are formed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupShape {
+    pub n_queries: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// Multiplies q·k.
+    pub scale: f32,
+    /// Attention logit soft cap (Gemma-2): `s = cap·tanh(q·k·scale / cap)`.
+    pub softcap: Option<f32>,
+}
+
+/// A run of consecutive cached positions of one KV head.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRun<'a> {
+    /// Key `j` is `keys[j * key_stride..][..head_dim_k]`.
+    pub keys: &'a [f16],
+    pub key_stride: usize,
+    /// Value `j` is `values[j * value_stride..][..head_dim_v]`.
+    pub values: &'a [f16],
+    pub value_stride: usize,
+    pub len: usize,
+}
+
+/// The running softmax of every query of a group (large: keep one per thread and
+/// [`start`](Self::start) it for each group).
+pub struct GroupState {
+    shape: GroupShape,
+    max: [f32; MAX_GROUP],
+    sum: [f32; MAX_GROUP],
+    /// Accumulators (f32 holding f16 values), `head_dim_v` per query.
+    acc: Box<[f32]>,
+    /// The queries rounded to f16, `head_dim_k` per query, and the same values as f32.
+    queries: Box<[f16]>,
+    queries_f32: Box<[f32]>,
+}
+
+impl Default for GroupState {
+    fn default() -> Self {
+        GroupState {
+            shape: GroupShape {
+                n_queries: 0,
+                head_dim_k: 0,
+                head_dim_v: 0,
+                scale: 1.0,
+                softcap: None,
+            },
+            max: [f32::NEG_INFINITY; MAX_GROUP],
+            sum: [0.0; MAX_GROUP],
+            acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
+            queries: vec![f16::ZERO; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
+            queries_f32: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
+        }
+    }
+}
+
+impl GroupState {
+    /// Starts a group: `queries` holds `shape.n_queries` rows of `head_dim_k` values
+    /// (rounded to f16 here, as ggml rounds the query for an f16 cache).
+    pub fn start(&mut self, shape: GroupShape, queries: &[f32]) {
+        let (n, dk, dv) = (shape.n_queries, shape.head_dim_k, shape.head_dim_v);
+        assert!(n <= MAX_GROUP && dk <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM);
+        vec_f16::f32_to_f16(&queries[..n * dk], &mut self.queries[..n * dk]);
+        vec_f16::f16_to_f32(&self.queries[..n * dk], &mut self.queries_f32[..n * dk]);
+        self.shape = shape;
+        self.max = [f32::NEG_INFINITY; MAX_GROUP];
+        self.sum = [0.0; MAX_GROUP];
+        self.acc[..n * dv].fill(0.0);
+    }
+
+    /// Adds `run`'s positions (following everything added so far) to every query's
+    /// softmax.
+    pub fn attend_run(&mut self, run: &KvRun<'_>) {
+        self.attend_run_with(best_isa(), run)
+    }
+
+    /// [`attend_run`](Self::attend_run) on a given instruction set (scalar code where it
+    /// is not available).
+    pub fn attend_run_with(&mut self, isa: Isa, run: &KvRun<'_>) {
+        let shape = self.shape;
+        let (g_n, dk, dv) = (shape.n_queries, shape.head_dim_k, shape.head_dim_v);
+        if run.len > 0 {
+            assert!(run.keys.len() >= (run.len - 1) * run.key_stride + dk);
+            assert!(run.values.len() >= (run.len - 1) * run.value_stride + dv);
+        }
+        let (scale, cap) = match shape.softcap {
+            Some(cap) => (shape.scale / cap, cap),
+            None => (shape.scale, 0.0),
+        };
+        let mut ms = [[1.0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut vs = [[0.0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut scores = [[0.0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut start = 0;
+        while start < run.len {
+            let n = (run.len - start).min(BLOCK_KEYS);
+            let keys = &run.keys[start * run.key_stride..];
+            self.score_block(isa, keys, run.key_stride, n, &mut scores);
+            let rows = scores.iter().zip(ms.iter_mut().zip(vs.iter_mut()));
+            for (g, (scores, (ms, vs))) in rows.enumerate().take(g_n) {
+                let (mut max, mut sum) = (self.max[g], self.sum[g]);
+                for j in 0..n {
+                    let mut s = scores[j] * scale;
+                    if shape.softcap.is_some() {
+                        s = cap * s.tanh();
+                    }
+                    let (m, v) = if s > max {
+                        let m = (max - s).exp();
+                        max = s;
+                        (m, 1.0)
+                    } else {
+                        (1.0, (s - max).exp())
+                    };
+                    sum = sum * m + v;
+                    ms[j] = m;
+                    vs[j] = v;
+                }
+                self.max[g] = max;
+                self.sum[g] = sum;
+            }
+            let block = ValueBlock {
+                values: &run.values[start * run.value_stride..],
+                stride: run.value_stride,
+                n,
+                dv,
+            };
+            accumulate_values(
+                isa,
+                &block,
+                &ms[..g_n],
+                &vs[..g_n],
+                &mut self.acc[..g_n * dv],
+            );
+            start += n;
+        }
+    }
+
+    /// `scores[g][j] = q_g·k_j` for the first `n` keys at `keys`: the bits of
+    /// [`vec_f16::dot_f16_with`], each key read once for the whole group where a kernel
+    /// exists.
+    fn score_block(
+        &self,
+        isa: Isa,
+        keys: &[f16],
+        stride: usize,
+        n: usize,
+        scores: &mut [[f32; BLOCK_KEYS]; MAX_GROUP],
+    ) {
+        let (g_n, dk) = (self.shape.n_queries, self.shape.head_dim_k);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512Vnni && isa.is_available() && dk.is_multiple_of(x86::DOT_STEP) {
+            for g0 in (0..g_n).step_by(4) {
+                let group = (g_n - g0).min(4);
+                let queries = &self.queries_f32[g0 * dk..(g0 + group) * dk];
+                // SAFETY: the AVX-512 kernel features are available; `keys` holds `n` rows
+                // at `stride` (checked by the caller), `queries` `group` rows of `dk`.
+                unsafe { x86::scores_512(keys, stride, n, queries, group, dk, &mut scores[g0..]) };
+            }
+            return;
+        }
+        for (q, scores) in self
+            .queries
+            .chunks_exact(dk)
+            .zip(scores.iter_mut())
+            .take(g_n)
+        {
+            for (j, score) in scores[..n].iter_mut().enumerate() {
+                *score = vec_f16::dot_f16_with(isa, &keys[j * stride..][..dk], q);
+            }
+        }
+    }
+
+    /// Writes each query's normalised output (`head_dim_v` per query) to `out`.
+    pub fn finish(&self, out: &mut [f32]) {
+        let dv = self.shape.head_dim_v;
+        for g in 0..self.shape.n_queries {
+            let inv = if self.sum[g] > 0.0 {
+                1.0 / self.sum[g]
+            } else {
+                0.0
+            };
+            for (o, a) in out[g * dv..(g + 1) * dv]
+                .iter_mut()
+                .zip(&self.acc[g * dv..(g + 1) * dv])
+            {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+/// The value rows of one block of keys.
+struct ValueBlock<'a> {
+    values: &'a [f16],
+    stride: usize,
+    n: usize,
+    dv: usize,
+}
+
+/// For each query `g` and key `j` in order: `acc_g = f16(acc_g·ms)` when `ms != 1`, then
+/// `acc_g = f16(v_j·vs + acc_g)`.
+fn accumulate_values(
+    isa: Isa,
+    block: &ValueBlock<'_>,
+    ms: &[[f32; BLOCK_KEYS]],
+    vs: &[[f32; BLOCK_KEYS]],
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512Vnni && isa.is_available() && block.dv.is_multiple_of(x86::CHUNK_512) {
+            for (g0, (ms, vs)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
+                let acc = &mut acc[g0 * 4 * block.dv..];
+                // SAFETY: the AVX-512 kernel features are available; dv is a whole number of
+                // chunks and every slice holds the rows the block reads and writes.
+                unsafe { x86::accumulate_512(block, ms, vs, acc) };
+            }
+            return;
+        }
+        if isa.has_avx2() && isa.is_available() && block.dv.is_multiple_of(x86::CHUNK_256) {
+            for (g0, (ms, vs)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
+                let acc = &mut acc[g0 * 4 * block.dv..];
+                // SAFETY: AVX2, FMA and F16C are available; as above.
+                unsafe { x86::accumulate_256(block, ms, vs, acc) };
+            }
+            return;
+        }
+    }
+    let _ = isa;
+    scalar_accumulate(block, ms, vs, acc);
+}
+
+fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+fn scalar_accumulate(
+    block: &ValueBlock<'_>,
+    ms: &[[f32; BLOCK_KEYS]],
+    vs: &[[f32; BLOCK_KEYS]],
+    acc: &mut [f32],
+) {
+    let dv = block.dv;
+    for (g, acc) in acc.chunks_exact_mut(dv).enumerate().take(ms.len()) {
+        for j in 0..block.n {
+            let v = &block.values[j * block.stride..][..dv];
+            let (m, w) = (ms[g][j], vs[g][j]);
+            if m != 1.0 {
+                acc.iter_mut().for_each(|a| *a = round_f16(*a * m));
+            }
+            for (a, x) in acc.iter_mut().zip(v) {
+                *a = round_f16(x.to_f32().mul_add(w, *a));
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{ValueBlock, BLOCK_KEYS};
+
+    /// Key values per step of the dot product (two zmm registers, as `dot_f16_512`).
+    pub const DOT_STEP: usize = 32;
+
+    /// `scores[g][j] = q_g·k_j` with `vec_f16`'s AVX-512 dot product order: two
+    /// accumulators of sixteen lanes over steps of 32 values, then `(acc0 + acc1)`, its two
+    /// halves added, and the AVX2 horizontal sum.
+    ///
+    /// SAFETY: needs the AVX-512 kernel features; `keys` holds `n` rows of `dk` at
+    /// `stride`, `queries` holds `group` (1 to 4) rows of `dk`, `dk` is a multiple of
+    /// [`DOT_STEP`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn scores_512(
+        keys: &[half::f16],
+        stride: usize,
+        n: usize,
+        queries: &[f32],
+        group: usize,
+        dk: usize,
+        scores: &mut [[f32; BLOCK_KEYS]],
+    ) {
+        debug_assert!(group <= 4 && queries.len() >= group * dk);
+        #[allow(clippy::needless_range_loop)] // `j` indexes the keys by pointer as well
+        for j in 0..n {
+            // SAFETY: row `j` lies inside `keys` (the caller's contract).
+            let k = unsafe { keys.as_ptr().add(j * stride) };
+            let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+            let mut i = 0;
+            while i < dk {
+                // SAFETY: `i + 32 <= dk`: inside the row and every query.
+                unsafe {
+                    let k0 = load_h512(k.add(i));
+                    let k1 = load_h512(k.add(i + 16));
+                    for (g, acc) in acc.iter_mut().enumerate().take(group) {
+                        let q = queries.as_ptr().add(g * dk + i);
+                        acc[0] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(q), acc[0]);
+                        acc[1] = _mm512_fmadd_ps(k1, _mm512_loadu_ps(q.add(16)), acc[1]);
+                    }
+                }
+                i += DOT_STEP;
+            }
+            for (g, acc) in acc.iter().enumerate().take(group) {
+                let pairs = _mm512_add_ps(acc[0], acc[1]);
+                let total = _mm256_add_ps(
+                    _mm512_castps512_ps256(pairs),
+                    _mm512_extractf32x8_ps::<1>(pairs),
+                );
+                let lo = _mm256_castps256_ps128(total);
+                let hi = _mm256_extractf128_ps::<1>(total);
+                let s = _mm_add_ps(lo, hi);
+                let s = _mm_hadd_ps(s, s);
+                scores[g][j] = _mm_cvtss_f32(_mm_hadd_ps(s, s));
+            }
+        }
+    }
+
+    /// Values per register group: four zmm registers.
+    pub const CHUNK_512: usize = 64;
+    /// Values per register group: two ymm registers (AVX2 has sixteen registers).
+    pub const CHUNK_256: usize = 16;
+
+    macro_rules! accumulate_body {
+        ($block:ident, $ms:ident, $vs:ident, $acc:ident, $G:literal, $R:literal, $W:literal,
+         $vec:ty, $load_h:expr, $load_f:expr, $store_f:expr, $round:expr,
+         $set1:expr, $mul:expr, $fma:expr) => {{
+            let dv = $block.dv;
+            let mut c = 0;
+            while c < dv {
+                let mut acc: [[$vec; $R]; $G] = [[$set1(0.0); $R]; $G];
+                for g in 0..$G {
+                    for r in 0..$R {
+                        acc[g][r] = $load_f($acc.as_ptr().add(g * dv + c + r * $W));
+                    }
+                }
+                for j in 0..$block.n {
+                    let row = $block.values.as_ptr().add(j * $block.stride + c);
+                    let mut v: [$vec; $R] = [$set1(0.0); $R];
+                    for r in 0..$R {
+                        v[r] = $load_h(row.add(r * $W));
+                    }
+                    for g in 0..$G {
+                        let m = $ms[g][j];
+                        if m != 1.0 {
+                            let mv = $set1(m);
+                            for r in 0..$R {
+                                acc[g][r] = $round($mul(acc[g][r], mv));
+                            }
+                        }
+                        let w = $set1($vs[g][j]);
+                        for r in 0..$R {
+                            acc[g][r] = $round($fma(v[r], w, acc[g][r]));
+                        }
+                    }
+                }
+                for g in 0..$G {
+                    for r in 0..$R {
+                        $store_f($acc.as_mut_ptr().add(g * dv + c + r * $W), acc[g][r]);
+                    }
+                }
+                c += $R * $W;
+            }
+        }};
+    }
+
+    macro_rules! dispatch_groups {
+        ($name:ident, $feat:literal, $R:literal, $W:literal, $vec:ty, $load_h:expr, $load_f:expr,
+         $store_f:expr, $round:expr, $set1:expr, $mul:expr, $fma:expr) => {
+            /// SAFETY: needs the named target features; `acc` holds `ms.len()` rows of
+            /// `dv` values, each value row `dv` halves, and `dv` is a whole number of chunks.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name(
+                block: &ValueBlock<'_>,
+                ms: &[[f32; BLOCK_KEYS]],
+                vs: &[[f32; BLOCK_KEYS]],
+                acc: &mut [f32],
+            ) {
+                debug_assert!(acc.len() >= ms.len() * block.dv);
+                // SAFETY: bounds as stated by the caller; every pointer offset stays inside.
+                unsafe {
+                    match ms.len() {
+                        1 => accumulate_body!(
+                            block, ms, vs, acc, 1, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $round, $set1, $mul, $fma
+                        ),
+                        2 => accumulate_body!(
+                            block, ms, vs, acc, 2, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $round, $set1, $mul, $fma
+                        ),
+                        3 => accumulate_body!(
+                            block, ms, vs, acc, 3, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $round, $set1, $mul, $fma
+                        ),
+                        _ => accumulate_body!(
+                            block, ms, vs, acc, 4, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $round, $set1, $mul, $fma
+                        ),
+                    }
+                }
+            }
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn load_h512(p: *const half::f16) -> __m512 {
+        // SAFETY: the caller guarantees sixteen readable halves.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+
+    #[inline(always)]
+    unsafe fn round512(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    #[inline(always)]
+    unsafe fn load_h256(p: *const half::f16) -> __m256 {
+        // SAFETY: the caller guarantees eight readable halves.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+
+    #[inline(always)]
+    unsafe fn round256(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    dispatch_groups!(
+        accumulate_512,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+        4,
+        16,
+        __m512,
+        load_h512,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        round512,
+        _mm512_set1_ps,
+        _mm512_mul_ps,
+        _mm512_fmadd_ps
+    );
+
+    dispatch_groups!(
+        accumulate_256,
+        "avx2,fma,f16c",
+        2,
+        8,
+        __m256,
+        load_h256,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        round256,
+        _mm256_set1_ps,
+        _mm256_mul_ps,
+        _mm256_fmadd_ps
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn halves(n: usize, seed: u32) -> Vec<f16> {
+        let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f16::from_f32((x % 2001) as f32 / 1000.0 - 1.0)
+            })
+            .collect()
+    }
+
+    /// The one-key-at-a-time loop on f16 accumulators, as the per-query code runs it.
+    fn one_key_at_a_time(
+        isa: Isa,
+        group: &GroupShape,
+        queries: &[f32],
+        run: &KvRun<'_>,
+    ) -> Vec<f32> {
+        let (dk, dv) = (group.head_dim_k, group.head_dim_v);
+        let mut out = vec![0.0; group.n_queries * dv];
+        let q16: Vec<f16> = queries.iter().map(|&x| f16::from_f32(x)).collect();
+        for g in 0..group.n_queries {
+            let q = &q16[g * dk..(g + 1) * dk];
+            let mut acc = vec![f16::ZERO; dv];
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            let (scale, cap) = match group.softcap {
+                Some(c) => (group.scale / c, c),
+                None => (group.scale, 0.0),
+            };
+            for j in 0..run.len {
+                let k = &run.keys[j * run.key_stride..][..dk];
+                let mut s = vec_f16::dot_f16_with(isa, k, q) * scale;
+                if group.softcap.is_some() {
+                    s = cap * s.tanh();
+                }
+                let (m, w) = if s > max {
+                    let m = (max - s).exp();
+                    max = s;
+                    (m, 1.0)
+                } else {
+                    (1.0, (s - max).exp())
+                };
+                if m != 1.0 {
+                    vec_f16::scale_f16_with(isa, &mut acc, m);
+                }
+                vec_f16::mad_f16_with(isa, &mut acc, &run.values[j * run.value_stride..][..dv], w);
+                sum = sum * m + w;
+            }
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            for (o, a) in out[g * dv..(g + 1) * dv].iter_mut().zip(&acc) {
+                *o = a.to_f32() * inv;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_runs_equal_one_key_at_a_time_bit_for_bit() {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            for &(n_q, dk, dv, len, softcap) in &[
+                (4, 256, 256, 77, None),
+                (1, 64, 64, 5, None),
+                (3, 128, 96, 40, Some(50.0)),
+                (8, 80, 80, 33, None),
+                (2, 40, 24, 17, None),
+                (5, 256, 128, 1, None),
+            ] {
+                let stride_k = dk * 2 + 8;
+                let stride_v = dv + 16;
+                let keys = halves(len * stride_k, 1);
+                let values = halves(len * stride_v, 2);
+                let queries: Vec<f32> = halves(n_q * dk, 3)
+                    .iter()
+                    .map(|h| h.to_f32() * 1.37)
+                    .collect();
+                let group = GroupShape {
+                    n_queries: n_q,
+                    head_dim_k: dk,
+                    head_dim_v: dv,
+                    scale: 0.7,
+                    softcap,
+                };
+                let whole = KvRun {
+                    keys: &keys,
+                    key_stride: stride_k,
+                    values: &values,
+                    value_stride: stride_v,
+                    len,
+                };
+                let want = one_key_at_a_time(isa, &group, &queries, &whole);
+                // The same keys cut into runs of every length from 1 to 20.
+                for cut in [1, 3, 16, 20, len] {
+                    let mut state = GroupState::default();
+                    state.start(group, &queries);
+                    let mut p = 0;
+                    while p < len {
+                        let n = cut.min(len - p);
+                        let run = KvRun {
+                            keys: &keys[p * stride_k..],
+                            values: &values[p * stride_v..],
+                            len: n,
+                            ..whole
+                        };
+                        state.attend_run_with(isa, &run);
+                        p += n;
+                    }
+                    let mut got = vec![0.0; n_q * dv];
+                    state.finish(&mut got);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} {n_q}x{dk}/{dv} len {len} cut {cut}");
+                }
+            }
+        }
+    }
+}
