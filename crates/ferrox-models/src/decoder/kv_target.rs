@@ -2,18 +2,20 @@
 //! [`KvCache`], or in blocks of one shared [`PagedKv`] arena (the server's pool). The layer
 //! code writes and attends through [`KvTarget`] and does not care which.
 
-use std::cell::RefCell;
-
-use ferrox_core::flash_attn::{GroupShape, GroupState, KvRun};
+use ferrox_core::flash_attn::{GroupShape, KvRun};
 use ferrox_core::{BlockTable, KvCache, KvRows, PagedKv};
+use smallvec::SmallVec;
 
-use crate::layers::attention::{AttentionParams, KvView, OnlineAttention};
+use crate::layers::attention::{with_group_state, AttentionParams, KvView, OnlineAttention};
+
+/// Sequences per step whose references are kept without a heap allocation.
+const INLINE: usize = 16;
 
 pub(super) enum KvTarget<'a> {
-    Owned(Vec<&'a mut KvCache>),
+    Owned(SmallVec<[&'a mut KvCache; INLINE]>),
     Paged {
         arena: &'a mut PagedKv,
-        tables: Vec<&'a mut BlockTable>,
+        tables: SmallVec<[&'a mut BlockTable; INLINE]>,
     },
 }
 
@@ -26,12 +28,6 @@ pub(super) struct HeadGroup {
     pub n_queries: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
-}
-
-thread_local! {
-    /// Each worker's flash-attention state (sized for the largest group: reused, not
-    /// reallocated, per call).
-    static GROUP_STATE: RefCell<GroupState> = RefCell::new(GroupState::default());
 }
 
 impl KvTarget<'_> {
@@ -120,7 +116,7 @@ impl KvTarget<'_> {
         let (dk, dv) = (at.head_dim_k, at.head_dim_v);
         let (k_off, v_off) = (at.kv_head * dk, at.kv_head * dv);
         let mut f32_runs = false;
-        GROUP_STATE.with_borrow_mut(|state| {
+        with_group_state(|state| {
             let shape = GroupShape {
                 n_queries: at.n_queries,
                 head_dim_k: dk,
@@ -165,7 +161,7 @@ impl KvTarget<'_> {
             let mut acc: Option<OnlineAttention> = None;
             self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
                 let view = view(keys, values);
-                acc.get_or_insert_with(|| OnlineAttention::new(qg, &view, params, out))
+                acc.get_or_insert_with(|| OnlineAttention::new(&view, params, out))
                     .consume(qg, &view, 0, len, out);
             });
             if let Some(acc) = acc {

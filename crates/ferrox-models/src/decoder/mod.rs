@@ -13,6 +13,7 @@ use std::sync::Arc;
 use ferrox_core::{BlockTable, KvCache, KvSnapshot, KvStorage, PagedKv};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 pub use config::{
     apply_swa_pattern, moe_error, read_common, DecoderConfig, FfnKind, Keys, LayerConfig,
@@ -32,6 +33,9 @@ use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
 const MAX_MICRO_BATCH: usize = 512;
+
+/// Sequences per step handled without a heap allocation.
+const INLINE_SEQS: usize = 16;
 
 /// How to run a decoder.
 #[derive(Clone, Debug)]
@@ -175,6 +179,9 @@ struct Scratch {
     /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
+    /// The step's rows, and those of a micro-batch that want logits.
+    rows: Vec<Row>,
+    wanting: Vec<usize>,
 }
 
 /// The largest divisor of `n` not above `cap`.
@@ -275,9 +282,9 @@ impl Decoder {
             return Ok(());
         };
         let mut scratch = std::mem::take(&mut first.state.scratch);
-        let mut caches = Vec::with_capacity(steps.len());
-        let mut logits = Vec::with_capacity(steps.len());
-        let mut seqs = Vec::with_capacity(steps.len());
+        let mut caches = SmallVec::new();
+        let mut logits: SmallVec<[_; INLINE_SEQS]> = SmallVec::new();
+        let mut seqs: SmallVec<[_; INLINE_SEQS]> = SmallVec::new();
         for step in steps.iter_mut() {
             let DecoderState {
                 kv, logits: out, ..
@@ -287,6 +294,7 @@ impl Decoder {
             seqs.push((step.tokens, step.logits));
         }
         let result = self.run_step(KvTarget::Owned(caches), &mut logits, &seqs, &mut scratch);
+        drop((logits, seqs));
         steps[0].state.scratch = scratch;
         result
     }
@@ -323,9 +331,9 @@ impl Decoder {
                 "the paged KV arena was made for another model".into(),
             ));
         }
-        let mut tables = Vec::with_capacity(steps.len());
-        let mut logits = Vec::with_capacity(steps.len());
-        let mut seqs = Vec::with_capacity(steps.len());
+        let mut tables = SmallVec::new();
+        let mut logits: SmallVec<[_; INLINE_SEQS]> = SmallVec::new();
+        let mut seqs: SmallVec<[_; INLINE_SEQS]> = SmallVec::new();
         for step in steps.iter_mut() {
             let PagedSequence { table, logits: out } = &mut *step.seq;
             tables.push(table);
@@ -346,7 +354,8 @@ impl Decoder {
         scratch: &mut Scratch,
     ) -> Result<(), EngineError> {
         let n_vocab = self.config.n_vocab;
-        let mut rows = Vec::new();
+        let mut rows = std::mem::take(&mut scratch.rows);
+        rows.clear();
         for (seq, &(tokens, want)) in seqs.iter().enumerate() {
             if tokens.is_empty() {
                 return Err(EngineError::EmptyBatch);
@@ -377,10 +386,12 @@ impl Decoder {
                 });
             }
         }
-        self.pool.install(|| {
+        let result = self.pool.install(|| {
             rows.chunks(MAX_MICRO_BATCH)
                 .try_for_each(|chunk| self.forward_micro_batch(chunk, &mut kv, logits, scratch))
-        })
+        });
+        scratch.rows = rows;
+        result
     }
 
     /// One micro-batch of rows (from one or more sequences, each sequence's rows in
@@ -416,10 +427,28 @@ impl Decoder {
             kv.advance(row.seq, row.pos + 1);
         }
 
-        let wanting: Vec<usize> = (0..n).filter(|&t| rows[t].logits_row.is_some()).collect();
+        let mut wanting = std::mem::take(&mut s.wanting);
+        wanting.clear();
+        wanting.extend((0..n).filter(|&t| rows[t].logits_row.is_some()));
+        let result = self.output_head(rows, &wanting, seq_logits, s);
+        s.wanting = wanting;
+        result
+    }
+
+    /// The final norm and the output projection for the rows `wanting` logits, copied to
+    /// their sequences.
+    fn output_head(
+        &self,
+        rows: &[Row],
+        wanting: &[usize],
+        seq_logits: &mut [&mut Vec<f32>],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
         if wanting.is_empty() {
             return Ok(());
         }
+        let c = &self.config;
+        let n_embd = c.n_embd;
         let count = wanting.len();
         let xn = sized(&mut s.xn, count * n_embd);
         for (i, &t) in wanting.iter().enumerate() {

@@ -1,18 +1,17 @@
-//! Scaled dot-product attention over the KV cache, one query head at a time, with an
-//! online-softmax accumulator (one pass over the keys, no score buffer). Prefill runs the
-//! same per-query routine as decode, so a prompt's logits do not depend on how it was
-//! batched or chunked.
+//! Scaled dot-product attention over the KV cache with an online softmax (one pass over
+//! the keys, no score buffer). Prefill runs the same per-query arithmetic as decode, so a
+//! prompt's logits do not depend on how it was batched or chunked.
 //!
-//! With an f16 cache this follows ggml's CPU flash-attention arithmetic (its default
-//! configuration): the query is rounded to f16 for the q·k products and the weighted sum
-//! of values accumulates in f16, rounding after every step. With an f32 cache everything
-//! stays in f32.
+//! An f16 cache goes through [`ferrox_core::flash_attn`] (several heads sharing a KV head
+//! at once, f32 queries and accumulators, the arithmetic of ggml's tiled CPU flash
+//! attention for each key); an f32 cache through [`OnlineAttention`], in f32 throughout.
 
-use ferrox_core::{vec_f16, KvRows};
-use half::f16;
+use std::cell::RefCell;
 
-/// Largest head size the on-stack query buffer holds.
-pub const MAX_HEAD_DIM: usize = 1024;
+use ferrox_core::flash_attn::{GroupShape, GroupState, KvRun};
+use ferrox_core::KvRows;
+
+pub use ferrox_core::flash_attn::MAX_HEAD_DIM;
 
 /// Per-layer attention settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,6 +36,30 @@ pub struct KvView<'a> {
     pub head_dim_v: usize,
 }
 
+thread_local! {
+    /// Each thread's flash-attention state (sized for the largest group once, then reused).
+    static GROUP_STATE: RefCell<GroupState> = RefCell::new(GroupState::default());
+}
+
+/// Runs `f` with this thread's flash-attention state.
+pub(crate) fn with_group_state<R>(f: impl FnOnce(&mut GroupState) -> R) -> R {
+    GROUP_STATE.with_borrow_mut(f)
+}
+
+/// The part of an f16 view one KV head reads, positions `lo..hi`.
+pub(crate) fn f16_run<'a>(kv: &KvView<'a>, lo: usize, hi: usize) -> Option<KvRun<'a>> {
+    let (KvRows::F16(k), KvRows::F16(v)) = (kv.keys, kv.values) else {
+        return None;
+    };
+    Some(KvRun {
+        keys: &k[lo * kv.key_width + kv.head * kv.head_dim_k..],
+        key_stride: kv.key_width,
+        values: &v[lo * kv.value_width + kv.head * kv.head_dim_v..],
+        value_stride: kv.value_width,
+        len: hi - lo,
+    })
+}
+
 /// `out = softmax(q·K^T * scale) · V` over positions `lo..hi` of the view (indices relative
 /// to the view's first position).
 pub fn attend(
@@ -47,71 +70,68 @@ pub fn attend(
     params: &AttentionParams,
     out: &mut [f32],
 ) {
-    let mut acc = OnlineAttention::new(q, kv, params, out);
+    if let Some(run) = f16_run(kv, lo, hi) {
+        let shape = GroupShape {
+            n_queries: 1,
+            head_dim_k: kv.head_dim_k,
+            head_dim_v: kv.head_dim_v,
+            scale: params.scale,
+            softcap: params.softcap,
+        };
+        with_group_state(|state| {
+            state.start(shape, q);
+            state.attend_run(&run);
+            state.finish(out);
+        });
+        return;
+    }
+    let mut acc = OnlineAttention::new(kv, params, out);
     acc.consume(q, kv, lo, hi, out);
     acc.finish(out);
 }
 
-/// One query's attention accumulated run by run (the runs of a paged cache, in position
-/// order). The arithmetic is the same whether the keys come in one run or many.
+/// One query's attention over an f32 cache, accumulated run by run (the runs of a paged
+/// cache, in position order): the same arithmetic whether the keys come in one run or
+/// many. The weighted sum accumulates in the output row.
 pub struct OnlineAttention {
-    /// The query rounded to f16 (f16 caches only).
-    q16: [f16; MAX_HEAD_DIM],
-    /// The weighted sum of f16 values (f16 caches only; f32 sums accumulate in `out`).
-    acc16: [f16; MAX_HEAD_DIM],
     max: f32,
     sum: f32,
     scale: f32,
     softcap: Option<f32>,
     head_dim_v: usize,
-    f16_values: bool,
 }
 
 impl OnlineAttention {
-    /// Starts an empty accumulation for `q`; `out` (the head's output row) is zeroed.
-    /// `kv` gives the shapes and storage of the runs to come.
-    pub fn new(
-        q: &[f32],
-        kv: &KvView<'_>,
-        params: &AttentionParams,
-        out: &mut [f32],
-    ) -> OnlineAttention {
+    /// Starts an empty accumulation; `out` (the head's output row) is zeroed. `kv` gives
+    /// the shapes of the runs to come.
+    pub fn new(kv: &KvView<'_>, params: &AttentionParams, out: &mut [f32]) -> OnlineAttention {
         out[..kv.head_dim_v].fill(0.0);
-        let mut q16 = [f16::ZERO; MAX_HEAD_DIM];
-        // f16 caches are read the way ggml reads them: the query is rounded to f16 once
-        // and the dot product accumulates in f32.
-        if let KvRows::F16(_) = kv.keys {
-            for (d, &s) in q16.iter_mut().zip(&q[..kv.head_dim_k]) {
-                *d = f16::from_f32(s);
-            }
-        }
         let scale = match params.softcap {
             Some(cap) => params.scale / cap,
             None => params.scale,
         };
         OnlineAttention {
-            q16,
-            acc16: [f16::ZERO; MAX_HEAD_DIM],
             max: f32::NEG_INFINITY,
             sum: 0.0,
             scale,
             softcap: params.softcap,
             head_dim_v: kv.head_dim_v,
-            f16_values: matches!(kv.values, KvRows::F16(_)),
         }
     }
 
     /// Adds positions `lo..hi` of `kv` (which must follow everything consumed so far).
+    ///
+    /// # Panics
+    /// On an f16 view (those go through [`attend`] or the flash-attention kernel).
     pub fn consume(&mut self, q: &[f32], kv: &KvView<'_>, lo: usize, hi: usize, out: &mut [f32]) {
+        let (KvRows::F32(keys), KvRows::F32(values)) = (kv.keys, kv.values) else {
+            panic!("OnlineAttention reads f32 caches only");
+        };
         let dk = kv.head_dim_k;
         let dv = kv.head_dim_v;
         for p in lo..hi {
             let k_at = p * kv.key_width + kv.head * dk;
-            let mut s = match kv.keys {
-                KvRows::F32(k) => dot_f32(&k[k_at..k_at + dk], &q[..dk]),
-                KvRows::F16(k) => vec_f16::dot_f16(&k[k_at..k_at + dk], &self.q16[..dk]),
-            };
-            s *= self.scale;
+            let mut s = dot_f32(&keys[k_at..k_at + dk], &q[..dk]) * self.scale;
             if let Some(cap) = self.softcap {
                 s = cap * s.tanh();
             }
@@ -124,29 +144,15 @@ impl OnlineAttention {
                 (1.0, (s - self.max).exp())
             };
             let v_at = p * kv.value_width + kv.head * dv;
-            match kv.values {
-                KvRows::F32(v) => mad(&mut out[..dv], ms, &v[v_at..v_at + dv], vs),
-                KvRows::F16(v) => {
-                    if ms != 1.0 {
-                        vec_f16::scale_f16(&mut self.acc16[..dv], ms);
-                    }
-                    vec_f16::mad_f16(&mut self.acc16[..dv], &v[v_at..v_at + dv], vs);
-                }
-            }
+            mad(&mut out[..dv], ms, &values[v_at..v_at + dv], vs);
             self.sum = self.sum * ms + vs;
         }
     }
 
-    /// Writes the normalised result to `out`.
+    /// Normalises the accumulated row in `out`.
     pub fn finish(&self, out: &mut [f32]) {
-        let out = &mut out[..self.head_dim_v];
-        if self.f16_values {
-            for (o, a) in out.iter_mut().zip(&self.acc16) {
-                *o = a.to_f32();
-            }
-        }
         let inv = if self.sum > 0.0 { 1.0 / self.sum } else { 0.0 };
-        out.iter_mut().for_each(|o| *o *= inv);
+        out[..self.head_dim_v].iter_mut().for_each(|o| *o *= inv);
     }
 }
 
