@@ -4,7 +4,10 @@
 //! llama.cpp's reference code; [`kernels`] holds the quantized dot products (a scalar
 //! reference per weight type, AVX2 versions bit-exact with ggml's, AVX-512 VNNI versions
 //! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
-//! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products.
+//! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products;
+//! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
+//! and [`block_manager`] hold keys and values, contiguous per sequence or in shared,
+//! reference-counted blocks with a prefix cache.
 
 pub mod bandwidth;
 pub mod block_manager;
@@ -14,7 +17,6 @@ pub mod kv_cache;
 pub mod matrix;
 pub mod paged_kv;
 pub mod quant;
-pub mod vec_f16;
 
 pub use block_manager::{BlockManager, BlockUsage};
 pub use ferrox_gguf::GgmlType;
