@@ -12,6 +12,7 @@
 pub mod bandwidth;
 pub mod block_manager;
 pub mod flash_attn;
+pub mod glu;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
