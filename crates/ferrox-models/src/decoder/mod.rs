@@ -171,7 +171,6 @@ struct Scratch {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    angles: Vec<(f32, f32)>,
     /// Activations quantized for the integer kernels.
     xq: Vec<u8>,
     /// Output-head results before they are handed to each sequence.
@@ -224,6 +223,12 @@ impl Decoder {
             .thread_name(|i| format!("ferrox-worker-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
+        // Each worker's own buffers, made now rather than by whichever step first runs on it.
+        let rope_pairs = config.layers.iter().map(|l| l.rope.n_dims / 2).max();
+        pool.broadcast(|_| {
+            crate::layers::attention::with_group_state(|_| ());
+            ROPE_ANGLES.with_borrow_mut(|a| a.reserve(rope_pairs.unwrap_or(0)));
+        });
         Ok(Decoder {
             gguf,
             config,
@@ -489,14 +494,7 @@ impl Decoder {
         let (hd_k, hd_v) = (lc.head_dim_k, lc.head_dim_v);
         let (q_w, k_w, v_w) = (lc.n_head * hd_k, lc.n_head_kv * hd_k, lc.n_head_kv * hd_v);
         let xn = sized(&mut s.xn, n * n_embd);
-        for t in 0..n {
-            rms_norm(
-                &s.x[t * n_embd..(t + 1) * n_embd],
-                &lw.attn_norm,
-                c.norm_eps,
-                &mut xn[t * n_embd..(t + 1) * n_embd],
-            );
-        }
+        norm_rows(&s.x[..n * n_embd], &lw.attn_norm, c.norm_eps, xn);
         let q = sized(&mut s.q, n * q_w);
         let k = sized(&mut s.k, n * k_w);
         let v = sized(&mut s.v, n * v_w);
@@ -532,28 +530,32 @@ impl Decoder {
                     .for_each(|row| row.iter_mut().zip(b).for_each(|(x, bi)| *x += bi));
             }
         }
-        for t in 0..n {
-            let (qt, kt) = (
-                &mut q[t * q_w..(t + 1) * q_w],
-                &mut k[t * k_w..(t + 1) * k_w],
-            );
-            if let (Some(qn), Some(kn), true) = (&lw.q_norm, &lw.k_norm, c.qk_norm_whole) {
-                rms_norm_in_place(qt, qn, c.norm_eps);
-                rms_norm_in_place(kt, kn, c.norm_eps);
-            } else if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                qt.chunks_exact_mut(hd_k)
-                    .for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
-                kt.chunks_exact_mut(hd_k)
-                    .for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
-            }
-            let pos = rows[t].pos;
-            lc.rope.angles(pos, &mut s.angles);
-            lc.rope.apply(qt, hd_k, &s.angles);
-            lc.rope.apply(kt, hd_k, &s.angles);
-            if let Some(scale) = c.query_scale {
-                qt.iter_mut().for_each(|x| *x *= scale);
-            }
-            kv.write(rows[t].seq, il, pos, kt, &v[t * v_w..(t + 1) * v_w]);
+        // Per token, in parallel: Q/K norms, RoPE, the query scale.
+        q.par_chunks_mut(q_w)
+            .zip(k.par_chunks_mut(k_w))
+            .zip(rows.par_iter())
+            .for_each(|((qt, kt), row)| {
+                if let (Some(qn), Some(kn), true) = (&lw.q_norm, &lw.k_norm, c.qk_norm_whole) {
+                    rms_norm_in_place(qt, qn, c.norm_eps);
+                    rms_norm_in_place(kt, kn, c.norm_eps);
+                } else if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    qt.chunks_exact_mut(hd_k)
+                        .for_each(|h| rms_norm_in_place(h, qn, c.norm_eps));
+                    kt.chunks_exact_mut(hd_k)
+                        .for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
+                }
+                ROPE_ANGLES.with_borrow_mut(|angles| {
+                    lc.rope.angles(row.pos, angles);
+                    lc.rope.apply(qt, hd_k, angles);
+                    lc.rope.apply(kt, hd_k, angles);
+                });
+                if let Some(scale) = c.query_scale {
+                    qt.iter_mut().for_each(|x| *x *= scale);
+                }
+            });
+        for (t, row) in rows.iter().enumerate() {
+            let (kt, vt) = (&k[t * k_w..(t + 1) * k_w], &v[t * v_w..(t + 1) * v_w]);
+            kv.write(row.seq, il, row.pos, kt, vt);
         }
 
         let params = AttentionParams {
@@ -611,14 +613,7 @@ impl Decoder {
         let c = &self.config;
         let n_embd = c.n_embd;
         let xn = sized(&mut s.xn, n * n_embd);
-        for t in 0..n {
-            rms_norm(
-                &s.x[t * n_embd..(t + 1) * n_embd],
-                &lw.ffn_norm,
-                c.norm_eps,
-                &mut xn[t * n_embd..(t + 1) * n_embd],
-            );
-        }
+        norm_rows(&s.x[..n * n_embd], &lw.ffn_norm, c.norm_eps, xn);
         let (gate_up, down) = match &lw.ffn {
             FfnWeights::Dense { gate_up, down } => (gate_up, down),
             FfnWeights::Moe(mw) => {
@@ -677,17 +672,30 @@ impl Decoder {
     /// `x += post_norm(proj)` (or `x += proj` without a post norm).
     fn residual_add(&self, post_norm: &Option<Vec<f32>>, n: usize, s: &mut Scratch) {
         let n_embd = self.config.n_embd;
-        for t in 0..n {
-            let p = &mut s.proj[t * n_embd..(t + 1) * n_embd];
-            if let Some(w) = post_norm {
-                rms_norm_in_place(p, w, self.config.norm_eps);
-            }
-            s.x[t * n_embd..(t + 1) * n_embd]
-                .iter_mut()
-                .zip(p.iter())
-                .for_each(|(x, p)| *x += p);
-        }
+        let eps = self.config.norm_eps;
+        s.proj[..n * n_embd]
+            .par_chunks_mut(n_embd)
+            .zip(s.x[..n * n_embd].par_chunks_mut(n_embd))
+            .for_each(|(p, x)| {
+                if let Some(w) = post_norm {
+                    rms_norm_in_place(p, w, eps);
+                }
+                x.iter_mut().zip(p.iter()).for_each(|(x, p)| *x += p);
+            });
     }
+}
+
+thread_local! {
+    /// Each worker's RoPE (cos, sin) pairs for the token it is rotating.
+    static ROPE_ANGLES: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `out` row by row: the RMS norm of each `weight.len()`-wide row of `x`, rows in parallel.
+fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let width = weight.len();
+    out.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .for_each(|(o, x)| rms_norm(x, weight, eps, o));
 }
 
 impl Engine for Decoder {
