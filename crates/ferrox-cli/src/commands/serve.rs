@@ -9,8 +9,7 @@ use super::InputError;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model, threads and context: --ctx-size is per sequence (each slot holds that many
-    /// positions).
+    /// Model, threads and context: --ctx-size is the most positions one sequence holds.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Address to listen on; anything but loopback needs --api-key.
@@ -22,10 +21,11 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` (default: $FERROX_API_KEY if set).
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
-    /// Sequences decoded together (KV slots of --ctx-size positions each).
+    /// Most sequences decoded together.
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,
-    /// Cap on the KV cache of all slots together, in MiB (serves fewer slots if needed).
+    /// KV block pool shared by all sequences, in MiB (default: --parallel full contexts).
+    /// Requests wait until the blocks their prompt plus max_tokens may need are free.
     #[arg(long = "kv-memory", value_name = "MIB")]
     pub kv_memory: Option<usize>,
     /// Model id reported by /v1/models and accepted in requests (default: the file name).
@@ -35,7 +35,7 @@ pub struct Args {
     /// (default: the model's own, ChatML when it has none).
     #[arg(long = "chat-template", value_name = "NAME|FILE")]
     pub chat_template: Option<String>,
-    /// Requests that may wait for a free slot; more are answered 429.
+    /// Requests that may wait for a sequence slot or KV memory; more are answered 429.
     #[arg(long = "max-queue", default_value_t = 64)]
     pub max_queue: usize,
     /// Prompt tokens prefilled per step while other sequences decode (smaller: smoother
