@@ -1,18 +1,23 @@
 //! Model configurations, one module per architecture family, tokenizers, sampling and
 //! generation.
 
+pub mod any_engine;
 pub mod chat_template;
 pub mod decoder;
 pub mod engine;
 pub mod families;
 pub mod generate;
 pub mod layers;
+pub mod mla;
 pub mod sampling;
 pub mod stop;
+pub(crate) mod tensors;
 pub mod tokenizer;
 
+pub use any_engine::{AnyEngine, AnyState};
 pub use decoder::{Decoder, DecoderOptions, DecoderState};
 pub use engine::{Engine, EngineError, LogitsFor};
+pub use mla::{AttentionPath, MlaEngine, MlaState};
 
 /// Errors loading or running a model.
 #[derive(Debug, thiserror::Error)]

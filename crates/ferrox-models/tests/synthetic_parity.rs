@@ -76,7 +76,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::{Decoder, DecoderOptions, Engine, LogitsFor};
+use ferrox_models::{AnyEngine, AttentionPath, DecoderOptions, Engine, LogitsFor};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -92,12 +92,20 @@ fn tolerance(arch: &str) -> f32 {
         "qwen2moe" => 1.8,
         "qwen3moe" => 0.18,
         "olmoe" => 0.28,
+        "deepseek2" => 9.0,
+        "deepseek2-lite" => 9.0,
+        "deepseek2-v3" => 9.0,
+        "deepseek2-kvb" => 9.0,
+        "mistral4" => 9.0,
         other => panic!("no tolerance for `{other}`"),
     }
 }
 
 /// Batch vs token-by-token: |a - b| <= this * max(|b|, 1).
 const BATCH_VS_STEPS_REL: f32 = 1e-4;
+
+/// MLA's decompressed vs absorbed attention, relative as above.
+const MLA_PATHS_REL: f32 = 100.0;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synthetic")
@@ -193,33 +201,70 @@ fn check_family(arch: &str) {
         threads: 2,
         kv_storage: KvStorage::F16,
     };
-    let decoder = Decoder::from_gguf(Arc::new(gguf), &options).expect("decoder");
-    assert_eq!(decoder.vocab_size(), n_vocab, "{arch}: vocabulary size");
+    let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");
+    assert_eq!(engine.vocab_size(), n_vocab, "{arch}: vocabulary size");
 
-    let mut state = decoder.new_state();
-    let batch = decoder
-        .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
-        .unwrap()
-        .to_vec();
-    assert_eq!(batch.len(), n * n_vocab);
-    let mut state = decoder.new_state();
+    let run_batch = |engine: &AnyEngine| {
+        let mut state = engine.new_state();
+        let batch = engine
+            .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
+            .unwrap()
+            .to_vec();
+        assert_eq!(batch.len(), n * n_vocab);
+        batch
+    };
+    let batch = run_batch(&engine);
+    let mut state = engine.new_state();
     let mut steps = Vec::with_capacity(n * n_vocab);
     for (pos, &t) in tokens.iter().enumerate() {
-        steps.extend_from_slice(decoder.forward_token(t, pos, &mut state).unwrap());
+        steps.extend_from_slice(engine.forward_token(t, pos, &mut state).unwrap());
     }
+    // MLA: a batch decompresses the cache, single tokens use the absorbed form; the absorbed
+    // form is also run as a batch, which must equal token by token.
+    let mut results = vec![("batch", batch)];
+    if let AnyEngine::Mla(mla) = &mut engine {
+        mla.set_attention_path(AttentionPath::Absorbed);
+        results.push(("absorbed batch", run_batch(&engine)));
+    }
+    let absorbed = &results.last().unwrap().1;
+    let worst_steps = max_rel_diff(arch, absorbed, &steps, n_vocab, BATCH_VS_STEPS_REL);
+    if results.len() > 1 {
+        let worst = max_rel_diff(arch, &results[0].1, absorbed, n_vocab, MLA_PATHS_REL);
+        eprintln!("{arch}: decompressed vs absorbed max relative difference {worst:.2e}");
+    }
+    for (label, ours) in &results {
+        compare(arch, label, ours, &reference, n_vocab, worst_steps);
+    }
+}
 
-    let mut worst_steps = 0.0f32;
-    for (i, (&a, &b)) in batch.iter().zip(&steps).enumerate() {
-        let excess = (a - b).abs() / b.abs().max(1.0);
-        worst_steps = worst_steps.max(excess);
+/// Asserts `|a - b| <= rel * max(|b|, 1)` everywhere; returns the largest ratio seen.
+fn max_rel_diff(arch: &str, a: &[f32], b: &[f32], n_vocab: usize, rel: f32) -> f32 {
+    let mut worst = 0.0f32;
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let excess = (x - y).abs() / y.abs().max(1.0);
+        worst = worst.max(excess);
         assert!(
-            excess <= BATCH_VS_STEPS_REL,
-            "{arch}: position {} id {}: batch {a} vs token-by-token {b}",
+            excess <= rel,
+            "{arch}: position {} id {}: {x} vs {y}",
             i / n_vocab,
             i % n_vocab
         );
     }
+    worst
+}
 
+/// Our logits against llama.cpp's: the max difference within the tolerance, the same argmax
+/// except at near ties.
+fn compare(
+    arch: &str,
+    label: &str,
+    batch: &[f32],
+    reference: &[f32],
+    n_vocab: usize,
+    worst_steps: f32,
+) {
+    let n = reference.len() / n_vocab;
+    let fam = family(arch);
     let tol = tolerance(arch);
     let mut failures = Vec::new();
     let (mut max_diff, mut max_at) = (0.0f32, 0);
@@ -259,7 +304,7 @@ fn check_family(arch: &str) {
     };
     let equal = n - near_ties.len() - failures.len();
     eprintln!(
-        "{arch}: max |ours - llama.cpp| {max_diff:.5} (at position {max_at}; tolerance {tol}); \
+        "{arch} ({label}): max |ours - llama.cpp| {max_diff:.5} (at position {max_at}; tolerance {tol}); \
          argmax equal at {equal}/{n} positions{ties}; llama.cpp's own flash-attention on/off \
          spread {} with {} argmax flips; batch vs token-by-token max relative difference \
          {worst_steps:.2e}",
@@ -335,4 +380,29 @@ fn qwen3moe_matches_llama_cpp() {
 #[test]
 fn olmoe_matches_llama_cpp() {
     check_family("olmoe");
+}
+
+#[test]
+fn deepseek2_matches_llama_cpp() {
+    check_family("deepseek2");
+}
+
+#[test]
+fn deepseek2_lite_matches_llama_cpp() {
+    check_family("deepseek2-lite");
+}
+
+#[test]
+fn deepseek2_v3_matches_llama_cpp() {
+    check_family("deepseek2-v3");
+}
+
+#[test]
+fn deepseek2_kvb_matches_llama_cpp() {
+    check_family("deepseek2-kvb");
+}
+
+#[test]
+fn mistral4_matches_llama_cpp() {
+    check_family("mistral4");
 }

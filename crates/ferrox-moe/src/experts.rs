@@ -47,6 +47,11 @@ pub struct ExpertTensor<'a> {
     rows: usize,
     n_expert: usize,
     expert_bytes: usize,
+    /// Bytes from one expert's slab to the next (larger than `expert_bytes` for a view of
+    /// some of each expert's rows, see [`ExpertTensor::row_range`]).
+    stride: usize,
+    /// Where expert 0's first viewed row starts.
+    offset: usize,
     bytes: &'a [u8],
 }
 
@@ -71,6 +76,8 @@ impl<'a> ExpertTensor<'a> {
             rows,
             n_expert,
             expert_bytes,
+            stride: expert_bytes,
+            offset: 0,
             bytes,
         };
         if n_expert > 0 {
@@ -95,6 +102,25 @@ impl<'a> ExpertTensor<'a> {
         Self::new(info.ty, ne, bytes)
     }
 
+    /// Rows `start..start + len` of every expert, as a tensor of `len`-row experts over the
+    /// same bytes (a fused `ffn_gate_up_exps` holds each expert's gate rows, then its up rows).
+    pub fn row_range(&self, start: usize, len: usize) -> Result<Self, MoeError> {
+        if start.checked_add(len).is_none_or(|end| end > self.rows) {
+            return Err(MoeError::Shape(format!(
+                "rows {start}..{} of {}-row experts",
+                start.saturating_add(len),
+                self.rows
+            )));
+        }
+        let row = self.expert_bytes / self.rows.max(1);
+        Ok(ExpertTensor {
+            rows: len,
+            expert_bytes: row * len,
+            offset: self.offset + row * start,
+            ..*self
+        })
+    }
+
     pub fn ty(&self) -> GgmlType {
         self.ty
     }
@@ -113,13 +139,14 @@ impl<'a> ExpertTensor<'a> {
         self.n_expert
     }
 
-    /// The bytes of expert `e`, offset `e × rows × row_bytes` into the tensor.
+    /// The bytes of expert `e` (its viewed rows), `e × stride` into the tensor.
     ///
     /// # Panics
     /// If `e >= self.n_expert()`.
     pub fn expert_bytes(&self, e: usize) -> &'a [u8] {
         assert!(e < self.n_expert, "expert {e} of {}", self.n_expert);
-        &self.bytes[e * self.expert_bytes..(e + 1) * self.expert_bytes]
+        let at = e * self.stride + self.offset;
+        &self.bytes[at..at + self.expert_bytes]
     }
 
     /// Expert `e` as a `rows × cols` matrix over its slab of the tensor.

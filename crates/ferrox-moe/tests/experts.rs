@@ -256,6 +256,41 @@ fn expert_views_address_their_slab() {
 }
 
 #[test]
+fn row_ranges_view_part_of_each_expert() {
+    // A fused gate/up tensor: each expert's N_FF gate rows, then its N_FF up rows.
+    let mut rng = StdRng::seed_from_u64(11);
+    let fused = stacked(&mut rng, TY[1], N_EMBD, 2 * N_FF, N_EXPERT);
+    let all = ExpertTensor::new(TY[1], [N_EMBD, 2 * N_FF, N_EXPERT], &fused).unwrap();
+    let (gate, up) = (
+        all.row_range(0, N_FF).unwrap(),
+        all.row_range(N_FF, N_FF).unwrap(),
+    );
+    let rb = row_byte_len(TY[1], N_EMBD).unwrap();
+    for e in [0, 7, N_EXPERT - 1] {
+        let (g, u) = (gate.expert(e), up.expert(e));
+        assert_eq!((g.rows(), u.rows(), g.cols()), (N_FF, N_FF, N_EMBD));
+        assert_eq!(g.row_bytes(0).as_ptr(), fused[e * 2 * N_FF * rb..].as_ptr());
+        assert_eq!(
+            u.row_bytes(3).as_ptr(),
+            fused[(e * 2 * N_FF + N_FF + 3) * rb..].as_ptr()
+        );
+    }
+    assert!(all.row_range(N_FF, N_FF + 1).is_err());
+    assert!(MoeExperts::new(
+        gate,
+        up,
+        ExpertTensor::new(
+            TY[1],
+            [N_FF, N_EMBD, N_EXPERT],
+            &stacked(&mut rng, TY[1], N_FF, N_EMBD, N_EXPERT)
+        )
+        .unwrap(),
+        Activation::SwiGlu
+    )
+    .is_ok());
+}
+
+#[test]
 fn shared_expert_with_sigmoid_gate() {
     let mut rng = StdRng::seed_from_u64(11);
     let n_ff = 64;

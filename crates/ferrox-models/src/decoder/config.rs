@@ -153,6 +153,21 @@ impl Keys<'_, '_> {
         Ok(self.meta.opt_f32(&self.key(name))?)
     }
 
+    /// The vocabulary size: `{arch}.vocab_size`, else the tokenizer's token count.
+    pub fn vocab_size(&self) -> Result<usize, ModelError> {
+        vocab_size(self.meta, self)
+    }
+
+    /// RoPE settings from `{arch}.rope.*` (base, linear or YaRN scaling).
+    pub fn rope(
+        &self,
+        style: RopeStyle,
+        n_dims: usize,
+        n_ctx_train: usize,
+    ) -> Result<Rope, ModelError> {
+        read_rope(self, style, n_dims, n_ctx_train)
+    }
+
     /// A per-layer count stored either as one integer or as an array with one per layer.
     pub fn per_layer(&self, name: &str, n_layer: usize) -> Result<Option<Vec<usize>>, ModelError> {
         let key = self.key(name);

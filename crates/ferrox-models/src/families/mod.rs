@@ -2,10 +2,12 @@
 //! it differs from a plain llama-style decoder. Adding a family means adding a file here
 //! and a line in [`decoder_config`].
 
+mod deepseek2;
 mod gemma;
 mod gemma2;
 mod gemma3;
 mod llama;
+mod mistral4;
 mod olmoe;
 mod phi3;
 mod qwen2;
@@ -16,6 +18,7 @@ mod qwen3moe;
 use ferrox_gguf::Metadata;
 
 use crate::decoder::DecoderConfig;
+use crate::mla::MlaConfig;
 use crate::ModelError;
 
 /// Architectures the dense decoder runs.
@@ -25,6 +28,18 @@ pub const DENSE_ARCHITECTURES: &[&str] = &[
 
 /// Mixture-of-experts architectures the same decoder runs (MoE FFN layers).
 pub const MOE_ARCHITECTURES: &[&str] = &["qwen2moe", "qwen3moe", "olmoe"];
+
+/// Multi-head Latent Attention architectures, run by [`crate::mla::MlaEngine`].
+pub const MLA_ARCHITECTURES: &[&str] = &["deepseek2", "mistral4"];
+
+/// The MLA configuration for the file's `general.architecture`.
+pub fn mla_config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {
+    match meta.architecture()? {
+        "deepseek2" => deepseek2::config(meta),
+        "mistral4" => mistral4::config(meta),
+        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    }
+}
 
 /// The decoder configuration for the file's `general.architecture`.
 pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {

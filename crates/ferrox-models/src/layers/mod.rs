@@ -4,5 +4,6 @@
 
 pub mod activation;
 pub mod attention;
+pub mod linear;
 pub mod norm;
 pub mod rope;

@@ -36,7 +36,29 @@ use rand::{RngCore, SeedableRng};
 
 /// The families, in the order of the manifest.
 pub const FAMILIES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "olmoe",
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "qwen2moe",
+    "qwen3moe",
+    "olmoe",
+    "deepseek2",
+    "deepseek2-lite",
+    "deepseek2-v3",
+    "deepseek2-kvb",
+    "mistral4",
+];
+
+/// The Multi-head Latent Attention models among [`FAMILIES`].
+pub const MLA_MODELS: &[&str] = &[
+    "deepseek2",
+    "deepseek2-lite",
+    "deepseek2-v3",
+    "deepseek2-kvb",
+    "mistral4",
 ];
 
 /// Tokens in the reference sequence (BOS first).
@@ -66,6 +88,38 @@ pub struct Spec {
     pub types: Types,
     /// Mixture-of-experts FFNs instead of dense ones.
     pub moe: Option<MoeSpec>,
+    /// Multi-head Latent Attention (then `n_head` counts query heads, `head_dim` is unused
+    /// and `moe` gives the routed experts).
+    pub mla: Option<MlaSpec>,
+}
+
+/// A DeepSeek-2-style model's attention and routing.
+#[derive(Clone, Debug)]
+pub struct MlaSpec {
+    /// `None`: one `attn_q` (q_lora_rank 0).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v_head: usize,
+    /// `attn_k_b` / `attn_v_b` with the `*_mla` keys; otherwise one `attn_kv_b`.
+    pub split_kv_b: bool,
+    pub n_leading_dense: usize,
+    pub n_shared: usize,
+    /// `expert_gating_func` (1 softmax, 2 sigmoid); `None` leaves the key out.
+    pub gating_func: Option<u32>,
+    /// `(expert_group_count, expert_group_used_count)`.
+    pub groups: Option<(usize, usize)>,
+    /// `exp_probs_b.bias` on every MoE layer.
+    pub probs_bias: bool,
+    pub norm_weights: bool,
+    pub weights_scale: Option<f32>,
+    /// `ffn_gate_up_exps` instead of separate gate and up experts.
+    pub fused_gate_up: bool,
+    /// YaRN: (factor, original context, yarn_log_multiplier as stored).
+    pub yarn: Option<(f32, u32, f32)>,
+    /// (attention.temperature_scale, attention.temperature_length).
+    pub temperature: Option<(f32, u32)>,
 }
 
 /// The experts of an MoE family's layers.
@@ -116,6 +170,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 320,
             seed: 0x011a_0001,
             moe: None,
+            mla: None,
             rms_eps: 1e-5,
             rope_base: 500000.0,
             types: Types {
@@ -135,6 +190,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 288,
             seed: 0x011a_0002,
             moe: None,
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: same(T::Q8_0),
@@ -148,6 +204,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 352,
             seed: 0x011a_0003,
             moe: None,
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -166,6 +223,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 272,
             seed: 0x011a_0004,
             moe: None,
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 10000.0,
             types: same(T::F16),
@@ -179,6 +237,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 304,
             seed: 0x011a_0005,
             moe: None,
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -197,6 +256,7 @@ pub fn spec(arch: &str) -> Spec {
             n_vocab: 336,
             seed: 0x011a_0006,
             moe: None,
+            mla: None,
             rms_eps: 1e-5,
             rope_base: 10000.0,
             types: Types {
@@ -226,6 +286,7 @@ pub fn spec(arch: &str) -> Spec {
                 n_ff_exp: 128,
                 n_ff_shexp: Some(256),
             }),
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             // llama.cpp requires `output.weight` for qwen2moe.
@@ -248,6 +309,7 @@ pub fn spec(arch: &str) -> Spec {
                 n_ff_exp: 128,
                 n_ff_shexp: None,
             }),
+            mla: None,
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: Types {
@@ -273,6 +335,7 @@ pub fn spec(arch: &str) -> Spec {
                 n_ff_exp: 128,
                 n_ff_shexp: None,
             }),
+            mla: None,
             rms_eps: 1e-5,
             rope_base: 10000.0,
             // Expert down projections have 128 inputs: no K-quant there.
@@ -282,7 +345,160 @@ pub fn spec(arch: &str) -> Spec {
                 ..same(T::Q4K)
             },
         },
+        name if MLA_MODELS.contains(&name) => mla_spec(name),
         other => panic!("no synthetic model for `{other}`"),
+    }
+}
+
+/// The MLA models: 4 heads, latent 128, query rank 128 (when used), head parts 64 unrotated +
+/// 32 rotated for keys and 64 for values, 8 or 16 experts of 128 with one shared expert.
+fn mla_spec(name: &str) -> Spec {
+    use GgmlType as T;
+    let base = MlaSpec {
+        q_lora_rank: Some(128),
+        kv_lora_rank: 128,
+        qk_nope: 64,
+        qk_rope: 32,
+        v_head: 64,
+        split_kv_b: true,
+        n_leading_dense: 1,
+        n_shared: 1,
+        gating_func: Some(1),
+        groups: None,
+        probs_bias: false,
+        norm_weights: false,
+        weights_scale: None,
+        fused_gate_up: false,
+        yarn: None,
+        temperature: None,
+    };
+    let moe = |n_expert, n_used| {
+        Some(MoeSpec {
+            n_expert,
+            n_used,
+            n_ff_exp: 128,
+            n_ff_shexp: None,
+        })
+    };
+    let types = |t: GgmlType| Types {
+        embd: t,
+        output: Some(t),
+        q: t,
+        k: t,
+        v: t,
+        o: t,
+        gate: t,
+        up: t,
+        down: t,
+    };
+    let model = |arch, n_layer, n_vocab, seed, mla, moe, types| Spec {
+        arch,
+        n_layer,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 0,
+        n_vocab,
+        seed,
+        rms_eps: 1e-6,
+        rope_base: 10000.0,
+        types,
+        moe,
+        mla: Some(mla),
+    };
+    match name {
+        // q LoRA, split attn_k_b/attn_v_b, softmax routing, one leading dense layer.
+        "deepseek2" => model(
+            "deepseek2",
+            3,
+            296,
+            0x011a_0010,
+            base,
+            moe(8, 2),
+            Types {
+                v: T::F16,
+                o: T::Q4K,
+                gate: T::Q4K,
+                up: T::Q4K,
+                ..types(T::Q8_0)
+            },
+        ),
+        // No q LoRA (attn_q), no gating key (softmax by default), tied output, no dense layer.
+        "deepseek2-lite" => model(
+            "deepseek2",
+            2,
+            280,
+            0x011a_0011,
+            MlaSpec {
+                q_lora_rank: None,
+                n_leading_dense: 0,
+                gating_func: None,
+                ..base
+            },
+            moe(8, 2),
+            Types {
+                output: None,
+                ..types(T::Q8_0)
+            },
+        ),
+        // DeepSeek-V3 routing: sigmoid, 4 groups of 4 experts (2 kept), selection bias,
+        // normalised and scaled weights; YaRN (factor 40, mscale_all_dim 1).
+        "deepseek2-v3" => model(
+            "deepseek2",
+            3,
+            304,
+            0x011a_0012,
+            MlaSpec {
+                gating_func: Some(2),
+                groups: Some((4, 2)),
+                probs_bias: true,
+                norm_weights: true,
+                weights_scale: Some(2.5),
+                yarn: Some((40.0, 4096, 0.1)),
+                ..base
+            },
+            moe(16, 4),
+            Types {
+                q: T::Q5_0,
+                down: T::Q4_0,
+                ..types(T::Q8_0)
+            },
+        ),
+        // An older file: one attn_kv_b and no *_mla keys (llama.cpp runs it as plain
+        // multi-head attention with a full K/V cache).
+        "deepseek2-kvb" => model(
+            "deepseek2",
+            2,
+            288,
+            0x011a_0013,
+            MlaSpec {
+                split_kv_b: false,
+                ..base
+            },
+            moe(8, 2),
+            types(T::Q8_0),
+        ),
+        // Mistral-4: fused gate/up experts, YaRN with mscale_all_dim 0.707 (the attention
+        // factor rule differs from deepseek2's), attention temperature.
+        "mistral4" => model(
+            "mistral4",
+            3,
+            312,
+            0x011a_0014,
+            MlaSpec {
+                n_leading_dense: 0,
+                norm_weights: true,
+                fused_gate_up: true,
+                yarn: Some((16.0, 1024, 0.0707)),
+                temperature: Some((0.5, 16)),
+                ..base
+            },
+            moe(8, 2),
+            Types {
+                k: T::Q5_0,
+                ..types(T::Q8_0)
+            },
+        ),
+        other => panic!("no MLA model `{other}`"),
     }
 }
 
@@ -407,16 +623,13 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             down: ty,
         };
     }
+    if let Some(m) = s.mla.clone() {
+        return mla_gguf_bytes(&s, &m);
+    }
     let a = s.arch;
     let mut w = GgufWriter::new();
     let key = |k: &str| format!("{a}.{k}");
-    w.set("general.architecture", a);
-    // A neutral name: llama.cpp keys some vocabulary fix-ups on the model name (a name
-    // containing "phi3" makes it look up `<|endoftext|>`, which this vocabulary lacks).
-    w.set("general.name", "ferrox synthetic test model");
-    w.set(key("context_length"), 2048u32);
-    w.set(key("embedding_length"), N_EMBD as u32);
-    w.set(key("block_count"), s.n_layer as u32);
+    common_keys(&mut w, &s);
     // OLMoE's experts are `feed_forward_length` wide (llama.cpp reads no expert width).
     let n_ff = match (&s.moe, a) {
         (Some(m), "olmoe") => m.n_ff_exp,
@@ -600,6 +813,190 @@ fn moe_layer(w: &mut GgufWriter, v: &mut Values, il: usize, t: &Types, m: &MoeSp
         matrix(w, v, &n("ffn_up_shexp.weight"), t.up, N_EMBD, sh, 0.06);
         matrix(w, v, &n("ffn_down_shexp.weight"), t.down, sh, N_EMBD, 0.05);
     }
+}
+
+/// Metadata every model starts with: architecture, name, context, width, depth.
+fn common_keys(w: &mut GgufWriter, s: &Spec) {
+    let a = s.arch;
+    w.set("general.architecture", a);
+    // A neutral name: llama.cpp keys some vocabulary fix-ups on the model name (a name
+    // containing "phi3" makes it look up `<|endoftext|>`, which this vocabulary lacks).
+    w.set("general.name", "ferrox synthetic test model");
+    w.set(format!("{a}.context_length"), 2048u32);
+    w.set(format!("{a}.embedding_length"), N_EMBD as u32);
+    w.set(format!("{a}.block_count"), s.n_layer as u32);
+}
+
+/// A DeepSeek-2-style model (`deepseek2` or `mistral4`), with the keys and tensors
+/// llama.cpp's loader for those architectures expects.
+fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
+    let a = s.arch;
+    let moe = s.moe.as_ref().expect("MLA models have experts");
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{a}.{k}");
+    common_keys(&mut w, s);
+    w.set(key("attention.head_count"), s.n_head as u32);
+    w.set(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
+    let (h, lkv, rope) = (s.n_head, m.kv_lora_rank, m.qk_rope);
+    let dk = m.qk_nope + m.qk_rope;
+    w.set(key("feed_forward_length"), N_FF as u32);
+    w.set(
+        key("attention.q_lora_rank"),
+        m.q_lora_rank.unwrap_or(0) as u32,
+    );
+    w.set(key("attention.kv_lora_rank"), lkv as u32);
+    if m.split_kv_b {
+        // What current converters write: one "KV head" holding the latent and rope part.
+        w.set(key("attention.head_count_kv"), 1u32);
+        w.set(key("attention.key_length"), (lkv + rope) as u32);
+        w.set(key("attention.value_length"), lkv as u32);
+        w.set(key("attention.key_length_mla"), dk as u32);
+        w.set(key("attention.value_length_mla"), m.v_head as u32);
+    } else {
+        w.set(key("attention.head_count_kv"), h as u32);
+        w.set(key("attention.key_length"), dk as u32);
+        w.set(key("attention.value_length"), m.v_head as u32);
+    }
+    w.set(key("rope.dimension_count"), rope as u32);
+    w.set(key("rope.freq_base"), s.rope_base);
+    if let Some((factor, orig, log_mul)) = m.yarn {
+        w.set(key("rope.scaling.type"), "yarn");
+        w.set(key("rope.scaling.factor"), factor);
+        w.set(key("rope.scaling.original_context_length"), orig);
+        w.set(key("rope.scaling.yarn_log_multiplier"), log_mul);
+    }
+    if let Some((scale, length)) = m.temperature {
+        w.set(key("attention.temperature_scale"), scale);
+        w.set(key("attention.temperature_length"), length);
+    }
+    w.set(key("leading_dense_block_count"), m.n_leading_dense as u32);
+    w.set(key("expert_count"), moe.n_expert as u32);
+    w.set(key("expert_used_count"), moe.n_used as u32);
+    w.set(key("expert_feed_forward_length"), moe.n_ff_exp as u32);
+    w.set(key("expert_shared_count"), m.n_shared as u32);
+    w.set(key("expert_weights_norm"), m.norm_weights);
+    if let Some(scale) = m.weights_scale {
+        w.set(key("expert_weights_scale"), scale);
+    }
+    if let Some(g) = m.gating_func {
+        w.set(key("expert_gating_func"), g);
+    }
+    if let Some((n_group, n_used)) = m.groups {
+        w.set(key("expert_group_count"), n_group as u32);
+        w.set(key("expert_group_used_count"), n_used as u32);
+    }
+    vocab(&mut w, s.n_vocab);
+
+    let mut vals = Values(StdRng::seed_from_u64(s.seed));
+    let v = &mut vals;
+    let t = &s.types;
+    matrix(
+        &mut w,
+        v,
+        "token_embd.weight",
+        t.embd,
+        N_EMBD,
+        s.n_vocab,
+        0.08,
+    );
+    vector(&mut w, v, "output_norm.weight", N_EMBD, 1.0, 0.1);
+    if let Some(ty) = t.output {
+        matrix(&mut w, v, "output.weight", ty, N_EMBD, s.n_vocab, 0.1);
+    }
+    for il in 0..s.n_layer {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        vector(&mut w, v, &n("attn_norm.weight"), N_EMBD, 1.0, 0.1);
+        match m.q_lora_rank {
+            Some(r) => {
+                matrix(&mut w, v, &n("attn_q_a.weight"), t.q, N_EMBD, r, 0.08);
+                vector(&mut w, v, &n("attn_q_a_norm.weight"), r, 1.0, 0.1);
+                matrix(&mut w, v, &n("attn_q_b.weight"), t.q, r, h * dk, 0.1);
+            }
+            None => matrix(&mut w, v, &n("attn_q.weight"), t.q, N_EMBD, h * dk, 0.08),
+        }
+        matrix(
+            &mut w,
+            v,
+            &n("attn_kv_a_mqa.weight"),
+            t.k,
+            N_EMBD,
+            lkv + rope,
+            0.08,
+        );
+        vector(&mut w, v, &n("attn_kv_a_norm.weight"), lkv, 1.0, 0.1);
+        if m.split_kv_b {
+            let shape = [m.qk_nope as u64, lkv as u64, h as u64];
+            let data = v.normals(m.qk_nope * lkv * h, 0.0, 0.1);
+            add(&mut w, &n("attn_k_b.weight"), t.v, &shape, &data);
+            let shape = [lkv as u64, m.v_head as u64, h as u64];
+            let data = v.normals(lkv * m.v_head * h, 0.0, 0.1);
+            add(&mut w, &n("attn_v_b.weight"), t.v, &shape, &data);
+        } else {
+            let rows = h * (m.qk_nope + m.v_head);
+            matrix(&mut w, v, &n("attn_kv_b.weight"), t.v, lkv, rows, 0.1);
+        }
+        matrix(
+            &mut w,
+            v,
+            &n("attn_output.weight"),
+            t.o,
+            h * m.v_head,
+            N_EMBD,
+            0.06,
+        );
+        vector(&mut w, v, &n("ffn_norm.weight"), N_EMBD, 1.0, 0.1);
+        if il < m.n_leading_dense {
+            matrix(&mut w, v, &n("ffn_gate.weight"), t.gate, N_EMBD, N_FF, 0.06);
+            matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, N_FF, 0.06);
+            matrix(&mut w, v, &n("ffn_down.weight"), t.down, N_FF, N_EMBD, 0.05);
+            continue;
+        }
+        let (e, f, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, N_EMBD as u64);
+        matrix(
+            &mut w,
+            v,
+            &n("ffn_gate_inp.weight"),
+            GgmlType::F32,
+            N_EMBD,
+            moe.n_expert,
+            0.1,
+        );
+        if m.probs_bias {
+            vector(&mut w, v, &n("exp_probs_b.bias"), moe.n_expert, 0.0, 0.05);
+        }
+        let mut stacked = |name: &str, ty: GgmlType, shape: [u64; 3], std: f32| {
+            let data = v.normals((shape[0] * shape[1] * shape[2]) as usize, 0.0, std);
+            add(&mut w, &n(name), ty, &shape, &data);
+        };
+        if m.fused_gate_up {
+            stacked("ffn_gate_up_exps.weight", t.gate, [d, 2 * f, e], 0.06);
+        } else {
+            stacked("ffn_gate_exps.weight", t.gate, [d, f, e], 0.06);
+            stacked("ffn_up_exps.weight", t.up, [d, f, e], 0.06);
+        }
+        stacked("ffn_down_exps.weight", t.down, [f, d, e], 0.08);
+        let sh = moe.n_ff_exp * m.n_shared;
+        matrix(
+            &mut w,
+            v,
+            &n("ffn_gate_shexp.weight"),
+            t.gate,
+            N_EMBD,
+            sh,
+            0.06,
+        );
+        matrix(&mut w, v, &n("ffn_up_shexp.weight"), t.up, N_EMBD, sh, 0.06);
+        matrix(
+            &mut w,
+            v,
+            &n("ffn_down_shexp.weight"),
+            t.down,
+            sh,
+            N_EMBD,
+            0.05,
+        );
+    }
+    w.to_bytes()
 }
 
 /// The reference token sequence of `arch`: BOS, then 63 ids drawn from the model's

@@ -1,0 +1,12 @@
+//! Mistral-4 (Mistral Small 4): llama.cpp runs it as DeepSeek-2 under its own name. Its
+//! experts come fused (`ffn_gate_up_exps`), and YaRN's attention factor uses `mscale = 1`
+//! (llama.cpp's special case for `mscale_all_dim` applies to `deepseek2` only).
+
+use ferrox_gguf::Metadata;
+
+use crate::mla::{config_for, MlaConfig, MscaleRule};
+use crate::ModelError;
+
+pub fn config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {
+    config_for(meta, "mistral4", MscaleRule::Other)
+}

@@ -1,0 +1,214 @@
+//! Locating an MLA model's tensors. Matrices stay quantized in the mapped file; the one
+//! exception is each layer's key decompression in the orientation the file lacks (see
+//! [`Heads`]), which is transposed into a copy at load: f32 for an F32 file tensor (exact),
+//! f16 otherwise (half the memory; the copy only serves the path llama.cpp does not run for
+//! that file).
+
+use ferrox_core::GgmlType;
+use ferrox_gguf::Gguf;
+use ferrox_moe::ExpertTensor;
+use half::f16;
+
+use super::config::{KvB, MlaConfig};
+use crate::decoder::{moe_error, FfnKind};
+use crate::tensors::{ExpertRef, Loader, MatrixRef, MoeWeights, SharedExpertWeights};
+use crate::ModelError;
+
+/// One matrix per attention head.
+#[derive(Clone, Debug)]
+pub enum Heads {
+    /// Stacked in the file.
+    File(ExpertRef),
+    /// Made at load: `n` matrices of `rows × cols` (`ne = [cols, rows, n]`), stacked.
+    Copy {
+        ty: GgmlType,
+        ne: [usize; 3],
+        bytes: Vec<u8>,
+    },
+}
+
+impl Heads {
+    pub fn view<'g>(&'g self, gguf: &'g Gguf) -> Result<ExpertTensor<'g>, ModelError> {
+        match self {
+            Heads::File(r) => r.view(gguf),
+            Heads::Copy { ty, ne, bytes } => ExpertTensor::new(*ty, *ne, bytes).map_err(moe_error),
+        }
+    }
+
+    /// Each head's matrix transposed, as a copy (f32 from F32, else f16).
+    fn transposed(&self, gguf: &Gguf) -> Result<Heads, ModelError> {
+        let src = self.view(gguf)?;
+        let (rows, cols, n) = (src.rows(), src.cols(), src.n_expert());
+        let mut out = vec![0f32; rows * cols * n];
+        let mut row = vec![0f32; cols];
+        for (h, dst) in out.chunks_exact_mut(rows * cols).enumerate() {
+            let m = src.expert(h);
+            for i in 0..rows {
+                m.dequant_row(i, &mut row)?;
+                for (j, &v) in row.iter().enumerate() {
+                    dst[j * rows + i] = v;
+                }
+            }
+        }
+        let (ty, bytes) = if src.ty() == GgmlType::F32 {
+            (
+                GgmlType::F32,
+                out.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        } else {
+            let halves = out.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes());
+            (GgmlType::F16, halves.collect())
+        };
+        Ok(Heads::Copy {
+            ty,
+            ne: [rows, cols, n],
+            bytes,
+        })
+    }
+
+    fn n_bytes(&self) -> u64 {
+        match self {
+            Heads::File(r) => r.n_bytes(),
+            Heads::Copy { bytes, .. } => bytes.len() as u64,
+        }
+    }
+}
+
+/// The query projection.
+#[derive(Clone, Debug)]
+pub enum QueryWeights {
+    /// `attn_q_b · RMSNorm(attn_q_a · x; attn_q_a_norm)`.
+    LoRa {
+        a: MatrixRef,
+        norm: Vec<f32>,
+        b: MatrixRef,
+    },
+    /// `attn_q · x`.
+    Plain(MatrixRef),
+}
+
+/// A layer's feed-forward weights: a plain SwiGLU FFN (the leading dense layers, computed as
+/// an ungated shared expert) or routed experts.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum MlaFfn {
+    Dense(SharedExpertWeights),
+    Moe(MoeWeights),
+}
+
+#[derive(Clone, Debug)]
+pub struct MlaLayer {
+    pub attn_norm: Vec<f32>,
+    pub q: QueryWeights,
+    /// `attn_kv_a_mqa`: x → [latent (Lkv) | rotated key (R)].
+    pub kv_a: MatrixRef,
+    pub kv_a_norm: Vec<f32>,
+    /// Per head `Lkv × Dn`: projects a head's unrotated query into the latent space.
+    pub k_absorb: Heads,
+    /// Per head `Dn × Lkv`: a cached latent's unrotated key for the head.
+    pub k_decompress: Heads,
+    /// Per head `Dv × Lkv`: a latent (or an attention-weighted sum of latents) to the head's
+    /// value.
+    pub v: Heads,
+    pub wo: MatrixRef,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: MlaFfn,
+}
+
+#[derive(Clone, Debug)]
+pub struct MlaWeights {
+    pub token_embd: MatrixRef,
+    pub output_norm: Vec<f32>,
+    pub output: MatrixRef,
+    pub layers: Vec<MlaLayer>,
+}
+
+impl MlaWeights {
+    pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
+        let l = Loader { gguf };
+        let (n_embd, n_vocab) = (c.n_embd, c.n_vocab);
+        let token_embd = l.matrix("token_embd.weight", n_embd, n_vocab)?;
+        let output = l
+            .opt_matrix("output.weight", n_embd, n_vocab)?
+            .unwrap_or_else(|| token_embd.clone());
+        let layers = (0..c.n_layer())
+            .map(|il| load_layer(&l, c, il))
+            .collect::<Result<_, _>>()?;
+        Ok(MlaWeights {
+            token_embd,
+            output_norm: l.vector("output_norm.weight", n_embd)?,
+            output,
+            layers,
+        })
+    }
+
+    /// Bytes of weights one decoded token reads (the absorbed path: each layer's query,
+    /// latent, absorption and output matrices, its FFN's active part).
+    pub fn bytes_per_token(&self, c: &MlaConfig) -> u64 {
+        let mut total =
+            self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
+        for (l, kind) in self.layers.iter().zip(&c.ffn) {
+            total += match &l.q {
+                QueryWeights::LoRa { a, b, .. } => a.n_bytes() + b.n_bytes(),
+                QueryWeights::Plain(q) => q.n_bytes(),
+            };
+            total += l.kv_a.n_bytes() + l.k_absorb.n_bytes() + l.v.n_bytes() + l.wo.n_bytes();
+            total += match (&l.ffn, kind) {
+                (MlaFfn::Dense(d), _) => d.n_bytes(),
+                (MlaFfn::Moe(m), FfnKind::Moe(mc)) => {
+                    m.bytes_per_token(mc.router.n_expert, mc.router.n_used)
+                }
+                (MlaFfn::Moe(m), FfnKind::Dense) => m.bytes_per_token(1, 1),
+            };
+        }
+        total
+    }
+}
+
+fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
+    let name = |s: &str| format!("blk.{il}.{s}");
+    let (n_embd, h) = (c.n_embd, c.n_head);
+    let (lkv, dn, dv) = (c.kv_lora_rank, c.head_dim_nope(), c.head_dim_v);
+    let q = match c.q_lora_rank {
+        Some(rank) => QueryWeights::LoRa {
+            a: l.matrix(&name("attn_q_a.weight"), n_embd, rank)?,
+            norm: l.vector(&name("attn_q_a_norm.weight"), rank)?,
+            b: l.matrix(&name("attn_q_b.weight"), rank, h * c.head_dim_k)?,
+        },
+        None => QueryWeights::Plain(l.matrix(&name("attn_q.weight"), n_embd, h * c.head_dim_k)?),
+    };
+    let (k_absorb, k_decompress, v) = match c.kv_b {
+        KvB::Split => {
+            let k = Heads::File(l.experts(&name("attn_k_b.weight"), dn, lkv, h)?);
+            let v = Heads::File(l.experts(&name("attn_v_b.weight"), lkv, dv, h)?);
+            let decompress = k.transposed(l.gguf)?;
+            (k, decompress, v)
+        }
+        KvB::Fused => {
+            let kv = l.stacked(&name("attn_kv_b.weight"), lkv, dn + dv, h)?;
+            let k = Heads::File(kv.with_rows(0, dn));
+            (k.transposed(l.gguf)?, k, Heads::File(kv.with_rows(dn, dv)))
+        }
+    };
+    let ffn = match &c.ffn[il] {
+        FfnKind::Dense => MlaFfn::Dense(SharedExpertWeights {
+            gate: l.matrix(&name("ffn_gate.weight"), n_embd, c.n_ff)?,
+            up: l.matrix(&name("ffn_up.weight"), n_embd, c.n_ff)?,
+            down: l.matrix(&name("ffn_down.weight"), c.n_ff, n_embd)?,
+            gate_inp: None,
+        }),
+        FfnKind::Moe(mc) => MlaFfn::Moe(l.moe(il, n_embd, mc)?),
+    };
+    Ok(MlaLayer {
+        attn_norm: l.vector(&name("attn_norm.weight"), n_embd)?,
+        q,
+        kv_a: l.matrix(&name("attn_kv_a_mqa.weight"), n_embd, lkv + c.n_rot)?,
+        kv_a_norm: l.vector(&name("attn_kv_a_norm.weight"), lkv)?,
+        k_absorb,
+        k_decompress,
+        v,
+        wo: l.matrix(&name("attn_output.weight"), h * dv, n_embd)?,
+        ffn_norm: l.vector(&name("ffn_norm.weight"), n_embd)?,
+        ffn,
+    })
+}

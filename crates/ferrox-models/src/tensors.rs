@@ -1,0 +1,346 @@
+//! Tensors shared by the engines: matrices and stacked 3-D tensors referenced in the mapped
+//! file (they stay quantized there), the routed-expert weights of MoE layers, and the loader
+//! that finds tensors and checks their shapes and types.
+
+use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
+use ferrox_gguf::{Gguf, TensorInfo};
+use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
+
+use crate::decoder::{moe_error, MoeFfnConfig};
+use crate::ModelError;
+
+/// A 2-D weight tensor in the file: `rows` outputs, each a dot product over `cols` inputs.
+#[derive(Clone, Debug)]
+pub struct MatrixRef {
+    tensor: TensorInfo,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl MatrixRef {
+    /// The matrix view over the mapped bytes (checked at load, so this cannot fail for a
+    /// `MatrixRef` made from the same file).
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<WeightMatrix<'g>, ModelError> {
+        let bytes = gguf.tensor_data(&self.tensor)?;
+        Ok(WeightMatrix::new(
+            self.tensor.ty,
+            self.rows,
+            self.cols,
+            bytes,
+        )?)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.tensor.name
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        self.tensor.n_bytes.unwrap_or(0)
+    }
+}
+
+/// A tensor viewed as `n` stacked matrices (ggml shape `{cols, rows, n}`): a layer's
+/// experts, or the per-head matrices of MLA's `attn_k_b` / `attn_v_b` / `attn_kv_b`.
+#[derive(Clone, Debug)]
+pub struct ExpertRef {
+    tensor: TensorInfo,
+    /// `[cols, rows, n]` of the whole slabs.
+    ne: [usize; 3],
+    /// Only rows `start..start + len` of each slab (gate or up of a fused `ffn_gate_up_exps`).
+    rows: Option<(usize, usize)>,
+}
+
+impl ExpertRef {
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<ExpertTensor<'g>, ModelError> {
+        let all = ExpertTensor::new(self.tensor.ty, self.ne, gguf.tensor_data(&self.tensor)?)
+            .map_err(moe_error)?;
+        match self.rows {
+            Some((start, len)) => all.row_range(start, len).map_err(moe_error),
+            None => Ok(all),
+        }
+    }
+
+    /// Rows `start..start + len` of every slab.
+    pub fn with_rows(&self, start: usize, len: usize) -> ExpertRef {
+        ExpertRef {
+            rows: Some((start, len)),
+            ..self.clone()
+        }
+    }
+
+    /// Bytes of the viewed rows.
+    pub fn n_bytes(&self) -> u64 {
+        let all = self.tensor.n_bytes.unwrap_or(0);
+        match self.rows {
+            Some((_, len)) if self.ne[1] > 0 => all / self.ne[1] as u64 * len as u64,
+            _ => all,
+        }
+    }
+}
+
+/// Routed experts, their router and an optional shared expert.
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `ffn_gate_inp`: `n_expert` rows of `n_embd`.
+    pub gate_inp: MatrixRef,
+    pub gate_exps: ExpertRef,
+    pub up_exps: ExpertRef,
+    pub down_exps: ExpertRef,
+    pub shared: Option<SharedExpertWeights>,
+    /// `exp_probs_b.bias`: added to the routing scores for selection only (DeepSeek-V3).
+    pub selection_bias: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SharedExpertWeights {
+    pub gate: MatrixRef,
+    pub up: MatrixRef,
+    pub down: MatrixRef,
+    /// `ffn_gate_inp_shexp`: one row of `n_embd`.
+    pub gate_inp: Option<MatrixRef>,
+}
+
+impl SharedExpertWeights {
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<SharedExpert<'g>, ModelError> {
+        Ok(SharedExpert {
+            gate: self.gate.view(gguf)?,
+            up: self.up.view(gguf)?,
+            down: self.down.view(gguf)?,
+            activation: MoeActivation::SwiGlu,
+            gate_inp: self.gate_inp.as_ref().map(|g| g.view(gguf)).transpose()?,
+        })
+    }
+
+    /// Bytes one token reads.
+    pub fn n_bytes(&self) -> u64 {
+        self.gate.n_bytes()
+            + self.up.n_bytes()
+            + self.down.n_bytes()
+            + self.gate_inp.as_ref().map_or(0, MatrixRef::n_bytes)
+    }
+}
+
+impl MoeWeights {
+    pub fn experts<'g>(&self, gguf: &'g Gguf) -> Result<MoeExperts<'g>, ModelError> {
+        MoeExperts::new(
+            self.gate_exps.view(gguf)?,
+            self.up_exps.view(gguf)?,
+            self.down_exps.view(gguf)?,
+            MoeActivation::SwiGlu,
+        )
+        .map_err(moe_error)
+    }
+
+    pub fn shared_expert<'g>(
+        &self,
+        gguf: &'g Gguf,
+    ) -> Result<Option<SharedExpert<'g>>, ModelError> {
+        self.shared.as_ref().map(|sh| sh.view(gguf)).transpose()
+    }
+
+    /// Bytes read per decoded token: the router, `n_used` experts, the shared expert.
+    pub(crate) fn bytes_per_token(&self, n_expert: usize, n_used: usize) -> u64 {
+        let per_expert =
+            (self.gate_exps.n_bytes() + self.up_exps.n_bytes() + self.down_exps.n_bytes())
+                / n_expert.max(1) as u64;
+        self.gate_inp.n_bytes()
+            + per_expert * n_used as u64
+            + self.shared.as_ref().map_or(0, SharedExpertWeights::n_bytes)
+    }
+}
+
+/// Refuses, naming the tensor, a type we cannot decode.
+fn check_type(t: &TensorInfo) -> Result<(), ModelError> {
+    if !can_dequantize(t.ty) {
+        return Err(ModelError::UnsupportedTensorType {
+            name: t.name.clone(),
+            ty: t.ty.name().into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Finds a model's tensors and checks their shapes and types.
+pub(crate) struct Loader<'g> {
+    pub(crate) gguf: &'g Gguf,
+}
+
+impl Loader<'_> {
+    pub(crate) fn find(&self, name: &str) -> Option<&TensorInfo> {
+        self.gguf.tensor(name)
+    }
+
+    pub(crate) fn require(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.find(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    /// Checks a tensor's shape (trailing dimensions of 1 ignored on both sides, so `[n]` is
+    /// a one-row `[n, 1]`) and that we can decode its type.
+    fn check(&self, t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
+        fn trimmed(shape: &[u64]) -> &[u64] {
+            let len = shape.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+            &shape[..len]
+        }
+        if trimmed(&t.shape) != trimmed(expected) {
+            return Err(ModelError::TensorShape {
+                name: t.name.clone(),
+                expected: expected.to_vec(),
+                found: t.shape.clone(),
+            });
+        }
+        check_type(t)
+    }
+
+    /// A matrix with `cols` inputs and `rows` outputs (ggml shape `[cols, rows]`).
+    pub(crate) fn matrix(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+    ) -> Result<MatrixRef, ModelError> {
+        self.check_matrix(self.require(name)?, cols, rows)
+    }
+
+    pub(crate) fn opt_matrix(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+    ) -> Result<Option<MatrixRef>, ModelError> {
+        self.find(name)
+            .map(|t| self.check_matrix(t, cols, rows))
+            .transpose()
+    }
+
+    fn check_matrix(
+        &self,
+        t: &TensorInfo,
+        cols: usize,
+        rows: usize,
+    ) -> Result<MatrixRef, ModelError> {
+        self.check(t, &[cols as u64, rows as u64])?;
+        let m = MatrixRef {
+            tensor: t.clone(),
+            rows,
+            cols,
+        };
+        m.view(self.gguf)?;
+        Ok(m)
+    }
+
+    /// A 1-D tensor of `n` values used as a one-row matrix (ggml shape `[n]` or `[n, 1]`).
+    fn row_matrix(&self, name: &str, n: usize) -> Result<MatrixRef, ModelError> {
+        self.matrix(name, n, 1)
+    }
+
+    /// A stacked expert tensor of ggml shape `[cols, rows, n_expert]`.
+    pub(crate) fn experts(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<ExpertRef, ModelError> {
+        let t = self.require(name)?;
+        self.check(t, &[cols as u64, rows as u64, n_expert as u64])?;
+        self.stacked_ref(t, [cols, rows, n_expert])
+    }
+
+    /// A 2-D tensor `{cols, rows · n}` viewed as `n` stacked `rows × cols` matrices.
+    pub(crate) fn stacked(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n: usize,
+    ) -> Result<ExpertRef, ModelError> {
+        let t = self.require(name)?;
+        self.check(t, &[cols as u64, (rows * n) as u64])?;
+        self.stacked_ref(t, [cols, rows, n])
+    }
+
+    fn stacked_ref(&self, t: &TensorInfo, ne: [usize; 3]) -> Result<ExpertRef, ModelError> {
+        let r = ExpertRef {
+            tensor: t.clone(),
+            ne,
+            rows: None,
+        };
+        r.view(self.gguf)?;
+        Ok(r)
+    }
+
+    pub(crate) fn moe(
+        &self,
+        il: usize,
+        n_embd: usize,
+        mc: &MoeFfnConfig,
+    ) -> Result<MoeWeights, ModelError> {
+        let name = |s: &str| format!("blk.{il}.{s}");
+        let n_expert = mc.router.n_expert;
+        let shared = match mc.n_ff_shexp {
+            None => None,
+            Some(n_sh) => Some(SharedExpertWeights {
+                gate: self.matrix(&name("ffn_gate_shexp.weight"), n_embd, n_sh)?,
+                up: self.matrix(&name("ffn_up_shexp.weight"), n_embd, n_sh)?,
+                down: self.matrix(&name("ffn_down_shexp.weight"), n_sh, n_embd)?,
+                gate_inp: if mc.shexp_gate {
+                    Some(self.row_matrix(&name("ffn_gate_inp_shexp.weight"), n_embd)?)
+                } else {
+                    None
+                },
+            }),
+        };
+        let n_ff = mc.n_ff_exp;
+        // Gate and up stacked in one tensor (gate rows first), as Mistral-4 files store them.
+        let fused = self.find(&name("ffn_gate_up_exps.weight")).is_some();
+        let (gate_exps, up_exps) = if fused {
+            let both =
+                self.experts(&name("ffn_gate_up_exps.weight"), n_embd, 2 * n_ff, n_expert)?;
+            (both.with_rows(0, n_ff), both.with_rows(n_ff, n_ff))
+        } else {
+            (
+                self.experts(&name("ffn_gate_exps.weight"), n_embd, n_ff, n_expert)?,
+                self.experts(&name("ffn_up_exps.weight"), n_embd, n_ff, n_expert)?,
+            )
+        };
+        Ok(MoeWeights {
+            gate_inp: self.matrix(&name("ffn_gate_inp.weight"), n_embd, n_expert)?,
+            gate_exps,
+            up_exps,
+            selection_bias: self.opt_vector(&name("exp_probs_b.bias"), n_expert)?,
+            down_exps: self.experts(
+                &name("ffn_down_exps.weight"),
+                mc.n_ff_exp,
+                n_embd,
+                n_expert,
+            )?,
+            shared,
+        })
+    }
+
+    /// A 1-D tensor of `n` values, decoded to f32.
+    pub(crate) fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        self.decode_vector(self.require(name)?, n)
+    }
+
+    pub(crate) fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        self.find(name)
+            .map(|t| self.decode_vector(t, n))
+            .transpose()
+    }
+
+    fn decode_vector(&self, t: &TensorInfo, n: usize) -> Result<Vec<f32>, ModelError> {
+        if t.n_elements != n as u64 {
+            return Err(ModelError::TensorShape {
+                name: t.name.clone(),
+                expected: vec![n as u64],
+                found: t.shape.clone(),
+            });
+        }
+        check_type(t)?;
+        let mut out = vec![0.0; n];
+        dequantize_row(t.ty, self.gguf.tensor_data(t)?, &mut out)?;
+        Ok(out)
+    }
+}
