@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Regenerates crates/ferrox-models/tests/fixtures/synthetic/: llama.cpp's logits for the tiny
-# synthetic models of crates/ferrox-models/tests/synthetic/mod.rs (one per dense family).
+# synthetic models of crates/ferrox-models/tests/synthetic/mod.rs (one per family, several for deepseek2).
 #
 #   1. builds and runs the `write_synthetic` example, which writes each family's GGUF and its
 #      64-token reference sequence (BOS first, ids from a seeded generator);
 #   2. runs `llama-ref logits` on each (one batch, every position, CTX=128, THREADS=2,
 #      llama.cpp's default context settings: flash attention AUTO -> enabled, f16 K/V), and
 #      once more with flash attention off, only to record llama.cpp's own spread;
-#   3. stores <arch>.logits.bin (raw little-endian f32, [64][n_vocab]) and manifest.json
+#   3. for the Multi-head Latent Attention models, also writes every matrix as F32 and runs
+#      llama.cpp with flash attention off and an f32 K/V cache: no rounding in the activations
+#      or the cache, so the logits pin down the arithmetic itself (<arch>.f32.logits.bin);
+#   4. stores <arch>.logits.bin (raw little-endian f32, [64][n_vocab]) and manifest.json
 #      (token ids, the GGUF's sha256 and size, n_vocab, the settings, llama.cpp's build, the
 #      smallest top-2 gap, and how far llama.cpp with flash attention off is from its default).
 #
@@ -26,6 +29,9 @@ mkdir -p "$OUT_DIR"
 (cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- "$WORK/models") \
     > "$WORK/models.txt"
 FAMILIES="$(cut -d' ' -f1 "$WORK/models.txt")"
+EXACT="$(awk '$4 == "mla" { print $1 }' "$WORK/models.txt")"
+(cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- \
+    "$WORK/f32" --all F32) > /dev/null
 
 for arch in $FAMILIES; do
     echo "logits: $arch" >&2
@@ -35,13 +41,20 @@ for arch in $FAMILIES; do
         "$BIN" logits "$WORK/models/$arch.gguf" "$CTX" "$THREADS" "$WORK/models/$arch.tokens" \
         "$WORK/$arch.fa_off.bin" > "$WORK/$arch.fa_off.json"
 done
+for arch in $EXACT; do
+    echo "logits (F32 model, flash attention off, f32 cache): $arch" >&2
+    LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
+        "$BIN" logits "$WORK/f32/$arch.gguf" "$CTX" "$THREADS" "$WORK/f32/$arch.tokens" \
+        "$WORK/$arch.f32.bin" > "$WORK/$arch.f32.json"
+done
 llama_cpp_meta > "$WORK/meta.json"
 
-CTX="$CTX" REF_DIR="$REF_DIR" "$PYTHON" - "$WORK" "$OUT_DIR" $FAMILIES <<'PY'
+CTX="$CTX" REF_DIR="$REF_DIR" EXACT="$EXACT" "$PYTHON" - "$WORK" "$OUT_DIR" $FAMILIES <<'PY'
 import array, hashlib, json, os, sys
 sys.path.insert(0, os.environ["REF_DIR"])
 import refjson
 work, out_dir, families = sys.argv[1], sys.argv[2], sys.argv[3:]
+exact = os.environ["EXACT"].split()
 
 def sha256(path):
     with open(path, "rb") as f:
@@ -65,6 +78,7 @@ def top2_gap(row):
 
 meta = json.load(open(f"{work}/meta.json"))
 settings = None
+exact_settings = None
 entries = []
 for arch in families:
     gguf = f"{work}/models/{arch}.gguf"
@@ -97,6 +111,22 @@ for arch in families:
         "top2_gap_min": float(f"{min(gaps):.6g}"),
         "llama_cpp_fa_off": {"max_abs_diff": float(f"{spread:.6g}"), "argmax_flips": flips},
     })
+    if arch in exact:
+        e = json.load(open(f"{work}/{arch}.f32.json"))
+        assert e["n_vocab"] == n_vocab
+        common = {k: v for k, v in e.items() if k not in ("n_vocab", "model_desc")}
+        assert common["flash_attn_resolved"] == "disabled" and common["type_k"] == "f32", common
+        if exact_settings is None:
+            exact_settings = common
+        assert common == exact_settings, f"{arch}: exact-run settings differ"
+        name = f"{arch}.f32.logits.bin"
+        with open(f"{work}/{arch}.f32.bin", "rb") as src, open(f"{out_dir}/{name}", "wb") as dst:
+            dst.write(src.read())
+        entries[-1]["f32_exact"] = {
+            "gguf_sha256": sha256(f"{work}/f32/{arch}.gguf"),
+            "logits": name,
+            "logits_sha256": sha256(f"{out_dir}/{name}"),
+        }
 
 manifest = {
     "description": (
@@ -108,17 +138,22 @@ manifest = {
         "largest-minus-second-largest logit over the rows. llama_cpp_fa_off: the same run with flash "
         "attention disabled (f16 K/V still), compared with the stored logits: llama.cpp's own spread "
         "between two legitimate configurations ([position, top-2 gap of the stored row] where the argmax "
-        "differs). Made by scripts/reference/gen-synthetic-logits.sh."),
+        "differs). f32_exact (the Multi-head Latent Attention models): the same model with every matrix "
+        "stored as F32, run with flash attention off and an f32 K/V cache (settings_f32_exact), so that "
+        "no activation or cache rounding blurs the comparison. "
+        "Made by scripts/reference/gen-synthetic-logits.sh."),
     "generator": "scripts/reference/gen-synthetic-logits.sh (scripts/reference/llama-ref.c logits)",
     "llama_cpp": meta["llama_cpp"],
     "n_ctx_requested": int(os.environ["CTX"]),
     "settings": settings,
+    "settings_f32_exact": exact_settings,
     "families": entries,
 }
 out = f"{out_dir}/manifest.json"
 refjson.dump(manifest, out)
 assert json.load(open(out, encoding="utf-8")) == manifest
 total = sum(os.path.getsize(f"{out_dir}/{e['logits']}") for e in entries) + os.path.getsize(out)
+total += sum(os.path.getsize(f"{out_dir}/{e['f32_exact']['logits']}") for e in entries if "f32_exact" in e)
 for e in entries:
     print(f"{e['arch']}: n_vocab {e['n_vocab']}, top-2 gap min {e['top2_gap_min']}, "
           f"llama.cpp fa-off spread {e['llama_cpp_fa_off']['max_abs_diff']} "

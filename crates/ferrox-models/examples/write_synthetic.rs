@@ -1,4 +1,4 @@
-//! Writes the synthetic test models of `tests/synthetic/mod.rs` (one tiny GGUF per dense
+//! Writes the synthetic test models of `tests/synthetic/mod.rs` (one tiny GGUF per
 //! family) and their reference token sequences, for `scripts/reference/gen-synthetic-logits.sh`.
 //!
 //! ```sh
@@ -6,7 +6,8 @@
 //! ```
 //!
 //! writes `OUT_DIR/<arch>.gguf` and `OUT_DIR/<arch>.tokens` (the ids, one line, space
-//! separated) for every family, and prints one `arch path bytes` line per model.
+//! separated) for every family, and prints one `arch path bytes` line per model (`arch path
+//! bytes mla` for the Multi-head Latent Attention models).
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
 
@@ -44,6 +45,11 @@ fn main() {
         let tokens = dir.join(format!("{arch}.tokens"));
         std::fs::write(&tokens, ids.join(" ") + "\n")
             .unwrap_or_else(|e| panic!("{}: {e}", tokens.display()));
-        println!("{arch} {} {}", path.display(), bytes.len());
+        let kind = if synthetic::MLA_MODELS.contains(&arch) {
+            " mla"
+        } else {
+            ""
+        };
+        println!("{arch} {} {}{kind}", path.display(), bytes.len());
     }
 }

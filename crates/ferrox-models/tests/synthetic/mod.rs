@@ -1,5 +1,6 @@
 #![allow(dead_code)]
-//! Tiny synthetic GGUF models, one per dense family, for logit parity with llama.cpp.
+//! Tiny synthetic GGUF models, one per family (several for deepseek2), for logit parity with
+//! llama.cpp.
 //!
 //! Shared by `tests/synthetic_parity.rs` (which rebuilds the files in memory) and
 //! `examples/write_synthetic.rs` (which writes them for `scripts/reference/gen-synthetic-logits.sh`).
@@ -29,6 +30,18 @@
 //! (ggml shapes `{n_embd, n_ff_exp, n_expert}` / `{n_ff_exp, n_embd, n_expert}`) with an F32
 //! router `blk.N.ffn_gate_inp.weight` `{n_embd, n_expert}`; the matrix types of `Types` then
 //! apply to the experts (and the shared expert).
+//!
+//! The Multi-head Latent Attention models (4 query heads; latent `kv_lora_rank` 128; heads of
+//! 64 unrotated + 32 rotated key dims and 64 value dims; experts 128 wide with one shared
+//! expert; F32 routers) are named after what they exercise:
+//!
+//! | model | arch | layers (dense) | tensor types | features |
+//! | --- | --- | --- | --- | --- |
+//! | deepseek2 | deepseek2 | 3 (1) | Q8_0, F16 `attn_k_b`/`attn_v_b`, Q4_K output/gate/up | query LoRA (rank 128), split `attn_k_b`/`attn_v_b`, softmax routing (8 experts, 2 used) |
+//! | deepseek2-lite | deepseek2 | 2 (0) | Q8_0, tied output | one `attn_q` (q_lora_rank 0), no gating key (softmax by default) |
+//! | deepseek2-v3 | deepseek2 | 3 (1) | Q8_0, Q5_0 queries, Q4_0 expert down | sigmoid routing over 16 experts in 4 groups (2 kept, 4 used), `exp_probs_b`, normalised weights scaled by 2.5, YaRN (factor 40, `mscale_all_dim` 1) |
+//! | deepseek2-kvb | deepseek2 | 2 (1) | Q8_0 | one `attn_kv_b`, no `*_mla` keys (llama.cpp's multi-head path) |
+//! | mistral4 | mistral4 | 3 (0) | Q8_0, Q5_0 `attn_kv_a_mqa` | fused `ffn_gate_up_exps`, YaRN (factor 16, `mscale_all_dim` 0.707), attention temperature (0.5, every 16 positions), normalised weights |
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
 use rand::rngs::StdRng;

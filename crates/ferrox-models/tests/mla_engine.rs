@@ -1,0 +1,127 @@
+//! The MLA engine's state on the synthetic deepseek2/mistral4 models: what the cache holds
+//! per token, and rolling a sequence back.
+
+mod synthetic;
+
+use std::sync::Arc;
+
+use ferrox_core::KvStorage;
+use ferrox_gguf::Gguf;
+use ferrox_models::{DecoderOptions, Engine, LogitsFor, MlaEngine};
+
+fn engine(name: &str, kv_storage: KvStorage) -> MlaEngine {
+    let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).expect("parse");
+    let options = DecoderOptions {
+        n_ctx: 96,
+        threads: 2,
+        kv_storage,
+    };
+    MlaEngine::from_gguf(Arc::new(gguf), &options).expect("MLA engine")
+}
+
+#[test]
+fn cache_holds_only_the_latent_and_the_rope_part() {
+    for &name in synthetic::MLA_MODELS {
+        let spec = synthetic::spec(name);
+        let mla = spec.mla.as_ref().unwrap();
+        for (storage, elem) in [(KvStorage::F16, 2), (KvStorage::F32, 4)] {
+            let e = engine(name, storage);
+            let c = e.config();
+            assert_eq!((c.kv_lora_rank, c.n_rot), (mla.kv_lora_rank, mla.qk_rope));
+            let state = e.new_state();
+            let per_token = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * elem;
+            assert_eq!(state.kv_bytes_per_position(), per_token, "{name}");
+            // What a per-head key and value cache would need instead.
+            let per_head = spec.n_head * (mla.qk_nope + mla.qk_rope + mla.v_head);
+            assert!(per_token * 3 < per_head * spec.n_layer * elem, "{name}");
+        }
+    }
+}
+
+#[test]
+fn truncation_and_snapshots_roll_the_sequence_back() {
+    let e = engine("deepseek2-v3", KvStorage::F16);
+    let tokens = synthetic::token_ids("deepseek2-v3");
+    // Token by token after a 20-token prompt, straight through.
+    let continue_from_20 = |state: &mut ferrox_models::MlaState| -> Vec<f32> {
+        (20..48)
+            .flat_map(|pos| e.forward_token(tokens[pos], pos, state).unwrap().to_vec())
+            .collect()
+    };
+    let mut straight = e.new_state();
+    e.forward_batch(&tokens[..20], 0, &mut straight, LogitsFor::Last)
+        .unwrap();
+    let expected = continue_from_20(&mut straight);
+
+    // The same after going down another path and rolling back: identical logits.
+    let mut state = e.new_state();
+    e.forward_batch(&tokens[..20], 0, &mut state, LogitsFor::Last)
+        .unwrap();
+    e.forward_batch(&tokens[30..40], 20, &mut state, LogitsFor::Last)
+        .unwrap();
+    state.truncate(20);
+    assert_eq!(state.len(), 20);
+    assert_eq!(continue_from_20(&mut state), expected);
+
+    let snapshot = state.snapshot();
+    state.truncate(5);
+    state.restore(&snapshot).unwrap();
+    assert_eq!(state.len(), 48);
+    let next = e
+        .forward_token(tokens[48], 48, &mut state)
+        .unwrap()
+        .to_vec();
+    assert_eq!(
+        next,
+        e.forward_token(tokens[48], 48, &mut straight).unwrap()
+    );
+    assert!(e.forward_token(tokens[0], 7, &mut straight).is_err());
+}
+
+/// `name`'s synthetic file without the keys and tensors `drop` rejects.
+fn without(
+    name: &str,
+    drop: impl Fn(&str) -> bool,
+) -> Result<MlaEngine, ferrox_models::ModelError> {
+    let original = Gguf::from_bytes(synthetic::gguf_bytes(name)).unwrap();
+    let mut w = ferrox_gguf::GgufWriter::new();
+    for (key, value) in original.metadata().iter().filter(|(k, _)| !drop(k)) {
+        w.set(key, value.to_owned_value());
+    }
+    for t in original.tensors().iter().filter(|t| !drop(&t.name)) {
+        w.add_tensor(&t.name, t.ty, &t.shape, original.tensor_data(t).unwrap())
+            .unwrap();
+    }
+    let options = DecoderOptions {
+        n_ctx: 16,
+        threads: 1,
+        ..Default::default()
+    };
+    MlaEngine::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()).unwrap()), &options)
+}
+
+#[test]
+fn what_is_missing_is_named() {
+    let err = without("deepseek2", |k| k == "blk.1.attn_v_b.weight")
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, ferrox_models::ModelError::MissingTensor(t) if t == "blk.1.attn_v_b.weight"),
+        "{err}"
+    );
+    let err = without("mistral4", |k| k == "mistral4.attention.kv_lora_rank")
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("mistral4.attention.kv_lora_rank"),
+        "{err}"
+    );
+    let err = without("deepseek2", |k| k == "deepseek2.attention.value_length_mla")
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("value_length_mla"), "{err}");
+    let err = without("mistral4", |k| k == "mistral4.attention.temperature_length")
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("temperature_length"), "{err}");
+}
