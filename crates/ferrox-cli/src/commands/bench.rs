@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_models::tokenizer::TokenId;
-use ferrox_models::{Decoder, DecoderState, Engine, LogitsFor};
+use ferrox_models::{AnyEngine, AnyState, Engine, LogitsFor};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
@@ -85,7 +85,7 @@ fn stddev(x: &[f64]) -> f64 {
 }
 
 struct Bench<'a> {
-    decoder: &'a Decoder,
+    decoder: &'a AnyEngine,
     bos: Option<TokenId>,
     rng: rand::rngs::StdRng,
 }
@@ -101,7 +101,7 @@ impl Bench<'_> {
             .collect()
     }
 
-    fn prefill(&mut self, state: &mut DecoderState, n: usize) -> anyhow::Result<u64> {
+    fn prefill(&mut self, state: &mut AnyState, n: usize) -> anyhow::Result<u64> {
         let tokens = self.random_tokens(n);
         state.truncate(0);
         let start = Instant::now();
@@ -110,7 +110,7 @@ impl Bench<'_> {
         Ok(start.elapsed().as_nanos() as u64)
     }
 
-    fn generate(&mut self, state: &mut DecoderState, n: usize) -> anyhow::Result<u64> {
+    fn generate(&mut self, state: &mut AnyState, n: usize) -> anyhow::Result<u64> {
         let tokens = self.random_tokens(n);
         state.truncate(0);
         let start = Instant::now();
@@ -122,7 +122,7 @@ impl Bench<'_> {
 
     fn run(
         &mut self,
-        state: &mut DecoderState,
+        state: &mut AnyState,
         n_prompt: usize,
         n_gen: usize,
         reps: usize,
@@ -147,7 +147,7 @@ impl Bench<'_> {
 
     fn timed(
         &mut self,
-        state: &mut DecoderState,
+        state: &mut AnyState,
         n_prompt: usize,
         n_gen: usize,
     ) -> anyhow::Result<u64> {
@@ -160,7 +160,7 @@ impl Bench<'_> {
 }
 
 /// What llama-bench calls the model (`gemma3 270M Q4_K - Medium`).
-fn model_type(decoder: &Decoder) -> String {
+fn model_type(decoder: &AnyEngine) -> String {
     let meta = decoder.gguf().metadata();
     let arch = meta.architecture().unwrap_or("?");
     let size = meta
@@ -249,8 +249,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx_size: Some(args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
     };
-    let loaded = model::load(&model_args)?;
-    let decoder = &loaded.decoder;
+    let loaded = model::load_engine(&model_args)?;
+    let decoder = &loaded.engine;
     let vocab = loaded.tokenizer.vocab();
     let mut bench = Bench {
         decoder,

@@ -30,8 +30,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
-    let loaded = model::load(&args.model)?;
-    let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
+    let loaded = model::load_engine(&args.model)?;
+    let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
     let template = match ChatTemplate::from_metadata(&decoder.gguf().metadata())? {
         Some(t) => t,
         None => {

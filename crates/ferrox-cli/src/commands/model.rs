@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
+use ferrox_gguf::Gguf;
+use ferrox_models::families::MLA_ARCHITECTURES;
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{Decoder, DecoderOptions};
+use ferrox_models::{AnyEngine, Decoder, DecoderOptions};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
@@ -68,14 +70,22 @@ pub fn resolve(model: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A model ready to run: its decoder and tokenizer.
+/// A model ready to run on the dense decoder: its decoder and tokenizer.
 pub struct Loaded {
     pub path: PathBuf,
     pub decoder: Decoder,
     pub tokenizer: Tokenizer,
 }
 
-pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+/// A model ready to run on whichever engine its architecture needs.
+pub struct LoadedEngine {
+    pub path: PathBuf,
+    pub engine: AnyEngine,
+    pub tokenizer: Tokenizer,
+}
+
+/// The file, its tokenizer and the engine options the arguments ask for.
+fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, DecoderOptions)> {
     let path = resolve(&args.model)?;
     let gguf = Arc::new(super::open_gguf(&path)?);
     let tokenizer =
@@ -89,11 +99,40 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
             KvStorage::F16
         },
     };
+    Ok((path, gguf, tokenizer, options))
+}
+
+/// Loads a model for the dense decoder (what `ferrox serve` batches). A Multi-head Latent
+/// Attention file is refused with an error naming its architecture.
+pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    let (path, gguf, tokenizer, options) = open(args)?;
+    let arch = gguf.metadata().architecture()?.to_string();
+    if MLA_ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(super::InputError(format!(
+            "{}: architecture `{arch}` (Multi-head Latent Attention) runs with ferrox run, \
+             chat, bench and perplexity; the server's batched steps support only the dense \
+             decoder's architectures",
+            path.display()
+        ))
+        .into());
+    }
     let decoder =
         Decoder::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
     Ok(Loaded {
         path,
         decoder,
+        tokenizer,
+    })
+}
+
+/// Loads a model for the engine its architecture needs.
+pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
+    let (path, gguf, tokenizer, options) = open(args)?;
+    let engine =
+        AnyEngine::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
+    Ok(LoadedEngine {
+        path,
+        engine,
         tokenizer,
     })
 }

@@ -65,8 +65,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.file).with_context(|| format!("{}", args.file.display()))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| InputError(format!("{}: not valid UTF-8 ({e})", args.file.display())))?;
-    let loaded = model::load(&args.model)?;
-    let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
+    let loaded = model::load_engine(&args.model)?;
+    let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
     let tokens = tokenizer.encode(&text, true, false);
     let available = tokens.len() / n_ctx;
     if available < 1 || tokens.len() < 2 * n_ctx {

@@ -92,8 +92,8 @@ impl SamplingArgs {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
-    let loaded = model::load(&args.model)?;
-    let (decoder, tokenizer) = (&loaded.decoder, &loaded.tokenizer);
+    let loaded = model::load_engine(&args.model)?;
+    let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
     let prompt = tokenizer.encode(&args.prompt, !args.no_bos, true);
     if prompt.is_empty() {
         return Err(

@@ -1,0 +1,92 @@
+//! The commands on a Multi-head Latent Attention model (a tiny synthetic `deepseek2` file):
+//! run, bench and perplexity work; serve refuses it, naming the architecture.
+
+mod common;
+#[path = "../../ferrox-models/tests/synthetic/mod.rs"]
+mod synthetic;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use common::ferrox;
+use serde_json::Value;
+
+fn model(dir: &Path) -> PathBuf {
+    let path = dir.join("deepseek2-v3.gguf");
+    std::fs::write(&path, synthetic::gguf_bytes("deepseek2-v3")).unwrap();
+    path
+}
+
+fn ok(args: &[&OsStr]) -> String {
+    let out = ferrox(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn run_bench_and_perplexity_work_and_serve_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let m = m.as_os_str();
+    let s = OsStr::new;
+
+    let run: Value = serde_json::from_str(&ok(&[
+        s("run"),
+        s("-m"),
+        m,
+        s("-p"),
+        s("ba ce"),
+        s("-n"),
+        s("6"),
+        s("--temp"),
+        s("0"),
+        s("--json"),
+        s("-t"),
+        s("1"),
+    ]))
+    .unwrap();
+    assert_eq!(run["tokens"].as_array().unwrap().len(), 6, "{run}");
+
+    let bench: Value = serde_json::from_str(&ok(&[
+        s("bench"),
+        s("-m"),
+        m,
+        s("-p"),
+        s("16"),
+        s("-n"),
+        s("4"),
+        s("-r"),
+        s("1"),
+        s("-t"),
+        s("1"),
+        s("--json"),
+    ]))
+    .unwrap();
+    assert_eq!(bench.as_array().unwrap().len(), 2, "{bench}");
+
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "ba ce di fo gu ".repeat(40)).unwrap();
+    let ppl = ok(&[
+        s("perplexity"),
+        s("-m"),
+        m,
+        s("-f"),
+        text.as_os_str(),
+        s("-c"),
+        s("32"),
+        s("--chunks"),
+        s("2"),
+        s("-t"),
+        s("1"),
+    ]);
+    assert!(ppl.contains("Final estimate: PPL = "), "{ppl}");
+
+    let out = ferrox(&[s("serve"), s("-m"), m, s("--port"), s("0")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`deepseek2`"), "{err}");
+}
