@@ -109,6 +109,9 @@ pub struct Spec {
 /// A DeepSeek-2-style model's attention and routing.
 #[derive(Clone, Debug)]
 pub struct MlaSpec {
+    pub n_embd: usize,
+    /// Hidden units of the leading dense layers' FFN.
+    pub n_ff: usize,
     /// `None`: one `attn_q` (q_lora_rank 0).
     pub q_lora_rank: Option<usize>,
     pub kv_lora_rank: usize,
@@ -368,6 +371,8 @@ pub fn spec(arch: &str) -> Spec {
 fn mla_spec(name: &str) -> Spec {
     use GgmlType as T;
     let base = MlaSpec {
+        n_embd: N_EMBD,
+        n_ff: N_FF,
         q_lora_rank: Some(128),
         kv_lora_rank: 128,
         qk_nope: 64,
@@ -515,6 +520,64 @@ fn mla_spec(name: &str) -> Spec {
     }
 }
 
+/// A DeepSeek-V2-Lite-shaped model for speed measurements, not for parity: hidden 2048,
+/// 16 heads (no query LoRA, latent 512, heads of 128 + 64 rotated key dims and 128 value
+/// dims), one leading dense layer (10944 wide), then `n_layer - 1` MoE layers of `n_expert`
+/// experts (1408 wide, `n_used` per token) and two shared experts; every matrix `ty`
+/// (routers F32), a 448-token vocabulary.
+pub fn moe_bench_gguf(n_layer: usize, n_expert: usize, n_used: usize, ty: GgmlType) -> Vec<u8> {
+    let mla = MlaSpec {
+        n_embd: 2048,
+        n_ff: 10944,
+        q_lora_rank: None,
+        kv_lora_rank: 512,
+        qk_nope: 128,
+        qk_rope: 64,
+        v_head: 128,
+        split_kv_b: true,
+        n_leading_dense: 1,
+        n_shared: 2,
+        gating_func: Some(1),
+        groups: None,
+        probs_bias: false,
+        norm_weights: false,
+        weights_scale: None,
+        fused_gate_up: false,
+        yarn: None,
+        temperature: None,
+    };
+    let spec = Spec {
+        arch: "deepseek2",
+        n_layer,
+        n_head: 16,
+        n_head_kv: 1,
+        head_dim: 0,
+        n_vocab: 448,
+        seed: 0x011a_0100,
+        rms_eps: 1e-6,
+        rope_base: 10000.0,
+        types: Types {
+            embd: ty,
+            output: Some(ty),
+            q: ty,
+            k: ty,
+            v: ty,
+            o: ty,
+            gate: ty,
+            up: ty,
+            down: ty,
+        },
+        moe: Some(MoeSpec {
+            n_expert,
+            n_used,
+            n_ff_exp: 1408,
+            n_ff_shexp: None,
+        }),
+        mla: Some(mla.clone()),
+    };
+    mla_gguf_bytes(&spec, &mla)
+}
+
 /// Uniform and roughly normal values from a seeded generator, with exact arithmetic only.
 struct Values(StdRng);
 
@@ -642,7 +705,7 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
     let a = s.arch;
     let mut w = GgufWriter::new();
     let key = |k: &str| format!("{a}.{k}");
-    common_keys(&mut w, &s);
+    common_keys(&mut w, &s, N_EMBD);
     // OLMoE's experts are `feed_forward_length` wide (llama.cpp reads no expert width).
     let n_ff = match (&s.moe, a) {
         (Some(m), "olmoe") => m.n_ff_exp,
@@ -829,14 +892,14 @@ fn moe_layer(w: &mut GgufWriter, v: &mut Values, il: usize, t: &Types, m: &MoeSp
 }
 
 /// Metadata every model starts with: architecture, name, context, width, depth.
-fn common_keys(w: &mut GgufWriter, s: &Spec) {
+fn common_keys(w: &mut GgufWriter, s: &Spec, n_embd: usize) {
     let a = s.arch;
     w.set("general.architecture", a);
     // A neutral name: llama.cpp keys some vocabulary fix-ups on the model name (a name
     // containing "phi3" makes it look up `<|endoftext|>`, which this vocabulary lacks).
     w.set("general.name", "ferrox synthetic test model");
     w.set(format!("{a}.context_length"), 2048u32);
-    w.set(format!("{a}.embedding_length"), N_EMBD as u32);
+    w.set(format!("{a}.embedding_length"), n_embd as u32);
     w.set(format!("{a}.block_count"), s.n_layer as u32);
 }
 
@@ -847,12 +910,12 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
     let moe = s.moe.as_ref().expect("MLA models have experts");
     let mut w = GgufWriter::new();
     let key = |k: &str| format!("{a}.{k}");
-    common_keys(&mut w, s);
+    common_keys(&mut w, s, m.n_embd);
     w.set(key("attention.head_count"), s.n_head as u32);
     w.set(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
     let (h, lkv, rope) = (s.n_head, m.kv_lora_rank, m.qk_rope);
     let dk = m.qk_nope + m.qk_rope;
-    w.set(key("feed_forward_length"), N_FF as u32);
+    w.set(key("feed_forward_length"), m.n_ff as u32);
     w.set(
         key("attention.q_lora_rank"),
         m.q_lora_rank.unwrap_or(0) as u32,
@@ -908,31 +971,31 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
         v,
         "token_embd.weight",
         t.embd,
-        N_EMBD,
+        m.n_embd,
         s.n_vocab,
         0.08,
     );
-    vector(&mut w, v, "output_norm.weight", N_EMBD, 1.0, 0.1);
+    vector(&mut w, v, "output_norm.weight", m.n_embd, 1.0, 0.1);
     if let Some(ty) = t.output {
-        matrix(&mut w, v, "output.weight", ty, N_EMBD, s.n_vocab, 0.1);
+        matrix(&mut w, v, "output.weight", ty, m.n_embd, s.n_vocab, 0.1);
     }
     for il in 0..s.n_layer {
         let n = |t: &str| format!("blk.{il}.{t}");
-        vector(&mut w, v, &n("attn_norm.weight"), N_EMBD, 1.0, 0.1);
+        vector(&mut w, v, &n("attn_norm.weight"), m.n_embd, 1.0, 0.1);
         match m.q_lora_rank {
             Some(r) => {
-                matrix(&mut w, v, &n("attn_q_a.weight"), t.q, N_EMBD, r, 0.08);
+                matrix(&mut w, v, &n("attn_q_a.weight"), t.q, m.n_embd, r, 0.08);
                 vector(&mut w, v, &n("attn_q_a_norm.weight"), r, 1.0, 0.1);
                 matrix(&mut w, v, &n("attn_q_b.weight"), t.q, r, h * dk, 0.1);
             }
-            None => matrix(&mut w, v, &n("attn_q.weight"), t.q, N_EMBD, h * dk, 0.08),
+            None => matrix(&mut w, v, &n("attn_q.weight"), t.q, m.n_embd, h * dk, 0.08),
         }
         matrix(
             &mut w,
             v,
             &n("attn_kv_a_mqa.weight"),
             t.k,
-            N_EMBD,
+            m.n_embd,
             lkv + rope,
             0.08,
         );
@@ -954,23 +1017,39 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
             &n("attn_output.weight"),
             t.o,
             h * m.v_head,
-            N_EMBD,
+            m.n_embd,
             0.06,
         );
-        vector(&mut w, v, &n("ffn_norm.weight"), N_EMBD, 1.0, 0.1);
+        vector(&mut w, v, &n("ffn_norm.weight"), m.n_embd, 1.0, 0.1);
         if il < m.n_leading_dense {
-            matrix(&mut w, v, &n("ffn_gate.weight"), t.gate, N_EMBD, N_FF, 0.06);
-            matrix(&mut w, v, &n("ffn_up.weight"), t.up, N_EMBD, N_FF, 0.06);
-            matrix(&mut w, v, &n("ffn_down.weight"), t.down, N_FF, N_EMBD, 0.05);
+            matrix(
+                &mut w,
+                v,
+                &n("ffn_gate.weight"),
+                t.gate,
+                m.n_embd,
+                m.n_ff,
+                0.06,
+            );
+            matrix(&mut w, v, &n("ffn_up.weight"), t.up, m.n_embd, m.n_ff, 0.06);
+            matrix(
+                &mut w,
+                v,
+                &n("ffn_down.weight"),
+                t.down,
+                m.n_ff,
+                m.n_embd,
+                0.05,
+            );
             continue;
         }
-        let (e, f, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, N_EMBD as u64);
+        let (e, f, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, m.n_embd as u64);
         matrix(
             &mut w,
             v,
             &n("ffn_gate_inp.weight"),
             GgmlType::F32,
-            N_EMBD,
+            m.n_embd,
             moe.n_expert,
             0.1,
         );
@@ -994,18 +1073,26 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
             v,
             &n("ffn_gate_shexp.weight"),
             t.gate,
-            N_EMBD,
+            m.n_embd,
             sh,
             0.06,
         );
-        matrix(&mut w, v, &n("ffn_up_shexp.weight"), t.up, N_EMBD, sh, 0.06);
+        matrix(
+            &mut w,
+            v,
+            &n("ffn_up_shexp.weight"),
+            t.up,
+            m.n_embd,
+            sh,
+            0.06,
+        );
         matrix(
             &mut w,
             v,
             &n("ffn_down_shexp.weight"),
             t.down,
             sh,
-            N_EMBD,
+            m.n_embd,
             0.05,
         );
     }
