@@ -6,7 +6,7 @@ use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
 use ferrox_gguf::{Gguf, TensorInfo};
 use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
 
-use crate::decoder::{moe_error, MoeFfnConfig};
+use crate::decoder::{moe_error, FfnKind, MoeFfnConfig};
 use crate::ModelError;
 
 /// A 2-D weight tensor in the file: `rows` outputs, each a dot product over `cols` inputs.
@@ -37,6 +37,11 @@ impl MatrixRef {
     pub fn n_bytes(&self) -> u64 {
         self.tensor.n_bytes.unwrap_or(0)
     }
+}
+
+/// Bytes one decoded token reads outside the layers: its embedding row and the output head.
+pub fn embedding_and_head_bytes(token_embd: &MatrixRef, output: &MatrixRef) -> u64 {
+    output.n_bytes() + token_embd.n_bytes() / token_embd.rows.max(1) as u64
 }
 
 /// A tensor viewed as `n` stacked matrices (ggml shape `{cols, rows, n}`): a layer's
@@ -138,8 +143,16 @@ impl MoeWeights {
         self.shared.as_ref().map(|sh| sh.view(gguf)).transpose()
     }
 
+    /// Bytes read per decoded token by a layer of `kind` (all of it if the layer is dense).
+    pub(crate) fn bytes_per_token_in(&self, kind: &FfnKind) -> u64 {
+        match kind {
+            FfnKind::Moe(mc) => self.bytes_per_token(mc.router.n_expert, mc.router.n_used),
+            FfnKind::Dense => self.bytes_per_token(1, 1),
+        }
+    }
+
     /// Bytes read per decoded token: the router, `n_used` experts, the shared expert.
-    pub(crate) fn bytes_per_token(&self, n_expert: usize, n_used: usize) -> u64 {
+    fn bytes_per_token(&self, n_expert: usize, n_used: usize) -> u64 {
         let per_expert =
             (self.gate_exps.n_bytes() + self.up_exps.n_bytes() + self.down_exps.n_bytes())
                 / n_expert.max(1) as u64;

@@ -4,7 +4,7 @@
 use ferrox_gguf::Gguf;
 
 use super::config::{DecoderConfig, FfnKind};
-use crate::tensors::{Loader, MatrixRef, MoeWeights};
+use crate::tensors::{embedding_and_head_bytes, Loader, MatrixRef, MoeWeights};
 use crate::ModelError;
 
 /// Query/key/value projections: separate, or fused into one matrix (phi3).
@@ -161,8 +161,7 @@ impl DecoderWeights {
 
     /// Bytes of weights one decoded token reads (every matrix once, one embedding row).
     pub fn bytes_per_token(&self, config: &DecoderConfig) -> u64 {
-        let mut total =
-            self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
+        let mut total = embedding_and_head_bytes(&self.token_embd, &self.output);
         for (l, lc) in self.layers.iter().zip(&config.layers) {
             total += match &l.qkv {
                 QkvWeights::Separate { q, k, v } => q.n_bytes() + k.n_bytes() + v.n_bytes(),
@@ -176,10 +175,7 @@ impl DecoderWeights {
                             GateUpWeights::Fused(m) => m.n_bytes(),
                         }
                 }
-                (FfnWeights::Moe(m), FfnKind::Moe(mc)) => {
-                    m.bytes_per_token(mc.router.n_expert, mc.router.n_used)
-                }
-                (FfnWeights::Moe(m), FfnKind::Dense) => m.bytes_per_token(1, 1),
+                (FfnWeights::Moe(m), kind) => m.bytes_per_token_in(kind),
             };
             total += l.wo.n_bytes();
         }

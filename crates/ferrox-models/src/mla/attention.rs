@@ -99,25 +99,39 @@ pub fn attention(
         }
         cache.write(il, pos, row, &[]);
     }
-    let cache = &*cache;
+    let step = Step {
+        c,
+        lw,
+        gguf,
+        il,
+        positions,
+        cache,
+    };
     match path {
-        Path::Absorbed => absorbed(c, lw, gguf, il, positions, cache, s)?,
-        Path::Decompressed => decompressed(c, lw, gguf, il, positions, cache, s)?,
+        Path::Absorbed => absorbed(&step, s)?,
+        Path::Decompressed => decompressed(&step, s)?,
     }
     let heads = &s.heads[..n * h * c.head_dim_v];
     linear(&lw.wo.view(gguf)?, heads, n, out, &mut s.xq)?;
     Ok(())
 }
 
-/// `out[t][h] = M[h] · x[t][h]` for every token and head, where `x` holds `x_width` values
-/// per head at `x_stride` per head and `n_head · x_stride` per token, and `out` gets
-/// `rows` values per head at `out_stride` per head.
+/// Where each head's input rows come from.
+#[derive(Clone, Copy)]
+enum HeadInput<'a> {
+    /// Row `t` of head `h` at `(t · n_head + h) · stride` (each head its own input).
+    PerHead(&'a [f32], usize),
+    /// Row `t` at `t · cols` for every head (cached latents).
+    Shared(&'a [f32]),
+}
+
+/// `out[t][h] = M[h] · x[t][h]` for `n` rows and every head; head `h` of row `t` lands at
+/// `(t · n_head + h) · out_stride` (its first `rows` values).
 #[allow(clippy::too_many_arguments)]
 fn per_head(
     heads: &Heads,
     gguf: &Gguf,
-    x: &[f32],
-    x_stride: usize,
+    input: HeadInput<'_>,
     n: usize,
     out: &mut [f32],
     out_stride: usize,
@@ -127,14 +141,20 @@ fn per_head(
 ) -> Result<(), EngineError> {
     let m = heads.view(gguf)?;
     let (rows, cols, n_head) = (m.rows(), m.cols(), m.n_expert());
-    let gather = grown(gather, n * cols);
     let result = grown(result, n * rows);
     for hd in 0..n_head {
-        for (t, g) in gather.chunks_exact_mut(cols).enumerate() {
-            let at = (t * n_head + hd) * x_stride;
-            g.copy_from_slice(&x[at..at + cols]);
-        }
-        linear(&m.expert(hd), gather, n, result, xq)?;
+        let x: &[f32] = match input {
+            HeadInput::Shared(x) => x,
+            HeadInput::PerHead(x, stride) => {
+                let g = grown(gather, n * cols);
+                for (t, row) in g.chunks_exact_mut(cols).enumerate() {
+                    let at = (t * n_head + hd) * stride;
+                    row.copy_from_slice(&x[at..at + cols]);
+                }
+                g
+            }
+        };
+        linear(&m.expert(hd), x, n, result, xq)?;
         for (t, r) in result.chunks_exact(rows).enumerate() {
             let at = (t * n_head + hd) * out_stride;
             out[at..at + rows].copy_from_slice(r);
@@ -143,16 +163,20 @@ fn per_head(
     Ok(())
 }
 
-/// Leaves the heads' outputs in `s.heads`.
-fn absorbed(
-    c: &MlaConfig,
-    lw: &MlaLayer,
-    gguf: &Gguf,
+/// One layer's attention step once the batch's cache rows are written.
+struct Step<'a> {
+    c: &'a MlaConfig,
+    lw: &'a MlaLayer,
+    gguf: &'a Gguf,
     il: usize,
-    positions: &[usize],
-    cache: &KvCache,
-    s: &mut AttnScratch,
-) -> Result<(), EngineError> {
+    positions: &'a [usize],
+    cache: &'a KvCache,
+}
+
+/// Leaves the heads' outputs in `s.heads`.
+fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
+    let (c, lw, gguf) = (step.c, step.lw, step.gguf);
+    let (il, positions, cache) = (step.il, step.positions, step.cache);
     let n = positions.len();
     let (h, dk, dn, dv) = (c.n_head, c.head_dim_k, c.head_dim_nope(), c.head_dim_v);
     let (lkv, width) = (c.kv_lora_rank, c.cache_width());
@@ -160,8 +184,7 @@ fn absorbed(
     per_head(
         &lw.k_absorb,
         gguf,
-        &s.q,
-        dk,
+        HeadInput::PerHead(&s.q, dk),
         n,
         q_att,
         width,
@@ -214,8 +237,7 @@ fn absorbed(
     per_head(
         &lw.v,
         gguf,
-        latent_out,
-        lkv,
+        HeadInput::PerHead(latent_out, lkv),
         n,
         heads,
         dv,
@@ -227,15 +249,9 @@ fn absorbed(
 }
 
 /// Leaves the heads' outputs in `s.heads`.
-fn decompressed(
-    c: &MlaConfig,
-    lw: &MlaLayer,
-    gguf: &Gguf,
-    il: usize,
-    positions: &[usize],
-    cache: &KvCache,
-    s: &mut AttnScratch,
-) -> Result<(), EngineError> {
+fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
+    let (c, lw, gguf) = (step.c, step.lw, step.gguf);
+    let (il, positions, cache) = (step.il, step.positions, step.cache);
     let n = positions.len();
     let (h, dk, dn, dv) = (c.n_head, c.head_dim_k, c.head_dim_nope(), c.head_dim_v);
     let lkv = c.kv_lora_rank;
@@ -258,27 +274,23 @@ fn decompressed(
     }
     let keys = grown(&mut s.keys, n_keys * h * dk);
     let values = grown(&mut s.values, n_keys * h * dv);
-    // The latents are one "head" each; every head's matrix reads the same row.
-    per_head_shared(
-        &lw.k_decompress,
-        gguf,
-        latents,
-        n_keys,
-        keys,
-        dk,
-        &mut s.head_out,
-        &mut s.xq,
-    )?;
-    per_head_shared(
-        &lw.v,
-        gguf,
-        latents,
-        n_keys,
-        values,
-        dv,
-        &mut s.head_out,
-        &mut s.xq,
-    )?;
+    for (m, out, stride) in [
+        (&lw.k_decompress, &mut *keys, dk),
+        (&lw.v, &mut *values, dv),
+    ] {
+        let input = HeadInput::Shared(latents);
+        per_head(
+            m,
+            gguf,
+            input,
+            n_keys,
+            out,
+            stride,
+            &mut s.gather,
+            &mut s.head_out,
+            &mut s.xq,
+        )?;
+    }
     for (j, key) in keys.chunks_exact_mut(h * dk).enumerate() {
         for head in key.chunks_exact_mut(dk) {
             k_pe_at(j, &mut head[dn..]);
@@ -322,32 +334,6 @@ fn decompressed(
         };
         attend(&q[i * dk..(i + 1) * dk], &view, 0, pos + 1, &params, o);
     });
-    Ok(())
-}
-
-/// `out[j][h] = M[h] · x[j]` for rows `x[j]` every head shares; `out` has `stride` values per
-/// head (the first `rows` written).
-#[allow(clippy::too_many_arguments)]
-fn per_head_shared(
-    heads: &Heads,
-    gguf: &Gguf,
-    x: &[f32],
-    n: usize,
-    out: &mut [f32],
-    stride: usize,
-    result: &mut Vec<f32>,
-    xq: &mut Vec<u8>,
-) -> Result<(), EngineError> {
-    let m = heads.view(gguf)?;
-    let (rows, n_head) = (m.rows(), m.n_expert());
-    let result = grown(result, n * rows);
-    for hd in 0..n_head {
-        linear(&m.expert(hd), x, n, result, xq)?;
-        for (j, r) in result.chunks_exact(rows).enumerate() {
-            let at = (j * n_head + hd) * stride;
-            out[at..at + rows].copy_from_slice(r);
-        }
-    }
     Ok(())
 }
 

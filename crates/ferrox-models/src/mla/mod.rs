@@ -396,8 +396,7 @@ impl Engine for MlaEngine {
         pos: usize,
         state: &'s mut MlaState,
     ) -> Result<&'s [f32], EngineError> {
-        self.forward(&[token], pos, state, LogitsFor::Last)?;
-        Ok(&state.logits)
+        self.forward_batch(&[token], pos, state, LogitsFor::Last)
     }
 
     fn forward_batch<'s>(

@@ -11,7 +11,9 @@ use half::f16;
 
 use super::config::{KvB, MlaConfig};
 use crate::decoder::{moe_error, FfnKind};
-use crate::tensors::{ExpertRef, Loader, MatrixRef, MoeWeights, SharedExpertWeights};
+use crate::tensors::{
+    embedding_and_head_bytes, ExpertRef, Loader, MatrixRef, MoeWeights, SharedExpertWeights,
+};
 use crate::ModelError;
 
 /// One matrix per attention head.
@@ -145,20 +147,16 @@ impl MlaWeights {
     /// Bytes of weights one decoded token reads (the absorbed path: each layer's query,
     /// latent, absorption and output matrices, its FFN's active part).
     pub fn bytes_per_token(&self, c: &MlaConfig) -> u64 {
-        let mut total =
-            self.output.n_bytes() + self.token_embd.n_bytes() / self.token_embd.rows.max(1) as u64;
+        let mut total = embedding_and_head_bytes(&self.token_embd, &self.output);
         for (l, kind) in self.layers.iter().zip(&c.ffn) {
             total += match &l.q {
                 QueryWeights::LoRa { a, b, .. } => a.n_bytes() + b.n_bytes(),
                 QueryWeights::Plain(q) => q.n_bytes(),
             };
             total += l.kv_a.n_bytes() + l.k_absorb.n_bytes() + l.v.n_bytes() + l.wo.n_bytes();
-            total += match (&l.ffn, kind) {
-                (MlaFfn::Dense(d), _) => d.n_bytes(),
-                (MlaFfn::Moe(m), FfnKind::Moe(mc)) => {
-                    m.bytes_per_token(mc.router.n_expert, mc.router.n_used)
-                }
-                (MlaFfn::Moe(m), FfnKind::Dense) => m.bytes_per_token(1, 1),
+            total += match &l.ffn {
+                MlaFfn::Dense(d) => d.n_bytes(),
+                MlaFfn::Moe(m) => m.bytes_per_token_in(kind),
             };
         }
         total

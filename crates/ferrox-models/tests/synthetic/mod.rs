@@ -106,6 +106,33 @@ pub struct Spec {
     pub mla: Option<MlaSpec>,
 }
 
+impl MlaSpec {
+    /// The tiny test models' shapes: query LoRA, split `attn_k_b`/`attn_v_b`, one leading
+    /// dense layer, one shared expert, softmax routing, no YaRN.
+    fn base() -> MlaSpec {
+        MlaSpec {
+            n_embd: N_EMBD,
+            n_ff: N_FF,
+            q_lora_rank: Some(128),
+            kv_lora_rank: 128,
+            qk_nope: 64,
+            qk_rope: 32,
+            v_head: 64,
+            split_kv_b: true,
+            n_leading_dense: 1,
+            n_shared: 1,
+            gating_func: Some(1),
+            groups: None,
+            probs_bias: false,
+            norm_weights: false,
+            weights_scale: None,
+            fused_gate_up: false,
+            yarn: None,
+            temperature: None,
+        }
+    }
+}
+
 /// A DeepSeek-2-style model's attention and routing.
 #[derive(Clone, Debug)]
 pub struct MlaSpec {
@@ -163,19 +190,34 @@ pub struct Types {
     pub down: GgmlType,
 }
 
+impl Types {
+    /// Every matrix `t`, the output head tied to the embedding.
+    pub fn same(t: GgmlType) -> Types {
+        Types {
+            embd: t,
+            output: None,
+            q: t,
+            k: t,
+            v: t,
+            o: t,
+            gate: t,
+            up: t,
+            down: t,
+        }
+    }
+
+    /// Every matrix `t`, with an `output.weight` of its own.
+    pub fn untied(t: GgmlType) -> Types {
+        Types {
+            output: Some(t),
+            ..Types::same(t)
+        }
+    }
+}
+
 pub fn spec(arch: &str) -> Spec {
     use GgmlType as T;
-    let same = |t: GgmlType| Types {
-        embd: t,
-        output: None,
-        q: t,
-        k: t,
-        v: t,
-        o: t,
-        gate: t,
-        up: t,
-        down: t,
-    };
+    let same = Types::same;
     match arch {
         "llama" => Spec {
             arch: "llama",
@@ -370,26 +412,7 @@ pub fn spec(arch: &str) -> Spec {
 /// 32 rotated for keys and 64 for values, 8 or 16 experts of 128 with one shared expert.
 fn mla_spec(name: &str) -> Spec {
     use GgmlType as T;
-    let base = MlaSpec {
-        n_embd: N_EMBD,
-        n_ff: N_FF,
-        q_lora_rank: Some(128),
-        kv_lora_rank: 128,
-        qk_nope: 64,
-        qk_rope: 32,
-        v_head: 64,
-        split_kv_b: true,
-        n_leading_dense: 1,
-        n_shared: 1,
-        gating_func: Some(1),
-        groups: None,
-        probs_bias: false,
-        norm_weights: false,
-        weights_scale: None,
-        fused_gate_up: false,
-        yarn: None,
-        temperature: None,
-    };
+    let base = MlaSpec::base();
     let moe = |n_expert, n_used| {
         Some(MoeSpec {
             n_expert,
@@ -398,17 +421,7 @@ fn mla_spec(name: &str) -> Spec {
             n_ff_shexp: None,
         })
     };
-    let types = |t: GgmlType| Types {
-        embd: t,
-        output: Some(t),
-        q: t,
-        k: t,
-        v: t,
-        o: t,
-        gate: t,
-        up: t,
-        down: t,
-    };
+    let types = Types::untied;
     let model = |arch, n_layer, n_vocab, seed, mla, moe, types| Spec {
         arch,
         n_layer,
@@ -534,17 +547,8 @@ pub fn moe_bench_gguf(n_layer: usize, n_expert: usize, n_used: usize, ty: GgmlTy
         qk_nope: 128,
         qk_rope: 64,
         v_head: 128,
-        split_kv_b: true,
-        n_leading_dense: 1,
         n_shared: 2,
-        gating_func: Some(1),
-        groups: None,
-        probs_bias: false,
-        norm_weights: false,
-        weights_scale: None,
-        fused_gate_up: false,
-        yarn: None,
-        temperature: None,
+        ..MlaSpec::base()
     };
     let spec = Spec {
         arch: "deepseek2",
@@ -556,17 +560,7 @@ pub fn moe_bench_gguf(n_layer: usize, n_expert: usize, n_used: usize, ty: GgmlTy
         seed: 0x011a_0100,
         rms_eps: 1e-6,
         rope_base: 10000.0,
-        types: Types {
-            embd: ty,
-            output: Some(ty),
-            q: ty,
-            k: ty,
-            v: ty,
-            o: ty,
-            gate: ty,
-            up: ty,
-            down: ty,
-        },
+        types: Types::untied(ty),
         moe: Some(MoeSpec {
             n_expert,
             n_used,
@@ -688,15 +682,8 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
     let mut s = spec(arch);
     if let Some(ty) = all {
         s.types = Types {
-            embd: ty,
             output: s.types.output.map(|_| ty),
-            q: ty,
-            k: ty,
-            v: ty,
-            o: ty,
-            gate: ty,
-            up: ty,
-            down: ty,
+            ..Types::same(ty)
         };
     }
     if let Some(m) = s.mla.clone() {
