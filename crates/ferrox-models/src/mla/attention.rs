@@ -18,6 +18,7 @@
 //! Both run the shared per-query attention kernel with an f16 cache following ggml's CPU
 //! flash-attention arithmetic, as the dense decoder does.
 
+use ferrox_core::flash_attn::{GroupShape, MAX_GROUP};
 use ferrox_core::{KvCache, KvRows, KvStorage};
 use ferrox_gguf::Gguf;
 use half::f16;
@@ -27,7 +28,7 @@ use super::config::MlaConfig;
 use super::weights::{Heads, MlaLayer, QueryWeights};
 use super::{grown, Path};
 use crate::engine::EngineError;
-use crate::layers::attention::{attend, AttentionParams, KvView};
+use crate::layers::attention::{attend, f16_run, with_group_state, AttentionParams, KvView};
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_norm_in_place;
 
@@ -208,11 +209,18 @@ fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
     };
     let latent_out = grown(&mut s.latent_out, n * h * lkv);
     let q_att = &*q_att;
+    // Every head reads the same cache rows: heads go through them in groups, each key and
+    // value row read once per group.
+    let group = (1..=MAX_GROUP.min(h))
+        .rev()
+        .find(|g| h % g == 0)
+        .unwrap_or(1);
     latent_out
-        .par_chunks_mut(lkv)
+        .par_chunks_mut(group * lkv)
         .enumerate()
         .for_each(|(i, o)| {
-            let pos = positions[i / h];
+            let pos = positions[i * group / h];
+            let q = &q_att[i * group * width..(i + 1) * group * width];
             // One shared key row per position; the values are its first Lkv entries.
             let rows = cache.keys(il, 0, pos + 1);
             let view = KvView {
@@ -224,14 +232,25 @@ fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
                 head_dim_k: width,
                 head_dim_v: lkv,
             };
-            attend(
-                &q_att[i * width..(i + 1) * width],
-                &view,
-                0,
-                pos + 1,
-                &params,
-                o,
-            );
+            match f16_run(&view, 0, pos + 1) {
+                Some(run) => with_group_state(|state| {
+                    let shape = GroupShape {
+                        n_queries: group,
+                        head_dim_k: width,
+                        head_dim_v: lkv,
+                        scale: params.scale,
+                        softcap: None,
+                    };
+                    state.start(shape, q);
+                    state.attend_run(&run);
+                    state.finish(o);
+                }),
+                None => {
+                    for (qg, og) in q.chunks_exact(width).zip(o.chunks_exact_mut(lkv)) {
+                        attend(qg, &view, 0, pos + 1, &params, og);
+                    }
+                }
+            }
         });
     let heads = grown(&mut s.heads, n * h * dv);
     per_head(
