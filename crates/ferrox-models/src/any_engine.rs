@@ -64,7 +64,7 @@ impl AnyState {
     pub fn len(&self) -> usize {
         match self {
             AnyState::Dense(s) => s.len(),
-            AnyState::Mla(s) => s.len(),
+            AnyState::Mla(s) => s.kv_cache().len(),
         }
     }
 
@@ -76,21 +76,24 @@ impl AnyState {
     pub fn truncate(&mut self, len: usize) {
         match self {
             AnyState::Dense(s) => s.truncate(len),
-            AnyState::Mla(s) => s.truncate(len),
+            AnyState::Mla(s) => s.kv_cache_mut().truncate(len),
         }
     }
 
     pub fn snapshot(&self) -> KvSnapshot {
         match self {
             AnyState::Dense(s) => s.snapshot(),
-            AnyState::Mla(s) => s.snapshot(),
+            AnyState::Mla(s) => s.kv_cache().snapshot(),
         }
     }
 
     pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<(), EngineError> {
         match self {
             AnyState::Dense(s) => s.restore(snapshot),
-            AnyState::Mla(s) => s.restore(snapshot),
+            AnyState::Mla(s) => s
+                .kv_cache_mut()
+                .restore(snapshot)
+                .map_err(|e| EngineError::State(e.to_string())),
         }
     }
 }

@@ -59,14 +59,14 @@ fn truncation_and_snapshots_roll_the_sequence_back() {
         .unwrap();
     e.forward_batch(&tokens[30..40], 20, &mut state, LogitsFor::Last)
         .unwrap();
-    state.truncate(20);
-    assert_eq!(state.len(), 20);
+    state.kv_cache_mut().truncate(20);
+    assert_eq!(state.kv_cache().len(), 20);
     assert_eq!(continue_from_20(&mut state), expected);
 
-    let snapshot = state.snapshot();
-    state.truncate(5);
-    state.restore(&snapshot).unwrap();
-    assert_eq!(state.len(), 48);
+    let snapshot = state.kv_cache().snapshot();
+    state.kv_cache_mut().truncate(5);
+    state.kv_cache_mut().restore(&snapshot).unwrap();
+    assert_eq!(state.kv_cache().len(), 48);
     let next = e
         .forward_token(tokens[48], 48, &mut state)
         .unwrap()

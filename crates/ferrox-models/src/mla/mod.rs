@@ -11,7 +11,7 @@ mod weights;
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
-use ferrox_core::{KvCache, KvSnapshot, KvStorage};
+use ferrox_core::{KvCache, KvStorage};
 use ferrox_gguf::Gguf;
 
 pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
@@ -73,28 +73,14 @@ pub struct MlaState {
 }
 
 impl MlaState {
-    /// Positions held in the cache.
-    pub fn len(&self) -> usize {
-        self.kv.len()
+    /// The latent cache: its length is the sequence's, and it rolls back like any KV cache
+    /// (`truncate`, `snapshot` / `restore`).
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.kv.is_empty()
-    }
-
-    /// Forgets every position from `len` on.
-    pub fn truncate(&mut self, len: usize) {
-        self.kv.truncate(len);
-    }
-
-    pub fn snapshot(&self) -> KvSnapshot {
-        self.kv.snapshot()
-    }
-
-    pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<(), EngineError> {
-        self.kv
-            .restore(snapshot)
-            .map_err(|e| EngineError::State(e.to_string()))
+    pub fn kv_cache_mut(&mut self) -> &mut KvCache {
+        &mut self.kv
     }
 
     /// Cache bytes per position over all layers: one row of `kv_lora_rank + n_rot` values
