@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::{DecoderOptions, Engine, LogitsFor, MlaEngine};
+use ferrox_models::{AttentionPath, DecoderOptions, Engine, LogitsFor, MlaEngine};
 
 fn engine(name: &str, kv_storage: KvStorage) -> MlaEngine {
     let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).expect("parse");
@@ -124,4 +124,32 @@ fn what_is_missing_is_named() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("temperature_length"), "{err}");
+}
+
+#[test]
+fn prompts_decompress_and_single_tokens_absorb() {
+    let mut e = engine("deepseek2", KvStorage::F16);
+    let tokens = synthetic::token_ids("deepseek2");
+    // The 64-token prompt's logits, then one more token's.
+    let run = |e: &MlaEngine| {
+        let mut state = e.new_state();
+        let batch = e
+            .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
+            .unwrap()
+            .to_vec();
+        (batch, state)
+    };
+    let (auto_batch, mut auto_state) = run(&e);
+    let auto_next = e
+        .forward_token(tokens[1], tokens.len(), &mut auto_state)
+        .unwrap()
+        .to_vec();
+    e.set_attention_path(AttentionPath::Decompressed);
+    let (decompressed, mut state) = run(&e);
+    e.set_attention_path(AttentionPath::Absorbed);
+    let absorbed_next = e
+        .forward_token(tokens[1], tokens.len(), &mut state)
+        .unwrap();
+    assert_eq!(auto_batch, decompressed);
+    assert_eq!(auto_next, absorbed_next);
 }

@@ -29,6 +29,10 @@ use weights::{MlaFfn, MlaLayer};
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
 const MAX_MICRO_BATCH: usize = 512;
 
+/// Most per-head key and value entries a decompressed step may rebuild (256 MiB as f32);
+/// beyond that a batch attends in the latent space instead.
+const MAX_DECOMPRESSED: usize = 1 << 26;
+
 /// Which form of attention a forward step uses (see [`attention`]'s module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AttentionPath {
@@ -158,13 +162,18 @@ impl MlaEngine {
 
     /// The path for `n` new queries ending at `end` cached positions. Per head, absorbing
     /// costs one `Lkv × (Dn + Dv)` projection per query and `2·Lkv + R` per query-key pair;
-    /// decompressing costs that projection per key and `Dk + Dv` per pair.
+    /// decompressing costs that projection per key and `Dk + Dv` per pair, and memory for
+    /// every key's heads.
     fn path_for(&self, n: usize, end: usize) -> Path {
         let c = &self.config;
         match self.path {
             AttentionPath::Absorbed => Path::Absorbed,
             AttentionPath::Decompressed => Path::Decompressed,
-            AttentionPath::Auto if n == 1 => Path::Absorbed,
+            AttentionPath::Auto
+                if n == 1 || end * c.n_head * (c.head_dim_k + c.head_dim_v) > MAX_DECOMPRESSED =>
+            {
+                Path::Absorbed
+            }
             AttentionPath::Auto => {
                 let proj = c.kv_lora_rank * (c.head_dim_nope() + c.head_dim_v);
                 let pairs = n * (end - n / 2);
