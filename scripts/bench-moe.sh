@@ -12,7 +12,9 @@
 # The files (about 1 GB, 1 GB, 0.3 GB) are written to $FERROX_BENCH_DIR (default
 # ~/.cache/ferrox/bench-moe) when missing. LAYERS (default 4), THREADS (2), REPS (3), PP (128)
 # and TG (32) can be set. Needs LLAMA_CPP_BUILD (default /work/ref/build) with bin/llama-bench.
-# The figures are only as good as the machine's idleness: run it on a quiet machine.
+# The figures are only as good as the machine's idleness: run it on a quiet machine, or set
+# WAIT_IDLE=SECONDS to wait (up to that long) before each file until the CPUs have been at
+# least 90% idle for 5 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +33,19 @@ FERROX=target/release/ferrox
 mkdir -p "$DIR"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+
+# Waits until the CPUs have been >= 90% idle over 5 s, for at most WAIT_IDLE seconds.
+wait_idle() {
+    local deadline=$(( $(date +%s) + ${WAIT_IDLE:-0} ))
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+        local a b
+        a=($(head -n1 /proc/stat)); sleep 5; b=($(head -n1 /proc/stat))
+        local total=0 idle=$(( b[4] + b[5] - a[4] - a[5] ))
+        for k in 1 2 3 4 5 6 7 8; do total=$(( total + b[k] - a[k] )); done
+        [ $(( 100 * idle / total )) -ge 90 ] && return 0
+    done
+    [ "${WAIT_IDLE:-0}" -eq 0 ] || echo "warning: the machine did not become idle" >&2
+}
 names=()
 for spec in 64x6 64x2 16x6; do
     experts="${spec%x*}"
@@ -41,6 +56,7 @@ for spec in 64x6 64x2 16x6; do
         target/release/examples/write_moe_bench "$f.tmp" "$LAYERS" "$experts" "$used" Q4_0 >&2
         mv "$f.tmp" "$f"
     fi
+    wait_idle
     echo "bench: $f" >&2
     "$FERROX" bench -m "$f" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --compare "$BENCH" --json \
         > "$WORK/$spec.json"
