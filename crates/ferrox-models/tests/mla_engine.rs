@@ -153,3 +153,37 @@ fn prompts_decompress_and_single_tokens_absorb() {
     assert_eq!(auto_batch, decompressed);
     assert_eq!(auto_next, absorbed_next);
 }
+
+#[test]
+fn long_prompts_run_in_micro_batches_with_the_same_logits() {
+    let gguf = Gguf::from_bytes(synthetic::gguf_bytes("deepseek2-lite")).expect("parse");
+    let options = DecoderOptions {
+        n_ctx: 700,
+        threads: 2,
+        kv_storage: KvStorage::F16,
+    };
+    let mut e = MlaEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let n_vocab = e.vocab_size();
+    // 600 tokens: more than one 512-token micro-batch. Each form of attention gives a
+    // token the same logits however the prompt is cut (the default picks a form per cut).
+    let tokens: Vec<u32> = (0..600u32).map(|i| 3 + (i * 97 + 11) % 270).collect();
+    for path in [AttentionPath::Absorbed, AttentionPath::Decompressed] {
+        e.set_attention_path(path);
+        let mut one = e.new_state();
+        let all = e
+            .forward_batch(&tokens, 0, &mut one, LogitsFor::From(250))
+            .unwrap()
+            .to_vec();
+        assert_eq!(all.len(), 350 * n_vocab);
+        let mut split = e.new_state();
+        e.forward_batch(&tokens[..300], 0, &mut split, LogitsFor::Last)
+            .unwrap();
+        let tail = e
+            .forward_batch(&tokens[300..], 300, &mut split, LogitsFor::All)
+            .unwrap();
+        assert!(
+            tail == &all[50 * n_vocab..],
+            "{path:?}: logits depend on the cut"
+        );
+    }
+}
