@@ -1,7 +1,14 @@
-//! GELU and the gated unit `gelu(gate) * up` (GeGLU) as ggml's CPU backend evaluates them:
-//! the tanh-approximated GELU through a table indexed by the f16 input and holding f16
-//! results, 0 at or below -10 and the identity at or above 10. A scalar version and
-//! AVX2 / AVX-512 versions (table lookups by gather) give the same bits.
+//! The gated units of feed-forward layers, as ggml's CPU backend evaluates them (its
+//! x86-64 AVX2+FMA build, which Ferrox's kernels match):
+//!
+//! - GeGLU, `gelu(gate) * up`: the tanh-approximated GELU through a table indexed by the
+//!   f16 input and holding f16 results, 0 at or below -10, `x * up` at or above 10. A
+//!   scalar version and AVX2 / AVX-512 versions (table lookups by gather) give the same
+//!   bits.
+//! - SwiGLU, `silu(gate) * up`: eight lanes at a time through [`v_expf`] (a lane-wise port
+//!   of the AVX2 `ggml_v_expf`, with fused multiply-adds), the tail through the C library's
+//!   `expf` (Rust's `f32::exp`). Builds of ggml for AVX-512 (16 lanes) or NEON (4 lanes)
+//!   round differently in the last bit of some outputs.
 
 use std::sync::OnceLock;
 
@@ -70,7 +77,89 @@ pub fn geglu_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
 fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        *g = if x >= 10.0 { x * u } else { gelu(x) * u };
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            gelu(x) * u
+        };
+    }
+}
+
+/// Lanes per vector in ggml's AVX2 loops.
+pub const LANES: usize = 8;
+
+/// One lane of the AVX2 `ggml_v_expf`: exp(x) within 1.5 ulp, with ggml's exact rounding.
+#[inline(always)]
+pub fn v_expf(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    let b = (-n).mul_add(f(0x35bf_be8e), (-n).mul_add(f(0x3f31_7200), x));
+    let e = z.to_bits().wrapping_shl(23);
+    let k = f(e.wrapping_add(1f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = f(0x3c07_2010)
+        .mul_add(b, f(0x3d2b_9f17))
+        .mul_add(u, f(0x3e2a_af33).mul_add(b, f(0x3eff_fedb)))
+        .mul_add(u, f(0x3f7f_fff6) * b);
+    if !c {
+        return k.mul_add(j, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f(g.wrapping_add(0x7f00_0000));
+    let s2 = f(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `ggml_silu_f32`: `x / (1 + expf(-x))`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// One lane of the AVX2 `ggml_v_silu`.
+#[inline(always)]
+pub fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+/// `ggml_vec_swiglu_f32` on one row: `silu(gate) * up`, AVX2 lanes then scalar tail,
+/// written over `gate`.
+///
+/// `f32::mul_add` is exact either way; on x86-64 CPUs with FMA the loop is compiled to use
+/// the instruction instead of the C library's `fmaf`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if best_isa().has_avx2() {
+        // SAFETY: the AVX2 levels include FMA (checked when the level was detected).
+        return unsafe { swiglu_fma(gate, up) };
+    }
+    swiglu_body(gate, up)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up)
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
+    let body = gate.len() / LANES * LANES;
+    let (head, tail) = gate.split_at_mut(body);
+    for (g, &u) in head.iter_mut().zip(&up[..body]) {
+        *g = v_silu(*g) * u;
+    }
+    for (g, &u) in tail.iter_mut().zip(&up[body..]) {
+        *g = silu(*g) * u;
     }
 }
 
@@ -97,10 +186,11 @@ mod x86 {
                 let bits = _mm512_cvtepu16_epi32(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
                 let raw = _mm512_i32gather_epi32::<2>(bits, table.as_ptr() as *const i32);
                 let y = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(raw, low16)));
-                // At or below -10: 0 (NaN stays NaN); at or above 10: x.
-                let y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, lo), y);
+                // At or above 10: x * up; at or below -10: +0 (NaN stays NaN).
                 let y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi), x);
-                _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(y, u));
+                let r = _mm512_mul_ps(y, u);
+                let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, lo), r);
+                _mm512_storeu_ps(gate.as_mut_ptr().add(i), r);
             }
             i += 16;
         }
@@ -128,9 +218,10 @@ mod x86 {
                 let packed = _mm256_packus_epi32(halves, halves);
                 let packed = _mm256_permute4x64_epi64::<0b1000>(packed);
                 let y = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
-                let y = _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLE_UQ>(x, lo));
                 let y = _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
-                _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(y, u));
+                let r = _mm256_mul_ps(y, u);
+                let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_NLE_UQ>(x, lo));
+                _mm256_storeu_ps(gate.as_mut_ptr().add(i), r);
             }
             i += 8;
         }
@@ -175,10 +266,48 @@ mod tests {
     }
 
     #[test]
+    fn v_expf_is_close_to_exp_and_handles_extremes() {
+        let mut x = -87.0f32; // normal results only
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = v_expf(x) as f64;
+            assert!(((got - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
+            x += 0.173;
+        }
+        assert_eq!(v_expf(0.0), 1.0);
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(200.0), f32::INFINITY);
+        assert!(v_expf(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn swiglu_dispatch_matches_portable_path_and_has_its_shape() {
+        let g: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
+        let u: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.11).cos()).collect();
+        let (mut a, mut b) = (g.clone(), g);
+        swiglu(&mut a, &u);
+        swiglu_body(&mut b, &u);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let mut s = [0.0f32, 1.0, -20.0, 20.0, 0.5, -0.5, 2.0, 3.0, 1.0];
+        swiglu(&mut s, &[1.0; 9]);
+        assert_eq!(s[0], 0.0);
+        assert!((s[1] - 0.731_058_6).abs() < 1e-6);
+        assert!((s[8] - 0.731_058_6).abs() < 1e-6);
+    }
+
+    #[test]
     fn gelu_has_its_shape() {
         assert_eq!(gelu(0.0), 0.0);
         assert!((gelu(1.0) - 0.8412).abs() < 1e-3);
         assert_eq!(gelu(-20.0), 0.0);
         assert_eq!(gelu(20.0), 20.0);
+        // ggml writes +0 at or below -10, whatever `up`'s sign.
+        let mut g = [-20.0f32; 17];
+        geglu(&mut g, &[-1.0; 17]);
+        assert!(g.iter().all(|v| v.to_bits() == 0));
     }
 }

@@ -9,21 +9,13 @@ pub enum Activation {
     Gelu,
 }
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+/// ggml's GELU (through its f16 table) and SiLU, one value at a time.
+pub use ferrox_core::glu::{gelu, silu};
 
-/// ggml's GELU: the tanh approximation, evaluated through an f16 lookup table on the CPU
-/// backend, so the input and the result are both rounded to f16.
-pub use ferrox_core::glu::gelu;
-
-/// `gate[i] = act(gate[i]) * up[i]`.
+/// `gate[i] = act(gate[i]) * up[i]`, with ggml's arithmetic ([`ferrox_core::glu`]).
 pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {
     match act {
-        Activation::Silu => gate
-            .iter_mut()
-            .zip(up)
-            .for_each(|(g, &u)| *g = silu(*g) * u),
+        Activation::Silu => ferrox_core::glu::swiglu(gate, up),
         Activation::Gelu => ferrox_core::glu::geglu(gate, up),
     }
 }
