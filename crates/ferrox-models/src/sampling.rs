@@ -93,6 +93,8 @@ pub struct Sampler {
     rng: StdRng,
     recent: VecDeque<TokenId>,
     candidates: Vec<(TokenId, f32)>,
+    /// Logits with `logit_bias` applied (greedy choice with biases).
+    biased: Vec<f32>,
 }
 
 impl Sampler {
@@ -103,6 +105,7 @@ impl Sampler {
             rng,
             recent: VecDeque::new(),
             candidates: Vec::new(),
+            biased: Vec::new(),
         }
     }
 
@@ -126,8 +129,19 @@ impl Sampler {
         let p = &self.params;
         let needs_penalties =
             p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        if p.temperature <= 0.0 && !needs_penalties && p.logit_bias.is_empty() {
-            return argmax(logits);
+        if p.temperature <= 0.0 && !needs_penalties {
+            if p.logit_bias.is_empty() {
+                return argmax(logits);
+            }
+            let biased = &mut self.biased;
+            biased.clear();
+            biased.extend_from_slice(logits);
+            for &(id, bias) in &p.logit_bias {
+                if let Some(v) = biased.get_mut(id as usize) {
+                    *v += bias;
+                }
+            }
+            return argmax(biased);
         }
         let c = &mut self.candidates;
         c.clear();
@@ -166,14 +180,22 @@ impl Sampler {
     }
 }
 
+/// The first index of the largest logit (0 for an empty or all-NaN row).
 pub fn argmax(logits: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    // The maximum lane by lane (a vector max), then its first position.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m { l } else { *m };
         }
     }
-    best as TokenId
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    logits.iter().position(|&l| l == max).unwrap_or(0) as TokenId
 }
 
 fn apply_penalties(c: &mut [(TokenId, f32)], recent: &VecDeque<TokenId>, p: &SamplerParams) {
@@ -299,6 +321,34 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         (0..100).map(|i| ((i * 37) % 100) as f32 / 10.0).collect()
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_and_biases_apply_to_greedy() {
+        let reference = |l: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in l.iter().enumerate() {
+                if x > l[best] {
+                    best = i;
+                }
+            }
+            best as TokenId
+        };
+        for n in [1usize, 5, 16, 17, 100, 1000] {
+            // Coarse values: many ties, the first must win.
+            let l: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32).collect();
+            assert_eq!(argmax(&l), reference(&l), "n = {n}");
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
+        let l: Vec<f32> = (0..40).map(|i| (i % 9) as f32).collect();
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            logit_bias: vec![(8, -100.0), (30, 0.5)],
+            ..SamplerParams::default()
+        });
+        // 8 (the first 8.0) is banned; 30 (a 3.0) rises to 3.5 but 17 and 26 hold 8.0.
+        assert_eq!(s.sample(&l), 17);
     }
 
     #[test]
