@@ -2,7 +2,7 @@
 //!
 //! Bodies are parsed as plain JSON and read field by field, so a wrong type or an
 //! out-of-range value is a 400 that names the field (`param`). Unknown fields are ignored;
-//! known fields that would change the meaning of the request but are not supported (`n` > 1,
+//! known fields that would change the meaning of the request but are not supported (`best_of` > 1,
 //! `tools`, `response_format` other than text, `echo`, `suffix`, ...) are a 400 naming them.
 //!
 //! Sampling defaults are llama.cpp's (as llama-server's): temperature 0.8, top_k 40,
@@ -23,9 +23,14 @@ use crate::error::ApiError;
 pub struct GenRequest {
     pub model: Option<String>,
     pub params: GenerationParams,
+    /// Choices to generate for the prompt (`n`).
+    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
 }
+
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 /// `/v1/chat/completions`.
 #[derive(Clone, Debug)]
@@ -176,21 +181,32 @@ fn parse_common(
     let model = f.string("model")?.map(str::to_string);
     f.string("user")?;
 
-    // Fields that would change the meaning of the request: refuse, never ignore.
-    for key in ["n", "n_cmpl", "best_of"] {
+    // `n` choices are separate sequences sharing the prompt's cached blocks.
+    let mut n_choices = 1;
+    for key in ["n", "n_cmpl"] {
         if let Some(n) = f.integer(key)? {
-            if n < 1 {
+            if n < 1 || n > MAX_CHOICES as i64 {
                 return Err(ApiError::param(
                     key,
-                    format!("'{key}' must be at least 1, got {n}"),
+                    format!("'{key}' must be between 1 and {MAX_CHOICES}, got {n}"),
                 ));
             }
-            if n > 1 {
-                return Err(ApiError::unsupported(
-                    key,
-                    format!("'{key}' > 1 is not supported: one choice per request"),
-                ));
-            }
+            n_choices = n as usize;
+        }
+    }
+    // Fields that would change the meaning of the request: refuse, never ignore.
+    if let Some(n) = f.integer("best_of")? {
+        if n < 1 {
+            return Err(ApiError::param(
+                "best_of",
+                format!("'best_of' must be at least 1, got {n}"),
+            ));
+        }
+        if n > 1 {
+            return Err(ApiError::unsupported(
+                "best_of",
+                "'best_of' > 1 is not supported; use 'n' for several choices",
+            ));
         }
     }
     for key in ["tools", "functions"] {
@@ -367,6 +383,7 @@ fn parse_common(
             logprobs,
             ignore_eog: false,
         },
+        n: n_choices,
         stream,
         include_usage,
     })
@@ -690,11 +707,23 @@ mod tests {
         let e = parse_chat(&json!({"messages": []}), 100).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_chat(
-            &json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}),
+            &json!({"messages": [{"role": "user", "content": "hi"}], "n": 17}),
             100,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
+        let ok = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "n": 3}),
+            100,
+        )
+        .unwrap();
+        assert_eq!(ok.gen.n, 3);
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "best_of": 2}),
+            100,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
         let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), 100).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools"));
         let e = parse_chat(

@@ -387,37 +387,48 @@ impl Responder {
         })
     }
 
-    fn full(&self, text: String, tokens: &[TokenEvent], s: &Summary) -> Value {
-        let logprobs = self.logprobs_json(tokens, 0);
-        let mut body = match self.kind {
-            Kind::Chat => self.envelope(
-                "chat.completion",
-                json!([{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": null},
-                    "logprobs": logprobs,
-                    "finish_reason": s.finish.as_str(),
-                }]),
-            ),
-            Kind::Completion => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": s.finish.as_str()}]),
-            ),
+    /// The whole response: one choice per generated sequence, in index order, and the
+    /// request's usage.
+    fn full(&self, choices: &[Choice], usage: &Summary) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let logprobs = self.logprobs_json(&c.tokens, 0);
+                let finish = c.summary.map(|s| s.finish.as_str());
+                match self.kind {
+                    Kind::Chat => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": c.text, "refusal": null},
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    }),
+                    Kind::Completion => json!({
+                        "index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish,
+                    }),
+                }
+            })
+            .collect();
+        let object = match self.kind {
+            Kind::Chat => "chat.completion",
+            Kind::Completion => "text_completion",
         };
-        body["usage"] = self.usage(s);
+        let mut body = self.envelope(object, Value::Array(choices));
+        body["usage"] = self.usage(usage);
         body
     }
 
-    /// The first chunk of a chat stream: the assistant role.
-    fn role_chunk(&self) -> Value {
+    /// The first chunk of a chat stream's choice: the assistant role.
+    fn role_chunk(&self, index: usize) -> Value {
         self.envelope(
             "chat.completion.chunk",
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+            json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
         )
     }
 
     fn chunk(
         &self,
+        index: usize,
         text: Option<&str>,
         tokens: &[TokenEvent],
         text_offset: usize,
@@ -435,11 +446,11 @@ impl Responder {
                     Some(t) => json!({"content": t}),
                     None => json!({}),
                 };
-                self.envelope("chat.completion.chunk", json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+                self.envelope("chat.completion.chunk", json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
             }
             Kind::Completion => self.envelope(
                 "text_completion",
-                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]),
+                json!([{"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]),
             ),
         }
     }
@@ -481,7 +492,6 @@ async fn generate(
         ready.n_ctx,
         prompt_param,
     )?;
-    let (tx, rx) = mpsc::unbounded_channel();
     let responder = Responder {
         kind,
         id: random_id(if kind == Kind::Chat {
@@ -495,13 +505,57 @@ async fn generate(
         top_logprobs: gen.params.top_logprobs,
         ready: ready.clone(),
     };
-    let job = Job {
-        prompt,
-        params: gen.params,
-        events: tx,
-        submitted: Instant::now(),
-    };
-    ready.scheduler.submit(job).map_err(|e| match e {
+    // One sequence per choice; their events merge into one channel, tagged by choice.
+    // Each choice samples with its own seed (the request's plus its index).
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    let submitted = Instant::now();
+    for index in 0..gen.n {
+        let (job_tx, mut job_rx) = mpsc::unbounded_channel();
+        let mut params = gen.params.clone();
+        params.sampler.seed = params.sampler.seed.wrapping_add(index as u64);
+        let job = Job {
+            prompt: prompt.clone(),
+            params,
+            events: job_tx,
+            submitted,
+        };
+        ready
+            .scheduler
+            .submit(job)
+            .map_err(|e| submit_error(&state, e))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = job_rx.recv() => {
+                        let Some(event) = event else { break };
+                        if tx.send((index, event)).is_err() {
+                            break;
+                        }
+                    }
+                    // The client went away: dropping `job_rx` cancels the sequence, queued
+                    // or running.
+                    _ = tx.closed() => break,
+                }
+            }
+        });
+    }
+    drop(tx);
+    if gen.stream {
+        Ok(stream_response(
+            responder,
+            rx,
+            gen.n,
+            gen.include_usage,
+            state.config.ping_interval,
+        ))
+    } else {
+        collect_response(responder, rx, gen.n).await
+    }
+}
+
+fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
+    match e {
         SubmitError::QueueFull => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
@@ -514,36 +568,52 @@ async fn generate(
         SubmitError::ShuttingDown => {
             ApiError::unavailable("shutting_down", "the server is shutting down")
         }
-    })?;
-    if gen.stream {
-        Ok(stream_response(
-            responder,
-            rx,
-            gen.include_usage,
-            state.config.ping_interval,
-        ))
-    } else {
-        collect_response(responder, rx).await
     }
+}
+
+/// What one choice has produced so far.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<TokenEvent>,
+    summary: Option<Summary>,
+}
+
+/// The request's usage: the prompt once, the completions of every choice.
+fn total_usage(choices: &[Choice]) -> Option<Summary> {
+    let first = choices.first()?.summary?;
+    let mut total = first;
+    total.completion_tokens = choices
+        .iter()
+        .filter_map(|c| c.summary.map(|s| s.completion_tokens))
+        .sum();
+    Some(total)
 }
 
 async fn collect_response(
     responder: Responder,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    while let Some(event) = rx.recv().await {
+    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+    let mut done = 0;
+    while let Some((index, event)) = rx.recv().await {
+        let choice = &mut choices[index];
         match event {
             Event::Started { .. } => {}
             Event::Token(t) => {
-                text.push_str(&t.text);
+                choice.text.push_str(&t.text);
                 if responder.wants_logprobs() && !t.eog {
-                    tokens.push(t);
+                    choice.tokens.push(t);
                 }
             }
             Event::Done(summary) => {
-                return Ok(Json(responder.full(text, &tokens, &summary)).into_response())
+                choice.summary = Some(summary);
+                done += 1;
+                if done == n {
+                    let usage = total_usage(&choices).expect("every choice is done");
+                    return Ok(Json(responder.full(&choices, &usage)).into_response());
+                }
             }
             Event::Failed(e) => return Err(e),
         }
@@ -557,42 +627,55 @@ fn sse_json(v: &Value) -> SseEvent {
 
 fn stream_response(
     responder: Responder,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
     include_usage: bool,
     ping: std::time::Duration,
 ) -> Response {
     let stream = async_stream::stream! {
         if responder.kind == Kind::Chat {
-            yield Ok::<_, Infallible>(sse_json(&responder.role_chunk()));
+            for index in 0..n {
+                yield Ok::<_, Infallible>(sse_json(&responder.role_chunk(index)));
+            }
         }
-        let mut pending: Vec<TokenEvent> = Vec::new();
-        let mut offset = 0usize;
-        let mut pending_offset = 0usize;
+        // Per choice: logprobs not yet sent, characters sent, and the summary once done.
+        let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+        let mut offsets = vec![0usize; n];
+        let mut done = 0;
         loop {
             match rx.recv().await {
-                Some(Event::Started { .. }) => {}
-                Some(Event::Token(mut t)) => {
+                Some((_, Event::Started { .. })) => {}
+                Some((index, Event::Token(mut t))) => {
                     let text = std::mem::take(&mut t.text);
+                    let choice = &mut choices[index];
                     if responder.wants_logprobs() && !t.eog {
-                        pending.push(t);
+                        choice.tokens.push(t);
                     }
                     if !text.is_empty() {
-                        let chunk = responder.chunk(Some(&text), &pending, pending_offset, None);
-                        pending.clear();
-                        offset += text.chars().count();
-                        pending_offset = offset;
+                        let chunk = responder.chunk(index, Some(&text), &choice.tokens, offsets[index], None);
+                        choice.tokens.clear();
+                        offsets[index] += text.chars().count();
                         yield Ok(sse_json(&chunk));
                     }
                 }
-                Some(Event::Done(summary)) => {
-                    yield Ok(sse_json(&responder.chunk(None, &pending, pending_offset, Some(summary.finish))));
-                    if include_usage {
-                        yield Ok(sse_json(&responder.usage_chunk(&summary)));
+                Some((index, Event::Done(summary))) => {
+                    let choice = &mut choices[index];
+                    let chunk = responder.chunk(index, None, &choice.tokens, offsets[index], Some(summary.finish));
+                    choice.tokens.clear();
+                    choice.summary = Some(summary);
+                    yield Ok(sse_json(&chunk));
+                    done += 1;
+                    if done == n {
+                        if include_usage {
+                            if let Some(usage) = total_usage(&choices) {
+                                yield Ok(sse_json(&responder.usage_chunk(&usage)));
+                            }
+                        }
+                        yield Ok(SseEvent::default().data("[DONE]"));
+                        break;
                     }
-                    yield Ok(SseEvent::default().data("[DONE]"));
-                    break;
                 }
-                Some(Event::Failed(e)) => {
+                Some((_, Event::Failed(e))) => {
                     tracing::warn!("stream failed after it started: {}", e.message);
                     yield Ok(sse_json(&e.body()));
                     break;

@@ -292,6 +292,15 @@ impl<'t> Loop<'t> {
                         self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
+                    // A prompt being prefilled right now (another choice of the same
+                    // request, usually) is worth waiting for: once its blocks are cached,
+                    // this one reuses them instead of computing them again.
+                    let sibling_prefilling = active
+                        .iter()
+                        .any(|s| s.fed < s.job.prompt.len() && s.job.prompt == job.prompt);
+                    if sibling_prefilling {
+                        break;
+                    }
                     match self.pool.check(&job.prompt, max_len(job)) {
                         Err(Refusal::Busy) => break,
                         Err(Refusal::TooLarge { needed, capacity }) => {

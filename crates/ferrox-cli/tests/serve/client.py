@@ -169,6 +169,44 @@ def completions_streaming_and_not():
 
 
 @check
+def several_choices_share_the_prompt():
+    prompt = "Write one sentence about the sea. " * 8
+    n_prompt = len(tokenize(prompt, add_special=True))
+    hits = metric("ferrox_prefix_cache_hit_tokens_total")
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0, seed=11, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2], r.choices
+    assert all(c.finish_reason == "length" for c in r.choices)
+    assert r.usage.prompt_tokens == n_prompt and r.usage.completion_tokens == 30, r.usage
+    assert len({c.text for c in r.choices}) > 1, "three samples with different seeds were all equal"
+    # The second and third choices waited for the first one's prefill and reused its blocks.
+    assert metric("ferrox_prefix_cache_hit_tokens_total") - hits >= 2 * (n_prompt - 17)
+    # Reproducible with the seed; greedy choices are all the same.
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0, seed=11, n=3)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+    greedy = client.chat.completions.create(model=MODEL, messages=user("Name a fruit."), max_tokens=8,
+                                            temperature=0, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    # Streaming: every choice gets its role, its text and its finish; usage counts both.
+    texts, finishes, roles = ["", ""], [None, None], [0, 0]
+    usage = None
+    for ch in client.chat.completions.create(model=MODEL, messages=user("Name a fruit."), max_tokens=8,
+                                             temperature=0, n=2, stream=True, stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            if c.delta.role:
+                roles[c.index] += 1
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                assert finishes[c.index] is None
+                finishes[c.index] = c.finish_reason
+    assert roles == [1, 1] and finishes == ["length", "length"], (roles, finishes)
+    assert texts == [greedy.choices[0].message.content] * 2, texts
+    assert usage.completion_tokens == 16, usage
+    expect_error(raw.post("/v1/completions", json={"prompt": "x", "n": 17}), 400, param="n")
+
+
+@check
 def stop_strings():
     prompt = "Here is a short story about a dragon who lived in a castle:"
     base = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0).choices[0].text
@@ -285,7 +323,8 @@ def bad_input_gets_its_status_and_the_server_goes_on():
         ("stop wrong type", lambda: raw.post(url, json={**ok, "stop": 5}), 400, "stop"),
         ("top_p out of range", lambda: raw.post(url, json={**ok, "top_p": 1.5}), 400, "top_p"),
         ("empty messages", lambda: raw.post(url, json={**ok, "messages": []}), 400, "messages"),
-        ("n > 1", lambda: raw.post(url, json={**ok, "n": 2}), 400, "n"),
+        ("n out of range", lambda: raw.post(url, json={**ok, "n": 0}), 400, "n"),
+        ("best_of", lambda: raw.post(url, json={**ok, "best_of": 2}), 400, "best_of"),
         ("tools", lambda: raw.post(url, json={**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
         ("json_schema", lambda: raw.post(url, json={**ok, "response_format": {"type": "json_schema", "json_schema": {}}}), 400, "response_format"),
         ("roles do not alternate", lambda: raw.post(url, json={**ok, "messages": [{"role": "assistant", "content": "x"}]}), 400, "messages"),
