@@ -126,19 +126,6 @@ impl Engine for AnyEngine {
         }
     }
 
-    fn forward_token<'s>(
-        &self,
-        token: TokenId,
-        pos: usize,
-        state: &'s mut AnyState,
-    ) -> Result<&'s [f32], EngineError> {
-        match (self, state) {
-            (AnyEngine::Dense(e), AnyState::Dense(s)) => e.forward_token(token, pos, s),
-            (AnyEngine::Mla(e), AnyState::Mla(s)) => e.forward_token(token, pos, s),
-            _ => Err(mismatch()),
-        }
-    }
-
     fn forward_batch<'s>(
         &self,
         tokens: &[TokenId],

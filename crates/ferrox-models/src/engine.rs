@@ -74,7 +74,9 @@ pub trait Engine: Send + Sync {
         token: TokenId,
         pos: usize,
         state: &'s mut Self::State,
-    ) -> Result<&'s [f32], EngineError>;
+    ) -> Result<&'s [f32], EngineError> {
+        self.forward_batch(&[token], pos, state, LogitsFor::Last)
+    }
 
     /// Runs a batch of tokens at positions `start_pos..` (prompt prefill) and returns the
     /// logits the batch indices in `logits.range(tokens.len())` (`vocab_size()` each, in

@@ -718,16 +718,6 @@ impl Engine for Decoder {
         self.n_ctx
     }
 
-    fn forward_token<'s>(
-        &self,
-        token: TokenId,
-        pos: usize,
-        state: &'s mut DecoderState,
-    ) -> Result<&'s [f32], EngineError> {
-        self.forward(&[token], pos, state, LogitsFor::Last)?;
-        Ok(&state.logits)
-    }
-
     fn forward_batch<'s>(
         &self,
         tokens: &[TokenId],

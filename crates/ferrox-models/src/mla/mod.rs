@@ -385,15 +385,6 @@ impl Engine for MlaEngine {
         self.n_ctx
     }
 
-    fn forward_token<'s>(
-        &self,
-        token: TokenId,
-        pos: usize,
-        state: &'s mut MlaState,
-    ) -> Result<&'s [f32], EngineError> {
-        self.forward_batch(&[token], pos, state, LogitsFor::Last)
-    }
-
     fn forward_batch<'s>(
         &self,
         tokens: &[TokenId],
