@@ -148,8 +148,10 @@ impl KvPool {
             .iter()
             .filter(|&&b| self.blocks.ref_count(b) == 0)
             .count();
-        let available = self.blocks.available() - idle_reused - self.promised;
-        if !self.slots.iter().any(Option::is_none) || fresh > available {
+        // What stays available after taking the reused blocks must cover every promise,
+        // the running sequences' and this one's.
+        let needed = idle_reused + self.promised + fresh;
+        if !self.slots.iter().any(Option::is_none) || self.blocks.available() < needed {
             return Err(Refusal::Busy);
         }
         Ok(())
@@ -208,7 +210,7 @@ impl KvPool {
     fn grow(&mut self, id: SlotId, len: usize) -> Result<(), EngineError> {
         let slot = self.slots[id.0].as_mut().expect("an admitted sequence");
         while slot.seq.table.capacity(BLOCK_TOKENS) < len {
-            let unpromised = self.blocks.available() - self.promised;
+            let unpromised = self.blocks.available().saturating_sub(self.promised);
             if slot.promised == 0 && unpromised == 0 {
                 return Err(EngineError::ContextFull {
                     needed: len,
