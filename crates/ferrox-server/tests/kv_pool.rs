@@ -1,0 +1,112 @@
+//! The paged KV pool's bookkeeping on the default model: admission promises blocks and
+//! allocates them as sequences grow, finished sequences leave their full blocks cached,
+//! later prompts reuse them (with the same logits as computing everything), and requests
+//! that cannot fit now wait while those that can never fit are told so.
+
+use std::path::PathBuf;
+
+use ferrox_models::{Decoder, DecoderOptions, Engine, LogitsFor};
+use ferrox_server::kv::{KvPool, Refusal, Work, BLOCK_TOKENS};
+
+fn decoder(n_ctx: usize) -> Decoder {
+    let dir = std::env::var_os("FERROX_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
+        });
+    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        path.display()
+    );
+    let options = DecoderOptions {
+        n_ctx,
+        threads: 2,
+        ..DecoderOptions::default()
+    };
+    Decoder::open(&path, &options).expect("decoder")
+}
+
+/// Token ids that are ordinary words in Gemma's vocabulary.
+fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 1000 + (seed * 37 + i * 11) % 5000)
+        .collect()
+}
+
+#[test]
+fn blocks_are_promised_allocated_cached_and_reused() {
+    let d = decoder(64);
+    let mut pool = KvPool::new(&d, 6, 2);
+    assert_eq!(pool.n_blocks(), 6);
+
+    // 40 prompt tokens that may grow to 48 positions: three blocks promised, none used yet.
+    let a = tokens(1, 40);
+    let lease = pool.acquire(&a, 48).unwrap();
+    assert_eq!(lease.reused, 0);
+    assert_eq!(pool.usage().used, 0);
+    let work = [Work {
+        slot: lease.slot,
+        tokens: &a,
+        logits: true,
+    }];
+    pool.forward(&d, &work).unwrap();
+    assert_eq!(pool.usage().used, 3);
+    assert_eq!(pool.len(lease.slot), 40);
+
+    // The same logits as a contiguous cache.
+    let mut state = d.new_state();
+    let want = d
+        .forward_batch(&a, 0, &mut state, LogitsFor::Last)
+        .unwrap()
+        .to_vec();
+    assert_eq!(pool.logits(lease.slot), &want[..]);
+
+    // Released: the two full blocks stay cached, the partial one is freed.
+    pool.release(lease.slot);
+    let usage = pool.usage();
+    assert_eq!((usage.used, usage.cached, usage.free), (0, 2, 4));
+
+    // A prompt sharing the first 35 tokens reuses the first two blocks only, and its logits
+    // equal a full recomputation.
+    let mut b = a[..35].to_vec();
+    b.extend(tokens(2, 10));
+    let lease = pool.acquire(&b, 45).unwrap();
+    assert_eq!(lease.reused, 2 * BLOCK_TOKENS);
+    let rest = &b[lease.reused..];
+    pool.forward(
+        &d,
+        &[Work {
+            slot: lease.slot,
+            tokens: rest,
+            logits: true,
+        }],
+    )
+    .unwrap();
+    let mut state = d.new_state();
+    let want = d
+        .forward_batch(&b, 0, &mut state, LogitsFor::Last)
+        .unwrap()
+        .to_vec();
+    assert_eq!(pool.logits(lease.slot), &want[..]);
+
+    // The other slot: this prompt may need four blocks but only three are left while b
+    // runs; it waits (Busy) until b is released.
+    let c = tokens(3, 20);
+    assert_eq!(pool.check(&c, 64), Err(Refusal::Busy));
+    pool.release(lease.slot);
+    assert_eq!(pool.check(&c, 64), Ok(()));
+
+    // More than the whole pool can hold is refused for good; no free slot means Busy.
+    let small = KvPool::new(&d, 3, 1);
+    assert!(matches!(
+        small.check(&tokens(4, 60), 64),
+        Err(Refusal::TooLarge { .. })
+    ));
+    let mut one = KvPool::new(&d, 8, 1);
+    let held = one.acquire(&tokens(5, 4), 8).unwrap();
+    assert_eq!(one.check(&tokens(6, 4), 8), Err(Refusal::Busy));
+    one.release(held.slot);
+    assert_eq!(one.check(&tokens(6, 4), 8), Ok(()));
+}
