@@ -19,6 +19,20 @@ pub use decoder::{Decoder, DecoderOptions, DecoderState};
 pub use engine::{Engine, EngineError, LogitsFor};
 pub use mla::{AttentionPath, MlaEngine, MlaState};
 
+/// The default model's file name (Gemma-3-270M Q4_K_M, as `scripts/fetch-model.sh` stores it).
+pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Where the default model lives: `$FERROX_MODELS_DIR`, else `~/.cache/ferrox/models`.
+pub fn default_model_path() -> std::path::PathBuf {
+    let dir = std::env::var_os("FERROX_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/ferrox/models")
+        });
+    dir.join(DEFAULT_MODEL_FILE)
+}
+
 /// Errors loading or running a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

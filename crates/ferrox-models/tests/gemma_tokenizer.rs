@@ -3,24 +3,16 @@
 //! the streaming decoder on its byte-fallback tokens. Needs the default model
 //! (scripts/fetch-model.sh).
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ferrox_gguf::Gguf;
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
 use serde_json::Value;
 
-const MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
-
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let dir = match std::env::var_os("FERROX_MODELS_DIR") {
-            Some(dir) => PathBuf::from(dir),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/ferrox/models"),
-        };
-        let path = dir.join(MODEL_FILE);
+        let path = ferrox_models::default_model_path();
         assert!(
             path.exists(),
             "{} is missing: run scripts/fetch-model.sh",

@@ -3,18 +3,11 @@
 //! later prompts reuse them (with the same logits as computing everything), and requests
 //! that cannot fit now wait while those that can never fit are told so.
 
-use std::path::PathBuf;
-
 use ferrox_models::{Decoder, DecoderOptions, Engine, LogitsFor};
 use ferrox_server::kv::{KvPool, Refusal, Work, BLOCK_TOKENS};
 
 fn decoder(n_ctx: usize) -> Decoder {
-    let dir = std::env::var_os("FERROX_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-        });
-    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    let path = ferrox_models::default_model_path();
     assert!(
         path.is_file(),
         "{} is missing: run scripts/fetch-model.sh",

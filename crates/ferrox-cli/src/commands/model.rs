@@ -9,11 +9,10 @@ use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::families::MLA_ARCHITECTURES;
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{AnyEngine, Decoder, DecoderOptions};
+use ferrox_models::{default_model_path, AnyEngine, Decoder, DecoderOptions};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
-const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// Context size when `-c` is not given.
 const DEFAULT_CTX_SIZE: usize = 4096;
 
@@ -33,16 +32,6 @@ pub struct ModelArgs {
     /// Store the KV cache as f32 instead of f16.
     #[arg(long)]
     pub kv_f32: bool,
-}
-
-/// Where the default model lives: `$FERROX_MODELS_DIR` or `~/.cache/ferrox/models`.
-pub fn default_model_path() -> PathBuf {
-    let dir = std::env::var_os("FERROX_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-        });
-    dir.join(DEFAULT_MODEL_FILE)
 }
 
 /// The model path: the one given, or the default model (downloaded and checked if absent).

@@ -5,12 +5,7 @@ use std::process::{Command, Output};
 
 /// The default model, fetched by `scripts/fetch-model.sh` (which `scripts/test.sh` runs).
 pub fn default_model() -> PathBuf {
-    let dir = std::env::var_os("FERROX_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-        });
-    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    let path = ferrox_models::default_model_path();
     assert!(
         path.is_file(),
         "the default model is not at {}: run scripts/fetch-model.sh",

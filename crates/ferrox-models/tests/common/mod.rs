@@ -10,12 +10,7 @@ use ferrox_models::{Decoder, DecoderOptions};
 
 /// The default model as `scripts/fetch-model.sh` stores it (the README's path).
 pub fn default_model_path() -> PathBuf {
-    let dir = std::env::var_os("FERROX_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models")
-        });
-    let path = dir.join("gemma-3-270m-q4_k_m.gguf");
+    let path = ferrox_models::default_model_path();
     assert!(
         path.is_file(),
         "{} is missing: run scripts/fetch-model.sh",
