@@ -24,6 +24,16 @@ struct BlockKey {
     tokens: Box<[u32]>,
 }
 
+/// Cached blocks that start a token sequence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// The blocks, in order.
+    pub blocks: Vec<BlockId>,
+    /// The chain hash after the last of them ([`ROOT_HASH`] when there are none): the
+    /// parent of the next block.
+    pub hash: u64,
+}
+
 /// Counts for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockUsage {
@@ -102,21 +112,23 @@ impl BlockManager {
     /// The cached blocks holding the longest run of whole blocks at the start of
     /// `tokens` (at most `max_blocks`), without taking them. Evictable blocks among them
     /// stop being available once [`acquire`](Self::acquire)d.
-    pub fn lookup_prefix(&self, tokens: &[u32], max_blocks: usize) -> Vec<BlockId> {
-        let mut parent = ROOT_HASH;
-        let mut found = Vec::new();
+    pub fn lookup_prefix(&self, tokens: &[u32], max_blocks: usize) -> CachedPrefix {
+        let mut found = CachedPrefix {
+            blocks: Vec::new(),
+            hash: ROOT_HASH,
+        };
         for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
-            let hash = chain_hash(parent, chunk);
+            let hash = chain_hash(found.hash, chunk);
             let Some(&block) = self.by_hash.get(&hash) else {
                 break;
             };
             // Compare contents too: a hash collision must never reuse the wrong keys.
             match &self.keys[block as usize] {
-                Some(key) if key.parent == parent && *key.tokens == *chunk => {}
+                Some(key) if key.parent == found.hash && *key.tokens == *chunk => {}
                 _ => break,
             }
-            found.push(block);
-            parent = hash;
+            found.blocks.push(block);
+            found.hash = hash;
         }
         found
     }
@@ -220,9 +232,9 @@ mod tests {
         // Only whole blocks are cached, and a lookup stops at the first difference.
         let mut other = prompt.clone();
         other[6] = 99;
-        assert_eq!(m.lookup_prefix(&prompt, 10), first[..2].to_vec());
-        assert_eq!(m.lookup_prefix(&other, 10), first[..1].to_vec());
-        assert_eq!(m.lookup_prefix(&prompt, 1), first[..1].to_vec());
+        assert_eq!(m.lookup_prefix(&prompt, 10).blocks, first[..2].to_vec());
+        assert_eq!(m.lookup_prefix(&other, 10).blocks, first[..1].to_vec());
+        assert_eq!(m.lookup_prefix(&prompt, 1).blocks, first[..1].to_vec());
         release_all(&mut m, &first);
         assert_eq!(
             m.usage(),
@@ -233,7 +245,7 @@ mod tests {
             }
         );
         // Reuse after release: the cached blocks come back, held once more.
-        let again = m.lookup_prefix(&prompt, 10);
+        let again = m.lookup_prefix(&prompt, 10).blocks;
         assert_eq!(again, first[..2].to_vec());
         again.iter().for_each(|&b| m.acquire(b));
         assert_eq!(m.usage().cached, 0);
@@ -251,8 +263,8 @@ mod tests {
         // Both free blocks are gone; the next allocation evicts [1, 2], released first.
         let c = m.allocate().unwrap();
         assert_eq!(c, a[0]);
-        assert!(m.lookup_prefix(&[1, 2], 1).is_empty());
-        assert_eq!(m.lookup_prefix(&[3, 4], 1), b);
+        assert!(m.lookup_prefix(&[1, 2], 1).blocks.is_empty());
+        assert_eq!(m.lookup_prefix(&[3, 4], 1).blocks, b);
         let d = m.allocate().unwrap();
         assert_eq!(d, b[0]);
         assert_eq!(m.allocate(), None);
@@ -269,14 +281,14 @@ mod tests {
         // The second copy is not cached: it is freed, not kept, on release.
         m.release(b[0]);
         assert_eq!(m.usage().free, 3);
-        assert_eq!(m.lookup_prefix(&[7, 8], 1), a);
+        assert_eq!(m.lookup_prefix(&[7, 8], 1).blocks, a);
     }
 
     #[test]
     fn shared_blocks_need_every_holder_to_release() {
         let mut m = BlockManager::new(3, 2);
         let a = fill(&mut m, &[1, 2, 3]);
-        let shared = m.lookup_prefix(&[1, 2, 5], 1);
+        let shared = m.lookup_prefix(&[1, 2, 5], 1).blocks;
         shared.iter().for_each(|&b| m.acquire(b));
         assert_eq!(m.ref_count(a[0]), 2);
         release_all(&mut m, &a);

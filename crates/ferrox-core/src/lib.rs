@@ -19,7 +19,7 @@ pub mod matrix;
 pub mod paged_kv;
 pub mod quant;
 
-pub use block_manager::{BlockManager, BlockUsage};
+pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};
 pub use matrix::WeightMatrix;

@@ -10,7 +10,7 @@
 //! prefilled again; finished sequences leave their blocks in the cache until fresh blocks
 //! run out, least recently released first.
 
-use ferrox_core::block_manager::{chain_hash, BlockUsage, ROOT_HASH};
+use ferrox_core::block_manager::{BlockUsage, CachedPrefix};
 use ferrox_core::{BlockManager, PagedKv};
 use ferrox_models::decoder::{PagedSequence, PagedStep, StepScratch};
 use ferrox_models::tokenizer::TokenId;
@@ -47,6 +47,12 @@ pub struct Lease {
     pub slot: SlotId,
     /// Leading prompt tokens already in the cache (not to be prefilled again).
     pub reused: usize,
+}
+
+/// What admitting a prompt takes: cached blocks to share, fresh blocks to promise.
+struct Plan {
+    reused: CachedPrefix,
+    fresh: usize,
 }
 
 /// Why a request cannot be admitted.
@@ -124,60 +130,70 @@ impl KvPool {
     /// The blocks a prompt would reuse, and how many more it needs to reach `max_len`
     /// positions. At least one prompt token is always left to prefill, since the
     /// next-token logits come from it.
-    fn plan(&self, prompt: &[TokenId], max_len: usize) -> (Vec<u32>, usize) {
+    fn plan(&self, prompt: &[TokenId], max_len: usize) -> Plan {
         let max_reused = prompt.len().saturating_sub(1) / BLOCK_TOKENS;
         let reused = self.blocks.lookup_prefix(prompt, max_reused);
         let total = max_len
             .clamp(prompt.len(), self.n_ctx)
             .div_ceil(BLOCK_TOKENS);
-        (reused.clone(), total.saturating_sub(reused.len()))
+        let fresh = total.saturating_sub(reused.blocks.len());
+        Plan { reused, fresh }
+    }
+
+    /// Why `plan` cannot be admitted now, if it cannot.
+    fn refusal(&self, plan: &Plan) -> Option<Refusal> {
+        let blocks = plan.reused.blocks.len() + plan.fresh;
+        let capacity = self.blocks.n_blocks();
+        if blocks > capacity {
+            return Some(Refusal::TooLarge {
+                needed: blocks * BLOCK_TOKENS,
+                capacity: capacity * BLOCK_TOKENS,
+            });
+        }
+        // Reused blocks nobody holds stop being available once taken. What stays available
+        // after taking them must cover every promise, the running sequences' and this one's.
+        let idle_reused = plan
+            .reused
+            .blocks
+            .iter()
+            .filter(|&&b| self.blocks.ref_count(b) == 0)
+            .count();
+        let needed = idle_reused + self.promised + plan.fresh;
+        if !self.slots.iter().any(Option::is_none) || self.blocks.available() < needed {
+            return Some(Refusal::Busy);
+        }
+        None
     }
 
     /// Whether [`acquire`](Self::acquire) would admit the prompt now.
     pub fn check(&self, prompt: &[TokenId], max_len: usize) -> Result<(), Refusal> {
-        let (reused, fresh) = self.plan(prompt, max_len);
-        let capacity = self.blocks.n_blocks();
-        if reused.len() + fresh > capacity {
-            return Err(Refusal::TooLarge {
-                needed: (reused.len() + fresh) * BLOCK_TOKENS,
-                capacity: capacity * BLOCK_TOKENS,
-            });
-        }
-        // Reused blocks nobody holds stop being available once taken.
-        let idle_reused = reused
-            .iter()
-            .filter(|&&b| self.blocks.ref_count(b) == 0)
-            .count();
-        // What stays available after taking the reused blocks must cover every promise,
-        // the running sequences' and this one's.
-        let needed = idle_reused + self.promised + fresh;
-        if !self.slots.iter().any(Option::is_none) || self.blocks.available() < needed {
-            return Err(Refusal::Busy);
-        }
-        Ok(())
+        self.refusal(&self.plan(prompt, max_len))
+            .map_or(Ok(()), Err)
     }
 
     /// Admits a sequence for `prompt` that may grow to `max_len` positions (capped at the
-    /// context size), sharing the cached blocks of its longest cached prefix.
+    /// context size), sharing the cached blocks of its longest cached prefix. A refusal
+    /// changes nothing.
     pub fn acquire(&mut self, prompt: &[TokenId], max_len: usize) -> Result<Lease, Refusal> {
-        self.check(prompt, max_len)?;
-        let (reused, fresh) = self.plan(prompt, max_len);
+        let plan = self.plan(prompt, max_len);
+        if let Some(refusal) = self.refusal(&plan) {
+            return Err(refusal);
+        }
+        let Plan { reused, fresh } = plan;
         let index = self.slots.iter().position(Option::is_none).unwrap_or(0);
         let mut seq = PagedSequence::new();
-        let mut last_hash = ROOT_HASH;
-        for (chunk, &block) in prompt.chunks_exact(BLOCK_TOKENS).zip(&reused) {
+        for &block in &reused.blocks {
             self.blocks.acquire(block);
             seq.table.push_block(block);
-            last_hash = chain_hash(last_hash, chunk);
         }
-        let n_reused = reused.len() * BLOCK_TOKENS;
+        let n_reused = reused.blocks.len() * BLOCK_TOKENS;
         seq.table.advance(n_reused);
         self.promised += fresh;
         self.slots[index] = Some(Slot {
             seq,
             tokens: prompt[..n_reused].to_vec(),
-            registered: reused.len(),
-            last_hash,
+            registered: reused.blocks.len(),
+            last_hash: reused.hash,
             promised: fresh,
         });
         Ok(Lease {

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
-use crate::kv::{KvPool, Refusal, SlotId, Work};
+use crate::kv::{KvPool, Lease, Refusal, SlotId, Work};
 use crate::metrics::Metrics;
 
 /// A request waiting for, or holding, a slot.
@@ -301,7 +301,7 @@ impl<'t> Loop<'t> {
                     if sibling_prefilling {
                         break;
                     }
-                    match self.pool.check(&job.prompt, max_len(job)) {
+                    match self.pool.acquire(&job.prompt, max_len(job)) {
                         Err(Refusal::Busy) => break,
                         Err(Refusal::TooLarge { needed, capacity }) => {
                             let job = q.jobs.pop_front().expect("the front job");
@@ -309,9 +309,9 @@ impl<'t> Loop<'t> {
                                 format!("this request may need {needed} KV positions (prompt plus max_tokens); the server's KV memory holds {capacity}"),
                             )));
                         }
-                        Ok(()) => {
+                        Ok(lease) => {
                             let job = q.jobs.pop_front().expect("the front job");
-                            self.admit(job, &mut active);
+                            self.admit(job, lease, &mut active);
                         }
                     }
                 }
@@ -339,16 +339,8 @@ impl<'t> Loop<'t> {
         }
     }
 
-    fn admit(&mut self, job: Job, active: &mut Vec<Seq<'t>>) {
-        let lease = match self.pool.acquire(&job.prompt, max_len(&job)) {
-            Ok(lease) => lease,
-            Err(refusal) => {
-                // Cannot happen: admission follows a successful check.
-                let message = format!("no KV memory for an admitted request: {refusal:?}");
-                let _ = job.events.send(Event::Failed(ApiError::internal(message)));
-                return;
-            }
-        };
+    /// Starts a job on the KV memory `lease` the pool gave it.
+    fn admit(&mut self, job: Job, lease: Lease, active: &mut Vec<Seq<'t>>) {
         self.metrics
             .prompt_tokens
             .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
