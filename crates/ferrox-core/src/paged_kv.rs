@@ -171,14 +171,6 @@ impl BlockTable {
         self.len = self.len.max(len);
     }
 
-    /// Forgets positions from `len` on and hands back the blocks no longer needed (for
-    /// the caller to release).
-    pub fn truncate(&mut self, len: usize, block_tokens: usize) -> Vec<BlockId> {
-        self.len = self.len.min(len);
-        let keep = self.len.div_ceil(block_tokens);
-        self.blocks.split_off(keep.min(self.blocks.len()))
-    }
-
     /// Empties the table, handing back every block.
     pub fn clear(&mut self) -> Vec<BlockId> {
         self.len = 0;
@@ -242,16 +234,13 @@ mod tests {
     }
 
     #[test]
-    fn truncate_returns_unused_blocks() {
+    fn clear_returns_every_block() {
         let mut table = BlockTable::new();
         for b in [5, 6, 7] {
             table.push_block(b);
         }
         table.advance(8);
-        assert_eq!(table.truncate(4, 3), vec![7]);
-        assert_eq!(table.len(), 4);
-        assert_eq!(table.truncate(3, 3), vec![6]);
-        assert_eq!(table.clear(), vec![5]);
+        assert_eq!(table.clear(), vec![5, 6, 7]);
         assert!(table.is_empty());
     }
 }
