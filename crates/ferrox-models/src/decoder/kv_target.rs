@@ -2,11 +2,13 @@
 //! [`KvCache`], or in blocks of one shared [`PagedKv`] arena (the server's pool). The layer
 //! code writes and attends through [`KvTarget`] and does not care which.
 
-use ferrox_core::flash_attn::{GroupShape, KvRun};
-use ferrox_core::{BlockTable, KvCache, KvRows, PagedKv};
+use ferrox_core::flash_attn::GroupShape;
+use ferrox_core::{BlockTable, KvCache, KvRows, KvStorage, PagedKv};
 use smallvec::SmallVec;
 
-use crate::layers::attention::{with_group_state, AttentionParams, KvView, OnlineAttention};
+use crate::layers::attention::{
+    f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,
+};
 
 /// Sequences per step whose references are kept without a heap allocation.
 const INLINE: usize = 16;
@@ -65,6 +67,13 @@ impl KvTarget<'_> {
         }
     }
 
+    fn storage(&self) -> KvStorage {
+        match self {
+            KvTarget::Owned(c) => c[0].storage(),
+            KvTarget::Paged { arena, .. } => arena.storage(),
+        }
+    }
+
     fn widths(&self) -> (usize, usize) {
         match self {
             KvTarget::Owned(c) => (c[0].key_width(), c[0].value_width()),
@@ -114,9 +123,16 @@ impl KvTarget<'_> {
     ) {
         let (key_width, value_width) = self.widths();
         let (dk, dv) = (at.head_dim_k, at.head_dim_v);
-        let (k_off, v_off) = (at.kv_head * dk, at.kv_head * dv);
-        let mut f32_runs = false;
-        with_group_state(|state| {
+        let view = |keys, values| KvView {
+            keys,
+            values,
+            key_width,
+            value_width,
+            head: at.kv_head,
+            head_dim_k: dk,
+            head_dim_v: dv,
+        };
+        if self.storage() == KvStorage::F16 {
             let shape = GroupShape {
                 n_queries: at.n_queries,
                 head_dim_k: dk,
@@ -124,40 +140,21 @@ impl KvTarget<'_> {
                 scale: params.scale,
                 softcap: params.softcap,
             };
-            state.start(shape, q);
-            self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
-                if let (KvRows::F16(k), KvRows::F16(v)) = (keys, values) {
-                    state.attend_run(&KvRun {
-                        keys: &k[k_off..],
-                        key_stride: key_width,
-                        values: &v[v_off..],
-                        value_stride: value_width,
-                        len,
-                    });
-                } else {
-                    f32_runs = true;
-                }
-            });
-            if !f32_runs {
+            with_group_state(|state| {
+                state.start(shape, q);
+                self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
+                    if let Some(run) = f16_run(&view(keys, values), 0, len) {
+                        state.attend_run(&run);
+                    }
+                });
                 state.finish(out);
-            }
-        });
-        if !f32_runs {
+            });
             return;
         }
         // An f32 cache: each query on its own, in f32 throughout.
         for g in 0..at.n_queries {
             let qg = &q[g * dk..(g + 1) * dk];
             let out = &mut out[g * dv..(g + 1) * dv];
-            let view = |keys, values| KvView {
-                keys,
-                values,
-                key_width,
-                value_width,
-                head: at.kv_head,
-                head_dim_k: dk,
-                head_dim_v: dv,
-            };
             let mut acc: Option<OnlineAttention> = None;
             self.for_each_run(at.seq, at.layer, lo, hi, |keys, values, len| {
                 let view = view(keys, values);
