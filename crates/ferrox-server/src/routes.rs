@@ -505,40 +505,24 @@ async fn generate(
         top_logprobs: gen.params.top_logprobs,
         ready: ready.clone(),
     };
-    // One sequence per choice; their events merge into one channel, tagged by choice.
-    // Each choice samples with its own seed (the request's plus its index).
-    let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    // One sequence per choice, all sending to one channel, each event tagged by its
+    // choice. Each choice samples with its own seed (the request's plus its index).
+    let (tx, rx) = mpsc::unbounded_channel();
     let submitted = Instant::now();
-    for index in 0..gen.n {
-        let (job_tx, mut job_rx) = mpsc::unbounded_channel();
+    for choice in 0..gen.n {
         let mut params = gen.params.clone();
-        params.sampler.seed = params.sampler.seed.wrapping_add(index as u64);
+        params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
         let job = Job {
             prompt: prompt.clone(),
             params,
-            events: job_tx,
+            choice,
+            events: tx.clone(),
             submitted,
         };
         ready
             .scheduler
             .submit(job)
             .map_err(|e| submit_error(&state, e))?;
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    event = job_rx.recv() => {
-                        let Some(event) = event else { break };
-                        if tx.send((index, event)).is_err() {
-                            break;
-                        }
-                    }
-                    // The client went away: dropping `job_rx` cancels the sequence, queued
-                    // or running.
-                    _ = tx.closed() => break,
-                }
-            }
-        });
     }
     drop(tx);
     if gen.stream {

@@ -16,6 +16,7 @@ use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step};
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
 use ferrox_models::Decoder;
 use rayon::prelude::*;
+use tokio::sync::mpsc::error::SendError;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
@@ -26,8 +27,17 @@ use crate::metrics::Metrics;
 pub struct Job {
     pub prompt: Vec<TokenId>,
     pub params: GenerationParams,
-    pub events: UnboundedSender<Event>,
+    /// Which choice of its request this job generates (`n` > 1 shares one channel).
+    pub choice: usize,
+    pub events: UnboundedSender<(usize, Event)>,
     pub submitted: Instant,
+}
+
+impl Job {
+    /// Tells the request's handler; fails once it has gone away.
+    fn send(&self, event: Event) -> Result<(), SendError<(usize, Event)>> {
+        self.events.send((self.choice, event))
+    }
 }
 
 /// What the scheduler tells a request's handler.
@@ -264,14 +274,14 @@ impl<'t> Loop<'t> {
                         let jobs: Vec<Job> = q.jobs.drain(..).collect();
                         drop(q);
                         for job in jobs {
-                            let _ = job.events.send(Event::Failed(shutting_down()));
+                            let _ = job.send(Event::Failed(shutting_down()));
                         }
                         self.cancel_all(&mut active, shutting_down());
                         return;
                     }
                     if q.deadline.is_some_and(|d| Instant::now() >= d) {
                         for job in q.jobs.drain(..) {
-                            let _ = job.events.send(Event::Failed(shutting_down()));
+                            let _ = job.send(Event::Failed(shutting_down()));
                         }
                         self.cancel_all(&mut active, shutting_down());
                     }
@@ -305,7 +315,7 @@ impl<'t> Loop<'t> {
                         Err(Refusal::Busy) => break,
                         Err(Refusal::TooLarge { needed, capacity }) => {
                             let job = q.jobs.pop_front().expect("the front job");
-                            let _ = job.events.send(Event::Failed(ApiError::invalid(
+                            let _ = job.send(Event::Failed(ApiError::invalid(
                                 format!("this request may need {needed} KV positions (prompt plus max_tokens); the server's KV memory holds {capacity}"),
                             )));
                         }
@@ -327,7 +337,7 @@ impl<'t> Loop<'t> {
                     tracing::error!("{message}");
                     let error = ApiError::internal(message);
                     for s in active.drain(..) {
-                        let _ = s.job.events.send(Event::Failed(error.clone()));
+                        let _ = s.job.send(Event::Failed(error.clone()));
                         self.pool.release(s.slot);
                     }
                 }
@@ -353,7 +363,7 @@ impl<'t> Loop<'t> {
             reused = lease.reused,
             "sequence admitted"
         );
-        let _ = job.events.send(Event::Started {
+        let _ = job.send(Event::Started {
             cached_tokens: lease.reused,
         });
         let generation = Generation::new(self.tokenizer, job.params.clone(), &job.prompt);
@@ -388,7 +398,7 @@ impl<'t> Loop<'t> {
 
     fn cancel_all(&mut self, active: &mut Vec<Seq<'t>>, error: ApiError) {
         for s in active.drain(..) {
-            let _ = s.job.events.send(Event::Failed(error.clone()));
+            let _ = s.job.send(Event::Failed(error.clone()));
             self.pool.release(s.slot);
         }
     }
@@ -455,7 +465,7 @@ impl<'t> Loop<'t> {
             failed.sort_unstable();
             for &i in failed.iter().rev() {
                 let s = active.remove(i);
-                let _ = s.job.events.send(Event::Failed(error.clone()));
+                let _ = s.job.send(Event::Failed(error.clone()));
                 self.pool.release(s.slot);
             }
             return;
@@ -517,10 +527,10 @@ impl<'t> Loop<'t> {
                 top_logprobs: step.top_logprobs,
                 eog: self.tokenizer.vocab().is_eog(step.token),
             });
-            let delivered = s.job.events.send(event).is_ok();
+            let delivered = s.job.send(event).is_ok();
             match finish {
                 Some(finish) => {
-                    let _ = s.job.events.send(Event::Done(Summary {
+                    let _ = s.job.send(Event::Done(Summary {
                         finish,
                         prompt_tokens: s.job.prompt.len(),
                         completion_tokens: s.generation.generated(),
