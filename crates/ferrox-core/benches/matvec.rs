@@ -10,6 +10,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{row_byte_len, GgmlType, WeightMatrix};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -160,5 +161,41 @@ fn bench_matmul(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matvec, bench_matmul);
+/// The output head against the few tokens of a server's decode step: one row per sequence.
+fn bench_head_batch(c: &mut Criterion) {
+    let (rows, cols) = (262_144, 640);
+    let pools = pools();
+    let mut group = c.benchmark_group("head_batch");
+    group.warm_up_time(Duration::from_millis(300));
+    group.measurement_time(Duration::from_secs(2));
+    group.sample_size(10);
+    let bytes = random_weights(GgmlType::Q8_0, rows, cols);
+    let plain = WeightMatrix::new(GgmlType::Q8_0, rows, cols, &bytes).unwrap();
+    let packed = PackedMatrix::pack(GgmlType::Q8_0, rows, cols, &bytes, |_| {}).unwrap();
+    let layouts = [
+        ("rows", plain),
+        ("packed", plain.with_packed(&packed).unwrap()),
+    ];
+    for tokens in [1, 2, 4, 7, 8, 16] {
+        let mut y = vec![0f32; rows * tokens];
+        group.throughput(Throughput::Elements(tokens as u64));
+        for (layout, matrix) in &layouts {
+            let xq = activation(matrix, tokens);
+            for (threads, pool) in &pools {
+                let id = BenchmarkId::new(
+                    format!("Q8_0/{rows}x{cols}/{layout}/{tokens}tok"),
+                    format!("{threads}t"),
+                );
+                group.bench_function(id, |b| {
+                    pool.install(|| {
+                        b.iter(|| matrix.matmul(black_box(&xq), tokens, &mut y).unwrap())
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_matvec, bench_matmul, bench_head_batch);
 criterion_main!(benches);

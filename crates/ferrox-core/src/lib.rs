@@ -16,6 +16,7 @@ pub mod glu;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
+pub mod packed;
 pub mod paged_kv;
 pub mod quant;
 

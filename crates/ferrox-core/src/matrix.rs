@@ -5,6 +5,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, WeightKind};
+use crate::packed::PackedMatrix;
 use crate::quant::{self, QuantError};
 
 /// `rows × cols` weights of type `ty`, stored row-major as ggml lays them out: each row is
@@ -19,6 +20,8 @@ pub struct WeightMatrix<'a> {
     bytes: &'a [u8],
     kind: WeightKind,
     activation_row_bytes: usize,
+    /// The same weights repacked at load: products go through it when present.
+    packed: Option<&'a PackedMatrix>,
 }
 
 impl<'a> WeightMatrix<'a> {
@@ -55,7 +58,31 @@ impl<'a> WeightMatrix<'a> {
             bytes,
             kind,
             activation_row_bytes,
+            packed: None,
         })
+    }
+
+    /// This matrix with its products computed from `packed`, a packed copy of the same
+    /// weights (rows and [`Self::dequant_row`] still read the original bytes). Activations
+    /// must then be quantized by this view's [`Self::quantize_activation`].
+    pub fn with_packed(self, packed: &'a PackedMatrix) -> Result<Self, QuantError> {
+        if (packed.ty(), packed.rows(), packed.cols()) != (self.ty, self.rows, self.cols) {
+            return Err(QuantError::VectorLength {
+                what: "packed matrix rows",
+                expected: self.rows,
+                actual: packed.rows(),
+            });
+        }
+        Ok(Self {
+            activation_row_bytes: packed.activation_row_bytes(),
+            packed: Some(packed),
+            ..self
+        })
+    }
+
+    /// Whether products go through a packed copy.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -122,7 +149,14 @@ impl<'a> WeightMatrix<'a> {
         }
         out.clear();
         out.resize(tokens * self.activation_row_bytes, 0);
-        if self.cols > 0 {
+        if let Some(packed) = self.packed {
+            for (src, dst) in x
+                .chunks_exact(self.cols)
+                .zip(out.chunks_exact_mut(self.activation_row_bytes))
+            {
+                packed.quantize_activation(src, dst)?;
+            }
+        } else if self.cols > 0 {
             for (src, dst) in x
                 .chunks_exact(self.cols)
                 .zip(out.chunks_exact_mut(self.activation_row_bytes))
@@ -140,6 +174,9 @@ impl<'a> WeightMatrix<'a> {
     /// the row's place in a kernel tile), so results do not depend on the number of
     /// threads. Allocates nothing.
     pub fn matvec(&self, xq: &[u8], y: &mut [f32]) -> Result<(), QuantError> {
+        if let Some(packed) = self.packed {
+            return packed.matmul(xq, 1, y);
+        }
         self.check_product(xq, 1, y)?;
         if self.rows == 0 {
             return Ok(());
@@ -175,6 +212,9 @@ impl<'a> WeightMatrix<'a> {
     /// to stay cached are swept against every token, eight tokens per kernel call.
     /// Allocates nothing.
     pub fn matmul(&self, xq: &[u8], n_tokens: usize, y: &mut [f32]) -> Result<(), QuantError> {
+        if let Some(packed) = self.packed {
+            return packed.matmul(xq, n_tokens, y);
+        }
         self.check_product(xq, n_tokens, y)?;
         if self.rows == 0 || n_tokens == 0 {
             return Ok(());

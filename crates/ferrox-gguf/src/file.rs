@@ -165,6 +165,34 @@ impl Gguf {
     }
 
     /// The bytes of a tensor, borrowed from the mapped file.
+    /// Tells the system that `bytes`, part of this checkpoint's mapped tensor data, will
+    /// not be read again soon: its pages leave this process's resident memory (they
+    /// stay in the page cache and are read back transparently if touched). For data copied
+    /// elsewhere at load, so that the copy does not count twice. Anything else is ignored.
+    pub fn release_pages(&self, bytes: &[u8]) {
+        for shard in &self.shards {
+            let Storage::Mapped(map) = &shard.storage else {
+                continue;
+            };
+            let base = map.as_ptr() as usize;
+            let start = bytes.as_ptr() as usize;
+            if start < base || start + bytes.len() > base + map.len() {
+                continue;
+            }
+            // SAFETY: the map is a read-only file mapping: dropping its pages (including
+            // the partly covered first and last, which the call rounds out to) loses
+            // nothing, later reads fault them back in from the file.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start - base,
+                    bytes.len(),
+                )
+            };
+            return;
+        }
+    }
+
     pub fn tensor_data(&self, tensor: &TensorInfo) -> Result<&[u8]> {
         let n_bytes = tensor.n_bytes.ok_or_else(|| GgufError::UnknownTensorType {
             name: tensor.name.clone(),

@@ -2,6 +2,9 @@
 //! file (they stay quantized there), the routed-expert weights of MoE layers, and the loader
 //! that finds tensors and checks their shapes and types.
 
+use std::sync::Arc;
+
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
 use ferrox_gguf::{Gguf, TensorInfo};
 use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
@@ -15,19 +18,40 @@ pub struct MatrixRef {
     tensor: TensorInfo,
     pub rows: usize,
     pub cols: usize,
+    /// A packed copy for the products, made at load where it is faster.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl MatrixRef {
-    /// The matrix view over the mapped bytes (checked at load, so this cannot fail for a
-    /// `MatrixRef` made from the same file).
-    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<WeightMatrix<'g>, ModelError> {
+    /// The matrix view over the mapped bytes, its products going through the packed copy
+    /// if there is one (checked at load, so this cannot fail for a `MatrixRef` made from
+    /// the same file).
+    pub fn view<'a>(&'a self, gguf: &'a Gguf) -> Result<WeightMatrix<'a>, ModelError> {
         let bytes = gguf.tensor_data(&self.tensor)?;
-        Ok(WeightMatrix::new(
-            self.tensor.ty,
-            self.rows,
-            self.cols,
-            bytes,
-        )?)
+        let view = WeightMatrix::new(self.tensor.ty, self.rows, self.cols, bytes)?;
+        Ok(match &self.packed {
+            Some(packed) => view.with_packed(packed)?,
+            None => view,
+        })
+    }
+
+    /// Makes the packed copy when this machine has a packed kernel and the matrix's type
+    /// and shape allow it (see [`ferrox_core::packed`]); the mapped pages it was copied
+    /// from leave memory. Clones made before share nothing; clones made after share it.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        let ty = self.tensor.ty;
+        if self.packed.is_some()
+            || !ferrox_core::packed::available()
+            || !PackedMatrix::can_pack(ty, self.rows, self.cols)
+        {
+            return Ok(());
+        }
+        let bytes = gguf.tensor_data(&self.tensor)?;
+        let packed = PackedMatrix::pack(ty, self.rows, self.cols, bytes, |part| {
+            gguf.release_pages(part)
+        })?;
+        self.packed = Some(Arc::new(packed));
+        Ok(())
     }
 
     pub fn name(&self) -> &str {
@@ -106,7 +130,7 @@ pub struct SharedExpertWeights {
 }
 
 impl SharedExpertWeights {
-    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<SharedExpert<'g>, ModelError> {
+    pub fn view<'a>(&'a self, gguf: &'a Gguf) -> Result<SharedExpert<'a>, ModelError> {
         Ok(SharedExpert {
             gate: self.gate.view(gguf)?,
             up: self.up.view(gguf)?,
@@ -136,10 +160,10 @@ impl MoeWeights {
         .map_err(moe_error)
     }
 
-    pub fn shared_expert<'g>(
-        &self,
-        gguf: &'g Gguf,
-    ) -> Result<Option<SharedExpert<'g>>, ModelError> {
+    pub fn shared_expert<'a>(
+        &'a self,
+        gguf: &'a Gguf,
+    ) -> Result<Option<SharedExpert<'a>>, ModelError> {
         self.shared.as_ref().map(|sh| sh.view(gguf)).transpose()
     }
 
@@ -237,6 +261,7 @@ impl Loader<'_> {
             tensor: t.clone(),
             rows,
             cols,
+            packed: None,
         };
         m.view(self.gguf)?;
         Ok(m)

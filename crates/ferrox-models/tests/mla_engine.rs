@@ -15,6 +15,7 @@ fn engine(name: &str, kv_storage: KvStorage) -> MlaEngine {
         n_ctx: 96,
         threads: 2,
         kv_storage,
+        ..DecoderOptions::default()
     };
     MlaEngine::from_gguf(Arc::new(gguf), &options).expect("MLA engine")
 }
@@ -161,6 +162,7 @@ fn long_prompts_run_in_micro_batches_with_the_same_logits() {
         n_ctx: 700,
         threads: 2,
         kv_storage: KvStorage::F16,
+        ..DecoderOptions::default()
     };
     let mut e = MlaEngine::from_gguf(Arc::new(gguf), &options).unwrap();
     let n_vocab = e.vocab_size();

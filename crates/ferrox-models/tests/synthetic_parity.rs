@@ -244,6 +244,7 @@ fn check_family(arch: &str) {
         n_ctx: 128,
         threads: 2,
         kv_storage: KvStorage::F16,
+        ..DecoderOptions::default()
     };
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");
     assert_eq!(engine.vocab_size(), n_vocab, "{arch}: vocabulary size");
@@ -331,6 +332,7 @@ fn check_exact(arch: &str) {
         n_ctx: 128,
         threads: 2,
         kv_storage: KvStorage::F32,
+        ..DecoderOptions::default()
     };
     let gguf = Gguf::from_bytes(bytes).expect("parse the F32 model");
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");

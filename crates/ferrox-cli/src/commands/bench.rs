@@ -40,6 +40,9 @@ pub struct Args {
     /// with ferrox, and print the ratios.
     #[arg(long)]
     pub compare: Option<PathBuf>,
+    /// Keep every matrix in the file's row-major layout (no repacking at load).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 /// One test's result.
@@ -248,6 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads,
         ctx_size: Some(args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
+        no_repack: args.no_repack,
     };
     let loaded = model::load_engine(&model_args)?;
     let decoder = &loaded.engine;

@@ -32,6 +32,10 @@ pub struct ModelArgs {
     /// Store the KV cache as f32 instead of f16.
     #[arg(long)]
     pub kv_f32: bool,
+    /// Keep every matrix in the file's row-major layout (by default Q4_0, Q5_0 and Q8_0
+    /// matrices are repacked at load where the CPU has AVX-512 VNNI, as llama.cpp repacks).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 /// The model path: the one given, or the default model (downloaded and checked if absent).
@@ -87,6 +91,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Deco
         } else {
             KvStorage::F16
         },
+        repack: !args.no_repack,
     };
     Ok((path, gguf, tokenizer, options))
 }

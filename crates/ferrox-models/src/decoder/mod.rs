@@ -45,6 +45,9 @@ pub struct DecoderOptions {
     /// Worker threads; 0 means one per available core.
     pub threads: usize,
     pub kv_storage: KvStorage,
+    /// Repack the matrices that multiply faster in an interleaved layout at load (see
+    /// `ferrox_core::packed`; llama.cpp's `--no-repack` turns its counterpart off).
+    pub repack: bool,
 }
 
 impl Default for DecoderOptions {
@@ -53,6 +56,7 @@ impl Default for DecoderOptions {
             n_ctx: 4096,
             threads: 0,
             kv_storage: KvStorage::F16,
+            repack: true,
         }
     }
 }
@@ -207,7 +211,7 @@ impl Decoder {
 
     pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Decoder, ModelError> {
         let mut config = crate::families::decoder_config(&gguf.metadata())?;
-        let weights = DecoderWeights::load(&gguf, &config)?;
+        let mut weights = DecoderWeights::load(&gguf, &config)?;
         if let Some(freqs) = &weights.rope_freqs {
             for layer in &mut config.layers {
                 layer.rope.freq_factors = Some(freqs.clone());
@@ -229,6 +233,9 @@ impl Decoder {
             crate::layers::attention::with_group_state(|_| ());
             ROPE_ANGLES.with_borrow_mut(|a| a.reserve(rope_pairs.unwrap_or(0)));
         });
+        if options.repack {
+            pool.install(|| weights.pack(&gguf))?;
+        }
         Ok(Decoder {
             gguf,
             config,

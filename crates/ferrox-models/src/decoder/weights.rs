@@ -159,6 +159,28 @@ impl DecoderWeights {
         })
     }
 
+    /// Packs the dense matrices this machine multiplies faster packed (see
+    /// [`MatrixRef::pack`]): the output head and every layer's projections, in parallel.
+    /// The token embedding keeps its rows in the file, where lookups read them.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        let mut matrices: Vec<&mut MatrixRef> = vec![&mut self.output];
+        for layer in &mut self.layers {
+            match &mut layer.qkv {
+                QkvWeights::Separate { q, k, v } => matrices.extend([q, k, v]),
+                QkvWeights::Fused(m) => matrices.push(m),
+            }
+            matrices.push(&mut layer.wo);
+            if let FfnWeights::Dense { gate_up, down } = &mut layer.ffn {
+                match gate_up {
+                    GateUpWeights::Separate { gate, up } => matrices.extend([gate, up]),
+                    GateUpWeights::Fused(m) => matrices.push(m),
+                }
+                matrices.push(down);
+            }
+        }
+        matrices.into_iter().try_for_each(|m| m.pack(gguf))
+    }
+
     /// Bytes of weights one decoded token reads (every matrix once, one embedding row).
     pub fn bytes_per_token(&self, config: &DecoderConfig) -> u64 {
         let mut total = embedding_and_head_bytes(&self.token_embd, &self.output);

@@ -1,0 +1,438 @@
+//! Weight matrices of the 32-value formats (Q4_0, Q5_0, Q8_0) repacked at load for the
+//! int8 dot-product instructions: sixteen rows interleaved four values at a time, so that
+//! one `vpdpbusd` multiplies four values of sixteen rows by the same four activation values
+//! and leaves one integer sum per row in its own lane.
+//!
+//! The row-major kernels ([`crate::kernels`]) follow ggml's AVX2 arithmetic: eight partial
+//! sums per block and row, each converted, scaled and accumulated in float. Here each block
+//! and row gives one exact integer sum, scaled once: `acc = fma(dw·dy, Σ w·x, acc)`, ggml's
+//! reference (`_generic`) arithmetic with a fused multiply-add. That is about a quarter of
+//! the instructions per multiply-add, so small batches (a server's decode step) and prompt
+//! chunks run several times faster, while a single token still streams the weights once.
+//!
+//! Every result is computed by the same operations whatever the number of tokens, the
+//! split of rows across threads or the instruction set: the scalar reference and the
+//! AVX-512 kernel give the same bits, and a row's logits do not depend on its batch.
+//!
+//! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order, each block
+//! `[16 f16 scales][codes]`, with the codes, per format:
+//! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
+//!   `4r..4r+4`, as unsigned `w + 128`;
+//! - Q4_0: four 64-byte vectors of the original nibble bytes `4k..4k+4` per row: the low
+//!   nibbles are values `4k..4k+4`, the high ones `16+4k..16+4k+4` (unsigned `w + 8`);
+//! - Q5_0: eight 64-bit masks (mask `g`, bit `4r + j`: the fifth bit of value `4g + j` of
+//!   row `r`), then the nibbles as for Q4_0 (unsigned `w + 16`).
+//!
+//! The group takes exactly the bytes of its sixteen rows in the file.
+
+use ferrox_gguf::GgmlType;
+use rayon::prelude::*;
+
+use crate::kernels::{self, Isa};
+use crate::quant::{self, QuantError};
+
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Rows interleaved in one group.
+pub const GROUP_ROWS: usize = 16;
+/// Values per block.
+const QK: usize = 32;
+/// Bytes of one activation block: 32 codes, the scale as f32, the codes' sum as i32.
+pub const ACTIVATION_BLOCK_BYTES: usize = 40;
+const ACT_SCALE_AT: usize = 32;
+const ACT_SUM_AT: usize = 36;
+/// Bytes of the sixteen f16 scales at the start of every group block.
+const SCALES_BYTES: usize = 2 * GROUP_ROWS;
+
+/// A format that can be packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedFormat {
+    Q4_0,
+    Q5_0,
+    Q8_0,
+}
+
+impl PackedFormat {
+    pub fn of(ty: GgmlType) -> Option<PackedFormat> {
+        match ty {
+            GgmlType::Q4_0 => Some(PackedFormat::Q4_0),
+            GgmlType::Q5_0 => Some(PackedFormat::Q5_0),
+            GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one block of one row in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            PackedFormat::Q4_0 => 18,
+            PackedFormat::Q5_0 => 22,
+            PackedFormat::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of one block of a whole group.
+    fn group_block_bytes(self) -> usize {
+        GROUP_ROWS * self.block_bytes()
+    }
+
+    /// What the unsigned codes add to the values.
+    fn bias(self) -> i32 {
+        match self {
+            PackedFormat::Q4_0 => 8,
+            PackedFormat::Q5_0 => 16,
+            PackedFormat::Q8_0 => 128,
+        }
+    }
+}
+
+/// Whether this machine has a fast kernel for packed matrices and may use it (elsewhere, or
+/// with `FERROX_ISA` set below `avx512vnni`, the row-major kernels are faster than the
+/// packed scalar reference, so nothing should be packed).
+pub fn available() -> bool {
+    kernels::best_isa() == Isa::Avx512Vnni
+}
+
+/// A `rows × cols` matrix in the packed layout (see the module notes), owned.
+pub struct PackedMatrix {
+    format: PackedFormat,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("format", &self.format)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+/// Source rows packed (and released) per parallel task.
+const PACK_CHUNK_GROUPS: usize = 128;
+
+impl PackedMatrix {
+    /// Whether a matrix of this type and shape can be packed.
+    pub fn can_pack(ty: GgmlType, rows: usize, cols: usize) -> bool {
+        PackedFormat::of(ty).is_some()
+            && rows.is_multiple_of(GROUP_ROWS)
+            && cols.is_multiple_of(QK)
+            && cols > 0
+    }
+
+    /// Packs `bytes`, `rows` ggml rows of `cols` values of `ty`. `release` is called with
+    /// each part of `bytes` once it has been copied (the caller may drop those pages from
+    /// memory), from the rayon pool's threads.
+    pub fn pack(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        release: impl Fn(&[u8]) + Sync,
+    ) -> Result<PackedMatrix, QuantError> {
+        let format = PackedFormat::of(ty)
+            .filter(|_| Self::can_pack(ty, rows, cols))
+            .ok_or(QuantError::UnsupportedDot(ty))?;
+        let row_bytes = quant::row_byte_len(ty, cols)?;
+        if bytes.len() != rows * row_bytes {
+            return Err(QuantError::ByteLength {
+                ty,
+                elements: rows * cols,
+                expected: rows * row_bytes,
+                actual: bytes.len(),
+            });
+        }
+        let blocks = cols / QK;
+        let group_bytes = blocks * format.group_block_bytes();
+        let mut data = vec![0u8; bytes.len()];
+        data.par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
+            .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
+            .for_each(|(dst, src)| {
+                for (dst, src) in dst
+                    .chunks_exact_mut(group_bytes)
+                    .zip(src.chunks_exact(GROUP_ROWS * row_bytes))
+                {
+                    pack_group(format, blocks, row_bytes, src, dst);
+                }
+                release(src);
+            });
+        Ok(PackedMatrix {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        match self.format {
+            PackedFormat::Q4_0 => GgmlType::Q4_0,
+            PackedFormat::Q5_0 => GgmlType::Q5_0,
+            PackedFormat::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
+    fn blocks(&self) -> usize {
+        self.cols / QK
+    }
+
+    /// Bytes of one quantized activation row.
+    pub fn activation_row_bytes(&self) -> usize {
+        self.blocks() * ACTIVATION_BLOCK_BYTES
+    }
+
+    /// Quantizes one activation row of `cols` values into `out` (its
+    /// [`activation_row_bytes`](Self::activation_row_bytes)): Q8_0 exactly as ggml-cpu
+    /// makes it for these formats, laid out per block as codes, f32 scale, sum of codes.
+    pub fn quantize_activation(&self, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+        if x.len() != self.cols || out.len() != self.activation_row_bytes() {
+            return Err(QuantError::VectorLength {
+                what: "activation row",
+                expected: self.cols,
+                actual: x.len(),
+            });
+        }
+        let mut q8 = [0u8; 34];
+        for (src, dst) in x
+            .chunks_exact(QK)
+            .zip(out.chunks_exact_mut(ACTIVATION_BLOCK_BYTES))
+        {
+            kernels::quantize_activation(GgmlType::Q8_0, src, &mut q8)?;
+            dst[..QK].copy_from_slice(&q8[2..]);
+            let scale = half::f16::from_bits(u16::from_le_bytes([q8[0], q8[1]])).to_f32();
+            let sum: i32 = q8[2..].iter().map(|&c| i32::from(c as i8)).sum();
+            dst[ACT_SCALE_AT..ACT_SUM_AT].copy_from_slice(&scale.to_le_bytes());
+            dst[ACT_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    /// `Y = W·X` for `n_tokens` activation rows (each made by
+    /// [`quantize_activation`](Self::quantize_activation)), `y[t * rows + r]`, with the
+    /// fastest available kernel, across the current rayon pool. Allocates nothing.
+    pub fn matmul(&self, xq: &[u8], n_tokens: usize, y: &mut [f32]) -> Result<(), QuantError> {
+        let isa = if available() {
+            Isa::Avx512Vnni
+        } else {
+            Isa::Scalar
+        };
+        self.matmul_with(isa, xq, n_tokens, y)
+    }
+
+    /// [`matmul`](Self::matmul) with the kernel of `isa` (the scalar reference, or AVX-512
+    /// VNNI), for comparing them.
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        xq: &[u8],
+        n_tokens: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        if !isa.is_available() {
+            return Err(QuantError::IsaUnavailable(isa));
+        }
+        let kernel = kernel_for(isa, self.format).ok_or(QuantError::IsaUnavailable(isa))?;
+        let act = self.activation_row_bytes();
+        if xq.len() != n_tokens * act {
+            return Err(QuantError::ByteLength {
+                ty: GgmlType::Q8_0,
+                elements: n_tokens * self.cols,
+                expected: n_tokens * act,
+                actual: xq.len(),
+            });
+        }
+        if y.len() != n_tokens * self.rows {
+            return Err(QuantError::VectorLength {
+                what: "output",
+                expected: n_tokens * self.rows,
+                actual: y.len(),
+            });
+        }
+        if n_tokens == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let groups = self.rows / GROUP_ROWS;
+        let group_bytes = self.data.len() / groups;
+        let per_task = groups_per_task(groups, group_bytes, n_tokens);
+        let out = Outputs(y.as_mut_ptr());
+        let run = |task: usize| {
+            let first = task * per_task;
+            let count = per_task.min(groups - first);
+            // SAFETY: tasks own disjoint groups, hence disjoint output rows; every
+            // pointer below stays inside `self.data`, `xq` and `y` (checked above).
+            unsafe { self.run_groups(kernel, first, count, group_bytes, xq, n_tokens, &out) };
+        };
+        let tasks = groups.div_ceil(per_task);
+        if tasks == 1 {
+            run(0);
+        } else {
+            (0..tasks).into_par_iter().for_each(run);
+        }
+        Ok(())
+    }
+
+    /// Groups `first..first + count` against every token: panels of groups small enough
+    /// to stay cached, each swept against the tokens eight (then four, two, one) at a time.
+    ///
+    /// # Safety
+    /// The groups exist, `xq` holds `n_tokens` activation rows, and no other thread
+    /// touches these groups' outputs.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_groups(
+        &self,
+        kernel: GroupsFn,
+        first: usize,
+        count: usize,
+        group_bytes: usize,
+        xq: &[u8],
+        n_tokens: usize,
+        out: &Outputs,
+    ) {
+        let act = self.activation_row_bytes();
+        let panel = (PANEL_BYTES / group_bytes).max(1);
+        let blocks = self.blocks();
+        let mut g = first;
+        while g < first + count {
+            let n = panel.min(first + count - g);
+            let w = self.data[g * group_bytes..].as_ptr();
+            let mut t = 0;
+            while t < n_tokens {
+                let width = [8, 4, 2, 1]
+                    .into_iter()
+                    .find(|&w| t + w <= n_tokens)
+                    .unwrap_or(1);
+                let mut xs = [std::ptr::null::<u8>(); 8];
+                for (i, x) in xs.iter_mut().take(width).enumerate() {
+                    *x = xq[(t + i) * act..].as_ptr();
+                }
+                // SAFETY: per this function's contract; outputs of tokens `t..t+width`,
+                // rows of groups `g..g+n`.
+                unsafe {
+                    kernel(
+                        w,
+                        n,
+                        blocks,
+                        &xs[..width],
+                        out.0.add(t * self.rows + g * GROUP_ROWS),
+                        self.rows,
+                    )
+                };
+                t += width;
+            }
+            g += n;
+        }
+    }
+}
+
+/// Weight bytes of a panel swept against all tokens while it stays in the L2 cache.
+const PANEL_BYTES: usize = 96 * 1024;
+/// Weight bytes (times tokens) per parallel task: small enough to balance two threads
+/// slowed unevenly by other processes.
+const TASK_BYTES: usize = 512 * 1024;
+/// Below this much work a product stays on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 64 * 1024;
+
+fn groups_per_task(groups: usize, group_bytes: usize, n_tokens: usize) -> usize {
+    let threads = rayon::current_num_threads();
+    let work = group_bytes * n_tokens;
+    if threads <= 1 || work * groups < PARALLEL_MIN_BYTES {
+        return groups;
+    }
+    let by_threads = groups.div_ceil(4 * threads);
+    if n_tokens == 1 {
+        TASK_BYTES.div_ceil(work).min(by_threads).max(1)
+    } else {
+        // A matrix product keeps a task's panel whole so that it is read from memory once.
+        by_threads
+            .max((PANEL_BYTES / group_bytes).max(1))
+            .min(groups)
+    }
+}
+
+/// Output pointer shared by the tasks of one product, each writing its own rows.
+struct Outputs(*mut f32);
+// SAFETY: tasks write disjoint elements (see `matmul_with`).
+unsafe impl Sync for Outputs {}
+
+/// `groups` consecutive groups at `w` (`blocks` blocks each) against the activation rows
+/// `xs` (1, 2, 4 or 8 of them); token `t`'s result for row `r` of the first group goes to
+/// `out[t * out_stride + r]`.
+///
+/// # Safety
+/// All pointers address whole groups, activation rows and outputs.
+type GroupsFn = unsafe fn(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+);
+
+fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
+    match isa {
+        Isa::Scalar => Some(scalar::kernel(format)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => Some(x86::kernel(format)),
+        _ => None,
+    }
+}
+
+/// Copies sixteen rows (`src`, `row_bytes` each) into one group (`dst`).
+fn pack_group(format: PackedFormat, blocks: usize, row_bytes: usize, src: &[u8], dst: &mut [u8]) {
+    let (sb, gb) = (format.block_bytes(), format.group_block_bytes());
+    for b in 0..blocks {
+        let dst = &mut dst[b * gb..(b + 1) * gb];
+        let mut masks = [0u64; 8];
+        for r in 0..GROUP_ROWS {
+            let block = &src[r * row_bytes + b * sb..][..sb];
+            dst[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
+            let codes = &mut dst[SCALES_BYTES..];
+            match format {
+                PackedFormat::Q8_0 => {
+                    for i in 0..QK {
+                        codes[64 * (i / 4) + 4 * r + i % 4] = block[2 + i] ^ 0x80;
+                    }
+                }
+                PackedFormat::Q4_0 => {
+                    for i in 0..QK / 2 {
+                        codes[64 * (i / 4) + 4 * r + i % 4] = block[2 + i];
+                    }
+                }
+                PackedFormat::Q5_0 => {
+                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for i in 0..QK {
+                        if fifth >> i & 1 == 1 {
+                            masks[i / 4] |= 1 << (4 * r + i % 4);
+                        }
+                    }
+                    for i in 0..QK / 2 {
+                        codes[64 + 64 * (i / 4) + 4 * r + i % 4] = block[6 + i];
+                    }
+                }
+            }
+        }
+        if format == PackedFormat::Q5_0 {
+            for (g, mask) in masks.iter().enumerate() {
+                dst[SCALES_BYTES + 8 * g..SCALES_BYTES + 8 * g + 8]
+                    .copy_from_slice(&mask.to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::matrix::WeightMatrix;
+
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+
+fn random_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let x: Vec<f32> = (0..cols).map(|_| 0.0).collect();
+    let mut bytes = Vec::new();
+    for _ in 0..rows {
+        let row: Vec<f32> = x.iter().map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut out = vec![0u8; quant::row_byte_len(ty, cols).unwrap()];
+        quant::quantize_row(ty, &row, &mut out).unwrap();
+        bytes.extend(out);
+    }
+    bytes
+}
+
+fn activations(m: &PackedMatrix, n: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let x: Vec<f32> = (0..n * m.cols())
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    let mut xq = vec![0u8; n * m.activation_row_bytes()];
+    for (src, dst) in x
+        .chunks_exact(m.cols())
+        .zip(xq.chunks_exact_mut(m.activation_row_bytes()))
+    {
+        m.quantize_activation(src, dst).unwrap();
+    }
+    (x, xq)
+}
+
+/// The packed arithmetic computed straight from the file's blocks (not the packed copy):
+/// per block the exact integer dot product of the signed values, then one fused
+/// multiply-add of `dw·dy`.
+fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    let mut q8 = [0u8; 34];
+    let bb = ty.block_bytes().unwrap() as usize;
+    let mut acc = 0f32;
+    for (block, xb) in row.chunks_exact(bb).zip(x.chunks_exact(32)) {
+        crate::kernels::quantize_activation(GgmlType::Q8_0, xb, &mut q8).unwrap();
+        let values: Vec<i32> = (0..32)
+            .map(|i| match ty {
+                GgmlType::Q8_0 => i32::from(block[2 + i] as i8),
+                GgmlType::Q4_0 => i32::from(block[2 + i % 16] >> (4 * (i / 16)) & 15) - 8,
+                _ => {
+                    let fifth = u32::from_le_bytes(block[2..6].try_into().unwrap()) >> i & 1;
+                    let nibble = block[6 + i % 16] >> (4 * (i / 16)) & 15;
+                    i32::from(nibble) + 16 * fifth as i32 - 16
+                }
+            })
+            .collect();
+        let sum: i32 = values
+            .iter()
+            .zip(&q8[2..])
+            .map(|(&w, &x)| w * i32::from(x as i8))
+            .sum();
+        let dw = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let dy = half::f16::from_le_bytes([q8[0], q8[1]]).to_f32();
+        acc = (dw * dy).mul_add(sum as f32, acc);
+    }
+    acc
+}
+
+fn isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|isa| isa.is_available())
+        .collect()
+}
+
+#[test]
+fn packed_products_follow_the_file_blocks_exactly() {
+    for ty in TYPES {
+        for (rows, cols) in [(16, 32), (32, 96), (48, 640)] {
+            let bytes = random_rows(ty, rows, cols, 1);
+            let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+            let (x, xq) = activations(&m, 3, 2);
+            let row_bytes = bytes.len() / rows;
+            for isa in isas() {
+                let mut y = vec![0f32; 3 * rows];
+                m.matmul_with(isa, &xq, 3, &mut y).unwrap();
+                for t in 0..3 {
+                    for r in 0..rows {
+                        let want = from_file_blocks(
+                            ty,
+                            &bytes[r * row_bytes..(r + 1) * row_bytes],
+                            &x[t * cols..(t + 1) * cols],
+                        );
+                        assert_eq!(
+                            y[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} {rows}x{cols} {isa:?} token {t} row {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every instruction set, every batch size and any thread count give the same bits as
+/// the scalar reference for one token alone.
+#[test]
+fn packed_products_are_batch_and_isa_invariant() {
+    let pools: Vec<rayon::ThreadPool> = [1, 3]
+        .into_iter()
+        .map(|n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for ty in TYPES {
+        for (rows, cols) in [(16, 64), (208, 2048), (1024, 640)] {
+            let bytes = random_rows(ty, rows, cols, 3);
+            let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+            let n = 19;
+            let (_, xq) = activations(&m, n, 4);
+            let act = m.activation_row_bytes();
+            let mut alone = vec![0f32; n * rows];
+            for t in 0..n {
+                m.matmul_with(
+                    Isa::Scalar,
+                    &xq[t * act..(t + 1) * act],
+                    1,
+                    &mut alone[t * rows..(t + 1) * rows],
+                )
+                .unwrap();
+            }
+            for isa in isas() {
+                for pool in &pools {
+                    for batch in [1, 2, 5, 8, 19] {
+                        let mut y = vec![0f32; n * rows];
+                        for t0 in (0..n).step_by(batch) {
+                            let k = batch.min(n - t0);
+                            pool.install(|| {
+                                m.matmul_with(
+                                    isa,
+                                    &xq[t0 * act..(t0 + k) * act],
+                                    k,
+                                    &mut y[t0 * rows..(t0 + k) * rows],
+                                )
+                            })
+                            .unwrap();
+                        }
+                        let same = y
+                            .iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty} {rows}x{cols} {isa:?} batch {batch}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The packed and row-major products differ only by float rounding.
+#[test]
+fn packed_products_agree_with_the_row_major_kernels() {
+    for ty in TYPES {
+        let (rows, cols) = (64, 1024);
+        let bytes = random_rows(ty, rows, cols, 5);
+        let packed = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+        let plain = WeightMatrix::new(ty, rows, cols, &bytes).unwrap();
+        let (x, xq) = activations(&packed, 1, 6);
+        let mut y = vec![0f32; rows];
+        packed.matmul(&xq, 1, &mut y).unwrap();
+        let mut want = vec![0f32; rows];
+        plain.apply(&x, &mut want).unwrap();
+        for (a, b) in y.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{ty}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn packing_checks_its_input() {
+    let bytes = random_rows(GgmlType::Q8_0, 16, 64, 7);
+    assert!(PackedMatrix::pack(GgmlType::Q8_0, 16, 64, &bytes[1..], |_| {}).is_err());
+    assert!(PackedMatrix::pack(GgmlType::Q4K, 16, 256, &bytes, |_| {}).is_err());
+    assert!(!PackedMatrix::can_pack(GgmlType::Q8_0, 24, 64));
+    let m = PackedMatrix::pack(GgmlType::Q8_0, 16, 64, &bytes, |_| {}).unwrap();
+    let mut y = vec![0f32; 16];
+    assert!(m.matmul(&[0u8; 10], 1, &mut y).is_err());
+    assert!(m.matmul(&[0u8; 80], 1, &mut y[..8]).is_err());
+}
+
+/// Every byte of the source is handed to `release` exactly once.
+#[test]
+fn packing_releases_all_of_its_source() {
+    let (rows, cols) = (16 * 300, 64);
+    let bytes = random_rows(GgmlType::Q4_0, rows, cols, 8);
+    let released = std::sync::atomic::AtomicUsize::new(0);
+    PackedMatrix::pack(GgmlType::Q4_0, rows, cols, &bytes, |part| {
+        released.fetch_add(part.len(), std::sync::atomic::Ordering::Relaxed);
+    })
+    .unwrap();
+    assert_eq!(released.into_inner(), bytes.len());
+}

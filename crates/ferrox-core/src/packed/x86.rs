@@ -1,0 +1,178 @@
+//! The AVX-512 VNNI kernel over packed groups: one register per four values of the
+//! group's sixteen rows, one `vpdpbusd` per four activation values (broadcast), each lane
+//! an exact integer sum for its row; then per block and token one conversion, one
+//! multiply and one fused multiply-add for all sixteen rows, as the scalar reference does
+//! row by row.
+//!
+//! Only [`kernel`] hands these functions out, and the packed products ask for it only
+//! after [`super::available`] detected the features, so the `unsafe` calls are sound.
+
+use std::arch::x86_64::*;
+
+use super::{
+    GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, GROUP_ROWS,
+    SCALES_BYTES,
+};
+
+pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
+    match format {
+        PackedFormat::Q4_0 => groups::<Q4_0Codes>,
+        PackedFormat::Q5_0 => groups::<Q5_0Codes>,
+        PackedFormat::Q8_0 => groups::<Q8_0Codes>,
+    }
+}
+
+/// How one group block's codes become eight registers of unsigned bytes (register `g`:
+/// values `4g..4g+4` of every row).
+trait Codes {
+    const FORMAT: PackedFormat;
+
+    /// # Safety
+    /// The CPU has the kernel's features; `block` addresses a whole group block.
+    unsafe fn unpack(block: *const u8) -> [__m512i; 8];
+}
+
+struct Q4_0Codes;
+struct Q5_0Codes;
+struct Q8_0Codes;
+
+/// The low nibbles of the four registers at `p` (values `4k..4k+4`) in registers `0..4`,
+/// the high nibbles (values `16+4k..`) in `4..8`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> [__m512i; 8] {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut out = [_mm512_setzero_si512(); 8];
+    for k in 0..4 {
+        // SAFETY: the caller's contract.
+        let v = unsafe { _mm512_loadu_si512(p.add(64 * k).cast()) };
+        out[k] = _mm512_and_si512(v, low);
+        out[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+    }
+    out
+}
+
+impl Codes for Q4_0Codes {
+    const FORMAT: PackedFormat = PackedFormat::Q4_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller's contract.
+        unsafe { nibbles(block.add(SCALES_BYTES)) }
+    }
+}
+
+impl Codes for Q5_0Codes {
+    const FORMAT: PackedFormat = PackedFormat::Q5_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+        let sixteen = _mm512_set1_epi8(16);
+        // SAFETY: the caller's contract.
+        unsafe {
+            let masks = block.add(SCALES_BYTES);
+            let mut codes = nibbles(masks.add(64));
+            for (g, c) in codes.iter_mut().enumerate() {
+                let fifth: __mmask64 = masks.add(8 * g).cast::<u64>().read_unaligned();
+                *c = _mm512_mask_add_epi8(*c, fifth, *c, sixteen);
+            }
+            codes
+        }
+    }
+}
+
+impl Codes for Q8_0Codes {
+    const FORMAT: PackedFormat = PackedFormat::Q8_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let p = block.add(SCALES_BYTES);
+            std::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * g).cast()))
+        }
+    }
+}
+
+/// # Safety
+/// See [`GroupsFn`]; the CPU has the kernel's features.
+unsafe fn groups<C: Codes>(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: forwarded contract; `xs` has 1, 2, 4 or 8 entries.
+    unsafe {
+        match xs.len() {
+            8 => run::<C, 8>(w, groups, blocks, xs, out, out_stride),
+            4 => run::<C, 4>(w, groups, blocks, xs, out, out_stride),
+            2 => run::<C, 2>(w, groups, blocks, xs, out, out_stride),
+            _ => {
+                for (t, &x) in xs.iter().enumerate() {
+                    run::<C, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes ahead of the current block that the kernel asks the memory system for.
+const PREFETCH_AHEAD: usize = 16384;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn run<C: Codes, const N: usize>(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let gb = C::FORMAT.group_block_bytes();
+    let bias = C::FORMAT.bias();
+    let end = w.wrapping_add(groups * blocks * gb);
+    for g in 0..groups {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in 0..blocks {
+            // SAFETY: the caller's contract: whole groups and activation rows; prefetches
+            // stop at the end of the groups.
+            unsafe {
+                let block = w.add((g * blocks + b) * gb);
+                let ahead = block.wrapping_add(PREFETCH_AHEAD);
+                for line in (0..gb).step_by(64) {
+                    if ahead.wrapping_add(line) < end {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.add(line).cast());
+                    }
+                }
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()));
+                let codes = C::unpack(block);
+                for t in 0..N {
+                    let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
+                    let x =
+                        |k: usize| _mm512_set1_epi32(a.add(4 * k).cast::<i32>().read_unaligned());
+                    let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                    // The codes are `w + bias`: start from `-bias·Σx`.
+                    let mut even = _mm512_set1_epi32(bias * -x_sum);
+                    let mut odd = _mm512_setzero_si512();
+                    for k in 0..4 {
+                        even = _mm512_dpbusd_epi32(even, codes[2 * k], x(2 * k));
+                        odd = _mm512_dpbusd_epi32(odd, codes[2 * k + 1], x(2 * k + 1));
+                    }
+                    let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                    let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
+                }
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's contract: sixteen outputs per group and token.
+            unsafe { _mm512_storeu_ps(out.add(t * out_stride + g * GROUP_ROWS), *acc) };
+        }
+    }
+}
