@@ -401,26 +401,30 @@ fn pack_group(format: PackedFormat, blocks: usize, row_bytes: usize, src: &[u8],
             let block = &src[r * row_bytes + b * sb..][..sb];
             dst[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
             let codes = &mut dst[SCALES_BYTES..];
+            // Four values (bytes) of row `r` at a time.
+            let mut put = |at: usize, quad: &[u8], flip: u8| {
+                for (d, &s) in codes[at + 4 * r..at + 4 * r + 4].iter_mut().zip(quad) {
+                    *d = s ^ flip;
+                }
+            };
             match format {
                 PackedFormat::Q8_0 => {
-                    for i in 0..QK {
-                        codes[64 * (i / 4) + 4 * r + i % 4] = block[2 + i] ^ 0x80;
+                    for (g, quad) in block[2..].chunks_exact(4).enumerate() {
+                        put(64 * g, quad, 0x80);
                     }
                 }
                 PackedFormat::Q4_0 => {
-                    for i in 0..QK / 2 {
-                        codes[64 * (i / 4) + 4 * r + i % 4] = block[2 + i];
+                    for (k, quad) in block[2..].chunks_exact(4).enumerate() {
+                        put(64 * k, quad, 0);
                     }
                 }
                 PackedFormat::Q5_0 => {
-                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                    for i in 0..QK {
-                        if fifth >> i & 1 == 1 {
-                            masks[i / 4] |= 1 << (4 * r + i % 4);
-                        }
+                    for (k, quad) in block[6..].chunks_exact(4).enumerate() {
+                        put(64 + 64 * k, quad, 0);
                     }
-                    for i in 0..QK / 2 {
-                        codes[64 + 64 * (i / 4) + 4 * r + i % 4] = block[6 + i];
+                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for (g, mask) in masks.iter_mut().enumerate() {
+                        *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
                     }
                 }
             }
