@@ -149,20 +149,23 @@ impl<'a> WeightMatrix<'a> {
         }
         out.clear();
         out.resize(tokens * self.activation_row_bytes, 0);
-        if let Some(packed) = self.packed {
-            for (src, dst) in x
-                .chunks_exact(self.cols)
+        if self.cols == 0 {
+            return Ok(tokens);
+        }
+        let quantize = |(src, dst): (&[f32], &mut [u8])| match self.packed {
+            Some(packed) => packed.quantize_activation(src, dst),
+            None => kernels::quantize_activation(self.vec_dot_type(), src, dst),
+        };
+        // A prompt's rows are many: quantize them across the pool (a single token's row
+        // stays on this thread).
+        if tokens >= PARALLEL_QUANTIZE_ROWS {
+            x.par_chunks_exact(self.cols)
+                .zip(out.par_chunks_exact_mut(self.activation_row_bytes))
+                .try_for_each(quantize)?;
+        } else {
+            x.chunks_exact(self.cols)
                 .zip(out.chunks_exact_mut(self.activation_row_bytes))
-            {
-                packed.quantize_activation(src, dst)?;
-            }
-        } else if self.cols > 0 {
-            for (src, dst) in x
-                .chunks_exact(self.cols)
-                .zip(out.chunks_exact_mut(self.activation_row_bytes))
-            {
-                kernels::quantize_activation(self.vec_dot_type(), src, dst)?;
-            }
+                .try_for_each(quantize)?;
         }
         Ok(tokens)
     }
@@ -385,6 +388,8 @@ impl<'a> WeightMatrix<'a> {
     }
 }
 
+/// Activation rows from which quantizing them is spread across the pool.
+const PARALLEL_QUANTIZE_ROWS: usize = 4;
 /// Below this many weight bytes (times tokens) a product runs on the calling thread:
 /// handing it to the pool would cost more than it saves.
 const PARALLEL_MIN_BYTES: usize = 64 * 1024;

@@ -205,17 +205,25 @@ impl PackedMatrix {
                 actual: x.len(),
             });
         }
-        let mut q8 = [0u8; 34];
+        // ggml's Q8_0 blocks for up to `CHUNK` blocks at a time, then laid out afresh.
+        const CHUNK: usize = 64;
+        let mut q8 = [0u8; CHUNK * 34];
         for (src, dst) in x
-            .chunks_exact(QK)
-            .zip(out.chunks_exact_mut(ACTIVATION_BLOCK_BYTES))
+            .chunks(CHUNK * QK)
+            .zip(out.chunks_mut(CHUNK * ACTIVATION_BLOCK_BYTES))
         {
-            kernels::quantize_activation(GgmlType::Q8_0, src, &mut q8)?;
-            dst[..QK].copy_from_slice(&q8[2..]);
-            let scale = half::f16::from_bits(u16::from_le_bytes([q8[0], q8[1]])).to_f32();
-            let sum: i32 = q8[2..].iter().map(|&c| i32::from(c as i8)).sum();
-            dst[ACT_SCALE_AT..ACT_SUM_AT].copy_from_slice(&scale.to_le_bytes());
-            dst[ACT_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
+            let q8 = &mut q8[..src.len() / QK * 34];
+            kernels::quantize_activation(GgmlType::Q8_0, src, q8)?;
+            for (q8, dst) in q8
+                .chunks_exact(34)
+                .zip(dst.chunks_exact_mut(ACTIVATION_BLOCK_BYTES))
+            {
+                dst[..QK].copy_from_slice(&q8[2..]);
+                let scale = half::f16::from_bits(u16::from_le_bytes([q8[0], q8[1]])).to_f32();
+                let sum: i32 = q8[2..].iter().map(|&c| i32::from(c as i8)).sum();
+                dst[ACT_SCALE_AT..ACT_SUM_AT].copy_from_slice(&scale.to_le_bytes());
+                dst[ACT_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
+            }
         }
         Ok(())
     }
