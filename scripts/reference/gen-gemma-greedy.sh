@@ -30,6 +30,8 @@ for pf in "$WORK"/prompt*.txt; do
     "$BIN" greedy "$MODEL" "$CTX" "$THREADS" "$N_PREDICT" "$pf" "$WORK/out$i.json"
     # the same with flash attention forced off (only its ids are kept, see "fa_off" below)
     LLAMA_REF_FLASH_ATTN=0 "$BIN" greedy "$MODEL" "$CTX" "$THREADS" "$N_PREDICT" "$pf" "$WORK/nofa$i.json"
+    # and with the weights kept in the file's layout (ids and top-5 logits, see "repack_off")
+    LLAMA_REF_NO_REPACK=1 "$BIN" greedy "$MODEL" "$CTX" "$THREADS" "$N_PREDICT" "$pf" "$WORK/norepack$i.json"
     if [ "${CROSSCHECK:-0}" = 1 ] && [ "$(tail -c 1 "$pf" | od -An -c | tr -d ' ')" != '\n' ]; then
         "$LLAMA_CPP_BUILD/bin/llama-completion" -m "$MODEL" -f "$pf" -n "$N_PREDICT" -c "$CTX" -t "$THREADS" \
             --temp 0 -no-cnv --no-display-prompt --no-warmup < /dev/null > "$WORK/cc$i.txt" 2> "$WORK/cc$i.err"
@@ -56,6 +58,14 @@ for i, p in enumerate(prompts):
     assert nofa["prompt_ids"] == r["prompt_ids"]
     div = next((k for k, (a, b) in enumerate(zip(r["generated"], nofa["generated"])) if a != b), None)
     case["fa_off"] = {"generated": nofa["generated"], "first_divergence": div}
+    norepack = json.load(open(f"{work}/norepack{i:02d}.json", encoding="utf-8"))
+    norepack_settings = norepack.pop("settings")
+    assert norepack["prompt_ids"] == r["prompt_ids"]
+    div = next((k for k, (a, b) in enumerate(zip(r["generated"], norepack["generated"])) if a != b), None)
+    # top-5 logits up to and including the divergence: the steps with the same context
+    shared = len(r["generated"]) if div is None else div + 1
+    case["repack_off"] = {"generated": norepack["generated"], "first_divergence": div,
+                          "top5": norepack["top5"][:shared]}
     cases.append(case)
     cc = f"{work}/cc{i:02d}.txt"
     if os.path.exists(cc):
@@ -92,6 +102,11 @@ fixture = {
         "fa_off_note": ("cases[].fa_off = the same greedy run with flash attention forced off "
                         "(LLAMA_REF_FLASH_ATTN=0), ids only; first_divergence = first step whose id differs "
                         "from 'generated' (null: identical). It measures llama.cpp's own numerical spread."),
+        "repack_off_settings": norepack_settings,
+        "repack_off_note": ("cases[].repack_off = the same greedy run with llama.cpp's weight repacking off "
+                            "(LLAMA_REF_NO_REPACK=1, as --no-repack): ids, first_divergence as for fa_off, and "
+                            "top5 for the steps up to the divergence (same context as the default run). It "
+                            "measures llama.cpp's own numerical spread in logits."),
         "thread_note": ("with flash attention on, single-token decode steps whose KV length exceeds 256 "
                         "depend on the thread count (split KV reduction); with it off, results are identical "
                         "for 1 and 2 threads. These fixtures use THREADS as recorded in settings."),

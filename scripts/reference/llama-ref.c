@@ -39,8 +39,10 @@
  * Flash attention is left at the default (AUTO); the program records what AUTO resolved to by
  * watching llama.cpp's log ("Flash Attention enabled" / "... not supported, set to disabled").
  * Set LLAMA_REF_VERBOSE=1 to see llama.cpp's log on stderr. LLAMA_REF_FLASH_ATTN=0|1 forces
- * flash attention off/on and LLAMA_REF_KV_TYPE=f32|f16|... sets the KV cache type (for
- * investigations only; the fixtures use the defaults: flash attention AUTO, f16 K and V).
+ * flash attention off/on, LLAMA_REF_NO_REPACK=1 keeps the weights in the file's layout and
+ * LLAMA_REF_KV_TYPE=f32|f16|... sets the KV cache type (the fixtures use the defaults: flash
+ * attention AUTO, repacking on, f16 K and V; the greedy fixture also records the flash
+ * attention off and repacking off runs as measurements of llama.cpp's own rounding noise).
  */
 #include "llama.h"
 #include "ggml.h"
@@ -177,6 +179,11 @@ typedef struct {
 static struct llama_model * load_model(const char * path) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    /* LLAMA_REF_NO_REPACK=1: weights stay in the file's layout (llama.cpp's --no-repack) */
+    const char * no_repack = getenv("LLAMA_REF_NO_REPACK");
+    if (no_repack && strcmp(no_repack, "1") == 0) {
+        mp.use_extra_bufts = false;
+    }
     struct llama_model * model = llama_model_load_from_file(path, mp);
     if (!model) {
         die("unable to load model %s", path);

@@ -4,7 +4,8 @@
 //! llama.cpp's reference code; [`kernels`] holds the quantized dot products (a scalar
 //! reference per weight type, AVX2 versions bit-exact with ggml's, AVX-512 VNNI versions
 //! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
-//! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products;
+//! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products,
+//! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
 //! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
 //! and [`block_manager`] hold keys and values, contiguous per sequence or in shared,
 //! reference-counted blocks with a prefix cache.

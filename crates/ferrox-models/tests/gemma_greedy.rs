@@ -4,10 +4,15 @@
 //!
 //! A divergence is accepted only at a step where llama.cpp's two best logits are close.
 //! How close is measured, not guessed: this model amplifies rounding differences, and
-//! llama.cpp itself, run with flash attention off instead of on (both legitimate
-//! configurations of the same build), diverges from its own default output in 15 of the 20
-//! prompts, at steps whose top-2 gap reaches 0.327 (the fixture's `fa_off` records). A
-//! divergence at a gap above that noise floor fails the test.
+//! llama.cpp itself, run with its weight repacking off instead of on (both legitimate
+//! configurations of the same build; the fixture's `repack_off` records), moves the top-5
+//! logits of the very same contexts by up to about 2 (median 0.18, 99th percentile about
+//! 0.95), and diverges from its own default output in most prompts (as it does with flash
+//! attention off, `fa_off`). So:
+//! - our logits must be as close to llama.cpp's as its own repacking-off run is: the largest
+//!   top-5 difference may not exceed that run's largest;
+//! - a divergence fails the test where llama.cpp's top-2 gap exceeds the 99th percentile of
+//!   its own logit differences (or the largest gap at which its own variants diverged).
 
 mod common;
 
@@ -15,8 +20,49 @@ use ferrox_models::sampling::argmax;
 use ferrox_models::tokenizer::TokenId;
 use ferrox_models::{Engine, LogitsFor};
 
-/// llama.cpp's own flash-attention on/off divergences happen at top-2 gaps up to 0.327.
-const NOISE_GAP: f64 = 0.35;
+/// llama.cpp's own spread, from the fixture: the largest and the 99th-percentile absolute
+/// difference between its default and its repacking-off top-5 logits over the steps where
+/// both saw the same context, and the largest top-2 gap at which either variant run first
+/// diverged from the default.
+struct SelfNoise {
+    max_logit_diff: f64,
+    p99_logit_diff: f64,
+    max_divergence_gap: f64,
+}
+
+fn self_noise(reference: &serde_json::Value) -> SelfNoise {
+    let mut diffs = Vec::new();
+    let mut max_divergence_gap = 0.0f64;
+    for case in reference["cases"].as_array().unwrap() {
+        let gaps = case["top2_gap"].as_array().unwrap();
+        for variant in ["fa_off", "repack_off"] {
+            if let Some(step) = case[variant]["first_divergence"].as_u64() {
+                max_divergence_gap = max_divergence_gap.max(gaps[step as usize].as_f64().unwrap());
+            }
+        }
+        let ours = case["top5"].as_array().unwrap();
+        let theirs = case["repack_off"]["top5"].as_array().unwrap();
+        for (a, b) in ours.iter().zip(theirs) {
+            for pa in a.as_array().unwrap() {
+                for pb in b.as_array().unwrap() {
+                    if pa[0] == pb[0] {
+                        diffs.push((pa[1].as_f64().unwrap() - pb[1].as_f64().unwrap()).abs());
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        diffs.len() > 1000,
+        "the fixture has too few repack_off logits"
+    );
+    diffs.sort_by(f64::total_cmp);
+    SelfNoise {
+        max_logit_diff: diffs[diffs.len() - 1],
+        p99_logit_diff: diffs[diffs.len() * 99 / 100],
+        max_divergence_gap,
+    }
+}
 
 fn ids(v: &serde_json::Value) -> Vec<TokenId> {
     v.as_array()
@@ -29,6 +75,8 @@ fn ids(v: &serde_json::Value) -> Vec<TokenId> {
 #[test]
 fn greedy_continuations_match_llama_cpp() {
     let reference = common::fixture("reference/gemma3-270m-greedy.json");
+    let noise = self_noise(&reference);
+    let noise_gap = noise.p99_logit_diff.max(noise.max_divergence_gap);
     let decoder = common::gemma_decoder(512, 0);
     let tokenizer = common::gemma_tokenizer();
     let mut report = Vec::new();
@@ -90,8 +138,8 @@ fn greedy_continuations_match_llama_cpp() {
                 report.push(format!(
                     "{name}: diverges at step {step}, llama.cpp's top-2 gap there {gap:.4}"
                 ));
-                if gap > NOISE_GAP {
-                    failures.push(format!("{name}: diverged at step {step} where llama.cpp's top-2 gap is {gap:.4} (> {NOISE_GAP})"));
+                if gap > noise_gap {
+                    failures.push(format!("{name}: diverged at step {step} where llama.cpp's top-2 gap is {gap:.4} (> {noise_gap:.4})"));
                 }
             }
         }
@@ -101,5 +149,15 @@ fn greedy_continuations_match_llama_cpp() {
         "greedy parity: {matched_cases}/{} cases identical, {matched_tokens}/{total_tokens} tokens before any divergence; largest |logit - llama.cpp| over the reference top-5: {worst_logit_diff:.4}",
         reference["cases"].as_array().unwrap().len()
     );
+    eprintln!(
+        "llama.cpp repacking on/off: largest top-5 logit difference {:.4}, 99th percentile {:.4}; its variants diverge at gaps up to {:.4}",
+        noise.max_logit_diff, noise.p99_logit_diff, noise.max_divergence_gap
+    );
+    if worst_logit_diff > noise.max_logit_diff {
+        failures.push(format!(
+            "largest top-5 logit difference {worst_logit_diff:.4} exceeds llama.cpp's own (repacking on/off) {:.4}",
+            noise.max_logit_diff
+        ));
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

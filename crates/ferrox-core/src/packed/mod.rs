@@ -1,12 +1,13 @@
-//! Weight matrices of the 32-value formats (Q4_0, Q5_0, Q8_0) repacked at load for the
-//! int8 dot-product instructions: sixteen rows interleaved four values at a time, so that
-//! one `vpdpbusd` multiplies four values of sixteen rows by the same four activation values
-//! and leaves one integer sum per row in its own lane.
+//! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q5_0, Q8_0,
+//! Q4_K, Q6_K): sixteen rows interleaved four values at a time, so that one `vpdpbusd`
+//! multiplies four values of sixteen rows by the same four activation values and leaves one
+//! integer sum per row in its own lane.
 //!
 //! The row-major kernels ([`crate::kernels`]) follow ggml's AVX2 arithmetic: eight partial
 //! sums per block and row, each converted, scaled and accumulated in float. Here each block
 //! and row gives one exact integer sum, scaled once: `acc = fma(dw·dy, Σ w·x, acc)`, ggml's
-//! reference (`_generic`) arithmetic with a fused multiply-add. That is about a quarter of
+//! reference (`_generic`) arithmetic with a fused multiply-add (for the K-quants, the
+//! sub-block scales and minimums are applied in integers first). That is about a quarter of
 //! the instructions per multiply-add, so small batches (a server's decode step) and prompt
 //! chunks run several times faster, while a single token still streams the weights once.
 //!
@@ -14,8 +15,9 @@
 //! split of rows across threads or the instruction set: the scalar reference and the
 //! AVX-512 kernel give the same bits, and a row's logits do not depend on its batch.
 //!
-//! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order, each block
-//! `[16 f16 scales][codes]`, with the codes, per format:
+//! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
+//! formats are described in [`layout`]; a block of the others is `[16 f16 scales][codes]`,
+//! with the codes, per format:
 //! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
 //!   `4r..4r+4`, as unsigned `w + 128`;
 //! - Q4_0: four 64-byte vectors of the original nibble bytes `4k..4k+4` per row: the low
@@ -23,7 +25,8 @@
 //! - Q5_0: eight 64-bit masks (mask `g`, bit `4r + j`: the fifth bit of value `4g + j` of
 //!   row `r`), then the nibbles as for Q4_0 (unsigned `w + 16`).
 //!
-//! The group takes exactly the bytes of its sixteen rows in the file.
+//! The group takes exactly the bytes of its sixteen rows in the file (Q4_K four bytes more
+//! per row and super-block).
 
 use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
@@ -31,62 +34,15 @@ use rayon::prelude::*;
 use crate::kernels::{self, Isa};
 use crate::quant::{self, QuantError};
 
+mod layout;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_kquants;
 
-/// Rows interleaved in one group.
-pub const GROUP_ROWS: usize = 16;
-/// Values per block.
-const QK: usize = 32;
-/// Bytes of one activation block: 32 codes, the scale as f32, the codes' sum as i32.
-pub const ACTIVATION_BLOCK_BYTES: usize = 40;
-const ACT_SCALE_AT: usize = 32;
-const ACT_SUM_AT: usize = 36;
-/// Bytes of the sixteen f16 scales at the start of every group block.
-const SCALES_BYTES: usize = 2 * GROUP_ROWS;
-
-/// A format that can be packed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackedFormat {
-    Q4_0,
-    Q5_0,
-    Q8_0,
-}
-
-impl PackedFormat {
-    pub fn of(ty: GgmlType) -> Option<PackedFormat> {
-        match ty {
-            GgmlType::Q4_0 => Some(PackedFormat::Q4_0),
-            GgmlType::Q5_0 => Some(PackedFormat::Q5_0),
-            GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
-            _ => None,
-        }
-    }
-
-    /// Bytes of one block of one row in the file.
-    fn block_bytes(self) -> usize {
-        match self {
-            PackedFormat::Q4_0 => 18,
-            PackedFormat::Q5_0 => 22,
-            PackedFormat::Q8_0 => 34,
-        }
-    }
-
-    /// Bytes of one block of a whole group.
-    fn group_block_bytes(self) -> usize {
-        GROUP_ROWS * self.block_bytes()
-    }
-
-    /// What the unsigned codes add to the values.
-    fn bias(self) -> i32 {
-        match self {
-            PackedFormat::Q4_0 => 8,
-            PackedFormat::Q5_0 => 16,
-            PackedFormat::Q8_0 => 128,
-        }
-    }
-}
+use layout::{pack_group, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, QK};
+pub use layout::{PackedFormat, GROUP_ROWS};
 
 /// Whether this machine has a fast kernel for packed matrices and may use it (elsewhere, or
 /// with `FERROX_ISA` set below `avx512vnni`, the row-major kernels are faster than the
@@ -119,9 +75,8 @@ const PACK_CHUNK_GROUPS: usize = 128;
 impl PackedMatrix {
     /// Whether a matrix of this type and shape can be packed.
     pub fn can_pack(ty: GgmlType, rows: usize, cols: usize) -> bool {
-        PackedFormat::of(ty).is_some()
+        PackedFormat::of(ty).is_some_and(|f| cols.is_multiple_of(f.values()))
             && rows.is_multiple_of(GROUP_ROWS)
-            && cols.is_multiple_of(QK)
             && cols > 0
     }
 
@@ -147,9 +102,9 @@ impl PackedMatrix {
                 actual: bytes.len(),
             });
         }
-        let blocks = cols / QK;
+        let blocks = cols / format.values();
         let group_bytes = blocks * format.group_block_bytes();
-        let mut data = vec![0u8; bytes.len()];
+        let mut data = vec![0u8; rows / GROUP_ROWS * group_bytes];
         data.par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
             .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
             .for_each(|(dst, src)| {
@@ -178,25 +133,22 @@ impl PackedMatrix {
     }
 
     pub fn ty(&self) -> GgmlType {
-        match self.format {
-            PackedFormat::Q4_0 => GgmlType::Q4_0,
-            PackedFormat::Q5_0 => GgmlType::Q5_0,
-            PackedFormat::Q8_0 => GgmlType::Q8_0,
-        }
+        self.format.ty()
     }
 
     fn blocks(&self) -> usize {
-        self.cols / QK
+        self.cols / self.format.values()
     }
 
     /// Bytes of one quantized activation row.
     pub fn activation_row_bytes(&self) -> usize {
-        self.blocks() * ACTIVATION_BLOCK_BYTES
+        self.blocks() * self.format.activation_block_bytes()
     }
 
     /// Quantizes one activation row of `cols` values into `out` (its
-    /// [`activation_row_bytes`](Self::activation_row_bytes)): Q8_0 exactly as ggml-cpu
-    /// makes it for these formats, laid out per block as codes, f32 scale, sum of codes.
+    /// [`activation_row_bytes`](Self::activation_row_bytes)) exactly as ggml-cpu does for
+    /// the format: Q8_K for the 256-value formats; Q8_0 for the others, laid out per block
+    /// as codes, f32 scale, sum of codes.
     pub fn quantize_activation(&self, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
         if x.len() != self.cols || out.len() != self.activation_row_bytes() {
             return Err(QuantError::VectorLength {
@@ -204,6 +156,9 @@ impl PackedMatrix {
                 expected: self.cols,
                 actual: x.len(),
             });
+        }
+        if self.format.is_k() {
+            return kernels::quantize_activation(GgmlType::Q8K, x, out);
         }
         // ggml's Q8_0 blocks for up to `CHUNK` blocks at a time, then laid out afresh.
         const CHUNK: usize = 64;
@@ -394,55 +349,10 @@ fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
     match isa {
         Isa::Scalar => Some(scalar::kernel(format)),
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni if format.is_k() => Some(x86_kquants::kernel(format)),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Some(x86::kernel(format)),
         _ => None,
-    }
-}
-
-/// Copies sixteen rows (`src`, `row_bytes` each) into one group (`dst`).
-fn pack_group(format: PackedFormat, blocks: usize, row_bytes: usize, src: &[u8], dst: &mut [u8]) {
-    let (sb, gb) = (format.block_bytes(), format.group_block_bytes());
-    for b in 0..blocks {
-        let dst = &mut dst[b * gb..(b + 1) * gb];
-        let mut masks = [0u64; 8];
-        for r in 0..GROUP_ROWS {
-            let block = &src[r * row_bytes + b * sb..][..sb];
-            dst[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
-            let codes = &mut dst[SCALES_BYTES..];
-            // Four values (bytes) of row `r` at a time.
-            let mut put = |at: usize, quad: &[u8], flip: u8| {
-                for (d, &s) in codes[at + 4 * r..at + 4 * r + 4].iter_mut().zip(quad) {
-                    *d = s ^ flip;
-                }
-            };
-            match format {
-                PackedFormat::Q8_0 => {
-                    for (g, quad) in block[2..].chunks_exact(4).enumerate() {
-                        put(64 * g, quad, 0x80);
-                    }
-                }
-                PackedFormat::Q4_0 => {
-                    for (k, quad) in block[2..].chunks_exact(4).enumerate() {
-                        put(64 * k, quad, 0);
-                    }
-                }
-                PackedFormat::Q5_0 => {
-                    for (k, quad) in block[6..].chunks_exact(4).enumerate() {
-                        put(64 + 64 * k, quad, 0);
-                    }
-                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                    for (g, mask) in masks.iter_mut().enumerate() {
-                        *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
-                    }
-                }
-            }
-        }
-        if format == PackedFormat::Q5_0 {
-            for (g, mask) in masks.iter().enumerate() {
-                dst[SCALES_BYTES + 8 * g..SCALES_BYTES + 8 * g + 8]
-                    .copy_from_slice(&mask.to_le_bytes());
-            }
-        }
     }
 }
 

@@ -2,16 +2,19 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::{
-    GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, GROUP_ROWS, QK,
-    SCALES_BYTES,
+use super::layout::{
+    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
+    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
+use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, QK};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<{ Q4_0 }>,
         PackedFormat::Q5_0 => groups::<{ Q5_0 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
+        PackedFormat::Q4K => groups_k::<true>,
+        PackedFormat::Q6K => groups_k::<false>,
     }
 }
 
@@ -33,6 +36,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
     match format {
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 => nibble(codes, r, i),
+        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("256-value formats: see k_code"),
         PackedFormat::Q5_0 => {
             let mask = u64::from_le_bytes(codes[8 * (i / 4)..8 * (i / 4) + 8].try_into().unwrap());
             let fifth = (mask >> (4 * r + i % 4) & 1) as u8;
@@ -82,6 +86,101 @@ unsafe fn groups<const FORMAT: u8>(
                     let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
                     let dw = half::f16::from_le_bytes([block[2 * r], block[2 * r + 1]]).to_f32();
                     acc = (dw * dy).mul_add(sum as f32, acc);
+                }
+                // SAFETY: the caller's contract.
+                unsafe { out.add(t * out_stride + g * GROUP_ROWS + r).write(acc) };
+            }
+        }
+    }
+}
+
+fn f16_at(block: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32()
+}
+
+fn i16_at(bytes: &[u8], at: usize) -> i32 {
+    i32::from(i16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+/// The unsigned code of value `e` of row `r` in one Q4_K or Q6_K group block.
+pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> u8 {
+    if format == PackedFormat::Q4K {
+        let (j, i) = (e / 64, e % 64);
+        let byte = block[Q4K_CODES_AT + 64 * (8 * j + i % 32 / 4) + 4 * r + i % 4];
+        byte >> (4 * (i / 32)) & 15
+    } else {
+        let (q, j) = (e / 4, e % 4);
+        let low = block[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] >> (4 * (q % 2)) & 15;
+        let high = block[Q6K_HIGH_AT + 64 * (q / 4) + 4 * r + j] >> (2 * (q % 4)) & 3;
+        low | high << 4
+    }
+}
+
+/// Q4_K (`Q4K`) or Q6_K: per row, token and super-block, the exact integer sums
+/// `Σ scale·Σ code·x` (and for Q4_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x` subtracted),
+/// then one fused multiply-add per sum.
+///
+/// # Safety
+/// See [`GroupsFn`].
+unsafe fn groups_k<const Q4K: bool>(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let format = if Q4K {
+        PackedFormat::Q4K
+    } else {
+        PackedFormat::Q6K
+    };
+    let (gb, ab) = (format.group_block_bytes(), format.activation_block_bytes());
+    // SAFETY: the caller's contract: whole groups.
+    let w = unsafe { std::slice::from_raw_parts(w, groups * blocks * gb) };
+    for g in 0..groups {
+        for (t, &x) in xs.iter().enumerate() {
+            // SAFETY: the caller's contract: whole activation rows.
+            let x = unsafe { std::slice::from_raw_parts(x, blocks * ab) };
+            for r in 0..GROUP_ROWS {
+                let mut acc = 0f32;
+                for b in 0..blocks {
+                    let block = &w[(g * blocks + b) * gb..][..gb];
+                    let a = &x[b * ab..][..ab];
+                    let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
+                    let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
+                    let sub = if Q4K { 32 } else { 16 };
+                    let mut scaled = 0i32;
+                    let mut other = 0i32;
+                    for s in 0..QK_K / sub {
+                        let sum: i32 = (s * sub..(s + 1) * sub)
+                            .zip(&codes[s * sub..])
+                            .map(|(e, &x)| {
+                                i32::from(k_code(format, block, r, e)) * i32::from(x as i8)
+                            })
+                            .sum();
+                        if Q4K {
+                            let scale = i32::from(block[Q4K_SCALES_AT + GROUP_ROWS * s + r]);
+                            let min = i32::from(block[Q4K_MINS_AT + GROUP_ROWS * s + r]);
+                            let x_sum =
+                                i16_at(a, Q8K_SUMS_AT + 4 * s) + i16_at(a, Q8K_SUMS_AT + 4 * s + 2);
+                            scaled += scale * sum;
+                            other += min * x_sum;
+                        } else {
+                            let at = Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2;
+                            let scale = i32::from(block[at] as i8);
+                            scaled += scale * sum;
+                            other += scale * i16_at(a, Q8K_SUMS_AT + 2 * s);
+                        }
+                    }
+                    let dw = f16_at(block, 2 * r);
+                    if Q4K {
+                        let dmin = f16_at(block, Q4K_DMIN_AT + 2 * r);
+                        acc = (dw * dy).mul_add(scaled as f32, acc);
+                        acc = (-(dmin * dy)).mul_add(other as f32, acc);
+                    } else {
+                        acc = (dw * dy).mul_add((scaled - 32 * other) as f32, acc);
+                    }
                 }
                 // SAFETY: the caller's contract.
                 unsafe { out.add(t * out_stride + g * GROUP_ROWS + r).write(acc) };

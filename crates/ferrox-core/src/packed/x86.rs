@@ -9,16 +9,15 @@
 
 use std::arch::x86_64::*;
 
-use super::{
-    GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, GROUP_ROWS,
-    SCALES_BYTES,
-};
+use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
+use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<Q4_0Codes>,
         PackedFormat::Q5_0 => groups::<Q5_0Codes>,
         PackedFormat::Q8_0 => groups::<Q8_0Codes>,
+        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("see x86_kquants"),
     }
 }
 

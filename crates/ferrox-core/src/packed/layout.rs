@@ -1,0 +1,220 @@
+//! The packed formats and how sixteen file rows become one group (see the module notes of
+//! [`super`] for the 32-value formats; the 256-value ones are described here).
+//!
+//! Q4_K, per super-block of a group: `d` and `dmin` (16 f16 each), the eight sub-block
+//! scales and then the eight minimums as bytes (`[sub-block][row]`, the file's 6-bit
+//! fields unpacked: four bytes more per row than the file), then 32 vectors of nibbles:
+//! vector `8j + k` holds the file's bytes `32j + 4k..+4` of each row, whose low nibbles are
+//! values `64j + 4k..+4` (sub-block `2j`) and high nibbles values `64j + 32 + 4k..+4`.
+//!
+//! Q6_K, per super-block of a group: `d` (16 f16), the sixteen signed scales as pairs
+//! (`[pair p][row][2]`: scales `2p` and `2p + 1`), then the six-bit codes (unsigned, the
+//! value plus 32) split as the file splits them, four low bits and two high bits, laid out
+//! by quads of values (`q` = values `4q..4q+4`): vector `m` of the low bits holds quad
+//! `2m` in its low nibbles and quad `2m + 1` in its high ones; vector `n` of the high bits
+//! holds quads `4n..4n+4` in bit pairs 0-1, 2-3, 4-5, 6-7. Same size as the file.
+
+use ferrox_gguf::GgmlType;
+
+use crate::quant::kquants::scale_min_k4;
+
+/// Rows interleaved in one group.
+pub const GROUP_ROWS: usize = 16;
+/// Values per block of the 32-value formats.
+pub(super) const QK: usize = 32;
+/// Values per super-block of the 256-value formats.
+pub(super) const QK_K: usize = 256;
+/// Bytes of one activation block of the 32-value formats: 32 codes, the scale as f32, the
+/// codes' sum as i32.
+pub(super) const ACTIVATION_BLOCK_BYTES: usize = 40;
+pub(super) const ACT_SCALE_AT: usize = 32;
+pub(super) const ACT_SUM_AT: usize = 36;
+/// Bytes of a Q8_K activation block (f32 scale, 256 codes, 16 i16 sums of 16 codes).
+pub(super) const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_CODES_AT: usize = 4;
+pub(super) const Q8K_SUMS_AT: usize = 260;
+/// Bytes of the sixteen f16 scales at the start of every group block.
+pub(super) const SCALES_BYTES: usize = 2 * GROUP_ROWS;
+
+/// Offsets inside a Q4_K group block.
+pub(super) const Q4K_DMIN_AT: usize = 32;
+pub(super) const Q4K_SCALES_AT: usize = 64;
+pub(super) const Q4K_MINS_AT: usize = 192;
+pub(super) const Q4K_CODES_AT: usize = 320;
+/// Offsets inside a Q6_K group block.
+pub(super) const Q6K_SCALES_AT: usize = 32;
+pub(super) const Q6K_LOW_AT: usize = 288;
+pub(super) const Q6K_HIGH_AT: usize = 288 + 2048;
+
+/// A format that can be packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedFormat {
+    Q4_0,
+    Q5_0,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl PackedFormat {
+    pub fn of(ty: GgmlType) -> Option<PackedFormat> {
+        match ty {
+            GgmlType::Q4_0 => Some(PackedFormat::Q4_0),
+            GgmlType::Q5_0 => Some(PackedFormat::Q5_0),
+            GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
+            GgmlType::Q4K => Some(PackedFormat::Q4K),
+            GgmlType::Q6K => Some(PackedFormat::Q6K),
+            _ => None,
+        }
+    }
+
+    pub fn ty(self) -> GgmlType {
+        match self {
+            PackedFormat::Q4_0 => GgmlType::Q4_0,
+            PackedFormat::Q5_0 => GgmlType::Q5_0,
+            PackedFormat::Q8_0 => GgmlType::Q8_0,
+            PackedFormat::Q4K => GgmlType::Q4K,
+            PackedFormat::Q6K => GgmlType::Q6K,
+        }
+    }
+
+    /// Whether activations are Q8_K (the 256-value formats) rather than Q8_0-based.
+    pub(super) fn is_k(self) -> bool {
+        matches!(self, PackedFormat::Q4K | PackedFormat::Q6K)
+    }
+
+    /// Values per block.
+    pub(super) fn values(self) -> usize {
+        if self.is_k() {
+            QK_K
+        } else {
+            QK
+        }
+    }
+
+    /// Bytes of one block of one row in the file.
+    fn file_block_bytes(self) -> usize {
+        match self {
+            PackedFormat::Q4_0 => 18,
+            PackedFormat::Q5_0 => 22,
+            PackedFormat::Q8_0 => 34,
+            PackedFormat::Q4K => 144,
+            PackedFormat::Q6K => 210,
+        }
+    }
+
+    /// Bytes of one block of a whole group.
+    pub(super) fn group_block_bytes(self) -> usize {
+        let per_row = match self {
+            // The scales and minimums unpacked to bytes.
+            PackedFormat::Q4K => 148,
+            other => other.file_block_bytes(),
+        };
+        GROUP_ROWS * per_row
+    }
+
+    /// Bytes of one activation block.
+    pub(super) fn activation_block_bytes(self) -> usize {
+        if self.is_k() {
+            Q8K_BYTES
+        } else {
+            ACTIVATION_BLOCK_BYTES
+        }
+    }
+
+    /// What the unsigned codes of the 32-value formats add to the values.
+    pub(super) fn bias(self) -> i32 {
+        match self {
+            PackedFormat::Q4_0 => 8,
+            PackedFormat::Q5_0 => 16,
+            PackedFormat::Q8_0 => 128,
+            PackedFormat::Q4K => 0,
+            PackedFormat::Q6K => 32,
+        }
+    }
+}
+
+/// Copies sixteen rows (`src`, `row_bytes` each) into one group (`dst`, zeroed).
+pub(super) fn pack_group(
+    format: PackedFormat,
+    blocks: usize,
+    row_bytes: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    let (sb, gb) = (format.file_block_bytes(), format.group_block_bytes());
+    for b in 0..blocks {
+        let dst = &mut dst[b * gb..(b + 1) * gb];
+        let mut masks = [0u64; 8];
+        for r in 0..GROUP_ROWS {
+            let block = &src[r * row_bytes + b * sb..][..sb];
+            // Four bytes of row `r` into the vector at `at`.
+            let mut put = |at: usize, quad: &[u8], flip: u8| {
+                for (d, &s) in dst[at + 4 * r..at + 4 * r + 4].iter_mut().zip(quad) {
+                    *d = s ^ flip;
+                }
+            };
+            match format {
+                PackedFormat::Q8_0 => {
+                    for (g, quad) in block[2..].chunks_exact(4).enumerate() {
+                        put(SCALES_BYTES + 64 * g, quad, 0x80);
+                    }
+                }
+                PackedFormat::Q4_0 => {
+                    for (k, quad) in block[2..].chunks_exact(4).enumerate() {
+                        put(SCALES_BYTES + 64 * k, quad, 0);
+                    }
+                }
+                PackedFormat::Q5_0 => {
+                    for (k, quad) in block[6..].chunks_exact(4).enumerate() {
+                        put(SCALES_BYTES + 64 + 64 * k, quad, 0);
+                    }
+                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for (g, mask) in masks.iter_mut().enumerate() {
+                        *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
+                    }
+                }
+                PackedFormat::Q4K => {
+                    for (q, quad) in block[16..].chunks_exact(4).enumerate() {
+                        put(Q4K_CODES_AT + 64 * q, quad, 0);
+                    }
+                    for s in 0..8 {
+                        let (scale, min) = scale_min_k4(s, &block[4..16]);
+                        dst[Q4K_SCALES_AT + GROUP_ROWS * s + r] = scale;
+                        dst[Q4K_MINS_AT + GROUP_ROWS * s + r] = min;
+                    }
+                    dst[Q4K_DMIN_AT + 2 * r..Q4K_DMIN_AT + 2 * r + 2].copy_from_slice(&block[2..4]);
+                }
+                PackedFormat::Q6K => {
+                    for s in 0..16 {
+                        dst[Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = block[192 + s];
+                    }
+                    for e in 0..QK_K {
+                        let code = q6k_code(block, e);
+                        let (q, j) = (e / 4, e % 4);
+                        dst[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] |= (code & 15) << (4 * (q % 2));
+                        dst[Q6K_HIGH_AT + 64 * (q / 4) + 4 * r + j] |= (code >> 4) << (2 * (q % 4));
+                    }
+                }
+            }
+            let scale_at = if format == PackedFormat::Q6K { 208 } else { 0 };
+            dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+        }
+        if format == PackedFormat::Q5_0 {
+            for (g, mask) in masks.iter().enumerate() {
+                dst[SCALES_BYTES + 8 * g..SCALES_BYTES + 8 * g + 8]
+                    .copy_from_slice(&mask.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The six-bit code (value + 32) of value `e` of a Q6_K file block (ggml's layout: 128
+/// bytes of low nibbles, 64 of high bit pairs, per half of 128 values).
+pub(super) fn q6k_code(block: &[u8], e: usize) -> u8 {
+    let (half, w) = (e / 128, e % 128);
+    let (quarter, l) = (w / 32, w % 32);
+    let low = block[64 * half + l + 32 * (quarter % 2)] >> (4 * (quarter / 2)) & 15;
+    let high = block[128 + 32 * half + l] >> (2 * quarter) & 3;
+    low | high << 4
+}
