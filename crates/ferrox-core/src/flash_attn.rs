@@ -263,7 +263,7 @@ fn accumulate_values(
 /// Values per step of [`dot`].
 const DOT_STEP: usize = 32;
 
-/// Σ k[i]·q[i] in the shape of the AVX2 kernel: four accumulators of eight lanes over
+/// `Σ k[i]·q[i]` in the shape of the AVX2 kernel: four accumulators of eight lanes over
 /// steps of 32 values (fused multiply-adds), reduced as `(a0 + a2) + (a1 + a3)`, then the
 /// lanes `l` and `l + 4` added and the four sums pairwise; a tail shorter than a step adds
 /// on in order.

@@ -16,7 +16,7 @@
 //! AVX-512 kernel give the same bits, and a row's logits do not depend on its batch.
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
-//! formats are described in [`layout`]; a block of the others is `[16 f16 scales][codes]`,
+//! formats are described in `layout.rs`; a block of the others is `[16 f16 scales][codes]`,
 //! with the codes, per format:
 //! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
 //!   `4r..4r+4`, as unsigned `w + 128`;
