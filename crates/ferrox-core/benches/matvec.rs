@@ -197,5 +197,49 @@ fn bench_head_batch(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matvec, bench_matmul, bench_head_batch);
+/// Packed products of a cache-resident matrix against a decode step's eight tokens, one
+/// thread: multiply-adds per second, the kernels' compute rate.
+fn bench_packed_compute(c: &mut Criterion) {
+    const TOKENS: usize = 8;
+    let (rows, cols) = (512, 1024);
+    let mut group = c.benchmark_group("packed8");
+    group.warm_up_time(Duration::from_millis(300));
+    group.measurement_time(Duration::from_secs(1));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
+        let bytes = random_weights(ty, rows, cols);
+        let plain = WeightMatrix::new(ty, rows, cols, &bytes).unwrap();
+        let packed = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+        let mut y = vec![0f32; rows * TOKENS];
+        group.throughput(Throughput::Elements((rows * cols * TOKENS) as u64));
+        for (layout, matrix) in [
+            ("rows", plain),
+            ("packed", plain.with_packed(&packed).unwrap()),
+        ] {
+            let xq = activation(&matrix, TOKENS);
+            let id = BenchmarkId::new(format!("{ty}/{rows}x{cols}"), layout);
+            group.bench_function(id, |b| {
+                pool.install(|| b.iter(|| matrix.matmul(black_box(&xq), TOKENS, &mut y).unwrap()))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_matvec,
+    bench_matmul,
+    bench_head_batch,
+    bench_packed_compute
+);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! The AVX-512 VNNI kernels over packed Q4_K and Q6_K groups: per sub-block one exact
 //! integer sum per row by `vpdpbusd` (as for the 32-value formats), scaled by the row's
 //! sub-block scale with an integer multiply; the minimums (Q4_K) or the codes' offset of 32
-//! (Q6_K, by `vpdpwssd` on pairs of scales) against the activation's sums of 16 values;
+//! (Q6_K) by `vpdpwssd` against pairs of the activation's sums of 16 values;
 //! then per super-block and token one or two fused multiply-adds for all sixteen rows,
 //! as the scalar reference does row by row.
 //!
@@ -81,13 +81,6 @@ unsafe fn broadcast_i32(p: *const u8) -> __m512i {
     _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
-/// The i16 at `p`, widened.
-#[inline(always)]
-unsafe fn i16_at(p: *const u8) -> i32 {
-    // SAFETY: the caller passes two readable bytes.
-    i32::from(unsafe { p.cast::<i16>().read_unaligned() })
-}
-
 /// Sixteen f16 at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -125,7 +118,6 @@ unsafe fn run_q4k<const N: usize>(
                 let block = w.add((g * blocks + b) * gb);
                 prefetch_block(block, gb, end);
                 let mut scaled = [zero; N];
-                let mut mins = [zero; N];
                 for s in 0..8 {
                     let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
                     let mut codes = [zero; 8];
@@ -139,10 +131,8 @@ unsafe fn run_q4k<const N: usize>(
                         *code = _mm512_and_si512(v, low);
                     }
                     let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
-                    let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
                     for t in 0..N {
-                        let a = xs[t].add(b * Q8K_BYTES);
-                        let x = a.add(Q8K_CODES_AT + 32 * s);
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
                         let mut even = zero;
                         let mut odd = zero;
                         for k in 0..4 {
@@ -159,9 +149,17 @@ unsafe fn run_q4k<const N: usize>(
                         }
                         let sum = _mm512_add_epi32(even, odd);
                         scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
-                        let sums = a.add(Q8K_SUMS_AT + 4 * s);
-                        let x_sum = _mm512_set1_epi32(i16_at(sums) + i16_at(sums.add(2)));
-                        mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(min, x_sum));
+                    }
+                }
+                // Σ min·Σx: each sub-block's minimum, as an i16 pair (m, m), against the
+                // activation's sums of its two halves of 16 values.
+                let mut mins = [zero; N];
+                for s in 0..8 {
+                    let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
+                    let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
+                    for t in 0..N {
+                        let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s));
+                        mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
                     }
                 }
                 let dw = f16x16(block);
