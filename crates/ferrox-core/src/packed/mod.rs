@@ -34,21 +34,23 @@ use rayon::prelude::*;
 use crate::kernels::{self, Isa};
 use crate::quant::{self, QuantError};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx512_legacy;
 mod layout;
 mod scalar;
-#[cfg(target_arch = "x86_64")]
-mod x86;
-#[cfg(target_arch = "x86_64")]
-mod x86_kquants;
 
 use layout::{pack_group, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, QK};
 pub use layout::{PackedFormat, GROUP_ROWS};
 
-/// Whether this machine has a fast kernel for packed matrices and may use it (elsewhere, or
-/// with `FERROX_ISA` set below `avx512vnni`, the row-major kernels are faster than the
-/// packed scalar reference, so nothing should be packed).
+/// Whether this machine has a fast kernel for packed matrices and may use it: AVX2 or
+/// AVX-512 VNNI (capped by `FERROX_ISA`). Elsewhere the row-major kernels are faster than
+/// the packed scalar reference, so nothing should be packed.
 pub fn available() -> bool {
-    kernels::best_isa() == Isa::Avx512Vnni
+    kernels::best_isa().has_avx2()
 }
 
 /// A `rows × cols` matrix in the packed layout (see the module notes), owned.
@@ -195,8 +197,7 @@ impl PackedMatrix {
         self.matmul_with(isa, xq, n_tokens, y)
     }
 
-    /// [`matmul`](Self::matmul) with the kernel of `isa` (the scalar reference, or AVX-512
-    /// VNNI), for comparing them.
+    /// [`matmul`](Self::matmul) with the kernel of `isa`, for comparing them.
     pub fn matmul_with(
         &self,
         isa: Isa,
@@ -349,9 +350,12 @@ fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
     match isa {
         Isa::Scalar => Some(scalar::kernel(format)),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if format.is_k() => Some(x86_kquants::kernel(format)),
+        Isa::Avx2 => Some(avx2::kernel(format)),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(x86::kernel(format)),
+        Isa::Avx512Vnni if format.is_k() => Some(avx512_kquants::kernel(format)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => Some(avx512_legacy::kernel(format)),
+        #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }
 }

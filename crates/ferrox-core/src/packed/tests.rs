@@ -134,7 +134,7 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx512Vnni]
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
         .into_iter()
         .filter(|isa| isa.is_available())
         .collect()

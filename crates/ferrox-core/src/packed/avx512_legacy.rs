@@ -17,7 +17,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4_0 => groups::<Q4_0Codes>,
         PackedFormat::Q5_0 => groups::<Q5_0Codes>,
         PackedFormat::Q8_0 => groups::<Q8_0Codes>,
-        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("see x86_kquants"),
+        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("see avx512_kquants"),
     }
 }
 

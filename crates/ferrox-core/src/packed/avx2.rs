@@ -1,0 +1,384 @@
+//! The AVX2 kernels over packed groups, for CPUs without AVX-512 VNNI: the same integer
+//! sums and float steps as the scalar reference, so the same bits.
+//!
+//! A group's 64-byte vectors are two halves of eight rows each (AVX2 has sixteen 256-bit
+//! registers): one half runs over all of the group's blocks, then the other from cache.
+//! `vpmaddubsw` multiplies the unsigned codes by the signed activation bytes in pairs,
+//! `vpmaddwd` by ones widens the pairs to one i32 per four values, as `vpdpbusd` does at
+//! once. A pair of products fits an i16 for codes below 128; Q8_0's codes go back to
+//! signed and through ggml's sign trick (`|x|` times `w` with `x`'s sign).
+//!
+//! Only [`kernel`] hands these functions out, and the packed products ask for it only
+//! after detecting AVX2, FMA and F16C, so the `unsafe` calls are sound.
+
+use std::arch::x86_64::*;
+
+use super::layout::{
+    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
+    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
+};
+use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS};
+
+const Q4_0: u8 = 0;
+const Q5_0: u8 = 1;
+const Q8_0: u8 = 2;
+const Q4K: u8 = 3;
+const Q6K: u8 = 4;
+
+const fn format_of(id: u8) -> PackedFormat {
+    match id {
+        Q4_0 => PackedFormat::Q4_0,
+        Q5_0 => PackedFormat::Q5_0,
+        Q8_0 => PackedFormat::Q8_0,
+        Q4K => PackedFormat::Q4K,
+        _ => PackedFormat::Q6K,
+    }
+}
+
+pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
+    match format {
+        PackedFormat::Q4_0 => groups::<Q4_0>,
+        PackedFormat::Q5_0 => groups::<Q5_0>,
+        PackedFormat::Q8_0 => groups::<Q8_0>,
+        PackedFormat::Q4K => groups::<Q4K>,
+        PackedFormat::Q6K => groups::<Q6K>,
+    }
+}
+
+/// # Safety
+/// See [`GroupsFn`]; the CPU has AVX2, FMA and F16C.
+unsafe fn groups<const F: u8>(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // At most four tokens per pass: their accumulators and a block's codes fill the
+    // sixteen registers.
+    for (i, chunk) in xs.chunks(4).enumerate() {
+        // SAFETY: forwarded contract; outputs of the chunk's tokens.
+        unsafe {
+            let out = out.add(4 * i * out_stride);
+            match chunk.len() {
+                4 => run::<F, 4>(w, groups, blocks, chunk, out, out_stride),
+                2 => run::<F, 2>(w, groups, blocks, chunk, out, out_stride),
+                _ => {
+                    for (t, &x) in chunk.iter().enumerate() {
+                        run::<F, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bytes ahead of the current block that the kernel asks the memory system for.
+const PREFETCH_AHEAD: usize = 16384;
+
+/// `acc + Σ` over four values of eight rows: unsigned `codes` (each row's four bytes in
+/// its lane) times the four signed activation bytes at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot4(acc: __m256i, codes: __m256i, x: *const u8) -> __m256i {
+    // SAFETY: the caller passes four readable bytes.
+    let x = _mm256_set1_epi32(unsafe { x.cast::<i32>().read_unaligned() });
+    let pairs = _mm256_maddubs_epi16(codes, x);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// [`dot4`] for signed codes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot4_signed(acc: __m256i, codes: __m256i, x: *const u8) -> __m256i {
+    // SAFETY: the caller passes four readable bytes.
+    let x = _mm256_set1_epi32(unsafe { x.cast::<i32>().read_unaligned() });
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(codes, x));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// The 32 bytes of half `half` of the vector at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_of(p: *const u8, half: usize) -> __m256i {
+    // SAFETY: the caller passes a whole 64-byte vector.
+    unsafe { _mm256_loadu_si256(p.add(32 * half).cast()) }
+}
+
+/// Eight f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller passes 16 readable bytes.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+}
+
+/// Eight u8 at `p` widened to i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn u8x8(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes 8 readable bytes.
+    _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) })
+}
+
+/// Bytes 0xFF where the bits of `mask` are set (bit `i` for byte `i`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn expand_bits(mask: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(mask as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits)
+}
+
+/// The eight code vectors (half `half`) of a 32-value format's group block: unsigned,
+/// except Q8_0's, signed.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 8] {
+    let low = _mm256_set1_epi8(0x0F);
+    let mut codes = [_mm256_setzero_si256(); 8];
+    // SAFETY: the caller passes a whole group block.
+    unsafe {
+        let p = block.add(SCALES_BYTES);
+        match F {
+            Q8_0 => {
+                for (g, c) in codes.iter_mut().enumerate() {
+                    *c = _mm256_xor_si256(half_of(p.add(64 * g), half), _mm256_set1_epi8(-128));
+                }
+            }
+            _ => {
+                let nibbles = if F == Q5_0 { p.add(64) } else { p };
+                for k in 0..4 {
+                    let v = half_of(nibbles.add(64 * k), half);
+                    codes[k] = _mm256_and_si256(v, low);
+                    codes[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                }
+                if F == Q5_0 {
+                    for (g, c) in codes.iter_mut().enumerate() {
+                        let masks = p.add(8 * g + 4 * half).cast::<u32>().read_unaligned();
+                        let fifth = _mm256_and_si256(expand_bits(masks), _mm256_set1_epi8(16));
+                        *c = _mm256_or_si256(*c, fifth);
+                    }
+                }
+            }
+        }
+    }
+    codes
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<const F: u8, const N: usize>(
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xs: &[*const u8],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let format = format_of(F);
+    let gb = format.group_block_bytes();
+    let end = w.wrapping_add(groups * blocks * gb);
+    for g in 0..groups {
+        for half in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..blocks {
+                // SAFETY: the caller's contract: whole groups and activation rows.
+                unsafe {
+                    let block = w.add((g * blocks + b) * gb);
+                    if half == 0 {
+                        let ahead = block.wrapping_add(PREFETCH_AHEAD);
+                        for line in (0..gb).step_by(64) {
+                            if ahead.wrapping_add(line) < end {
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.add(line).cast());
+                            }
+                        }
+                    }
+                    match F {
+                        Q4K => q4k_block::<N>(block, half, b, xs, &mut acc),
+                        Q6K => q6k_block::<N>(block, half, b, xs, &mut acc),
+                        _ => legacy_block::<F, N>(block, half, b, xs, &mut acc),
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                // SAFETY: the caller's contract: sixteen outputs per group and token.
+                unsafe {
+                    let at = t * out_stride + g * GROUP_ROWS + 8 * half;
+                    _mm256_storeu_ps(out.add(at), *acc);
+                }
+            }
+        }
+    }
+}
+
+/// One block of a 32-value format, half `half` of the group, into the tokens' sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_block<const F: u8, const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let bias = format_of(F).bias();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let codes = legacy_codes::<F>(block, half);
+        let dw = f16x8(block.add(16 * half));
+        for t in 0..N {
+            let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
+            let mut sum = if F == Q8_0 {
+                _mm256_setzero_si256()
+            } else {
+                // The codes are `w + bias`: start from `-bias·Σx`.
+                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                _mm256_set1_epi32(bias * -x_sum)
+            };
+            for (k, &c) in codes.iter().enumerate() {
+                sum = if F == Q8_0 {
+                    dot4_signed(sum, c, a.add(4 * k))
+                } else {
+                    dot4(sum, c, a.add(4 * k))
+                };
+            }
+            let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), acc[t]);
+        }
+    }
+}
+
+/// One Q4_K super-block, half `half` of the group (see the AVX-512 kernel).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let low = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scaled = [zero; N];
+        for s in 0..8 {
+            let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
+            let mut codes = [zero; 8];
+            for (k, code) in codes.iter_mut().enumerate() {
+                let v = half_of(raw.add(64 * k), half);
+                let v = if s % 2 == 0 {
+                    v
+                } else {
+                    _mm256_srli_epi16::<4>(v)
+                };
+                *code = _mm256_and_si256(v, low);
+            }
+            let scale = u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half));
+            for t in 0..N {
+                let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
+                let mut sum = zero;
+                for (k, &c) in codes.iter().enumerate() {
+                    sum = dot4(sum, c, x.add(4 * k));
+                }
+                scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(scale, sum));
+            }
+        }
+        let mut mins = [zero; N];
+        for s in 0..8 {
+            let min = u8x8(block.add(Q4K_MINS_AT + GROUP_ROWS * s + 8 * half));
+            let min_pair = _mm256_or_si256(min, _mm256_slli_epi32::<16>(min));
+            for t in 0..N {
+                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s);
+                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
+                mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(min_pair, sums));
+            }
+        }
+        let dw = f16x8(block.add(16 * half));
+        let dmin = f16x8(block.add(Q4K_DMIN_AT + 16 * half));
+        for t in 0..N {
+            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(scaled[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[t]), acc[t]);
+        }
+    }
+}
+
+/// One Q6_K super-block, half `half` of the group (see the AVX-512 kernel).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scaled = [zero; N];
+        let mut offsets = [zero; N];
+        for p in 0..8 {
+            // Lane r: row r's scales 2p and 2p + 1 as two i16.
+            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                block.add(Q6K_SCALES_AT + 32 * p + 16 * half).cast(),
+            ));
+            let scales = [
+                _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair)),
+                _mm256_srai_epi32::<16>(pair),
+            ];
+            for (h, scale) in scales.iter().enumerate() {
+                let s = 2 * p + h;
+                let n0 = half_of(block.add(Q6K_LOW_AT + 128 * s), half);
+                let n1 = half_of(block.add(Q6K_LOW_AT + 128 * s + 64), half);
+                let hb = half_of(block.add(Q6K_HIGH_AT + 64 * s), half);
+                let codes = [
+                    six_bits(n0, _mm256_slli_epi16::<4>(hb)),
+                    six_bits(_mm256_srli_epi16::<4>(n0), _mm256_slli_epi16::<2>(hb)),
+                    six_bits(n1, hb),
+                    six_bits(_mm256_srli_epi16::<4>(n1), _mm256_srli_epi16::<2>(hb)),
+                ];
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    let mut sum = zero;
+                    for (k, &c) in codes.iter().enumerate() {
+                        sum = dot4(sum, c, x.add(4 * k));
+                    }
+                    scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(*scale, sum));
+                }
+            }
+            for t in 0..N {
+                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
+                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
+                offsets[t] = _mm256_add_epi32(offsets[t], _mm256_madd_epi16(pair, sums));
+            }
+        }
+        let dw = f16x8(block.add(16 * half));
+        for t in 0..N {
+            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<5>(offsets[t]));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(total), acc[t]);
+        }
+    }
+}
+
+/// The low nibbles of `nibbles` with bits 4-5 of `bits`: six-bit codes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn six_bits(nibbles: __m256i, bits: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)),
+        _mm256_and_si256(bits, _mm256_set1_epi8(0x30)),
+    )
+}
