@@ -17,7 +17,9 @@ use super::layout::{
     ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
     Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
-use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS};
+use super::{
+    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
+};
 
 const Q4_0: u8 = 0;
 const Q5_0: u8 = 1;
@@ -73,9 +75,6 @@ unsafe fn groups<const F: u8>(
         }
     }
 }
-
-/// Bytes ahead of the current block that the kernel asks the memory system for.
-const PREFETCH_AHEAD: usize = 16384;
 
 /// `acc + Σ` over four values of eight rows: unsigned `codes` (each row's four bytes in
 /// its lane) times the four signed activation bytes at `x`.
@@ -187,6 +186,7 @@ unsafe fn run<const F: u8, const N: usize>(
     let format = format_of(F);
     let gb = format.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
+    prefetch_lines(w, PREFETCH_AHEAD, end);
     for g in 0..groups {
         for half in 0..2 {
             let mut acc = [_mm256_setzero_ps(); N];
@@ -195,12 +195,7 @@ unsafe fn run<const F: u8, const N: usize>(
                 unsafe {
                     let block = w.add((g * blocks + b) * gb);
                     if half == 0 {
-                        let ahead = block.wrapping_add(PREFETCH_AHEAD);
-                        for line in (0..gb).step_by(64) {
-                            if ahead.wrapping_add(line) < end {
-                                _mm_prefetch::<_MM_HINT_T0>(ahead.add(line).cast());
-                            }
-                        }
+                        prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
                     }
                     match F {
                         Q4K => q4k_block::<N>(block, half, b, xs, &mut acc),

@@ -14,7 +14,7 @@ use super::layout::{
     Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT,
     Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
-use super::{GroupsFn, PackedFormat, GROUP_ROWS};
+use super::{prefetch_lines, GroupsFn, PackedFormat, GROUP_ROWS, PREFETCH_AHEAD};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -56,23 +56,6 @@ unsafe fn groups<const Q4K: bool>(
     }
 }
 
-/// Bytes ahead of the current super-block that the kernels ask the memory system for.
-const PREFETCH_AHEAD: usize = 16384;
-
-/// Prefetches the group block `gb` bytes long at `block`, `PREFETCH_AHEAD` bytes on, up to
-/// `end`.
-#[inline(always)]
-fn prefetch_block(block: *const u8, gb: usize, end: *const u8) {
-    let ahead = block.wrapping_add(PREFETCH_AHEAD);
-    for line in (0..gb).step_by(64) {
-        let p = ahead.wrapping_add(line);
-        if p < end {
-            // SAFETY: SSE is part of x86-64; a prefetch never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
-        }
-    }
-}
-
 /// The i32 at `p`, broadcast.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -110,13 +93,14 @@ unsafe fn run_q4k<const N: usize>(
     let low = _mm512_set1_epi8(0x0F);
     let zero = _mm512_setzero_si512();
     let end = w.wrapping_add(groups * blocks * gb);
+    prefetch_lines(w, PREFETCH_AHEAD, end);
     for g in 0..groups {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
             // SAFETY: the caller's contract: whole groups and activation rows.
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
-                prefetch_block(block, gb, end);
+                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
                 let mut scaled = [zero; N];
                 for s in 0..8 {
                     let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
@@ -202,13 +186,14 @@ unsafe fn run_q6k<const N: usize>(
     let gb = PackedFormat::Q6K.group_block_bytes();
     let zero = _mm512_setzero_si512();
     let end = w.wrapping_add(groups * blocks * gb);
+    prefetch_lines(w, PREFETCH_AHEAD, end);
     for g in 0..groups {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
             // SAFETY: the caller's contract: whole groups and activation rows.
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
-                prefetch_block(block, gb, end);
+                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
                 let mut scaled = [zero; N];
                 let mut offsets = [zero; N];
                 for p in 0..8 {

@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 
 use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
-use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS};
+use super::{
+    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
+};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -121,9 +123,6 @@ unsafe fn groups<C: Codes>(
     }
 }
 
-/// Bytes ahead of the current block that the kernel asks the memory system for.
-const PREFETCH_AHEAD: usize = 16384;
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn run<C: Codes, const N: usize>(
     w: *const u8,
@@ -136,6 +135,7 @@ unsafe fn run<C: Codes, const N: usize>(
     let gb = C::FORMAT.group_block_bytes();
     let bias = C::FORMAT.bias();
     let end = w.wrapping_add(groups * blocks * gb);
+    prefetch_lines(w, PREFETCH_AHEAD, end);
     for g in 0..groups {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
@@ -143,12 +143,7 @@ unsafe fn run<C: Codes, const N: usize>(
             // stop at the end of the groups.
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
-                let ahead = block.wrapping_add(PREFETCH_AHEAD);
-                for line in (0..gb).step_by(64) {
-                    if ahead.wrapping_add(line) < end {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.add(line).cast());
-                    }
-                }
+                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()));
                 let codes = C::unpack(block);
                 for t in 0..N {

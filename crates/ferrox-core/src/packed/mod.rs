@@ -266,7 +266,14 @@ impl PackedMatrix {
         out: &Outputs,
     ) {
         let act = self.activation_row_bytes();
-        let panel = (PANEL_BYTES / group_bytes).max(1);
+        // One sweep of the tokens streams the weights once: no panels needed (and the
+        // kernels' prefetching runs on across the whole range).
+        let single_sweep = matches!(n_tokens, 1 | 2 | 4 | 8);
+        let panel = if single_sweep {
+            count
+        } else {
+            (PANEL_BYTES / group_bytes).max(1)
+        };
         let blocks = self.blocks();
         let mut g = first;
         while g < first + count {
@@ -297,6 +304,27 @@ impl PackedMatrix {
                 t += width;
             }
             g += n;
+        }
+    }
+}
+
+/// Bytes ahead of the current block that the kernels ask the memory system for.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 16384;
+
+/// Asks for the cache lines of `[p, p + len)` that lie before `end` (a kernel's first
+/// bytes at its start, so that a small matrix does not begin at memory latency; then each
+/// block `PREFETCH_AHEAD` bytes on).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
+    for line in (0..len).step_by(64) {
+        let q = p.wrapping_add(line);
+        if q < end {
+            // SAFETY: SSE is part of x86-64; a prefetch never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(q.cast())
+            };
         }
     }
 }
