@@ -77,22 +77,49 @@ pub struct ExpertRef {
     ne: [usize; 3],
     /// Only rows `start..start + len` of each slab (gate or up of a fused `ffn_gate_up_exps`).
     rows: Option<(usize, usize)>,
+    /// Packed copies of the viewed slabs, one per matrix, made at load where faster.
+    packed: Option<Arc<[PackedMatrix]>>,
 }
 
 impl ExpertRef {
-    pub fn view<'g>(&self, gguf: &'g Gguf) -> Result<ExpertTensor<'g>, ModelError> {
+    pub fn view<'a>(&'a self, gguf: &'a Gguf) -> Result<ExpertTensor<'a>, ModelError> {
         let all = ExpertTensor::new(self.tensor.ty, self.ne, gguf.tensor_data(&self.tensor)?)
             .map_err(moe_error)?;
-        match self.rows {
-            Some((start, len)) => all.row_range(start, len).map_err(moe_error),
-            None => Ok(all),
+        let viewed = match self.rows {
+            Some((start, len)) => all.row_range(start, len).map_err(moe_error)?,
+            None => all,
+        };
+        match &self.packed {
+            Some(packed) => viewed.with_packed(packed).map_err(moe_error),
+            None => Ok(viewed),
         }
+    }
+
+    /// Packs every viewed slab, as [`MatrixRef::pack`] does a matrix.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        let t = self.view(gguf)?;
+        if self.packed.is_some()
+            || !ferrox_core::packed::available()
+            || !PackedMatrix::can_pack(t.ty(), t.rows(), t.cols())
+        {
+            return Ok(());
+        }
+        let packed = (0..t.n_expert())
+            .map(|e| {
+                PackedMatrix::pack(t.ty(), t.rows(), t.cols(), t.expert_bytes(e), |part| {
+                    gguf.release_pages(part)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.packed = Some(packed.into());
+        Ok(())
     }
 
     /// Rows `start..start + len` of every slab.
     pub fn with_rows(&self, start: usize, len: usize) -> ExpertRef {
         ExpertRef {
             rows: Some((start, len)),
+            packed: None,
             ..self.clone()
         }
     }
@@ -130,6 +157,14 @@ pub struct SharedExpertWeights {
 }
 
 impl SharedExpertWeights {
+    /// Packs the three projections (see [`MatrixRef::pack`]).
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        for m in [&mut self.gate, &mut self.up, &mut self.down] {
+            m.pack(gguf)?;
+        }
+        Ok(())
+    }
+
     pub fn view<'a>(&'a self, gguf: &'a Gguf) -> Result<SharedExpert<'a>, ModelError> {
         Ok(SharedExpert {
             gate: self.gate.view(gguf)?,
@@ -150,7 +185,18 @@ impl SharedExpertWeights {
 }
 
 impl MoeWeights {
-    pub fn experts<'g>(&self, gguf: &'g Gguf) -> Result<MoeExperts<'g>, ModelError> {
+    /// Packs the experts and the shared expert (see [`MatrixRef::pack`]); the router stays.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        for experts in [&mut self.gate_exps, &mut self.up_exps, &mut self.down_exps] {
+            experts.pack(gguf)?;
+        }
+        if let Some(shared) = &mut self.shared {
+            shared.pack(gguf)?;
+        }
+        Ok(())
+    }
+
+    pub fn experts<'a>(&'a self, gguf: &'a Gguf) -> Result<MoeExperts<'a>, ModelError> {
         MoeExperts::new(
             self.gate_exps.view(gguf)?,
             self.up_exps.view(gguf)?,
@@ -303,6 +349,7 @@ impl Loader<'_> {
             tensor: t.clone(),
             ne,
             rows: None,
+            packed: None,
         };
         r.view(self.gguf)?;
         Ok(r)

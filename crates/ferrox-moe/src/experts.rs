@@ -12,6 +12,7 @@
 //! are summed per token in routing order (`((o_0 + o_1) + o_2) + …`, as ggml's chain of
 //! adds), so a token's result is bit-identical whatever batch it is in.
 
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{GgmlType, WeightMatrix};
 use ferrox_gguf::TensorInfo;
 
@@ -53,6 +54,8 @@ pub struct ExpertTensor<'a> {
     /// Where expert 0's first viewed row starts.
     offset: usize,
     bytes: &'a [u8],
+    /// Packed copies of the viewed experts, one per expert, used for the products.
+    packed: Option<&'a [PackedMatrix]>,
 }
 
 impl<'a> ExpertTensor<'a> {
@@ -79,6 +82,7 @@ impl<'a> ExpertTensor<'a> {
             stride: expert_bytes,
             offset: 0,
             bytes,
+            packed: None,
         };
         if n_expert > 0 {
             WeightMatrix::new(ty, rows, cols, &bytes[..expert_bytes])?;
@@ -117,7 +121,29 @@ impl<'a> ExpertTensor<'a> {
             rows: len,
             expert_bytes: row * len,
             offset: self.offset + row * start,
+            packed: None,
             ..*self
+        })
+    }
+
+    /// This tensor with each expert's products computed from `packed[e]`, a packed copy of
+    /// that expert's viewed rows (see [`ferrox_core::packed`]).
+    pub fn with_packed(self, packed: &'a [PackedMatrix]) -> Result<Self, MoeError> {
+        let fits =
+            |p: &PackedMatrix| (p.ty(), p.rows(), p.cols()) == (self.ty, self.rows, self.cols);
+        if packed.len() != self.n_expert || !packed.iter().all(fits) {
+            return Err(MoeError::Shape(format!(
+                "{} packed experts for {} experts of {} × {} {:?}",
+                packed.len(),
+                self.n_expert,
+                self.rows,
+                self.cols,
+                self.ty
+            )));
+        }
+        Ok(ExpertTensor {
+            packed: Some(packed),
+            ..self
         })
     }
 
@@ -154,8 +180,14 @@ impl<'a> ExpertTensor<'a> {
     /// # Panics
     /// If `e >= self.n_expert()`.
     pub fn expert(&self, e: usize) -> WeightMatrix<'a> {
-        WeightMatrix::new(self.ty, self.rows, self.cols, self.expert_bytes(e))
-            .expect("validated in ExpertTensor::new")
+        let m = WeightMatrix::new(self.ty, self.rows, self.cols, self.expert_bytes(e))
+            .expect("validated in ExpertTensor::new");
+        match self.packed {
+            Some(packed) => m
+                .with_packed(&packed[e])
+                .expect("validated in ExpertTensor::with_packed"),
+            None => m,
+        }
     }
 }
 

@@ -159,9 +159,9 @@ impl DecoderWeights {
         })
     }
 
-    /// Packs the dense matrices this machine multiplies faster packed (see
-    /// [`MatrixRef::pack`]): the output head and every layer's projections, in parallel.
-    /// The token embedding keeps its rows in the file, where lookups read them.
+    /// Packs the matrices this machine multiplies faster packed (see [`MatrixRef::pack`]):
+    /// the output head, every layer's projections and experts (not the routers). The token
+    /// embedding keeps its rows in the file, where lookups read them.
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
         let mut matrices: Vec<&mut MatrixRef> = vec![&mut self.output];
         for layer in &mut self.layers {
@@ -170,12 +170,15 @@ impl DecoderWeights {
                 QkvWeights::Fused(m) => matrices.push(m),
             }
             matrices.push(&mut layer.wo);
-            if let FfnWeights::Dense { gate_up, down } = &mut layer.ffn {
-                match gate_up {
-                    GateUpWeights::Separate { gate, up } => matrices.extend([gate, up]),
-                    GateUpWeights::Fused(m) => matrices.push(m),
+            match &mut layer.ffn {
+                FfnWeights::Dense { gate_up, down } => {
+                    match gate_up {
+                        GateUpWeights::Separate { gate, up } => matrices.extend([gate, up]),
+                        GateUpWeights::Fused(m) => matrices.push(m),
+                    }
+                    matrices.push(down);
                 }
-                matrices.push(down);
+                FfnWeights::Moe(moe) => moe.pack(gguf)?,
             }
         }
         matrices.into_iter().try_for_each(|m| m.pack(gguf))

@@ -117,7 +117,7 @@ impl MlaEngine {
 
     pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Self, ModelError> {
         let config = crate::families::mla_config(&gguf.metadata())?;
-        let weights = MlaWeights::load(&gguf, &config)?;
+        let mut weights = MlaWeights::load(&gguf, &config)?;
         let n_ctx = match options.n_ctx {
             0 => config.n_ctx_train,
             n => n,
@@ -127,6 +127,9 @@ impl MlaEngine {
             .thread_name(|i| format!("ferrox-mla-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
+        if options.repack {
+            pool.install(|| weights.pack(&gguf))?;
+        }
         Ok(MlaEngine {
             gguf,
             config,

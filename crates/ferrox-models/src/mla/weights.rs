@@ -126,6 +126,29 @@ pub struct MlaWeights {
 }
 
 impl MlaWeights {
+    /// Packs what multiplies faster packed (see [`MatrixRef::pack`]): the output head, the
+    /// query, compressed-KV and output projections, the FFNs and experts. The per-head
+    /// absorption and decompression matrices stay in the file's layout.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        self.output.pack(gguf)?;
+        for layer in &mut self.layers {
+            match &mut layer.q {
+                QueryWeights::LoRa { a, b, .. } => {
+                    a.pack(gguf)?;
+                    b.pack(gguf)?;
+                }
+                QueryWeights::Plain(w) => w.pack(gguf)?,
+            }
+            layer.kv_a.pack(gguf)?;
+            layer.wo.pack(gguf)?;
+            match &mut layer.ffn {
+                MlaFfn::Dense(ffn) => ffn.pack(gguf)?,
+                MlaFfn::Moe(moe) => moe.pack(gguf)?,
+            }
+        }
+        Ok(())
+    }
+
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
         let l = Loader { gguf };
         let (n_embd, n_vocab) = (c.n_embd, c.n_vocab);
