@@ -205,6 +205,47 @@ impl<'a> WeightMatrix<'a> {
         Ok(())
     }
 
+    /// Whether activation rows quantized by `self` serve `other` too: the same columns and
+    /// activation layout (both packed alike, or both row-major with one vec-dot type).
+    pub fn shares_activations(&self, other: &WeightMatrix<'_>) -> bool {
+        self.cols == other.cols
+            && match (self.packed, other.packed) {
+                (Some(a), Some(b)) => a.shares_activations(b),
+                (None, None) => self.vec_dot_type() == other.vec_dot_type(),
+                _ => false,
+            }
+    }
+
+    /// `outs[i] = parts[i]·X` for matrices that share activations (see
+    /// [`Self::shares_activations`]), `xq` quantized by any of them: packed ones in one
+    /// pass over the pool ([`PackedMatrix::matmul_many`]), others one after the other.
+    /// Each result is the one [`Self::matvec`] (one token) or [`Self::matmul`] gives.
+    pub fn matmul_many(
+        parts: &[&WeightMatrix<'_>],
+        xq: &[u8],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), QuantError> {
+        let max = crate::packed::MAX_PARTS;
+        if let Some(first) = parts.first().and_then(|p| p.packed) {
+            if parts.len() <= max && parts.iter().all(|p| p.packed.is_some()) {
+                let mut packed = [first; crate::packed::MAX_PARTS];
+                for (slot, p) in packed.iter_mut().zip(parts) {
+                    *slot = p.packed.expect("checked above");
+                }
+                return PackedMatrix::matmul_many(&packed[..parts.len()], xq, n_tokens, outs);
+            }
+        }
+        for (part, out) in parts.iter().zip(outs.iter_mut()) {
+            if n_tokens == 1 {
+                part.matvec(xq, out)?;
+            } else {
+                part.matmul(xq, n_tokens, out)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `Y = W·X` for `n_tokens` activation rows `xq` (back to back, each quantized by
     /// [`Self::quantize_activation`]), with `y` token-major: `y[t * rows + r]`.
     ///

@@ -205,45 +205,117 @@ impl PackedMatrix {
         n_tokens: usize,
         y: &mut [f32],
     ) -> Result<(), QuantError> {
+        Self::matmul_many_with(isa, &[self], xq, n_tokens, &mut [y])
+    }
+
+    /// Whether activation rows quantized for `self` serve `other` too: the same columns
+    /// and activation layout.
+    pub fn shares_activations(&self, other: &PackedMatrix) -> bool {
+        self.cols == other.cols && self.format.is_k() == other.format.is_k()
+    }
+
+    /// `outs[i] = parts[i]·X` for matrices that share activations (see
+    /// [`shares_activations`](Self::shares_activations); at most [`MAX_PARTS`]), in one
+    /// pass over the rayon pool: their tasks run together, so that the pool is entered
+    /// once, not once per matrix. Each result is the one [`matmul`](Self::matmul) gives.
+    pub fn matmul_many(
+        parts: &[&PackedMatrix],
+        xq: &[u8],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), QuantError> {
+        Self::matmul_many_with(kernels::best_isa(), parts, xq, n_tokens, outs)
+    }
+
+    fn matmul_many_with(
+        isa: Isa,
+        parts: &[&PackedMatrix],
+        xq: &[u8],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), QuantError> {
         if !isa.is_available() {
             return Err(QuantError::IsaUnavailable(isa));
         }
-        let kernel = kernel_for(isa, self.format).ok_or(QuantError::IsaUnavailable(isa))?;
-        let act = self.activation_row_bytes();
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        if parts.len() > MAX_PARTS
+            || outs.len() != parts.len()
+            || !parts.iter().all(|p| first.shares_activations(p))
+        {
+            return Err(QuantError::VectorLength {
+                what: "packed products sharing activations",
+                expected: parts.len().min(MAX_PARTS),
+                actual: outs.len(),
+            });
+        }
+        let act = first.activation_row_bytes();
         if xq.len() != n_tokens * act {
             return Err(QuantError::ByteLength {
                 ty: GgmlType::Q8_0,
-                elements: n_tokens * self.cols,
+                elements: n_tokens * first.cols,
                 expected: n_tokens * act,
                 actual: xq.len(),
             });
         }
-        if y.len() != n_tokens * self.rows {
-            return Err(QuantError::VectorLength {
-                what: "output",
-                expected: n_tokens * self.rows,
-                actual: y.len(),
+        let mut plans: [Option<Plan>; MAX_PARTS] = [None, None, None, None];
+        let mut total = 0;
+        for ((part, y), plan) in parts.iter().zip(outs.iter_mut()).zip(&mut plans) {
+            if y.len() != n_tokens * part.rows {
+                return Err(QuantError::VectorLength {
+                    what: "output",
+                    expected: n_tokens * part.rows,
+                    actual: y.len(),
+                });
+            }
+            let kernel = kernel_for(isa, part.format).ok_or(QuantError::IsaUnavailable(isa))?;
+            let groups = part.rows / GROUP_ROWS;
+            if n_tokens == 0 || groups == 0 {
+                continue;
+            }
+            let group_bytes = part.data.len() / groups;
+            let per_task = groups_per_task(groups, group_bytes, n_tokens);
+            let tasks = groups.div_ceil(per_task);
+            *plan = Some(Plan {
+                kernel,
+                groups,
+                group_bytes,
+                per_task,
+                first_task: total,
+                out: Outputs(y.as_mut_ptr()),
             });
+            total += tasks;
         }
-        if n_tokens == 0 || self.rows == 0 {
-            return Ok(());
-        }
-        let groups = self.rows / GROUP_ROWS;
-        let group_bytes = self.data.len() / groups;
-        let per_task = groups_per_task(groups, group_bytes, n_tokens);
-        let out = Outputs(y.as_mut_ptr());
         let run = |task: usize| {
-            let first = task * per_task;
-            let count = per_task.min(groups - first);
-            // SAFETY: tasks own disjoint groups, hence disjoint output rows; every
-            // pointer below stays inside `self.data`, `xq` and `y` (checked above).
-            unsafe { self.run_groups(kernel, first, count, group_bytes, xq, n_tokens, &out) };
+            // The part whose tasks include `task`: the last one starting at or before it.
+            let (part, plan) = parts
+                .iter()
+                .zip(&plans)
+                .filter_map(|(m, p)| p.as_ref().map(|p| (m, p)))
+                .take_while(|(_, p)| p.first_task <= task)
+                .last()
+                .expect("a task belongs to a part");
+            let first = (task - plan.first_task) * plan.per_task;
+            let count = plan.per_task.min(plan.groups - first);
+            // SAFETY: tasks own disjoint groups of one part, hence disjoint output rows;
+            // every pointer stays inside the part's data, `xq` and its output (checked).
+            unsafe {
+                part.run_groups(
+                    plan.kernel,
+                    first,
+                    count,
+                    plan.group_bytes,
+                    xq,
+                    n_tokens,
+                    &plan.out,
+                )
+            };
         };
-        let tasks = groups.div_ceil(per_task);
-        if tasks == 1 {
-            run(0);
-        } else {
-            (0..tasks).into_par_iter().for_each(run);
+        match total {
+            0 => {}
+            1 => run(0),
+            _ => (0..total).into_par_iter().for_each(run),
         }
         Ok(())
     }
@@ -352,6 +424,20 @@ fn groups_per_task(groups: usize, group_bytes: usize, n_tokens: usize) -> usize 
             .max((PANEL_BYTES / group_bytes).max(1))
             .min(groups)
     }
+}
+
+/// Most matrices one [`PackedMatrix::matmul_many`] takes.
+pub const MAX_PARTS: usize = 4;
+
+/// How one part of a product is split into tasks.
+struct Plan {
+    kernel: GroupsFn,
+    groups: usize,
+    group_bytes: usize,
+    per_task: usize,
+    /// The part's first task among all the parts' tasks.
+    first_task: usize,
+    out: Outputs,
 }
 
 /// Output pointer shared by the tasks of one product, each writing its own rows.

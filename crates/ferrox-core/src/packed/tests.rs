@@ -275,3 +275,44 @@ fn packing_releases_all_of_its_source() {
     .unwrap();
     assert_eq!(released.into_inner(), bytes.len());
 }
+
+/// Several matrices in one pass give each the bits of its own product.
+#[test]
+fn products_of_several_matrices_equal_their_own() {
+    let cols = 512;
+    let shapes = [
+        (GgmlType::Q5_0, 64),
+        (GgmlType::Q8_0, 32),
+        (GgmlType::Q4_0, 1024),
+    ];
+    let bytes: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows)| random_rows(ty, rows, cols, 9))
+        .collect();
+    let packed: Vec<PackedMatrix> = shapes
+        .iter()
+        .zip(&bytes)
+        .map(|(&(ty, rows), b)| PackedMatrix::pack(ty, rows, cols, b, |_| {}).unwrap())
+        .collect();
+    let parts: Vec<&PackedMatrix> = packed.iter().collect();
+    for n in [1, 3, 8] {
+        let (_, xq) = activations(&packed[0], n, 10);
+        let mut together: Vec<Vec<f32>> = shapes.iter().map(|&(_, r)| vec![0.0; n * r]).collect();
+        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|v| &mut v[..]).collect();
+        PackedMatrix::matmul_many(&parts, &xq, n, &mut outs).unwrap();
+        for (m, got) in packed.iter().zip(&together) {
+            let mut alone = vec![0.0; n * m.rows()];
+            m.matmul(&xq, n, &mut alone).unwrap();
+            assert!(alone
+                .iter()
+                .zip(got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+    // Different activation layouts cannot share one pass.
+    let k = random_rows(GgmlType::Q4K, 16, cols, 11);
+    let k = PackedMatrix::pack(GgmlType::Q4K, 16, cols, &k, |_| {}).unwrap();
+    let (_, xq) = activations(&packed[0], 1, 12);
+    let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 16]);
+    assert!(PackedMatrix::matmul_many(&[&packed[0], &k], &xq, 1, &mut [&mut a, &mut b]).is_err());
+}

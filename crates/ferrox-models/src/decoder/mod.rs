@@ -28,7 +28,7 @@ use crate::layers::norm::{rms_norm, rms_norm_in_place};
 use crate::tokenizer::TokenId;
 use crate::ModelError;
 use kv_target::{HeadGroup, KvTarget};
-use linear::linear;
+use linear::{linear, linear_many};
 use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
@@ -511,9 +511,12 @@ impl Decoder {
                 k: wk,
                 v: wv,
             } => {
-                linear(&wq.view(&self.gguf)?, xn, n, q, &mut s.xq)?;
-                linear(&wk.view(&self.gguf)?, xn, n, k, &mut s.xq)?;
-                linear(&wv.view(&self.gguf)?, xn, n, v, &mut s.xq)?;
+                let (wq, wk, wv) = (
+                    wq.view(&self.gguf)?,
+                    wk.view(&self.gguf)?,
+                    wv.view(&self.gguf)?,
+                );
+                linear_many(&[&wq, &wk, &wv], xn, n, &mut [q, k, v], &mut s.xq)?;
             }
             QkvWeights::Fused(w) => {
                 let all = q_w + k_w + v_w;
@@ -656,8 +659,8 @@ impl Decoder {
         match gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
-                linear(&wg.view(&self.gguf)?, xn, n, gate, &mut s.xq)?;
-                linear(&wu.view(&self.gguf)?, xn, n, up, &mut s.xq)?;
+                let (wg, wu) = (wg.view(&self.gguf)?, wu.view(&self.gguf)?);
+                linear_many(&[&wg, &wu], xn, n, &mut [&mut *gate, &mut *up], &mut s.xq)?;
                 gated(c.activation, gate, up);
             }
             GateUpWeights::Fused(w) => {

@@ -23,3 +23,32 @@ pub fn linear(
     }
     Ok(())
 }
+
+/// [`linear`] for several matrices applied to the same input (query, key and value; gate
+/// and up): when their activations are laid out alike, `x` is quantized once and packed
+/// products run in one pass over the thread pool. `ys[i]` holds at least `n × rows` of
+/// matrix `i`.
+pub fn linear_many(
+    ws: &[&WeightMatrix<'_>],
+    x: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+    xq: &mut Vec<u8>,
+) -> Result<(), ModelError> {
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    if !ws.iter().all(|w| first.shares_activations(w)) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            linear(w, x, n, y, xq)?;
+        }
+        return Ok(());
+    }
+    first.quantize_activation(&x[..n * first.cols()], xq)?;
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let all = std::mem::take(y);
+        *y = &mut all[..n * w.rows()];
+    }
+    WeightMatrix::matmul_many(ws, xq, n, ys)?;
+    Ok(())
+}
