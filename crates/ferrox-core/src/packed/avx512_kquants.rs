@@ -5,64 +5,20 @@
 //! then per super-block and token one or two fused multiply-adds for all sixteen rows,
 //! as the scalar reference does row by row.
 //!
-//! Only [`kernel`] hands these functions out, and the packed products ask for it only
-//! after [`super::available`] detected the features, so the `unsafe` calls are sound.
+//! They run under the driver of `avx512.rs`, which is handed out only after the features
+//! were detected, so the `unsafe` calls are sound.
 
 use std::arch::x86_64::*;
 
+use super::avx512::{broadcast_i32, Block};
 use super::layout::{
     Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT,
     Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
-use super::{prefetch_lines, GroupsFn, PackedFormat, GROUP_ROWS, PREFETCH_AHEAD};
+use super::{PackedFormat, GROUP_ROWS};
 
-pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
-    match format {
-        PackedFormat::Q4K => groups::<true>,
-        _ => groups::<false>,
-    }
-}
-
-/// # Safety
-/// See [`GroupsFn`]; the CPU has the kernel's features.
-unsafe fn groups<const Q4K: bool>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    // SAFETY: forwarded contract; `xs` has 1, 2, 4 or 8 entries.
-    unsafe {
-        match (Q4K, xs.len()) {
-            (true, 8) => run_q4k::<8>(w, groups, blocks, xs, out, out_stride),
-            (true, 4) => run_q4k::<4>(w, groups, blocks, xs, out, out_stride),
-            (true, 2) => run_q4k::<2>(w, groups, blocks, xs, out, out_stride),
-            (false, 8) => run_q6k::<8>(w, groups, blocks, xs, out, out_stride),
-            (false, 4) => run_q6k::<4>(w, groups, blocks, xs, out, out_stride),
-            (false, 2) => run_q6k::<2>(w, groups, blocks, xs, out, out_stride),
-            _ => {
-                for (t, &x) in xs.iter().enumerate() {
-                    let out = out.add(t * out_stride);
-                    if Q4K {
-                        run_q4k::<1>(w, groups, blocks, &[x], out, out_stride);
-                    } else {
-                        run_q6k::<1>(w, groups, blocks, &[x], out, out_stride);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The i32 at `p`, broadcast.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn broadcast_i32(p: *const u8) -> __m512i {
-    // SAFETY: the caller passes four readable bytes.
-    _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
-}
+pub(super) struct Q4KBlock;
+pub(super) struct Q6KBlock;
 
 /// Sixteen f16 at `p` as f32.
 #[inline]
@@ -80,87 +36,71 @@ unsafe fn u8x16(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_q4k<const N: usize>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let gb = PackedFormat::Q4K.group_block_bytes();
-    let low = _mm512_set1_epi8(0x0F);
-    let zero = _mm512_setzero_si512();
-    let end = w.wrapping_add(groups * blocks * gb);
-    prefetch_lines(w, PREFETCH_AHEAD, end);
-    for g in 0..groups {
-        let mut acc = [_mm512_setzero_ps(); N];
-        for b in 0..blocks {
-            // SAFETY: the caller's contract: whole groups and activation rows.
-            unsafe {
-                let block = w.add((g * blocks + b) * gb);
-                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
-                let mut scaled = [zero; N];
-                for s in 0..8 {
-                    let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
-                    let mut codes = [zero; 8];
-                    for (k, code) in codes.iter_mut().enumerate() {
-                        let v = _mm512_loadu_si512(raw.add(64 * k).cast());
-                        let v = if s % 2 == 0 {
-                            v
-                        } else {
-                            _mm512_srli_epi16::<4>(v)
-                        };
-                        *code = _mm512_and_si512(v, low);
-                    }
-                    let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
-                    for t in 0..N {
-                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
-                        let mut even = zero;
-                        let mut odd = zero;
-                        for k in 0..4 {
-                            even = _mm512_dpbusd_epi32(
-                                even,
-                                codes[2 * k],
-                                broadcast_i32(x.add(8 * k)),
-                            );
-                            odd = _mm512_dpbusd_epi32(
-                                odd,
-                                codes[2 * k + 1],
-                                broadcast_i32(x.add(8 * k + 4)),
-                            );
-                        }
-                        let sum = _mm512_add_epi32(even, odd);
-                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
-                    }
+impl Block for Q4KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q4K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let low = _mm512_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut scaled = [zero; N];
+            for s in 0..8 {
+                let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
+                let mut codes = [zero; 8];
+                for (k, code) in codes.iter_mut().enumerate() {
+                    let v = _mm512_loadu_si512(raw.add(64 * k).cast());
+                    let v = if s % 2 == 0 {
+                        v
+                    } else {
+                        _mm512_srli_epi16::<4>(v)
+                    };
+                    *code = _mm512_and_si512(v, low);
                 }
-                // Σ min·Σx: each sub-block's minimum, as an i16 pair (m, m), against the
-                // activation's sums of its two halves of 16 values.
-                let mut mins = [zero; N];
-                for s in 0..8 {
-                    let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
-                    let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
-                    for t in 0..N {
-                        let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s));
-                        mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
-                    }
-                }
-                let dw = f16x16(block);
-                let dmin = f16x16(block.add(Q4K_DMIN_AT));
+                let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
                 for t in 0..N {
-                    let dy =
-                        _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-                    let s = _mm512_cvtepi32_ps(scaled[t]);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
-                    let m = _mm512_cvtepi32_ps(mins[t]);
-                    acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
+                    let mut even = zero;
+                    let mut odd = zero;
+                    for k in 0..4 {
+                        even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
+                        odd = _mm512_dpbusd_epi32(
+                            odd,
+                            codes[2 * k + 1],
+                            broadcast_i32(x.add(8 * k + 4)),
+                        );
+                    }
+                    let sum = _mm512_add_epi32(even, odd);
+                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
                 }
             }
-        }
-        for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: the caller's contract: sixteen outputs per group and token.
-            unsafe { _mm512_storeu_ps(out.add(t * out_stride + g * GROUP_ROWS), *acc) };
+            // Σ min·Σx: each sub-block's minimum, as an i16 pair (m, m), against the
+            // activation's sums of its two halves of 16 values.
+            let mut mins = [zero; N];
+            for s in 0..8 {
+                let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
+                let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
+                for t in 0..N {
+                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s));
+                    mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
+                }
+            }
+            let dw = f16x16(block);
+            let dmin = f16x16(block.add(Q4K_DMIN_AT));
+            for t in 0..N {
+                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+                let s = _mm512_cvtepi32_ps(scaled[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
+                let m = _mm512_cvtepi32_ps(mins[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
+            }
         }
     }
 }
@@ -174,77 +114,64 @@ fn six_bits(nibbles: __m512i, bits: __m512i) -> __m512i {
     _mm512_ternarylogic_epi32::<0xF8>(low, bits, _mm512_set1_epi8(0x30))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_q6k<const N: usize>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let gb = PackedFormat::Q6K.group_block_bytes();
-    let zero = _mm512_setzero_si512();
-    let end = w.wrapping_add(groups * blocks * gb);
-    prefetch_lines(w, PREFETCH_AHEAD, end);
-    for g in 0..groups {
-        let mut acc = [_mm512_setzero_ps(); N];
-        for b in 0..blocks {
-            // SAFETY: the caller's contract: whole groups and activation rows.
-            unsafe {
-                let block = w.add((g * blocks + b) * gb);
-                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
-                let mut scaled = [zero; N];
-                let mut offsets = [zero; N];
-                for p in 0..8 {
-                    // Lane r: row r's scales 2p and 2p + 1 as two i16.
-                    let pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                        block.add(Q6K_SCALES_AT + 32 * p).cast(),
-                    ));
-                    let scales = [
-                        _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
-                        _mm512_srai_epi32::<16>(pair),
+impl Block for Q6KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q6K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let zero = _mm512_setzero_si512();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut scaled = [zero; N];
+            let mut offsets = [zero; N];
+            for p in 0..8 {
+                // Lane r: row r's scales 2p and 2p + 1 as two i16.
+                let pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                    block.add(Q6K_SCALES_AT + 32 * p).cast(),
+                ));
+                let scales = [
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+                    _mm512_srai_epi32::<16>(pair),
+                ];
+                for (h, scale) in scales.iter().enumerate() {
+                    let s = 2 * p + h;
+                    let n0 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s).cast());
+                    let n1 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s + 64).cast());
+                    let hb = _mm512_loadu_si512(block.add(Q6K_HIGH_AT + 64 * s).cast());
+                    let codes = [
+                        six_bits(n0, _mm512_slli_epi16::<4>(hb)),
+                        six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),
+                        six_bits(n1, hb),
+                        six_bits(_mm512_srli_epi16::<4>(n1), _mm512_srli_epi16::<2>(hb)),
                     ];
-                    for (h, scale) in scales.iter().enumerate() {
-                        let s = 2 * p + h;
-                        let n0 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s).cast());
-                        let n1 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s + 64).cast());
-                        let hb = _mm512_loadu_si512(block.add(Q6K_HIGH_AT + 64 * s).cast());
-                        let codes = [
-                            six_bits(n0, _mm512_slli_epi16::<4>(hb)),
-                            six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),
-                            six_bits(n1, hb),
-                            six_bits(_mm512_srli_epi16::<4>(n1), _mm512_srli_epi16::<2>(hb)),
-                        ];
-                        for t in 0..N {
-                            let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                            let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
-                            let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
-                            let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
-                            let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
-                            let sum = _mm512_add_epi32(even, odd);
-                            scaled[t] =
-                                _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
-                        }
-                    }
                     for t in 0..N {
-                        let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
-                        offsets[t] = _mm512_dpwssd_epi32(offsets[t], pair, sums);
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                        let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
+                        let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
+                        let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
+                        let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
+                        let sum = _mm512_add_epi32(even, odd);
+                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
                     }
                 }
-                let dw = f16x16(block);
                 for t in 0..N {
-                    let dy =
-                        _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-                    let total = _mm512_sub_epi32(scaled[t], _mm512_slli_epi32::<5>(offsets[t]));
-                    let total = _mm512_cvtepi32_ps(total);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
+                    offsets[t] = _mm512_dpwssd_epi32(offsets[t], pair, sums);
                 }
             }
-        }
-        for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: the caller's contract: sixteen outputs per group and token.
-            unsafe { _mm512_storeu_ps(out.add(t * out_stride + g * GROUP_ROWS), *acc) };
+            let dw = f16x16(block);
+            for t in 0..N {
+                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+                let total = _mm512_sub_epi32(scaled[t], _mm512_slli_epi32::<5>(offsets[t]));
+                let total = _mm512_cvtepi32_ps(total);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+            }
         }
     }
 }

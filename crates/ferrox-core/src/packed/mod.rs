@@ -37,9 +37,9 @@ use crate::quant::{self, QuantError};
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512_kquants;
+mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod avx512_legacy;
+mod avx512_kquants;
 mod layout;
 mod scalar;
 
@@ -466,9 +466,7 @@ fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Some(avx2::kernel(format)),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if format.is_k() => Some(avx512_kquants::kernel(format)),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(avx512_legacy::kernel(format)),
+        Isa::Avx512Vnni => Some(avx512::kernel(format)),
         #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }

@@ -1,8 +1,9 @@
-//! The AVX-512 VNNI kernel over packed groups: one register per four values of the
+//! The AVX-512 VNNI kernels over packed groups: one register per four values of the
 //! group's sixteen rows, one `vpdpbusd` per four activation values (broadcast), each lane
 //! an exact integer sum for its row; then per block and token one conversion, one
 //! multiply and one fused multiply-add for all sixteen rows, as the scalar reference does
-//! row by row.
+//! row by row. This file holds the driver and the 32-value formats' blocks; the K-quants'
+//! blocks are in `avx512_kquants.rs`.
 //!
 //! Only [`kernel`] hands these functions out, and the packed products ask for it only
 //! after [`super::available`] detected the features, so the `unsafe` calls are sound.
@@ -14,14 +15,36 @@ use super::{
     prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
 };
 
+use super::avx512_kquants::{Q4KBlock, Q6KBlock};
+
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
-        PackedFormat::Q4_0 => groups::<Q4_0Codes>,
-        PackedFormat::Q5_0 => groups::<Q5_0Codes>,
-        PackedFormat::Q8_0 => groups::<Q8_0Codes>,
-        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("see avx512_kquants"),
+        PackedFormat::Q4_0 => groups::<Legacy<Q4_0Codes>>,
+        PackedFormat::Q5_0 => groups::<Legacy<Q5_0Codes>>,
+        PackedFormat::Q8_0 => groups::<Legacy<Q8_0Codes>>,
+        PackedFormat::Q4K => groups::<Q4KBlock>,
+        PackedFormat::Q6K => groups::<Q6KBlock>,
     }
 }
+
+/// One group block of a format against `N` tokens, added into their accumulators (one
+/// lane per row).
+pub(super) trait Block {
+    const FORMAT: PackedFormat;
+
+    /// # Safety
+    /// The CPU has the kernels' features; `block` is block `b` of a group, every `xs[t]`
+    /// a whole activation row.
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    );
+}
+
+/// The 32-value formats, whose codes unpack as `C` says.
+struct Legacy<C>(std::marker::PhantomData<C>);
 
 /// How one group block's codes become eight registers of unsigned bytes (register `g`:
 /// values `4g..4g+4` of every row).
@@ -98,9 +121,52 @@ impl Codes for Q8_0Codes {
     }
 }
 
+impl<C: Codes> Block for Legacy<C> {
+    const FORMAT: PackedFormat = C::FORMAT;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let bias = C::FORMAT.bias();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()));
+            let codes = C::unpack(block);
+            for t in 0..N {
+                let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
+                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                // The codes are `w + bias`: start from `-bias·Σx`.
+                let mut even = _mm512_set1_epi32(bias * -x_sum);
+                let mut odd = _mm512_setzero_si512();
+                for k in 0..4 {
+                    even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(a.add(8 * k)));
+                    odd =
+                        _mm512_dpbusd_epi32(odd, codes[2 * k + 1], broadcast_i32(a.add(8 * k + 4)));
+                }
+                let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
+            }
+        }
+    }
+}
+
+/// The i32 at `p`, broadcast.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn broadcast_i32(p: *const u8) -> __m512i {
+    // SAFETY: the caller passes four readable bytes.
+    _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
 /// # Safety
-/// See [`GroupsFn`]; the CPU has the kernel's features.
-unsafe fn groups<C: Codes>(
+/// See [`GroupsFn`]; the CPU has the kernels' features.
+unsafe fn groups<B: Block>(
     w: *const u8,
     groups: usize,
     blocks: usize,
@@ -111,12 +177,12 @@ unsafe fn groups<C: Codes>(
     // SAFETY: forwarded contract; `xs` has 1, 2, 4 or 8 entries.
     unsafe {
         match xs.len() {
-            8 => run::<C, 8>(w, groups, blocks, xs, out, out_stride),
-            4 => run::<C, 4>(w, groups, blocks, xs, out, out_stride),
-            2 => run::<C, 2>(w, groups, blocks, xs, out, out_stride),
+            8 => run::<B, 8>(w, groups, blocks, xs, out, out_stride),
+            4 => run::<B, 4>(w, groups, blocks, xs, out, out_stride),
+            2 => run::<B, 2>(w, groups, blocks, xs, out, out_stride),
             _ => {
                 for (t, &x) in xs.iter().enumerate() {
-                    run::<C, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
+                    run::<B, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
                 }
             }
         }
@@ -124,7 +190,7 @@ unsafe fn groups<C: Codes>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn run<C: Codes, const N: usize>(
+unsafe fn run<B: Block, const N: usize>(
     w: *const u8,
     groups: usize,
     blocks: usize,
@@ -132,8 +198,7 @@ unsafe fn run<C: Codes, const N: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    let gb = C::FORMAT.group_block_bytes();
-    let bias = C::FORMAT.bias();
+    let gb = B::FORMAT.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
     prefetch_lines(w, PREFETCH_AHEAD, end);
     for g in 0..groups {
@@ -144,24 +209,7 @@ unsafe fn run<C: Codes, const N: usize>(
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
                 prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()));
-                let codes = C::unpack(block);
-                for t in 0..N {
-                    let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
-                    let x =
-                        |k: usize| _mm512_set1_epi32(a.add(4 * k).cast::<i32>().read_unaligned());
-                    let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
-                    // The codes are `w + bias`: start from `-bias·Σx`.
-                    let mut even = _mm512_set1_epi32(bias * -x_sum);
-                    let mut odd = _mm512_setzero_si512();
-                    for k in 0..4 {
-                        even = _mm512_dpbusd_epi32(even, codes[2 * k], x(2 * k));
-                        odd = _mm512_dpbusd_epi32(odd, codes[2 * k + 1], x(2 * k + 1));
-                    }
-                    let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-                    let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
-                }
+                B::add::<N>(block, b, xs, &mut acc);
             }
         }
         for (t, acc) in acc.iter().enumerate() {
