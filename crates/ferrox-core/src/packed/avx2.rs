@@ -13,6 +13,7 @@
 
 use std::arch::x86_64::*;
 
+use super::layout::id::{Q4K, Q4_0, Q5_0, Q6K, Q8_0};
 use super::layout::{
     ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
     Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
@@ -20,22 +21,6 @@ use super::layout::{
 use super::{
     prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
 };
-
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q8_0: u8 = 2;
-const Q4K: u8 = 3;
-const Q6K: u8 = 4;
-
-const fn format_of(id: u8) -> PackedFormat {
-    match id {
-        Q4_0 => PackedFormat::Q4_0,
-        Q5_0 => PackedFormat::Q5_0,
-        Q8_0 => PackedFormat::Q8_0,
-        Q4K => PackedFormat::Q4K,
-        _ => PackedFormat::Q6K,
-    }
-}
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -183,7 +168,7 @@ unsafe fn run<const F: u8, const N: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    let format = format_of(F);
+    let format = PackedFormat::from_id(F);
     let gb = format.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
     prefetch_lines(w, PREFETCH_AHEAD, end);
@@ -225,7 +210,7 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    let bias = format_of(F).bias();
+    let bias = PackedFormat::from_id(F).bias();
     // SAFETY: the caller's contract.
     unsafe {
         let codes = legacy_codes::<F>(block, half);

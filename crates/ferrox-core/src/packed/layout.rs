@@ -46,6 +46,16 @@ pub(super) const Q6K_SCALES_AT: usize = 32;
 pub(super) const Q6K_LOW_AT: usize = 288;
 pub(super) const Q6K_HIGH_AT: usize = 288 + 2048;
 
+/// The packed formats as numbers, for kernels generic over their format (const generic
+/// parameters take no enums): see [`PackedFormat::from_id`].
+pub(super) mod id {
+    pub const Q4_0: u8 = 0;
+    pub const Q5_0: u8 = 1;
+    pub const Q8_0: u8 = 2;
+    pub const Q4K: u8 = 3;
+    pub const Q6K: u8 = 4;
+}
+
 /// A format that can be packed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PackedFormat {
@@ -65,6 +75,17 @@ impl PackedFormat {
             GgmlType::Q4K => Some(PackedFormat::Q4K),
             GgmlType::Q6K => Some(PackedFormat::Q6K),
             _ => None,
+        }
+    }
+
+    /// The format numbered `n` in [`id`].
+    pub(super) const fn from_id(n: u8) -> PackedFormat {
+        match n {
+            id::Q4_0 => PackedFormat::Q4_0,
+            id::Q5_0 => PackedFormat::Q5_0,
+            id::Q8_0 => PackedFormat::Q8_0,
+            id::Q4K => PackedFormat::Q4K,
+            _ => PackedFormat::Q6K,
         }
     }
 

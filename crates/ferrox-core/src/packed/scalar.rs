@@ -2,31 +2,20 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
+use super::layout::id::{Q4K, Q4_0, Q5_0, Q6K, Q8_0};
 use super::layout::{
     ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
     Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
-use super::{GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, QK};
+use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<{ Q4_0 }>,
         PackedFormat::Q5_0 => groups::<{ Q5_0 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
-        PackedFormat::Q4K => groups_k::<true>,
-        PackedFormat::Q6K => groups_k::<false>,
-    }
-}
-
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q8_0: u8 = 2;
-
-fn format_of(id: u8) -> PackedFormat {
-    match id {
-        Q4_0 => PackedFormat::Q4_0,
-        Q5_0 => PackedFormat::Q5_0,
-        _ => PackedFormat::Q8_0,
+        PackedFormat::Q4K => groups::<{ Q4K }>,
+        PackedFormat::Q6K => groups::<{ Q6K }>,
     }
 }
 
@@ -64,34 +53,42 @@ unsafe fn groups<const FORMAT: u8>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    let format = format_of(FORMAT);
-    let gb = format.group_block_bytes();
+    let format = PackedFormat::from_id(FORMAT);
+    let (gb, ab) = (format.group_block_bytes(), format.activation_block_bytes());
     // SAFETY: the caller's contract: whole groups.
     let w = unsafe { std::slice::from_raw_parts(w, groups * blocks * gb) };
     for g in 0..groups {
         for (t, &x) in xs.iter().enumerate() {
             // SAFETY: the caller's contract: whole activation rows.
-            let x = unsafe { std::slice::from_raw_parts(x, blocks * ACTIVATION_BLOCK_BYTES) };
+            let x = unsafe { std::slice::from_raw_parts(x, blocks * ab) };
             for r in 0..GROUP_ROWS {
                 let mut acc = 0f32;
                 for b in 0..blocks {
                     let block = &w[(g * blocks + b) * gb..][..gb];
-                    let a = &x[b * ACTIVATION_BLOCK_BYTES..][..ACTIVATION_BLOCK_BYTES];
-                    let mut sum = 0i32;
-                    for (i, &x) in a[..QK].iter().enumerate() {
-                        sum += i32::from(code(format, block, r, i)) * i32::from(x as i8);
-                    }
-                    let x_sum = i32::from_le_bytes(a[ACT_SUM_AT..].try_into().unwrap());
-                    sum -= format.bias() * x_sum;
-                    let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
-                    let dw = half::f16::from_le_bytes([block[2 * r], block[2 * r + 1]]).to_f32();
-                    acc = (dw * dy).mul_add(sum as f32, acc);
+                    let a = &x[b * ab..][..ab];
+                    acc = if format.is_k() {
+                        k_block(format, block, r, a, acc)
+                    } else {
+                        legacy_block(format, block, r, a, acc)
+                    };
                 }
                 // SAFETY: the caller's contract.
                 unsafe { out.add(t * out_stride + g * GROUP_ROWS + r).write(acc) };
             }
         }
     }
+}
+
+/// Row `r` of a 32-value format's group block against activation block `a`, into `acc`.
+fn legacy_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    let mut sum = 0i32;
+    for (i, &x) in a[..QK].iter().enumerate() {
+        sum += i32::from(code(format, block, r, i)) * i32::from(x as i8);
+    }
+    let x_sum = i32::from_le_bytes(a[ACT_SUM_AT..].try_into().unwrap());
+    sum -= format.bias() * x_sum;
+    let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
+    (f16_at(block, 2 * r) * dy).mul_add(sum as f32, acc)
 }
 
 fn f16_at(block: &[u8], at: usize) -> f32 {
@@ -116,75 +113,40 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
     }
 }
 
-/// Q4_K (`Q4K`) or Q6_K: per row, token and super-block, the exact integer sums
+/// Row `r` of a Q4_K or Q6_K group block against Q8_K block `a`, into `acc`:
 /// `Σ scale·Σ code·x` (and for Q4_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x` subtracted),
 /// then one fused multiply-add per sum.
-///
-/// # Safety
-/// See [`GroupsFn`].
-unsafe fn groups_k<const Q4K: bool>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let format = if Q4K {
-        PackedFormat::Q4K
-    } else {
-        PackedFormat::Q6K
-    };
-    let (gb, ab) = (format.group_block_bytes(), format.activation_block_bytes());
-    // SAFETY: the caller's contract: whole groups.
-    let w = unsafe { std::slice::from_raw_parts(w, groups * blocks * gb) };
-    for g in 0..groups {
-        for (t, &x) in xs.iter().enumerate() {
-            // SAFETY: the caller's contract: whole activation rows.
-            let x = unsafe { std::slice::from_raw_parts(x, blocks * ab) };
-            for r in 0..GROUP_ROWS {
-                let mut acc = 0f32;
-                for b in 0..blocks {
-                    let block = &w[(g * blocks + b) * gb..][..gb];
-                    let a = &x[b * ab..][..ab];
-                    let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
-                    let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
-                    let sub = if Q4K { 32 } else { 16 };
-                    let mut scaled = 0i32;
-                    let mut other = 0i32;
-                    for s in 0..QK_K / sub {
-                        let sum: i32 = (s * sub..(s + 1) * sub)
-                            .zip(&codes[s * sub..])
-                            .map(|(e, &x)| {
-                                i32::from(k_code(format, block, r, e)) * i32::from(x as i8)
-                            })
-                            .sum();
-                        if Q4K {
-                            let scale = i32::from(block[Q4K_SCALES_AT + GROUP_ROWS * s + r]);
-                            let min = i32::from(block[Q4K_MINS_AT + GROUP_ROWS * s + r]);
-                            let x_sum =
-                                i16_at(a, Q8K_SUMS_AT + 4 * s) + i16_at(a, Q8K_SUMS_AT + 4 * s + 2);
-                            scaled += scale * sum;
-                            other += min * x_sum;
-                        } else {
-                            let at = Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2;
-                            let scale = i32::from(block[at] as i8);
-                            scaled += scale * sum;
-                            other += scale * i16_at(a, Q8K_SUMS_AT + 2 * s);
-                        }
-                    }
-                    let dw = f16_at(block, 2 * r);
-                    if Q4K {
-                        let dmin = f16_at(block, Q4K_DMIN_AT + 2 * r);
-                        acc = (dw * dy).mul_add(scaled as f32, acc);
-                        acc = (-(dmin * dy)).mul_add(other as f32, acc);
-                    } else {
-                        acc = (dw * dy).mul_add((scaled - 32 * other) as f32, acc);
-                    }
-                }
-                // SAFETY: the caller's contract.
-                unsafe { out.add(t * out_stride + g * GROUP_ROWS + r).write(acc) };
-            }
+fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    let q4k = format == PackedFormat::Q4K;
+    let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
+    let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
+    let sub = if q4k { 32 } else { 16 };
+    let mut scaled = 0i32;
+    let mut other = 0i32;
+    for s in 0..QK_K / sub {
+        let sum: i32 = (s * sub..(s + 1) * sub)
+            .zip(&codes[s * sub..])
+            .map(|(e, &x)| i32::from(k_code(format, block, r, e)) * i32::from(x as i8))
+            .sum();
+        if q4k {
+            let scale = i32::from(block[Q4K_SCALES_AT + GROUP_ROWS * s + r]);
+            let min = i32::from(block[Q4K_MINS_AT + GROUP_ROWS * s + r]);
+            let x_sum = i16_at(a, Q8K_SUMS_AT + 4 * s) + i16_at(a, Q8K_SUMS_AT + 4 * s + 2);
+            scaled += scale * sum;
+            other += min * x_sum;
+        } else {
+            let at = Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2;
+            let scale = i32::from(block[at] as i8);
+            scaled += scale * sum;
+            other += scale * i16_at(a, Q8K_SUMS_AT + 2 * s);
         }
+    }
+    let dw = f16_at(block, 2 * r);
+    if q4k {
+        let dmin = f16_at(block, Q4K_DMIN_AT + 2 * r);
+        let acc = (dw * dy).mul_add(scaled as f32, acc);
+        (-(dmin * dy)).mul_add(other as f32, acc)
+    } else {
+        (dw * dy).mul_add((scaled - 32 * other) as f32, acc)
     }
 }
