@@ -13,10 +13,10 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::id::{Q4K, Q4_0, Q5_0, Q6K, Q8_0};
+use super::layout::id::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 use super::layout::{
-    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
-    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
+    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
+    Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
     prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
@@ -28,6 +28,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_0 => groups::<Q5_0>,
         PackedFormat::Q8_0 => groups::<Q8_0>,
         PackedFormat::Q4K => groups::<Q4K>,
+        PackedFormat::Q5K => groups::<Q5K>,
         PackedFormat::Q6K => groups::<Q6K>,
     }
 }
@@ -183,7 +184,8 @@ unsafe fn run<const F: u8, const N: usize>(
                         prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
                     }
                     match F {
-                        Q4K => q4k_block::<N>(block, half, b, xs, &mut acc),
+                        Q4K => q4k_block::<N, false>(block, half, b, xs, &mut acc),
+                        Q5K => q4k_block::<N, true>(block, half, b, xs, &mut acc),
                         Q6K => q6k_block::<N>(block, half, b, xs, &mut acc),
                         _ => legacy_block::<F, N>(block, half, b, xs, &mut acc),
                     }
@@ -237,10 +239,11 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
     }
 }
 
-/// One Q4_K super-block, half `half` of the group (see the AVX-512 kernel).
+/// One Q4_K super-block (Q5_K when `FIFTH`), half `half` of the group (see the AVX-512
+/// kernel).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_block<const N: usize>(
+unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -263,6 +266,11 @@ unsafe fn q4k_block<const N: usize>(
                     _mm256_srli_epi16::<4>(v)
                 };
                 *code = _mm256_and_si256(v, low);
+                if FIFTH {
+                    let at = Q5K_MASKS_AT + 8 * (8 * s + k) + 4 * half;
+                    let fifth = expand_bits(block.add(at).cast::<u32>().read_unaligned());
+                    *code = _mm256_or_si256(*code, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
+                }
             }
             let scale = u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half));
             for t in 0..N {

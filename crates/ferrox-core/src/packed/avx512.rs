@@ -15,14 +15,15 @@ use super::{
     prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
 };
 
-use super::avx512_kquants::{Q4KBlock, Q6KBlock};
+use super::avx512_kquants::{AffineKBlock, Q6KBlock};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<Legacy<Q4_0Codes>>,
         PackedFormat::Q5_0 => groups::<Legacy<Q5_0Codes>>,
         PackedFormat::Q8_0 => groups::<Legacy<Q8_0Codes>>,
-        PackedFormat::Q4K => groups::<Q4KBlock>,
+        PackedFormat::Q4K => groups::<AffineKBlock<false>>,
+        PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
     }
 }

@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI kernels over packed Q4_K and Q6_K groups: per sub-block one exact
+//! The AVX-512 VNNI kernels over packed Q4_K, Q5_K and Q6_K groups: per sub-block one exact
 //! integer sum per row by `vpdpbusd` (as for the 32-value formats), scaled by the row's
 //! sub-block scale with an integer multiply; the minimums (Q4_K) or the codes' offset of 32
 //! (Q6_K) by `vpdpwssd` against pairs of the activation's sums of 16 values;
@@ -12,12 +12,13 @@ use std::arch::x86_64::*;
 
 use super::avx512::{broadcast_i32, Block};
 use super::layout::{
-    Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT,
-    Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT, Q6K_HIGH_AT, Q6K_LOW_AT,
+    Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
-pub(super) struct Q4KBlock;
+/// Q4_K, or Q5_K when `FIFTH` (the same with a fifth bit per code).
+pub(super) struct AffineKBlock<const FIFTH: bool>;
 pub(super) struct Q6KBlock;
 
 /// Sixteen f16 at `p` as f32.
@@ -36,8 +37,12 @@ unsafe fn u8x16(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
 }
 
-impl Block for Q4KBlock {
-    const FORMAT: PackedFormat = PackedFormat::Q4K;
+impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
+    const FORMAT: PackedFormat = if FIFTH {
+        PackedFormat::Q5K
+    } else {
+        PackedFormat::Q4K
+    };
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -63,6 +68,11 @@ impl Block for Q4KBlock {
                         _mm512_srli_epi16::<4>(v)
                     };
                     *code = _mm512_and_si512(v, low);
+                    if FIFTH {
+                        let at = Q5K_MASKS_AT + 8 * (8 * s + k);
+                        let fifth: __mmask64 = block.add(at).cast::<u64>().read_unaligned();
+                        *code = _mm512_mask_add_epi8(*code, fifth, *code, _mm512_set1_epi8(16));
+                    }
                 }
                 let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
                 for t in 0..N {

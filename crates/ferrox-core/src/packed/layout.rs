@@ -41,6 +41,10 @@ pub(super) const Q4K_DMIN_AT: usize = 32;
 pub(super) const Q4K_SCALES_AT: usize = 64;
 pub(super) const Q4K_MINS_AT: usize = 192;
 pub(super) const Q4K_CODES_AT: usize = 320;
+/// Q5_K's group blocks are Q4_K's followed by the fifth bits as 64 masks of 64 bits:
+/// mask `8s + k` for the code vector of sub-block `s`, quad `k` (bit `4r + j`: value
+/// `32s + 4k + j` of row `r`).
+pub(super) const Q5K_MASKS_AT: usize = 2368;
 /// Offsets inside a Q6_K group block.
 pub(super) const Q6K_SCALES_AT: usize = 32;
 pub(super) const Q6K_LOW_AT: usize = 288;
@@ -53,6 +57,7 @@ pub(super) mod id {
     pub const Q5_0: u8 = 1;
     pub const Q8_0: u8 = 2;
     pub const Q4K: u8 = 3;
+    pub const Q5K: u8 = 5;
     pub const Q6K: u8 = 4;
 }
 
@@ -63,6 +68,7 @@ pub enum PackedFormat {
     Q5_0,
     Q8_0,
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -73,6 +79,7 @@ impl PackedFormat {
             GgmlType::Q5_0 => Some(PackedFormat::Q5_0),
             GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
             GgmlType::Q4K => Some(PackedFormat::Q4K),
+            GgmlType::Q5K => Some(PackedFormat::Q5K),
             GgmlType::Q6K => Some(PackedFormat::Q6K),
             _ => None,
         }
@@ -85,6 +92,7 @@ impl PackedFormat {
             id::Q5_0 => PackedFormat::Q5_0,
             id::Q8_0 => PackedFormat::Q8_0,
             id::Q4K => PackedFormat::Q4K,
+            id::Q5K => PackedFormat::Q5K,
             _ => PackedFormat::Q6K,
         }
     }
@@ -95,13 +103,23 @@ impl PackedFormat {
             PackedFormat::Q5_0 => GgmlType::Q5_0,
             PackedFormat::Q8_0 => GgmlType::Q8_0,
             PackedFormat::Q4K => GgmlType::Q4K,
+            PackedFormat::Q5K => GgmlType::Q5K,
             PackedFormat::Q6K => GgmlType::Q6K,
         }
     }
 
     /// Whether activations are Q8_K (the 256-value formats) rather than Q8_0-based.
     pub(super) fn is_k(self) -> bool {
-        matches!(self, PackedFormat::Q4K | PackedFormat::Q6K)
+        matches!(
+            self,
+            PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K
+        )
+    }
+
+    /// Whether the format has Q4_K's shape (scales and minimums per 32 values; Q5_K adds a
+    /// fifth bit).
+    pub(super) fn is_affine_k(self) -> bool {
+        matches!(self, PackedFormat::Q4K | PackedFormat::Q5K)
     }
 
     /// Values per block.
@@ -120,6 +138,7 @@ impl PackedFormat {
             PackedFormat::Q5_0 => 22,
             PackedFormat::Q8_0 => 34,
             PackedFormat::Q4K => 144,
+            PackedFormat::Q5K => 176,
             PackedFormat::Q6K => 210,
         }
     }
@@ -129,6 +148,7 @@ impl PackedFormat {
         let per_row = match self {
             // The scales and minimums unpacked to bytes.
             PackedFormat::Q4K => 148,
+            PackedFormat::Q5K => 180,
             other => other.file_block_bytes(),
         };
         GROUP_ROWS * per_row
@@ -149,7 +169,7 @@ impl PackedFormat {
             PackedFormat::Q4_0 => 8,
             PackedFormat::Q5_0 => 16,
             PackedFormat::Q8_0 => 128,
-            PackedFormat::Q4K => 0,
+            PackedFormat::Q4K | PackedFormat::Q5K => 0,
             PackedFormat::Q6K => 32,
         }
     }
@@ -195,8 +215,9 @@ pub(super) fn pack_group(
                         *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
                     }
                 }
-                PackedFormat::Q4K => {
-                    for (q, quad) in block[16..].chunks_exact(4).enumerate() {
+                PackedFormat::Q4K | PackedFormat::Q5K => {
+                    let codes_at = if format == PackedFormat::Q5K { 48 } else { 16 };
+                    for (q, quad) in block[codes_at..codes_at + 128].chunks_exact(4).enumerate() {
                         put(Q4K_CODES_AT + 64 * q, quad, 0);
                     }
                     for s in 0..8 {
@@ -205,6 +226,16 @@ pub(super) fn pack_group(
                         dst[Q4K_MINS_AT + GROUP_ROWS * s + r] = min;
                     }
                     dst[Q4K_DMIN_AT + 2 * r..Q4K_DMIN_AT + 2 * r + 2].copy_from_slice(&block[2..4]);
+                    if format == PackedFormat::Q5K {
+                        // Value e's fifth bit is bit e / 32 of qh[e % 32].
+                        for e in 0..QK_K {
+                            if block[16 + e % 32] >> (e / 32) & 1 == 1 {
+                                let (s, k, j) = (e / 32, e % 32 / 4, e % 4);
+                                let at = Q5K_MASKS_AT + 8 * (8 * s + k) + (4 * r + j) / 8;
+                                dst[at] |= 1 << ((4 * r + j) % 8);
+                            }
+                        }
+                    }
                 }
                 PackedFormat::Q6K => {
                     for s in 0..16 {

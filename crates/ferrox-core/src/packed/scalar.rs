@@ -2,10 +2,10 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{Q4K, Q4_0, Q5_0, Q6K, Q8_0};
+use super::layout::id::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 use super::layout::{
-    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q6K_HIGH_AT,
-    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
+    Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -15,6 +15,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_0 => groups::<{ Q5_0 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
         PackedFormat::Q4K => groups::<{ Q4K }>,
+        PackedFormat::Q5K => groups::<{ Q5K }>,
         PackedFormat::Q6K => groups::<{ Q6K }>,
     }
 }
@@ -25,7 +26,9 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
     match format {
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 => nibble(codes, r, i),
-        PackedFormat::Q4K | PackedFormat::Q6K => unreachable!("256-value formats: see k_code"),
+        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => {
+            unreachable!("256-value formats: see k_code")
+        }
         PackedFormat::Q5_0 => {
             let mask = u64::from_le_bytes(codes[8 * (i / 4)..8 * (i / 4) + 8].try_into().unwrap());
             let fifth = (mask >> (4 * r + i % 4) & 1) as u8;
@@ -99,12 +102,18 @@ fn i16_at(bytes: &[u8], at: usize) -> i32 {
     i32::from(i16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
-/// The unsigned code of value `e` of row `r` in one Q4_K or Q6_K group block.
+/// The unsigned code of value `e` of row `r` in one Q4_K, Q5_K or Q6_K group block.
 pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> u8 {
-    if format == PackedFormat::Q4K {
+    if format.is_affine_k() {
         let (j, i) = (e / 64, e % 64);
         let byte = block[Q4K_CODES_AT + 64 * (8 * j + i % 32 / 4) + 4 * r + i % 4];
-        byte >> (4 * (i / 32)) & 15
+        let nibble = byte >> (4 * (i / 32)) & 15;
+        if format != PackedFormat::Q5K {
+            return nibble;
+        }
+        let (s, k, j) = (e / 32, e % 32 / 4, e % 4);
+        let mask = block[Q5K_MASKS_AT + 8 * (8 * s + k) + (4 * r + j) / 8];
+        nibble | (mask >> ((4 * r + j) % 8) & 1) << 4
     } else {
         let (q, j) = (e / 4, e % 4);
         let low = block[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] >> (4 * (q % 2)) & 15;
@@ -113,11 +122,11 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
     }
 }
 
-/// Row `r` of a Q4_K or Q6_K group block against Q8_K block `a`, into `acc`:
-/// `Σ scale·Σ code·x` (and for Q4_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x` subtracted),
+/// Row `r` of a Q4_K, Q5_K or Q6_K group block against Q8_K block `a`, into `acc`:
+/// `Σ scale·Σ code·x` (and for Q4_K/Q5_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x` subtracted),
 /// then one fused multiply-add per sum.
 fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
-    let q4k = format == PackedFormat::Q4K;
+    let q4k = format.is_affine_k();
     let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
     let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
     let sub = if q4k { 32 } else { 16 };

@@ -4,11 +4,12 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::matrix::WeightMatrix;
 
-const TYPES: [GgmlType; 5] = [
+const TYPES: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4K,
+    GgmlType::Q5K,
     GgmlType::Q6K,
 ];
 
@@ -59,7 +60,7 @@ fn activations(m: &PackedMatrix, n: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
 /// per block the exact integer dot product of the signed values, then one fused
 /// multiply-add of `dw·dy`.
 fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
         return from_file_super_blocks(ty, row, x);
     }
     let mut q8 = [0u8; 34];
@@ -101,13 +102,22 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let dy = f32::from_le_bytes(q8[..4].try_into().unwrap());
         let xq = |e: usize| i32::from(q8[4 + e] as i8);
         let (mut scaled, mut other) = (0i32, 0i32);
-        if ty == GgmlType::Q4K {
+        if ty != GgmlType::Q6K {
+            // Q4_K, or Q5_K: its nibbles after 32 bytes of fifth bits (bit e / 32 of byte e % 32).
+            let q5k = ty == GgmlType::Q5K;
+            let codes_at = if q5k { 48 } else { 16 };
             for s in 0..8 {
                 let (scale, min) = crate::quant::kquants::scale_min_k4(s, &block[4..16]);
                 let sum: i32 = (32 * s..32 * s + 32)
                     .map(|e| {
-                        let byte = block[16 + 32 * (e / 64) + e % 32];
-                        i32::from(byte >> (4 * (e % 64 / 32)) & 15) * xq(e)
+                        let byte = block[codes_at + 32 * (e / 64) + e % 32];
+                        let nibble = i32::from(byte >> (4 * (e % 64 / 32)) & 15);
+                        let fifth = if q5k {
+                            i32::from(block[16 + e % 32] >> (e / 32) & 1)
+                        } else {
+                            0
+                        };
+                        (nibble + 16 * fifth) * xq(e)
                     })
                     .sum();
                 scaled += i32::from(scale) * sum;
