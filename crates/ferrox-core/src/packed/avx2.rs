@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::id::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
     Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
@@ -26,6 +26,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<Q4_0>,
         PackedFormat::Q5_0 => groups::<Q5_0>,
+        PackedFormat::Q4_1 => groups::<Q4_1>,
+        PackedFormat::Q5_1 => groups::<Q5_1>,
         PackedFormat::Q8_0 => groups::<Q8_0>,
         PackedFormat::Q4K => groups::<Q4K>,
         PackedFormat::Q5K => groups::<Q5K>,
@@ -133,7 +135,8 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
     let mut codes = [_mm256_setzero_si256(); 8];
     // SAFETY: the caller passes a whole group block.
     unsafe {
-        let p = block.add(SCALES_BYTES);
+        let format = PackedFormat::from_id(F);
+        let p = block.add(format.codes_at());
         match F {
             Q8_0 => {
                 for (g, c) in codes.iter_mut().enumerate() {
@@ -141,13 +144,13 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
                 }
             }
             _ => {
-                let nibbles = if F == Q5_0 { p.add(64) } else { p };
+                let nibbles = if format.has_fifth_bit() { p.add(64) } else { p };
                 for k in 0..4 {
                     let v = half_of(nibbles.add(64 * k), half);
                     codes[k] = _mm256_and_si256(v, low);
                     codes[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                 }
-                if F == Q5_0 {
+                if format.has_fifth_bit() {
                     for (g, c) in codes.iter_mut().enumerate() {
                         let masks = p.add(8 * g + 4 * half).cast::<u32>().read_unaligned();
                         let fifth = _mm256_and_si256(expand_bits(masks), _mm256_set1_epi8(16));
@@ -235,6 +238,13 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
             }
             let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), acc[t]);
+            if PackedFormat::from_id(F).has_min() {
+                // `d·code + m`: the minimums against the activations' sum.
+                let m = f16x8(block.add(SCALES_BYTES + 16 * half));
+                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                let x_sum = _mm256_set1_ps(x_sum as f32);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(m, dy), x_sum, acc[t]);
+            }
         }
     }
 }

@@ -19,8 +19,10 @@ use super::avx512_kquants::{AffineKBlock, Q6KBlock};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
-        PackedFormat::Q4_0 => groups::<Legacy<Q4_0Codes>>,
-        PackedFormat::Q5_0 => groups::<Legacy<Q5_0Codes>>,
+        PackedFormat::Q4_0 => groups::<Legacy<NibbleCodes<false>>>,
+        PackedFormat::Q4_1 => groups::<Legacy<NibbleCodes<true>>>,
+        PackedFormat::Q5_0 => groups::<Legacy<FiveBitCodes<false>>>,
+        PackedFormat::Q5_1 => groups::<Legacy<FiveBitCodes<true>>>,
         PackedFormat::Q8_0 => groups::<Legacy<Q8_0Codes>>,
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
@@ -57,8 +59,10 @@ trait Codes {
     unsafe fn unpack(block: *const u8) -> [__m512i; 8];
 }
 
-struct Q4_0Codes;
-struct Q5_0Codes;
+/// Q4_0, or Q4_1 when `MIN`.
+struct NibbleCodes<const MIN: bool>;
+/// Q5_0, or Q5_1 when `MIN`.
+struct FiveBitCodes<const MIN: bool>;
 struct Q8_0Codes;
 
 /// The low nibbles of the four registers at `p` (values `4k..4k+4`) in registers `0..4`,
@@ -77,19 +81,27 @@ unsafe fn nibbles(p: *const u8) -> [__m512i; 8] {
     out
 }
 
-impl Codes for Q4_0Codes {
-    const FORMAT: PackedFormat = PackedFormat::Q4_0;
+impl<const MIN: bool> Codes for NibbleCodes<MIN> {
+    const FORMAT: PackedFormat = if MIN {
+        PackedFormat::Q4_1
+    } else {
+        PackedFormat::Q4_0
+    };
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
         // SAFETY: the caller's contract.
-        unsafe { nibbles(block.add(SCALES_BYTES)) }
+        unsafe { nibbles(block.add(Self::FORMAT.codes_at())) }
     }
 }
 
-impl Codes for Q5_0Codes {
-    const FORMAT: PackedFormat = PackedFormat::Q5_0;
+impl<const MIN: bool> Codes for FiveBitCodes<MIN> {
+    const FORMAT: PackedFormat = if MIN {
+        PackedFormat::Q5_1
+    } else {
+        PackedFormat::Q5_0
+    };
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -97,7 +109,7 @@ impl Codes for Q5_0Codes {
         let sixteen = _mm512_set1_epi8(16);
         // SAFETY: the caller's contract.
         unsafe {
-            let masks = block.add(SCALES_BYTES);
+            let masks = block.add(Self::FORMAT.codes_at());
             let mut codes = nibbles(masks.add(64));
             for (g, c) in codes.iter_mut().enumerate() {
                 let fifth: __mmask64 = masks.add(8 * g).cast::<u64>().read_unaligned();
@@ -152,6 +164,12 @@ impl<C: Codes> Block for Legacy<C> {
                 let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
                 let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
+                if C::FORMAT.has_min() {
+                    // `d·code + m`: the minimums against the activations' sum.
+                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(block.add(SCALES_BYTES).cast()));
+                    let x_sum = _mm512_set1_ps(x_sum as f32);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(m, dy), x_sum, acc[t]);
+                }
             }
         }
     }

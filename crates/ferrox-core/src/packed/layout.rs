@@ -58,6 +58,8 @@ pub(super) mod id {
     pub const Q8_0: u8 = 2;
     pub const Q4K: u8 = 3;
     pub const Q5K: u8 = 5;
+    pub const Q4_1: u8 = 6;
+    pub const Q5_1: u8 = 7;
     pub const Q6K: u8 = 4;
 }
 
@@ -65,7 +67,9 @@ pub(super) mod id {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PackedFormat {
     Q4_0,
+    Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     Q4K,
     Q5K,
@@ -77,6 +81,8 @@ impl PackedFormat {
         match ty {
             GgmlType::Q4_0 => Some(PackedFormat::Q4_0),
             GgmlType::Q5_0 => Some(PackedFormat::Q5_0),
+            GgmlType::Q4_1 => Some(PackedFormat::Q4_1),
+            GgmlType::Q5_1 => Some(PackedFormat::Q5_1),
             GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
             GgmlType::Q4K => Some(PackedFormat::Q4K),
             GgmlType::Q5K => Some(PackedFormat::Q5K),
@@ -90,6 +96,8 @@ impl PackedFormat {
         match n {
             id::Q4_0 => PackedFormat::Q4_0,
             id::Q5_0 => PackedFormat::Q5_0,
+            id::Q4_1 => PackedFormat::Q4_1,
+            id::Q5_1 => PackedFormat::Q5_1,
             id::Q8_0 => PackedFormat::Q8_0,
             id::Q4K => PackedFormat::Q4K,
             id::Q5K => PackedFormat::Q5K,
@@ -101,6 +109,8 @@ impl PackedFormat {
         match self {
             PackedFormat::Q4_0 => GgmlType::Q4_0,
             PackedFormat::Q5_0 => GgmlType::Q5_0,
+            PackedFormat::Q4_1 => GgmlType::Q4_1,
+            PackedFormat::Q5_1 => GgmlType::Q5_1,
             PackedFormat::Q8_0 => GgmlType::Q8_0,
             PackedFormat::Q4K => GgmlType::Q4K,
             PackedFormat::Q5K => GgmlType::Q5K,
@@ -136,6 +146,8 @@ impl PackedFormat {
         match self {
             PackedFormat::Q4_0 => 18,
             PackedFormat::Q5_0 => 22,
+            PackedFormat::Q4_1 => 20,
+            PackedFormat::Q5_1 => 24,
             PackedFormat::Q8_0 => 34,
             PackedFormat::Q4K => 144,
             PackedFormat::Q5K => 176,
@@ -163,11 +175,32 @@ impl PackedFormat {
         }
     }
 
+    /// Whether values are `d·code + m` (Q4_1, Q5_1): a minimum per block and row, stored
+    /// after the scales.
+    pub(super) const fn has_min(self) -> bool {
+        matches!(self, PackedFormat::Q4_1 | PackedFormat::Q5_1)
+    }
+
+    /// Whether codes have a fifth bit, kept as 64-bit masks before the nibbles.
+    pub(super) const fn has_fifth_bit(self) -> bool {
+        matches!(self, PackedFormat::Q5_0 | PackedFormat::Q5_1)
+    }
+
+    /// Where a 32-value format's codes (or fifth-bit masks) start in a group block.
+    pub(super) const fn codes_at(self) -> usize {
+        if self.has_min() {
+            2 * SCALES_BYTES
+        } else {
+            SCALES_BYTES
+        }
+    }
+
     /// What the unsigned codes of the 32-value formats add to the values.
     pub(super) fn bias(self) -> i32 {
         match self {
             PackedFormat::Q4_0 => 8,
             PackedFormat::Q5_0 => 16,
+            PackedFormat::Q4_1 | PackedFormat::Q5_1 => 0,
             PackedFormat::Q8_0 => 128,
             PackedFormat::Q4K | PackedFormat::Q5K => 0,
             PackedFormat::Q6K => 32,
@@ -201,18 +234,23 @@ pub(super) fn pack_group(
                         put(SCALES_BYTES + 64 * g, quad, 0x80);
                     }
                 }
-                PackedFormat::Q4_0 => {
-                    for (k, quad) in block[2..].chunks_exact(4).enumerate() {
-                        put(SCALES_BYTES + 64 * k, quad, 0);
+                PackedFormat::Q4_0
+                | PackedFormat::Q4_1
+                | PackedFormat::Q5_0
+                | PackedFormat::Q5_1 => {
+                    // The file block: d, [m], [fifth bits], 16 nibble bytes.
+                    let mut at = if format.has_min() { 4 } else { 2 };
+                    let mut nibbles_at = format.codes_at();
+                    if format.has_fifth_bit() {
+                        let fifth = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
+                        for (g, mask) in masks.iter_mut().enumerate() {
+                            *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
+                        }
+                        at += 4;
+                        nibbles_at += 64;
                     }
-                }
-                PackedFormat::Q5_0 => {
-                    for (k, quad) in block[6..].chunks_exact(4).enumerate() {
-                        put(SCALES_BYTES + 64 + 64 * k, quad, 0);
-                    }
-                    let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                    for (g, mask) in masks.iter_mut().enumerate() {
-                        *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
+                    for (k, quad) in block[at..at + 16].chunks_exact(4).enumerate() {
+                        put(nibbles_at + 64 * k, quad, 0);
                     }
                 }
                 PackedFormat::Q4K | PackedFormat::Q5K => {
@@ -251,11 +289,14 @@ pub(super) fn pack_group(
             }
             let scale_at = if format == PackedFormat::Q6K { 208 } else { 0 };
             dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+            if format.has_min() {
+                dst[SCALES_BYTES + 2 * r..SCALES_BYTES + 2 * r + 2].copy_from_slice(&block[2..4]);
+            }
         }
-        if format == PackedFormat::Q5_0 {
+        if format.has_fifth_bit() {
+            let at = format.codes_at();
             for (g, mask) in masks.iter().enumerate() {
-                dst[SCALES_BYTES + 8 * g..SCALES_BYTES + 8 * g + 8]
-                    .copy_from_slice(&mask.to_le_bytes());
+                dst[at + 8 * g..at + 8 * g + 8].copy_from_slice(&mask.to_le_bytes());
             }
         }
     }

@@ -1,5 +1,5 @@
-//! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q5_0, Q8_0,
-//! Q4_K, Q6_K): sixteen rows interleaved four values at a time, so that one `vpdpbusd`
+//! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four values at a time, so that one `vpdpbusd`
 //! multiplies four values of sixteen rows by the same four activation values and leaves one
 //! integer sum per row in its own lane.
 //!
@@ -16,17 +16,18 @@
 //! AVX-512 kernel give the same bits, and a row's logits do not depend on its batch.
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
-//! formats are described in `layout.rs`; a block of the others is `[16 f16 scales][codes]`,
-//! with the codes, per format:
+//! formats are described in `layout.rs`; a block of the others is `[16 f16 scales]`, for
+//! Q4_1 and Q5_1 `[16 f16 minimums]`, then the codes, per format:
 //! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
 //!   `4r..4r+4`, as unsigned `w + 128`;
 //! - Q4_0: four 64-byte vectors of the original nibble bytes `4k..4k+4` per row: the low
 //!   nibbles are values `4k..4k+4`, the high ones `16+4k..16+4k+4` (unsigned `w + 8`);
 //! - Q5_0: eight 64-bit masks (mask `g`, bit `4r + j`: the fifth bit of value `4g + j` of
-//!   row `r`), then the nibbles as for Q4_0 (unsigned `w + 16`).
+//!   row `r`), then the nibbles as for Q4_0 (unsigned `w + 16`);
+//! - Q4_1 and Q5_1: as Q4_0 and Q5_0, the codes unsigned as they are (`d·code + m`).
 //!
-//! The group takes exactly the bytes of its sixteen rows in the file (Q4_K four bytes more
-//! per row and super-block).
+//! The group takes exactly the bytes of its sixteen rows in the file (Q4_K and Q5_K four
+//! bytes more per row and super-block).
 
 use ferrox_gguf::GgmlType;
 use rayon::prelude::*;

@@ -2,7 +2,7 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
     Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
@@ -13,6 +13,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
         PackedFormat::Q4_0 => groups::<{ Q4_0 }>,
         PackedFormat::Q5_0 => groups::<{ Q5_0 }>,
+        PackedFormat::Q4_1 => groups::<{ Q4_1 }>,
+        PackedFormat::Q5_1 => groups::<{ Q5_1 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
         PackedFormat::Q4K => groups::<{ Q4K }>,
         PackedFormat::Q5K => groups::<{ Q5K }>,
@@ -22,17 +24,17 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
 
 /// The unsigned code of value `i` of row `r` in one group block.
 pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8 {
-    let codes = &block[SCALES_BYTES..];
+    let codes = &block[format.codes_at()..];
     match format {
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
-        PackedFormat::Q4_0 => nibble(codes, r, i),
-        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => {
-            unreachable!("256-value formats: see k_code")
-        }
-        PackedFormat::Q5_0 => {
+        PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
+        PackedFormat::Q5_0 | PackedFormat::Q5_1 => {
             let mask = u64::from_le_bytes(codes[8 * (i / 4)..8 * (i / 4) + 8].try_into().unwrap());
             let fifth = (mask >> (4 * r + i % 4) & 1) as u8;
             nibble(&codes[64..], r, i) | fifth << 4
+        }
+        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => {
+            unreachable!("256-value formats: see k_code")
         }
     }
 }
@@ -91,7 +93,12 @@ fn legacy_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32
     let x_sum = i32::from_le_bytes(a[ACT_SUM_AT..].try_into().unwrap());
     sum -= format.bias() * x_sum;
     let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
-    (f16_at(block, 2 * r) * dy).mul_add(sum as f32, acc)
+    let acc = (f16_at(block, 2 * r) * dy).mul_add(sum as f32, acc);
+    if format.has_min() {
+        (f16_at(block, SCALES_BYTES + 2 * r) * dy).mul_add(x_sum as f32, acc)
+    } else {
+        acc
+    }
 }
 
 fn f16_at(block: &[u8], at: usize) -> f32 {
