@@ -32,8 +32,9 @@ pub struct ModelArgs {
     /// Store the KV cache as f32 instead of f16.
     #[arg(long)]
     pub kv_f32: bool,
-    /// Keep every matrix in the file's row-major layout (by default Q4_0, Q5_0, Q8_0, Q4_K
-    /// and Q6_K matrices are repacked at load where the CPU has AVX2, as llama.cpp repacks).
+    /// Keep every matrix in the file's row-major layout (by default the Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked at load where the CPU has AVX2,
+    /// as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
 }

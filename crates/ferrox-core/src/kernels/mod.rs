@@ -10,7 +10,8 @@
 //! AVX-512 with VNNI, the types that dominate quantized models (Q4_0, Q5_0, Q8_0, Q4_K,
 //! Q6_K) have kernels that compute the same integer lane sums with `vpdpbusd` and then the
 //! AVX2 kernels' float operations in the same order, two rows per 512-bit register: the
-//! same bits, faster.
+//! same bits, faster. (Faster still, and used by the engines wherever AVX2 is, are the
+//! repacked layouts of [`crate::packed`].)
 //!
 //! The best kernel set is picked once per process ([`best_isa`]) and kept in a table of
 //! function pointers. Matrix products call *panels*: a run of weight rows against 1, 4 or
