@@ -30,6 +30,15 @@ pub enum Heads {
 }
 
 impl Heads {
+    /// Packs the stacked matrices of the file (see [`ExpertRef::pack`]); copies made at
+    /// load stay as they are.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        match self {
+            Heads::File(r) => r.pack(gguf),
+            Heads::Copy { .. } => Ok(()),
+        }
+    }
+
     pub fn view<'g>(&'g self, gguf: &'g Gguf) -> Result<ExpertTensor<'g>, ModelError> {
         match self {
             Heads::File(r) => r.view(gguf),
@@ -127,8 +136,8 @@ pub struct MlaWeights {
 
 impl MlaWeights {
     /// Packs what multiplies faster packed (see [`MatrixRef::pack`]): the output head, the
-    /// query, compressed-KV and output projections, the FFNs and experts. The per-head
-    /// absorption and decompression matrices stay in the file's layout.
+    /// query, compressed-KV and output projections, the per-head matrices stacked in the
+    /// file, the FFNs and experts.
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
         for layer in &mut self.layers {
@@ -141,6 +150,9 @@ impl MlaWeights {
             }
             layer.kv_a.pack(gguf)?;
             layer.wo.pack(gguf)?;
+            for heads in [&mut layer.k_absorb, &mut layer.k_decompress, &mut layer.v] {
+                heads.pack(gguf)?;
+            }
             match &mut layer.ffn {
                 MlaFfn::Dense(ffn) => ffn.pack(gguf)?,
                 MlaFfn::Moe(moe) => moe.pack(gguf)?,
