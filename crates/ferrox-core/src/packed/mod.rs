@@ -51,7 +51,13 @@ pub use layout::{PackedFormat, GROUP_ROWS};
 /// AVX-512 VNNI (capped by `FERROX_ISA`). Elsewhere the row-major kernels are faster than
 /// the packed scalar reference, so nothing should be packed.
 pub fn available() -> bool {
-    kernels::best_isa().has_avx2()
+    kernel_isa().has_avx2()
+}
+
+/// The instruction set whose kernels [`PackedMatrix::matmul`] and
+/// [`PackedMatrix::matmul_many`] run: the best available, capped by `FERROX_ISA`.
+pub fn kernel_isa() -> Isa {
+    kernels::best_isa()
 }
 
 /// A `rows × cols` matrix in the packed layout (see the module notes), owned.
@@ -190,12 +196,7 @@ impl PackedMatrix {
     /// [`quantize_activation`](Self::quantize_activation)), `y[t * rows + r]`, with the
     /// fastest available kernel, across the current rayon pool. Allocates nothing.
     pub fn matmul(&self, xq: &[u8], n_tokens: usize, y: &mut [f32]) -> Result<(), QuantError> {
-        let isa = if available() {
-            Isa::Avx512Vnni
-        } else {
-            Isa::Scalar
-        };
-        self.matmul_with(isa, xq, n_tokens, y)
+        self.matmul_with(kernel_isa(), xq, n_tokens, y)
     }
 
     /// [`matmul`](Self::matmul) with the kernel of `isa`, for comparing them.
@@ -225,7 +226,7 @@ impl PackedMatrix {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
     ) -> Result<(), QuantError> {
-        Self::matmul_many_with(kernels::best_isa(), parts, xq, n_tokens, outs)
+        Self::matmul_many_with(kernel_isa(), parts, xq, n_tokens, outs)
     }
 
     fn matmul_many_with(
