@@ -64,18 +64,26 @@ unsafe fn groups<const F: u8>(
     }
 }
 
-/// `acc + Σ` over four values of eight rows: unsigned `codes` (each row's four bytes in
-/// its lane) times the four signed activation bytes at `x`.
+/// `acc + Σ` over eight values of eight rows: unsigned codes below 64 (`c0`: each row's
+/// values 0..4 in its lane, `c1`: values 4..8) times the eight signed activation bytes at
+/// `x`. The two pairs of products per lane fit an i16 (at most 4·63·127), so they are
+/// added before widening.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot4(acc: __m256i, codes: __m256i, x: *const u8) -> __m256i {
-    // SAFETY: the caller passes four readable bytes.
-    let x = _mm256_set1_epi32(unsafe { x.cast::<i32>().read_unaligned() });
-    let pairs = _mm256_maddubs_epi16(codes, x);
+unsafe fn dot8(acc: __m256i, c0: __m256i, c1: __m256i, x: *const u8) -> __m256i {
+    // SAFETY: the caller passes eight readable bytes.
+    let (x0, x1) = unsafe {
+        (
+            _mm256_set1_epi32(x.cast::<i32>().read_unaligned()),
+            _mm256_set1_epi32(x.add(4).cast::<i32>().read_unaligned()),
+        )
+    };
+    let pairs = _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
-/// [`dot4`] for signed codes.
+/// `acc + Σ` over four values of eight rows: signed `codes` (each row's four bytes in its
+/// lane) times the four signed activation bytes at `x`, by ggml's sign trick.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot4_signed(acc: __m256i, codes: __m256i, x: *const u8) -> __m256i {
@@ -229,11 +237,12 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
                 let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
                 _mm256_set1_epi32(bias * -x_sum)
             };
-            for (k, &c) in codes.iter().enumerate() {
+            for k in (0..8).step_by(2) {
                 sum = if F == Q8_0 {
-                    dot4_signed(sum, c, a.add(4 * k))
+                    let sum = dot4_signed(sum, codes[k], a.add(4 * k));
+                    dot4_signed(sum, codes[k + 1], a.add(4 * k + 4))
                 } else {
-                    dot4(sum, c, a.add(4 * k))
+                    dot8(sum, codes[k], codes[k + 1], a.add(4 * k))
                 };
             }
             let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
@@ -286,8 +295,8 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
             for t in 0..N {
                 let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
                 let mut sum = zero;
-                for (k, &c) in codes.iter().enumerate() {
-                    sum = dot4(sum, c, x.add(4 * k));
+                for k in (0..8).step_by(2) {
+                    sum = dot8(sum, codes[k], codes[k + 1], x.add(4 * k));
                 }
                 scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(scale, sum));
             }
@@ -349,10 +358,8 @@ unsafe fn q6k_block<const N: usize>(
                 ];
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let mut sum = zero;
-                    for (k, &c) in codes.iter().enumerate() {
-                        sum = dot4(sum, c, x.add(4 * k));
-                    }
+                    let sum = dot8(zero, codes[0], codes[1], x);
+                    let sum = dot8(sum, codes[2], codes[3], x.add(8));
                     scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(*scale, sum));
                 }
             }
