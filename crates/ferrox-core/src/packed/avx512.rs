@@ -6,7 +6,8 @@
 //! blocks are in `avx512_kquants.rs`.
 //!
 //! Only [`kernel`] hands these functions out, and the packed products ask for it only
-//! after [`super::available`] detected the features, so the `unsafe` calls are sound.
+//! after checking that the CPU has AVX-512 VNNI (`Isa::is_available`), so the `unsafe`
+//! calls are sound.
 
 use std::arch::x86_64::*;
 
