@@ -67,6 +67,7 @@ fn run_bench_and_perplexity_work_and_serve_refuses() {
     ]))
     .unwrap();
     assert_eq!(bench.as_array().unwrap().len(), 2, "{bench}");
+    assert_eq!(bench[0]["repack"], true, "llama-bench's field: {bench}");
 
     let text = dir.path().join("text.txt");
     std::fs::write(&text, "ba ce di fo gu ".repeat(40)).unwrap();

@@ -40,7 +40,8 @@ pub struct Args {
     /// with ferrox, and print the ratios.
     #[arg(long)]
     pub compare: Option<PathBuf>,
-    /// Keep every matrix in the file's row-major layout (no repacking at load).
+    /// Keep every matrix in the file's row-major layout (no repacking at load; with
+    /// `--compare`, llama-bench runs with `--repack 0` too).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
 }
@@ -197,15 +198,21 @@ fn human_params(n: u64) -> String {
     }
 }
 
-/// llama-bench's JSON results for one test, run as its own process.
+/// llama-bench's JSON results for one test, run as its own process (with its weight
+/// repacking off too when `repack` is false).
 fn llama_bench(
     binary: &Path,
     model: &Path,
     m: &Measurement,
     threads: usize,
     reps: usize,
+    repack: bool,
 ) -> anyhow::Result<f64> {
-    let out = Command::new(binary)
+    let mut command = Command::new(binary);
+    if !repack {
+        command.args(["--repack", "0"]);
+    }
+    let out = command
         .args(["-m", &model.to_string_lossy()])
         .args(["-p", &m.n_prompt.to_string(), "-n", &m.n_gen.to_string()])
         .args([
@@ -275,6 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &m,
                 threads,
                 args.repetitions,
+                !args.no_repack,
             )?);
         }
         results.push(m);
@@ -313,6 +321,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "n_gen": m.n_gen,
                     "type_k": "f16",
                     "type_v": "f16",
+                    "repack": !args.no_repack,
                     "test_time": chrono_now(),
                     "avg_ns": avg_ns,
                     "stddev_ns": stddev(&ns) as u64,
