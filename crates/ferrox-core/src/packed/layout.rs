@@ -224,9 +224,9 @@ pub(super) fn pack_group(
             let block = &src[r * row_bytes + b * sb..][..sb];
             // Four bytes of row `r` into the vector at `at`.
             let mut put = |at: usize, quad: &[u8], flip: u8| {
-                for (d, &s) in dst[at + 4 * r..at + 4 * r + 4].iter_mut().zip(quad) {
-                    *d = s ^ flip;
-                }
+                let quad = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+                let flipped = quad ^ u32::from_le_bytes([flip; 4]);
+                dst[at + 4 * r..at + 4 * r + 4].copy_from_slice(&flipped.to_le_bytes());
             };
             match format {
                 PackedFormat::Q8_0 => {

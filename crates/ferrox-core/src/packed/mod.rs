@@ -65,7 +65,24 @@ pub struct PackedMatrix {
     format: PackedFormat,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: memmap2::MmapMut,
+}
+
+/// `len` zeroed bytes in an anonymous mapping of their own, on Linux backed by huge pages
+/// where the system allows: the kernels stream these bytes, and 2 MiB pages spare them a
+/// TLB miss and a prefetch stop every 4 KiB (and make the copy at load fault 512 times
+/// less often).
+fn packed_bytes(len: usize) -> Result<memmap2::MmapMut, QuantError> {
+    let map = memmap2::MmapMut::map_anon(len).map_err(|e| QuantError::PackedAllocation {
+        bytes: len,
+        reason: e.to_string(),
+    })?;
+    #[cfg(target_os = "linux")]
+    {
+        // Only advice: without transparent huge pages the mapping works as it is.
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+    Ok(map)
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -113,7 +130,7 @@ impl PackedMatrix {
         }
         let blocks = cols / format.values();
         let group_bytes = blocks * format.group_block_bytes();
-        let mut data = vec![0u8; rows / GROUP_ROWS * group_bytes];
+        let mut data = packed_bytes(rows / GROUP_ROWS * group_bytes)?;
         data.par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
             .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
             .for_each(|(dst, src)| {

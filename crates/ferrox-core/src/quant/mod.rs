@@ -47,6 +47,8 @@ pub enum QuantError {
     UnsupportedDot(GgmlType),
     #[error("this machine cannot run {0:?} kernels")]
     IsaUnavailable(crate::kernels::Isa),
+    #[error("cannot allocate {bytes} bytes for a packed matrix: {reason}")]
+    PackedAllocation { bytes: usize, reason: String },
     #[error("{what} has {actual} values, expected {expected}")]
     VectorLength {
         what: &'static str,
