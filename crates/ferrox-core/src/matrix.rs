@@ -433,10 +433,10 @@ impl<'a> WeightMatrix<'a> {
 const PARALLEL_QUANTIZE_ROWS: usize = 4;
 /// Below this many weight bytes (times tokens) a product runs on the calling thread:
 /// handing it to the pool would cost more than it saves.
-const PARALLEL_MIN_BYTES: usize = 64 * 1024;
+pub(crate) const PARALLEL_MIN_BYTES: usize = 64 * 1024;
 /// Weight bytes (times tokens) per parallel task of a large product: small enough that
 /// work stealing evens out threads slowed by other processes.
-const TASK_BYTES: usize = 512 * 1024;
+pub(crate) const TASK_BYTES: usize = 512 * 1024;
 /// Never split finer than this many weight bytes (times tokens) per task.
 const MIN_TASK_WORK: usize = 16 * 1024;
 /// Rows per task of a matrix product, at least.
@@ -446,10 +446,11 @@ const PANEL_BYTES: usize = 128 * 1024;
 /// At most this many rows per panel (the stack tile holds eight tokens of each).
 const MAX_PANEL_ROWS: usize = 256;
 
-/// `y` as the tasks of one `matmul` write it, each to its own rows.
-struct Outputs {
-    ptr: *mut f32,
-    len: usize,
+/// `y` as the tasks of one product write it, each to its own rows (also the packed
+/// products', `crate::packed`).
+pub(crate) struct Outputs {
+    pub(crate) ptr: *mut f32,
+    pub(crate) len: usize,
 }
 
 // SAFETY: tasks write disjoint elements (see `matmul`).

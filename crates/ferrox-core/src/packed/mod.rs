@@ -33,6 +33,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, Isa};
+use crate::matrix::{Outputs, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::quant::{self, QuantError};
 
 #[cfg(target_arch = "x86_64")]
@@ -176,11 +177,19 @@ impl PackedMatrix {
     /// the format: Q8_K for the 256-value formats; Q8_0 for the others, laid out per block
     /// as codes, f32 scale, sum of codes.
     pub fn quantize_activation(&self, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
-        if x.len() != self.cols || out.len() != self.activation_row_bytes() {
+        if x.len() != self.cols {
             return Err(QuantError::VectorLength {
                 what: "activation row",
                 expected: self.cols,
                 actual: x.len(),
+            });
+        }
+        if out.len() != self.activation_row_bytes() {
+            return Err(QuantError::ByteLength {
+                ty: GgmlType::Q8_0,
+                elements: self.cols,
+                expected: self.activation_row_bytes(),
+                actual: out.len(),
             });
         }
         if self.format.is_k() {
@@ -302,7 +311,10 @@ impl PackedMatrix {
                 group_bytes,
                 per_task,
                 first_task: total,
-                out: Outputs(y.as_mut_ptr()),
+                out: Outputs {
+                    ptr: y.as_mut_ptr(),
+                    len: y.len(),
+                },
             });
             total += tasks;
         }
@@ -388,7 +400,7 @@ impl PackedMatrix {
                         n,
                         blocks,
                         &xs[..width],
-                        out.0.add(t * self.rows + g * GROUP_ROWS),
+                        out.ptr.add(t * self.rows + g * GROUP_ROWS),
                         self.rows,
                     )
                 };
@@ -410,24 +422,14 @@ const PREFETCH_AHEAD: usize = 16384;
 #[inline(always)]
 fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
     for line in (0..len).step_by(64) {
-        let q = p.wrapping_add(line);
-        if q < end {
-            // SAFETY: SSE is part of x86-64; a prefetch never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(q.cast())
-            };
+        if p.wrapping_add(line) < end {
+            crate::kernels::x86::prefetch_ahead(p, line);
         }
     }
 }
 
 /// Weight bytes of a panel swept against all tokens while it stays in the L2 cache.
 const PANEL_BYTES: usize = 96 * 1024;
-/// Weight bytes (times tokens) per parallel task: small enough to balance two threads
-/// slowed unevenly by other processes.
-const TASK_BYTES: usize = 512 * 1024;
-/// Below this much work a product stays on the calling thread.
-const PARALLEL_MIN_BYTES: usize = 64 * 1024;
-
 fn groups_per_task(groups: usize, group_bytes: usize, n_tokens: usize) -> usize {
     let threads = rayon::current_num_threads();
     let work = group_bytes * n_tokens;
@@ -458,11 +460,6 @@ struct Plan {
     first_task: usize,
     out: Outputs,
 }
-
-/// Output pointer shared by the tasks of one product, each writing its own rows.
-struct Outputs(*mut f32);
-// SAFETY: tasks write disjoint elements (see `matmul_with`).
-unsafe impl Sync for Outputs {}
 
 /// `groups` consecutive groups at `w` (`blocks` blocks each) against the activation rows
 /// `xs` (1, 2, 4 or 8 of them); token `t`'s result for row `r` of the first group goes to

@@ -190,7 +190,7 @@ const MIN_PREFETCH: usize = 8192;
 
 /// Asks for the cache line `distance` bytes past `p` (never faults, whatever the address).
 #[inline(always)]
-pub(super) fn prefetch_ahead(p: *const u8, distance: usize) {
+pub(crate) fn prefetch_ahead(p: *const u8, distance: usize) {
     // SAFETY: SSE is part of x86-64; a prefetch never faults.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(distance).cast()) }
 }

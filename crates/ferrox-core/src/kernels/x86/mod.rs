@@ -12,6 +12,7 @@ mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx512_common;
+pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
 
