@@ -80,11 +80,6 @@ impl<'a> WeightMatrix<'a> {
         })
     }
 
-    /// Whether products go through a packed copy.
-    pub fn is_packed(&self) -> bool {
-        self.packed.is_some()
-    }
-
     pub fn ty(&self) -> GgmlType {
         self.ty
     }
