@@ -28,6 +28,16 @@
  *       generated ids, special tokens rendered) are for humans: a piece holding part of a UTF-8
  *       character shows its stray bytes as \u00XX.
  *
+ *   llama-ref sweep MODEL CTX N_THREADS TOKENS_FILE N_GREEDY OUT_JSON
+ *       Every context length of one token sequence, three ways: (1) "all": the whole
+ *       sequence as one batch with logits for every position; (2) "prompt": for each length
+ *       p = 1..n, the first p tokens as a fresh prompt (memory cleared, one batch, logits for
+ *       the last position); (3) "greedy": after each such prompt, N_GREEDY tokens decoded
+ *       greedily one at a time. Records the five most likely ids with their log-probabilities
+ *       (logit minus the log-sum-exp of the row, in double precision) at every step:
+ *       {"settings", "tokens", "all": [[[id, logprob] x5] x n], "prompt": [... x n],
+ *       "greedy": [{"ids": [...], "top5": [[[id, logprob] x5] x N_GREEDY]} x n]}.
+ *
  *   llama-ref tokenize MODEL PROMPT_FILE
  *       Prints the prompt ids (same tokenization as greedy) as a JSON array.
  *
@@ -44,6 +54,7 @@
  * attention AUTO, repacking on, f16 K and V; the greedy fixture also records the flash
  * attention off and repacking off runs as measurements of llama.cpp's own rounding noise).
  */
+#define _POSIX_C_SOURCE 200809L
 #include "llama.h"
 #include "ggml.h"
 
@@ -529,6 +540,133 @@ static int mode_greedy(int argc, char ** argv) {
     return 0;
 }
 
+/* the TOPK best [id, logprob] pairs of a row, as JSON */
+static void write_top_logprobs(FILE * f, const float * row, int n_vocab) {
+    cand_t best[TOPK];
+    topk(row, n_vocab, best, TOPK);
+    double sum = 0.0;
+    for (int t = 0; t < n_vocab; t++) {
+        sum += exp((double) row[t] - (double) best[0].logit);
+    }
+    double lse = (double) best[0].logit + log(sum);
+    fprintf(f, "[");
+    for (int j = 0; j < TOPK; j++) {
+        fprintf(f, "%s[%d, %.8g]", j ? ", " : "", best[j].id, (double) best[j].logit - lse);
+    }
+    fprintf(f, "]");
+}
+
+static void decode_or_die(struct llama_context * ctx, struct llama_batch batch, const char * what, int at) {
+    int rc = llama_decode(ctx, batch);
+    if (rc != 0) {
+        die("llama_decode failed (%s %d): %d", what, at, rc);
+    }
+}
+
+static int mode_sweep(int argc, char ** argv) {
+    if (argc != 8) {
+        die("usage: %s sweep MODEL CTX N_THREADS TOKENS_FILE N_GREEDY OUT_JSON", argv[0]);
+    }
+    int n_ctx = atoi(argv[3]);
+    int n_threads = atoi(argv[4]);
+    size_t len;
+    char * text = read_file(argv[5], &len);
+    int n_tokens;
+    llama_token * ids = parse_ids(text, &n_tokens);
+    int n_greedy = atoi(argv[6]);
+    if (n_tokens == 0 || n_greedy < 0) {
+        die("no token ids in %s, or a negative N_GREEDY", argv[5]);
+    }
+    if (n_ctx < n_tokens + n_greedy) {
+        die("CTX %d < %d tokens + %d greedy", n_ctx, n_tokens, n_greedy);
+    }
+    ref_t r = {0};
+    r.model = load_model(argv[2]);
+    r.vocab = llama_model_get_vocab(r.model);
+    r.n_vocab = llama_vocab_n_tokens(r.vocab);
+    for (int i = 0; i < n_tokens; i++) {
+        if (ids[i] < 0 || ids[i] >= r.n_vocab) {
+            die("token id %d out of range (n_vocab %d)", ids[i], r.n_vocab);
+        }
+    }
+    make_ctx(&r, (uint32_t) n_ctx, n_threads, n_tokens);
+    llama_memory_t mem = llama_get_memory(r.ctx);
+    struct llama_batch batch = llama_batch_init(n_tokens, 0, 1);
+    FILE * f = fopen(argv[7], "wb");
+    if (!f) {
+        die("cannot create %s", argv[7]);
+    }
+    fprintf(f, "{\"settings\": ");
+    write_settings(f, &r, "sweep");
+    fprintf(f, ",\n \"tokens\": [");
+    for (int i = 0; i < n_tokens; i++) {
+        fprintf(f, "%s%d", i ? ", " : "", ids[i]);
+    }
+    fprintf(f, "],\n \"all\": [");
+    for (int i = 0; i < n_tokens; i++) {
+        batch.token[i] = ids[i];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = 1;
+    }
+    batch.n_tokens = n_tokens;
+    decode_or_die(r.ctx, batch, "all", n_tokens);
+    for (int i = 0; i < n_tokens; i++) {
+        fprintf(f, "%s\n  ", i ? "," : "");
+        write_top_logprobs(f, llama_get_logits_ith(r.ctx, i), r.n_vocab);
+    }
+    fprintf(f, "],\n \"prompt\": [");
+    char * greedy = NULL;
+    size_t greedy_len = 0;
+    FILE * g = open_memstream(&greedy, &greedy_len);
+    for (int p = 1; p <= n_tokens; p++) {
+        llama_memory_clear(mem, true);
+        for (int i = 0; i < p; i++) {
+            batch.logits[i] = (i == p - 1);
+        }
+        batch.n_tokens = p;
+        decode_or_die(r.ctx, batch, "prompt", p);
+        const float * row = llama_get_logits_ith(r.ctx, -1);
+        fprintf(f, "%s\n  ", p > 1 ? "," : "");
+        write_top_logprobs(f, row, r.n_vocab);
+        fprintf(g, "%s\n  {\"ids\": [", p > 1 ? "," : "");
+        llama_token gen[4096];
+        char * tops = NULL;
+        size_t tops_len = 0;
+        FILE * t = open_memstream(&tops, &tops_len);
+        for (int step = 0; step < n_greedy && step < 4096; step++) {
+            cand_t best[TOPK];
+            topk(row, r.n_vocab, best, TOPK);
+            gen[step] = best[0].id;
+            fprintf(g, "%s%d", step ? ", " : "", gen[step]);
+            struct llama_batch one = llama_batch_get_one(&gen[step], 1);
+            decode_or_die(r.ctx, one, "greedy", step);
+            row = llama_get_logits_ith(r.ctx, -1);
+            fprintf(t, "%s", step ? ", " : "");
+            write_top_logprobs(t, row, r.n_vocab);
+        }
+        fclose(t);
+        fprintf(g, "], \"top5\": [%s]}", tops ? tops : "");
+        free(tops);
+        /* restore the batch for the next prompt */
+        for (int i = 0; i < n_tokens; i++) {
+            batch.token[i] = ids[i];
+            batch.pos[i] = i;
+        }
+    }
+    fclose(g);
+    fprintf(f, "],\n \"greedy\": [%s]}\n", greedy ? greedy : "");
+    free(greedy);
+    fclose(f);
+    llama_batch_free(batch);
+    llama_free(r.ctx);
+    llama_model_free(r.model);
+    free(ids);
+    free(text);
+    return 0;
+}
+
 static int mode_tokenize(int argc, char ** argv) {
     if (argc != 4) {
         die("usage: %s tokenize MODEL PROMPT_FILE", argv[0]);
@@ -577,13 +715,15 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, NULL);
     llama_backend_init();
     if (argc < 2) {
-        die("usage: %s logits|greedy|tokenize|info ...", argv[0]);
+        die("usage: %s logits|greedy|sweep|tokenize|info ...", argv[0]);
     }
     int rc;
     if (strcmp(argv[1], "logits") == 0) {
         rc = mode_logits(argc, argv);
     } else if (strcmp(argv[1], "greedy") == 0) {
         rc = mode_greedy(argc, argv);
+    } else if (strcmp(argv[1], "sweep") == 0) {
+        rc = mode_sweep(argc, argv);
     } else if (strcmp(argv[1], "tokenize") == 0) {
         rc = mode_tokenize(argc, argv);
     } else if (strcmp(argv[1], "info") == 0) {

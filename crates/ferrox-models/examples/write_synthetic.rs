@@ -10,6 +10,9 @@
 //! bytes mla` for the Multi-head Latent Attention models).
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
+//! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
+//! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), each with a
+//! `synthetic::SWEEP_TOKENS`-token sequence; one `name path bytes` line each.
 
 #[path = "../tests/synthetic/mod.rs"]
 mod synthetic;
@@ -26,6 +29,10 @@ fn usage() -> ! {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (dir, all) = match args.as_slice() {
+        [dir, flag] if flag == "--sweep" => {
+            write_sweep(&PathBuf::from(dir));
+            return;
+        }
         [dir] => (PathBuf::from(dir), None),
         [dir, flag, ty] if flag == "--all" => match GgmlType::from_name(ty) {
             Some(ty) => (PathBuf::from(dir), Some(ty)),
@@ -36,20 +43,33 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for &arch in synthetic::FAMILIES {
         let bytes = synthetic::gguf_bytes_with(arch, all);
-        let path = dir.join(format!("{arch}.gguf"));
-        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let ids: Vec<String> = synthetic::token_ids(arch)
-            .iter()
-            .map(u32::to_string)
-            .collect();
-        let tokens = dir.join(format!("{arch}.tokens"));
-        std::fs::write(&tokens, ids.join(" ") + "\n")
-            .unwrap_or_else(|e| panic!("{}: {e}", tokens.display()));
+        let path = write_model(&dir, arch, &bytes, &synthetic::token_ids(arch));
         let kind = if synthetic::MLA_MODELS.contains(&arch) {
             " mla"
         } else {
             ""
         };
         println!("{arch} {} {}{kind}", path.display(), bytes.len());
+    }
+}
+
+/// Writes `DIR/NAME.gguf` and `DIR/NAME.tokens`; returns the model's path.
+fn write_model(dir: &std::path::Path, name: &str, bytes: &[u8], ids: &[u32]) -> PathBuf {
+    let path = dir.join(format!("{name}.gguf"));
+    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let tokens = dir.join(format!("{name}.tokens"));
+    std::fs::write(&tokens, ids.join(" ") + "\n")
+        .unwrap_or_else(|e| panic!("{}: {e}", tokens.display()));
+    path
+}
+
+fn write_sweep(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for name in synthetic::sweep_models() {
+        let bytes = synthetic::sweep_gguf_bytes(&name);
+        let ids = synthetic::token_ids_n(synthetic::sweep_arch(&name), synthetic::SWEEP_TOKENS);
+        let path = write_model(dir, &name, &bytes, &ids);
+        println!("{name} {} {}", path.display(), bytes.len());
     }
 }

@@ -74,6 +74,40 @@ pub const MLA_MODELS: &[&str] = &[
     "mistral4",
 ];
 
+/// Small all-F32 MLA models for sweeping every context length against llama.cpp (F32
+/// weights and an f32 cache on both sides, so only summation order differs): 2 layers (1
+/// dense), n_embd 128, 2 heads, query LoRA 48, latent 64, heads of 32 + 16 rotated key dims
+/// and 32 value dims, 4 experts (2 used) in 2 groups (1 kept) with one shared expert, sigmoid
+/// routing with `exp_probs_b`, normalised weights scaled by 2.5, YaRN (factor 4, original
+/// context 64).
+pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep"];
+
+/// Tokens in a sweep model's sequence: every prompt length up to this is checked.
+pub const SWEEP_TOKENS: usize = 160;
+
+/// The context-length sweep's models: every family as `<family>.f32` (every matrix F32), then
+/// [`SWEEP_MODELS`].
+pub fn sweep_models() -> Vec<String> {
+    FAMILIES
+        .iter()
+        .map(|f| format!("{f}.f32"))
+        .chain(SWEEP_MODELS.iter().map(|m| m.to_string()))
+        .collect()
+}
+
+/// The family a sweep model is built from.
+pub fn sweep_arch(name: &str) -> &str {
+    name.strip_suffix(".f32").unwrap_or(name)
+}
+
+/// A sweep model's GGUF bytes.
+pub fn sweep_gguf_bytes(name: &str) -> Vec<u8> {
+    match name.strip_suffix(".f32") {
+        Some(family) => gguf_bytes_with(family, Some(GgmlType::F32)),
+        None => gguf_bytes(name),
+    }
+}
+
 /// Tokens in the reference sequence (BOS first).
 pub const N_TOKENS: usize = 64;
 
@@ -403,7 +437,7 @@ pub fn spec(arch: &str) -> Spec {
                 ..same(T::Q4K)
             },
         },
-        name if MLA_MODELS.contains(&name) => mla_spec(name),
+        name if MLA_MODELS.contains(&name) || SWEEP_MODELS.contains(&name) => mla_spec(name),
         other => panic!("no synthetic model for `{other}`"),
     }
 }
@@ -529,6 +563,41 @@ fn mla_spec(name: &str) -> Spec {
                 ..types(T::Q8_0)
             },
         ),
+        "deepseek2-sweep" | "mistral4-sweep" => {
+            let mistral = name.starts_with("mistral4");
+            Spec {
+                n_head: 2,
+                ..model(
+                    if mistral { "mistral4" } else { "deepseek2" },
+                    2,
+                    288,
+                    if mistral { 0x011a_0021 } else { 0x011a_0020 },
+                    MlaSpec {
+                        n_embd: 128,
+                        n_ff: 256,
+                        q_lora_rank: Some(48),
+                        kv_lora_rank: 64,
+                        qk_nope: 32,
+                        qk_rope: 16,
+                        v_head: 32,
+                        gating_func: Some(2),
+                        groups: Some((2, 1)),
+                        probs_bias: true,
+                        norm_weights: true,
+                        weights_scale: Some(2.5),
+                        yarn: Some((4.0, 64, if mistral { 0.0707 } else { 0.1 })),
+                        ..base
+                    },
+                    Some(MoeSpec {
+                        n_expert: 4,
+                        n_used: 2,
+                        n_ff_exp: 64,
+                        n_ff_shexp: None,
+                    }),
+                    Types::untied(T::F32),
+                )
+            }
+        }
         other => panic!("no MLA model `{other}`"),
     }
 }
@@ -1089,10 +1158,15 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
 /// The reference token sequence of `arch`: BOS, then 63 ids drawn from the model's
 /// non-special tokens.
 pub fn token_ids(arch: &str) -> Vec<u32> {
+    token_ids_n(arch, N_TOKENS)
+}
+
+/// `n` tokens of `arch`'s reference sequence (the first [`N_TOKENS`] are [`token_ids`]).
+pub fn token_ids_n(arch: &str, n: usize) -> Vec<u32> {
     let s = spec(arch);
     let mut rng = StdRng::seed_from_u64(s.seed ^ 0x0070_15e4_5eed);
     let n_regular = (s.n_vocab - 3) as u32;
     let mut ids = vec![BOS_ID];
-    ids.extend((1..N_TOKENS).map(|_| 3 + rng.next_u32() % n_regular));
+    ids.extend((1..n).map(|_| 3 + rng.next_u32() % n_regular));
     ids
 }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerates crates/ferrox-models/tests/fixtures/sweep/: llama.cpp's log-probabilities at every
+# context length of the sweep models (crates/ferrox-models/tests/synthetic/mod.rs:
+# every synthetic family with F32 matrices, and the small all-F32 MLA models SWEEP_MODELS).
+#
+#   1. `write_synthetic DIR --sweep` writes each model and its 160-token sequence;
+#   2. `llama-ref sweep` runs it with flash attention off and an f32 K/V cache (CTX=256,
+#      THREADS=2): the whole sequence as one batch, every prefix as a fresh prompt, and a greedy
+#      continuation after each prompt (N_GREEDY_MLA=16 tokens for SWEEP_MODELS, N_GREEDY=4 for
+#      the others), recording the five most likely tokens' log-probabilities at every step;
+#   3. stores <name>.json: the GGUF's sha256 beside llama-ref's output and llama.cpp's build.
+# The GGUFs are not stored: tests/length_sweep.rs rebuilds them and checks the sha256.
+set -euo pipefail
+MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
+source "$(dirname "$0")/common.sh"
+CTX="${CTX:-256}"
+N_GREEDY="${N_GREEDY:-4}"
+N_GREEDY_MLA="${N_GREEDY_MLA:-16}"
+OUT_DIR="$REPO_ROOT/crates/ferrox-models/tests/fixtures/sweep"
+BIN="$("$REF_DIR/build.sh")"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$OUT_DIR"
+
+(cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- \
+    "$WORK/models" --sweep) > "$WORK/models.txt"
+llama_cpp_meta > "$WORK/meta.json"
+while read -r name path _; do
+    case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac
+    echo "sweep: $name" >&2
+    LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
+        "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
+    REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" <<'PY'
+import hashlib, json, os, sys
+sys.path.insert(0, os.environ["REF_DIR"])
+import refjson
+run, model, meta, out = sys.argv[1:5]
+data = json.load(open(run))
+with open(model, "rb") as f:
+    sha = hashlib.sha256(f.read()).hexdigest()
+fixture = {"gguf_sha256": sha, "llama_cpp": json.load(open(meta)), **data}
+refjson.dump(fixture, out)
+PY
+done < "$WORK/models.txt"
