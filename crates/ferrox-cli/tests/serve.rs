@@ -1,8 +1,11 @@
 //! `ferrox serve` end to end: a real server on a free loopback port with the default model,
 //! driven through the official `openai` Python client (tests/serve/client.py), then stopped
-//! with SIGTERM while a stream is running.
+//! with SIGTERM while a stream is running; and the same server on Multi-head Latent Attention
+//! models (tests/serve/mla_client.py).
 
 mod common;
+#[path = "../../ferrox-models/tests/synthetic/mod.rs"]
+mod synthetic;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -251,6 +254,51 @@ fn serve_end_to_end_through_the_openai_client() {
     );
     assert!(started.elapsed() < Duration::from_secs(15));
     assert!(server.log().contains("SIGTERM"), "{}", server.log());
+}
+
+/// The synthetic `deepseek2` (V3 routing, YaRN) and `mistral4` models served with continuous
+/// batching: every check of mla_client.py, and KV figures from the latent row (`kv_lora_rank +
+/// rope dims` values per layer, f16).
+#[test]
+fn serve_runs_mla_models() {
+    require_openai();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["deepseek2-v3", "mistral4"] {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, synthetic::gguf_bytes(name)).unwrap();
+        let spec = synthetic::spec(name);
+        let mla = spec.mla.as_ref().unwrap();
+        let bytes_per_position = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * 2;
+        let server = Server::start(
+            &[
+                "-m",
+                path.to_str().unwrap(),
+                "--ctx-size",
+                "256",
+                "--parallel",
+                "8",
+                "-t",
+                "2",
+            ],
+            &[],
+        );
+        server.wait_ready(Duration::from_secs(60));
+        let out = Command::new(python())
+            .arg(repo_root().join("crates/ferrox-cli/tests/serve/mla_client.py"))
+            .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
+            .args(["--bytes-per-position", &bytes_per_position.to_string()])
+            .output()
+            .expect("run python3");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{name}:\n{stdout}");
+        assert!(
+            out.status.success(),
+            "{name}: client checks failed:\n{stdout}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            server.log()
+        );
+        assert!(server.log().contains(name.split('-').next().unwrap()));
+    }
 }
 
 #[test]

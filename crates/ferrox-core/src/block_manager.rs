@@ -32,6 +32,8 @@ pub struct CachedPrefix {
     /// The chain hash after the last of them ([`ROOT_HASH`] when there are none): the
     /// parent of the next block.
     pub hash: u64,
+    /// The chain hash after each block.
+    pub hashes: Vec<u64>,
 }
 
 /// Counts for metrics.
@@ -116,6 +118,7 @@ impl BlockManager {
         let mut found = CachedPrefix {
             blocks: Vec::new(),
             hash: ROOT_HASH,
+            hashes: Vec::new(),
         };
         for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
             let hash = chain_hash(found.hash, chunk);
@@ -128,9 +131,15 @@ impl BlockManager {
                 _ => break,
             }
             found.blocks.push(block);
+            found.hashes.push(hash);
             found.hash = hash;
         }
         found
+    }
+
+    /// Whether `block` is in the prefix cache (its rows must not change).
+    pub fn is_registered(&self, block: BlockId) -> bool {
+        self.keys[block as usize].is_some()
     }
 
     /// Takes a hold on a block found by [`lookup_prefix`](Self::lookup_prefix).

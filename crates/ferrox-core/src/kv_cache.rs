@@ -29,12 +29,41 @@ pub(crate) enum Rows {
     F16(Vec<f16>),
 }
 
+/// Element types whose all-zero bit pattern is a valid value (0.0 and 0).
+trait ZeroIsValid: Copy {}
+impl ZeroIsValid for f32 {}
+impl ZeroIsValid for u16 {}
+
+/// `len` zeroed elements, or `None` when the allocator refuses (where `vec![0; len]` would
+/// abort the process). Zeroed allocations come from calloc: pages are touched only as
+/// positions fill.
+fn try_zeroed<T: ZeroIsValid>(len: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size. A non-null result is a block of `len` zeroed
+    // `T`s from the global allocator with the layout `Vec<T>` of capacity `len` frees with,
+    // and all-zero bits are a valid `T` (`ZeroIsValid`).
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
+        (!ptr.is_null()).then(|| Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
 impl Rows {
+    pub(crate) fn try_zeroed(storage: KvStorage, len: usize) -> Option<Rows> {
+        Some(match storage {
+            KvStorage::F32 => Rows::F32(try_zeroed(len)?),
+            // (`vec![f16::ZERO; n]` would write every element; zero u16s come from calloc.)
+            KvStorage::F16 => Rows::F16(try_zeroed::<u16>(len)?.reinterpret_into()),
+        })
+    }
+
+    /// Like [`Rows::try_zeroed`], for sizes the caller has already bounded.
     pub(crate) fn zeroed(storage: KvStorage, len: usize) -> Rows {
-        // Zeroed allocations come from calloc: pages are touched only as positions fill.
         match storage {
             KvStorage::F32 => Rows::F32(vec![0.0; len]),
-            // (`vec![f16::ZERO; n]` would write every element; zero u16s come from calloc.)
             KvStorage::F16 => Rows::F16(vec![0u16; len].reinterpret_into()),
         }
     }
@@ -97,6 +126,8 @@ pub struct KvCache {
     key_width: usize,
     value_width: usize,
     len: usize,
+    /// Set when the requested cache could not be allocated (the cache then has no positions).
+    unavailable: Option<KvError>,
 }
 
 /// The used part of a cache, copied out.
@@ -118,15 +149,118 @@ impl KvSnapshot {
 }
 
 /// Errors from cache operations.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
     #[error("the context is full ({capacity} positions)")]
     Full { capacity: usize },
     #[error("snapshot does not fit this cache (storage or size differs)")]
     SnapshotMismatch,
+    #[error("a KV cache of {capacity} positions is too large to address")]
+    TooLarge { capacity: usize },
+    #[error(
+        "a KV cache of {capacity} positions needs {bytes} bytes, more than the {available} \
+         bytes of memory available (use a smaller context)"
+    )]
+    ExceedsMemory {
+        capacity: usize,
+        bytes: usize,
+        available: usize,
+    },
+    #[error("cannot allocate {bytes} bytes for a KV cache of {capacity} positions")]
+    AllocationFailed { capacity: usize, bytes: usize },
+}
+
+/// The memory the system can give without swapping (`MemAvailable` of `/proc/meminfo`), when
+/// it says.
+pub fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 impl KvCache {
+    /// Bytes a cache of this shape holds, or [`KvError::TooLarge`] when that overflows.
+    pub fn bytes_needed(
+        n_layers: usize,
+        capacity: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> Result<usize, KvError> {
+        key_width
+            .checked_add(value_width)
+            .and_then(|w| w.checked_mul(storage.element_bytes()))
+            .and_then(|b| b.checked_mul(capacity))
+            .and_then(|b| b.checked_mul(n_layers))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or(KvError::TooLarge { capacity })
+    }
+
+    /// Checks that a cache of this shape can be had: its size computes without overflow and
+    /// is not more than the memory available (see [`available_memory`]). Returns its bytes.
+    pub fn check_size(
+        n_layers: usize,
+        capacity: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> Result<usize, KvError> {
+        let bytes = Self::bytes_needed(n_layers, capacity, key_width, value_width, storage)?;
+        match available_memory() {
+            Some(available) if bytes > available => Err(KvError::ExceedsMemory {
+                capacity,
+                bytes,
+                available,
+            }),
+            _ => Ok(bytes),
+        }
+    }
+
+    /// A cache of `capacity` positions, or an error when its size overflows, exceeds the
+    /// memory available or the allocator refuses it.
+    pub fn try_new(
+        n_layers: usize,
+        capacity: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> Result<KvCache, KvError> {
+        let bytes = Self::check_size(n_layers, capacity, key_width, value_width, storage)?;
+        let failed = KvError::AllocationFailed { capacity, bytes };
+        let mut layers = Vec::new();
+        layers
+            .try_reserve_exact(n_layers)
+            .map_err(|_| failed.clone())?;
+        for _ in 0..n_layers {
+            // The products cannot overflow: `bytes_needed` bounded their sum.
+            let keys = Rows::try_zeroed(storage, capacity * key_width);
+            let values = Rows::try_zeroed(storage, capacity * value_width);
+            match (keys, values) {
+                (Some(keys), Some(values)) => layers.push(LayerCache { keys, values }),
+                _ => return Err(failed),
+            }
+        }
+        Ok(KvCache {
+            layers,
+            storage,
+            capacity,
+            key_width,
+            value_width,
+            len: 0,
+            unavailable: None,
+        })
+    }
+
+    /// [`KvCache::try_new`]; when the cache cannot be had, one that holds no position, so
+    /// that the first step fails as a full context (and [`KvCache::reserve`] and
+    /// [`KvCache::unavailable`] give the reason) instead of the process aborting.
     pub fn new(
         n_layers: usize,
         capacity: usize,
@@ -134,20 +268,22 @@ impl KvCache {
         value_width: usize,
         storage: KvStorage,
     ) -> KvCache {
-        let layers = (0..n_layers)
-            .map(|_| LayerCache {
-                keys: Rows::zeroed(storage, capacity * key_width),
-                values: Rows::zeroed(storage, capacity * value_width),
-            })
-            .collect();
-        KvCache {
-            layers,
-            storage,
-            capacity,
-            key_width,
-            value_width,
-            len: 0,
-        }
+        Self::try_new(n_layers, capacity, key_width, value_width, storage).unwrap_or_else(|e| {
+            KvCache {
+                layers: Vec::new(),
+                storage,
+                capacity: 0,
+                key_width,
+                value_width,
+                len: 0,
+                unavailable: Some(e),
+            }
+        })
+    }
+
+    /// Why [`KvCache::new`] made a cache without positions, if it did.
+    pub fn unavailable(&self) -> Option<&KvError> {
+        self.unavailable.as_ref()
     }
 
     /// Positions filled so far.
@@ -179,7 +315,10 @@ impl KvCache {
 
     /// Checks that `n` more positions fit.
     pub fn reserve(&self, n: usize) -> Result<(), KvError> {
-        if self.len + n > self.capacity {
+        if let Some(e) = &self.unavailable {
+            return Err(e.clone());
+        }
+        if self.len.saturating_add(n) > self.capacity {
             return Err(KvError::Full {
                 capacity: self.capacity,
             });
@@ -294,6 +433,27 @@ mod tests {
             assert_eq!(kv.reserve(3), Ok(()));
             assert_eq!(kv.reserve(4), Err(KvError::Full { capacity: 8 }));
         }
+    }
+
+    #[test]
+    fn impossible_sizes_are_errors() {
+        assert_eq!(
+            KvCache::bytes_needed(2, usize::MAX / 2, 4, 4, KvStorage::F16),
+            Err(KvError::TooLarge {
+                capacity: usize::MAX / 2
+            })
+        );
+        // 2^40 positions of 2 KiB: far beyond any machine's memory, yet addressable.
+        let capacity = 1usize << 40;
+        let err = KvCache::try_new(4, capacity, 256, 256, KvStorage::F32).unwrap_err();
+        assert!(matches!(
+            err,
+            KvError::ExceedsMemory { .. } | KvError::AllocationFailed { .. }
+        ));
+        let kv = KvCache::new(4, capacity, 256, 256, KvStorage::F32);
+        assert_eq!(kv.capacity(), 0);
+        assert_eq!(kv.unavailable(), Some(&err));
+        assert_eq!(kv.reserve(1), Err(err));
     }
 
     #[test]

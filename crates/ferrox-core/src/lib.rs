@@ -8,7 +8,8 @@
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
 //! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
 //! and [`block_manager`] hold keys and values, contiguous per sequence or in shared,
-//! reference-counted blocks with a prefix cache.
+//! reference-counted blocks with a prefix cache; [`memory`] puts them behind one
+//! model-agnostic sequence memory (paged stores and recurrent states).
 
 pub mod bandwidth;
 pub mod block_manager;
@@ -17,6 +18,7 @@ pub mod glu;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
+pub mod memory;
 pub mod packed;
 pub mod paged_kv;
 pub mod quant;
@@ -25,6 +27,10 @@ pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};
 pub use matrix::WeightMatrix;
+pub use memory::{
+    Admission, MemoryError, MemoryShape, MemorySpec, PagedStoreSpec, RecurrentSpec, Refusal, SeqId,
+    SequenceMemory, StepMemory,
+};
 pub use paged_kv::{BlockId, BlockTable, PagedKv};
 pub use quant::{
     can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,

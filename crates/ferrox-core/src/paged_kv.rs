@@ -60,6 +60,55 @@ impl PagedKv {
         }
     }
 
+    /// [`new`](Self::new), or `None` when the sizes overflow or the allocator refuses.
+    pub fn try_new(
+        n_layers: usize,
+        n_blocks: usize,
+        block_tokens: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> Option<PagedKv> {
+        if block_tokens == 0 || n_blocks > BlockId::MAX as usize {
+            return None;
+        }
+        let positions = n_blocks.checked_mul(block_tokens)?;
+        let mut layers = Vec::new();
+        layers.try_reserve_exact(n_layers).ok()?;
+        for _ in 0..n_layers {
+            layers.push(LayerBlocks {
+                keys: Rows::try_zeroed(storage, positions.checked_mul(key_width)?)?,
+                values: Rows::try_zeroed(storage, positions.checked_mul(value_width)?)?,
+            });
+        }
+        Some(PagedKv {
+            layers,
+            storage,
+            n_blocks,
+            block_tokens,
+            key_width,
+            value_width,
+        })
+    }
+
+    /// Copies the first `n` positions of block `from` into block `to`, every layer.
+    pub fn copy_block(&mut self, from: BlockId, to: BlockId, n: usize) {
+        let bt = self.block_tokens;
+        for l in &mut self.layers {
+            for (rows, width) in [
+                (&mut l.keys, self.key_width),
+                (&mut l.values, self.value_width),
+            ] {
+                let src = from as usize * bt * width;
+                let (range, dst) = (src..src + n * width, to as usize * bt * width);
+                match rows {
+                    Rows::F32(v) => v.copy_within(range, dst),
+                    Rows::F16(v) => v.copy_within(range, dst),
+                }
+            }
+        }
+    }
+
     /// Bytes one position takes across all layers.
     pub fn bytes_per_position(
         n_layers: usize,
@@ -143,6 +192,14 @@ impl BlockTable {
         BlockTable::default()
     }
 
+    /// An empty table with room for `blocks` blocks.
+    pub fn with_capacity(blocks: usize) -> BlockTable {
+        BlockTable {
+            blocks: Vec::with_capacity(blocks),
+            len: 0,
+        }
+    }
+
     /// Positions filled.
     pub fn len(&self) -> usize {
         self.len
@@ -169,6 +226,18 @@ impl BlockTable {
     /// Marks positions up to `len` (exclusive) as filled.
     pub fn advance(&mut self, len: usize) {
         self.len = self.len.max(len);
+    }
+
+    /// Keeps the first `blocks` blocks and `len` filled positions (the caller hands the
+    /// dropped blocks back).
+    pub fn truncate(&mut self, len: usize, blocks: usize) {
+        self.blocks.truncate(blocks);
+        self.len = len.min(self.len);
+    }
+
+    /// Puts `block` at index `i` of the table (a private copy of the block there).
+    pub fn replace_block(&mut self, i: usize, block: BlockId) {
+        self.blocks[i] = block;
     }
 
     /// Empties the table, handing back every block.

@@ -1,144 +1,89 @@
-//! One type over every engine, chosen from the file's architecture, for front ends that run
-//! whatever model they are given.
+//! One type over every engine, chosen from the file's architecture through the registry
+//! ([`crate::families::ARCHITECTURES`]), for front ends that run whatever model they are given.
 
+use std::any::Any;
+use std::path::Path;
 use std::sync::Arc;
 
-use ferrox_core::KvSnapshot;
+use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
-use crate::engine::{Engine, EngineError, LogitsFor};
-use crate::families::MLA_ARCHITECTURES;
-use crate::mla::{MlaEngine, MlaState};
-use crate::tokenizer::TokenId;
-use crate::{Decoder, DecoderOptions, DecoderState, ModelError};
+use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
+use crate::{DecoderOptions, ModelError};
 
-/// The engine for a checkpoint: the dense decoder (dense and MoE-FFN families) or the
-/// Multi-head Latent Attention engine.
-pub enum AnyEngine {
-    Dense(Decoder),
-    Mla(MlaEngine),
-}
-
-/// The state of an [`AnyEngine`]'s sequence.
-pub enum AnyState {
-    Dense(DecoderState),
-    Mla(MlaState),
-}
+/// The engine for a checkpoint.
+pub struct AnyEngine(Box<dyn Engine>);
 
 impl AnyEngine {
-    /// Picks the engine for `general.architecture`.
+    /// Loads the engine registered for `general.architecture`.
     pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<AnyEngine, ModelError> {
         let arch = gguf.metadata().architecture()?.to_string();
-        if MLA_ARCHITECTURES.contains(&arch.as_str()) {
-            Ok(AnyEngine::Mla(MlaEngine::from_gguf(gguf, options)?))
-        } else {
-            Ok(AnyEngine::Dense(Decoder::from_gguf(gguf, options)?))
-        }
+        let entry = crate::families::architecture(&arch)?;
+        Ok(AnyEngine((entry.load)(gguf, options)?))
     }
 
-    pub fn gguf(&self) -> &Gguf {
-        match self {
-            AnyEngine::Dense(e) => e.gguf(),
-            AnyEngine::Mla(e) => e.gguf(),
-        }
+    pub fn open(path: impl AsRef<Path>, options: &DecoderOptions) -> Result<AnyEngine, ModelError> {
+        AnyEngine::from_gguf(Arc::new(Gguf::open(path)?), options)
     }
 
-    pub fn threads(&self) -> usize {
-        match self {
-            AnyEngine::Dense(e) => e.threads(),
-            AnyEngine::Mla(e) => e.threads(),
-        }
+    /// The concrete engine, when it is a `T`.
+    pub fn downcast_ref<T: Engine>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
     }
 
-    /// Bytes of weights read per decoded token.
-    pub fn weight_bytes_per_token(&self) -> u64 {
-        match self {
-            AnyEngine::Dense(e) => e.weight_bytes_per_token(),
-            AnyEngine::Mla(e) => e.weight_bytes_per_token(),
-        }
+    pub fn downcast_mut<T: Engine>(&mut self) -> Option<&mut T> {
+        self.0.as_any_mut().downcast_mut()
     }
-}
-
-impl AnyState {
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        match self {
-            AnyState::Dense(s) => s.len(),
-            AnyState::Mla(s) => s.kv_cache().len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Forgets every position from `len` on.
-    pub fn truncate(&mut self, len: usize) {
-        match self {
-            AnyState::Dense(s) => s.truncate(len),
-            AnyState::Mla(s) => s.kv_cache_mut().truncate(len),
-        }
-    }
-
-    pub fn snapshot(&self) -> KvSnapshot {
-        match self {
-            AnyState::Dense(s) => s.snapshot(),
-            AnyState::Mla(s) => s.kv_cache().snapshot(),
-        }
-    }
-
-    pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<(), EngineError> {
-        match self {
-            AnyState::Dense(s) => s.restore(snapshot),
-            AnyState::Mla(s) => s
-                .kv_cache_mut()
-                .restore(snapshot)
-                .map_err(|e| EngineError::State(e.to_string())),
-        }
-    }
-}
-
-fn mismatch() -> EngineError {
-    EngineError::State("the state belongs to another engine".into())
 }
 
 impl Engine for AnyEngine {
-    type State = AnyState;
+    fn architecture(&self) -> &str {
+        self.0.architecture()
+    }
 
-    fn new_state(&self) -> AnyState {
-        match self {
-            AnyEngine::Dense(e) => AnyState::Dense(e.new_state()),
-            AnyEngine::Mla(e) => AnyState::Mla(e.new_state()),
-        }
+    fn gguf(&self) -> &Gguf {
+        self.0.gguf()
+    }
+
+    fn memory_spec(&self) -> MemorySpec {
+        self.0.memory_spec()
     }
 
     fn vocab_size(&self) -> usize {
-        match self {
-            AnyEngine::Dense(e) => e.vocab_size(),
-            AnyEngine::Mla(e) => e.vocab_size(),
-        }
+        self.0.vocab_size()
     }
 
     fn context_size(&self) -> usize {
-        match self {
-            AnyEngine::Dense(e) => e.context_size(),
-            AnyEngine::Mla(e) => e.context_size(),
-        }
+        self.0.context_size()
     }
 
-    fn forward_batch<'s>(
+    fn threads(&self) -> usize {
+        self.0.threads()
+    }
+
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.0.weight_bytes_per_token()
+    }
+
+    fn new_scratch(&self) -> StepScratch {
+        self.0.new_scratch()
+    }
+
+    fn step(
         &self,
-        tokens: &[TokenId],
-        start_pos: usize,
-        state: &'s mut AnyState,
-        logits: LogitsFor,
-    ) -> Result<&'s [f32], EngineError> {
-        match (self, state) {
-            (AnyEngine::Dense(e), AnyState::Dense(s)) => {
-                e.forward_batch(tokens, start_pos, s, logits)
-            }
-            (AnyEngine::Mla(e), AnyState::Mla(s)) => e.forward_batch(tokens, start_pos, s, logits),
-            _ => Err(mismatch()),
-        }
+        memory: &mut StepMemory<'_>,
+        scratch: &mut StepScratch,
+        seqs: &[SeqInput<'_>],
+        logits: &mut [&mut Vec<f32>],
+    ) -> Result<(), EngineError> {
+        self.0.step(memory, scratch, seqs, logits)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self.0.as_any()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self.0.as_any_mut()
     }
 }

@@ -84,6 +84,30 @@ pub const METADATA_NAMES_KEY: &str = "tokenizer.chat_templates";
 /// `CHATML_TEMPLATE_SRC`).
 pub const CHATML_SOURCE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
 
+/// Gemma's turns (`<start_of_turn>user` / `model`); no system role: system text opens the
+/// next user turn, as llama.cpp's built-in `gemma` format does.
+pub const GEMMA_SOURCE: &str = "{{- bos_token -}}\n{%- set ns = namespace(system='') -%}\n{%- for message in messages -%}\n  {%- if message.role == 'system' -%}\n    {%- set ns.system = ns.system + message.content | trim + '\\n\\n' -%}\n  {%- else -%}\n    {{- '<start_of_turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' + (ns.system if message.role == 'user' else '') + message.content | trim + '<end_of_turn>\\n' -}}\n    {%- if message.role == 'user' -%}{%- set ns.system = '' -%}{%- endif -%}\n  {%- endif -%}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<start_of_turn>model\\n' -}}\n{%- endif -%}";
+
+/// Llama 3's header-delimited turns.
+pub const LLAMA3_SOURCE: &str = "{{- bos_token -}}\n{%- for message in messages -%}\n  {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n{%- endif -%}";
+
+/// Phi-3's `<|role|>` turns.
+pub const PHI3_SOURCE: &str = "{%- for message in messages -%}\n  {{- '<|' + message.role + '|>\\n' + message.content + '<|end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|assistant|>\\n' -}}\n{%- endif -%}";
+
+/// The built-in formats for a model without a template, with the turn markers (tokens of
+/// its vocabulary) that select each, in the order they are tried: llama.cpp's
+/// `llm_chat_detect_template` markers. ChatML is the last resort.
+const BUILTIN_FORMATS: &[(&str, &[&str], &str)] = &[
+    ("chatml", &["<|im_start|>", "<|im_end|>"], CHATML_SOURCE),
+    (
+        "llama3",
+        &["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        LLAMA3_SOURCE,
+    ),
+    ("gemma", &["<start_of_turn>", "<end_of_turn>"], GEMMA_SOURCE),
+    ("phi3", &["<|assistant|>", "<|end|>"], PHI3_SOURCE),
+];
+
 /// Default fuel of one render. minijinja charges one unit per instruction and one per 64 bytes
 /// of data created (this module's `tojson` and printing do the same), so fuel bounds both time
 /// and allocation. Real templates use about 70 per message plus one per ~20 bytes of content
@@ -218,6 +242,20 @@ impl ChatTemplate {
     /// llama-server's fallback for models without a template ([`CHATML_SOURCE`]).
     pub fn chatml() -> ChatTemplate {
         ChatTemplate::new(CHATML_SOURCE).expect("the ChatML template compiles")
+    }
+
+    /// The built-in format for a model without a template: the first whose turn markers are
+    /// all tokens of the vocabulary (`has_token`), else ChatML. Returns the template and its
+    /// name.
+    pub fn for_vocabulary(has_token: impl Fn(&str) -> bool) -> (ChatTemplate, &'static str) {
+        let (name, source) = BUILTIN_FORMATS
+            .iter()
+            .find(|(_, markers, _)| markers.iter().all(|m| has_token(m)))
+            .map_or(("chatml", CHATML_SOURCE), |&(name, _, source)| {
+                (name, source)
+            });
+        let template = ChatTemplate::new(source).expect("the built-in templates compile");
+        (template, name)
     }
 
     /// The model's default template, `tokenizer.chat_template`. As llama.cpp does, a model

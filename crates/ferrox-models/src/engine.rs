@@ -1,8 +1,20 @@
-//! The interface every engine implements, so one generation loop drives them all.
+//! The interface every engine implements, so one generation loop (the CLI's) and one
+//! scheduler (the server's) drive them all.
 //!
-//! Only what every engine can honour is here. Rolling a sequence back (KV truncation,
-//! snapshots) is offered by the engines whose state allows it, on their state types; a
-//! recurrent state cannot be rolled back and does not pretend to.
+//! An engine runs one **step** over several sequences at once: all their new tokens go
+//! through the weights together, each token attending only to its own sequence's memory.
+//! What an engine keeps per sequence lives in a model-agnostic
+//! [`SequenceMemory`](ferrox_core::SequenceMemory), laid out by the engine's
+//! [`MemorySpec`]: the server shares one paged memory among all its sequences, a
+//! single-stream front end gets a [`State`] holding a memory of one sequence. Rolling a
+//! sequence back is the memory's business and is refused where the state cannot
+//! ([`State::truncate`] returns the error).
+
+use std::any::Any;
+
+use ferrox_core::{MemoryError, MemorySpec, SeqId, SequenceMemory, StepMemory};
+use ferrox_gguf::Gguf;
+use smallvec::SmallVec;
 
 use crate::tokenizer::TokenId;
 use crate::ModelError;
@@ -43,6 +55,8 @@ pub enum EngineError {
     #[error("{0}")]
     State(String),
     #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
     Model(Box<ModelError>),
 }
 
@@ -52,40 +66,235 @@ impl From<ModelError> for EngineError {
     }
 }
 
+/// One sequence's part of a step: tokens to append at its next positions, and which of them
+/// need logits.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    pub tokens: &'a [TokenId],
+    pub logits: LogitsFor,
+}
+
+/// An engine's activation buffers, kept between steps so decoding does not allocate. Each
+/// engine keeps its own type inside ([`StepScratch::get`]).
+pub struct StepScratch(Box<dyn Any + Send + Sync>);
+
+impl StepScratch {
+    pub fn new<T: Any + Send + Sync>(inner: T) -> StepScratch {
+        StepScratch(Box::new(inner))
+    }
+
+    /// The engine's buffers (fresh ones if these were made by another engine).
+    pub fn get<T: Any + Send + Sync + Default>(&mut self) -> &mut T {
+        if !self.0.is::<T>() {
+            self.0 = Box::new(T::default());
+        }
+        self.0.downcast_mut().expect("just checked")
+    }
+}
+
 /// A model that turns tokens into next-token logits.
 ///
-/// Implementations run each forward step on their own thread pool, entered once per call;
-/// calling them from inside any rayon pool (theirs included) is allowed.
-pub trait Engine: Send + Sync {
-    /// Everything one sequence carries between steps (KV cache, recurrent state, scratch).
-    type State: Send;
+/// Implementations run each step on their own thread pool, entered once per call; calling
+/// them from inside any rayon pool (theirs included) is allowed. A sequence's logits do not
+/// depend on which other sequences share its step (the kernels are batch-invariant).
+pub trait Engine: Send + Sync + Any {
+    /// `general.architecture` of the file.
+    fn architecture(&self) -> &str;
 
-    fn new_state(&self) -> Self::State;
+    fn gguf(&self) -> &Gguf;
+
+    /// What the engine keeps per sequence.
+    fn memory_spec(&self) -> MemorySpec;
 
     fn vocab_size(&self) -> usize;
 
-    /// Positions one state can hold.
+    /// Positions one sequence can hold.
     fn context_size(&self) -> usize;
 
-    /// Runs one token at position `pos` (which must follow what the state holds) and
-    /// returns the next-token logits.
-    fn forward_token<'s>(
+    fn threads(&self) -> usize;
+
+    /// Bytes of weights read per decoded token.
+    fn weight_bytes_per_token(&self) -> u64;
+
+    fn new_scratch(&self) -> StepScratch;
+
+    /// Runs one step: sequence `i` of `memory` gets `seqs[i].tokens` at its next positions
+    /// (its block table must already cover them) and its logits in `logits[i]`
+    /// (`vocab_size()` per requested token, in order).
+    fn step(
         &self,
-        token: TokenId,
-        pos: usize,
-        state: &'s mut Self::State,
-    ) -> Result<&'s [f32], EngineError> {
-        self.forward_batch(&[token], pos, state, LogitsFor::Last)
+        memory: &mut StepMemory<'_>,
+        scratch: &mut StepScratch,
+        seqs: &[SeqInput<'_>],
+        logits: &mut [&mut Vec<f32>],
+    ) -> Result<(), EngineError>;
+
+    fn as_any(&self) -> &dyn Any;
+
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// One sequence's part of a [`step_sequences`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqWork<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [TokenId],
+    pub logits: LogitsFor,
+}
+
+/// Runs one step of `engine` over sequences kept in `memory`: grows each sequence's blocks
+/// for its new tokens, steps them together (`logits[i]` gets sequence `work[i]`'s logits),
+/// then records the tokens (full blocks enter the prefix cache).
+pub fn step_sequences<E: Engine + ?Sized>(
+    engine: &E,
+    memory: &mut SequenceMemory,
+    scratch: &mut StepScratch,
+    work: &[SeqWork<'_>],
+    logits: &mut [&mut Vec<f32>],
+) -> Result<(), EngineError> {
+    for w in work {
+        let needed = memory.len(w.seq) + w.tokens.len();
+        memory.grow(w.seq, needed)?;
+    }
+    let ids: SmallVec<[SeqId; 16]> = work.iter().map(|w| w.seq).collect();
+    let inputs: SmallVec<[SeqInput<'_>; 16]> = work
+        .iter()
+        .map(|w| SeqInput {
+            tokens: w.tokens,
+            logits: w.logits,
+        })
+        .collect();
+    let mut view = memory.view(&ids)?;
+    engine.step(&mut view, scratch, &inputs, logits)?;
+    drop(view);
+    for w in work {
+        memory.record(w.seq, w.tokens)?;
+    }
+    Ok(())
+}
+
+/// One sequence run on its own (`ferrox run`, `chat`, `perplexity`, `bench`): a memory of
+/// one sequence of `context_size()` positions, the engine's scratch and the last logits.
+pub struct State {
+    memory: SequenceMemory,
+    seq: SeqId,
+    scratch: StepScratch,
+    logits: Vec<f32>,
+}
+
+impl State {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.memory.len(self.seq)
     }
 
-    /// Runs a batch of tokens at positions `start_pos..` (prompt prefill) and returns the
-    /// logits the batch indices in `logits.range(tokens.len())` (`vocab_size()` each, in
-    /// order).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of memory one position takes.
+    pub fn bytes_per_position(&self) -> usize {
+        self.memory.bytes_per_position()
+    }
+
+    /// Forgets every position from `len` on (to re-use a shared prefix). An engine whose
+    /// state cannot roll back there says so.
+    pub fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
+        Ok(self.memory.rollback(self.seq, len)?)
+    }
+
+    /// Empties the sequence (always possible, whatever the engine keeps).
+    pub fn reset(&mut self) {
+        let max_len = self.memory.capacity_per_sequence();
+        self.memory.release(self.seq);
+        self.seq = self
+            .memory
+            .admit(&[], max_len)
+            .expect("the memory's only sequence was just released")
+            .seq;
+    }
+
+    /// Rolls back to the longest of `len` and the positions it can roll back to, emptying
+    /// the sequence where it cannot roll back at all; returns the positions kept.
+    pub fn truncate_or_reset(&mut self, len: usize) -> usize {
+        if len == 0 || self.truncate(len).is_err() {
+            self.reset();
+            return 0;
+        }
+        len
+    }
+
+    /// The logits of the last step (`vocab_size` per requested token).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
+
+/// Single-sequence use of any engine.
+pub trait EngineExt: Engine {
+    /// A fresh sequence (its memory allocated now: an error when it cannot be).
+    fn new_state(&self) -> Result<State, EngineError> {
+        let mut memory = SequenceMemory::solo(self.memory_spec(), self.context_size())?;
+        let seq = memory
+            .admit(&[], self.context_size())
+            .map_err(|r| EngineError::State(format!("cannot admit a sequence: {r:?}")))?
+            .seq;
+        Ok(State {
+            memory,
+            seq,
+            scratch: self.new_scratch(),
+            logits: Vec::new(),
+        })
+    }
+
+    /// Runs a batch of tokens at positions `start_pos..` (which must follow what the state
+    /// holds) and returns the logits of the batch indices in `logits.range(tokens.len())`
+    /// (`vocab_size()` each, in order).
     fn forward_batch<'s>(
         &self,
         tokens: &[TokenId],
         start_pos: usize,
-        state: &'s mut Self::State,
+        state: &'s mut State,
         logits: LogitsFor,
-    ) -> Result<&'s [f32], EngineError>;
+    ) -> Result<&'s [f32], EngineError> {
+        let len = state.len();
+        if start_pos != len {
+            return Err(EngineError::Position {
+                got: start_pos,
+                len,
+            });
+        }
+        let needed = len + tokens.len();
+        if needed > self.context_size() {
+            return Err(EngineError::ContextFull {
+                needed,
+                capacity: self.context_size(),
+            });
+        }
+        let State {
+            memory,
+            seq,
+            scratch,
+            logits: out,
+        } = state;
+        let work = SeqWork {
+            seq: *seq,
+            tokens,
+            logits,
+        };
+        step_sequences(self, memory, scratch, &[work], &mut [out])?;
+        Ok(&state.logits)
+    }
+
+    /// Runs one token at position `pos` and returns the next-token logits.
+    fn forward_token<'s>(
+        &self,
+        token: TokenId,
+        pos: usize,
+        state: &'s mut State,
+    ) -> Result<&'s [f32], EngineError> {
+        self.forward_batch(&[token], pos, state, LogitsFor::Last)
+    }
 }
+
+impl<E: Engine + ?Sized> EngineExt for E {}

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::{Engine, EngineError, LogitsFor};
+use crate::engine::{Engine, EngineError, EngineExt, LogitsFor, State};
 use crate::sampling::{logprob_of, top_logprobs, Sampler, SamplerParams};
 use crate::stop::StopMatcher;
 use crate::tokenizer::{StreamDecoder, TokenId, Tokenizer};
@@ -189,9 +189,9 @@ pub struct Outcome {
 /// Generates after `prompt` on a fresh or truncated `state` whose length is where the
 /// prompt starts. `on_step` sees every step as it happens and may return `false` to stop
 /// early (the outcome then says `Stop`).
-pub fn generate<E: Engine>(
+pub fn generate<E: Engine + ?Sized>(
     engine: &E,
-    state: &mut E::State,
+    state: &mut State,
     start_pos: usize,
     tokenizer: &Tokenizer,
     prompt: &[TokenId],

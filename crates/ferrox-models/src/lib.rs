@@ -10,14 +10,28 @@ pub mod generate;
 pub mod layers;
 pub mod mla;
 pub mod sampling;
+pub mod step;
 pub mod stop;
 pub(crate) mod tensors;
 pub mod tokenizer;
 
-pub use any_engine::{AnyEngine, AnyState};
-pub use decoder::{Decoder, DecoderOptions, DecoderState};
-pub use engine::{Engine, EngineError, LogitsFor};
-pub use mla::{AttentionPath, MlaEngine, MlaState};
+pub use any_engine::AnyEngine;
+pub use decoder::{Decoder, DecoderOptions};
+pub use engine::{
+    step_sequences, Engine, EngineError, EngineExt, LogitsFor, SeqInput, SeqWork, State,
+    StepScratch,
+};
+pub use mla::{AttentionPath, MlaEngine};
+
+/// An engine's own thread pool (`threads` 0: one per core).
+pub(crate) fn engine_pool(threads: usize, name: &str) -> Result<rayon::ThreadPool, ModelError> {
+    let name = name.to_string();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))
+}
 
 /// The default model's file name (Gemma-3-270M Q4_K_M, as `scripts/fetch-model.sh` stores it).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";

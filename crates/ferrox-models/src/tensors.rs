@@ -206,6 +206,36 @@ impl MoeWeights {
         .map_err(moe_error)
     }
 
+    /// The layer's MoE FFN of `xn` (`n × n_embd` normalized rows) into `out`: routing,
+    /// the routed experts, and the shared expert added.
+    pub fn forward(
+        &self,
+        gguf: &Gguf,
+        router: &ferrox_moe::RouterConfig,
+        xn: &[f32],
+        out: &mut [f32],
+        router_logits: &mut Vec<f32>,
+        scratch: &mut ferrox_moe::MoeScratch,
+    ) -> Result<(), ModelError> {
+        scratch
+            .router_logits(&self.gate_inp.view(gguf)?, xn, router_logits)
+            .map_err(moe_error)?;
+        ferrox_moe::moe_ffn(
+            router,
+            &self.experts(gguf)?,
+            xn,
+            router_logits,
+            self.selection_bias.as_deref(),
+            out,
+            scratch,
+        )
+        .map_err(moe_error)?;
+        if let Some(shared) = self.shared_expert(gguf)? {
+            shared.forward_add(xn, out, scratch).map_err(moe_error)?;
+        }
+        Ok(())
+    }
+
     pub fn shared_expert<'a>(
         &'a self,
         gguf: &'a Gguf,

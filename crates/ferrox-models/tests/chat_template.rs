@@ -626,3 +626,50 @@ fn templates_are_shareable_across_threads() {
         );
     }
 }
+
+/// A model without a template is chatted with in the format its vocabulary's turn markers
+/// call for; ChatML only when none match.
+#[test]
+fn a_model_without_a_template_gets_its_family_format() {
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Count to five."),
+        ChatMessage::new("assistant", "1 2 3 4 5"),
+        ChatMessage::new("user", "Again."),
+    ];
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        bos_token: "<bos>".into(),
+        ..RenderOptions::default()
+    };
+    let with = |tokens: &'static [&'static str]| {
+        let (t, name) = ChatTemplate::for_vocabulary(|m| tokens.contains(&m));
+        (name, t.render(&messages, &options).unwrap())
+    };
+    let (name, gemma) = with(&["<bos>", "<start_of_turn>", "<end_of_turn>"]);
+    assert_eq!(name, "gemma");
+    assert_eq!(
+        gemma,
+        "<bos><start_of_turn>user\nBe brief.\n\nCount to five.<end_of_turn>\n\
+         <start_of_turn>model\n1 2 3 4 5<end_of_turn>\n\
+         <start_of_turn>user\nAgain.<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let (name, llama3) = with(&["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]);
+    assert_eq!(name, "llama3");
+    assert!(llama3
+        .starts_with("<bos><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"));
+    assert!(llama3.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"));
+    let (name, _) = with(&[
+        "<|im_start|>",
+        "<|im_end|>",
+        "<start_of_turn>",
+        "<end_of_turn>",
+    ]);
+    assert_eq!(
+        name, "chatml",
+        "ChatML's markers are tried first, as llama.cpp does"
+    );
+    let (name, fallback) = with(&["<s>"]);
+    assert_eq!(name, "chatml");
+    assert!(fallback.ends_with("<|im_start|>assistant\n"));
+}

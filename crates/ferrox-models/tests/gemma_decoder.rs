@@ -5,10 +5,11 @@
 
 mod common;
 
+use ferrox_core::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_models::generate::{generate, GenerationParams};
 use ferrox_models::sampling::{argmax, SamplerParams};
 use ferrox_models::tokenizer::TokenId;
-use ferrox_models::{Engine, EngineError, LogitsFor};
+use ferrox_models::{step_sequences, Engine, EngineError, EngineExt, LogitsFor, SeqInput, SeqWork};
 use rayon::prelude::*;
 
 fn prompt() -> Vec<TokenId> {
@@ -31,7 +32,7 @@ fn max_relative_diff(a: &[f32], b: &[f32]) -> f32 {
 fn prefill_equals_token_by_token() {
     let decoder = common::gemma_decoder(256, 2);
     let tokens = prompt();
-    let mut batched = decoder.new_state();
+    let mut batched = decoder.new_state().unwrap();
     let all = decoder
         .forward_batch(&tokens, 0, &mut batched, LogitsFor::All)
         .unwrap()
@@ -39,7 +40,7 @@ fn prefill_equals_token_by_token() {
     let n_vocab = decoder.vocab_size();
     assert_eq!(all.len(), tokens.len() * n_vocab);
 
-    let mut stepped = decoder.new_state();
+    let mut stepped = decoder.new_state().unwrap();
     let mut worst = 0.0f32;
     for (i, &t) in tokens.iter().enumerate() {
         let row = decoder.forward_token(t, i, &mut stepped).unwrap();
@@ -52,7 +53,7 @@ fn prefill_equals_token_by_token() {
     eprintln!("prefill vs token-by-token: max relative difference {worst:e}");
 
     // Logits for a tail of the batch are the same rows.
-    let mut tail_state = decoder.new_state();
+    let mut tail_state = decoder.new_state().unwrap();
     let from = tokens.len() - 3;
     let tail = decoder
         .forward_batch(&tokens, 0, &mut tail_state, LogitsFor::From(from))
@@ -62,7 +63,7 @@ fn prefill_equals_token_by_token() {
 
 /// Drives any engine greedily.
 fn greedy_via_trait<E: Engine>(engine: &E, prompt: &[TokenId], n: usize) -> Vec<TokenId> {
-    let mut state = engine.new_state();
+    let mut state = engine.new_state().unwrap();
     let mut logits = engine
         .forward_batch(prompt, 0, &mut state, LogitsFor::Last)
         .unwrap()
@@ -91,7 +92,7 @@ fn engine_trait_path_equals_direct_path_and_generation_loop() {
         ignore_eog: true,
         ..GenerationParams::default()
     };
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state().unwrap();
     let outcome = generate(
         &decoder,
         &mut state,
@@ -106,25 +107,25 @@ fn engine_trait_path_equals_direct_path_and_generation_loop() {
 }
 
 #[test]
-fn truncate_and_restore_reproduce_logits() {
+fn truncate_reproduces_logits() {
     let decoder = common::gemma_decoder(256, 2);
     let tokens = prompt();
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state().unwrap();
     let first = decoder
         .forward_batch(&tokens, 0, &mut state, LogitsFor::Last)
         .unwrap()
         .to_vec();
-    let snapshot = state.snapshot();
     decoder.forward_token(5, tokens.len(), &mut state).unwrap();
     // Rewind by truncation and re-run the last prompt token.
-    state.truncate(tokens.len() - 1);
+    state.truncate(tokens.len() - 1).unwrap();
     let again = decoder
         .forward_token(tokens[tokens.len() - 1], tokens.len() - 1, &mut state)
         .unwrap()
         .to_vec();
     assert_eq!(again, first);
-    state.restore(&snapshot).unwrap();
     assert_eq!(state.len(), tokens.len());
+    // Rolling forward is refused.
+    assert!(state.truncate(tokens.len() + 1).is_err());
     // Positions must continue the sequence; tokens must exist.
     assert!(matches!(
         decoder.forward_token(1, 3, &mut state),
@@ -136,7 +137,7 @@ fn truncate_and_restore_reproduce_logits() {
     ));
     let full = vec![1; 300];
     assert!(matches!(
-        decoder.forward_batch(&full, 0, &mut decoder.new_state(), LogitsFor::Last),
+        decoder.forward_batch(&full, 0, &mut decoder.new_state().unwrap(), LogitsFor::Last),
         Err(EngineError::ContextFull { .. })
     ));
 }
@@ -146,7 +147,7 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
     let decoder = common::gemma_decoder(128, 2);
     let tokens = prompt();
     let expected = {
-        let mut s = decoder.new_state();
+        let mut s = decoder.new_state().unwrap();
         decoder
             .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
             .unwrap()
@@ -161,7 +162,7 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
         (0..3)
             .into_par_iter()
             .map(|_| {
-                let mut s = decoder.new_state();
+                let mut s = decoder.new_state().unwrap();
                 decoder
                     .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
                     .unwrap()
@@ -176,7 +177,7 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
     let nested: Vec<Vec<f32>> = (0..2)
         .into_par_iter()
         .map(|_| {
-            let mut s = decoder.new_state();
+            let mut s = decoder.new_state().unwrap();
             decoder
                 .forward_batch(&tokens, 0, &mut s, LogitsFor::Last)
                 .unwrap()
@@ -186,9 +187,10 @@ fn forward_from_inside_thread_pools_does_not_deadlock() {
     assert!(nested.iter().all(|r| r == &expected));
 }
 
+/// Sequences stepped together in one shared memory get the same logits, bit for bit, as
+/// each alone.
 #[test]
 fn sequences_stepped_together_equal_each_alone() {
-    use ferrox_models::decoder::SequenceStep;
     let decoder = common::gemma_decoder(128, 2);
     let tok = common::gemma_tokenizer();
     let prompts: Vec<Vec<TokenId>> = [
@@ -204,7 +206,7 @@ fn sequences_stepped_together_equal_each_alone() {
     let alone: Vec<Vec<Vec<f32>>> = prompts
         .iter()
         .map(|p| {
-            let mut s = decoder.new_state();
+            let mut s = decoder.new_state().unwrap();
             let mut logits = vec![decoder
                 .forward_batch(p, 0, &mut s, LogitsFor::Last)
                 .unwrap()
@@ -218,51 +220,61 @@ fn sequences_stepped_together_equal_each_alone() {
         })
         .collect();
     // Together: the prefills in one step, then every decode step shared.
-    let mut states: Vec<_> = prompts.iter().map(|_| decoder.new_state()).collect();
-    let mut steps: Vec<SequenceStep<'_>> = prompts
+    let mut memory = memory_for(&decoder, 64, 16, prompts.len());
+    let seqs: Vec<SeqId> = prompts
         .iter()
-        .zip(states.iter_mut())
-        .map(|(p, state)| SequenceStep {
-            tokens: p,
-            state,
-            logits: LogitsFor::Last,
-        })
+        .map(|p| memory.admit(p, 128).unwrap().seq)
         .collect();
-    decoder.forward_many(&mut steps).unwrap();
-    drop(steps);
-    let last_step = 6;
-    for (step, expected) in (0..=last_step).map(|step| (step, alone.iter().map(move |a| &a[step])))
-    {
-        for ((i, state), want) in states.iter().enumerate().zip(expected) {
-            let same = state
-                .logits()
+    let mut scratch = decoder.new_scratch();
+    let mut logits: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    let mut inputs: Vec<Vec<TokenId>> = prompts.clone();
+    for step in 0..=6 {
+        let work: Vec<SeqWork<'_>> = seqs
+            .iter()
+            .zip(&inputs)
+            .map(|(&seq, tokens)| SeqWork {
+                seq,
+                tokens,
+                logits: LogitsFor::Last,
+            })
+            .collect();
+        let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
+        step_sequences(&decoder, &mut memory, &mut scratch, &work, &mut outs).unwrap();
+        for (i, got) in logits.iter().enumerate() {
+            let same = got
                 .iter()
-                .zip(want)
+                .zip(&alone[i][step])
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "sequence {i}, step {step}");
         }
-        if step < last_step {
-            let next: Vec<[TokenId; 1]> = states.iter().map(|s| [argmax(s.logits())]).collect();
-            let mut steps: Vec<SequenceStep<'_>> = next
-                .iter()
-                .zip(states.iter_mut())
-                .map(|(t, state)| SequenceStep {
-                    tokens: t,
-                    state,
-                    logits: LogitsFor::Last,
-                })
-                .collect();
-            decoder.forward_many(&mut steps).unwrap();
-        }
+        inputs = logits.iter().map(|l| vec![argmax(l)]).collect();
     }
 }
 
-/// Sequences kept in a paged arena (small blocks handed out interleaved, a prompt prefix
+fn memory_for(
+    engine: &impl Engine,
+    n_blocks: usize,
+    block_tokens: usize,
+    max_sequences: usize,
+) -> SequenceMemory {
+    SequenceMemory::new(
+        engine.memory_spec(),
+        MemoryShape {
+            n_blocks,
+            block_tokens,
+            max_sequences,
+            n_ctx: engine.context_size(),
+            prefix_cache: true,
+        },
+    )
+    .unwrap()
+}
+
+/// Sequences kept in a paged memory (small blocks handed out interleaved, a prompt prefix
 /// shared by reference between two sequences) get the same logits, bit for bit, as the
-/// same sequences in contiguous caches.
+/// same sequences each in a contiguous memory of its own.
 #[test]
 fn paged_sequences_equal_contiguous_ones() {
-    use ferrox_models::decoder::{PagedSequence, PagedStep, StepScratch};
     let decoder = common::gemma_decoder(128, 2);
     let tok = common::gemma_tokenizer();
     let shared = tok.encode(
@@ -282,7 +294,7 @@ fn paged_sequences_equal_contiguous_ones() {
     let contiguous: Vec<Vec<f32>> = prompts
         .iter()
         .map(|p| {
-            let mut s = decoder.new_state();
+            let mut s = decoder.new_state().unwrap();
             decoder
                 .forward_batch(p, 0, &mut s, LogitsFor::All)
                 .unwrap()
@@ -291,84 +303,76 @@ fn paged_sequences_equal_contiguous_ones() {
         .collect();
 
     let block_tokens = 4;
-    let mut arena = decoder.new_paged_kv(64, block_tokens);
-    let mut scratch = StepScratch::default();
-    let mut next_block = 0u32;
-    let mut grow = |seq: &mut PagedSequence, len: usize| {
-        while seq.table.capacity(block_tokens) < len {
-            seq.table.push_block(next_block);
-            next_block += 1;
-        }
-    };
-    // The first sequence's prompt in two chunks, its second chunk stepped together with
-    // nothing else; the second sequence then starts from the first one's whole blocks.
+    let mut memory = memory_for(&decoder, 64, block_tokens, 2);
+    let mut scratch = decoder.new_scratch();
+    // The first sequence's prompt in two chunks; the second sequence then starts from the
+    // first one's whole blocks.
     let n_vocab = decoder.vocab_size();
-    let mut first = PagedSequence::new();
+    let first = memory.admit(&prompts[0], 128).unwrap();
+    assert_eq!(first.reused, 0);
     let cut = 7;
     let mut first_logits = Vec::new();
+    let mut out = Vec::new();
     for chunk in [&prompts[0][..cut], &prompts[0][cut..]] {
-        let end = first.table.len() + chunk.len();
-        grow(&mut first, end);
-        let mut steps = [PagedStep {
+        let work = [SeqWork {
+            seq: first.seq,
             tokens: chunk,
-            seq: &mut first,
             logits: LogitsFor::All,
         }];
-        decoder
-            .forward_paged(&mut arena, &mut scratch, &mut steps)
-            .unwrap();
-        first_logits.extend_from_slice(first.logits());
+        step_sequences(&decoder, &mut memory, &mut scratch, &work, &mut [&mut out]).unwrap();
+        first_logits.extend_from_slice(&out);
     }
     assert_eq!(first_logits, contiguous[0]);
 
-    let reused_blocks = shared.len() / block_tokens;
-    let reused = reused_blocks * block_tokens;
-    let mut second = PagedSequence::new();
-    for &b in &first.table.blocks()[..reused_blocks] {
-        second.table.push_block(b);
-    }
-    second.table.advance(reused);
-    let rest = &prompts[1][reused..];
-    grow(&mut second, prompts[1].len());
+    let second = memory.admit(&prompts[1], 128).unwrap();
+    let reused = shared.len() / block_tokens * block_tokens;
+    assert_eq!(second.reused, reused);
     // Step the second sequence alongside one more token of the first.
     let extra = [argmax(&first_logits[first_logits.len() - n_vocab..])];
-    grow(&mut first, prompts[0].len() + 1);
-    let mut steps = [
-        PagedStep {
-            tokens: rest,
-            seq: &mut second,
+    let work = [
+        SeqWork {
+            seq: second.seq,
+            tokens: &prompts[1][reused..],
             logits: LogitsFor::All,
         },
-        PagedStep {
+        SeqWork {
+            seq: first.seq,
             tokens: &extra,
-            seq: &mut first,
             logits: LogitsFor::Last,
         },
     ];
-    decoder
-        .forward_paged(&mut arena, &mut scratch, &mut steps)
-        .unwrap();
-    assert_eq!(second.logits(), &contiguous[1][reused * n_vocab..]);
+    let (mut second_out, mut first_out) = (Vec::new(), Vec::new());
+    step_sequences(
+        &decoder,
+        &mut memory,
+        &mut scratch,
+        &work,
+        &mut [&mut second_out, &mut first_out],
+    )
+    .unwrap();
+    assert_eq!(second_out, &contiguous[1][reused * n_vocab..]);
 
-    let mut alone = decoder.new_state();
+    let mut alone = decoder.new_state().unwrap();
     decoder
         .forward_batch(&prompts[0], 0, &mut alone, LogitsFor::Last)
         .unwrap();
     let pos = alone.len();
     let want = decoder.forward_token(extra[0], pos, &mut alone).unwrap();
-    assert_eq!(first.logits(), want);
+    assert_eq!(first_out, want);
 
-    // A table without blocks for the new positions is refused, not written past.
-    let mut empty = PagedSequence::new();
-    let mut steps = [PagedStep {
-        tokens: &extra,
-        seq: &mut empty,
-        logits: LogitsFor::Last,
-    }];
-    assert!(matches!(
-        decoder.forward_paged(&mut arena, &mut scratch, &mut steps),
-        Err(EngineError::ContextFull { .. })
-    ));
+    // A sequence whose memory has no blocks for its new positions is refused, not written
+    // past.
+    let mut view = memory.view(&[first.seq]).unwrap();
+    let err = decoder.step(
+        &mut view,
+        &mut scratch,
+        &[SeqInput {
+            tokens: &[1; 64],
+            logits: LogitsFor::Last,
+        }],
+        &mut [&mut out],
+    );
+    assert!(matches!(err, Err(EngineError::ContextFull { .. })));
 }
 
 /// The packed matrices (made at load where the CPU has AVX2) and the file's row-major ones
@@ -391,7 +395,7 @@ fn packed_and_row_major_weights_agree() {
     let (packed, plain) = (open(true), open(false));
     let prompt = prompt();
     let logits = |d: &Decoder| {
-        let mut state = d.new_state();
+        let mut state = d.new_state().unwrap();
         d.forward_batch(&prompt, 0, &mut state, LogitsFor::Last)
             .unwrap()
             .to_vec()

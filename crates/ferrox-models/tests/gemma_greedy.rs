@@ -18,7 +18,8 @@ mod common;
 
 use ferrox_models::sampling::argmax;
 use ferrox_models::tokenizer::TokenId;
-use ferrox_models::{Engine, LogitsFor};
+use ferrox_models::EngineExt;
+use ferrox_models::LogitsFor;
 
 /// llama.cpp's own spread, from the fixture: the largest and the 99th-percentile absolute
 /// difference between its default and its repacking-off top-5 logits over the steps where
@@ -102,7 +103,7 @@ fn greedy_continuations_match_llama_cpp() {
             "{name}: prompt tokenization"
         );
 
-        let mut state = decoder.new_state();
+        let mut state = decoder.new_state().unwrap();
         let mut logits = decoder
             .forward_batch(&prompt, 0, &mut state, LogitsFor::Last)
             .unwrap()

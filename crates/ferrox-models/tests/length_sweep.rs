@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::{AnyEngine, AnyState, AttentionPath, DecoderOptions, Engine, LogitsFor};
+use ferrox_models::{
+    AnyEngine, AttentionPath, DecoderOptions, EngineExt, LogitsFor, MlaEngine, State,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -132,22 +134,22 @@ fn sweep(name: &str) {
     };
     let gguf = Gguf::from_bytes(bytes).unwrap();
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-    let paths: &[Option<AttentionPath>] = match engine {
-        AnyEngine::Mla(_) => &[
+    let paths: &[Option<AttentionPath>] = match engine.downcast_ref::<MlaEngine>() {
+        Some(_) => &[
             Some(AttentionPath::Absorbed),
             Some(AttentionPath::Decompressed),
         ],
-        _ => &[None],
+        None => &[None],
     };
     for &path in paths {
-        if let (AnyEngine::Mla(mla), Some(path)) = (&mut engine, path) {
+        if let (Some(mla), Some(path)) = (engine.downcast_mut::<MlaEngine>(), path) {
             mla.set_attention_path(path);
         }
         let label = path.map_or(String::new(), |p| format!(" ({p:?})"));
         let mut worst = 0.0f64;
         let mut steps = 0usize;
         for p in 1..=tokens.len() {
-            let mut state: AnyState = engine.new_state();
+            let mut state: State = engine.new_state().unwrap();
             let logits = engine
                 .forward_batch(&tokens[..p], 0, &mut state, LogitsFor::Last)
                 .unwrap();
@@ -172,7 +174,7 @@ fn sweep(name: &str) {
                 steps += 1;
             }
             // Then the sequence itself, token by token from p.
-            state.truncate(p);
+            state.truncate(p).unwrap();
             for m in p..tokens.len() {
                 let logits = engine
                     .forward_batch(&tokens[m..m + 1], m, &mut state, LogitsFor::Last)

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
+use ferrox_models::EngineExt;
 use ferrox_models::{AttentionPath, DecoderOptions, Engine, LogitsFor, MlaEngine};
 
 fn engine(name: &str, kv_storage: KvStorage) -> MlaEngine {
@@ -29,9 +30,9 @@ fn cache_holds_only_the_latent_and_the_rope_part() {
             let e = engine(name, storage);
             let c = e.config();
             assert_eq!((c.kv_lora_rank, c.n_rot), (mla.kv_lora_rank, mla.qk_rope));
-            let state = e.new_state();
+            let state = e.new_state().unwrap();
             let per_token = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * elem;
-            assert_eq!(state.kv_bytes_per_position(), per_token, "{name}");
+            assert_eq!(state.bytes_per_position(), per_token, "{name}");
             // What a per-head key and value cache would need instead.
             let per_head = spec.n_head * (mla.qk_nope + mla.qk_rope + mla.v_head);
             assert!(per_token * 3 < per_head * spec.n_layer * elem, "{name}");
@@ -40,34 +41,30 @@ fn cache_holds_only_the_latent_and_the_rope_part() {
 }
 
 #[test]
-fn truncation_and_snapshots_roll_the_sequence_back() {
+fn truncation_rolls_the_sequence_back() {
     let e = engine("deepseek2-v3", KvStorage::F16);
     let tokens = synthetic::token_ids("deepseek2-v3");
     // Token by token after a 20-token prompt, straight through.
-    let continue_from_20 = |state: &mut ferrox_models::MlaState| -> Vec<f32> {
+    let continue_from_20 = |state: &mut ferrox_models::State| -> Vec<f32> {
         (20..48)
             .flat_map(|pos| e.forward_token(tokens[pos], pos, state).unwrap().to_vec())
             .collect()
     };
-    let mut straight = e.new_state();
+    let mut straight = e.new_state().unwrap();
     e.forward_batch(&tokens[..20], 0, &mut straight, LogitsFor::Last)
         .unwrap();
     let expected = continue_from_20(&mut straight);
 
     // The same after going down another path and rolling back: identical logits.
-    let mut state = e.new_state();
+    let mut state = e.new_state().unwrap();
     e.forward_batch(&tokens[..20], 0, &mut state, LogitsFor::Last)
         .unwrap();
     e.forward_batch(&tokens[30..40], 20, &mut state, LogitsFor::Last)
         .unwrap();
-    state.kv_cache_mut().truncate(20);
-    assert_eq!(state.kv_cache().len(), 20);
+    state.truncate(20).unwrap();
+    assert_eq!(state.len(), 20);
     assert_eq!(continue_from_20(&mut state), expected);
-
-    let snapshot = state.kv_cache().snapshot();
-    state.kv_cache_mut().truncate(5);
-    state.kv_cache_mut().restore(&snapshot).unwrap();
-    assert_eq!(state.kv_cache().len(), 48);
+    assert_eq!(state.len(), 48);
     let next = e
         .forward_token(tokens[48], 48, &mut state)
         .unwrap()
@@ -133,7 +130,7 @@ fn prompts_decompress_and_single_tokens_absorb() {
     let tokens = synthetic::token_ids("deepseek2");
     // The 64-token prompt's logits, then one more token's.
     let run = |e: &MlaEngine| {
-        let mut state = e.new_state();
+        let mut state = e.new_state().unwrap();
         let batch = e
             .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
             .unwrap()
@@ -171,13 +168,13 @@ fn long_prompts_run_in_micro_batches_with_the_same_logits() {
     let tokens: Vec<u32> = (0..600u32).map(|i| 3 + (i * 97 + 11) % 270).collect();
     for path in [AttentionPath::Absorbed, AttentionPath::Decompressed] {
         e.set_attention_path(path);
-        let mut one = e.new_state();
+        let mut one = e.new_state().unwrap();
         let all = e
             .forward_batch(&tokens, 0, &mut one, LogitsFor::From(250))
             .unwrap()
             .to_vec();
         assert_eq!(all.len(), 350 * n_vocab);
-        let mut split = e.new_state();
+        let mut split = e.new_state().unwrap();
         e.forward_batch(&tokens[..300], 0, &mut split, LogitsFor::Last)
             .unwrap();
         let tail = e

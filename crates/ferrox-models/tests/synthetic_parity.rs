@@ -105,7 +105,8 @@ use std::sync::{Arc, OnceLock};
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::{AnyEngine, AttentionPath, DecoderOptions, Engine, LogitsFor};
+use ferrox_models::EngineExt;
+use ferrox_models::{AnyEngine, AttentionPath, DecoderOptions, Engine, LogitsFor, MlaEngine};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -250,7 +251,7 @@ fn check_family(arch: &str) {
     assert_eq!(engine.vocab_size(), n_vocab, "{arch}: vocabulary size");
 
     let run_batch = |engine: &AnyEngine| {
-        let mut state = engine.new_state();
+        let mut state = engine.new_state().unwrap();
         let batch = engine
             .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
             .unwrap()
@@ -258,23 +259,23 @@ fn check_family(arch: &str) {
         assert_eq!(batch.len(), n * n_vocab);
         batch
     };
-    let mut state = engine.new_state();
+    let mut state = engine.new_state().unwrap();
     let mut steps = Vec::with_capacity(n * n_vocab);
     for (pos, &t) in tokens.iter().enumerate() {
         steps.extend_from_slice(engine.forward_token(t, pos, &mut state).unwrap());
     }
     // (label, logits, follows llama.cpp's graph). MLA: both attention forms as a batch;
     // single tokens always take the absorbed one, which must equal its batch.
-    let results = match &mut engine {
-        AnyEngine::Dense(_) => vec![("batch", run_batch(&engine), true)],
-        AnyEngine::Mla(_) => {
+    let results = match engine.downcast_mut::<MlaEngine>() {
+        None => vec![("batch", run_batch(&engine), true)],
+        Some(_) => {
             let split = synthetic::spec(arch).mla.expect("MLA spec").split_kv_b;
             let mut forms = Vec::new();
             for (label, path) in [
                 ("absorbed batch", AttentionPath::Absorbed),
                 ("decompressed batch", AttentionPath::Decompressed),
             ] {
-                if let AnyEngine::Mla(mla) = &mut engine {
+                if let Some(mla) = engine.downcast_mut::<MlaEngine>() {
                     mla.set_attention_path(path);
                 }
                 let native = split == (path == AttentionPath::Absorbed);
@@ -338,11 +339,11 @@ fn check_exact(arch: &str) {
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");
     let mut outputs = Vec::new();
     for path in [AttentionPath::Absorbed, AttentionPath::Decompressed] {
-        let AnyEngine::Mla(mla) = &mut engine else {
+        let Some(mla) = engine.downcast_mut::<MlaEngine>() else {
             panic!("{arch}: not run by the MLA engine");
         };
         mla.set_attention_path(path);
-        let mut state = engine.new_state();
+        let mut state = engine.new_state().unwrap();
         let logits = engine
             .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
             .unwrap()

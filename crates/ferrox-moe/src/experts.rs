@@ -17,7 +17,7 @@ use ferrox_core::{GgmlType, WeightMatrix};
 use ferrox_gguf::TensorInfo;
 
 use crate::numerics;
-use crate::routing::{route, RouterConfig};
+use crate::routing::RouterConfig;
 use crate::MoeError;
 
 /// The gated activation of the expert FFNs: `act(gate · x) * (up · x)`.
@@ -265,6 +265,8 @@ pub struct MoeScratch {
     /// Per token, the selected `(expert, weight)` pairs of the last call, best first.
     pub routes: Vec<(usize, f32)>,
     route_tmp: Vec<(usize, f32)>,
+    route_scratch: crate::routing::RouteScratch,
+    router_xq: Vec<u8>,
     assign: Vec<(usize, usize, usize)>,
     xq_gate: Vec<u8>,
     xq_up: Vec<u8>,
@@ -285,12 +287,33 @@ pub fn router_logits(
     x: &[f32],
     logits: &mut Vec<f32>,
 ) -> Result<(), MoeError> {
-    let mut xq = Vec::new();
-    let n_tokens = gate_inp.quantize_activation(x, &mut xq)?;
+    router_logits_with(gate_inp, x, logits, &mut Vec::new())
+}
+
+/// [`router_logits`] quantizing the activations into `xq` (reused between calls).
+pub fn router_logits_with(
+    gate_inp: &WeightMatrix<'_>,
+    x: &[f32],
+    logits: &mut Vec<f32>,
+    xq: &mut Vec<u8>,
+) -> Result<(), MoeError> {
+    let n_tokens = gate_inp.quantize_activation(x, xq)?;
     logits.clear();
     logits.resize(n_tokens * gate_inp.rows(), 0.0);
-    gate_inp.matmul(&xq, n_tokens, logits)?;
+    gate_inp.matmul(xq, n_tokens, logits)?;
     Ok(())
+}
+
+impl MoeScratch {
+    /// [`router_logits`] with the activation buffer kept in the scratch.
+    pub fn router_logits(
+        &mut self,
+        gate_inp: &WeightMatrix<'_>,
+        x: &[f32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), MoeError> {
+        router_logits_with(gate_inp, x, logits, &mut self.router_xq)
+    }
 }
 
 /// One gated FFN over `m` tokens whose activations are already quantized for gate (`xg`)
@@ -384,7 +407,13 @@ pub fn moe_ffn(
     s.routes.clear();
     s.assign.clear();
     for (t, logits) in router_logits.chunks_exact(n_expert).enumerate() {
-        route(router, logits, selection_bias, &mut s.route_tmp);
+        crate::routing::route_into(
+            router,
+            logits,
+            selection_bias,
+            &mut s.route_tmp,
+            &mut s.route_scratch,
+        );
         for (slot, &(e, _)) in s.route_tmp.iter().enumerate() {
             s.assign.push((e, t, slot));
         }

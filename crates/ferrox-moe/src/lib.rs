@@ -19,4 +19,4 @@ pub use experts::{
     moe_ffn, router_logits, shared_expert_gate, Activation, ExpertTensor, MoeExperts, MoeScratch,
     SharedExpert,
 };
-pub use routing::{route, Gating, MoeHparams, RouterConfig};
+pub use routing::{route, route_into, Gating, MoeHparams, RouteScratch, RouterConfig};

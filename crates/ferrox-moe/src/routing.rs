@@ -121,8 +121,8 @@ impl RouterConfig {
     /// * `{arch}.expert_group_count` / `{arch}.expert_group_used_count` (default 0: no groups).
     pub fn from_metadata(md: &Metadata<'_>, arch: &str) -> Result<Self, MoeError> {
         let key = |k: &str| format!("{arch}.{k}");
-        let n_expert = md.get_usize(&key("expert_count"))?;
-        let n_used = md.get_usize(&key("expert_used_count"))?;
+        let n_expert = count(md, &key("expert_count"))?;
+        let n_used = count(md, &key("expert_used_count"))?;
         let gating = match arch {
             "qwen2moe" | "qwen3moe" | "olmoe" | "llama" => Gating::Softmax,
             _ => {
@@ -153,8 +153,8 @@ impl RouterConfig {
             _ => md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false),
         };
         let scale = md.opt_f32(&key("expert_weights_scale"))?.unwrap_or(0.0);
-        let n_group = md.opt_usize(&key("expert_group_count"))?.unwrap_or(0);
-        let n_group_used = md.opt_usize(&key("expert_group_used_count"))?.unwrap_or(0);
+        let n_group = opt_count(md, &key("expert_group_count"))?.unwrap_or(0);
+        let n_group_used = opt_count(md, &key("expert_group_used_count"))?.unwrap_or(0);
         let groups = (n_group > 1).then_some((n_group, n_group_used));
         let config = RouterConfig {
             n_expert,
@@ -164,9 +164,38 @@ impl RouterConfig {
             scale,
             groups,
         };
-        config.validate()?;
+        config.validate().map_err(|e| match e {
+            MoeError::Config(m) => MoeError::Config(format!(
+                "{m} (from `{}`, `{}`, `{}`, `{}`)",
+                key("expert_count"),
+                key("expert_used_count"),
+                key("expert_group_count"),
+                key("expert_group_used_count")
+            )),
+            e => e,
+        })?;
         Ok(config)
     }
+}
+
+/// Largest value a count may hold. llama.cpp keeps these hyperparameters in 32-bit integers;
+/// nothing is sized by them before the expert tensors' shapes confirm them, and below 2^32 the
+/// product of two counts cannot overflow.
+const MAX_COUNT: usize = u32::MAX as usize;
+
+/// An optional count, at most [`MAX_COUNT`] (an error naming the key and value otherwise).
+fn opt_count(md: &Metadata<'_>, key: &str) -> Result<Option<usize>, MoeError> {
+    match md.opt_usize(key)? {
+        Some(n) if n > MAX_COUNT => Err(MoeError::BadValue {
+            key: key.to_string(),
+            reason: format!("{n} is more than the {MAX_COUNT} allowed"),
+        }),
+        n => Ok(n),
+    }
+}
+
+fn count(md: &Metadata<'_>, key: &str) -> Result<usize, MoeError> {
+    opt_count(md, key)?.ok_or_else(|| ferrox_gguf::GgufError::MissingKey(key.to_string()).into())
 }
 
 /// llama.cpp's heuristic for GLM-4.7-Lite GGUFs written as `deepseek2` without a gating key.
@@ -202,12 +231,10 @@ impl MoeHparams {
         let key = |k: &str| format!("{arch}.{k}");
         Ok(MoeHparams {
             router: RouterConfig::from_metadata(md, arch)?,
-            n_leading_dense: md
-                .opt_usize(&key("leading_dense_block_count"))?
-                .unwrap_or(0),
-            n_ff_exp: md.opt_usize(&key("expert_feed_forward_length"))?,
-            n_ff_shexp: md.opt_usize(&key("expert_shared_feed_forward_length"))?,
-            n_expert_shared: md.opt_usize(&key("expert_shared_count"))?.unwrap_or(0),
+            n_leading_dense: opt_count(md, &key("leading_dense_block_count"))?.unwrap_or(0),
+            n_ff_exp: opt_count(md, &key("expert_feed_forward_length"))?,
+            n_ff_shexp: opt_count(md, &key("expert_shared_feed_forward_length"))?,
+            n_expert_shared: opt_count(md, &key("expert_shared_count"))?.unwrap_or(0),
         })
     }
 }
@@ -229,6 +256,18 @@ fn argsort_desc(scores: &[f32], idx: &mut Vec<usize>) {
     idx.sort_by(|&a, &b| desc(scores[a], scores[b]));
 }
 
+/// Buffers of [`route_into`], kept between calls so routing does not allocate.
+#[derive(Clone, Debug, Default)]
+pub struct RouteScratch {
+    probs: Vec<f32>,
+    sel: Vec<f32>,
+    idx: Vec<usize>,
+    group_scores: Vec<f32>,
+    keep: Vec<bool>,
+    w: Vec<f32>,
+    raw: Vec<f32>,
+}
+
 /// Selects `config.n_used` experts for one token and computes their weights, replacing the
 /// contents of `out` with `(expert, weight)` pairs, best-ranked first. See the module
 /// documentation for the exact computation, tie-breaking and non-finite inputs.
@@ -242,37 +281,63 @@ pub fn route(
     selection_bias: Option<&[f32]>,
     out: &mut Vec<(usize, f32)>,
 ) {
+    route_into(
+        config,
+        router_logits,
+        selection_bias,
+        out,
+        &mut RouteScratch::default(),
+    );
+}
+
+/// [`route`] with its buffers in `scratch`.
+pub fn route_into(
+    config: &RouterConfig,
+    router_logits: &[f32],
+    selection_bias: Option<&[f32]>,
+    out: &mut Vec<(usize, f32)>,
+    scratch: &mut RouteScratch,
+) {
     if let Err(e) = config.validate() {
         panic!("{e}");
     }
     let n = config.n_expert;
     assert_eq!(router_logits.len(), n, "router logits: one per expert");
-    let mut probs = vec![0f32; n];
+    let RouteScratch {
+        probs,
+        sel,
+        idx,
+        group_scores,
+        keep,
+        w,
+        raw,
+    } = scratch;
+    probs.clear();
+    probs.resize(n, 0.0);
     match config.gating {
-        Gating::Softmax => numerics::softmax(router_logits, &mut probs),
+        Gating::Softmax => numerics::softmax(router_logits, probs),
         Gating::Sigmoid => probs
             .iter_mut()
             .zip(router_logits)
             .for_each(|(p, &x)| *p = numerics::sigmoid(x)),
         Gating::SoftmaxWeight => probs.copy_from_slice(router_logits),
     }
-    let mut sel = probs.clone();
+    sel.clear();
+    sel.extend_from_slice(probs);
     if let Some(bias) = selection_bias {
         assert_eq!(bias.len(), n, "selection bias: one per expert");
         sel.iter_mut().zip(bias).for_each(|(s, &b)| *s += b);
     }
-    let mut idx = Vec::with_capacity(n);
     if let Some((n_group, n_group_used)) = config.groups {
         let per = n / n_group;
-        let group_scores: Vec<f32> = sel
-            .chunks_exact(per)
-            .map(|g| {
-                argsort_desc(g, &mut idx);
-                numerics::sum_f32(&[g[idx[0]], g[idx[1]]])
-            })
-            .collect();
-        argsort_desc(&group_scores, &mut idx);
-        let mut keep = vec![false; n_group];
+        group_scores.clear();
+        for g in sel.chunks_exact(per) {
+            argsort_desc(g, idx);
+            group_scores.push(numerics::sum_f32(&[g[idx[0]], g[idx[1]]]));
+        }
+        argsort_desc(group_scores, idx);
+        keep.clear();
+        keep.resize(n_group, false);
         idx[..n_group_used].iter().for_each(|&g| keep[g] = true);
         for (g, chunk) in sel.chunks_exact_mut(per).enumerate() {
             if !keep[g] {
@@ -280,15 +345,17 @@ pub fn route(
             }
         }
     }
-    argsort_desc(&sel, &mut idx);
+    argsort_desc(sel, idx);
     let chosen = &idx[..config.n_used];
-    let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+    w.clear();
+    w.extend(chosen.iter().map(|&e| probs[e]));
     if config.gating == Gating::SoftmaxWeight {
-        let raw = w.clone();
-        numerics::softmax(&raw, &mut w);
+        raw.clear();
+        raw.extend_from_slice(w);
+        numerics::softmax(raw, w);
     }
     if config.norm_weights {
-        let sum = numerics::sum_f32(&w);
+        let sum = numerics::sum_f32(w);
         // ggml_clamp: MAX(MIN(x, inf), min), where MIN(NaN, inf) is inf.
         let sum = if sum < f32::INFINITY {
             sum
@@ -306,5 +373,5 @@ pub fn route(
         w.iter_mut().for_each(|v| *v *= config.scale);
     }
     out.clear();
-    out.extend(chosen.iter().copied().zip(w));
+    out.extend(chosen.iter().copied().zip(w.iter().copied()));
 }

@@ -7,10 +7,10 @@
 //! * Errors are always OpenAI's `{"error": {"message", "type", "param", "code"}}`, the
 //!   router's and layers' own rejections included; after a stream has started an error is an
 //!   SSE `data: {"error": ...}` event.
-//! * Scheduling is continuous batching ([`scheduler`]): one thread owns the decoder and
-//!   advances every active sequence in one [`ferrox_models::Decoder::forward_many`] step,
-//!   mixing decode tokens with bounded prefill chunks. KV memory is one cache per slot with
-//!   llama-server-style prefix reuse ([`kv`]).
+//! * Scheduling is continuous batching ([`scheduler`]): one thread owns the engine (every
+//!   architecture `ferrox run` runs) and advances every active sequence in one engine step,
+//!   mixing decode tokens with bounded prefill chunks. Sequence memory is one paged block
+//!   pool with prefix reuse ([`kv`]).
 //! * Request fields and sampling defaults: see [`api`].
 
 pub mod api;
@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use ferrox_models::chat_template::{ChatTemplate, RenderOptions};
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{Decoder, Engine};
+use ferrox_models::{AnyEngine, Engine};
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub use error::ApiError;
@@ -96,7 +96,7 @@ impl Default for ServerConfig {
 /// What the loader hands the server.
 pub struct LoadedModel {
     pub path: PathBuf,
-    pub decoder: Decoder,
+    pub engine: AnyEngine,
     pub tokenizer: Tokenizer,
 }
 
@@ -343,10 +343,10 @@ async fn shutdown_signal() -> &'static str {
 }
 
 /// The KV block pool: `--kv-memory` MiB, or room for `--parallel` full contexts.
-fn kv_pool(config: &ServerConfig, decoder: &Decoder) -> anyhow::Result<KvPool> {
-    let n_ctx = decoder.context_size();
+fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> {
+    let n_ctx = engine.context_size();
     let parallel = config.parallel.max(1);
-    let block_bytes = decoder.kv_bytes_per_position() * kv::BLOCK_TOKENS;
+    let block_bytes = engine.memory_spec().bytes_per_position() * kv::BLOCK_TOKENS;
     let context_blocks = n_ctx.div_ceil(kv::BLOCK_TOKENS);
     let n_blocks = match config.kv_memory_mib {
         Some(mib) => {
@@ -361,11 +361,12 @@ fn kv_pool(config: &ServerConfig, decoder: &Decoder) -> anyhow::Result<KvPool> {
         }
         None => context_blocks * parallel,
     };
-    let pool = KvPool::new(decoder, n_blocks, parallel);
+    let pool = KvPool::new(engine, n_blocks, parallel).context("the KV pool")?;
     tracing::info!(
-        "KV pool: {n_blocks} blocks of {} positions ({} MiB), up to {parallel} sequences of {n_ctx} positions",
+        "KV pool: {n_blocks} blocks of {} positions ({} MiB, {} bytes per position), up to {parallel} sequences of {n_ctx} positions",
         kv::BLOCK_TOKENS,
-        pool.reserved_bytes().div_ceil(1 << 20)
+        pool.reserved_bytes().div_ceil(1 << 20),
+        pool.bytes_per_position()
     );
     Ok(pool)
 }
@@ -373,20 +374,20 @@ fn kv_pool(config: &ServerConfig, decoder: &Decoder) -> anyhow::Result<KvPool> {
 /// The chat template to use and where it came from.
 fn resolve_template(
     choice: Option<&str>,
-    decoder: &Decoder,
+    engine: &AnyEngine,
+    tokenizer: &Tokenizer,
 ) -> anyhow::Result<(ChatTemplate, String)> {
-    let meta = decoder.gguf().metadata();
+    let meta = engine.gguf().metadata();
     match choice {
         None => match ChatTemplate::from_metadata(&meta).context("the model's chat template")? {
             Some(t) => Ok((t, "the model's tokenizer.chat_template".into())),
             None => {
+                let vocab = tokenizer.vocab();
+                let (t, name) = ChatTemplate::for_vocabulary(|m| vocab.id(m).is_some());
                 tracing::warn!(
-                    "the model has no chat template; using ChatML for /v1/chat/completions"
+                    "the model has no chat template; using the built-in {name} format (its vocabulary's turn markers) for /v1/chat/completions"
                 );
-                Ok((
-                    ChatTemplate::chatml(),
-                    "ChatML (the model has no template)".into(),
-                ))
+                Ok((t, format!("built-in {name} (the model has no template)")))
             }
         },
         Some("chatml") => Ok((
@@ -426,14 +427,15 @@ fn prepare(
 ) -> anyhow::Result<Ready> {
     let LoadedModel {
         path,
-        decoder,
+        engine,
         tokenizer,
     } = model;
-    let (template, template_source) = resolve_template(config.chat_template.as_deref(), &decoder)?;
-    let n_ctx = decoder.context_size();
-    let n_vocab = decoder.vocab_size().min(tokenizer.vocab().len());
+    let (template, template_source) =
+        resolve_template(config.chat_template.as_deref(), &engine, &tokenizer)?;
+    let n_ctx = engine.context_size();
+    let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
 
-    let pool = kv_pool(config, &decoder)?;
+    let pool = kv_pool(config, &engine)?;
 
     let vocab = tokenizer.vocab();
     let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
@@ -462,18 +464,18 @@ fn prepare(
     }
 
     tracing::info!(
-        "loaded {} ({} layers, {} vocab, {} threads)",
+        "loaded {} ({}, {} vocab, {} threads)",
         path.display(),
-        decoder.config().n_layer(),
+        engine.architecture(),
         n_vocab,
-        decoder.threads()
+        engine.threads()
     );
     tracing::info!("chat template: {template_source}");
     let slots = pool.max_sequences();
 
     let tokenizer = Arc::new(tokenizer);
     let scheduler = Scheduler::start(
-        decoder,
+        engine,
         pool,
         tokenizer.clone(),
         SchedulerOptions {

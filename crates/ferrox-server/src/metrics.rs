@@ -64,6 +64,7 @@ pub struct Metrics {
     pub kv_blocks_total: AtomicU64,
     pub kv_block_tokens: AtomicU64,
     pub kv_bytes: AtomicU64,
+    pub kv_bytes_per_position: AtomicU64,
     pub steps: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
@@ -85,6 +86,7 @@ impl Default for Metrics {
             kv_blocks_total: AtomicU64::new(0),
             kv_block_tokens: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
+            kv_bytes_per_position: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
@@ -220,6 +222,11 @@ impl Metrics {
                 "ferrox_kv_cache_bytes",
                 "Bytes reserved for the KV block pool.",
                 get(&self.kv_bytes) as f64,
+            ),
+            (
+                "ferrox_kv_bytes_per_position",
+                "Bytes of sequence memory one position takes (every layer and store of the engine).",
+                get(&self.kv_bytes_per_position) as f64,
             ),
         ];
         for (name, help, v) in gauges {

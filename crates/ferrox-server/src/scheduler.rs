@@ -1,5 +1,5 @@
-//! Continuous batching: one thread owns the decoder and, step after step, advances every
-//! active sequence together through [`Decoder::forward_many`]: the next token of each
+//! Continuous batching: one thread owns the engine (any architecture) and, step after step,
+//! advances every active sequence together in one engine step: the next token of each
 //! decoding sequence plus a bounded chunk of prompt tokens of those still prefilling, so
 //! streams keep flowing while a long prompt is read. New requests join between steps from a
 //! bounded queue; a sequence whose client went away (its event receiver dropped) is cancelled
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step};
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
-use ferrox_models::Decoder;
+use ferrox_models::AnyEngine;
 use rayon::prelude::*;
 use tokio::sync::mpsc::error::SendError;
 use tokio::sync::mpsc::UnboundedSender;
@@ -114,9 +114,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the scheduler thread, which owns `decoder` and `pool`.
+    /// Starts the scheduler thread, which owns `engine` and `pool`.
     pub fn start(
-        decoder: Decoder,
+        engine: AnyEngine,
         pool: KvPool,
         tokenizer: Arc<Tokenizer>,
         options: SchedulerOptions,
@@ -139,7 +139,7 @@ impl Scheduler {
                 .name("ferrox-scheduler".into())
                 .spawn(move || {
                     let mut looper = Loop {
-                        decoder,
+                        engine,
                         pool,
                         tokenizer: &tokenizer,
                         options,
@@ -218,7 +218,7 @@ struct Seq<'t> {
 }
 
 struct Loop<'t> {
-    decoder: Decoder,
+    engine: AnyEngine,
     pool: KvPool,
     tokenizer: &'t Tokenizer,
     options: SchedulerOptions,
@@ -265,6 +265,9 @@ impl<'t> Loop<'t> {
         self.metrics
             .kv_bytes
             .store(self.pool.reserved_bytes() as u64, Ordering::Relaxed);
+        self.metrics
+            .kv_bytes_per_position
+            .store(self.pool.bytes_per_position() as u64, Ordering::Relaxed);
         let shared = self.shared.clone();
         loop {
             {
@@ -446,8 +449,8 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
-        let (pool, decoder) = (&mut self.pool, &self.decoder);
-        let result = catch_unwind(AssertUnwindSafe(|| pool.forward(decoder, &work)));
+        let (pool, engine) = (&mut self.pool, &self.engine);
+        let result = catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)));
         drop(work);
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         let failure = match result {

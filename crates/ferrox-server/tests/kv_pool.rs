@@ -3,7 +3,8 @@
 //! later prompts reuse them (with the same logits as computing everything), and requests
 //! that cannot fit now wait while those that can never fit are told so.
 
-use ferrox_models::{Decoder, DecoderOptions, Engine, LogitsFor};
+use ferrox_models::EngineExt;
+use ferrox_models::{Decoder, DecoderOptions, LogitsFor};
 use ferrox_server::kv::{KvPool, Refusal, Work, BLOCK_TOKENS};
 
 fn decoder(n_ctx: usize) -> Decoder {
@@ -31,7 +32,7 @@ fn tokens(seed: u32, n: usize) -> Vec<u32> {
 #[test]
 fn blocks_are_promised_allocated_cached_and_reused() {
     let d = decoder(64);
-    let mut pool = KvPool::new(&d, 6, 2);
+    let mut pool = KvPool::new(&d, 6, 2).unwrap();
     assert_eq!(pool.n_blocks(), 6);
 
     // 40 prompt tokens that may grow to 48 positions: three blocks promised, none used yet.
@@ -49,7 +50,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
     assert_eq!(pool.len(lease.slot), 40);
 
     // The same logits as a contiguous cache.
-    let mut state = d.new_state();
+    let mut state = d.new_state().unwrap();
     let want = d
         .forward_batch(&a, 0, &mut state, LogitsFor::Last)
         .unwrap()
@@ -77,7 +78,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
         }],
     )
     .unwrap();
-    let mut state = d.new_state();
+    let mut state = d.new_state().unwrap();
     let want = d
         .forward_batch(&b, 0, &mut state, LogitsFor::Last)
         .unwrap()
@@ -92,12 +93,12 @@ fn blocks_are_promised_allocated_cached_and_reused() {
     assert_eq!(pool.check(&c, 64), Ok(()));
 
     // More than the whole pool can hold is refused for good; no free slot means Busy.
-    let small = KvPool::new(&d, 3, 1);
+    let small = KvPool::new(&d, 3, 1).unwrap();
     assert!(matches!(
         small.check(&tokens(4, 60), 64),
         Err(Refusal::TooLarge { .. })
     ));
-    let mut one = KvPool::new(&d, 8, 1);
+    let mut one = KvPool::new(&d, 8, 1).unwrap();
     let held = one.acquire(&tokens(5, 4), 8).unwrap();
     assert_eq!(one.check(&tokens(6, 4), 8), Err(Refusal::Busy));
     one.release(held.slot);

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_models::tokenizer::TokenId;
-use ferrox_models::{AnyEngine, AnyState, Engine, LogitsFor};
+use ferrox_models::EngineExt;
+use ferrox_models::{AnyEngine, Engine, LogitsFor, State};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
@@ -105,18 +106,18 @@ impl Bench<'_> {
             .collect()
     }
 
-    fn prefill(&mut self, state: &mut AnyState, n: usize) -> anyhow::Result<u64> {
+    fn prefill(&mut self, state: &mut State, n: usize) -> anyhow::Result<u64> {
         let tokens = self.random_tokens(n);
-        state.truncate(0);
+        state.reset();
         let start = Instant::now();
         self.decoder
             .forward_batch(&tokens, 0, state, LogitsFor::Last)?;
         Ok(start.elapsed().as_nanos() as u64)
     }
 
-    fn generate(&mut self, state: &mut AnyState, n: usize) -> anyhow::Result<u64> {
+    fn generate(&mut self, state: &mut State, n: usize) -> anyhow::Result<u64> {
         let tokens = self.random_tokens(n);
-        state.truncate(0);
+        state.reset();
         let start = Instant::now();
         for (pos, &t) in tokens.iter().enumerate() {
             self.decoder.forward_token(t, pos, state)?;
@@ -126,7 +127,7 @@ impl Bench<'_> {
 
     fn run(
         &mut self,
-        state: &mut AnyState,
+        state: &mut State,
         n_prompt: usize,
         n_gen: usize,
         reps: usize,
@@ -149,12 +150,7 @@ impl Bench<'_> {
         })
     }
 
-    fn timed(
-        &mut self,
-        state: &mut AnyState,
-        n_prompt: usize,
-        n_gen: usize,
-    ) -> anyhow::Result<u64> {
+    fn timed(&mut self, state: &mut State, n_prompt: usize, n_gen: usize) -> anyhow::Result<u64> {
         if n_prompt > 0 {
             self.prefill(state, n_prompt)
         } else {
@@ -268,7 +264,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
         rng: rand::rngs::StdRng::seed_from_u64(1234),
     };
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state()?;
     let mut results = Vec::new();
     let mut llama = Vec::new();
     let tests = [(args.n_prompt, 0), (0, args.n_gen)];

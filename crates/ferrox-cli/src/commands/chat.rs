@@ -9,6 +9,7 @@ use ferrox_models::chat_template::{
 };
 use ferrox_models::generate::{generate, GenerationParams};
 use ferrox_models::Engine;
+use ferrox_models::EngineExt;
 
 use super::model::{self, ModelArgs};
 use super::run::SamplingArgs;
@@ -35,8 +36,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let template = match ChatTemplate::from_metadata(&decoder.gguf().metadata())? {
         Some(t) => t,
         None => {
-            eprintln!("the model has no chat template; using ChatML");
-            ChatTemplate::chatml()
+            let vocab = tokenizer.vocab();
+            let (t, name) = ChatTemplate::for_vocabulary(|m| vocab.id(m).is_some());
+            eprintln!("the model has no chat template; using the {name} format its vocabulary's turn markers call for");
+            t
         }
     };
     let vocab = tokenizer.vocab();
@@ -51,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(system) = &args.system {
         messages.push(ChatMessage::new("system", system));
     }
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state()?;
     // Tokens whose keys and values are in the cache.
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
@@ -90,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ))
             .into());
         }
-        state.truncate(reuse);
+        let reuse = state.truncate_or_reset(reuse);
         let params = GenerationParams {
             max_tokens: usize::try_from(args.n_predict).ok(),
             sampler: sampler.clone(),

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::families::MLA_ARCHITECTURES;
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{default_model_path, AnyEngine, Decoder, DecoderOptions};
+use ferrox_models::{default_model_path, AnyEngine, DecoderOptions};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
@@ -64,13 +63,6 @@ pub fn resolve(model: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A model ready to run on the dense decoder: its decoder and tokenizer.
-pub struct Loaded {
-    pub path: PathBuf,
-    pub decoder: Decoder,
-    pub tokenizer: Tokenizer,
-}
-
 /// A model ready to run on whichever engine its architecture needs.
 pub struct LoadedEngine {
     pub path: PathBuf,
@@ -95,29 +87,6 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Deco
         repack: !args.no_repack,
     };
     Ok((path, gguf, tokenizer, options))
-}
-
-/// Loads a model for the dense decoder (what `ferrox serve` batches). A Multi-head Latent
-/// Attention file is refused with an error naming its architecture.
-pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
-    let (path, gguf, tokenizer, options) = open(args)?;
-    let arch = gguf.metadata().architecture()?.to_string();
-    if MLA_ARCHITECTURES.contains(&arch.as_str()) {
-        return Err(super::InputError(format!(
-            "{}: architecture `{arch}` (Multi-head Latent Attention) runs with ferrox run, \
-             chat, bench and perplexity; the server's batched steps support only the dense \
-             decoder's architectures",
-            path.display()
-        ))
-        .into());
-    }
-    let decoder =
-        Decoder::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
-    Ok(Loaded {
-        path,
-        decoder,
-        tokenizer,
-    })
 }
 
 /// Loads a model for the engine its architecture needs.

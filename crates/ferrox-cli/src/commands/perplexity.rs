@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use ferrox_models::sampling::logprob_of;
+use ferrox_models::EngineExt;
 use ferrox_models::{Engine, LogitsFor};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -101,7 +102,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     );
     let mut stats = NllStats::default();
     let mut running = String::new();
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state()?;
     let mut chunk_tokens = Vec::with_capacity(n_ctx);
     for i in 0..n_chunk {
         chunk_tokens.clear();
@@ -109,7 +110,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         if let Some(b) = bos {
             chunk_tokens[0] = b;
         }
-        state.truncate(0);
+        state.reset();
         let logits = decoder
             .forward_batch(&chunk_tokens, 0, &mut state, LogitsFor::From(first))
             .context("evaluation failed")?;

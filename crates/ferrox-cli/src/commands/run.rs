@@ -6,6 +6,7 @@ use anyhow::Context;
 use ferrox_models::generate::{generate, GenerationParams, Outcome};
 use ferrox_models::sampling::SamplerParams;
 use ferrox_models::Engine;
+use ferrox_models::EngineExt;
 use serde_json::json;
 
 use super::model::{self, ModelArgs};
@@ -116,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logprobs: false,
         ignore_eog: false,
     };
-    let mut state = decoder.new_state();
+    let mut state = decoder.new_state()?;
     let mut stdout = std::io::stdout().lock();
     let mut top_logprobs = Vec::new();
     let mut write_error = None;

@@ -80,10 +80,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let model_args = args.model;
     ferrox_server::run(config, move || {
-        let loaded = model::load(&model_args)?;
+        let loaded = model::load_engine(&model_args)?;
         Ok(LoadedModel {
             path: loaded.path,
-            decoder: loaded.decoder,
+            engine: loaded.engine,
             tokenizer: loaded.tokenizer,
         })
     })

@@ -8,6 +8,12 @@ use ferrox_gguf::Metadata;
 use crate::mla::{config_for, MlaConfig, MscaleRule};
 use crate::ModelError;
 
+/// `deepseek2`, run by the Multi-head Latent Attention engine.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "deepseek2",
+    load: |gguf, options| super::mla(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {
     config_for(meta, "deepseek2", MscaleRule::Deepseek2)
 }

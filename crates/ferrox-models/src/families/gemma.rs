@@ -7,6 +7,12 @@ use crate::layers::activation::Activation;
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `gemma`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "gemma",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let mut config = read_common(meta, "gemma", RopeStyle::Neox)?;
     config.activation = Activation::Gelu;

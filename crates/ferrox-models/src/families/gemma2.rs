@@ -8,6 +8,12 @@ use crate::layers::activation::Activation;
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `gemma2`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "gemma2",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let arch = "gemma2";
     let mut config = read_common(meta, arch, RopeStyle::Neox)?;

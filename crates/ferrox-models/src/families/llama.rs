@@ -6,6 +6,12 @@ use crate::decoder::{read_common, DecoderConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `llama`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "llama",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let config = read_common(meta, "llama", RopeStyle::Normal)?;
     let layer = &config.layers[0];

@@ -7,6 +7,12 @@ use ferrox_gguf::Metadata;
 use crate::mla::{config_for, MlaConfig, MscaleRule};
 use crate::ModelError;
 
+/// `mistral4`, run by the Multi-head Latent Attention engine.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "mistral4",
+    load: |gguf, options| super::mla(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {
     config_for(meta, "mistral4", MscaleRule::Other)
 }

@@ -1,6 +1,6 @@
-//! One module per dense architecture family: each reads its hyperparameters and says how
-//! it differs from a plain llama-style decoder. Adding a family means adding a file here
-//! and a line in [`decoder_config`].
+//! One module per architecture family: each reads its hyperparameters, says how it
+//! differs from the engine that runs it, and declares its [`Architecture`]. Adding a family
+//! means adding a file here and a line in [`ARCHITECTURES`].
 
 mod deepseek2;
 mod gemma;
@@ -15,22 +15,64 @@ mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 
-use ferrox_gguf::Metadata;
+use std::sync::Arc;
 
-use crate::decoder::DecoderConfig;
-use crate::mla::MlaConfig;
+use ferrox_gguf::{Gguf, Metadata};
+
+use crate::decoder::{Decoder, DecoderConfig, DecoderOptions};
+use crate::engine::Engine;
+use crate::mla::{MlaConfig, MlaEngine};
 use crate::ModelError;
 
-/// Architectures the dense decoder runs.
-pub const DENSE_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3",
+/// An architecture ferrox runs: its `general.architecture` name and how to load it.
+pub struct Architecture {
+    pub name: &'static str,
+    pub load: fn(Arc<Gguf>, &DecoderOptions) -> Result<Box<dyn Engine>, ModelError>,
+}
+
+/// Every architecture, one line per family module (each declares its own [`Architecture`]).
+pub const ARCHITECTURES: &[Architecture] = &[
+    llama::ARCH,
+    qwen2::ARCH,
+    qwen3::ARCH,
+    gemma::ARCH,
+    gemma2::ARCH,
+    gemma3::ARCH,
+    phi3::ARCH,
+    qwen2moe::ARCH,
+    qwen3moe::ARCH,
+    olmoe::ARCH,
+    deepseek2::ARCH,
+    mistral4::ARCH,
 ];
 
-/// Mixture-of-experts architectures the same decoder runs (MoE FFN layers).
-pub const MOE_ARCHITECTURES: &[&str] = &["qwen2moe", "qwen3moe", "olmoe"];
+/// The registered architecture named `name`.
+pub fn architecture(name: &str) -> Result<&'static Architecture, ModelError> {
+    ARCHITECTURES
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| ModelError::UnsupportedArchitecture(name.to_string()))
+}
 
-/// Multi-head Latent Attention architectures, run by [`crate::mla::MlaEngine`].
-pub const MLA_ARCHITECTURES: &[&str] = &["deepseek2", "mistral4"];
+/// Loads a family run by the dense decoder.
+fn dense(
+    gguf: Arc<Gguf>,
+    options: &DecoderOptions,
+    config: fn(&Metadata<'_>) -> Result<DecoderConfig, ModelError>,
+) -> Result<Box<dyn Engine>, ModelError> {
+    let config = config(&gguf.metadata())?;
+    Ok(Box::new(Decoder::with_config(gguf, options, config)?))
+}
+
+/// Loads a family run by the Multi-head Latent Attention engine.
+fn mla(
+    gguf: Arc<Gguf>,
+    options: &DecoderOptions,
+    config: fn(&Metadata<'_>) -> Result<MlaConfig, ModelError>,
+) -> Result<Box<dyn Engine>, ModelError> {
+    let config = config(&gguf.metadata())?;
+    Ok(Box::new(MlaEngine::with_config(gguf, options, config)?))
+}
 
 /// The MLA configuration for the file's `general.architecture`.
 pub fn mla_config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {

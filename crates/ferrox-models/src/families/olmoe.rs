@@ -9,6 +9,12 @@ use crate::decoder::{read_common, DecoderConfig, FfnKind, MoeFfnConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `olmoe`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "olmoe",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let arch = "olmoe";
     let mut config = read_common(meta, arch, RopeStyle::Neox)?;

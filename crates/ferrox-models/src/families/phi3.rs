@@ -6,6 +6,12 @@ use crate::decoder::{read_common, DecoderConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `phi3`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "phi3",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let mut config = read_common(meta, "phi3", RopeStyle::Neox)?;
     // llama.cpp disables Phi's sliding window (its converters record it inconsistently).

@@ -8,6 +8,12 @@ use crate::decoder::{read_common, DecoderConfig, FfnKind, Keys, MoeFfnConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `qwen2moe`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "qwen2moe",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let arch = "qwen2moe";
     let mut config = read_common(meta, arch, RopeStyle::Neox)?;

@@ -6,6 +6,12 @@ use crate::decoder::{read_common, DecoderConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `qwen3`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "qwen3",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let mut config = read_common(meta, "qwen3", RopeStyle::Neox)?;
     config.qk_norm = true;

@@ -7,6 +7,12 @@ use crate::decoder::{read_common, DecoderConfig, FfnKind, MoeFfnConfig};
 use crate::layers::rope::RopeStyle;
 use crate::ModelError;
 
+/// `qwen3moe`, run by the dense decoder.
+pub const ARCH: super::Architecture = super::Architecture {
+    name: "qwen3moe",
+    load: |gguf, options| super::dense(gguf, options, config),
+};
+
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let arch = "qwen3moe";
     let mut config = read_common(meta, arch, RopeStyle::Neox)?;

@@ -6,4 +6,5 @@ pub mod activation;
 pub mod attention;
 pub mod linear;
 pub mod norm;
+pub mod paged_attention;
 pub mod rope;

@@ -1,4 +1,5 @@
-//! Multi-head latent attention for one layer and a micro-batch of one sequence's tokens.
+//! Multi-head latent attention for one layer and a micro-batch of rows (one or more
+//! sequences, each sequence's rows contiguous and in position order).
 //!
 //! Every token is reduced to one cache row, `[c | k_pe]`: the normalized latent (Lkv) and
 //! the rotated key part (R) all heads share. Two ways to attend over those rows give the
@@ -16,21 +17,25 @@
 //!   one `attn_kv_b`.
 //!
 //! Both run the shared per-query attention kernel with an f16 cache following ggml's CPU
-//! flash-attention arithmetic, as the dense decoder does.
+//! flash-attention arithmetic, as the dense decoder does. Each sequence's rows take the form
+//! its own row count and length call for, never its neighbours' in the step, so a sequence
+//! gets the same bits alone or batched.
 
-use ferrox_core::flash_attn::{GroupShape, MAX_GROUP};
-use ferrox_core::{KvCache, KvRows, KvStorage};
+use ferrox_core::flash_attn::MAX_GROUP;
+use ferrox_core::{KvRows, KvStorage, StepMemory};
 use ferrox_gguf::Gguf;
 use half::f16;
 use rayon::prelude::*;
 
 use super::config::MlaConfig;
 use super::weights::{Heads, MlaLayer, QueryWeights};
-use super::{grown, Path};
+use super::{Path, LATENT_STORE};
 use crate::engine::EngineError;
-use crate::layers::attention::{attend, f16_run, with_group_state, AttentionParams, KvView};
+use crate::layers::attention::{attend, AttentionParams, KvView};
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_norm_in_place;
+use crate::layers::paged_attention::{self, HeadGroup};
+use crate::step::{sized as grown, Row};
 
 /// Buffers of one layer's attention, reused across layers and steps.
 #[derive(Default)]
@@ -53,26 +58,30 @@ pub struct AttnScratch {
     keys16: Vec<f16>,
     values16: Vec<f16>,
     latents: Vec<f32>,
+    gather_latents: Vec<f32>,
     angles: Vec<(f32, f32)>,
     xq: Vec<u8>,
+    /// Rows (of the micro-batch) that attend in the absorbed form.
+    absorbed_rows: Vec<usize>,
 }
 
-/// The layer's attention over `xn` (`positions.len()` normalized rows), its cache rows
-/// written; leaves the output projection in `out` (`n × n_embd`).
+/// The layer's attention over `xn` (`rows.len()` normalized rows), their cache rows
+/// written; leaves the output projection in `out` (`n × n_embd`). `path_of(n, end)` picks
+/// the form for a sequence's `n` rows ending at `end` positions.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     c: &MlaConfig,
     lw: &MlaLayer,
     gguf: &Gguf,
     il: usize,
-    positions: &[usize],
+    rows: &[Row],
     xn: &[f32],
-    cache: &mut KvCache,
-    path: Path,
+    memory: &mut StepMemory<'_>,
+    path_of: impl Fn(usize, usize) -> Path,
     s: &mut AttnScratch,
     out: &mut [f32],
 ) -> Result<(), EngineError> {
-    let n = positions.len();
+    let n = rows.len();
     let (h, dk, dn) = (c.n_head, c.head_dim_k, c.head_dim_nope());
     let (lkv, width) = (c.kv_lora_rank, c.cache_width());
     let q = grown(&mut s.q, n * h * dk);
@@ -89,45 +98,80 @@ pub fn attention(
     }
     let kv = grown(&mut s.kv, n * width);
     linear(&lw.kv_a.view(gguf)?, xn, n, kv, &mut s.xq)?;
-    for (t, &pos) in positions.iter().enumerate() {
+    for (t, r) in rows.iter().enumerate() {
         let row = &mut kv[t * width..(t + 1) * width];
         let (latent, k_pe) = row.split_at_mut(lkv);
         rms_norm_in_place(latent, &lw.kv_a_norm, c.norm_eps);
-        c.rope.angles(pos, &mut s.angles);
+        c.rope.angles(r.pos, &mut s.angles);
         c.rope.apply(k_pe, c.n_rot, &s.angles);
         for head in q[t * h * dk..(t + 1) * h * dk].chunks_exact_mut(dk) {
             c.rope.apply(&mut head[dn..], c.n_rot, &s.angles);
         }
-        cache.write(il, pos, row, &[]);
+        memory.write(LATENT_STORE, r.seq, il, r.pos, row, &[]);
     }
     let step = Step {
         c,
         lw,
         gguf,
         il,
-        positions,
-        cache,
+        rows,
+        memory,
     };
-    match path {
-        Path::Absorbed => absorbed(&step, s)?,
-        Path::Decompressed => decompressed(&step, s)?,
+    grown(&mut s.heads, n * h * c.head_dim_v);
+    // Each sequence's rows (a contiguous segment) take their own form.
+    let mut absorbed_rows = std::mem::take(&mut s.absorbed_rows);
+    absorbed_rows.clear();
+    let mut start = 0;
+    while start < n {
+        let seq = rows[start].seq;
+        let end = start + rows[start..].iter().take_while(|r| r.seq == seq).count();
+        match path_of(end - start, rows[end - 1].pos + 1) {
+            Path::Absorbed => absorbed_rows.extend(start..end),
+            Path::Decompressed => decompressed(&step, start..end, s)?,
+        }
+        start = end;
     }
+    let result = if absorbed_rows.is_empty() {
+        Ok(())
+    } else {
+        absorbed(&step, &absorbed_rows, s)
+    };
+    s.absorbed_rows = absorbed_rows;
+    result?;
     let heads = &s.heads[..n * h * c.head_dim_v];
     linear(&lw.wo.view(gguf)?, heads, n, out, &mut s.xq)?;
     Ok(())
 }
 
+/// Which rows a per-head product reads or writes: every row in order, or the listed ones.
+#[derive(Clone, Copy)]
+enum RowSet<'a> {
+    All,
+    Listed(&'a [usize]),
+}
+
+impl RowSet<'_> {
+    fn at(self, j: usize) -> usize {
+        match self {
+            RowSet::All => j,
+            RowSet::Listed(rows) => rows[j],
+        }
+    }
+}
+
 /// Where each head's input rows come from.
 #[derive(Clone, Copy)]
 enum HeadInput<'a> {
-    /// Row `t` of head `h` at `(t · n_head + h) · stride` (each head its own input).
-    PerHead(&'a [f32], usize),
-    /// Row `t` at `t · cols` for every head (cached latents).
+    /// Input row `j` of head `h` at `(t · n_head + h) · stride`, `t` the set's `j`-th row
+    /// (each head its own input).
+    PerHead(&'a [f32], usize, RowSet<'a>),
+    /// Row `j` at `j · cols` for every head (cached latents).
     Shared(&'a [f32]),
 }
 
-/// `out[t][h] = M[h] · x[t][h]` for `n` rows and every head; head `h` of row `t` lands at
-/// `(t · n_head + h) · out_stride` (its first `rows` values).
+/// `out[t][h] = M[h] · x[j][h]` for `n` input rows and every head; head `h` of input row
+/// `j` lands at `(t · n_head + h) · out_stride` (its first `rows` values), `t` the output
+/// set's `j`-th row.
 #[allow(clippy::too_many_arguments)]
 fn per_head(
     heads: &Heads,
@@ -135,6 +179,7 @@ fn per_head(
     input: HeadInput<'_>,
     n: usize,
     out: &mut [f32],
+    out_rows: RowSet<'_>,
     out_stride: usize,
     gather: &mut Vec<f32>,
     result: &mut Vec<f32>,
@@ -146,18 +191,18 @@ fn per_head(
     for hd in 0..n_head {
         let x: &[f32] = match input {
             HeadInput::Shared(x) => x,
-            HeadInput::PerHead(x, stride) => {
+            HeadInput::PerHead(x, stride, set) => {
                 let g = grown(gather, n * cols);
-                for (t, row) in g.chunks_exact_mut(cols).enumerate() {
-                    let at = (t * n_head + hd) * stride;
+                for (j, row) in g.chunks_exact_mut(cols).enumerate() {
+                    let at = (set.at(j) * n_head + hd) * stride;
                     row.copy_from_slice(&x[at..at + cols]);
                 }
                 g
             }
         };
         linear(&m.expert(hd), x, n, result, xq)?;
-        for (t, r) in result.chunks_exact(rows).enumerate() {
-            let at = (t * n_head + hd) * out_stride;
+        for (j, r) in result.chunks_exact(rows).enumerate() {
+            let at = (out_rows.at(j) * n_head + hd) * out_stride;
             out[at..at + rows].copy_from_slice(r);
         }
     }
@@ -165,38 +210,39 @@ fn per_head(
 }
 
 /// One layer's attention step once the batch's cache rows are written.
-struct Step<'a> {
+struct Step<'a, 'm> {
     c: &'a MlaConfig,
     lw: &'a MlaLayer,
     gguf: &'a Gguf,
     il: usize,
-    positions: &'a [usize],
-    cache: &'a KvCache,
+    rows: &'a [Row],
+    memory: &'a StepMemory<'m>,
 }
 
-/// Leaves the heads' outputs in `s.heads`.
-fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
+/// The heads' outputs of rows `which` (of the micro-batch) into `s.heads`.
+fn absorbed(step: &Step<'_, '_>, which: &[usize], s: &mut AttnScratch) -> Result<(), EngineError> {
     let (c, lw, gguf) = (step.c, step.lw, step.gguf);
-    let (il, positions, cache) = (step.il, step.positions, step.cache);
-    let n = positions.len();
-    let (h, dk, dn, dv) = (c.n_head, c.head_dim_k, c.head_dim_nope(), c.head_dim_v);
+    let (il, rows, memory) = (step.il, step.rows, step.memory);
+    let m = which.len();
+    let (h, dk, dn) = (c.n_head, c.head_dim_k, c.head_dim_nope());
     let (lkv, width) = (c.kv_lora_rank, c.cache_width());
-    let q_att = grown(&mut s.q_att, n * h * width);
+    let q_att = grown(&mut s.q_att, m * h * width);
     per_head(
         &lw.k_absorb,
         gguf,
-        HeadInput::PerHead(&s.q, dk),
-        n,
+        HeadInput::PerHead(&s.q, dk, RowSet::Listed(which)),
+        m,
         q_att,
+        RowSet::All,
         width,
         &mut s.gather,
         &mut s.head_out,
         &mut s.xq,
     )?;
-    for (t, &pos) in positions.iter().enumerate() {
-        let temp = c.temperature_at(pos);
+    for (j, &t) in which.iter().enumerate() {
+        let temp = c.temperature_at(rows[t].pos);
         for hd in 0..h {
-            let dst = &mut q_att[(t * h + hd) * width..(t * h + hd + 1) * width];
+            let dst = &mut q_att[(j * h + hd) * width..(j * h + hd + 1) * width];
             dst[lkv..].copy_from_slice(&s.q[(t * h + hd) * dk + dn..(t * h + hd + 1) * dk]);
             if temp != 1.0 {
                 dst.iter_mut().for_each(|v| *v *= temp);
@@ -207,10 +253,10 @@ fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
         scale: c.kq_scale,
         softcap: None,
     };
-    let latent_out = grown(&mut s.latent_out, n * h * lkv);
+    let latent_out = grown(&mut s.latent_out, m * h * lkv);
     let q_att = &*q_att;
     // Every head reads the same cache rows: heads go through them in groups, each key and
-    // value row read once per group.
+    // value row read once per group. The values are each row's first Lkv entries.
     let group = (1..=MAX_GROUP.min(h))
         .rev()
         .find(|g| h % g == 0)
@@ -219,47 +265,27 @@ fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
         .par_chunks_mut(group * lkv)
         .enumerate()
         .for_each(|(i, o)| {
-            let pos = positions[i * group / h];
-            let q = &q_att[i * group * width..(i + 1) * group * width];
-            // One shared key row per position; the values are its first Lkv entries.
-            let rows = cache.keys(il, 0, pos + 1);
-            let view = KvView {
-                keys: rows,
-                values: rows,
-                key_width: width,
-                value_width: width,
-                head: 0,
+            let row = rows[which[i * group / h]];
+            let at = HeadGroup {
+                seq: row.seq,
+                layer: il,
+                kv_head: 0,
+                n_queries: group,
                 head_dim_k: width,
                 head_dim_v: lkv,
             };
-            match f16_run(&view, 0, pos + 1) {
-                Some(run) => with_group_state(|state| {
-                    let shape = GroupShape {
-                        n_queries: group,
-                        head_dim_k: width,
-                        head_dim_v: lkv,
-                        scale: params.scale,
-                        softcap: None,
-                    };
-                    state.start(shape, q);
-                    state.attend_run(&run);
-                    state.finish(o);
-                }),
-                None => {
-                    for (qg, og) in q.chunks_exact(width).zip(o.chunks_exact_mut(lkv)) {
-                        attend(qg, &view, 0, pos + 1, &params, og);
-                    }
-                }
-            }
+            let q = &q_att[i * group * width..(i + 1) * group * width];
+            paged_attention::attend(memory, LATENT_STORE, at, q, 0, row.pos + 1, &params, o);
         });
-    let heads = grown(&mut s.heads, n * h * dv);
+    let heads = &mut s.heads[..rows.len() * h * c.head_dim_v];
     per_head(
         &lw.v,
         gguf,
-        HeadInput::PerHead(latent_out, lkv),
-        n,
+        HeadInput::PerHead(latent_out, lkv, RowSet::All),
+        m,
         heads,
-        dv,
+        RowSet::Listed(which),
+        c.head_dim_v,
         &mut s.gather,
         &mut s.head_out,
         &mut s.xq,
@@ -267,30 +293,41 @@ fn absorbed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Leaves the heads' outputs in `s.heads`.
-fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError> {
+/// The heads' outputs of one sequence's rows `seg` (of the micro-batch) into `s.heads`.
+fn decompressed(
+    step: &Step<'_, '_>,
+    seg: std::ops::Range<usize>,
+    s: &mut AttnScratch,
+) -> Result<(), EngineError> {
     let (c, lw, gguf) = (step.c, step.lw, step.gguf);
-    let (il, positions, cache) = (step.il, step.positions, step.cache);
-    let n = positions.len();
+    let (il, rows, memory) = (step.il, &step.rows[seg.clone()], step.memory);
     let (h, dk, dn, dv) = (c.n_head, c.head_dim_k, c.head_dim_nope(), c.head_dim_v);
-    let lkv = c.kv_lora_rank;
-    let n_keys = positions.iter().max().map_or(0, |&p| p + 1);
+    let (lkv, width) = (c.kv_lora_rank, c.cache_width());
+    let seq = rows[0].seq;
+    let n_keys = rows.last().map_or(0, |r| r.pos + 1);
 
-    // Every cached latent (this batch's included), as f32.
-    let latents = grown(&mut s.latents, n_keys * lkv);
-    let k_pe_at = |j: usize, out: &mut [f32]| match cache.keys(il, j, j + 1) {
-        KvRows::F32(r) => out.copy_from_slice(&r[lkv..]),
-        KvRows::F16(r) => out
-            .iter_mut()
-            .zip(&r[lkv..])
-            .for_each(|(o, v)| *o = v.to_f32()),
-    };
-    for (j, dst) in latents.chunks_exact_mut(lkv).enumerate() {
-        match cache.keys(il, j, j + 1) {
-            KvRows::F32(r) => dst.copy_from_slice(&r[..lkv]),
+    // Every cached latent row of the sequence (this batch's included), as f32.
+    let cached = grown(&mut s.latents, n_keys * width);
+    let mut at = 0;
+    memory.for_each_run(LATENT_STORE, seq, il, 0, n_keys, |keys, _, len| {
+        let dst = &mut cached[at * width..(at + len) * width];
+        match keys {
+            KvRows::F32(r) => dst.copy_from_slice(r),
             KvRows::F16(r) => dst.iter_mut().zip(r).for_each(|(o, v)| *o = v.to_f32()),
         }
+        at += len;
+    });
+    // The latents, packed, as the decompression's input.
+    let latents = grown(&mut s.gather_latents, n_keys * lkv);
+    for (dst, row) in latents
+        .chunks_exact_mut(lkv)
+        .zip(cached.chunks_exact(width))
+    {
+        dst.copy_from_slice(&row[..lkv]);
     }
+    let cached = &s.latents[..n_keys * width];
+    let k_pe_at =
+        |j: usize, out: &mut [f32]| out.copy_from_slice(&cached[j * width + lkv..(j + 1) * width]);
     let keys = grown(&mut s.keys, n_keys * h * dk);
     let values = grown(&mut s.values, n_keys * h * dv);
     for (m, out, stride) in [
@@ -304,6 +341,7 @@ fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError>
             input,
             n_keys,
             out,
+            RowSet::All,
             stride,
             &mut s.gather,
             &mut s.head_out,
@@ -315,7 +353,7 @@ fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError>
             k_pe_at(j, &mut head[dn..]);
         }
     }
-    let (keys, values) = match cache.storage() {
+    let (keys, values) = match memory.storage(LATENT_STORE) {
         KvStorage::F32 => (KvRows::F32(keys), KvRows::F32(values)),
         KvStorage::F16 => {
             let k16 = to_f16(keys, &mut s.keys16);
@@ -324,9 +362,9 @@ fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError>
         }
     };
 
-    let q = &mut s.q[..n * h * dk];
-    for (t, &pos) in positions.iter().enumerate() {
-        let temp = c.temperature_at(pos);
+    let q = &mut s.q[seg.start * h * dk..seg.end * h * dk];
+    for (t, r) in rows.iter().enumerate() {
+        let temp = c.temperature_at(r.pos);
         if temp != 1.0 {
             q[t * h * dk..(t + 1) * h * dk]
                 .iter_mut()
@@ -337,11 +375,11 @@ fn decompressed(step: &Step<'_>, s: &mut AttnScratch) -> Result<(), EngineError>
         scale: c.kq_scale,
         softcap: None,
     };
-    let heads = grown(&mut s.heads, n * h * dv);
+    let heads = &mut s.heads[seg.start * h * dv..seg.end * h * dv];
     let q = &*q;
     heads.par_chunks_mut(dv).enumerate().for_each(|(i, o)| {
         let (t, hd) = (i / h, i % h);
-        let pos = positions[t];
+        let pos = rows[t].pos;
         let view = KvView {
             keys,
             values,

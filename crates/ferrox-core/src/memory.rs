@@ -1,0 +1,893 @@
+//! Sequence memory that knows no model: what every engine keeps per sequence between steps,
+//! behind one interface (the role of llama.cpp's `llama_memory_i`, vLLM's KV cache groups).
+//!
+//! An engine describes what it stores with a [`MemorySpec`]:
+//!
+//! * **paged stores**: per-layer rows indexed by position (GQA keys and values, an MLA
+//!   latent row, an indexer's key row, compressed rows...). Every store shares one block
+//!   table per sequence: position `p` of every store lives in the same block, so a block is
+//!   allocated, shared by prefix, rolled back and freed for all stores at once.
+//! * **a recurrent state**: a fixed number of f32 values per sequence (a convolution
+//!   window and a delta-rule matrix) that summarises the whole history. It cannot be
+//!   truncated; it can only be restored from a checkpoint taken at a block boundary, which
+//!   is also how a recurrent engine gets prefix reuse.
+//!
+//! [`SequenceMemory`] owns the stores, the block pool ([`BlockManager`]: reference counts,
+//! the prefix cache) and the sequences: admission reserves what a prompt plus its token
+//! limit may need, so a running sequence never fails for memory; growth takes blocks from
+//! that promise; release hands them back, full blocks staying in the prefix cache. A step
+//! sees the sequences it advances through a [`StepMemory`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::block_manager::{BlockUsage, ROOT_HASH};
+use crate::paged_kv::{BlockId, BlockTable, PagedKv};
+use crate::{BlockManager, KvRows, KvStorage};
+
+/// Sequences of one step whose references are kept without a heap allocation.
+const INLINE_SEQS: usize = 16;
+
+/// Checkpoints of its recurrent state a sequence keeps for rolling back (the latest ones).
+const CHECKPOINTS_PER_SEQUENCE: usize = 4;
+
+/// One paged store: `n_layers` layers of `key_width + value_width` values per position.
+/// A store whose heads read their values out of the key row (MLA's latent) has
+/// `value_width` 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedStoreSpec {
+    pub n_layers: usize,
+    pub key_width: usize,
+    pub value_width: usize,
+}
+
+/// A recurrent state: `values` f32 values per sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecurrentSpec {
+    pub values: usize,
+}
+
+/// What an engine stores per sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemorySpec {
+    pub paged: Vec<PagedStoreSpec>,
+    pub recurrent: Option<RecurrentSpec>,
+    /// Element type of the paged stores (recurrent states are f32).
+    pub storage: KvStorage,
+}
+
+impl MemorySpec {
+    /// Bytes the paged stores take per position.
+    pub fn bytes_per_position(&self) -> usize {
+        self.paged
+            .iter()
+            .map(|s| s.n_layers * (s.key_width + s.value_width))
+            .sum::<usize>()
+            * self.storage.element_bytes()
+    }
+
+    /// Bytes of one sequence's recurrent state.
+    pub fn recurrent_bytes(&self) -> usize {
+        self.recurrent.map_or(0, |r| r.values * 4)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MemoryError {
+    #[error(
+        "the sequence holds a recurrent state, which cannot roll back from {len} to {to} \
+         positions (no checkpoint there)"
+    )]
+    CannotRollBack { len: usize, to: usize },
+    #[error("cannot roll forward: {to} positions asked, the sequence holds {len}")]
+    BeyondEnd { len: usize, to: usize },
+    #[error("{needed} positions needed, the sequence can hold {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("the sequence memory needs {bytes} bytes, which cannot be allocated")]
+    Allocation { bytes: u128 },
+    #[error("sequence {0} is not admitted, or appears twice in a step")]
+    UnknownSequence(usize),
+}
+
+/// Why a request cannot be admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Every sequence slot is taken, or the blocks it needs are held by running sequences:
+    /// it can be admitted once some finish.
+    Busy,
+    /// It needs more positions than the whole pool has.
+    TooLarge { needed: usize, capacity: usize },
+}
+
+/// A sequence admitted by [`SequenceMemory::admit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(usize);
+
+impl SeqId {
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// An admission: the sequence and how many leading prompt positions it already holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    pub seq: SeqId,
+    pub reused: usize,
+}
+
+struct Sequence {
+    table: BlockTable,
+    /// The tokens whose rows the sequence holds, in order.
+    tokens: Vec<u32>,
+    /// Chain hashes of the leading blocks registered in the prefix cache.
+    hashes: Vec<u64>,
+    /// Blocks promised at admission and not yet allocated.
+    promised: usize,
+    /// Recurrent checkpoints: (positions covered, state), oldest first.
+    checkpoints: Vec<(usize, Arc<[f32]>)>,
+}
+
+impl Sequence {
+    fn last_hash(&self) -> u64 {
+        self.hashes.last().copied().unwrap_or(ROOT_HASH)
+    }
+}
+
+/// Recurrent states: one slot per sequence slot, and checkpoints published under the chain
+/// hash of the block they end (for prefix reuse).
+struct RecurrentStore {
+    values: usize,
+    slots: Vec<f32>,
+    shared: HashMap<u64, (Arc<[f32]>, u64)>,
+    max_shared: usize,
+    tick: u64,
+}
+
+impl RecurrentStore {
+    fn slot(&mut self, index: usize) -> &mut [f32] {
+        &mut self.slots[index * self.values..(index + 1) * self.values]
+    }
+
+    fn publish(&mut self, hash: u64, state: Arc<[f32]>) {
+        if self.max_shared == 0 {
+            return;
+        }
+        if self.shared.len() >= self.max_shared && !self.shared.contains_key(&hash) {
+            if let Some(&oldest) = self
+                .shared
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(h, _)| h)
+            {
+                self.shared.remove(&oldest);
+            }
+        }
+        self.tick += 1;
+        self.shared.insert(hash, (state, self.tick));
+    }
+}
+
+/// How a [`SequenceMemory`] is laid out.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryShape {
+    pub n_blocks: usize,
+    pub block_tokens: usize,
+    pub max_sequences: usize,
+    /// Positions one sequence may hold.
+    pub n_ctx: usize,
+    /// Whether full blocks are kept for prefix reuse.
+    pub prefix_cache: bool,
+}
+
+/// Every sequence's memory: the paged stores, the recurrent slots, the block pool and its
+/// prefix cache.
+pub struct SequenceMemory {
+    spec: MemorySpec,
+    shape: MemoryShape,
+    stores: Vec<PagedKv>,
+    recurrent: Option<RecurrentStore>,
+    blocks: BlockManager,
+    seqs: Vec<Option<Sequence>>,
+    /// Blocks promised to admitted sequences and not yet allocated; never more than
+    /// `blocks.available()`, so growth during a step cannot fail.
+    promised: usize,
+}
+
+impl SequenceMemory {
+    /// Reserves the memory (zeroed pages: touched only as positions fill). An arena the
+    /// allocator refuses is an error, not an abort.
+    pub fn new(spec: MemorySpec, shape: MemoryShape) -> Result<SequenceMemory, MemoryError> {
+        let max_sequences = shape.max_sequences.max(1);
+        let positions = shape.n_blocks as u128 * shape.block_tokens as u128;
+        let bytes = positions * spec.bytes_per_position() as u128
+            + max_sequences as u128 * spec.recurrent_bytes() as u128;
+        let too_large = || MemoryError::Allocation { bytes };
+        if shape.block_tokens == 0 || shape.n_blocks > BlockId::MAX as usize {
+            return Err(too_large());
+        }
+        let stores = spec
+            .paged
+            .iter()
+            .map(|s| {
+                PagedKv::try_new(
+                    s.n_layers,
+                    shape.n_blocks,
+                    shape.block_tokens,
+                    s.key_width,
+                    s.value_width,
+                    spec.storage,
+                )
+                .ok_or_else(too_large)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let recurrent = match spec.recurrent {
+            Some(r) => {
+                let len = r.values.checked_mul(max_sequences).ok_or_else(too_large)?;
+                let mut slots = Vec::new();
+                slots.try_reserve_exact(len).map_err(|_| too_large())?;
+                slots.resize(len, 0.0);
+                Some(RecurrentStore {
+                    values: r.values,
+                    slots,
+                    shared: HashMap::new(),
+                    max_shared: if shape.prefix_cache {
+                        shape.n_blocks
+                    } else {
+                        0
+                    },
+                    tick: 0,
+                })
+            }
+            None => None,
+        };
+        Ok(SequenceMemory {
+            blocks: BlockManager::new(shape.n_blocks, shape.block_tokens),
+            seqs: (0..max_sequences).map(|_| None).collect(),
+            shape: MemoryShape {
+                max_sequences,
+                ..shape
+            },
+            spec,
+            stores,
+            recurrent,
+            promised: 0,
+        })
+    }
+
+    /// The memory of one sequence of up to `n_ctx` positions, contiguous (one block), with
+    /// no prefix cache: what a single-stream front end (`ferrox run`) needs.
+    pub fn solo(spec: MemorySpec, n_ctx: usize) -> Result<SequenceMemory, MemoryError> {
+        SequenceMemory::new(
+            spec,
+            MemoryShape {
+                n_blocks: 1,
+                block_tokens: n_ctx.max(1),
+                max_sequences: 1,
+                n_ctx,
+                prefix_cache: false,
+            },
+        )
+    }
+
+    pub fn spec(&self) -> &MemorySpec {
+        &self.spec
+    }
+
+    pub fn block_tokens(&self) -> usize {
+        self.shape.block_tokens
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.blocks.n_blocks()
+    }
+
+    pub fn max_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Positions one sequence can hold.
+    pub fn capacity_per_sequence(&self) -> usize {
+        self.shape.n_ctx
+    }
+
+    /// Bytes the paged stores take per position (every store, every layer).
+    pub fn bytes_per_position(&self) -> usize {
+        self.spec.bytes_per_position()
+    }
+
+    /// Bytes reserved: the paged arenas and the recurrent slots.
+    pub fn reserved_bytes(&self) -> usize {
+        self.bytes_per_position() * self.shape.block_tokens * self.n_blocks()
+            + self.spec.recurrent_bytes() * self.max_sequences()
+    }
+
+    /// Blocks in use, kept for prefix reuse, and free.
+    pub fn usage(&self) -> BlockUsage {
+        self.blocks.usage()
+    }
+
+    fn block_count(&self, positions: usize) -> usize {
+        positions.div_ceil(self.shape.block_tokens)
+    }
+
+    /// The cached blocks a prompt would reuse (for a recurrent state, only up to the last
+    /// block whose end has a published checkpoint), with the chain hash after each, and
+    /// how many fresh blocks it needs to reach `max_len` positions. At least one prompt
+    /// token is always left to compute, since the next-token logits come from it.
+    fn plan(&self, prompt: &[u32], max_len: usize) -> (Vec<BlockId>, Vec<u64>, usize) {
+        let (mut reused, mut hashes) = (Vec::new(), Vec::new());
+        if self.shape.prefix_cache {
+            let max_reused = prompt.len().saturating_sub(1) / self.shape.block_tokens;
+            let found = self.blocks.lookup_prefix(prompt, max_reused);
+            reused = found.blocks;
+            hashes = found.hashes;
+            if let Some(rec) = &self.recurrent {
+                let keep = hashes
+                    .iter()
+                    .rposition(|h| rec.shared.contains_key(h))
+                    .map_or(0, |i| i + 1);
+                reused.truncate(keep);
+                hashes.truncate(keep);
+            }
+        }
+        let total = self.block_count(max_len.clamp(prompt.len(), self.shape.n_ctx));
+        let fresh = total.saturating_sub(reused.len());
+        (reused, hashes, fresh)
+    }
+
+    fn refusal(&self, reused: &[BlockId], fresh: usize) -> Option<Refusal> {
+        let capacity = self.blocks.n_blocks();
+        if reused.len() + fresh > capacity {
+            let bt = self.shape.block_tokens;
+            return Some(Refusal::TooLarge {
+                needed: (reused.len() + fresh) * bt,
+                capacity: capacity * bt,
+            });
+        }
+        // Reused blocks nobody holds stop being available once taken. What stays available
+        // after taking them must cover every promise, the running sequences' and this one's.
+        let idle = reused
+            .iter()
+            .filter(|&&b| self.blocks.ref_count(b) == 0)
+            .count();
+        let needed = idle + self.promised + fresh;
+        if !self.seqs.iter().any(Option::is_none) || self.blocks.available() < needed {
+            return Some(Refusal::Busy);
+        }
+        None
+    }
+
+    /// Whether [`admit`](Self::admit) would take the prompt now.
+    pub fn check(&self, prompt: &[u32], max_len: usize) -> Result<(), Refusal> {
+        let (reused, _, fresh) = self.plan(prompt, max_len);
+        self.refusal(&reused, fresh).map_or(Ok(()), Err)
+    }
+
+    /// Admits a sequence for `prompt` that may grow to `max_len` positions (capped at the
+    /// context size), sharing the cached blocks (and recurrent checkpoint) of its longest
+    /// cached prefix. A refusal changes nothing.
+    pub fn admit(&mut self, prompt: &[u32], max_len: usize) -> Result<Admission, Refusal> {
+        let (reused, hashes, fresh) = self.plan(prompt, max_len);
+        if let Some(refusal) = self.refusal(&reused, fresh) {
+            return Err(refusal);
+        }
+        let index = self.seqs.iter().position(Option::is_none).unwrap_or(0);
+        // Sized for everything the sequence may hold, so its steps do not allocate.
+        let max_len = max_len.clamp(prompt.len(), self.shape.n_ctx);
+        let mut table = BlockTable::with_capacity(reused.len() + fresh);
+        let mut tokens = Vec::with_capacity(max_len);
+        tokens.extend_from_slice(&prompt[..reused.len() * self.shape.block_tokens]);
+        for &block in &reused {
+            self.blocks.acquire(block);
+            table.push_block(block);
+        }
+        let n_reused = reused.len() * self.shape.block_tokens;
+        table.advance(n_reused);
+        let mut checkpoints = Vec::new();
+        if let Some(rec) = &mut self.recurrent {
+            let state = hashes
+                .last()
+                .and_then(|h| rec.shared.get(h))
+                .map(|(s, _)| s.clone());
+            match state {
+                Some(state) => {
+                    rec.slot(index).copy_from_slice(&state);
+                    checkpoints.push((n_reused, state));
+                }
+                None => rec.slot(index).fill(0.0),
+            }
+        }
+        self.promised += fresh;
+        self.seqs[index] = Some(Sequence {
+            table,
+            tokens,
+            hashes,
+            promised: fresh,
+            checkpoints,
+        });
+        Ok(Admission {
+            seq: SeqId(index),
+            reused: n_reused,
+        })
+    }
+
+    /// Ends a sequence: its blocks go back to the pool, the full ones staying in the prefix
+    /// cache; its unused promise is returned.
+    pub fn release(&mut self, seq: SeqId) {
+        if let Some(mut s) = self.seqs.get_mut(seq.0).and_then(Option::take) {
+            for block in s.table.clear().into_iter().rev() {
+                self.blocks.release(block);
+            }
+            self.promised -= s.promised;
+        }
+    }
+
+    fn seq(&self, seq: SeqId) -> Result<&Sequence, MemoryError> {
+        self.seqs
+            .get(seq.0)
+            .and_then(Option::as_ref)
+            .ok_or(MemoryError::UnknownSequence(seq.0))
+    }
+
+    fn seq_mut(&mut self, seq: SeqId) -> Result<&mut Sequence, MemoryError> {
+        self.seqs
+            .get_mut(seq.0)
+            .and_then(Option::as_mut)
+            .ok_or(MemoryError::UnknownSequence(seq.0))
+    }
+
+    /// Positions the sequence holds (0 for a sequence that is not admitted).
+    pub fn len(&self, seq: SeqId) -> usize {
+        self.seq(seq).map_or(0, |s| s.table.len())
+    }
+
+    /// The tokens whose rows the sequence holds.
+    pub fn tokens(&self, seq: SeqId) -> &[u32] {
+        self.seq(seq).map_or(&[], |s| &s.tokens)
+    }
+
+    /// Gives the sequence blocks for `len` positions, from its promise first.
+    pub fn grow(&mut self, seq: SeqId, len: usize) -> Result<(), MemoryError> {
+        let bt = self.shape.block_tokens;
+        let n_ctx = self.shape.n_ctx;
+        let available = self.blocks.available();
+        let promised_total = self.promised;
+        let s = self.seq_mut(seq)?;
+        if len > n_ctx {
+            return Err(MemoryError::ContextFull {
+                needed: len,
+                capacity: n_ctx,
+            });
+        }
+        let missing = len.div_ceil(bt).saturating_sub(s.table.blocks().len());
+        let from_promise = missing.min(s.promised);
+        if missing - from_promise > available.saturating_sub(promised_total) {
+            return Err(MemoryError::ContextFull {
+                needed: len,
+                capacity: s.table.capacity(bt),
+            });
+        }
+        s.promised -= from_promise;
+        self.promised -= from_promise;
+        for _ in 0..missing {
+            let block = self
+                .blocks
+                .allocate()
+                .expect("promised blocks are available");
+            self.seqs[seq.0]
+                .as_mut()
+                .expect("checked above")
+                .table
+                .push_block(block);
+        }
+        Ok(())
+    }
+
+    /// Forgets every position from `len` on. A paged-only sequence can roll back anywhere;
+    /// a recurrent state only to the positions of one of its checkpoints (or nowhere: to its
+    /// own length). Blocks shared with other sequences or kept in the prefix cache are never
+    /// written again: the partly kept one is copied first, those wholly past `len` are
+    /// released (and promised back, so the sequence can grow again).
+    pub fn rollback(&mut self, seq: SeqId, len: usize) -> Result<(), MemoryError> {
+        let bt = self.shape.block_tokens;
+        let cur = self.seq(seq)?.table.len();
+        if len > cur {
+            return Err(MemoryError::BeyondEnd { len: cur, to: len });
+        }
+        if len == cur {
+            return Ok(());
+        }
+        if let Some(rec) = &mut self.recurrent {
+            let s = self.seqs[seq.0].as_mut().expect("checked above");
+            let Some(i) = s.checkpoints.iter().rposition(|(p, _)| *p == len) else {
+                return Err(MemoryError::CannotRollBack { len: cur, to: len });
+            };
+            rec.slot(seq.0).copy_from_slice(&s.checkpoints[i].1);
+            s.checkpoints.truncate(i + 1);
+        }
+        let keep_blocks = len.div_ceil(bt);
+        // The last kept block, if partly kept and not this sequence's alone (shared, or
+        // registered in the prefix cache), is replaced by a private copy, from a block no
+        // promise covers (dropped blocks add to what is available and to the promise alike).
+        let s = self.seqs[seq.0].as_ref().expect("checked above");
+        let partial = (len % bt != 0).then(|| s.table.blocks()[keep_blocks - 1]);
+        let needs_copy =
+            partial.is_some_and(|b| self.blocks.ref_count(b) > 1 || self.blocks.is_registered(b));
+        if needs_copy && self.blocks.available() <= self.promised {
+            return Err(MemoryError::ContextFull {
+                needed: len,
+                capacity: 0,
+            });
+        }
+        let s = self.seqs[seq.0].as_mut().expect("checked above");
+        let dropped: Vec<BlockId> = s.table.blocks()[keep_blocks..].to_vec();
+        s.table.truncate(len, keep_blocks);
+        s.tokens.truncate(len);
+        s.hashes.truncate(len / bt);
+        s.promised += dropped.len();
+        self.promised += dropped.len();
+        for &block in dropped.iter().rev() {
+            self.blocks.release(block);
+        }
+        if let (true, Some(block)) = (needs_copy, partial) {
+            let fresh = self.blocks.allocate().expect("checked above");
+            for store in &mut self.stores {
+                store.copy_block(block, fresh, len % bt);
+            }
+            self.blocks.release(block);
+            let s = self.seqs[seq.0].as_mut().expect("checked above");
+            s.table.replace_block(keep_blocks - 1, fresh);
+        }
+        Ok(())
+    }
+
+    /// The step view of `seqs` (in that order; each admitted once). Call
+    /// [`grow`](Self::grow) first so their tables cover the new positions.
+    pub fn view(&mut self, seqs: &[SeqId]) -> Result<StepMemory<'_>, MemoryError> {
+        let mut tables: SmallVec<[Option<&mut BlockTable>; INLINE_SEQS]> =
+            seqs.iter().map(|_| None).collect();
+        let mut states: SmallVec<[Option<&mut [f32]>; INLINE_SEQS]> =
+            seqs.iter().map(|_| None).collect();
+        let values = self.recurrent.as_ref().map_or(0, |r| r.values);
+        let mut slots = self
+            .recurrent
+            .as_mut()
+            .map(|r| r.slots.chunks_mut(values.max(1)));
+        let mut checkpoints: SmallVec<[Option<&mut Vec<(usize, Arc<[f32]>)>>; INLINE_SEQS]> =
+            seqs.iter().map(|_| None).collect();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            let slot = slots.as_mut().and_then(Iterator::next);
+            let Some(s) = s else { continue };
+            let Some(k) = seqs.iter().position(|id| id.0 == i) else {
+                continue;
+            };
+            tables[k] = Some(&mut s.table);
+            checkpoints[k] = Some(&mut s.checkpoints);
+            states[k] = slot;
+        }
+        if let Some(k) = tables.iter().position(Option::is_none) {
+            return Err(MemoryError::UnknownSequence(seqs[k].0));
+        }
+        if seqs
+            .iter()
+            .enumerate()
+            .any(|(k, id)| seqs[..k].contains(id))
+        {
+            return Err(MemoryError::UnknownSequence(seqs[0].0));
+        }
+        Ok(StepMemory {
+            stores: &mut self.stores,
+            block_tokens: self.shape.block_tokens,
+            tables: tables.into_iter().map(|t| t.expect("checked")).collect(),
+            states: states.into_iter().map(|s| s.unwrap_or_default()).collect(),
+            checkpoints: checkpoints
+                .into_iter()
+                .map(|c| c.expect("checked"))
+                .collect(),
+        })
+    }
+
+    /// Notes the tokens a step added to a sequence: full blocks go to the prefix cache, and
+    /// a recurrent checkpoint taken at a block's end is published with it.
+    pub fn record(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), MemoryError> {
+        let bt = self.shape.block_tokens;
+        let prefix_cache = self.shape.prefix_cache;
+        let s = self.seqs.get_mut(seq.0).and_then(Option::as_mut);
+        let s = s.ok_or(MemoryError::UnknownSequence(seq.0))?;
+        s.tokens.extend_from_slice(tokens);
+        if !prefix_cache {
+            return Ok(());
+        }
+        while (s.hashes.len() + 1) * bt <= s.tokens.len() {
+            let i = s.hashes.len();
+            let block = s.table.blocks()[i];
+            let chunk = &s.tokens[i * bt..(i + 1) * bt];
+            let hash = self.blocks.register(block, s.last_hash(), chunk);
+            s.hashes.push(hash);
+            if let Some(rec) = &mut self.recurrent {
+                if let Some((_, state)) = s.checkpoints.iter().find(|(p, _)| *p == (i + 1) * bt) {
+                    rec.publish(hash, state.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The part of the memory one step works on: the paged stores, and the block tables and
+/// recurrent states of the step's sequences (indexed by their order in the step).
+pub struct StepMemory<'a> {
+    stores: &'a mut [PagedKv],
+    block_tokens: usize,
+    tables: SmallVec<[&'a mut BlockTable; INLINE_SEQS]>,
+    states: SmallVec<[&'a mut [f32]; INLINE_SEQS]>,
+    checkpoints: SmallVec<[&'a mut Vec<(usize, Arc<[f32]>)>; INLINE_SEQS]>,
+}
+
+impl StepMemory<'_> {
+    pub fn n_seqs(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// Positions sequence `seq` holds.
+    pub fn len(&self, seq: usize) -> usize {
+        self.tables[seq].len()
+    }
+
+    /// Positions sequence `seq` can hold without more blocks.
+    pub fn capacity(&self, seq: usize) -> usize {
+        self.tables[seq].capacity(self.block_tokens)
+    }
+
+    /// Marks sequence `seq` filled up to `len` positions.
+    pub fn advance(&mut self, seq: usize, len: usize) {
+        self.tables[seq].advance(len);
+    }
+
+    pub fn n_stores(&self) -> usize {
+        self.stores.len()
+    }
+
+    pub fn storage(&self, store: usize) -> KvStorage {
+        self.stores[store].storage()
+    }
+
+    /// (key width, value width) of a store.
+    pub fn widths(&self, store: usize) -> (usize, usize) {
+        let s = &self.stores[store];
+        (s.key_width(), s.value_width())
+    }
+
+    /// Writes one position's rows of `layer` in `store`.
+    pub fn write(
+        &mut self,
+        store: usize,
+        seq: usize,
+        layer: usize,
+        pos: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) {
+        let (block, offset) = self.tables[seq].locate(pos, self.block_tokens);
+        self.stores[store].write(layer, block, offset, keys, values);
+    }
+
+    /// Calls `f(keys, values, n)` for each stretch of positions `lo..hi` of sequence `seq`
+    /// that lies contiguously in `store`, in order (rows position-major from the stretch's
+    /// first position).
+    pub fn for_each_run<'s>(
+        &'s self,
+        store: usize,
+        seq: usize,
+        layer: usize,
+        lo: usize,
+        hi: usize,
+        mut f: impl FnMut(KvRows<'s>, KvRows<'s>, usize),
+    ) {
+        let arena = &self.stores[store];
+        self.tables[seq].for_each_run(lo, hi, self.block_tokens, |block, start, end| {
+            f(
+                arena.keys(layer, block, start, end),
+                arena.values(layer, block, start, end),
+                end - start,
+            )
+        });
+    }
+
+    /// Sequence `seq`'s recurrent state (empty without one).
+    pub fn state(&mut self, seq: usize) -> &mut [f32] {
+        self.states[seq]
+    }
+
+    /// Positions per block: a recurrent engine checkpoints its state when a sequence's
+    /// length reaches a multiple of this.
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
+    /// Records sequence `seq`'s recurrent state as it is after `pos` positions, so the
+    /// sequence can roll back to `pos` and, when `pos` ends a block, later prompts sharing
+    /// the prefix can start from it.
+    pub fn checkpoint(&mut self, seq: usize, pos: usize) {
+        let state: Arc<[f32]> = Arc::from(&*self.states[seq]);
+        let list = &mut *self.checkpoints[seq];
+        list.retain(|(p, _)| *p < pos);
+        if list.len() >= CHECKPOINTS_PER_SEQUENCE {
+            list.remove(0);
+        }
+        list.push((pos, state));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(recurrent: Option<usize>) -> MemorySpec {
+        MemorySpec {
+            paged: vec![PagedStoreSpec {
+                n_layers: 2,
+                key_width: 3,
+                value_width: 1,
+            }],
+            recurrent: recurrent.map(|values| RecurrentSpec { values }),
+            storage: KvStorage::F32,
+        }
+    }
+
+    fn shape(n_blocks: usize, max_sequences: usize) -> MemoryShape {
+        MemoryShape {
+            n_blocks,
+            block_tokens: 4,
+            max_sequences,
+            n_ctx: 64,
+            prefix_cache: true,
+        }
+    }
+
+    /// Runs a fake step: every new position's row holds (token, position) in each layer.
+    fn step(m: &mut SequenceMemory, seq: SeqId, tokens: &[u32]) {
+        let start = m.len(seq);
+        m.grow(seq, start + tokens.len()).unwrap();
+        let mut v = m.view(&[seq]).unwrap();
+        for (i, &t) in tokens.iter().enumerate() {
+            for layer in 0..2 {
+                v.write(
+                    0,
+                    0,
+                    layer,
+                    start + i,
+                    &[t as f32, (start + i) as f32, 1.0],
+                    &[2.0],
+                );
+            }
+        }
+        v.advance(0, start + tokens.len());
+        drop(v);
+        m.record(seq, tokens).unwrap();
+    }
+
+    fn rows(m: &mut SequenceMemory, seq: SeqId) -> Vec<f32> {
+        let len = m.len(seq);
+        let v = m.view(&[seq]).unwrap();
+        let mut out = Vec::new();
+        v.for_each_run(0, 0, 1, 0, len, |k, _, _| match k {
+            KvRows::F32(k) => out.extend_from_slice(k),
+            KvRows::F16(_) => unreachable!(),
+        });
+        out
+    }
+
+    #[test]
+    fn bytes_per_position_count_every_store() {
+        let mut s = spec(Some(10));
+        s.paged.push(PagedStoreSpec {
+            n_layers: 1,
+            key_width: 5,
+            value_width: 0,
+        });
+        assert_eq!(s.bytes_per_position(), (2 * 4 + 5) * 4);
+        assert_eq!(s.recurrent_bytes(), 40);
+    }
+
+    #[test]
+    fn prefixes_are_shared_and_rollback_never_writes_a_shared_block() {
+        let mut m = SequenceMemory::new(spec(None), shape(16, 4)).unwrap();
+        let prompt: Vec<u32> = (10..20).collect();
+        let a = m.admit(&prompt, 16).unwrap();
+        assert_eq!(a.reused, 0);
+        step(&mut m, a.seq, &prompt);
+        // A second sequence with the same prompt shares the two full blocks.
+        let b = m.admit(&prompt, 16).unwrap();
+        assert_eq!(b.reused, 8);
+        step(&mut m, b.seq, &prompt[8..]);
+        assert_eq!(rows(&mut m, a.seq), rows(&mut m, b.seq));
+        // b rolls back into the shared second block and writes other tokens there: a's
+        // rows must not change, and b gets its own copy of the kept positions.
+        let before = rows(&mut m, a.seq);
+        m.rollback(b.seq, 6).unwrap();
+        step(&mut m, b.seq, &[99, 98]);
+        assert_eq!(rows(&mut m, a.seq), before);
+        let b_rows = rows(&mut m, b.seq);
+        assert_eq!(&b_rows[..6 * 3], &before[..6 * 3]);
+        assert_eq!(b_rows[6 * 3], 99.0);
+        assert_eq!(m.tokens(b.seq)[6..], [99, 98]);
+        // Every block comes back on release; the registered ones stay cached.
+        m.release(a.seq);
+        m.release(b.seq);
+        assert_eq!(m.usage().used, 0);
+        assert!(m.usage().cached >= 2);
+        assert_eq!(m.promised, 0);
+    }
+
+    #[test]
+    fn admission_reserves_what_a_sequence_may_need() {
+        let mut m = SequenceMemory::new(spec(None), shape(4, 4)).unwrap();
+        assert_eq!(
+            m.check(&[1; 3], 100),
+            Err(Refusal::TooLarge {
+                needed: 64,
+                capacity: 16
+            })
+        );
+        let a = m.admit(&[1, 2, 3], 12).unwrap();
+        // 3 blocks promised to a: a 2-block request must wait.
+        assert_eq!(m.check(&[5, 6, 7], 8), Err(Refusal::Busy));
+        assert!(m.check(&[5, 6, 7], 4).is_ok());
+        step(&mut m, a.seq, &[1, 2, 3]);
+        step(&mut m, a.seq, &(0..9).collect::<Vec<_>>());
+        assert_eq!(m.len(a.seq), 12);
+        m.release(a.seq);
+        assert!(m.check(&[5, 6, 7], 16).is_ok());
+    }
+
+    #[test]
+    fn a_recurrent_state_rolls_back_only_to_a_checkpoint() {
+        let mut m = SequenceMemory::new(spec(Some(3)), shape(16, 3)).unwrap();
+        let a = m.admit(&[1; 8], 16).unwrap();
+        m.grow(a.seq, 8).unwrap();
+        {
+            let mut v = m.view(&[a.seq]).unwrap();
+            v.state(0).copy_from_slice(&[1.0, 2.0, 3.0]);
+            v.advance(0, 4);
+            v.checkpoint(0, 4);
+            v.state(0).copy_from_slice(&[4.0, 5.0, 6.0]);
+            v.advance(0, 8);
+        }
+        m.record(a.seq, &[1; 8]).unwrap();
+        assert_eq!(
+            m.rollback(a.seq, 6),
+            Err(MemoryError::CannotRollBack { len: 8, to: 6 })
+        );
+        assert_eq!(m.len(a.seq), 8, "a refused rollback changes nothing");
+        m.rollback(a.seq, 4).unwrap();
+        assert_eq!(m.view(&[a.seq]).unwrap().state(0), &[1.0, 2.0, 3.0]);
+        // The checkpoint at the first block's end was published: a new sequence with the
+        // same prefix starts from it, bit for bit.
+        let b = m.admit(&[1; 9], 16).unwrap();
+        assert_eq!(b.reused, 4);
+        assert_eq!(m.view(&[b.seq]).unwrap().state(0), &[1.0, 2.0, 3.0]);
+        // Without a checkpoint at a block end, nothing is reused.
+        let c = m.admit(&[2; 9], 16);
+        assert_eq!(c.map(|c| c.reused), Ok(0));
+    }
+
+    #[test]
+    fn an_impossible_arena_is_an_error() {
+        let s = spec(None);
+        let r = SequenceMemory::new(
+            s,
+            MemoryShape {
+                n_blocks: 1 << 31,
+                block_tokens: 1 << 20,
+                max_sequences: 1,
+                n_ctx: 1 << 30,
+                prefix_cache: false,
+            },
+        );
+        assert!(matches!(r, Err(MemoryError::Allocation { .. })));
+    }
+}

@@ -1,0 +1,93 @@
+//! Attention over a sequence's rows in a [`StepMemory`] store, run by run (a paged memory's
+//! blocks, or the single run of a one-sequence memory), with the same arithmetic however
+//! the positions are split. Every engine's attention goes through here.
+
+use ferrox_core::flash_attn::GroupShape;
+use ferrox_core::{KvStorage, StepMemory};
+
+use crate::layers::attention::{
+    f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,
+};
+
+/// A group of query heads sharing one KV head, at one position of one sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadGroup {
+    /// The sequence's index in the step.
+    pub seq: usize,
+    pub layer: usize,
+    pub kv_head: usize,
+    pub n_queries: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+}
+
+/// Attention of a group of query heads (`q`: `n_queries` rows of `head_dim_k`) over
+/// positions `lo..hi` of their sequence in `store`; `out` gets `n_queries` rows of
+/// `head_dim_v`. A store without values (value width 0: MLA's latent rows) reads each
+/// head's values from the start of its key row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    memory: &StepMemory<'_>,
+    store: usize,
+    at: HeadGroup,
+    q: &[f32],
+    lo: usize,
+    hi: usize,
+    params: &AttentionParams,
+    out: &mut [f32],
+) {
+    let (key_width, stored_value_width) = memory.widths(store);
+    let values_in_keys = stored_value_width == 0;
+    let value_width = if values_in_keys {
+        key_width
+    } else {
+        stored_value_width
+    };
+    let (dk, dv) = (at.head_dim_k, at.head_dim_v);
+    let view = |keys, values| KvView {
+        keys,
+        values,
+        key_width,
+        value_width,
+        head: at.kv_head,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    };
+    let runs = |f: &mut dyn FnMut(KvView<'_>, usize)| {
+        memory.for_each_run(store, at.seq, at.layer, lo, hi, |keys, values, len| {
+            f(view(keys, if values_in_keys { keys } else { values }), len)
+        });
+    };
+    if memory.storage(store) == KvStorage::F16 {
+        let shape = GroupShape {
+            n_queries: at.n_queries,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            scale: params.scale,
+            softcap: params.softcap,
+        };
+        with_group_state(|state| {
+            state.start(shape, q);
+            runs(&mut |v, len| {
+                if let Some(run) = f16_run(&v, 0, len) {
+                    state.attend_run(&run);
+                }
+            });
+            state.finish(out);
+        });
+        return;
+    }
+    // An f32 store: each query on its own, in f32 throughout.
+    for g in 0..at.n_queries {
+        let qg = &q[g * dk..(g + 1) * dk];
+        let out = &mut out[g * dv..(g + 1) * dv];
+        let mut acc: Option<OnlineAttention> = None;
+        runs(&mut |v, len| {
+            acc.get_or_insert_with(|| OnlineAttention::new(&v, params, out))
+                .consume(qg, &v, 0, len, out);
+        });
+        if let Some(acc) = acc {
+            acc.finish(out);
+        }
+    }
+}

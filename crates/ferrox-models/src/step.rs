@@ -1,0 +1,198 @@
+//! The scaffolding every engine's step shares: checking a step's sequences and laying their
+//! tokens out as rows, micro-batching, embeddings, norms and residual adds across the pool,
+//! and the output head. An engine supplies only its layers.
+
+use ferrox_core::{StepMemory, WeightMatrix};
+use rayon::prelude::*;
+
+use crate::engine::{EngineError, SeqInput};
+use crate::layers::activation::softcap;
+use crate::layers::linear::linear;
+use crate::layers::norm::{rms_norm, rms_norm_in_place};
+use crate::tokenizer::TokenId;
+use crate::ModelError;
+
+/// Tokens processed together in one pass of a long prompt (bounds scratch memory).
+pub const MAX_MICRO_BATCH: usize = 512;
+
+/// Where one row of a step comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    /// The sequence's index in the step.
+    pub seq: usize,
+    pub pos: usize,
+    pub token: TokenId,
+    /// Which of the sequence's logits rows this token fills, if any.
+    pub logits_row: Option<usize>,
+}
+
+/// `buf[..len]`, grown if needed.
+pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// Checks a step's sequences (tokens present and in the vocabulary, room in each
+/// sequence's blocks), sizes each sequence's logits buffer and lays the tokens out as rows:
+/// each sequence's rows contiguous and in position order.
+pub fn layout(
+    memory: &StepMemory<'_>,
+    seqs: &[SeqInput<'_>],
+    n_vocab: usize,
+    logits: &mut [&mut Vec<f32>],
+    rows: &mut Vec<Row>,
+) -> Result<(), EngineError> {
+    rows.clear();
+    if seqs.len() != memory.n_seqs() || logits.len() != seqs.len() {
+        return Err(EngineError::State(format!(
+            "a step of {} sequences with {} memories and {} logits buffers",
+            seqs.len(),
+            memory.n_seqs(),
+            logits.len()
+        )));
+    }
+    for (seq, input) in seqs.iter().enumerate() {
+        if input.tokens.is_empty() {
+            return Err(EngineError::EmptyBatch);
+        }
+        let start = memory.len(seq);
+        let needed = start + input.tokens.len();
+        if needed > memory.capacity(seq) {
+            return Err(EngineError::ContextFull {
+                needed,
+                capacity: memory.capacity(seq),
+            });
+        }
+        if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::InvalidToken {
+                token: bad,
+                vocab_size: n_vocab,
+            });
+        }
+        let wanted = input.logits.range(input.tokens.len());
+        logits[seq].resize(wanted.len() * n_vocab, 0.0);
+        for (i, &token) in input.tokens.iter().enumerate() {
+            rows.push(Row {
+                seq,
+                pos: start + i,
+                token,
+                logits_row: wanted.contains(&i).then(|| i - wanted.start),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Marks each sequence of a finished micro-batch filled up to its last row.
+pub fn advance(memory: &mut StepMemory<'_>, rows: &[Row]) {
+    for row in rows {
+        memory.advance(row.seq, row.pos + 1);
+    }
+}
+
+/// The rows' token embeddings (times `scale`, if any) into `x` (`rows.len() × n_embd`).
+pub fn embed(
+    rows: &[Row],
+    embd: &WeightMatrix<'_>,
+    scale: Option<f32>,
+    x: &mut [f32],
+) -> Result<(), EngineError> {
+    let n_embd = embd.cols();
+    for (row, out) in rows.iter().zip(x.chunks_exact_mut(n_embd)) {
+        embd.dequant_row(row.token as usize, out)
+            .map_err(ModelError::from)?;
+        if let Some(scale) = scale {
+            out.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+    Ok(())
+}
+
+/// `out` row by row: the RMS norm of each `weight.len()`-wide row of `x`, rows in parallel.
+pub fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let width = weight.len();
+    out.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .for_each(|(o, x)| rms_norm(x, weight, eps, o));
+}
+
+/// The residual connection `x += post_norm(y)` (or `x += y` without a post norm), rows of
+/// `width` in parallel.
+pub fn residual_add(
+    x: &mut [f32],
+    y: &mut [f32],
+    width: usize,
+    post_norm: Option<&[f32]>,
+    eps: f32,
+) {
+    y.par_chunks_mut(width)
+        .zip(x.par_chunks_mut(width))
+        .for_each(|(p, x)| {
+            if let Some(w) = post_norm {
+                rms_norm_in_place(p, w, eps);
+            }
+            x.iter_mut().zip(p.iter()).for_each(|(x, p)| *x += p);
+        });
+}
+
+/// The final norm and output projection.
+pub struct OutputHead<'a> {
+    pub norm: &'a [f32],
+    pub eps: f32,
+    pub output: WeightMatrix<'a>,
+    pub softcap: Option<f32>,
+}
+
+/// Buffers of the output head, reused across steps.
+#[derive(Default)]
+pub struct HeadScratch {
+    wanting: Vec<usize>,
+    xn: Vec<f32>,
+    logits: Vec<f32>,
+    xq: Vec<u8>,
+}
+
+impl OutputHead<'_> {
+    /// Logits for the rows of the micro-batch (hidden states `x`) that want them, copied to
+    /// their sequences' buffers.
+    pub fn run(
+        &self,
+        rows: &[Row],
+        x: &[f32],
+        seq_logits: &mut [&mut Vec<f32>],
+        s: &mut HeadScratch,
+    ) -> Result<(), EngineError> {
+        s.wanting.clear();
+        s.wanting
+            .extend((0..rows.len()).filter(|&t| rows[t].logits_row.is_some()));
+        if s.wanting.is_empty() {
+            return Ok(());
+        }
+        let n_embd = self.norm.len();
+        let count = s.wanting.len();
+        let xn = sized(&mut s.xn, count * n_embd);
+        for (i, &t) in s.wanting.iter().enumerate() {
+            rms_norm(
+                &x[t * n_embd..(t + 1) * n_embd],
+                self.norm,
+                self.eps,
+                &mut xn[i * n_embd..(i + 1) * n_embd],
+            );
+        }
+        let n_vocab = self.output.rows();
+        let logits = sized(&mut s.logits, count * n_vocab);
+        linear(&self.output, xn, count, logits, &mut s.xq)?;
+        if let Some(cap) = self.softcap {
+            softcap(logits, cap);
+        }
+        for (i, &t) in s.wanting.iter().enumerate() {
+            let row = &rows[t];
+            let slot = row.logits_row.unwrap_or(0);
+            seq_logits[row.seq][slot * n_vocab..(slot + 1) * n_vocab]
+                .copy_from_slice(&logits[i * n_vocab..(i + 1) * n_vocab]);
+        }
+        Ok(())
+    }
+}
