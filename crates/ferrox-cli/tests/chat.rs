@@ -26,8 +26,9 @@ fn chat_answers_each_turn_and_leaves_on_end_of_input() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // The base model has no chat template: the ChatML fallback is announced.
-    assert!(stderr.contains("ChatML"), "{stderr}");
+    // The base model has no chat template: the format its vocabulary's turn markers call
+    // for (Gemma's) is announced.
+    assert!(stderr.contains("using the gemma format"), "{stderr}");
     // A prompt for each turn and one more before the end of input.
     assert_eq!(stderr.matches("\n> ").count(), 3, "{stderr}");
     let stdout = String::from_utf8(out.stdout).unwrap();

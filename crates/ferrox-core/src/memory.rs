@@ -59,6 +59,24 @@ pub struct MemorySpec {
 }
 
 impl MemorySpec {
+    /// One paged store and no recurrent state (a KV or latent cache).
+    pub fn one_store(
+        n_layers: usize,
+        key_width: usize,
+        value_width: usize,
+        storage: KvStorage,
+    ) -> MemorySpec {
+        MemorySpec {
+            paged: vec![PagedStoreSpec {
+                n_layers,
+                key_width,
+                value_width,
+            }],
+            recurrent: None,
+            storage,
+        }
+    }
+
     /// Bytes the paged stores take per position.
     pub fn bytes_per_position(&self) -> usize {
         self.paged

@@ -28,11 +28,11 @@ impl AnyEngine {
 
     /// The concrete engine, when it is a `T`.
     pub fn downcast_ref<T: Engine>(&self) -> Option<&T> {
-        self.0.as_any().downcast_ref()
+        (&*self.0 as &dyn Any).downcast_ref()
     }
 
     pub fn downcast_mut<T: Engine>(&mut self) -> Option<&mut T> {
-        self.0.as_any_mut().downcast_mut()
+        (&mut *self.0 as &mut dyn Any).downcast_mut()
     }
 }
 
@@ -77,13 +77,5 @@ impl Engine for AnyEngine {
         logits: &mut [&mut Vec<f32>],
     ) -> Result<(), EngineError> {
         self.0.step(memory, scratch, seqs, logits)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self.0.as_any()
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self.0.as_any_mut()
     }
 }

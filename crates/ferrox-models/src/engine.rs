@@ -128,10 +128,6 @@ pub trait Engine: Send + Sync + Any {
         seqs: &[SeqInput<'_>],
         logits: &mut [&mut Vec<f32>],
     ) -> Result<(), EngineError>;
-
-    fn as_any(&self) -> &dyn Any;
-
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// One sequence's part of a [`step_sequences`] call.

@@ -23,16 +23,6 @@ pub use engine::{
 };
 pub use mla::{AttentionPath, MlaEngine};
 
-/// An engine's own thread pool (`threads` 0: one per core).
-pub(crate) fn engine_pool(threads: usize, name: &str) -> Result<rayon::ThreadPool, ModelError> {
-    let name = name.to_string();
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(move |i| format!("{name}-{i}"))
-        .build()
-        .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))
-}
-
 /// The default model's file name (Gemma-3-270M Q4_K_M, as `scripts/fetch-model.sh` stores it).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 

@@ -2,10 +2,15 @@
 //! tokens out as rows, micro-batching, embeddings, norms and residual adds across the pool,
 //! and the output head. An engine supplies only its layers.
 
-use ferrox_core::{StepMemory, WeightMatrix};
+use std::any::Any;
+use std::sync::Arc;
+
+use ferrox_core::{KvStorage, MemorySpec, StepMemory, WeightMatrix};
+use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-use crate::engine::{EngineError, SeqInput};
+use crate::decoder::DecoderOptions;
+use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
@@ -83,6 +88,131 @@ pub fn layout(
         }
     }
     Ok(())
+}
+
+/// What every engine runs on: the file, the context size, the cache's element type and the
+/// thread pool each step enters once.
+pub struct Runtime {
+    /// `general.architecture`.
+    pub arch: String,
+    pub gguf: Arc<Gguf>,
+    pub n_ctx: usize,
+    pub kv_storage: KvStorage,
+    pub pool: rayon::ThreadPool,
+    pub n_vocab: usize,
+    /// Bytes of weights read per decoded token (set once the weights are loaded).
+    pub weight_bytes_per_token: u64,
+}
+
+impl Runtime {
+    /// `options.n_ctx` (0: the model's training context) and a pool of `options.threads`
+    /// workers named `name-N`, each with its attention buffers made now rather than by
+    /// whichever step first runs on it.
+    pub fn new(
+        gguf: Arc<Gguf>,
+        options: &DecoderOptions,
+        (n_ctx_train, n_vocab): (usize, usize),
+        name: &str,
+    ) -> Result<Runtime, ModelError> {
+        let name = name.to_string();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .thread_name(move |i| format!("{name}-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
+        pool.broadcast(|_| crate::layers::attention::with_group_state(|_| ()));
+        Ok(Runtime {
+            arch: gguf.metadata().architecture()?.to_string(),
+            gguf,
+            n_ctx: match options.n_ctx {
+                0 => n_ctx_train,
+                n => n,
+            },
+            kv_storage: options.kv_storage,
+            pool,
+            n_vocab,
+            weight_bytes_per_token: 0,
+        })
+    }
+}
+
+/// An engine's own part: its layers over a micro-batch of rows. The rest of [`Engine`]
+/// (checking the step, micro-batching, the thread pool) is the same for every engine and
+/// comes with it.
+pub trait Layers: Send + Sync + 'static {
+    /// The engine's activation buffers, kept between steps.
+    type Buffers: Any + Default + Send + Sync;
+
+    fn runtime(&self) -> &Runtime;
+
+    fn memory_spec(&self) -> MemorySpec;
+
+    /// One micro-batch of rows (each sequence's rows contiguous, in position order) through
+    /// every layer, its memory rows written and its sequences advanced, and the logits of the
+    /// rows that want them into their sequences' buffers.
+    fn micro_batch(
+        &self,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        logits: &mut [&mut Vec<f32>],
+        buffers: &mut Self::Buffers,
+    ) -> Result<(), EngineError>;
+}
+
+impl<L: Layers> Engine for L {
+    fn architecture(&self) -> &str {
+        &self.runtime().arch
+    }
+
+    fn gguf(&self) -> &Gguf {
+        &self.runtime().gguf
+    }
+
+    fn memory_spec(&self) -> MemorySpec {
+        Layers::memory_spec(self)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.runtime().n_vocab
+    }
+
+    fn context_size(&self) -> usize {
+        self.runtime().n_ctx
+    }
+
+    fn threads(&self) -> usize {
+        self.runtime().pool.current_num_threads()
+    }
+
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.runtime().weight_bytes_per_token
+    }
+
+    fn new_scratch(&self) -> StepScratch {
+        StepScratch::new(StepBuffers::<L::Buffers>::default())
+    }
+
+    fn step(
+        &self,
+        memory: &mut StepMemory<'_>,
+        scratch: &mut StepScratch,
+        seqs: &[SeqInput<'_>],
+        logits: &mut [&mut Vec<f32>],
+    ) -> Result<(), EngineError> {
+        let StepBuffers { rows, engine } = scratch.get::<StepBuffers<L::Buffers>>();
+        layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
+        self.runtime().pool.install(|| {
+            rows.chunks(MAX_MICRO_BATCH)
+                .try_for_each(|chunk| self.micro_batch(chunk, memory, logits, engine))
+        })
+    }
+}
+
+/// What a step keeps between steps: its rows and the engine's own buffers.
+#[derive(Default)]
+struct StepBuffers<B> {
+    rows: Vec<Row>,
+    engine: B,
 }
 
 /// Marks each sequence of a finished micro-batch filled up to its last row.

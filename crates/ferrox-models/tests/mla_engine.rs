@@ -124,32 +124,40 @@ fn what_is_missing_is_named() {
     assert!(err.to_string().contains("temperature_length"), "{err}");
 }
 
+/// By default a prompt takes llama.cpp's form for the file (absorbed with split
+/// `attn_k_b`/`attn_v_b`, decompressed with a legacy `attn_kv_b`) and single tokens the
+/// absorbed one.
 #[test]
-fn prompts_decompress_and_single_tokens_absorb() {
-    let mut e = engine("deepseek2", KvStorage::F16);
-    let tokens = synthetic::token_ids("deepseek2");
-    // The 64-token prompt's logits, then one more token's.
-    let run = |e: &MlaEngine| {
-        let mut state = e.new_state().unwrap();
-        let batch = e
-            .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
+fn prompts_take_the_files_form_and_single_tokens_absorb() {
+    for (name, native) in [
+        ("deepseek2", AttentionPath::Absorbed),
+        ("deepseek2-kvb", AttentionPath::Decompressed),
+    ] {
+        let mut e = engine(name, KvStorage::F16);
+        let tokens = synthetic::token_ids(name);
+        // The 64-token prompt's logits, then one more token's.
+        let run = |e: &MlaEngine| {
+            let mut state = e.new_state().unwrap();
+            let batch = e
+                .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
+                .unwrap()
+                .to_vec();
+            (batch, state)
+        };
+        let (auto_batch, mut auto_state) = run(&e);
+        let auto_next = e
+            .forward_token(tokens[1], tokens.len(), &mut auto_state)
             .unwrap()
             .to_vec();
-        (batch, state)
-    };
-    let (auto_batch, mut auto_state) = run(&e);
-    let auto_next = e
-        .forward_token(tokens[1], tokens.len(), &mut auto_state)
-        .unwrap()
-        .to_vec();
-    e.set_attention_path(AttentionPath::Decompressed);
-    let (decompressed, mut state) = run(&e);
-    e.set_attention_path(AttentionPath::Absorbed);
-    let absorbed_next = e
-        .forward_token(tokens[1], tokens.len(), &mut state)
-        .unwrap();
-    assert_eq!(auto_batch, decompressed);
-    assert_eq!(auto_next, absorbed_next);
+        e.set_attention_path(native);
+        let (forced, mut state) = run(&e);
+        e.set_attention_path(AttentionPath::Absorbed);
+        let absorbed_next = e
+            .forward_token(tokens[1], tokens.len(), &mut state)
+            .unwrap();
+        assert_eq!(auto_batch, forced, "{name}");
+        assert_eq!(auto_next, absorbed_next, "{name}");
+    }
 }
 
 #[test]

@@ -4,10 +4,10 @@
 //! that cannot fit now wait while those that can never fit are told so.
 
 use ferrox_models::EngineExt;
-use ferrox_models::{Decoder, DecoderOptions, LogitsFor};
+use ferrox_models::{AnyEngine, DecoderOptions, LogitsFor};
 use ferrox_server::kv::{KvPool, Refusal, Work, BLOCK_TOKENS};
 
-fn decoder(n_ctx: usize) -> Decoder {
+fn decoder(n_ctx: usize) -> AnyEngine {
     let path = ferrox_models::default_model_path();
     assert!(
         path.is_file(),
@@ -19,7 +19,7 @@ fn decoder(n_ctx: usize) -> Decoder {
         threads: 2,
         ..DecoderOptions::default()
     };
-    Decoder::open(&path, &options).expect("decoder")
+    AnyEngine::open(&path, &options).expect("engine")
 }
 
 /// Token ids that are ordinary words in Gemma's vocabulary.

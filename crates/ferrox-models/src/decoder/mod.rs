@@ -5,11 +5,9 @@
 mod config;
 mod weights;
 
-use std::any::Any;
-use std::path::Path;
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemorySpec, PagedStoreSpec, StepMemory};
+use ferrox_core::{KvStorage, MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
@@ -19,13 +17,13 @@ pub use config::{
 };
 pub use weights::DecoderWeights;
 
-use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
+use crate::engine::{Engine, EngineError};
 use crate::layers::activation::gated;
 use crate::layers::attention::AttentionParams;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::paged_attention::{attend, HeadGroup};
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, MAX_MICRO_BATCH};
+use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
@@ -58,17 +56,14 @@ impl Default for DecoderOptions {
 
 /// A dense transformer decoder over a memory-mapped GGUF checkpoint.
 pub struct Decoder {
-    gguf: Arc<Gguf>,
+    rt: Runtime,
     config: DecoderConfig,
     weights: DecoderWeights,
-    n_ctx: usize,
-    kv_storage: KvStorage,
-    pool: rayon::ThreadPool,
 }
 
 /// Activations for a micro-batch, reused across steps so decoding does not allocate.
 #[derive(Default)]
-struct Scratch {
+pub struct Scratch {
     x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
@@ -85,8 +80,6 @@ struct Scratch {
     /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
-    /// The step's rows.
-    rows: Vec<Row>,
 }
 
 /// The largest divisor of `n` not above `cap`.
@@ -98,15 +91,9 @@ fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
 }
 
 impl Decoder {
-    /// Opens a GGUF file and prepares a decoder for its architecture.
-    pub fn open(path: impl AsRef<Path>, options: &DecoderOptions) -> Result<Decoder, ModelError> {
-        let gguf = Gguf::open(path)?;
-        Decoder::from_gguf(Arc::new(gguf), options)
-    }
-
-    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Decoder, ModelError> {
-        let config = crate::families::decoder_config(&gguf.metadata())?;
-        Decoder::with_config(gguf, options, config)
+    /// The engine for the file's architecture, when it runs on this engine.
+    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Self, ModelError> {
+        crate::families::load_as(gguf, options)
     }
 
     /// A decoder for a configuration its family has read.
@@ -121,28 +108,24 @@ impl Decoder {
                 layer.rope.freq_factors = Some(freqs.clone());
             }
         }
-        let n_ctx = if options.n_ctx == 0 {
-            config.n_ctx_train
-        } else {
-            options.n_ctx
-        };
-        let pool = crate::engine_pool(options.threads, "ferrox-worker")?;
-        // Each worker's own buffers, made now rather than by whichever step first runs on it.
-        let rope_pairs = config.layers.iter().map(|l| l.rope.n_dims / 2).max();
-        pool.broadcast(|_| {
-            crate::layers::attention::with_group_state(|_| ());
-            ROPE_ANGLES.with_borrow_mut(|a| a.reserve(rope_pairs.unwrap_or(0)));
-        });
-        if options.repack {
-            pool.install(|| weights.pack(&gguf))?;
-        }
-        Ok(Decoder {
+        let mut rt = Runtime::new(
             gguf,
+            options,
+            (config.n_ctx_train, config.n_vocab),
+            "ferrox-worker",
+        )?;
+        // Each worker's RoPE buffer, made now rather than by whichever step first runs on it.
+        let rope_pairs = config.layers.iter().map(|l| l.rope.n_dims / 2).max();
+        rt.pool
+            .broadcast(|_| ROPE_ANGLES.with_borrow_mut(|a| a.reserve(rope_pairs.unwrap_or(0))));
+        if options.repack {
+            rt.pool.install(|| weights.pack(&rt.gguf))?;
+        }
+        rt.weight_bytes_per_token = weights.bytes_per_token(&config);
+        Ok(Decoder {
+            rt,
             config,
             weights,
-            n_ctx,
-            kv_storage: options.kv_storage,
-            pool,
         })
     }
 
@@ -153,7 +136,7 @@ impl Decoder {
     /// One micro-batch of rows (from one or more sequences, each sequence's rows in
     /// position order) through every layer, then the output head for the rows that want
     /// logits.
-    fn forward_micro_batch(
+    fn layers(
         &self,
         rows: &[Row],
         kv: &mut StepMemory<'_>,
@@ -162,7 +145,7 @@ impl Decoder {
     ) -> Result<(), EngineError> {
         let c = &self.config;
         let x = sized(&mut s.x, rows.len() * c.n_embd);
-        let embd = self.weights.token_embd.view(&self.gguf)?;
+        let embd = self.weights.token_embd.view(&self.rt.gguf)?;
         step::embed(rows, &embd, c.embedding_scale, x)?;
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
@@ -172,7 +155,7 @@ impl Decoder {
         let head = OutputHead {
             norm: &self.weights.output_norm,
             eps: c.norm_eps,
-            output: self.weights.output.view(&self.gguf)?,
+            output: self.weights.output.view(&self.rt.gguf)?,
             softcap: c.final_logit_softcap,
         };
         head.run(rows, &s.x, seq_logits, &mut s.head)
@@ -204,16 +187,16 @@ impl Decoder {
                 v: wv,
             } => {
                 let (wq, wk, wv) = (
-                    wq.view(&self.gguf)?,
-                    wk.view(&self.gguf)?,
-                    wv.view(&self.gguf)?,
+                    wq.view(&self.rt.gguf)?,
+                    wk.view(&self.rt.gguf)?,
+                    wv.view(&self.rt.gguf)?,
                 );
                 linear_many(&[&wq, &wk, &wv], xn, n, &mut [q, k, v], &mut s.xq)?;
             }
             QkvWeights::Fused(w) => {
                 let all = q_w + k_w + v_w;
                 let qkv = sized(&mut s.qkv, n * all);
-                linear(&w.view(&self.gguf)?, xn, n, qkv, &mut s.xq)?;
+                linear(&w.view(&self.rt.gguf)?, xn, n, qkv, &mut s.xq)?;
                 for t in 0..n {
                     let row = &qkv[t * all..(t + 1) * all];
                     q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
@@ -300,7 +283,7 @@ impl Decoder {
             });
 
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&lw.wo.view(&self.gguf)?, attn, n, proj, &mut s.xq)?;
+        linear(&lw.wo.view(&self.rt.gguf)?, attn, n, proj, &mut s.xq)?;
         self.residual_add(&lw.attn_post_norm, n, s);
         Ok(())
     }
@@ -325,7 +308,7 @@ impl Decoder {
                 let proj = sized(&mut s.proj, n * n_embd);
                 let xn = &s.xn[..n * n_embd];
                 mw.forward(
-                    &self.gguf,
+                    &self.rt.gguf,
                     &mc.router,
                     xn,
                     proj,
@@ -341,13 +324,13 @@ impl Decoder {
         match gate_up {
             GateUpWeights::Separate { gate: wg, up: wu } => {
                 let up = sized(&mut s.up, n * n_ff);
-                let (wg, wu) = (wg.view(&self.gguf)?, wu.view(&self.gguf)?);
+                let (wg, wu) = (wg.view(&self.rt.gguf)?, wu.view(&self.rt.gguf)?);
                 linear_many(&[&wg, &wu], xn, n, &mut [&mut *gate, &mut *up], &mut s.xq)?;
                 gated(c.activation, gate, up);
             }
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
-                linear(&w.view(&self.gguf)?, xn, n, both, &mut s.xq)?;
+                linear(&w.view(&self.rt.gguf)?, xn, n, both, &mut s.xq)?;
                 for t in 0..n {
                     let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
                     gated(c.activation, g, u);
@@ -356,7 +339,7 @@ impl Decoder {
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);
-        linear(&down.view(&self.gguf)?, gate, n, proj, &mut s.xq)?;
+        linear(&down.view(&self.rt.gguf)?, gate, n, proj, &mut s.xq)?;
         self.residual_add(&lw.ffn_post_norm, n, s);
         Ok(())
     }
@@ -379,76 +362,28 @@ thread_local! {
     static ROPE_ANGLES: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Engine for Decoder {
-    fn architecture(&self) -> &str {
-        &self.config.arch
-    }
+impl step::Layers for Decoder {
+    type Buffers = Scratch;
 
-    fn gguf(&self) -> &Gguf {
-        &self.gguf
+    fn runtime(&self) -> &Runtime {
+        &self.rt
     }
 
     /// One key and one value row per position and layer (the widest layer's, for every
     /// layer).
     fn memory_spec(&self) -> MemorySpec {
         let (key_width, value_width) = self.config.kv_widths();
-        MemorySpec {
-            paged: vec![PagedStoreSpec {
-                n_layers: self.config.n_layer(),
-                key_width,
-                value_width,
-            }],
-            recurrent: None,
-            storage: self.kv_storage,
-        }
+        let n_layer = self.config.n_layer();
+        MemorySpec::one_store(n_layer, key_width, value_width, self.rt.kv_storage)
     }
 
-    fn vocab_size(&self) -> usize {
-        self.config.n_vocab
-    }
-
-    fn context_size(&self) -> usize {
-        self.n_ctx
-    }
-
-    fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    fn weight_bytes_per_token(&self) -> u64 {
-        self.weights.bytes_per_token(&self.config)
-    }
-
-    fn new_scratch(&self) -> StepScratch {
-        StepScratch::new(Scratch::default())
-    }
-
-    fn step(
+    fn micro_batch(
         &self,
+        rows: &[Row],
         memory: &mut StepMemory<'_>,
-        scratch: &mut StepScratch,
-        seqs: &[SeqInput<'_>],
         logits: &mut [&mut Vec<f32>],
+        buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        let scratch: &mut Scratch = scratch.get();
-        let mut rows = std::mem::take(&mut scratch.rows);
-        let result =
-            step::layout(memory, seqs, self.config.n_vocab, logits, &mut rows).and_then(|()| {
-                self.pool.install(|| {
-                    rows.chunks(MAX_MICRO_BATCH).try_for_each(|chunk| {
-                        self.forward_micro_batch(chunk, memory, logits, scratch)
-                    })
-                })
-            });
-        scratch.rows = rows;
-        result
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+        self.layers(rows, memory, logits, buffers)
     }
 }

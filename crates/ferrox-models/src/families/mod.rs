@@ -74,31 +74,17 @@ fn mla(
     Ok(Box::new(MlaEngine::with_config(gguf, options, config)?))
 }
 
-/// The MLA configuration for the file's `general.architecture`.
-pub fn mla_config(meta: &Metadata<'_>) -> Result<MlaConfig, ModelError> {
-    match meta.architecture()? {
-        "deepseek2" => deepseek2::config(meta),
-        "mistral4" => mistral4::config(meta),
-        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
-    }
-}
-
-/// The decoder configuration for the file's `general.architecture`.
-pub fn decoder_config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
-    let arch = meta.architecture()?;
-    match arch {
-        "llama" => llama::config(meta),
-        "qwen2" => qwen2::config(meta),
-        "qwen3" => qwen3::config(meta),
-        "gemma" => gemma::config(meta),
-        "gemma2" => gemma2::config(meta),
-        "gemma3" => gemma3::config(meta),
-        "phi3" => phi3::config(meta),
-        "qwen2moe" => qwen2moe::config(meta),
-        "qwen3moe" => qwen3moe::config(meta),
-        "olmoe" => olmoe::config(meta),
-        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
-    }
+/// Loads the file's architecture as the engine type `T` (an error when the registered
+/// architecture runs on another engine).
+pub fn load_as<T: Engine>(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<T, ModelError> {
+    let arch = gguf.metadata().architecture()?.to_string();
+    let engine: Box<dyn std::any::Any> = (architecture(&arch)?.load)(gguf, options)?;
+    engine.downcast::<T>().map(|e| *e).map_err(|_| {
+        ModelError::UnsupportedArchitecture(format!(
+            "{arch} (runs on another engine than {})",
+            std::any::type_name::<T>()
+        ))
+    })
 }
 
 /// Gemma's query scale: 1/sqrt(head size), except for the 27B models, which use

@@ -8,19 +8,17 @@ mod attention;
 mod config;
 mod weights;
 
-use std::any::Any;
-use std::path::Path as FsPath;
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemorySpec, PagedStoreSpec, StepMemory};
+use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
 pub use weights::MlaWeights;
 
 use crate::decoder::{DecoderOptions, FfnKind};
-use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, MAX_MICRO_BATCH};
+use crate::engine::EngineError;
+use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use attention::AttnScratch;
 use weights::{MlaFfn, MlaLayer};
@@ -54,17 +52,14 @@ enum Path {
 
 /// An MLA model over a memory-mapped GGUF checkpoint.
 pub struct MlaEngine {
-    gguf: Arc<Gguf>,
+    rt: Runtime,
     config: MlaConfig,
     weights: MlaWeights,
-    n_ctx: usize,
-    kv_storage: KvStorage,
     path: AttentionPath,
-    pool: rayon::ThreadPool,
 }
 
 #[derive(Default)]
-struct Scratch {
+pub struct Scratch {
     x: Vec<f32>,
     xn: Vec<f32>,
     proj: Vec<f32>,
@@ -72,17 +67,12 @@ struct Scratch {
     head: HeadScratch,
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
-    rows: Vec<Row>,
 }
 
 impl MlaEngine {
-    pub fn open(path: impl AsRef<FsPath>, options: &DecoderOptions) -> Result<Self, ModelError> {
-        MlaEngine::from_gguf(Arc::new(Gguf::open(path)?), options)
-    }
-
+    /// The engine for the file's architecture, when it runs on this engine.
     pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Self, ModelError> {
-        let config = crate::families::mla_config(&gguf.metadata())?;
-        MlaEngine::with_config(gguf, options, config)
+        crate::families::load_as(gguf, options)
     }
 
     /// An engine for a configuration its family has read.
@@ -92,23 +82,21 @@ impl MlaEngine {
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
         let mut weights = MlaWeights::load(&gguf, &config)?;
-        let n_ctx = match options.n_ctx {
-            0 => config.n_ctx_train,
-            n => n,
-        };
-        let pool = crate::engine_pool(options.threads, "ferrox-mla")?;
-        pool.broadcast(|_| crate::layers::attention::with_group_state(|_| ()));
-        if options.repack {
-            pool.install(|| weights.pack(&gguf))?;
-        }
-        Ok(MlaEngine {
+        let mut rt = Runtime::new(
             gguf,
+            options,
+            (config.n_ctx_train, config.n_vocab),
+            "ferrox-mla",
+        )?;
+        if options.repack {
+            rt.pool.install(|| weights.pack(&rt.gguf))?;
+        }
+        rt.weight_bytes_per_token = weights.bytes_per_token(&config);
+        Ok(MlaEngine {
+            rt,
             config,
             weights,
-            n_ctx,
-            kv_storage: options.kv_storage,
             path: AttentionPath::Auto,
-            pool,
         })
     }
 
@@ -152,7 +140,7 @@ impl MlaEngine {
     }
 
     /// One micro-batch of rows through every layer, then the output head.
-    fn micro_batch(
+    fn layers(
         &self,
         rows: &[Row],
         memory: &mut StepMemory<'_>,
@@ -162,7 +150,7 @@ impl MlaEngine {
         let c = &self.config;
         let (n, n_embd) = (rows.len(), c.n_embd);
         let x = sized(&mut s.x, n * n_embd);
-        step::embed(rows, &self.weights.token_embd.view(&self.gguf)?, None, x)?;
+        step::embed(rows, &self.weights.token_embd.view(&self.rt.gguf)?, None, x)?;
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let xn = sized(&mut s.xn, n * n_embd);
             step::norm_rows(&s.x[..n * n_embd], &lw.attn_norm, c.norm_eps, xn);
@@ -170,7 +158,7 @@ impl MlaEngine {
             attention::attention(
                 c,
                 lw,
-                &self.gguf,
+                &self.rt.gguf,
                 il,
                 rows,
                 xn,
@@ -190,7 +178,7 @@ impl MlaEngine {
         let head = OutputHead {
             norm: &self.weights.output_norm,
             eps: c.norm_eps,
-            output: self.weights.output.view(&self.gguf)?,
+            output: self.weights.output.view(&self.rt.gguf)?,
             softcap: None,
         };
         head.run(rows, &s.x, seq_logits, &mut s.head)
@@ -206,7 +194,7 @@ impl MlaEngine {
         router_logits: &mut Vec<f32>,
         moe: &mut ferrox_moe::MoeScratch,
     ) -> Result<(), ModelError> {
-        let gguf = &*self.gguf;
+        let gguf = &*self.rt.gguf;
         match (&lw.ffn, kind) {
             (MlaFfn::Dense(dense), _) => {
                 out.fill(0.0);
@@ -225,75 +213,27 @@ impl MlaEngine {
     }
 }
 
-impl Engine for MlaEngine {
-    fn architecture(&self) -> &str {
-        &self.config.arch
-    }
+impl step::Layers for MlaEngine {
+    type Buffers = Scratch;
 
-    fn gguf(&self) -> &Gguf {
-        &self.gguf
+    fn runtime(&self) -> &Runtime {
+        &self.rt
     }
 
     /// One row of `kv_lora_rank + n_rot` values per position and layer, nothing per head:
     /// a head reads its values from the row's first `kv_lora_rank` entries.
     fn memory_spec(&self) -> MemorySpec {
         let c = &self.config;
-        MemorySpec {
-            paged: vec![PagedStoreSpec {
-                n_layers: c.n_layer(),
-                key_width: c.cache_width(),
-                value_width: 0,
-            }],
-            recurrent: None,
-            storage: self.kv_storage,
-        }
+        MemorySpec::one_store(c.n_layer(), c.cache_width(), 0, self.rt.kv_storage)
     }
 
-    fn vocab_size(&self) -> usize {
-        self.config.n_vocab
-    }
-
-    fn context_size(&self) -> usize {
-        self.n_ctx
-    }
-
-    fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    fn weight_bytes_per_token(&self) -> u64 {
-        self.weights.bytes_per_token(&self.config)
-    }
-
-    fn new_scratch(&self) -> StepScratch {
-        StepScratch::new(Scratch::default())
-    }
-
-    fn step(
+    fn micro_batch(
         &self,
+        rows: &[Row],
         memory: &mut StepMemory<'_>,
-        scratch: &mut StepScratch,
-        seqs: &[SeqInput<'_>],
         logits: &mut [&mut Vec<f32>],
+        buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        let scratch: &mut Scratch = scratch.get();
-        let mut rows = std::mem::take(&mut scratch.rows);
-        let result =
-            step::layout(memory, seqs, self.config.n_vocab, logits, &mut rows).and_then(|()| {
-                self.pool.install(|| {
-                    rows.chunks(MAX_MICRO_BATCH)
-                        .try_for_each(|chunk| self.micro_batch(chunk, memory, logits, scratch))
-                })
-            });
-        scratch.rows = rows;
-        result
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+        self.layers(rows, memory, logits, buffers)
     }
 }
