@@ -3,7 +3,7 @@
 //! Keys llama.cpp requires are required here too (a missing one is an error naming it);
 //! keys llama.cpp treats as optional get llama.cpp's documented defaults.
 
-use ferrox_gguf::{Metadata, Value};
+use ferrox_gguf::{GgufError, Metadata, Value};
 use ferrox_moe::{MoeHparams, RouterConfig};
 
 use crate::layers::activation::Activation;
@@ -126,6 +126,11 @@ impl DecoderConfig {
     }
 }
 
+/// A count in the metadata that cannot be right: the error names the key and its value.
+fn bad_count(key: &str, value: impl std::fmt::Display, reason: &str) -> ModelError {
+    ModelError::Config(format!("`{key}` = {value}: {reason}"))
+}
+
 /// Reads `{arch}.{name}` keys.
 pub struct Keys<'m, 'a> {
     pub meta: &'m Metadata<'a>,
@@ -133,16 +138,48 @@ pub struct Keys<'m, 'a> {
 }
 
 impl Keys<'_, '_> {
+    /// Most layers a file may declare (llama.cpp's `LLAMA_MAX_LAYERS`). The per-layer
+    /// settings are sized by `block_count` before any tensor is looked at; loading the
+    /// weights then checks that the file holds every layer's tensors.
+    pub const MAX_LAYERS: usize = 512;
+
+    /// Largest value any count in the metadata may hold. llama.cpp keeps these
+    /// hyperparameters in 32-bit integers, and below 2^32 the product of two counts cannot
+    /// overflow.
+    pub const MAX_COUNT: usize = u32::MAX as usize;
+
     pub fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.arch)
     }
 
-    pub fn usize(&self, name: &str) -> Result<usize, ModelError> {
-        Ok(self.meta.get_usize(&self.key(name))?)
+    /// The error for `{arch}.{name}` holding `value`, which cannot be right.
+    pub fn bad_count(&self, name: &str, value: impl std::fmt::Display, reason: &str) -> ModelError {
+        bad_count(&self.key(name), value, reason)
     }
 
+    /// A required count, at most [`Keys::MAX_COUNT`].
+    pub fn usize(&self, name: &str) -> Result<usize, ModelError> {
+        self.count(name, Self::MAX_COUNT)
+    }
+
+    /// An optional count, at most [`Keys::MAX_COUNT`].
     pub fn opt_usize(&self, name: &str) -> Result<Option<usize>, ModelError> {
-        Ok(self.meta.opt_usize(&self.key(name))?)
+        self.opt_count(name, Self::MAX_COUNT)
+    }
+
+    /// A required count, at most `max` (an error naming the key and value otherwise).
+    pub fn count(&self, name: &str, max: usize) -> Result<usize, ModelError> {
+        self.opt_count(name, max)?
+            .ok_or_else(|| GgufError::MissingKey(self.key(name)).into())
+    }
+
+    /// An optional count, at most `max`.
+    pub fn opt_count(&self, name: &str, max: usize) -> Result<Option<usize>, ModelError> {
+        let key = self.key(name);
+        let Some(n) = self.meta.opt_usize(&key)? else {
+            return Ok(None);
+        };
+        check_count(&key, n, max).map(Some)
     }
 
     pub fn f32(&self, name: &str) -> Result<f32, ModelError> {
@@ -168,26 +205,44 @@ impl Keys<'_, '_> {
         read_rope(self, style, n_dims, n_ctx_train)
     }
 
-    /// A per-layer count stored either as one integer or as an array with one per layer.
+    /// A per-layer count stored either as one integer or as an array with one per layer,
+    /// each at most [`Keys::MAX_COUNT`]. `n_layer` must already be bounded (see
+    /// [`Keys::MAX_LAYERS`]).
     pub fn per_layer(&self, name: &str, n_layer: usize) -> Result<Option<Vec<usize>>, ModelError> {
         let key = self.key(name);
         match self.meta.get(&key) {
             None => Ok(None),
             Some(Value::Array(a)) => {
-                let values: Option<Vec<usize>> = a
-                    .iter()
-                    .map(|v| v.as_i128().and_then(|i| usize::try_from(i).ok()))
-                    .collect();
-                match values {
-                    Some(v) if v.len() == n_layer => Ok(Some(v)),
-                    _ => Err(ModelError::Config(format!(
-                        "`{key}` must hold {n_layer} non-negative integers"
-                    ))),
+                if a.len() != n_layer {
+                    return Err(ModelError::Config(format!(
+                        "`{key}` has {} entries for {n_layer} layers",
+                        a.len()
+                    )));
                 }
+                a.iter()
+                    .enumerate()
+                    .map(|(il, v)| {
+                        let n = v.as_i128().and_then(|i| usize::try_from(i).ok());
+                        let n = n.ok_or_else(|| {
+                            ModelError::Config(format!(
+                                "`{key}`[{il}] must be a non-negative integer"
+                            ))
+                        })?;
+                        check_count(&format!("{key}[{il}]"), n, Self::MAX_COUNT)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Some)
             }
             Some(_) => Ok(Some(vec![self.usize(name)?; n_layer])),
         }
     }
+}
+
+fn check_count(key: &str, n: usize, max: usize) -> Result<usize, ModelError> {
+    if n > max {
+        return Err(bad_count(key, n, &format!("more than the {max} allowed")));
+    }
+    Ok(n)
 }
 
 /// The metadata every dense family shares. Families then adjust the result.
@@ -197,7 +252,7 @@ pub fn read_common(
     rope_style: RopeStyle,
 ) -> Result<DecoderConfig, ModelError> {
     let k = Keys { meta, arch };
-    let n_layer = k.usize("block_count")?;
+    let n_layer = k.count("block_count", Keys::MAX_LAYERS)?;
     let n_embd = k.usize("embedding_length")?;
     let n_ctx_train = k.usize("context_length")?;
     if n_layer == 0 || n_embd == 0 {
@@ -205,31 +260,47 @@ pub fn read_common(
             "block_count and embedding_length must be positive".into(),
         ));
     }
+    let required = |name: &str| ModelError::Gguf(GgufError::MissingKey(k.key(name)));
     let n_head = k
         .per_layer("attention.head_count", n_layer)?
-        .ok_or_else(|| {
-            ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(
-                k.key("attention.head_count"),
-            ))
-        })?;
+        .ok_or_else(|| required("attention.head_count"))?;
     let n_head_kv = k
         .per_layer("attention.head_count_kv", n_layer)?
         .unwrap_or_else(|| n_head.clone());
     let n_ff = k
         .per_layer("feed_forward_length", n_layer)?
-        .ok_or_else(|| {
-            ModelError::Gguf(ferrox_gguf::GgufError::MissingKey(
-                k.key("feed_forward_length"),
-            ))
-        })?;
-    let first_heads = n_head[0].max(1);
-    let head_dim_k = k
-        .opt_usize("attention.key_length")?
-        .unwrap_or(n_embd / first_heads);
-    let head_dim_v = k
-        .opt_usize("attention.value_length")?
-        .unwrap_or(n_embd / first_heads);
+        .ok_or_else(|| required("feed_forward_length"))?;
+    let max_dim = crate::layers::attention::MAX_HEAD_DIM;
+    // A head size the file states, else the embedding split over the first layer's heads.
+    let head_dim = |name: &str| -> Result<usize, ModelError> {
+        let (dim, source) = match k.opt_usize(name)? {
+            Some(dim) => (dim, format!("`{}`", k.key(name))),
+            None => (
+                n_embd / n_head[0].max(1),
+                format!(
+                    "`{}` / `{}`",
+                    k.key("embedding_length"),
+                    k.key("attention.head_count")
+                ),
+            ),
+        };
+        if dim == 0 || dim > max_dim {
+            return Err(ModelError::Config(format!(
+                "{source} = {dim}: a head size must be 1 to {max_dim}"
+            )));
+        }
+        Ok(dim)
+    };
+    let head_dim_k = head_dim("attention.key_length")?;
+    let head_dim_v = head_dim("attention.value_length")?;
     let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim_k);
+    if n_rot > head_dim_k || n_rot % 2 != 0 {
+        return Err(k.bad_count(
+            "rope.dimension_count",
+            n_rot,
+            &format!("must be even and at most the head size {head_dim_k}"),
+        ));
+    }
     let rope = read_rope(&k, rope_style, n_rot, n_ctx_train)?;
     let norm_eps = k.f32("attention.layer_norm_rms_epsilon")?;
     let n_vocab = vocab_size(meta, &k)?;
@@ -239,7 +310,10 @@ pub fn read_common(
         let (h, hkv) = (n_head[il], n_head_kv[il]);
         if h == 0 || hkv == 0 || h % hkv != 0 {
             return Err(ModelError::Config(format!(
-                "layer {il}: {h} query heads cannot share {hkv} KV heads"
+                "`{}` = {h} and `{}` = {hkv}: layer {il}'s query heads cannot share its KV \
+                 heads",
+                k.key("attention.head_count"),
+                k.key("attention.head_count_kv")
             )));
         }
         layers.push(LayerConfig {
@@ -252,18 +326,6 @@ pub fn read_common(
             sliding_window: None,
             rope: rope.clone(),
         });
-    }
-    if n_rot > head_dim_k || n_rot % 2 != 0 {
-        return Err(ModelError::Config(format!(
-            "rope.dimension_count {n_rot} does not fit head size {head_dim_k}"
-        )));
-    }
-    if head_dim_k > crate::layers::attention::MAX_HEAD_DIM
-        || head_dim_v > crate::layers::attention::MAX_HEAD_DIM
-    {
-        return Err(ModelError::Config(format!(
-            "head size {head_dim_k}/{head_dim_v} is too large"
-        )));
     }
     Ok(DecoderConfig {
         arch: arch.to_string(),
@@ -361,7 +423,10 @@ pub fn apply_swa_pattern(
             flags
         }
         _ => {
-            let n = meta.opt_usize(&key)?.unwrap_or(default_pattern);
+            let n = match meta.opt_usize(&key)? {
+                Some(n) => check_count(&key, n, Keys::MAX_COUNT)?,
+                None => default_pattern,
+            };
             (0..n_layer).map(|il| n == 0 || il % n < n - 1).collect()
         }
     };

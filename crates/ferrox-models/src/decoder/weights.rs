@@ -66,8 +66,85 @@ pub struct DecoderWeights {
     pub rope_freqs: Option<Vec<f32>>,
 }
 
+/// `a × b + c`, for the widths of activations made from counts in the metadata: an overflow
+/// is an error naming what was being sized, never a wrapped size.
+fn width(a: usize, b: usize, c: usize, what: impl Fn() -> String) -> Result<usize, ModelError> {
+    a.checked_mul(b)
+        .and_then(|ab| ab.checked_add(c))
+        .ok_or_else(|| ModelError::Config(format!("{} overflows", what())))
+}
+
 impl DecoderWeights {
+    /// Checks that the file holds tensors for each of `n_layer` layers (`blk.{il}.*`), so that
+    /// a `block_count` the file cannot back fails at once, naming the key.
+    pub fn check_block_count(gguf: &Gguf, arch: &str, n_layer: usize) -> Result<(), ModelError> {
+        let in_file = gguf
+            .tensors()
+            .iter()
+            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+            .max()
+            .map_or(0, |last: usize| last + 1);
+        if n_layer > in_file {
+            return Err(ModelError::Config(format!(
+                "`{arch}.block_count` = {n_layer}, but the file has tensors for {in_file} layers"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A tensor-shape error with the metadata keys that sized the expected shape named, so
+    /// that a wrong count in the metadata is recognisable as such.
+    pub fn name_keys(e: ModelError, arch: &str) -> ModelError {
+        let ModelError::TensorShape { name, .. } = &e else {
+            return e;
+        };
+        let keys: &[&str] = match name.as_str() {
+            n if n.starts_with("token_embd") || n.starts_with("output.") => &["vocab_size"],
+            n if n.contains("_shexp") => &[
+                "expert_shared_feed_forward_length",
+                "expert_shared_count",
+                "feed_forward_length",
+            ],
+            n if n.contains("ffn_gate_inp") || n.contains("exp_probs_b") => &["expert_count"],
+            n if n.contains("_exps") => &[
+                "expert_count",
+                "expert_feed_forward_length",
+                "feed_forward_length",
+            ],
+            n if n.contains("ffn_") && !n.contains("_norm") => &["feed_forward_length"],
+            n if n.contains("attn_q_a") => &["attention.q_lora_rank"],
+            n if n.contains("attn_kv_a") => &["attention.kv_lora_rank", "rope.dimension_count"],
+            n if n.contains("attn_k_b") || n.contains("attn_v_b") || n.contains("attn_kv_b") => &[
+                "attention.head_count",
+                "attention.kv_lora_rank",
+                "attention.key_length_mla",
+                "attention.value_length_mla",
+            ],
+            n if n.contains("attn_q_norm") || n.contains("attn_k_norm") => {
+                &["attention.head_count", "attention.key_length"]
+            }
+            n if n.contains("attn_") && !n.contains("norm") => &[
+                "attention.head_count",
+                "attention.head_count_kv",
+                "attention.key_length",
+                "attention.value_length",
+            ],
+            _ => &[],
+        };
+        let keys: Vec<String> = ["embedding_length"]
+            .iter()
+            .chain(keys)
+            .map(|k| format!("`{arch}.{k}`"))
+            .collect();
+        ModelError::Config(format!("{e} (sized by {})", keys.join(", ")))
+    }
+
     pub fn load(gguf: &Gguf, config: &DecoderConfig) -> Result<DecoderWeights, ModelError> {
+        Self::check_block_count(gguf, &config.arch, config.n_layer())?;
+        Self::load_checked(gguf, config).map_err(|e| Self::name_keys(e, &config.arch))
+    }
+
+    fn load_checked(gguf: &Gguf, config: &DecoderConfig) -> Result<DecoderWeights, ModelError> {
         let l = Loader { gguf };
         let n_embd = config.n_embd;
         let n_vocab = config.n_vocab;
@@ -82,14 +159,19 @@ impl DecoderWeights {
         let mut layers = Vec::with_capacity(config.n_layer());
         for (il, lc) in config.layers.iter().enumerate() {
             let name = |s: &str| format!("blk.{il}.{s}");
-            let q_width = lc.n_head * lc.head_dim_k;
-            let k_width = lc.n_head_kv * lc.head_dim_k;
-            let v_width = lc.n_head_kv * lc.head_dim_v;
-            let qkv = match l.opt_matrix(
-                &name("attn_qkv.weight"),
-                n_embd,
-                q_width + k_width + v_width,
-            )? {
+            let heads = |n: usize, dim: usize, what: &'static str| {
+                width(n, dim, 0, || {
+                    format!("layer {il}: {what} width ({n} heads of {dim})")
+                })
+            };
+            let q_width = heads(lc.n_head, lc.head_dim_k, "query")?;
+            let k_width = heads(lc.n_head_kv, lc.head_dim_k, "key")?;
+            let v_width = heads(lc.n_head_kv, lc.head_dim_v, "value")?;
+            let o_width = heads(lc.n_head, lc.head_dim_v, "attention output")?;
+            let qkv_width = width(1, q_width, k_width, || format!("layer {il}: QKV width"))
+                .and_then(|qk| width(1, qk, v_width, || format!("layer {il}: QKV width")))?;
+            let ff2 = width(2, lc.n_ff, 0, || format!("layer {il}: fused gate/up width"))?;
+            let qkv = match l.opt_matrix(&name("attn_qkv.weight"), n_embd, qkv_width)? {
                 Some(fused) => QkvWeights::Fused(fused),
                 None => QkvWeights::Separate {
                     q: l.matrix(&name("attn_q.weight"), n_embd, q_width)?,
@@ -104,11 +186,9 @@ impl DecoderWeights {
                             gate,
                             up: l.matrix(&name("ffn_up.weight"), n_embd, lc.n_ff)?,
                         },
-                        None => GateUpWeights::Fused(l.matrix(
-                            &name("ffn_up.weight"),
-                            n_embd,
-                            2 * lc.n_ff,
-                        )?),
+                        None => {
+                            GateUpWeights::Fused(l.matrix(&name("ffn_up.weight"), n_embd, ff2)?)
+                        }
                     },
                     down: l.matrix(&name("ffn_down.weight"), lc.n_ff, n_embd)?,
                 },
@@ -135,11 +215,7 @@ impl DecoderWeights {
                 v_bias: l.opt_vector(&name("attn_v.bias"), v_width)?,
                 q_norm: norm_or_missing("attn_q_norm.weight", config.qk_norm, q_norm_len)?,
                 k_norm: norm_or_missing("attn_k_norm.weight", config.qk_norm, k_norm_len)?,
-                wo: l.matrix(
-                    &name("attn_output.weight"),
-                    lc.n_head * lc.head_dim_v,
-                    n_embd,
-                )?,
+                wo: l.matrix(&name("attn_output.weight"), o_width, n_embd)?,
                 attn_post_norm: norm_or_missing(
                     "post_attention_norm.weight",
                     config.post_norms,

@@ -154,8 +154,16 @@ pub fn yarn_scales(
 /// Reads an MLA model of architecture `arch` (`deepseek2` and `mistral4` share the loader).
 pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConfig, ModelError> {
     let k = Keys { meta, arch };
-    let n_layer_all = k.usize("block_count")?;
-    let n_layer = n_layer_all.saturating_sub(k.opt_usize("nextn_predict_layers")?.unwrap_or(0));
+    let n_layer_all = k.count("block_count", Keys::MAX_LAYERS)?;
+    let nextn = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
+    if n_layer_all > 0 && nextn >= n_layer_all {
+        return Err(k.bad_count(
+            "nextn_predict_layers",
+            nextn,
+            &format!("leaves none of the {n_layer_all} layers"),
+        ));
+    }
+    let n_layer = n_layer_all - nextn.min(n_layer_all);
     let n_embd = k.usize("embedding_length")?;
     let n_ctx_train = k.usize("context_length")?;
     if n_layer == 0 || n_embd == 0 {
@@ -179,15 +187,14 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
     let kv_lora_rank = k.usize("attention.kv_lora_rank")?;
     let key_mla = k.opt_usize("attention.key_length_mla")?;
     let value_mla = k.opt_usize("attention.value_length_mla")?;
-    let (head_dim_k, head_dim_v, kv_b) = match (key_mla, value_mla) {
-        (Some(dk), Some(dv)) if dk > 0 && dv > 0 => (dk, dv, KvB::Split),
+    let (key_k, key_v, kv_b) = match (key_mla, value_mla) {
+        (Some(dk), Some(dv)) if dk > 0 && dv > 0 => (
+            "attention.key_length_mla",
+            "attention.value_length_mla",
+            KvB::Split,
+        ),
         (None, None) | (Some(0), Some(0)) => {
-            let full = n_embd / n_head;
-            (
-                k.opt_usize("attention.key_length")?.unwrap_or(full),
-                k.opt_usize("attention.value_length")?.unwrap_or(full),
-                KvB::Fused,
-            )
+            ("attention.key_length", "attention.value_length", KvB::Fused)
         }
         _ => {
             return Err(ModelError::Config(format!(
@@ -197,20 +204,41 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
             )))
         }
     };
+    // A head size the file states, else the embedding split over the heads; the
+    // decompressed path attends with whole key and value heads.
+    let head_dim = |name: &str| -> Result<usize, ModelError> {
+        let dim = k.opt_usize(name)?.unwrap_or(n_embd / n_head);
+        if dim == 0 || dim > MAX_HEAD_DIM {
+            return Err(k.bad_count(
+                name,
+                dim,
+                &format!("a head size must be 1 to {MAX_HEAD_DIM}"),
+            ));
+        }
+        Ok(dim)
+    };
+    let head_dim_k = head_dim(key_k)?;
+    let head_dim_v = head_dim(key_v)?;
     let full_k = k
         .opt_usize("attention.key_length")?
         .unwrap_or(n_embd / n_head);
     let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(full_k);
     if n_rot == 0 || n_rot % 2 != 0 || n_rot >= head_dim_k {
-        return Err(ModelError::Config(format!(
-            "rope.dimension_count {n_rot} must be even and smaller than the key length {head_dim_k}"
-        )));
+        return Err(k.bad_count(
+            "rope.dimension_count",
+            n_rot,
+            &format!("must be even, positive and smaller than the key length {head_dim_k}"),
+        ));
     }
-    if kv_lora_rank == 0 || kv_lora_rank + n_rot > MAX_HEAD_DIM || head_dim_k > MAX_HEAD_DIM {
-        return Err(ModelError::Config(format!(
-            "kv_lora_rank {kv_lora_rank} with {n_rot} rotated dimensions does not fit the \
-             attention kernel ({MAX_HEAD_DIM} at most)"
-        )));
+    // (Every count is below 2^32, so the sum cannot overflow.)
+    if kv_lora_rank == 0 || kv_lora_rank + n_rot > MAX_HEAD_DIM {
+        return Err(k.bad_count(
+            "attention.kv_lora_rank",
+            kv_lora_rank,
+            &format!(
+                "with {n_rot} rotated dimensions, the cached row must be 1 to {MAX_HEAD_DIM} wide"
+            ),
+        ));
     }
 
     let mut rope = k.rope(RopeStyle::Normal, n_rot, n_ctx_train)?;
@@ -256,10 +284,15 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         .n_ff_exp
         .filter(|&n| n > 0)
         .ok_or_else(|| missing(k.key("expert_feed_forward_length")))?;
-    let n_expert_shared = meta
-        .opt_usize(&k.key("expert_shared_count"))?
-        .ok_or_else(|| missing(k.key("expert_shared_count")))?;
-    let n_dense = hp.n_leading_dense.min(n_layer);
+    let n_expert_shared = k.usize("expert_shared_count")?;
+    if hp.n_leading_dense > n_layer {
+        return Err(k.bad_count(
+            "leading_dense_block_count",
+            hp.n_leading_dense,
+            &format!("more than the {n_layer} layers"),
+        ));
+    }
+    let n_dense = hp.n_leading_dense;
     let n_ff = match k.per_layer("feed_forward_length", n_layer_all)? {
         Some(v) => v[0],
         None if n_dense == 0 => 0,
@@ -268,7 +301,16 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
     let moe = MoeFfnConfig {
         router: hp.router,
         n_ff_exp,
-        n_ff_shexp: (n_expert_shared > 0).then_some(n_ff_exp * n_expert_shared),
+        n_ff_shexp: match n_expert_shared {
+            0 => None,
+            n => Some(n_ff_exp.checked_mul(n).ok_or_else(|| {
+                k.bad_count(
+                    "expert_shared_count",
+                    n,
+                    &format!("{n} shared experts of {n_ff_exp} overflow"),
+                )
+            })?),
+        },
         shexp_gate: false,
     };
     let ffn = (0..n_layer)

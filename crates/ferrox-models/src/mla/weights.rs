@@ -10,7 +10,7 @@ use ferrox_moe::ExpertTensor;
 use half::f16;
 
 use super::config::{KvB, MlaConfig};
-use crate::decoder::{moe_error, FfnKind};
+use crate::decoder::{moe_error, DecoderWeights, FfnKind};
 use crate::tensors::{
     embedding_and_head_bytes, ExpertRef, Loader, MatrixRef, MoeWeights, SharedExpertWeights,
 };
@@ -162,6 +162,11 @@ impl MlaWeights {
     }
 
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
+        DecoderWeights::check_block_count(gguf, &c.arch, c.n_layer())?;
+        Self::load_checked(gguf, c).map_err(|e| DecoderWeights::name_keys(e, &c.arch))
+    }
+
+    fn load_checked(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
         let l = Loader { gguf };
         let (n_embd, n_vocab) = (c.n_embd, c.n_vocab);
         let token_embd = l.matrix("token_embd.weight", n_embd, n_vocab)?;

@@ -300,6 +300,10 @@ fn invalid(msg: impl Into<String>) -> TokenizerError {
     TokenizerError::Invalid(msg.into())
 }
 
+/// Most tokens a file without a vocabulary may declare (`{arch}.vocab_size`): eight times the
+/// largest vocabularies in use (262,144 tokens).
+const MAX_PLACEHOLDER_TOKENS: usize = 1 << 21;
+
 impl Vocab {
     /// Loads the vocabulary from a file's metadata, as llama.cpp's `llama_vocab::impl::load`.
     pub fn from_gguf(meta: &Metadata<'_>) -> Result<Vocab, TokenizerError> {
@@ -490,7 +494,18 @@ impl Vocab {
         pre: Option<String>,
     ) -> Result<Vocab, TokenizerError> {
         let n_tokens = match meta.opt_str("general.architecture")? {
-            Some(arch) => meta.opt_u32(&format!("{arch}.vocab_size"))?.unwrap_or(0) as usize,
+            Some(arch) => {
+                let key = format!("{arch}.vocab_size");
+                let n = meta.opt_u32(&key)?.unwrap_or(0) as usize;
+                // Nothing in the metadata backs this count, and each placeholder costs memory.
+                if n > MAX_PLACEHOLDER_TOKENS {
+                    return Err(invalid(format!(
+                        "`{key}` = {n}: more than the {MAX_PLACEHOLDER_TOKENS} placeholder \
+                         tokens allowed without a vocabulary"
+                    )));
+                }
+                n
+            }
             None => 0,
         };
         Ok(Vocab {
