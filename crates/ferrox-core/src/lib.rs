@@ -7,9 +7,9 @@
 //! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products,
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
 //! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
-//! and [`block_manager`] hold keys and values, contiguous per sequence or in shared,
-//! reference-counted blocks with a prefix cache; [`memory`] puts them behind one
-//! model-agnostic sequence memory (paged stores and recurrent states).
+//! and [`block_manager`] hold cached rows in shared, reference-counted blocks with a prefix
+//! cache; [`memory`] puts them behind one model-agnostic sequence memory (paged stores and
+//! recurrent states).
 
 pub mod bandwidth;
 pub mod block_manager;
@@ -25,7 +25,7 @@ pub mod quant;
 
 pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;
-pub use kv_cache::{KvCache, KvError, KvRows, KvSnapshot, KvStorage};
+pub use kv_cache::{available_memory, KvRows, KvStorage};
 pub use matrix::WeightMatrix;
 pub use memory::{
     Admission, MemoryError, MemoryShape, MemorySpec, PagedStoreSpec, RecurrentSpec, Refusal, SeqId,

@@ -30,6 +30,9 @@ use crate::{BlockManager, KvRows, KvStorage};
 /// Sequences of one step whose references are kept without a heap allocation.
 const INLINE_SEQS: usize = 16;
 
+/// A sequence's recurrent checkpoints: (positions covered, state), oldest first.
+type Checkpoints = Vec<(usize, Arc<[f32]>)>;
+
 /// Checkpoints of its recurrent state a sequence keeps for rolling back (the latest ones).
 const CHECKPOINTS_PER_SEQUENCE: usize = 4;
 
@@ -103,8 +106,20 @@ pub enum MemoryError {
     BeyondEnd { len: usize, to: usize },
     #[error("{needed} positions needed, the sequence can hold {capacity}")]
     ContextFull { needed: usize, capacity: usize },
-    #[error("the sequence memory needs {bytes} bytes, which cannot be allocated")]
-    Allocation { bytes: u128 },
+    #[error(
+        "the sequence memory ({positions} positions) needs {bytes} bytes, which cannot be \
+         allocated (use a smaller context or memory size)"
+    )]
+    Allocation { positions: u128, bytes: u128 },
+    #[error(
+        "the sequence memory ({positions} positions) needs {bytes} bytes, more than the \
+         {available} bytes of memory available (use a smaller context or memory size)"
+    )]
+    ExceedsMemory {
+        positions: u128,
+        bytes: u128,
+        available: usize,
+    },
     #[error("sequence {0} is not admitted, or appears twice in a step")]
     UnknownSequence(usize),
 }
@@ -144,8 +159,8 @@ struct Sequence {
     hashes: Vec<u64>,
     /// Blocks promised at admission and not yet allocated.
     promised: usize,
-    /// Recurrent checkpoints: (positions covered, state), oldest first.
-    checkpoints: Vec<(usize, Arc<[f32]>)>,
+    /// Recurrent checkpoints.
+    checkpoints: Checkpoints,
 }
 
 impl Sequence {
@@ -222,9 +237,20 @@ impl SequenceMemory {
         let positions = shape.n_blocks as u128 * shape.block_tokens as u128;
         let bytes = positions * spec.bytes_per_position() as u128
             + max_sequences as u128 * spec.recurrent_bytes() as u128;
-        let too_large = || MemoryError::Allocation { bytes };
+        let too_large = || MemoryError::Allocation { positions, bytes };
         if shape.block_tokens == 0 || shape.n_blocks > BlockId::MAX as usize {
             return Err(too_large());
+        }
+        // Zeroed pages are only promised by the kernel; more than the machine has would fail
+        // later, when touched.
+        if let Some(available) = crate::available_memory() {
+            if bytes > available as u128 {
+                return Err(MemoryError::ExceedsMemory {
+                    positions,
+                    bytes,
+                    available,
+                });
+            }
         }
         let stores = spec
             .paged
@@ -531,7 +557,7 @@ impl SequenceMemory {
         // registered in the prefix cache), is replaced by a private copy, from a block no
         // promise covers (dropped blocks add to what is available and to the promise alike).
         let s = self.seqs[seq.0].as_ref().expect("checked above");
-        let partial = (len % bt != 0).then(|| s.table.blocks()[keep_blocks - 1]);
+        let partial = (!len.is_multiple_of(bt)).then(|| s.table.blocks()[keep_blocks - 1]);
         let needs_copy =
             partial.is_some_and(|b| self.blocks.ref_count(b) > 1 || self.blocks.is_registered(b));
         if needs_copy && self.blocks.available() <= self.promised {
@@ -574,7 +600,7 @@ impl SequenceMemory {
             .recurrent
             .as_mut()
             .map(|r| r.slots.chunks_mut(values.max(1)));
-        let mut checkpoints: SmallVec<[Option<&mut Vec<(usize, Arc<[f32]>)>>; INLINE_SEQS]> =
+        let mut checkpoints: SmallVec<[Option<&mut Checkpoints>; INLINE_SEQS]> =
             seqs.iter().map(|_| None).collect();
         for (i, s) in self.seqs.iter_mut().enumerate() {
             let slot = slots.as_mut().and_then(Iterator::next);
@@ -642,7 +668,7 @@ pub struct StepMemory<'a> {
     block_tokens: usize,
     tables: SmallVec<[&'a mut BlockTable; INLINE_SEQS]>,
     states: SmallVec<[&'a mut [f32]; INLINE_SEQS]>,
-    checkpoints: SmallVec<[&'a mut Vec<(usize, Arc<[f32]>)>; INLINE_SEQS]>,
+    checkpoints: SmallVec<[&'a mut Checkpoints; INLINE_SEQS]>,
 }
 
 impl StepMemory<'_> {
@@ -906,6 +932,9 @@ mod tests {
                 prefix_cache: false,
             },
         );
-        assert!(matches!(r, Err(MemoryError::Allocation { .. })));
+        assert!(matches!(
+            r,
+            Err(MemoryError::Allocation { .. } | MemoryError::ExceedsMemory { .. })
+        ));
     }
 }

@@ -17,7 +17,8 @@ struct LayerBlocks {
 }
 
 /// Keys and values for `n_blocks` blocks of `block_tokens` positions, every layer.
-/// Inside a block, rows are position-major like [`crate::KvCache`]'s.
+/// Inside a block, rows are position-major: position `p` of a layer holds `key_width` keys at
+/// `p * key_width`.
 #[derive(Debug)]
 pub struct PagedKv {
     layers: Vec<LayerBlocks>,

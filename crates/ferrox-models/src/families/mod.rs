@@ -24,10 +24,13 @@ use crate::engine::Engine;
 use crate::mla::{MlaConfig, MlaEngine};
 use crate::ModelError;
 
+/// Loads a checkpoint into its engine.
+pub type Loader = fn(Arc<Gguf>, &DecoderOptions) -> Result<Box<dyn Engine>, ModelError>;
+
 /// An architecture ferrox runs: its `general.architecture` name and how to load it.
 pub struct Architecture {
     pub name: &'static str,
-    pub load: fn(Arc<Gguf>, &DecoderOptions) -> Result<Box<dyn Engine>, ModelError>,
+    pub load: Loader,
 }
 
 /// Every architecture, one line per family module (each declares its own [`Architecture`]).
