@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use ferrox_core::{MemoryShape, SequenceMemory};
-use ferrox_models::{step_sequences, AnyEngine, DecoderOptions, Engine, LogitsFor, SeqWork};
+use ferrox_models::{step_sequences, AnyEngine, Engine, EngineOptions, LogitsFor, SeqWork};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = nums.first().copied().unwrap_or(8);
     let prompt = nums.get(1).copied().unwrap_or(128);
     let steps = nums.get(2).copied().unwrap_or(64);
-    let engine = AnyEngine::open(&model, &DecoderOptions::default())?;
+    let engine = AnyEngine::open(&model, &EngineOptions::default())?;
     let block_tokens = 16;
     let per_seq = (prompt + steps).div_ceil(block_tokens);
     let mut memory = SequenceMemory::new(

@@ -9,20 +9,20 @@ use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
-use crate::{DecoderOptions, ModelError};
+use crate::{EngineOptions, ModelError};
 
 /// The engine for a checkpoint.
 pub struct AnyEngine(Box<dyn Engine>);
 
 impl AnyEngine {
     /// Loads the engine registered for `general.architecture`.
-    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<AnyEngine, ModelError> {
+    pub fn from_gguf(gguf: Arc<Gguf>, options: &EngineOptions) -> Result<AnyEngine, ModelError> {
         let arch = gguf.metadata().architecture()?.to_string();
         let entry = crate::families::architecture(&arch)?;
         Ok(AnyEngine((entry.load)(gguf, options)?))
     }
 
-    pub fn open(path: impl AsRef<Path>, options: &DecoderOptions) -> Result<AnyEngine, ModelError> {
+    pub fn open(path: impl AsRef<Path>, options: &EngineOptions) -> Result<AnyEngine, ModelError> {
         AnyEngine::from_gguf(Arc::new(Gguf::open(path)?), options)
     }
 

@@ -12,12 +12,36 @@
 
 use std::any::Any;
 
-use ferrox_core::{MemoryError, MemorySpec, SeqId, SequenceMemory, StepMemory};
+use ferrox_core::{KvStorage, MemoryError, MemorySpec, SeqId, SequenceMemory, StepMemory};
 use ferrox_gguf::Gguf;
 use smallvec::SmallVec;
 
 use crate::tokenizer::TokenId;
 use crate::ModelError;
+
+/// How to run an engine.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Context size in tokens; 0 means the model's training context.
+    pub n_ctx: usize,
+    /// Worker threads; 0 means one per available core.
+    pub threads: usize,
+    pub kv_storage: KvStorage,
+    /// Repack the matrices that multiply faster in an interleaved layout at load (see
+    /// `ferrox_core::packed`; llama.cpp's `--no-repack` turns its counterpart off).
+    pub repack: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_ctx: 4096,
+            threads: 0,
+            kv_storage: KvStorage::F16,
+            repack: true,
+        }
+    }
+}
 
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

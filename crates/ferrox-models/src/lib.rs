@@ -7,8 +7,10 @@ pub mod decoder;
 pub mod engine;
 pub mod families;
 pub mod generate;
+pub mod hparams;
 pub mod layers;
 pub mod mla;
+pub mod names;
 pub mod sampling;
 pub mod step;
 pub mod stop;
@@ -16,11 +18,12 @@ pub(crate) mod tensors;
 pub mod tokenizer;
 
 pub use any_engine::AnyEngine;
-pub use decoder::{Decoder, DecoderOptions};
+pub use decoder::Decoder;
 pub use engine::{
-    step_sequences, Engine, EngineError, EngineExt, LogitsFor, SeqInput, SeqWork, State,
-    StepScratch,
+    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, SeqInput, SeqWork,
+    State, StepScratch,
 };
+pub use families::load_as;
 pub use mla::{AttentionPath, MlaEngine};
 
 /// The default model's file name (Gemma-3-270M Q4_K_M, as `scripts/fetch-model.sh` stores it).

@@ -9,7 +9,7 @@ use ferrox_core::{KvStorage, MemorySpec, StepMemory, WeightMatrix};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-use crate::decoder::DecoderOptions;
+use crate::engine::EngineOptions;
 use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
@@ -110,7 +110,7 @@ impl Runtime {
     /// whichever step first runs on it.
     pub fn new(
         gguf: Arc<Gguf>,
-        options: &DecoderOptions,
+        options: &EngineOptions,
         (n_ctx_train, n_vocab): (usize, usize),
         name: &str,
     ) -> Result<Runtime, ModelError> {

@@ -9,7 +9,8 @@ use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
 use ferrox_gguf::{Gguf, TensorInfo};
 use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
 
-use crate::decoder::{moe_error, FfnKind, MoeFfnConfig};
+use crate::hparams::{moe_error, FfnKind, MoeFfnConfig};
+use crate::names::*;
 use crate::ModelError;
 
 /// A 2-D weight tensor in the file: `rows` outputs, each a dot product over `cols` inputs.
@@ -391,16 +392,15 @@ impl Loader<'_> {
         n_embd: usize,
         mc: &MoeFfnConfig,
     ) -> Result<MoeWeights, ModelError> {
-        let name = |s: &str| format!("blk.{il}.{s}");
         let n_expert = mc.router.n_expert;
         let shared = match mc.n_ff_shexp {
             None => None,
             Some(n_sh) => Some(SharedExpertWeights {
-                gate: self.matrix(&name("ffn_gate_shexp.weight"), n_embd, n_sh)?,
-                up: self.matrix(&name("ffn_up_shexp.weight"), n_embd, n_sh)?,
-                down: self.matrix(&name("ffn_down_shexp.weight"), n_sh, n_embd)?,
+                gate: self.matrix(&FFN_GATE_SHEXP.layer(il), n_embd, n_sh)?,
+                up: self.matrix(&FFN_UP_SHEXP.layer(il), n_embd, n_sh)?,
+                down: self.matrix(&FFN_DOWN_SHEXP.layer(il), n_sh, n_embd)?,
                 gate_inp: if mc.shexp_gate {
-                    Some(self.row_matrix(&name("ffn_gate_inp_shexp.weight"), n_embd)?)
+                    Some(self.row_matrix(&FFN_GATE_INP_SHEXP.layer(il), n_embd)?)
                 } else {
                     None
                 },
@@ -408,28 +408,22 @@ impl Loader<'_> {
         };
         let n_ff = mc.n_ff_exp;
         // Gate and up stacked in one tensor (gate rows first), as Mistral-4 files store them.
-        let fused = self.find(&name("ffn_gate_up_exps.weight")).is_some();
+        let fused = self.find(&FFN_GATE_UP_EXPS.layer(il)).is_some();
         let (gate_exps, up_exps) = if fused {
-            let both =
-                self.experts(&name("ffn_gate_up_exps.weight"), n_embd, 2 * n_ff, n_expert)?;
+            let both = self.experts(&FFN_GATE_UP_EXPS.layer(il), n_embd, 2 * n_ff, n_expert)?;
             (both.with_rows(0, n_ff), both.with_rows(n_ff, n_ff))
         } else {
             (
-                self.experts(&name("ffn_gate_exps.weight"), n_embd, n_ff, n_expert)?,
-                self.experts(&name("ffn_up_exps.weight"), n_embd, n_ff, n_expert)?,
+                self.experts(&FFN_GATE_EXPS.layer(il), n_embd, n_ff, n_expert)?,
+                self.experts(&FFN_UP_EXPS.layer(il), n_embd, n_ff, n_expert)?,
             )
         };
         Ok(MoeWeights {
-            gate_inp: self.matrix(&name("ffn_gate_inp.weight"), n_embd, n_expert)?,
+            gate_inp: self.matrix(&FFN_GATE_INP.layer(il), n_embd, n_expert)?,
             gate_exps,
             up_exps,
-            selection_bias: self.opt_vector(&name("exp_probs_b.bias"), n_expert)?,
-            down_exps: self.experts(
-                &name("ffn_down_exps.weight"),
-                mc.n_ff_exp,
-                n_embd,
-                n_expert,
-            )?,
+            selection_bias: self.opt_vector(&FFN_EXP_PROBS_B.layer_bias(il), n_expert)?,
+            down_exps: self.experts(&FFN_DOWN_EXPS.layer(il), mc.n_ff_exp, n_embd, n_expert)?,
             shared,
         })
     }
@@ -458,4 +452,36 @@ impl Loader<'_> {
         dequantize_row(t.ty, self.gguf.tensor_data(t)?, &mut out)?;
         Ok(out)
     }
+}
+
+/// Checks that the file holds tensors for each of `n_layer` layers (`blk.{il}.*`), so that
+/// a `block_count` the file cannot back fails at once, naming the key.
+pub fn check_block_count(gguf: &Gguf, arch: &str, n_layer: usize) -> Result<(), ModelError> {
+    let in_file = gguf
+        .tensors()
+        .iter()
+        .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+        .max()
+        .map_or(0, |last: usize| last + 1);
+    if n_layer > in_file {
+        return Err(ModelError::Config(format!(
+            "`{arch}.block_count` = {n_layer}, but the file has tensors for {in_file} layers"
+        )));
+    }
+    Ok(())
+}
+
+/// A tensor-shape error with the metadata keys that sized the expected shape named, so
+/// that a wrong count in the metadata is recognisable as such.
+pub fn name_keys(e: ModelError, arch: &str) -> ModelError {
+    let ModelError::TensorShape { name, .. } = &e else {
+        return e;
+    };
+    let sized_by = crate::names::lookup(name).map_or(&[][..], |t| t.sized_by);
+    let keys: Vec<String> = ["embedding_length"]
+        .iter()
+        .chain(sized_by)
+        .map(|k| format!("`{arch}.{k}`"))
+        .collect();
+    ModelError::Config(format!("{e} (sized by {})", keys.join(", ")))
 }

@@ -382,15 +382,15 @@ fn paged_sequences_equal_contiguous_ones() {
 /// records it), with the same best token. A wrongly packed matrix moves them by far more.
 #[test]
 fn packed_and_row_major_weights_agree() {
-    use ferrox_models::{Decoder, DecoderOptions};
+    use ferrox_models::{Decoder, EngineOptions};
     let open = |repack| {
-        let options = DecoderOptions {
+        let options = EngineOptions {
             n_ctx: 64,
             threads: 2,
             repack,
-            ..DecoderOptions::default()
+            ..EngineOptions::default()
         };
-        Decoder::from_gguf(common::gemma(), &options).expect("decoder")
+        ferrox_models::load_as::<Decoder>(common::gemma(), &options).expect("decoder")
     };
     let (packed, plain) = (open(true), open(false));
     let prompt = prompt();

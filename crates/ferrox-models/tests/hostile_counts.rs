@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use ferrox_gguf::{Gguf, OwnedValue};
 use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::EngineExt;
-use ferrox_models::{AnyEngine, DecoderOptions, Engine};
+use ferrox_models::{AnyEngine, Engine, EngineOptions};
 
 /// Keys whose value sizes nothing: a huge one may load and run.
 const HARMLESS: &[&str] = &[
@@ -89,10 +89,10 @@ fn run_case(bytes: Vec<u8>) -> Outcome {
     };
     // The tokenizer reads no `{arch}.` count but `vocab_size`; it must not panic either way.
     let _ = Tokenizer::from_gguf(&gguf);
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 0,
         threads: 1,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     let engine = match AnyEngine::from_gguf(Arc::new(gguf), &options) {
         Ok(e) => e,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::{
-    AnyEngine, AttentionPath, DecoderOptions, EngineExt, LogitsFor, MlaEngine, State,
+    AnyEngine, AttentionPath, EngineExt, EngineOptions, LogitsFor, MlaEngine, State,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -126,11 +126,11 @@ fn sweep(name: &str) {
     let all: Vec<_> = fx["all"].as_array().unwrap().iter().map(top5).collect();
     let prompt: Vec<_> = fx["prompt"].as_array().unwrap().iter().map(top5).collect();
     let greedy = fx["greedy"].as_array().unwrap();
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 256,
         threads: 2,
         kv_storage: KvStorage::F32,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     let gguf = Gguf::from_bytes(bytes).unwrap();
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();

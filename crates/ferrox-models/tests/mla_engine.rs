@@ -8,17 +8,17 @@ use std::sync::Arc;
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::EngineExt;
-use ferrox_models::{AttentionPath, DecoderOptions, Engine, LogitsFor, MlaEngine};
+use ferrox_models::{AttentionPath, Engine, EngineOptions, LogitsFor, MlaEngine};
 
 fn engine(name: &str, kv_storage: KvStorage) -> MlaEngine {
     let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).expect("parse");
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 96,
         threads: 2,
         kv_storage,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
-    MlaEngine::from_gguf(Arc::new(gguf), &options).expect("MLA engine")
+    ferrox_models::load_as::<MlaEngine>(Arc::new(gguf), &options).expect("MLA engine")
 }
 
 #[test]
@@ -90,12 +90,12 @@ fn without(
         w.add_tensor(&t.name, t.ty, &t.shape, original.tensor_data(t).unwrap())
             .unwrap();
     }
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 16,
         threads: 1,
         ..Default::default()
     };
-    MlaEngine::from_gguf(Arc::new(Gguf::from_bytes(w.to_bytes()).unwrap()), &options)
+    ferrox_models::load_as::<MlaEngine>(Arc::new(Gguf::from_bytes(w.to_bytes()).unwrap()), &options)
 }
 
 #[test]
@@ -163,13 +163,13 @@ fn prompts_take_the_files_form_and_single_tokens_absorb() {
 #[test]
 fn long_prompts_run_in_micro_batches_with_the_same_logits() {
     let gguf = Gguf::from_bytes(synthetic::gguf_bytes("deepseek2-lite")).expect("parse");
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 700,
         threads: 2,
         kv_storage: KvStorage::F16,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
-    let mut e = MlaEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let mut e = ferrox_models::load_as::<MlaEngine>(Arc::new(gguf), &options).unwrap();
     let n_vocab = e.vocab_size();
     // 600 tokens: more than one 512-token micro-batch. Each form of attention gives a
     // token the same logits however the prompt is cut (the default picks a form per cut).

@@ -106,7 +106,7 @@ use std::sync::{Arc, OnceLock};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::EngineExt;
-use ferrox_models::{AnyEngine, AttentionPath, DecoderOptions, Engine, LogitsFor, MlaEngine};
+use ferrox_models::{AnyEngine, AttentionPath, Engine, EngineOptions, LogitsFor, MlaEngine};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -241,11 +241,11 @@ fn check_family(arch: &str) {
     assert_eq!(reference.len(), n * n_vocab, "{}: size", path.display());
 
     let gguf = Gguf::from_bytes(bytes).expect("parse the synthetic GGUF");
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 128,
         threads: 2,
         kv_storage: KvStorage::F16,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");
     assert_eq!(engine.vocab_size(), n_vocab, "{arch}: vocabulary size");
@@ -329,11 +329,11 @@ fn check_exact(arch: &str) {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     let tokens = synthetic::token_ids(arch);
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 128,
         threads: 2,
         kv_storage: KvStorage::F32,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     let gguf = Gguf::from_bytes(bytes).expect("parse the F32 model");
     let mut engine = AnyEngine::from_gguf(Arc::new(gguf), &options).expect("engine");

@@ -6,7 +6,7 @@ mod synthetic;
 use std::sync::Arc;
 
 use ferrox_gguf::{GgmlType, Gguf, GgufWriter};
-use ferrox_models::{Decoder, DecoderOptions, ModelError};
+use ferrox_models::{Decoder, EngineOptions, ModelError};
 
 /// The synthetic qwen2 model with one tensor re-typed (and re-sized) as `ty`, or with its
 /// architecture renamed.
@@ -33,9 +33,9 @@ fn altered(tensor: &str, ty: GgmlType, arch: Option<&str>) -> Gguf {
 }
 
 fn load(gguf: Gguf) -> Result<Decoder, ModelError> {
-    Decoder::from_gguf(
+    ferrox_models::load_as::<Decoder>(
         Arc::new(gguf),
-        &DecoderOptions {
+        &EngineOptions {
             n_ctx: 64,
             threads: 1,
             ..Default::default()

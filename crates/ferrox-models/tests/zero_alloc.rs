@@ -16,7 +16,7 @@ use ferrox_core::{MemoryShape, SequenceMemory};
 use ferrox_gguf::Gguf;
 use ferrox_models::sampling::argmax;
 use ferrox_models::{
-    step_sequences, AnyEngine, DecoderOptions, Engine, EngineExt, LogitsFor, SeqWork,
+    step_sequences, AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor, SeqWork,
 };
 
 struct Counting;
@@ -140,10 +140,10 @@ fn decoding_a_token_allocates_nothing() {
     let mut engines: Vec<(String, AnyEngine, Vec<u32>)> = Vec::new();
     for name in ["deepseek2-v3", "mistral4"] {
         let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).unwrap();
-        let options = DecoderOptions {
+        let options = EngineOptions {
             n_ctx: 128,
             threads: 2,
-            ..DecoderOptions::default()
+            ..EngineOptions::default()
         };
         let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
         engines.push((

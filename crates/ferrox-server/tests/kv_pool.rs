@@ -4,7 +4,7 @@
 //! that cannot fit now wait while those that can never fit are told so.
 
 use ferrox_models::EngineExt;
-use ferrox_models::{AnyEngine, DecoderOptions, LogitsFor};
+use ferrox_models::{AnyEngine, EngineOptions, LogitsFor};
 use ferrox_server::kv::{KvPool, Refusal, Work, BLOCK_TOKENS};
 
 fn decoder(n_ctx: usize) -> AnyEngine {
@@ -14,10 +14,10 @@ fn decoder(n_ctx: usize) -> AnyEngine {
         "{} is missing: run scripts/fetch-model.sh",
         path.display()
     );
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx,
         threads: 2,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     AnyEngine::open(&path, &options).expect("engine")
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{default_model_path, AnyEngine, DecoderOptions};
+use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
@@ -71,12 +71,12 @@ pub struct LoadedEngine {
 }
 
 /// The file, its tokenizer and the engine options the arguments ask for.
-fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, DecoderOptions)> {
+fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, EngineOptions)> {
     let path = resolve(&args.model)?;
     let gguf = Arc::new(super::open_gguf(&path)?);
     let tokenizer =
         Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: args.ctx_size.unwrap_or(DEFAULT_CTX_SIZE),
         threads: args.threads,
         kv_storage: if args.kv_f32 {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use ferrox_gguf::{Gguf, OwnedValue, Value};
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{AnyEngine, DecoderOptions, Engine, EngineExt};
+use ferrox_models::{AnyEngine, EngineOptions, Engine, EngineExt};
 use libfuzzer_sys::{fuzz_mutator, fuzz_target, fuzzer_mutate};
 
 #[allow(dead_code)]
@@ -37,10 +37,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = Tokenizer::from_gguf(&gguf);
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx: 0,
         threads: 1,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
     let Ok(engine) = AnyEngine::from_gguf(Arc::new(gguf), &options) else {
         return;

@@ -7,7 +7,7 @@ mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemorySpec, StepMemory};
+use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
@@ -17,7 +17,7 @@ pub use config::{
 };
 pub use weights::DecoderWeights;
 
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::layers::activation::gated;
 use crate::layers::attention::AttentionParams;
 use crate::layers::linear::{linear, linear_many};
@@ -29,30 +29,6 @@ use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
 /// The store of the decoder's memory: one key and one value row per position and layer.
 const KV_STORE: usize = 0;
-
-/// How to run an engine.
-#[derive(Clone, Debug)]
-pub struct DecoderOptions {
-    /// Context size in tokens; 0 means the model's training context.
-    pub n_ctx: usize,
-    /// Worker threads; 0 means one per available core.
-    pub threads: usize,
-    pub kv_storage: KvStorage,
-    /// Repack the matrices that multiply faster in an interleaved layout at load (see
-    /// `ferrox_core::packed`; llama.cpp's `--no-repack` turns its counterpart off).
-    pub repack: bool,
-}
-
-impl Default for DecoderOptions {
-    fn default() -> Self {
-        DecoderOptions {
-            n_ctx: 4096,
-            threads: 0,
-            kv_storage: KvStorage::F16,
-            repack: true,
-        }
-    }
-}
 
 /// A dense transformer decoder over a memory-mapped GGUF checkpoint.
 pub struct Decoder {
@@ -91,15 +67,10 @@ fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
 }
 
 impl Decoder {
-    /// The engine for the file's architecture, when it runs on this engine.
-    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Self, ModelError> {
-        crate::families::load_as(gguf, options)
-    }
-
     /// A decoder for a configuration its family has read.
     pub fn with_config(
         gguf: Arc<Gguf>,
-        options: &DecoderOptions,
+        options: &EngineOptions,
         mut config: DecoderConfig,
     ) -> Result<Decoder, ModelError> {
         let mut weights = DecoderWeights::load(&gguf, &config)?;

@@ -4,7 +4,10 @@
 use ferrox_gguf::Gguf;
 
 use super::config::{DecoderConfig, FfnKind};
-use crate::tensors::{embedding_and_head_bytes, Loader, MatrixRef, MoeWeights};
+use crate::names::*;
+use crate::tensors::{
+    check_block_count, embedding_and_head_bytes, name_keys, Loader, MatrixRef, MoeWeights,
+};
 use crate::ModelError;
 
 /// Query/key/value projections: separate, or fused into one matrix (phi3).
@@ -75,90 +78,25 @@ fn width(a: usize, b: usize, c: usize, what: impl Fn() -> String) -> Result<usiz
 }
 
 impl DecoderWeights {
-    /// Checks that the file holds tensors for each of `n_layer` layers (`blk.{il}.*`), so that
-    /// a `block_count` the file cannot back fails at once, naming the key.
-    pub fn check_block_count(gguf: &Gguf, arch: &str, n_layer: usize) -> Result<(), ModelError> {
-        let in_file = gguf
-            .tensors()
-            .iter()
-            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse().ok())
-            .max()
-            .map_or(0, |last: usize| last + 1);
-        if n_layer > in_file {
-            return Err(ModelError::Config(format!(
-                "`{arch}.block_count` = {n_layer}, but the file has tensors for {in_file} layers"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A tensor-shape error with the metadata keys that sized the expected shape named, so
-    /// that a wrong count in the metadata is recognisable as such.
-    pub fn name_keys(e: ModelError, arch: &str) -> ModelError {
-        let ModelError::TensorShape { name, .. } = &e else {
-            return e;
-        };
-        let keys: &[&str] = match name.as_str() {
-            n if n.starts_with("token_embd") || n.starts_with("output.") => &["vocab_size"],
-            n if n.contains("_shexp") => &[
-                "expert_shared_feed_forward_length",
-                "expert_shared_count",
-                "feed_forward_length",
-            ],
-            n if n.contains("ffn_gate_inp") || n.contains("exp_probs_b") => &["expert_count"],
-            n if n.contains("_exps") => &[
-                "expert_count",
-                "expert_feed_forward_length",
-                "feed_forward_length",
-            ],
-            n if n.contains("ffn_") && !n.contains("_norm") => &["feed_forward_length"],
-            n if n.contains("attn_q_a") => &["attention.q_lora_rank"],
-            n if n.contains("attn_kv_a") => &["attention.kv_lora_rank", "rope.dimension_count"],
-            n if n.contains("attn_k_b") || n.contains("attn_v_b") || n.contains("attn_kv_b") => &[
-                "attention.head_count",
-                "attention.kv_lora_rank",
-                "attention.key_length_mla",
-                "attention.value_length_mla",
-            ],
-            n if n.contains("attn_q_norm") || n.contains("attn_k_norm") => {
-                &["attention.head_count", "attention.key_length"]
-            }
-            n if n.contains("attn_") && !n.contains("norm") => &[
-                "attention.head_count",
-                "attention.head_count_kv",
-                "attention.key_length",
-                "attention.value_length",
-            ],
-            _ => &[],
-        };
-        let keys: Vec<String> = ["embedding_length"]
-            .iter()
-            .chain(keys)
-            .map(|k| format!("`{arch}.{k}`"))
-            .collect();
-        ModelError::Config(format!("{e} (sized by {})", keys.join(", ")))
-    }
-
     pub fn load(gguf: &Gguf, config: &DecoderConfig) -> Result<DecoderWeights, ModelError> {
-        Self::check_block_count(gguf, &config.arch, config.n_layer())?;
-        Self::load_checked(gguf, config).map_err(|e| Self::name_keys(e, &config.arch))
+        check_block_count(gguf, &config.arch, config.n_layer())?;
+        Self::load_checked(gguf, config).map_err(|e| name_keys(e, &config.arch))
     }
 
     fn load_checked(gguf: &Gguf, config: &DecoderConfig) -> Result<DecoderWeights, ModelError> {
         let l = Loader { gguf };
         let n_embd = config.n_embd;
         let n_vocab = config.n_vocab;
-        let token_embd = l.matrix("token_embd.weight", n_embd, n_vocab)?;
+        let token_embd = l.matrix(&TOKEN_EMBD.weight(), n_embd, n_vocab)?;
         let output = l
-            .opt_matrix("output.weight", n_embd, n_vocab)?
+            .opt_matrix(&OUTPUT.weight(), n_embd, n_vocab)?
             .unwrap_or_else(|| token_embd.clone());
-        let output_norm = l.vector("output_norm.weight", n_embd)?;
+        let output_norm = l.vector(&OUTPUT_NORM.weight(), n_embd)?;
         let rope_dims = config.layers[0].rope.n_dims;
-        let rope_freqs = l.opt_vector("rope_freqs.weight", rope_dims / 2)?;
+        let rope_freqs = l.opt_vector(&ROPE_FREQS.weight(), rope_dims / 2)?;
 
         let mut layers = Vec::with_capacity(config.n_layer());
         for (il, lc) in config.layers.iter().enumerate() {
-            let name = |s: &str| format!("blk.{il}.{s}");
             let heads = |n: usize, dim: usize, what: &'static str| {
                 width(n, dim, 0, || {
                     format!("layer {il}: {what} width ({n} heads of {dim})")
@@ -171,26 +109,24 @@ impl DecoderWeights {
             let qkv_width = width(1, q_width, k_width, || format!("layer {il}: QKV width"))
                 .and_then(|qk| width(1, qk, v_width, || format!("layer {il}: QKV width")))?;
             let ff2 = width(2, lc.n_ff, 0, || format!("layer {il}: fused gate/up width"))?;
-            let qkv = match l.opt_matrix(&name("attn_qkv.weight"), n_embd, qkv_width)? {
+            let qkv = match l.opt_matrix(&ATTN_QKV.layer(il), n_embd, qkv_width)? {
                 Some(fused) => QkvWeights::Fused(fused),
                 None => QkvWeights::Separate {
-                    q: l.matrix(&name("attn_q.weight"), n_embd, q_width)?,
-                    k: l.matrix(&name("attn_k.weight"), n_embd, k_width)?,
-                    v: l.matrix(&name("attn_v.weight"), n_embd, v_width)?,
+                    q: l.matrix(&ATTN_Q.layer(il), n_embd, q_width)?,
+                    k: l.matrix(&ATTN_K.layer(il), n_embd, k_width)?,
+                    v: l.matrix(&ATTN_V.layer(il), n_embd, v_width)?,
                 },
             };
             let ffn = match &lc.ffn {
                 FfnKind::Dense => FfnWeights::Dense {
-                    gate_up: match l.opt_matrix(&name("ffn_gate.weight"), n_embd, lc.n_ff)? {
+                    gate_up: match l.opt_matrix(&FFN_GATE.layer(il), n_embd, lc.n_ff)? {
                         Some(gate) => GateUpWeights::Separate {
                             gate,
-                            up: l.matrix(&name("ffn_up.weight"), n_embd, lc.n_ff)?,
+                            up: l.matrix(&FFN_UP.layer(il), n_embd, lc.n_ff)?,
                         },
-                        None => {
-                            GateUpWeights::Fused(l.matrix(&name("ffn_up.weight"), n_embd, ff2)?)
-                        }
+                        None => GateUpWeights::Fused(l.matrix(&FFN_UP.layer(il), n_embd, ff2)?),
                     },
-                    down: l.matrix(&name("ffn_down.weight"), lc.n_ff, n_embd)?,
+                    down: l.matrix(&FFN_DOWN.layer(il), lc.n_ff, n_embd)?,
                 },
                 FfnKind::Moe(mc) => FfnWeights::Moe(l.moe(il, n_embd, mc)?),
             };
@@ -200,30 +136,26 @@ impl DecoderWeights {
                 (lc.head_dim_k, lc.head_dim_k)
             };
             let norm_or_missing =
-                |tensor: &str, wanted: bool, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+                |tensor: Tensor, wanted: bool, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
                     if wanted {
-                        l.vector(&name(tensor), n).map(Some)
+                        l.vector(&tensor.layer(il), n).map(Some)
                     } else {
                         Ok(None)
                     }
                 };
             layers.push(LayerWeights {
-                attn_norm: l.vector(&name("attn_norm.weight"), n_embd)?,
+                attn_norm: l.vector(&ATTN_NORM.layer(il), n_embd)?,
                 qkv,
-                q_bias: l.opt_vector(&name("attn_q.bias"), q_width)?,
-                k_bias: l.opt_vector(&name("attn_k.bias"), k_width)?,
-                v_bias: l.opt_vector(&name("attn_v.bias"), v_width)?,
-                q_norm: norm_or_missing("attn_q_norm.weight", config.qk_norm, q_norm_len)?,
-                k_norm: norm_or_missing("attn_k_norm.weight", config.qk_norm, k_norm_len)?,
-                wo: l.matrix(&name("attn_output.weight"), o_width, n_embd)?,
-                attn_post_norm: norm_or_missing(
-                    "post_attention_norm.weight",
-                    config.post_norms,
-                    n_embd,
-                )?,
-                ffn_norm: l.vector(&name("ffn_norm.weight"), n_embd)?,
+                q_bias: l.opt_vector(&ATTN_Q.layer_bias(il), q_width)?,
+                k_bias: l.opt_vector(&ATTN_K.layer_bias(il), k_width)?,
+                v_bias: l.opt_vector(&ATTN_V.layer_bias(il), v_width)?,
+                q_norm: norm_or_missing(ATTN_Q_NORM, config.qk_norm, q_norm_len)?,
+                k_norm: norm_or_missing(ATTN_K_NORM, config.qk_norm, k_norm_len)?,
+                wo: l.matrix(&ATTN_OUTPUT.layer(il), o_width, n_embd)?,
+                attn_post_norm: norm_or_missing(ATTN_POST_NORM, config.post_norms, n_embd)?,
+                ffn_norm: l.vector(&FFN_NORM.layer(il), n_embd)?,
                 ffn,
-                ffn_post_norm: norm_or_missing("post_ffw_norm.weight", config.post_norms, n_embd)?,
+                ffn_post_norm: norm_or_missing(FFN_POST_NORM, config.post_norms, n_embd)?,
             });
         }
         Ok(DecoderWeights {

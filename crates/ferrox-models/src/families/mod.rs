@@ -19,13 +19,14 @@ use std::sync::Arc;
 
 use ferrox_gguf::{Gguf, Metadata};
 
-use crate::decoder::{Decoder, DecoderConfig, DecoderOptions};
+use crate::decoder::{Decoder, DecoderConfig};
 use crate::engine::Engine;
+use crate::engine::EngineOptions;
 use crate::mla::{MlaConfig, MlaEngine};
 use crate::ModelError;
 
 /// Loads a checkpoint into its engine.
-pub type Loader = fn(Arc<Gguf>, &DecoderOptions) -> Result<Box<dyn Engine>, ModelError>;
+pub type Loader = fn(Arc<Gguf>, &EngineOptions) -> Result<Box<dyn Engine>, ModelError>;
 
 /// An architecture ferrox runs: its `general.architecture` name and how to load it.
 pub struct Architecture {
@@ -60,7 +61,7 @@ pub fn architecture(name: &str) -> Result<&'static Architecture, ModelError> {
 /// Loads a family run by the dense decoder.
 fn dense(
     gguf: Arc<Gguf>,
-    options: &DecoderOptions,
+    options: &EngineOptions,
     config: fn(&Metadata<'_>) -> Result<DecoderConfig, ModelError>,
 ) -> Result<Box<dyn Engine>, ModelError> {
     let config = config(&gguf.metadata())?;
@@ -70,7 +71,7 @@ fn dense(
 /// Loads a family run by the Multi-head Latent Attention engine.
 fn mla(
     gguf: Arc<Gguf>,
-    options: &DecoderOptions,
+    options: &EngineOptions,
     config: fn(&Metadata<'_>) -> Result<MlaConfig, ModelError>,
 ) -> Result<Box<dyn Engine>, ModelError> {
     let config = config(&gguf.metadata())?;
@@ -79,7 +80,7 @@ fn mla(
 
 /// Loads the file's architecture as the engine type `T` (an error when the registered
 /// architecture runs on another engine).
-pub fn load_as<T: Engine>(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<T, ModelError> {
+pub fn load_as<T: Engine>(gguf: Arc<Gguf>, options: &EngineOptions) -> Result<T, ModelError> {
     let arch = gguf.metadata().architecture()?.to_string();
     let engine: Box<dyn std::any::Any> = (architecture(&arch)?.load)(gguf, options)?;
     engine.downcast::<T>().map(|e| *e).map_err(|_| {

@@ -4,7 +4,7 @@
 use ferrox_gguf::{GgufError, Metadata};
 use ferrox_moe::MoeHparams;
 
-use crate::decoder::{moe_error, FfnKind, Keys, MoeFfnConfig};
+use crate::hparams::{moe_error, FfnKind, Keys, MoeFfnConfig};
 use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::rope::{Rope, RopeStyle};
 use crate::ModelError;

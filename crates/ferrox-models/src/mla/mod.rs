@@ -16,8 +16,9 @@ use ferrox_gguf::Gguf;
 pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
 pub use weights::MlaWeights;
 
-use crate::decoder::{DecoderOptions, FfnKind};
 use crate::engine::EngineError;
+use crate::engine::EngineOptions;
+use crate::hparams::FfnKind;
 use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use attention::AttnScratch;
@@ -70,15 +71,10 @@ pub struct Scratch {
 }
 
 impl MlaEngine {
-    /// The engine for the file's architecture, when it runs on this engine.
-    pub fn from_gguf(gguf: Arc<Gguf>, options: &DecoderOptions) -> Result<Self, ModelError> {
-        crate::families::load_as(gguf, options)
-    }
-
     /// An engine for a configuration its family has read.
     pub fn with_config(
         gguf: Arc<Gguf>,
-        options: &DecoderOptions,
+        options: &EngineOptions,
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
         let mut weights = MlaWeights::load(&gguf, &config)?;
@@ -201,7 +197,7 @@ impl MlaEngine {
                 dense
                     .view(gguf)?
                     .forward_add(xn, out, moe)
-                    .map_err(crate::decoder::moe_error)
+                    .map_err(crate::hparams::moe_error)
             }
             (MlaFfn::Moe(mw), FfnKind::Moe(mc)) => {
                 mw.forward(gguf, &mc.router, xn, out, router_logits, moe)

@@ -10,9 +10,11 @@ use ferrox_moe::ExpertTensor;
 use half::f16;
 
 use super::config::{KvB, MlaConfig};
-use crate::decoder::{moe_error, DecoderWeights, FfnKind};
+use crate::hparams::{moe_error, FfnKind};
+use crate::names::*;
 use crate::tensors::{
-    embedding_and_head_bytes, ExpertRef, Loader, MatrixRef, MoeWeights, SharedExpertWeights,
+    check_block_count, embedding_and_head_bytes, name_keys, ExpertRef, Loader, MatrixRef,
+    MoeWeights, SharedExpertWeights,
 };
 use crate::ModelError;
 
@@ -162,23 +164,23 @@ impl MlaWeights {
     }
 
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
-        DecoderWeights::check_block_count(gguf, &c.arch, c.n_layer())?;
-        Self::load_checked(gguf, c).map_err(|e| DecoderWeights::name_keys(e, &c.arch))
+        check_block_count(gguf, &c.arch, c.n_layer())?;
+        Self::load_checked(gguf, c).map_err(|e| name_keys(e, &c.arch))
     }
 
     fn load_checked(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
         let l = Loader { gguf };
         let (n_embd, n_vocab) = (c.n_embd, c.n_vocab);
-        let token_embd = l.matrix("token_embd.weight", n_embd, n_vocab)?;
+        let token_embd = l.matrix(&TOKEN_EMBD.weight(), n_embd, n_vocab)?;
         let output = l
-            .opt_matrix("output.weight", n_embd, n_vocab)?
+            .opt_matrix(&OUTPUT.weight(), n_embd, n_vocab)?
             .unwrap_or_else(|| token_embd.clone());
         let layers = (0..c.n_layer())
             .map(|il| load_layer(&l, c, il))
             .collect::<Result<_, _>>()?;
         Ok(MlaWeights {
             token_embd,
-            output_norm: l.vector("output_norm.weight", n_embd)?,
+            output_norm: l.vector(&OUTPUT_NORM.weight(), n_embd)?,
             output,
             layers,
         })
@@ -204,49 +206,48 @@ impl MlaWeights {
 }
 
 fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
-    let name = |s: &str| format!("blk.{il}.{s}");
     let (n_embd, h) = (c.n_embd, c.n_head);
     let (lkv, dn, dv) = (c.kv_lora_rank, c.head_dim_nope(), c.head_dim_v);
     let q = match c.q_lora_rank {
         Some(rank) => QueryWeights::LoRa {
-            a: l.matrix(&name("attn_q_a.weight"), n_embd, rank)?,
-            norm: l.vector(&name("attn_q_a_norm.weight"), rank)?,
-            b: l.matrix(&name("attn_q_b.weight"), rank, h * c.head_dim_k)?,
+            a: l.matrix(&ATTN_Q_A.layer(il), n_embd, rank)?,
+            norm: l.vector(&ATTN_Q_A_NORM.layer(il), rank)?,
+            b: l.matrix(&ATTN_Q_B.layer(il), rank, h * c.head_dim_k)?,
         },
-        None => QueryWeights::Plain(l.matrix(&name("attn_q.weight"), n_embd, h * c.head_dim_k)?),
+        None => QueryWeights::Plain(l.matrix(&ATTN_Q.layer(il), n_embd, h * c.head_dim_k)?),
     };
     let (k_absorb, k_decompress, v) = match c.kv_b {
         KvB::Split => {
-            let k = Heads::File(l.experts(&name("attn_k_b.weight"), dn, lkv, h)?);
-            let v = Heads::File(l.experts(&name("attn_v_b.weight"), lkv, dv, h)?);
+            let k = Heads::File(l.experts(&ATTN_K_B.layer(il), dn, lkv, h)?);
+            let v = Heads::File(l.experts(&ATTN_V_B.layer(il), lkv, dv, h)?);
             let decompress = k.transposed(l.gguf)?;
             (k, decompress, v)
         }
         KvB::Fused => {
-            let kv = l.stacked(&name("attn_kv_b.weight"), lkv, dn + dv, h)?;
+            let kv = l.stacked(&ATTN_KV_B.layer(il), lkv, dn + dv, h)?;
             let k = Heads::File(kv.with_rows(0, dn));
             (k.transposed(l.gguf)?, k, Heads::File(kv.with_rows(dn, dv)))
         }
     };
     let ffn = match &c.ffn[il] {
         FfnKind::Dense => MlaFfn::Dense(SharedExpertWeights {
-            gate: l.matrix(&name("ffn_gate.weight"), n_embd, c.n_ff)?,
-            up: l.matrix(&name("ffn_up.weight"), n_embd, c.n_ff)?,
-            down: l.matrix(&name("ffn_down.weight"), c.n_ff, n_embd)?,
+            gate: l.matrix(&FFN_GATE.layer(il), n_embd, c.n_ff)?,
+            up: l.matrix(&FFN_UP.layer(il), n_embd, c.n_ff)?,
+            down: l.matrix(&FFN_DOWN.layer(il), c.n_ff, n_embd)?,
             gate_inp: None,
         }),
         FfnKind::Moe(mc) => MlaFfn::Moe(l.moe(il, n_embd, mc)?),
     };
     Ok(MlaLayer {
-        attn_norm: l.vector(&name("attn_norm.weight"), n_embd)?,
+        attn_norm: l.vector(&ATTN_NORM.layer(il), n_embd)?,
         q,
-        kv_a: l.matrix(&name("attn_kv_a_mqa.weight"), n_embd, lkv + c.n_rot)?,
-        kv_a_norm: l.vector(&name("attn_kv_a_norm.weight"), lkv)?,
+        kv_a: l.matrix(&ATTN_KV_A_MQA.layer(il), n_embd, lkv + c.n_rot)?,
+        kv_a_norm: l.vector(&ATTN_KV_A_NORM.layer(il), lkv)?,
         k_absorb,
         k_decompress,
         v,
-        wo: l.matrix(&name("attn_output.weight"), h * dv, n_embd)?,
-        ffn_norm: l.vector(&name("ffn_norm.weight"), n_embd)?,
+        wo: l.matrix(&ATTN_OUTPUT.layer(il), h * dv, n_embd)?,
+        ffn_norm: l.vector(&FFN_NORM.layer(il), n_embd)?,
         ffn,
     })
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferrox_gguf::Gguf;
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{Decoder, DecoderOptions};
+use ferrox_models::{Decoder, EngineOptions};
 
 /// The default model as `scripts/fetch-model.sh` stores it (the README's path).
 pub fn default_model_path() -> PathBuf {
@@ -35,12 +35,12 @@ pub fn gemma_tokenizer() -> &'static Tokenizer {
 
 /// A decoder over the default model with the given context and threads.
 pub fn gemma_decoder(n_ctx: usize, threads: usize) -> Decoder {
-    let options = DecoderOptions {
+    let options = EngineOptions {
         n_ctx,
         threads,
-        ..DecoderOptions::default()
+        ..EngineOptions::default()
     };
-    Decoder::from_gguf(gemma(), &options).expect("decoder")
+    ferrox_models::load_as::<Decoder>(gemma(), &options).expect("decoder")
 }
 
 pub fn fixture(path: &str) -> serde_json::Value {

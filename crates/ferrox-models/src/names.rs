@@ -1,0 +1,173 @@
+//! Tensor names as GGUF files spell them (the names of llama.cpp's `llama-arch.cpp`), with
+//! the metadata keys that size each: one table for every engine.
+
+/// A tensor of the file: `{base}.weight` (or `.bias`), or inside layer `il`
+/// `blk.{il}.{base}.weight`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tensor {
+    pub base: &'static str,
+    /// The `{arch}.*` keys (besides `embedding_length`) its expected shape comes from.
+    pub sized_by: &'static [&'static str],
+}
+
+impl Tensor {
+    const fn new(base: &'static str, sized_by: &'static [&'static str]) -> Tensor {
+        Tensor { base, sized_by }
+    }
+
+    pub fn weight(self) -> String {
+        format!("{}.weight", self.base)
+    }
+
+    pub fn layer(self, il: usize) -> String {
+        format!("blk.{il}.{}.weight", self.base)
+    }
+
+    pub fn layer_bias(self, il: usize) -> String {
+        format!("blk.{il}.{}.bias", self.base)
+    }
+}
+
+const VOCAB: &[&str] = &["vocab_size"];
+const FFN: &[&str] = &["feed_forward_length"];
+const ATTN: &[&str] = &[
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+];
+const QK_NORM: &[&str] = &["attention.head_count", "attention.key_length"];
+const EXPERTS: &[&str] = &[
+    "expert_count",
+    "expert_feed_forward_length",
+    "feed_forward_length",
+];
+const ROUTER: &[&str] = &["expert_count"];
+const SHARED: &[&str] = &[
+    "expert_shared_feed_forward_length",
+    "expert_shared_count",
+    "feed_forward_length",
+];
+const Q_LORA: &[&str] = &["attention.q_lora_rank"];
+const KV_LORA: &[&str] = &["attention.kv_lora_rank", "rope.dimension_count"];
+const KV_B: &[&str] = &[
+    "attention.head_count",
+    "attention.kv_lora_rank",
+    "attention.key_length_mla",
+    "attention.value_length_mla",
+];
+
+pub const TOKEN_EMBD: Tensor = Tensor::new("token_embd", VOCAB);
+pub const OUTPUT: Tensor = Tensor::new("output", VOCAB);
+pub const OUTPUT_NORM: Tensor = Tensor::new("output_norm", &[]);
+pub const ROPE_FREQS: Tensor = Tensor::new("rope_freqs", &["rope.dimension_count"]);
+
+pub const ATTN_NORM: Tensor = Tensor::new("attn_norm", &[]);
+pub const ATTN_Q: Tensor = Tensor::new("attn_q", ATTN);
+pub const ATTN_K: Tensor = Tensor::new("attn_k", ATTN);
+pub const ATTN_V: Tensor = Tensor::new("attn_v", ATTN);
+pub const ATTN_QKV: Tensor = Tensor::new("attn_qkv", ATTN);
+pub const ATTN_OUTPUT: Tensor = Tensor::new("attn_output", ATTN);
+pub const ATTN_Q_NORM: Tensor = Tensor::new("attn_q_norm", QK_NORM);
+pub const ATTN_K_NORM: Tensor = Tensor::new("attn_k_norm", QK_NORM);
+pub const ATTN_POST_NORM: Tensor = Tensor::new("post_attention_norm", &[]);
+
+pub const ATTN_Q_A: Tensor = Tensor::new("attn_q_a", Q_LORA);
+pub const ATTN_Q_A_NORM: Tensor = Tensor::new("attn_q_a_norm", Q_LORA);
+pub const ATTN_Q_B: Tensor = Tensor::new("attn_q_b", Q_LORA);
+pub const ATTN_KV_A_MQA: Tensor = Tensor::new("attn_kv_a_mqa", KV_LORA);
+pub const ATTN_KV_A_NORM: Tensor = Tensor::new("attn_kv_a_norm", KV_LORA);
+pub const ATTN_K_B: Tensor = Tensor::new("attn_k_b", KV_B);
+pub const ATTN_V_B: Tensor = Tensor::new("attn_v_b", KV_B);
+pub const ATTN_KV_B: Tensor = Tensor::new("attn_kv_b", KV_B);
+
+pub const FFN_NORM: Tensor = Tensor::new("ffn_norm", &[]);
+pub const FFN_POST_NORM: Tensor = Tensor::new("post_ffw_norm", &[]);
+pub const FFN_GATE: Tensor = Tensor::new("ffn_gate", FFN);
+pub const FFN_UP: Tensor = Tensor::new("ffn_up", FFN);
+pub const FFN_DOWN: Tensor = Tensor::new("ffn_down", FFN);
+
+pub const FFN_GATE_INP: Tensor = Tensor::new("ffn_gate_inp", ROUTER);
+pub const FFN_EXP_PROBS_B: Tensor = Tensor::new("exp_probs_b", ROUTER);
+pub const FFN_GATE_EXPS: Tensor = Tensor::new("ffn_gate_exps", EXPERTS);
+pub const FFN_UP_EXPS: Tensor = Tensor::new("ffn_up_exps", EXPERTS);
+pub const FFN_GATE_UP_EXPS: Tensor = Tensor::new("ffn_gate_up_exps", EXPERTS);
+pub const FFN_DOWN_EXPS: Tensor = Tensor::new("ffn_down_exps", EXPERTS);
+pub const FFN_GATE_SHEXP: Tensor = Tensor::new("ffn_gate_shexp", SHARED);
+pub const FFN_UP_SHEXP: Tensor = Tensor::new("ffn_up_shexp", SHARED);
+pub const FFN_DOWN_SHEXP: Tensor = Tensor::new("ffn_down_shexp", SHARED);
+pub const FFN_GATE_INP_SHEXP: Tensor = Tensor::new("ffn_gate_inp_shexp", SHARED);
+
+/// Every tensor ferrox reads.
+pub const ALL: &[Tensor] = &[
+    TOKEN_EMBD,
+    OUTPUT,
+    OUTPUT_NORM,
+    ROPE_FREQS,
+    ATTN_NORM,
+    ATTN_Q,
+    ATTN_K,
+    ATTN_V,
+    ATTN_QKV,
+    ATTN_OUTPUT,
+    ATTN_Q_NORM,
+    ATTN_K_NORM,
+    ATTN_POST_NORM,
+    ATTN_Q_A,
+    ATTN_Q_A_NORM,
+    ATTN_Q_B,
+    ATTN_KV_A_MQA,
+    ATTN_KV_A_NORM,
+    ATTN_K_B,
+    ATTN_V_B,
+    ATTN_KV_B,
+    FFN_NORM,
+    FFN_POST_NORM,
+    FFN_GATE,
+    FFN_UP,
+    FFN_DOWN,
+    FFN_GATE_INP,
+    FFN_EXP_PROBS_B,
+    FFN_GATE_EXPS,
+    FFN_UP_EXPS,
+    FFN_GATE_UP_EXPS,
+    FFN_DOWN_EXPS,
+    FFN_GATE_SHEXP,
+    FFN_UP_SHEXP,
+    FFN_DOWN_SHEXP,
+    FFN_GATE_INP_SHEXP,
+];
+
+/// The table entry of a tensor named in the file (`blk.N.` prefix and suffix removed).
+pub fn lookup(name: &str) -> Option<Tensor> {
+    let name = match name.strip_prefix("blk.") {
+        Some(rest) => rest.split_once('.').map_or(rest, |(_, t)| t),
+        None => name,
+    };
+    let base = name.rsplit_once('.').map_or(name, |(b, _)| b);
+    ALL.iter().copied().find(|t| t.base == base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_unique() {
+        for t in ALL {
+            assert_eq!(lookup(&t.layer(3)).map(|f| f.base), Some(t.base));
+            assert_eq!(lookup(&t.weight()).map(|f| f.base), Some(t.base));
+            assert_eq!(
+                ALL.iter().filter(|u| u.base == t.base).count(),
+                1,
+                "{}",
+                t.base
+            );
+        }
+        assert_eq!(
+            lookup("blk.0.exp_probs_b.bias").map(|t| t.base),
+            Some("exp_probs_b")
+        );
+        assert!(lookup("blk.1.something_else.weight").is_none());
+    }
+}
