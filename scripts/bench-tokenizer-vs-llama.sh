@@ -29,7 +29,7 @@ trap 'rm -rf "$WORK"' EXIT
 TEXT="$WORK/mixed.txt"
 # English prose and Rust code from this repository, repeated to ~1 MB, cut after a line.
 "$PYTHON" - "$TEXT" README.md crates/ferrox-gguf/src/parse.rs crates/ferrox-gguf/README.md \
-    crates/ferrox-gguf/src/value.rs crates/ferrox-models/src/tokenizer/vocab.rs <<'EOF'
+    crates/ferrox-gguf/src/value.rs crates/ferrox-tokenizer/src/tokenizer/vocab.rs <<'EOF'
 import sys
 out, parts = sys.argv[1], [open(p, encoding="utf-8").read() for p in sys.argv[2:]]
 text = ""

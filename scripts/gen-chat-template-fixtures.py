@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records reference chat-template renderings for ferrox-models' chat_template tests.
+"""Records reference chat-template renderings for ferrox-tokenizer's chat_template tests.
 
 The templates are rendered with Python's jinja2 configured exactly as Hugging Face
 transformers' `apply_chat_template` configures it (transformers/utils/chat_template_utils.py,
@@ -36,7 +36,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "crates" / "ferrox-models" / "tests" / "fixtures" / "chat_templates"
+FIXTURES = ROOT / "crates" / "ferrox-tokenizer" / "tests" / "fixtures" / "chat_templates"
 TEMPLATES = FIXTURES / "templates"
 
 # The fixed "now" seen by strftime_now (a naive local time, as datetime.now() returns).
@@ -446,7 +446,7 @@ def main():
         type=pathlib.Path,
         metavar="DIR",
         help="instead: render every template of --llama-cpp into DIR (not committed; for "
-        "FERROX_CHAT_TEMPLATE_FIXTURES=DIR cargo test -p ferrox-models --test chat_template)",
+        "FERROX_CHAT_TEMPLATE_FIXTURES=DIR cargo test -p ferrox-tokenizer --test chat_template)",
     )
     args = ap.parse_args()
 

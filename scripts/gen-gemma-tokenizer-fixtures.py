@@ -3,7 +3,7 @@
 
 Runs llama.cpp's `llama-tokenize` on every corpus text, with and without BOS and with and
 without special-token parsing, and writes the inputs and ids to
-crates/ferrox-models/tests/fixtures/gemma3-tokenizer.json, which tests/gemma_tokenizer.rs
+crates/ferrox-tokenizer/tests/fixtures/gemma3-tokenizer.json, which tests/gemma_tokenizer.rs
 checks ferrox against. Only needed when the corpus changes; the fixture is committed.
 
 Usage: scripts/gen-gemma-tokenizer-fixtures.py [--llama-tokenize PATH] [--model PATH]
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = Path.home() / ".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf"
 DEFAULT_TOOL = Path("/work/ref/build/bin/llama-tokenize")
-OUT = ROOT / "crates/ferrox-models/tests/fixtures/gemma3-tokenizer.json"
+OUT = ROOT / "crates/ferrox-tokenizer/tests/fixtures/gemma3-tokenizer.json"
 
 CORPUS = [
     # English

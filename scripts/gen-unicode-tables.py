@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates crates/ferrox-models/src/tokenizer/unicode_data.rs: the general category of
+"""Generates crates/ferrox-tokenizer/src/tokenizer/unicode_data.rs: the general category of
 every codepoint, in the coarse classes llama.cpp's tokenizers test (\\p{L}, \\p{N}, ...).
 
 llama.cpp's tables were generated from Unicode 15.1, so this script needs the data of that
@@ -8,7 +8,7 @@ package pinned to 15.1:
 
     pip install --target /tmp/ud2 unicodedata2==15.1.0
     PYTHONPATH=/tmp/ud2 python3 scripts/gen-unicode-tables.py \
-        > crates/ferrox-models/src/tokenizer/unicode_data.rs
+        > crates/ferrox-tokenizer/src/tokenizer/unicode_data.rs
 """
 
 import sys

@@ -1,8 +1,8 @@
-//! Model configurations, one module per architecture family, tokenizers, sampling and
-//! generation.
+//! The engines behind one interface ([`Engine`]): the dense decoder and the Multi-head
+//! Latent Attention engine, the architecture registry ([`families`]), sampling and the
+//! generation loop.
 
 pub mod any_engine;
-pub mod chat_template;
 pub mod decoder;
 pub mod engine;
 pub mod families;
@@ -13,9 +13,10 @@ pub mod mla;
 pub mod names;
 pub mod sampling;
 pub mod step;
-pub mod stop;
 pub(crate) mod tensors;
-pub mod tokenizer;
+
+/// The tokenizers, chat templates and stop strings (the `ferrox-tokenizer` crate).
+pub use ferrox_tokenizer::{chat_template, stop, tokenizer};
 
 pub use any_engine::AnyEngine;
 pub use decoder::Decoder;

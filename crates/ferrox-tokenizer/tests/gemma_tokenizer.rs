@@ -6,13 +6,24 @@
 use std::sync::OnceLock;
 
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::{TokenId, Tokenizer};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 use serde_json::Value;
+
+/// The default model (Gemma-3-270M), where `scripts/fetch-model.sh` stores it.
+fn default_model_path() -> std::path::PathBuf {
+    let dir = std::env::var_os("FERROX_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/ferrox/models")
+        });
+    dir.join("gemma-3-270m-q4_k_m.gguf")
+}
 
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = ferrox_models::default_model_path();
+        let path = default_model_path();
         assert!(
             path.exists(),
             "{} is missing: run scripts/fetch-model.sh",

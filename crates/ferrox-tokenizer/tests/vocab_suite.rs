@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::{TokenId, Tokenizer};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
 /// Vocabularies whose round trip llama.cpp's own tests check.
 const ROUND_TRIP_VOCABS: &[&str] = &["llama-spm"];
@@ -395,7 +395,7 @@ fn special_ids_match_llama_cpp() {
             continue;
         };
         let gguf = Gguf::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let vocab = match ferrox_models::tokenizer::Vocab::from_gguf(&gguf.metadata()) {
+        let vocab = match ferrox_tokenizer::tokenizer::Vocab::from_gguf(&gguf.metadata()) {
             Ok(v) => v,
             Err(e) => {
                 problems.push(format!("{name}: does not load: {e}"));

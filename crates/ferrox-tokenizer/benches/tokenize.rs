@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 const TARGET_BYTES: usize = 1 << 20;
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::{TokenId, Tokenizer};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
 /// Where `scripts/fetch-vocab-suite.sh` puts llama.cpp's vocab-only files.
 fn suite_dir() -> PathBuf {

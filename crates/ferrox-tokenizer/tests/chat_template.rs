@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferrox_models::chat_template::{
+use ferrox_tokenizer::chat_template::{
     prompt_for_tokenizer, starts_with_bos, strip_leading_bos, ChatMessage, ChatTemplate,
     ChatTemplateError, NaiveDateTime, RenderOptions, CHATML_SOURCE,
 };

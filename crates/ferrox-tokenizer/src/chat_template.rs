@@ -46,8 +46,8 @@
 //! tokenizing it; [`prompt_for_tokenizer`] does the same:
 //!
 //! ```no_run
-//! # use ferrox_models::chat_template::*;
-//! # fn demo(meta: &ferrox_gguf::Metadata<'_>, tok: &ferrox_models::tokenizer::Tokenizer)
+//! # use ferrox_tokenizer::chat_template::*;
+//! # fn demo(meta: &ferrox_gguf::Metadata<'_>, tok: &ferrox_tokenizer::tokenizer::Tokenizer)
 //! # -> Result<(), Box<dyn std::error::Error>> {
 //! let template = ChatTemplate::from_metadata(meta)?.unwrap_or_else(ChatTemplate::chatml);
 //! let options = RenderOptions {
