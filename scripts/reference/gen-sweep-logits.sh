@@ -10,20 +10,30 @@
 #      the others), recording the five most likely tokens' log-probabilities at every step;
 #   3. stores <name>.json: the GGUF's sha256 beside llama-ref's output and llama.cpp's build.
 # The GGUFs are not stored: tests/length_sweep.rs rebuilds them and checks the sha256.
+#
+#   gen-sweep-logits.sh kimi   does the same for the `kimi-linear` model of
+#                              tests/synthetic/kimi.rs (16 greedy tokens after every prompt) into
+#                              crates/ferrox-models/tests/fixtures/kimi/.
 set -euo pipefail
+SET="${1:-sweep}"
 MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
 source "$(dirname "$0")/common.sh"
 CTX="${CTX:-256}"
 N_GREEDY="${N_GREEDY:-4}"
 N_GREEDY_MLA="${N_GREEDY_MLA:-16}"
-OUT_DIR="$REPO_ROOT/crates/ferrox-models/tests/fixtures/sweep"
+OUT_DIR="$REPO_ROOT/crates/ferrox-models/tests/fixtures/$SET"
+case "$SET" in
+    sweep) WRITE_FLAG=--sweep ;;
+    kimi) WRITE_FLAG=--kimi; N_GREEDY="$N_GREEDY_MLA" ;;
+    *) echo "usage: $0 [sweep|kimi]" >&2; exit 2 ;;
+esac
 BIN="$("$REF_DIR/build.sh")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT_DIR"
 
 (cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- \
-    "$WORK/models" --sweep) > "$WORK/models.txt"
+    "$WORK/models" "$WRITE_FLAG") > "$WORK/models.txt"
 llama_cpp_meta > "$WORK/meta.json"
 while read -r name path _; do
     case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac

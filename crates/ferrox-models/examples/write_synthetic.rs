@@ -10,6 +10,8 @@
 //! bytes mla` for the Multi-head Latent Attention models).
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
+//! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
+//! `synthetic::SWEEP_TOKENS`-token sequence.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), each with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; one `name path bytes` line each.
@@ -31,6 +33,15 @@ fn main() {
     let (dir, all) = match args.as_slice() {
         [dir, flag] if flag == "--sweep" => {
             write_sweep(&PathBuf::from(dir));
+            return;
+        }
+        [dir, flag] if flag == "--kimi" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let bytes = synthetic::kimi::kimi_linear_gguf_bytes();
+            let ids = synthetic::kimi::token_ids(synthetic::SWEEP_TOKENS);
+            let path = write_model(&dir, "kimi-linear", &bytes, &ids);
+            println!("kimi-linear {} {}", path.display(), bytes.len());
             return;
         }
         [dir] => (PathBuf::from(dir), None),

@@ -90,7 +90,7 @@ impl Engine for Toy {
                 }
                 let pos = start + k + 1;
                 memory.advance(i, pos);
-                if pos % memory.block_tokens() == 0 {
+                if pos.is_multiple_of(memory.block_tokens()) {
                     memory.checkpoint(i, pos);
                 }
                 if wanted.contains(&k) {

@@ -43,6 +43,8 @@
 //! | deepseek2-kvb | deepseek2 | 2 (1) | Q8_0 | one `attn_kv_b`, no `*_mla` keys (llama.cpp's multi-head path) |
 //! | mistral4 | mistral4 | 3 (0) | Q8_0, Q5_0 `attn_kv_a_mqa` | fused `ffn_gate_up_exps`, YaRN (factor 16, `mscale_all_dim` 0.707), attention temperature (0.5, every 16 positions), normalised weights |
 
+pub mod kimi;
+
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
