@@ -8,6 +8,7 @@ pub mod engine;
 pub mod families;
 pub mod generate;
 pub mod hparams;
+pub mod kimi;
 pub mod layers;
 pub mod mla;
 pub mod names;

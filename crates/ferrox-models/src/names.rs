@@ -23,6 +23,11 @@ impl Tensor {
         format!("blk.{il}.{}.weight", self.base)
     }
 
+    /// `blk.{il}.{base}`, for the tensors stored without a suffix.
+    pub fn layer_bare(self, il: usize) -> String {
+        format!("blk.{il}.{}", self.base)
+    }
+
     pub fn layer_bias(self, il: usize) -> String {
         format!("blk.{il}.{}.bias", self.base)
     }
@@ -98,6 +103,22 @@ pub const FFN_UP_SHEXP: Tensor = Tensor::new("ffn_up_shexp", SHARED);
 pub const FFN_DOWN_SHEXP: Tensor = Tensor::new("ffn_down_shexp", SHARED);
 pub const FFN_GATE_INP_SHEXP: Tensor = Tensor::new("ffn_gate_inp_shexp", SHARED);
 
+const KDA: &[&str] = &["attention.head_count", "kda.head_dim"];
+const KDA_CONV: &[&str] = &["attention.head_count", "kda.head_dim", "ssm.conv_kernel"];
+
+pub const SSM_CONV1D_Q: Tensor = Tensor::new("ssm_conv1d_q", KDA_CONV);
+pub const SSM_CONV1D_K: Tensor = Tensor::new("ssm_conv1d_k", KDA_CONV);
+pub const SSM_CONV1D_V: Tensor = Tensor::new("ssm_conv1d_v", KDA_CONV);
+pub const SSM_F_A: Tensor = Tensor::new("ssm_f_a", KDA);
+pub const SSM_F_B: Tensor = Tensor::new("ssm_f_b", KDA);
+pub const SSM_BETA: Tensor = Tensor::new("ssm_beta", KDA);
+/// Stored without a `.weight` suffix (`blk.N.ssm_a`).
+pub const SSM_A: Tensor = Tensor::new("ssm_a", KDA);
+pub const SSM_DT: Tensor = Tensor::new("ssm_dt", KDA);
+pub const SSM_G_A: Tensor = Tensor::new("ssm_g_a", KDA);
+pub const SSM_G_B: Tensor = Tensor::new("ssm_g_b", KDA);
+pub const SSM_NORM: Tensor = Tensor::new("ssm_norm", KDA);
+
 /// Every tensor ferrox reads.
 pub const ALL: &[Tensor] = &[
     TOKEN_EMBD,
@@ -136,6 +157,17 @@ pub const ALL: &[Tensor] = &[
     FFN_UP_SHEXP,
     FFN_DOWN_SHEXP,
     FFN_GATE_INP_SHEXP,
+    SSM_CONV1D_Q,
+    SSM_CONV1D_K,
+    SSM_CONV1D_V,
+    SSM_F_A,
+    SSM_F_B,
+    SSM_BETA,
+    SSM_A,
+    SSM_DT,
+    SSM_G_A,
+    SSM_G_B,
+    SSM_NORM,
 ];
 
 /// The table entry of a tensor named in the file (`blk.N.` prefix and suffix removed).

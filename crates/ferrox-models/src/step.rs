@@ -147,6 +147,12 @@ pub trait Layers: Send + Sync + 'static {
 
     fn memory_spec(&self) -> MemorySpec;
 
+    /// Whether the engine keeps a recurrent state: its steps then end a micro-batch at every
+    /// block end and checkpoint the state there (for prefix reuse and rollback).
+    fn checkpoints(&self) -> bool {
+        false
+    }
+
     /// One micro-batch of rows (each sequence's rows contiguous, in position order) through
     /// every layer, its memory rows written and its sequences advanced, and the logits of the
     /// rows that want them into their sequences' buffers.
@@ -201,9 +207,28 @@ impl<L: Layers> Engine for L {
     ) -> Result<(), EngineError> {
         let StepBuffers { rows, engine } = scratch.get::<StepBuffers<L::Buffers>>();
         layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
+        let checkpoints = self.checkpoints();
+        let block = memory.block_tokens();
         self.runtime().pool.install(|| {
-            rows.chunks(MAX_MICRO_BATCH)
-                .try_for_each(|chunk| self.micro_batch(chunk, memory, logits, engine))
+            let mut rest = &rows[..];
+            while !rest.is_empty() {
+                let mut len = rest.len().min(MAX_MICRO_BATCH);
+                if checkpoints {
+                    // End the micro-batch where some sequence completes a block.
+                    if let Some(i) = rest[..len].iter().position(|r| (r.pos + 1) % block == 0) {
+                        len = i + 1;
+                    }
+                }
+                let (chunk, tail) = rest.split_at(len);
+                self.micro_batch(chunk, memory, logits, engine)?;
+                if checkpoints {
+                    if let Some(r) = chunk.last().filter(|r| (r.pos + 1) % block == 0) {
+                        memory.checkpoint(r.seq, r.pos + 1);
+                    }
+                }
+                rest = tail;
+            }
+            Ok(())
         })
     }
 }

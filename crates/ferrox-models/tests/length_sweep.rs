@@ -1,5 +1,6 @@
 //! Every context length against llama.cpp: for each sweep model (every synthetic family with
-//! F32 matrices, and two small all-F32 MLA models, `synthetic::SWEEP_MODELS`) and each prompt
+//! F32 matrices, two small all-F32 MLA models, `synthetic::SWEEP_MODELS`, and the Kimi Linear
+//! model of `synthetic/kimi.rs`) and each prompt
 //! length p from 1 to 160, the prompt is prefilled as one batch, llama.cpp's greedy
 //! continuation is followed for a few tokens, and then the rest of the sequence is decoded
 //! token by token (teacher-forced). At every step the log-probabilities of llama.cpp's five
@@ -45,9 +46,10 @@ fn tolerance(name: &str) -> f64 {
     }
 }
 
-fn fixture(name: &str) -> Value {
+fn fixture(dir: &str, name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/sweep")
+        .join("tests/fixtures")
+        .join(dir)
         .join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
@@ -106,8 +108,14 @@ fn check(name: &str, what: &dyn Fn() -> String, logits: &[f32], reference: &[(us
 }
 
 fn sweep(name: &str) {
-    let fx = fixture(name);
-    let bytes = synthetic::sweep_gguf_bytes(name);
+    sweep_model(
+        name,
+        synthetic::sweep_gguf_bytes(name),
+        fixture("sweep", name),
+    );
+}
+
+fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
     assert_eq!(
         Sha256::digest(&bytes)
             .iter()
@@ -173,8 +181,14 @@ fn sweep(name: &str) {
                 worst = worst.max(check(name, &at, logits, &top5(top)));
                 steps += 1;
             }
-            // Then the sequence itself, token by token from p.
-            state.truncate(p).unwrap();
+            // Then the sequence itself, token by token from p (a recurrent state cannot roll
+            // back: the prompt is computed again).
+            if state.truncate(p).is_err() {
+                state = engine.new_state().unwrap();
+                engine
+                    .forward_batch(&tokens[..p], 0, &mut state, LogitsFor::Last)
+                    .unwrap();
+            }
             for m in p..tokens.len() {
                 let logits = engine
                     .forward_batch(&tokens[m..m + 1], m, &mut state, LogitsFor::Last)
@@ -186,6 +200,14 @@ fn sweep(name: &str) {
         }
         eprintln!("{name}{label}: {steps} steps, largest |log p ours - llama.cpp| {worst:.2e}");
     }
+}
+
+/// Kimi Linear (KDA and NoPE MLA layers, MoE; `synthetic/kimi.rs`), against
+/// `fixtures/kimi/`.
+#[test]
+fn kimi_linear() {
+    let bytes = synthetic::kimi::kimi_linear_gguf_bytes();
+    sweep_model("kimi-linear", bytes, fixture("kimi", "kimi-linear"));
 }
 
 macro_rules! sweep_tests {

@@ -6,6 +6,7 @@ mod deepseek2;
 mod gemma;
 mod gemma2;
 mod gemma3;
+mod kimi_linear;
 mod llama;
 mod mistral4;
 mod olmoe;
@@ -48,6 +49,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     olmoe::ARCH,
     deepseek2::ARCH,
     mistral4::ARCH,
+    kimi_linear::ARCH,
 ];
 
 /// The registered architecture named `name`.

@@ -17,6 +17,12 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// RMSNorm in place without a weight (ggml's `rms_norm` alone).
+pub fn rms_normalize_in_place(x: &mut [f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    x.iter_mut().for_each(|xi| *xi *= scale);
+}
+
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;

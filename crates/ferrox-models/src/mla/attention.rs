@@ -69,7 +69,7 @@ pub struct AttnScratch {
 /// written; leaves the output projection in `out` (`n × n_embd`). `path_of(n, end)` picks
 /// the form for a sequence's `n` rows ending at `end` positions.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub(crate) fn attention(
     c: &MlaConfig,
     lw: &MlaLayer,
     gguf: &Gguf,

@@ -4,9 +4,9 @@
 //! SwiGLU for the leading layers and routed experts plus shared experts after them
 //! (`ferrox-moe`).
 
-mod attention;
+pub(crate) mod attention;
 mod config;
-mod weights;
+pub(crate) mod weights;
 
 use std::sync::Arc;
 
@@ -14,7 +14,7 @@ use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
-pub use weights::MlaWeights;
+pub use weights::{MlaFfn, MlaLayer, MlaWeights};
 
 use crate::engine::EngineError;
 use crate::engine::EngineOptions;
@@ -22,10 +22,9 @@ use crate::hparams::FfnKind;
 use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use attention::AttnScratch;
-use weights::{MlaFfn, MlaLayer};
 
 /// The memory's one store: the latent row `[c | k_pe]` per position and layer.
-const LATENT_STORE: usize = 0;
+pub(crate) const LATENT_STORE: usize = 0;
 
 /// Most per-head key and value entries a decompressed step may rebuild (256 MiB as f32);
 /// beyond that a batch attends in the latent space instead.
@@ -46,7 +45,7 @@ pub enum AttentionPath {
 
 /// The form one sequence's rows take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path {
+pub(crate) enum Path {
     Absorbed,
     Decompressed,
 }
@@ -167,7 +166,15 @@ impl MlaEngine {
             let xn = sized(&mut s.xn, n * n_embd);
             step::norm_rows(&s.x[..n * n_embd], &lw.ffn_norm, c.norm_eps, xn);
             let proj = sized(&mut s.proj, n * n_embd);
-            self.ffn(lw, &c.ffn[il], xn, proj, &mut s.router_logits, &mut s.moe)?;
+            ffn(
+                &self.rt.gguf,
+                &lw.ffn,
+                &c.ffn[il],
+                xn,
+                proj,
+                &mut s.router_logits,
+                &mut s.moe,
+            )?;
             step::residual_add(&mut s.x[..n * n_embd], proj, n_embd, None, c.norm_eps);
         }
         step::advance(memory, rows);
@@ -178,34 +185,6 @@ impl MlaEngine {
             softcap: None,
         };
         head.run(rows, &s.x, seq_logits, &mut s.head)
-    }
-
-    /// The layer's FFN of `xn` into `out` (`n × n_embd`).
-    fn ffn(
-        &self,
-        lw: &MlaLayer,
-        kind: &FfnKind,
-        xn: &[f32],
-        out: &mut [f32],
-        router_logits: &mut Vec<f32>,
-        moe: &mut ferrox_moe::MoeScratch,
-    ) -> Result<(), ModelError> {
-        let gguf = &*self.rt.gguf;
-        match (&lw.ffn, kind) {
-            (MlaFfn::Dense(dense), _) => {
-                out.fill(0.0);
-                dense
-                    .view(gguf)?
-                    .forward_add(xn, out, moe)
-                    .map_err(crate::hparams::moe_error)
-            }
-            (MlaFfn::Moe(mw), FfnKind::Moe(mc)) => {
-                mw.forward(gguf, &mc.router, xn, out, router_logits, moe)
-            }
-            (MlaFfn::Moe(_), FfnKind::Dense) => {
-                Err(ModelError::Config("MoE weights on a dense layer".into()))
-            }
-        }
     }
 }
 
@@ -231,5 +210,33 @@ impl step::Layers for MlaEngine {
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
         self.layers(rows, memory, logits, buffers)
+    }
+}
+
+/// A layer's FFN of `xn` into `out` (`n × n_embd`): dense SwiGLU, or routed experts plus the
+/// shared expert.
+pub(crate) fn ffn(
+    gguf: &Gguf,
+    weights: &MlaFfn,
+    kind: &FfnKind,
+    xn: &[f32],
+    out: &mut [f32],
+    router_logits: &mut Vec<f32>,
+    moe: &mut ferrox_moe::MoeScratch,
+) -> Result<(), ModelError> {
+    match (weights, kind) {
+        (MlaFfn::Dense(dense), _) => {
+            out.fill(0.0);
+            dense
+                .view(gguf)?
+                .forward_add(xn, out, moe)
+                .map_err(crate::hparams::moe_error)
+        }
+        (MlaFfn::Moe(mw), FfnKind::Moe(mc)) => {
+            mw.forward(gguf, &mc.router, xn, out, router_logits, moe)
+        }
+        (MlaFfn::Moe(_), FfnKind::Dense) => {
+            Err(ModelError::Config("MoE weights on a dense layer".into()))
+        }
     }
 }

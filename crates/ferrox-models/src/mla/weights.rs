@@ -79,7 +79,7 @@ impl Heads {
         })
     }
 
-    fn n_bytes(&self) -> u64 {
+    pub(crate) fn n_bytes(&self) -> u64 {
         match self {
             Heads::File(r) => r.n_bytes(),
             Heads::Copy { bytes, .. } => bytes.len() as u64,
@@ -205,7 +205,7 @@ impl MlaWeights {
     }
 }
 
-fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
+pub(crate) fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
     let (n_embd, h) = (c.n_embd, c.n_head);
     let (lkv, dn, dv) = (c.kv_lora_rank, c.head_dim_nope(), c.head_dim_v);
     let q = match c.q_lora_rank {
@@ -229,15 +229,7 @@ fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, Mode
             (k.transposed(l.gguf)?, k, Heads::File(kv.with_rows(dn, dv)))
         }
     };
-    let ffn = match &c.ffn[il] {
-        FfnKind::Dense => MlaFfn::Dense(SharedExpertWeights {
-            gate: l.matrix(&FFN_GATE.layer(il), n_embd, c.n_ff)?,
-            up: l.matrix(&FFN_UP.layer(il), n_embd, c.n_ff)?,
-            down: l.matrix(&FFN_DOWN.layer(il), c.n_ff, n_embd)?,
-            gate_inp: None,
-        }),
-        FfnKind::Moe(mc) => MlaFfn::Moe(l.moe(il, n_embd, mc)?),
-    };
+    let ffn = load_ffn(l, c, il)?;
     Ok(MlaLayer {
         attn_norm: l.vector(&ATTN_NORM.layer(il), n_embd)?,
         q,
@@ -249,5 +241,19 @@ fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, Mode
         wo: l.matrix(&ATTN_OUTPUT.layer(il), h * dv, n_embd)?,
         ffn_norm: l.vector(&FFN_NORM.layer(il), n_embd)?,
         ffn,
+    })
+}
+
+/// Layer `il`'s FFN: dense SwiGLU for the leading layers, routed and shared experts after.
+pub(crate) fn load_ffn(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaFfn, ModelError> {
+    let n_embd = c.n_embd;
+    Ok(match &c.ffn[il] {
+        FfnKind::Dense => MlaFfn::Dense(SharedExpertWeights {
+            gate: l.matrix(&FFN_GATE.layer(il), n_embd, c.n_ff)?,
+            up: l.matrix(&FFN_UP.layer(il), n_embd, c.n_ff)?,
+            down: l.matrix(&FFN_DOWN.layer(il), c.n_ff, n_embd)?,
+            gate_inp: None,
+        }),
+        FfnKind::Moe(mc) => MlaFfn::Moe(l.moe(il, n_embd, mc)?),
     })
 }
