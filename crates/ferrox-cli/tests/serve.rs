@@ -128,20 +128,40 @@ fn http(
     body: Option<&str>,
     key: Option<&str>,
 ) -> (u16, String) {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| ("Authorization", a))
+        .into_iter()
+        .collect();
+    let (status, _, body) = http_with_headers(port, method, path, body, &headers);
+    (status, body)
+}
+
+/// A minimal HTTP/1.1 request with extra headers; the status, the response's head (status
+/// line and headers) and its whole body.
+fn http_with_headers(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     };
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.unwrap_or("");
-    let auth = key
-        .map(|k| format!("Authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     if s.write_all(req.as_bytes()).is_err() {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     }
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
@@ -150,11 +170,8 @@ fn http(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (status, head.to_string(), body.to_string())
 }
 
 fn python() -> String {
@@ -256,19 +273,39 @@ fn serve_end_to_end_through_the_openai_client() {
     assert!(server.log().contains("SIGTERM"), "{}", server.log());
 }
 
-/// The synthetic `deepseek2` (V3 routing, YaRN) and `mistral4` models served with continuous
-/// batching: every check of mla_client.py, and KV figures from the latent row (`kv_lora_rank +
-/// rope dims` values per layer, f16).
+/// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4` and `kimi-linear` models served
+/// with continuous batching: every check of mla_client.py, with the memory figures of each
+/// engine (the latent row, `kv_lora_rank + rope dims` values per MLA layer in f16, and for
+/// kimi-linear each KDA layer's recurrent state per sequence).
 #[test]
-fn serve_runs_mla_models() {
+fn serve_runs_mla_and_kimi_models() {
     require_openai();
     let dir = tempfile::tempdir().unwrap();
-    for name in ["deepseek2-v3", "mistral4"] {
-        let path = dir.path().join(format!("{name}.gguf"));
-        std::fs::write(&path, synthetic::gguf_bytes(name)).unwrap();
+    let parallel = 8;
+    let mla = |name: &str| {
         let spec = synthetic::spec(name);
-        let mla = spec.mla.as_ref().unwrap();
-        let bytes_per_position = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * 2;
+        let mla = spec.mla.clone().unwrap();
+        let per_position = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * 2;
+        (synthetic::gguf_bytes(name), per_position, 0)
+    };
+    // kimi-linear: one MLA layer of latent 32 + 16 rope dims; three KDA layers of 2 heads of
+    // 32 with a convolution of 4 (three windows of 3 inputs, one 32x32 state per head).
+    let kda_state = 3 * (3 * 3 * 64 + 2 * 32 * 32) * 4;
+    let models = [
+        ("deepseek2-v3", mla("deepseek2-v3")),
+        ("mistral4", mla("mistral4")),
+        (
+            "kimi-linear",
+            (
+                synthetic::kimi::kimi_linear_gguf_bytes(),
+                (32 + 16) * 2,
+                kda_state,
+            ),
+        ),
+    ];
+    for (name, (bytes, per_position, recurrent)) in models {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, bytes).unwrap();
         let server = Server::start(
             &[
                 "-m",
@@ -276,7 +313,7 @@ fn serve_runs_mla_models() {
                 "--ctx-size",
                 "256",
                 "--parallel",
-                "8",
+                &parallel.to_string(),
                 "-t",
                 "2",
             ],
@@ -286,7 +323,9 @@ fn serve_runs_mla_models() {
         let out = Command::new(python())
             .arg(repo_root().join("crates/ferrox-cli/tests/serve/mla_client.py"))
             .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
-            .args(["--bytes-per-position", &bytes_per_position.to_string()])
+            .args(["--bytes-per-position", &per_position.to_string()])
+            .args(["--recurrent-bytes", &recurrent.to_string()])
+            .args(["--parallel", &parallel.to_string()])
             .output()
             .expect("run python3");
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -457,4 +496,95 @@ fn serve_queues_requests_for_kv_memory() {
     assert!(metrics.contains("ferrox_kv_blocks_total 17"), "{metrics}");
     server.terminate();
     assert!(server.wait_exit(Duration::from_secs(20)).success());
+}
+
+/// `--log-format json`: every line on stderr is one JSON object, and the lines logged while
+/// handling a request, the scheduler's included, carry the request's `X-Request-Id`.
+#[test]
+fn serve_logs_json_lines_with_request_ids() {
+    let model = default_model();
+    let mut server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-size",
+            "256",
+            "--parallel",
+            "1",
+            "--log-format",
+            "json",
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    let (status, head, body) = http_with_headers(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "One, two,", "max_tokens": 3, "temperature": 0}"#),
+        &[("X-Request-Id", "test-req-42")],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nx-request-id: test-req-42\r\n"),
+        "{head}"
+    );
+    let (status, head, body) = http_with_headers(
+        server.port,
+        "GET",
+        "/v1/nothing",
+        None,
+        &[("X-Request-Id", "test-req-43")],
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nx-request-id: test-req-43\r\n"),
+        "{head}"
+    );
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).success());
+    // The reader thread may still be draining the pipe.
+    let start = Instant::now();
+    while !server.log().contains(r#""message":"stopped""#)
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let log = server.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}\nlog:\n{log}"));
+            assert!(v.is_object() && v["level"].is_string(), "{line}");
+            v
+        })
+        .collect();
+    assert!(lines.len() >= 5, "{log}");
+    assert!(log.contains(r#""request_id":"test-req-42""#), "{log}");
+    let of = |id: &str| -> Vec<&serde_json::Value> {
+        lines
+            .iter()
+            .filter(|v| v["span"]["request_id"] == id)
+            .collect()
+    };
+    // The scheduler thread logs the finished sequence inside the request's span.
+    let finished = of("test-req-42");
+    assert!(
+        finished
+            .iter()
+            .any(|v| v["target"] == "ferrox_server::scheduler"
+                && v["fields"]["message"] == "sequence finished"
+                && v["fields"]["completion_tokens"] == 3),
+        "{log}"
+    );
+    assert!(
+        of("test-req-43").iter().any(|v| v["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("/v1/nothing -> 404"))),
+        "{log}"
+    );
 }

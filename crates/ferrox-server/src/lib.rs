@@ -2,8 +2,12 @@
 //!
 //! * Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (also
 //!   without the `/v1` prefix), llama-server's `POST /tokenize` and `POST /detokenize`,
-//!   `GET /metrics` (Prometheus text) and `GET /health` (503 while the model loads, 200 when
+//!   SGLang's `GET /get_model_info` and `GET /get_server_info`, `GET /metrics` (Prometheus
+//!   text, ferrox's names and vLLM's) and `GET /health` (503 while the model loads, 200 when
 //!   ready; never behind the API key).
+//! * Every request has an id: a valid `X-Request-Id` it came with, or a fresh UUID. It is
+//!   echoed as `X-Request-Id` on every response and is the `request_id` field of the span
+//!   every log line about the request is logged in, the scheduler's included.
 //! * Errors are always OpenAI's `{"error": {"message", "type", "param", "code"}}`, the
 //!   router's and layers' own rejections included; after a stream has started an error is an
 //!   SSE `data: {"error": ...}` event.
@@ -28,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderName};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,14 +41,32 @@ use ferrox_models::chat_template::{ChatTemplate, RenderOptions};
 use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, Engine};
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tracing::Instrument;
 
 pub use error::ApiError;
 use kv::KvPool;
-use metrics::Metrics;
+use metrics::{Metrics, ServedModel};
 use scheduler::{Scheduler, SchedulerOptions};
 
 /// Reported as `system_fingerprint`.
 pub const SYSTEM_FINGERPRINT: &str = concat!("ferrox-", env!("CARGO_PKG_VERSION"));
+
+/// The header a request's id comes in and goes back in.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The longest request id taken from a client.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line, its span (with the `request_id`) included.
+    Json,
+}
 
 /// How to run the server.
 #[derive(Clone, Debug)]
@@ -72,6 +94,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// SSE comment pings while a stream has nothing to send (long prefills).
     pub ping_interval: Duration,
+    /// Text or JSON log lines on stderr.
+    pub log_format: LogFormat,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +113,7 @@ impl Default for ServerConfig {
             body_limit: 4 << 20,
             shutdown_grace: Duration::from_secs(10),
             ping_interval: Duration::from_secs(15),
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -117,6 +142,10 @@ pub(crate) struct Ready {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub slots: usize,
+    /// Blocks of [`kv::BLOCK_TOKENS`] positions in the sequence memory.
+    pub kv_blocks: usize,
+    /// The KV cache's element type, as vLLM and SGLang spell it.
+    pub cache_dtype: &'static str,
     pub scheduler: Scheduler,
 }
 
@@ -186,15 +215,25 @@ pub fn bind_address(host: &str, port: u16, has_api_key: bool) -> Result<SocketAd
 }
 
 /// Starts logging to stderr (`RUST_LOG` filters; default `info`).
-pub fn init_logging() {
+pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        // The request's span only (not the list of its parents): its `request_id` sits in
+        // the line's `span` object whether the line comes from a handler or the scheduler.
+        LogFormat::Json => builder
+            .json()
+            .with_span_list(false)
+            .with_ansi(false)
+            .try_init(),
+    };
 }
 
 /// Runs the server until SIGTERM or SIGINT (then exits cleanly after the grace period).
@@ -204,7 +243,7 @@ pub fn run(
     config: ServerConfig,
     load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
 ) -> anyhow::Result<()> {
-    init_logging();
+    init_logging(config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ferrox-http")
@@ -472,6 +511,15 @@ fn prepare(
     );
     tracing::info!("chat template: {template_source}");
     let slots = pool.max_sequences();
+    let kv_blocks = pool.n_blocks();
+    let cache_dtype = match engine.memory_spec().storage {
+        ferrox_core::KvStorage::F16 => "float16",
+        ferrox_core::KvStorage::F32 => "float32",
+    };
+    metrics.set_served(ServedModel {
+        name: model_id.clone(),
+        cache_dtype,
+    });
 
     let tokenizer = Arc::new(tokenizer);
     let scheduler = Scheduler::start(
@@ -497,6 +545,8 @@ fn prepare(
         n_ctx,
         n_vocab,
         slots,
+        kv_blocks,
+        cache_dtype,
         scheduler,
     })
 }
@@ -515,10 +565,17 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/completions", post(routes::completions))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
+        .route("/get_model_info", get(routes::model_info))
+        .route("/get_server_info", get(routes::server_info))
         .fallback(routes::fallback)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
+        // Outermost last: a client's id is checked, kept or replaced, then echoed on
+        // whatever the inner layers answer (errors and streams included).
+        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
+        .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
+        .layer(middleware::from_fn(drop_invalid_request_id))
         .with_state(state)
 }
 
@@ -567,9 +624,44 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether a client's request id can be used as is: printable ASCII (it goes into log
+/// lines and a response header), 1 to [`MAX_REQUEST_ID_LEN`] characters.
+fn valid_request_id(id: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID_LEN).contains(&id.len()) && id.iter().all(|&b| (0x20..0x7f).contains(&b))
+}
+
+/// Removes an `X-Request-Id` that is not a valid id, so that one is generated instead; of
+/// several, the first is kept.
+async fn drop_invalid_request_id(mut req: Request, next: Next) -> Response {
+    let headers = req.headers_mut();
+    if headers.contains_key(&X_REQUEST_ID) {
+        let keep = headers
+            .get(&X_REQUEST_ID)
+            .filter(|v| valid_request_id(v.as_bytes()))
+            .cloned();
+        headers.remove(&X_REQUEST_ID);
+        if let Some(id) = keep {
+            headers.insert(X_REQUEST_ID, id);
+        }
+    }
+    next.run(req).await
+}
+
 /// Counts every answer by route and status, logs errors, and puts error statuses produced
-/// by the router or a layer into OpenAI's shape.
+/// by the router or a layer into OpenAI's shape. The request is handled inside a span
+/// carrying its id.
 async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let request_id = req
+        .headers()
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let span = tracing::info_span!("request", request_id = %request_id);
+    observed(state, req, next).instrument(span).await
+}
+
+async fn observed(state: Arc<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -594,4 +686,104 @@ async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -
         );
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{HeaderValue, StatusCode};
+    use tower::ServiceExt;
+
+    /// The router of a server whose model is still loading.
+    fn loading_app() -> Router {
+        app(Arc::new(AppState {
+            config: ServerConfig::default(),
+            ready: OnceLock::new(),
+            metrics: Arc::new(Metrics::default()),
+            shutting_down: AtomicBool::new(false),
+        }))
+    }
+
+    /// The status and the `X-Request-Id` values of the answer to `GET path` sent with
+    /// `ids`.
+    async fn answer(path: &str, ids: &[&[u8]]) -> (StatusCode, Vec<String>) {
+        let mut req = Request::builder().uri(path);
+        for id in ids {
+            req = req.header(X_REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
+        }
+        let response = loading_app()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let echoed = response
+            .headers()
+            .get_all(X_REQUEST_ID)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        (response.status(), echoed)
+    }
+
+    fn is_uuid(id: &str) -> bool {
+        id.len() == 36
+            && id.char_indices().all(|(i, c)| match i {
+                8 | 13 | 18 | 23 => c == '-',
+                _ => c.is_ascii_hexdigit(),
+            })
+    }
+
+    #[test]
+    fn request_ids_are_printable_ascii_up_to_128_characters() {
+        assert!(valid_request_id(b"test-req-42"));
+        assert!(valid_request_id(b"a b/c:d=e"));
+        assert!(valid_request_id(&[b'x'; 128]));
+        assert!(!valid_request_id(&[b'x'; 129]));
+        assert!(!valid_request_id(b""));
+        assert!(!valid_request_id(b"tab\there"));
+        assert!(!valid_request_id("caf\u{e9}".as_bytes()));
+        assert!(!valid_request_id(b"del\x7f"));
+    }
+
+    #[tokio::test]
+    async fn every_answer_echoes_the_request_id() {
+        // Kept as given, on successes and errors alike (404, 503 while loading).
+        for path in [
+            "/health",
+            "/v1/models",
+            "/nothing",
+            "/metrics",
+            "/get_server_info",
+        ] {
+            let (_, ids) = answer(path, &[b"client-7"]).await;
+            assert_eq!(ids, ["client-7"], "{path}");
+        }
+        assert_eq!(
+            answer("/v1/models", &[b"client-7"]).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(answer("/nothing", &[b"x"]).await.0, StatusCode::NOT_FOUND);
+        let longest = [b'r'; 128];
+        assert_eq!(
+            answer("/health", &[&longest]).await.1,
+            [String::from_utf8(longest.to_vec()).unwrap()]
+        );
+        // Missing or unusable: a fresh UUID, a different one each time.
+        let mut seen = Vec::new();
+        for ids in [
+            &[][..],
+            &[&[b'r'; 129][..]],
+            &[b"tab\there"],
+            &["caf\u{e9}".as_bytes()],
+        ] {
+            let (_, echoed) = answer("/nothing", ids).await;
+            assert_eq!(echoed.len(), 1, "{ids:?}");
+            assert!(is_uuid(&echoed[0]), "{echoed:?}");
+            assert!(!seen.contains(&echoed[0]));
+            seen.push(echoed[0].clone());
+        }
+        // Several: the first, if it is valid.
+        assert_eq!(answer("/health", &[b"first", b"second"]).await.1, ["first"]);
+        assert!(is_uuid(&answer("/health", &[b"", b"second"]).await.1[0]));
+    }
 }

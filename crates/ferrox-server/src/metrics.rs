@@ -1,10 +1,17 @@
 //! Server metrics in Prometheus' text exposition format (`GET /metrics`).
+//!
+//! Two sets of names: ferrox's own (`ferrox_*`), and vLLM's (`vllm:*`, with its types,
+//! bucket bounds and `model_name`/`engine` labels), which the Gateway API Inference
+//! Extension's endpoint picker, vLLM's and SGLang's routers and vLLM dashboards scrape without
+//! configuration. The vLLM names appear once the model is loaded (they carry its id).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
+
+use ferrox_models::generate::FinishReason;
 
 /// A cumulative histogram with fixed bucket bounds (seconds).
 struct Histogram {
@@ -34,19 +41,98 @@ impl Histogram {
         self.count += 1;
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// `labels` are the series' labels besides `le`, already rendered (`a="x",b="y"`), or
+    /// empty.
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let (sep, braced) = if labels.is_empty() {
+            ("", String::new())
+        } else {
+            (",", format!("{{{labels}}}"))
+        };
         for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let _ = writeln!(out, "{name}_sum{braced} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braced} {}", self.count);
     }
 }
 
 const TTFT_BOUNDS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0];
 const ITL_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
+// vLLM's own bounds (vllm/v1/metrics/loggers.py), so that quantiles computed by dashboards
+// and autoscalers built for vLLM mean the same here.
+const VLLM_TTFT_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const VLLM_ITL_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const VLLM_REQUEST_LATENCY_BOUNDS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// How a sequence ended, as vLLM's `finished_reason` label names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    Stop,
+    Length,
+    /// Cancelled (the client went away, shutdown) or failed before it finished.
+    Abort,
+}
+
+impl Finished {
+    const ALL: [Finished; 3] = [Finished::Stop, Finished::Length, Finished::Abort];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Finished::Stop => "stop",
+            Finished::Length => "length",
+            Finished::Abort => "abort",
+        }
+    }
+}
+
+impl From<FinishReason> for Finished {
+    fn from(reason: FinishReason) -> Finished {
+        match reason {
+            FinishReason::Stop => Finished::Stop,
+            FinishReason::Length => Finished::Length,
+        }
+    }
+}
+
+/// What the vLLM-named series need to know about the loaded model.
+#[derive(Clone, Debug)]
+pub struct ServedModel {
+    /// The id clients use (`--alias` or the file name): the `model_name` label.
+    pub name: String,
+    /// The KV cache's element type, in vLLM's spelling (`float16`, `float32`).
+    pub cache_dtype: &'static str,
+}
+
+/// A Prometheus label value: backslash, double quote and line feed escaped.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
 
 /// Everything `/metrics` reports. Counters are atomics; histograms sit behind a mutex (they
 /// are touched once per token, far below contention).
@@ -68,6 +154,13 @@ pub struct Metrics {
     pub steps: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
+    served: OnceLock<ServedModel>,
+    /// Sequences ended, indexed like [`Finished::ALL`].
+    finished: [AtomicU64; 3],
+    vllm_ttft: Mutex<Histogram>,
+    vllm_itl: Mutex<Histogram>,
+    e2e: Mutex<Histogram>,
+    queue_time: Mutex<Histogram>,
 }
 
 impl Default for Metrics {
@@ -90,12 +183,26 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
+            served: OnceLock::new(),
+            finished: Default::default(),
+            vllm_ttft: Mutex::new(Histogram::new(VLLM_TTFT_BOUNDS)),
+            vllm_itl: Mutex::new(Histogram::new(VLLM_ITL_BOUNDS)),
+            e2e: Mutex::new(Histogram::new(VLLM_REQUEST_LATENCY_BOUNDS)),
+            queue_time: Mutex::new(Histogram::new(VLLM_REQUEST_LATENCY_BOUNDS)),
         }
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One single-sample metric family: HELP, TYPE and the sample.
+fn family(out: &mut String, kind: &str, name: &str, help: &str, labels: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
+    );
 }
 
 impl Metrics {
@@ -106,18 +213,51 @@ impl Metrics {
             .store(usage.cached as u64, Ordering::Relaxed);
     }
 
+    /// Names the loaded model; the vLLM-named series appear from then on.
+    pub fn set_served(&self, served: ServedModel) {
+        let _ = self.served.set(served);
+    }
+
     pub fn count_request(&self, route: &str, status: u16) {
         *lock(&self.requests)
             .entry((route.to_string(), status))
             .or_default() += 1;
     }
 
+    /// From the request's arrival at the scheduler to its first generated token.
     pub fn observe_ttft(&self, d: Duration) {
         lock(&self.ttft).observe(d.as_secs_f64());
+        lock(&self.vllm_ttft).observe(d.as_secs_f64());
     }
 
     pub fn observe_itl(&self, d: Duration) {
         lock(&self.itl).observe(d.as_secs_f64());
+        lock(&self.vllm_itl).observe(d.as_secs_f64());
+    }
+
+    /// From the request's arrival at the scheduler to its admission into a running slot.
+    pub fn observe_queue_time(&self, d: Duration) {
+        lock(&self.queue_time).observe(d.as_secs_f64());
+    }
+
+    /// A sequence ended `e2e` after its arrival at the scheduler.
+    pub fn observe_finished(&self, how: Finished, e2e: Duration) {
+        let index = Finished::ALL
+            .iter()
+            .position(|&f| f == how)
+            .expect("every outcome is listed");
+        self.finished[index].fetch_add(1, Ordering::Relaxed);
+        lock(&self.e2e).observe(e2e.as_secs_f64());
+    }
+
+    fn kv_usage_ratio(&self) -> f64 {
+        let used = self.kv_blocks_used.load(Ordering::Relaxed);
+        let total = self.kv_blocks_total.load(Ordering::Relaxed);
+        if total == 0 {
+            0.0
+        } else {
+            used as f64 / total as f64
+        }
     }
 
     pub fn render(&self, ready: bool) -> String {
@@ -212,11 +352,7 @@ impl Metrics {
             (
                 "ferrox_kv_cache_usage_ratio",
                 "KV blocks held by active sequences over all blocks.",
-                if total == 0 {
-                    0.0
-                } else {
-                    used as f64 / total as f64
-                },
+                self.kv_usage_ratio(),
             ),
             (
                 "ferrox_kv_cache_bytes",
@@ -236,12 +372,367 @@ impl Metrics {
             &mut out,
             "ferrox_time_to_first_token_seconds",
             "From request admission to the first generated token.",
+            "",
         );
         lock(&self.itl).render(
             &mut out,
             "ferrox_inter_token_latency_seconds",
             "Between consecutive generated tokens of one sequence.",
+            "",
         );
+        if let Some(served) = self.served.get() {
+            self.render_vllm(&mut out, served);
+        }
         out
+    }
+
+    /// vLLM's names, types and labels (vllm/v1/metrics/loggers.py), one engine (`engine="0"`).
+    fn render_vllm(&self, out: &mut String, served: &ServedModel) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(&served.name));
+        let gauges = [
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                get(&self.active_sequences),
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                get(&self.queue_depth),
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                self.kv_usage_ratio(),
+            ),
+            // The name before vLLM 0.10, which older endpoint pickers scrape.
+            (
+                "vllm:gpu_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                self.kv_usage_ratio(),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            family(out, "gauge", name, help, &labels, value);
+        }
+        // An info metric: a gauge fixed at 1 whose labels carry the cache's configuration.
+        // The endpoint picker's prefix-cache scorer reads block_size and num_gpu_blocks.
+        let cache_labels = format!(
+            "block_size=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\",{labels}",
+            self.kv_block_tokens.load(Ordering::Relaxed),
+            served.cache_dtype,
+            self.kv_blocks_total.load(Ordering::Relaxed),
+        );
+        family(
+            out,
+            "gauge",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            &cache_labels,
+            1.0,
+        );
+        let counters = [
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+                // Admission reserves a sequence's memory up front: nothing is ever preempted.
+                0.0,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                get(&self.prompt_tokens),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                get(&self.generated_tokens),
+            ),
+        ];
+        for (name, help, value) in counters {
+            family(out, "counter", name, help, &labels, value);
+        }
+        let name = "vllm:request_success_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Count of successfully processed requests.\n# TYPE {name} counter"
+        );
+        for (how, n) in Finished::ALL.iter().zip(&self.finished) {
+            let _ = writeln!(
+                out,
+                "{name}{{{labels},finished_reason=\"{}\"}} {}",
+                how.label(),
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let histograms = [
+            (
+                &self.vllm_ttft,
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                &self.vllm_itl,
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+            ),
+            // vLLM's older name for the same measurement.
+            (
+                &self.vllm_itl,
+                "vllm:time_per_output_token_seconds",
+                "Histogram of time per output token in seconds. DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+            ),
+            (
+                &self.e2e,
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+            ),
+            (
+                &self.queue_time,
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+            ),
+        ];
+        for (histogram, name, help) in histograms {
+            lock(histogram).render(out, name, help, &labels);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample: its metric name, labels and value.
+    type Sample = (String, Vec<(String, String)>, f64);
+
+    /// One sample line of the text format, its label values unescaped. Panics on anything
+    /// the format does not allow.
+    fn parse_sample(line: &str) -> Sample {
+        let c: Vec<char> = line.chars().collect();
+        let mut i = 0;
+        while i < c.len() && c[i] != '{' && c[i] != ' ' {
+            i += 1;
+        }
+        let name: String = c[..i].iter().collect();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+        let mut labels = Vec::new();
+        if c.get(i) == Some(&'{') {
+            i += 1;
+            while c[i] != '}' {
+                let start = i;
+                while c[i] != '=' {
+                    i += 1;
+                }
+                let key: String = c[start..i].iter().collect();
+                assert_eq!(c[i + 1], '"', "{line}");
+                i += 2;
+                let mut value = String::new();
+                while c[i] != '"' {
+                    if c[i] == '\\' {
+                        i += 1;
+                        value.push(match c[i] {
+                            '\\' => '\\',
+                            '"' => '"',
+                            'n' => '\n',
+                            e => panic!("bad escape \\{e} in {line}"),
+                        });
+                    } else {
+                        assert_ne!(c[i], '\n', "{line}");
+                        value.push(c[i]);
+                    }
+                    i += 1;
+                }
+                labels.push((key, value));
+                i += 1;
+                if c[i] == ',' {
+                    i += 1;
+                }
+            }
+            i += 1;
+        }
+        let rest: String = c[i..].iter().collect();
+        let value = rest
+            .strip_prefix(' ')
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no value in {line}"));
+        (name, labels, value)
+    }
+
+    fn samples(text: &str) -> Vec<Sample> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(parse_sample)
+            .collect()
+    }
+
+    fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn value(samples: &[Sample], name: &str) -> f64 {
+        samples
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .2
+    }
+
+    #[test]
+    fn vllm_names_appear_once_the_model_is_named() {
+        let m = Metrics::default();
+        let before = m.render(false);
+        assert!(!before.contains("vllm:"), "{before}");
+        samples(&before);
+        m.set_served(ServedModel {
+            name: "gemma".into(),
+            cache_dtype: "float16",
+        });
+        let after = m.render(true);
+        assert!(after.starts_with(&before.replace("ferrox_ready 0", "ferrox_ready 1")));
+        for name in [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "vllm:cache_config_info",
+            "vllm:num_preemptions_total",
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:request_success_total",
+            "vllm:time_to_first_token_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+            "vllm:e2e_request_latency_seconds",
+            "vllm:request_queue_time_seconds",
+        ] {
+            assert_eq!(
+                after.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn vllm_series_carry_the_model_and_the_measurements() {
+        let m = Metrics::default();
+        m.set_served(ServedModel {
+            name: "gemma-3-270m-q4_k_m.gguf".into(),
+            cache_dtype: "float16",
+        });
+        m.kv_blocks_total.store(40, Ordering::Relaxed);
+        m.kv_block_tokens.store(16, Ordering::Relaxed);
+        m.kv_blocks_used.store(10, Ordering::Relaxed);
+        m.active_sequences.store(2, Ordering::Relaxed);
+        m.queue_depth.store(3, Ordering::Relaxed);
+        m.prompt_tokens.store(100, Ordering::Relaxed);
+        m.generated_tokens.store(7, Ordering::Relaxed);
+        m.observe_ttft(Duration::from_millis(30));
+        m.observe_itl(Duration::from_millis(20));
+        m.observe_itl(Duration::from_millis(200));
+        m.observe_queue_time(Duration::from_millis(400));
+        m.observe_finished(Finished::Stop, Duration::from_millis(700));
+        m.observe_finished(Finished::Length, Duration::from_secs(3));
+        m.observe_finished(Finished::Length, Duration::from_secs(9000));
+        let text = m.render(true);
+        let all = samples(&text);
+        for (name, labels, _) in all.iter().filter(|(n, _, _)| n.starts_with("vllm:")) {
+            assert_eq!(
+                label(labels, "model_name"),
+                Some("gemma-3-270m-q4_k_m.gguf"),
+                "{name}"
+            );
+            assert_eq!(label(labels, "engine"), Some("0"), "{name}");
+        }
+        assert_eq!(value(&all, "vllm:num_requests_running"), 2.0);
+        assert_eq!(value(&all, "vllm:num_requests_waiting"), 3.0);
+        assert_eq!(value(&all, "vllm:kv_cache_usage_perc"), 0.25);
+        assert_eq!(value(&all, "vllm:gpu_cache_usage_perc"), 0.25);
+        assert_eq!(value(&all, "vllm:prompt_tokens_total"), 100.0);
+        assert_eq!(value(&all, "vllm:generation_tokens_total"), 7.0);
+        assert_eq!(value(&all, "vllm:num_preemptions_total"), 0.0);
+        let info = all
+            .iter()
+            .find(|(n, _, _)| n == "vllm:cache_config_info")
+            .unwrap();
+        assert_eq!(info.2, 1.0);
+        assert_eq!(label(&info.1, "block_size"), Some("16"));
+        assert_eq!(label(&info.1, "num_gpu_blocks"), Some("40"));
+        assert_eq!(label(&info.1, "cache_dtype"), Some("float16"));
+        let success: Vec<(&str, f64)> = all
+            .iter()
+            .filter(|(n, _, _)| n == "vllm:request_success_total")
+            .map(|(_, l, v)| (label(l, "finished_reason").unwrap(), *v))
+            .collect();
+        assert_eq!(success, [("stop", 1.0), ("length", 2.0), ("abort", 0.0)]);
+
+        // Histograms: cumulative buckets, +Inf equal to _count, vLLM's bounds.
+        let buckets = |name: &str| -> Vec<(String, f64)> {
+            all.iter()
+                .filter(|(n, _, _)| *n == format!("{name}_bucket"))
+                .map(|(_, l, v)| (label(l, "le").unwrap().to_string(), *v))
+                .collect()
+        };
+        let e2e = buckets("vllm:e2e_request_latency_seconds");
+        assert_eq!(e2e.len(), VLLM_REQUEST_LATENCY_BOUNDS.len() + 1);
+        assert!(e2e.windows(2).all(|w| w[0].1 <= w[1].1));
+        assert_eq!(e2e.iter().find(|(le, _)| le == "0.8").unwrap().1, 1.0);
+        assert_eq!(e2e.iter().find(|(le, _)| le == "5").unwrap().1, 2.0);
+        assert_eq!(e2e.iter().find(|(le, _)| le == "7680").unwrap().1, 2.0);
+        assert_eq!(e2e.last().unwrap(), &("+Inf".to_string(), 3.0));
+        assert_eq!(value(&all, "vllm:e2e_request_latency_seconds_count"), 3.0);
+        assert!((value(&all, "vllm:e2e_request_latency_seconds_sum") - 9003.7).abs() < 1e-6);
+        assert_eq!(value(&all, "vllm:request_queue_time_seconds_count"), 1.0);
+        let ttft = buckets("vllm:time_to_first_token_seconds");
+        assert_eq!(ttft.len(), VLLM_TTFT_BOUNDS.len() + 1);
+        assert_eq!(ttft.iter().find(|(le, _)| le == "0.02").unwrap().1, 0.0);
+        assert_eq!(ttft.iter().find(|(le, _)| le == "0.04").unwrap().1, 1.0);
+        // The two inter-token names report the same observations.
+        let itl = buckets("vllm:inter_token_latency_seconds");
+        assert_eq!(itl, buckets("vllm:time_per_output_token_seconds"));
+        assert_eq!(itl.iter().find(|(le, _)| le == "0.025").unwrap().1, 1.0);
+        assert_eq!(itl.last().unwrap().1, 2.0);
+        // ferrox's own histograms keep their bounds and see the same observations.
+        assert_eq!(value(&all, "ferrox_inter_token_latency_seconds_count"), 2.0);
+        assert!(text.contains("ferrox_time_to_first_token_seconds_bucket{le=\"0.05\"} 1\n"));
+    }
+
+    #[test]
+    fn model_names_are_escaped_in_labels() {
+        assert_eq!(escape_label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape_label("x\ny"), r"x\ny");
+        let m = Metrics::default();
+        let name = "my \"best\" model\\v2\nnew";
+        m.set_served(ServedModel {
+            name: name.into(),
+            cache_dtype: "float32",
+        });
+        m.observe_finished(Finished::Abort, Duration::from_secs(1));
+        let text = m.render(true);
+        assert!(
+            text.contains(
+                r#"vllm:num_requests_running{model_name="my \"best\" model\\v2\nnew",engine="0"} 0"#
+            ),
+            "{text}"
+        );
+        let vllm: Vec<_> = samples(&text)
+            .into_iter()
+            .filter(|(n, _, _)| n.starts_with("vllm:"))
+            .collect();
+        assert!(vllm.len() > 100);
+        for (n, labels, _) in &vllm {
+            assert_eq!(label(labels, "model_name"), Some(name), "{n}");
+        }
     }
 }

@@ -118,6 +118,45 @@ fn model_object(ready: &Ready) -> Value {
     })
 }
 
+/// SGLang's `GET /get_model_info`, which SGLang's router reads.
+pub async fn model_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    Ok(Json(json!({
+        "model_path": ready.model_path,
+        // The GGUF file carries its tokenizer.
+        "tokenizer_path": ready.model_path,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+    })))
+}
+
+/// SGLang's `GET /get_server_info`: the fields SGLang's router and clients read (model,
+/// limits, version) under SGLang's names.
+pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let kv_tokens = ready.kv_blocks * crate::kv::BLOCK_TOKENS;
+    Ok(Json(json!({
+        "model_path": ready.model_path,
+        "tokenizer_path": ready.model_path,
+        "served_model_name": ready.model_id,
+        "model_id": ready.model_id,
+        "is_embedding": false,
+        "context_length": ready.n_ctx,
+        "max_req_input_len": ready.n_ctx.saturating_sub(1),
+        "max_running_requests": ready.slots,
+        "max_total_num_tokens": kv_tokens,
+        "max_total_tokens": kv_tokens,
+        "page_size": crate::kv::BLOCK_TOKENS,
+        "kv_cache_dtype": ready.cache_dtype,
+        "max_queued_requests": state.config.max_queue,
+        "chunked_prefill_size": state.config.prefill_chunk,
+        "dp_size": 1,
+        "tp_size": 1,
+        "version": env!("CARGO_PKG_VERSION"),
+    })))
+}
+
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let ready = state.ready()?;
     Ok(Json(
@@ -518,6 +557,7 @@ async fn generate(
             choice,
             events: tx.clone(),
             submitted,
+            span: tracing::Span::current(),
         };
         ready
             .scheduler
@@ -616,6 +656,8 @@ fn stream_response(
     include_usage: bool,
     ping: std::time::Duration,
 ) -> Response {
+    // The body is sent after the handler has returned, outside the request's span.
+    let span = tracing::Span::current();
     let stream = async_stream::stream! {
         if responder.kind == Kind::Chat {
             for index in 0..n {
@@ -660,7 +702,7 @@ fn stream_response(
                     }
                 }
                 Some((_, Event::Failed(e))) => {
-                    tracing::warn!("stream failed after it started: {}", e.message);
+                    tracing::warn!(parent: &span, "stream failed after it started: {}", e.message);
                     yield Ok(sse_json(&e.body()));
                     break;
                 }

@@ -21,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
 use crate::kv::{KvPool, Lease, Refusal, SlotId, Work};
-use crate::metrics::Metrics;
+use crate::metrics::{Finished, Metrics};
 
 /// A request waiting for, or holding, a slot.
 pub struct Job {
@@ -30,13 +30,23 @@ pub struct Job {
     /// Which choice of its request this job generates (`n` > 1 shares one channel).
     pub choice: usize,
     pub events: UnboundedSender<(usize, Event)>,
+    /// When the request reached the scheduler: queue time, TTFT and end-to-end latency
+    /// count from here.
     pub submitted: Instant,
+    /// The request's span (its `request_id`): what the scheduler logs about this job is
+    /// logged inside it.
+    pub span: tracing::Span,
 }
 
 impl Job {
     /// Tells the request's handler; fails once it has gone away.
     fn send(&self, event: Event) -> Result<(), SendError<(usize, Event)>> {
         self.events.send((self.choice, event))
+    }
+
+    /// Counts the job as ended without finishing (cancelled, refused at shutdown, failed).
+    fn aborted(&self, metrics: &Metrics) {
+        metrics.observe_finished(Finished::Abort, self.submitted.elapsed());
     }
 }
 
@@ -217,6 +227,14 @@ struct Seq<'t> {
     last_token_at: Option<Instant>,
 }
 
+impl Seq<'_> {
+    /// Frees the sequence's memory after it ended without finishing.
+    fn abort(self, pool: &mut KvPool, metrics: &Metrics) {
+        self.job.aborted(metrics);
+        pool.release(self.slot);
+    }
+}
+
 struct Loop<'t> {
     engine: AnyEngine,
     pool: KvPool,
@@ -277,6 +295,7 @@ impl<'t> Loop<'t> {
                         let jobs: Vec<Job> = q.jobs.drain(..).collect();
                         drop(q);
                         for job in jobs {
+                            job.aborted(&self.metrics);
                             let _ = job.send(Event::Failed(shutting_down()));
                         }
                         self.cancel_all(&mut active, shutting_down());
@@ -284,6 +303,7 @@ impl<'t> Loop<'t> {
                     }
                     if q.deadline.is_some_and(|d| Instant::now() >= d) {
                         for job in q.jobs.drain(..) {
+                            job.aborted(&self.metrics);
                             let _ = job.send(Event::Failed(shutting_down()));
                         }
                         self.cancel_all(&mut active, shutting_down());
@@ -301,6 +321,8 @@ impl<'t> Loop<'t> {
                 // behind it, so a large one is not starved by a stream of small ones.
                 while let Some(job) = q.jobs.front() {
                     if job.events.is_closed() {
+                        tracing::debug!(parent: &job.span, "client went away while queued");
+                        job.aborted(&self.metrics);
                         q.jobs.pop_front();
                         self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -341,7 +363,7 @@ impl<'t> Loop<'t> {
                     let error = ApiError::internal(message);
                     for s in active.drain(..) {
                         let _ = s.job.send(Event::Failed(error.clone()));
-                        self.pool.release(s.slot);
+                        s.abort(&mut self.pool, &self.metrics);
                     }
                 }
             }
@@ -354,6 +376,7 @@ impl<'t> Loop<'t> {
 
     /// Starts a job on the KV memory `lease` the pool gave it.
     fn admit(&mut self, job: Job, lease: Lease, active: &mut Vec<Seq<'t>>) {
+        self.metrics.observe_queue_time(job.submitted.elapsed());
         self.metrics
             .prompt_tokens
             .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
@@ -361,6 +384,7 @@ impl<'t> Loop<'t> {
             .prefix_hit_tokens
             .fetch_add(lease.reused as u64, Ordering::Relaxed);
         tracing::debug!(
+            parent: &job.span,
             slot = lease.slot.index(),
             prompt = job.prompt.len(),
             reused = lease.reused,
@@ -387,10 +411,12 @@ impl<'t> Loop<'t> {
         active.retain(|s| {
             if s.job.events.is_closed() {
                 tracing::debug!(
+                    parent: &s.job.span,
                     slot = s.slot.index(),
                     "client went away; sequence cancelled"
                 );
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                s.job.aborted(metrics);
                 pool.release(s.slot);
                 false
             } else {
@@ -402,7 +428,7 @@ impl<'t> Loop<'t> {
     fn cancel_all(&mut self, active: &mut Vec<Seq<'t>>, error: ApiError) {
         for s in active.drain(..) {
             let _ = s.job.send(Event::Failed(error.clone()));
-            self.pool.release(s.slot);
+            s.abort(&mut self.pool, &self.metrics);
         }
     }
 
@@ -469,7 +495,7 @@ impl<'t> Loop<'t> {
             for &i in failed.iter().rev() {
                 let s = active.remove(i);
                 let _ = s.job.send(Event::Failed(error.clone()));
-                self.pool.release(s.slot);
+                s.abort(&mut self.pool, &self.metrics);
             }
             return;
         }
@@ -533,6 +559,18 @@ impl<'t> Loop<'t> {
             let delivered = s.job.send(event).is_ok();
             match finish {
                 Some(finish) => {
+                    let e2e = now - s.job.submitted;
+                    self.metrics.observe_finished(finish.into(), e2e);
+                    tracing::info!(
+                        parent: &s.job.span,
+                        choice = s.job.choice,
+                        prompt_tokens = s.job.prompt.len(),
+                        cached_tokens = s.cached,
+                        completion_tokens = s.generation.generated(),
+                        finish = finish.as_str(),
+                        e2e_ms = e2e.as_millis() as u64,
+                        "sequence finished"
+                    );
                     let _ = s.job.send(Event::Done(Summary {
                         finish,
                         prompt_tokens: s.job.prompt.len(),
@@ -543,10 +581,12 @@ impl<'t> Loop<'t> {
                 }
                 None if !delivered => {
                     tracing::debug!(
+                        parent: &s.job.span,
                         slot = s.slot.index(),
                         "client went away; sequence cancelled"
                     );
                     self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    s.job.aborted(&self.metrics);
                     finished.push(index);
                 }
                 None => s.next = Some(step.token),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferrox_server::{LoadedModel, ServerConfig};
+use ferrox_server::{LoadedModel, LogFormat, ServerConfig};
 
 use super::model::{self, ModelArgs};
 use super::InputError;
@@ -51,6 +51,16 @@ pub struct Args {
     /// Seconds between SSE comment pings while a stream waits (long prefills).
     #[arg(long = "sse-ping", value_name = "SECONDS", default_value_t = 15)]
     pub sse_ping: u64,
+    /// Log lines on stderr: `text`, or `json` (one object per line, with the request's
+    /// `request_id` in its span), for log collectors.
+    #[arg(long = "log-format", value_enum, default_value_t = LogFormatArg::Text)]
+    pub log_format: LogFormatArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -77,6 +87,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         body_limit: args.body_limit.max(1) << 20,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         ping_interval: Duration::from_secs(args.sse_ping.max(1)),
+        log_format: match args.log_format {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        },
     };
     let model_args = args.model;
     ferrox_server::run(config, move || {

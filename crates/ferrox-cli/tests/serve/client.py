@@ -9,6 +9,7 @@ Prints one line per check and exits non-zero if any failed."""
 import argparse
 import json
 import random
+import re
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ def tokenize(text, add_special=False):
 
 def expect_error(response, status, param=None, contains=()):
     assert response.status_code == status, f"expected {status}, got {response.status_code}: {response.text}"
+    assert response.headers.get("x-request-id"), f"no X-Request-Id on a {status}: {response.headers}"
     body = response.json()
     err = body["error"]
     for key in ("message", "type", "param", "code"):
@@ -487,6 +489,180 @@ def tokenize_detokenize_metrics():
     assert metric("ferrox_generated_tokens_total") > 0
     # Finished requests leave their full blocks in the prefix cache.
     assert metric("ferrox_kv_blocks_cached") > 0
+
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
+
+
+def scrape():
+    """Every sample of /metrics as (name, labels, value); fails on a line that is not valid
+    Prometheus text."""
+    r = raw.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r
+    out = []
+    for line in r.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"not a sample: {line!r}"
+        labels = {}
+        if m.group(2):
+            pos = 0
+            while pos < len(m.group(2)):
+                lm = LABEL.match(m.group(2), pos)
+                assert lm, f"bad labels: {line!r}"
+                labels[lm.group(1)] = re.sub(r'\\(.)', lambda e: "\n" if e.group(1) == "n" else e.group(1), lm.group(2))
+                pos = lm.end()
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def sample(samples, name, **labels):
+    found = [v for n, l, v in samples if n == name and all(l.get(k) == v for k, v in labels.items())]
+    assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
+    return found[0]
+
+
+VLLM_NAMES = {
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:gpu_cache_usage_perc": "gauge",
+    "vllm:cache_config_info": "gauge",
+    "vllm:prompt_tokens_total": "counter",
+    "vllm:generation_tokens_total": "counter",
+    "vllm:request_success_total": "counter",
+    "vllm:num_preemptions_total": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:time_per_output_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+}
+
+
+def wait_idle():
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = scrape()
+        if sample(s, "vllm:num_requests_running") == 0 and sample(s, "vllm:num_requests_waiting") == 0:
+            return s
+        time.sleep(0.1)
+    raise AssertionError("the server is not idle")
+
+
+@check
+def vllm_metrics_for_routers():
+    """The names, types and labels vLLM exports, which the inference gateway's endpoint picker
+    and vLLM-compatible routers scrape."""
+    text = raw.get("/metrics").text
+    for name, kind in VLLM_NAMES.items():
+        assert f"# TYPE {name} {kind}\n" in text, f"{name} ({kind}) not in /metrics"
+    before = wait_idle()
+    for name, labels, _ in before:
+        if name.startswith("vllm:"):
+            assert labels.get("model_name") == MODEL, (name, labels)
+            assert any(name == n or name.startswith(n + "_") for n in VLLM_NAMES), name
+    assert sample(before, "vllm:num_requests_running", model_name=MODEL) == 0
+    assert sample(before, "vllm:num_requests_running") == sample(before, "ferrox_active_sequences")
+    usage = sample(before, "vllm:kv_cache_usage_perc", model_name=MODEL)
+    assert 0 <= usage <= 1 and usage == sample(before, "vllm:gpu_cache_usage_perc"), usage
+    assert sample(before, "vllm:num_preemptions_total") == 0
+    info = [l for n, l, v in before if n == "vllm:cache_config_info" and v == 1]
+    assert len(info) == 1, info
+    assert info[0]["block_size"] == "16", info
+    assert int(info[0]["num_gpu_blocks"]) == sample(before, "ferrox_kv_blocks_total") > 0, info
+    assert info[0]["cache_dtype"] in ("float16", "float32"), info
+
+    def count(s, name):
+        return sample(s, name + "_count", model_name=MODEL)
+
+    def finished(s):
+        return sum(sample(s, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length", "abort"))
+
+    # Three requests, one sequence each: every per-request histogram and counter moves by
+    # exactly what they did. End-of-turn tokens are banned so that each runs to max_tokens.
+    no_eos = {"1": -100, "106": -100}
+    prompt_tokens = completion_tokens = 0
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0,
+                                  logit_bias=no_eos)
+    prompt_tokens += r.usage.prompt_tokens
+    completion_tokens += r.usage.completion_tokens
+    r = client.chat.completions.create(model=MODEL, messages=user("Say hi."), max_tokens=6, temperature=0,
+                                       logit_bias=no_eos)
+    prompt_tokens += r.usage.prompt_tokens
+    completion_tokens += r.usage.completion_tokens
+    for ch in client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}, logit_bias=no_eos):
+        if ch.usage:
+            prompt_tokens += ch.usage.prompt_tokens
+            completion_tokens += ch.usage.completion_tokens
+    after = wait_idle()
+    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:time_to_first_token_seconds"):
+        assert count(after, name) == count(before, name) + 3, (name, count(before, name), count(after, name))
+        assert sample(after, name + "_bucket", le="+Inf") == count(after, name)
+    assert finished(after) == finished(before) + 3
+    assert sample(after, "vllm:request_success_total", finished_reason="length") == \
+        sample(before, "vllm:request_success_total", finished_reason="length") + 3
+    assert sample(after, "vllm:request_success_total", finished_reason="abort") == \
+        sample(before, "vllm:request_success_total", finished_reason="abort")
+    assert sample(after, "vllm:prompt_tokens_total") == sample(before, "vllm:prompt_tokens_total") + prompt_tokens
+    assert sample(after, "vllm:generation_tokens_total") == \
+        sample(before, "vllm:generation_tokens_total") + completion_tokens
+    itl = count(after, "vllm:inter_token_latency_seconds") - count(before, "vllm:inter_token_latency_seconds")
+    assert itl == completion_tokens - 3, (itl, completion_tokens)
+    assert count(after, "vllm:time_per_output_token_seconds") == count(after, "vllm:inter_token_latency_seconds")
+    e2e = sample(after, "vllm:e2e_request_latency_seconds_sum") - sample(before, "vllm:e2e_request_latency_seconds_sum")
+    ttft = sample(after, "vllm:time_to_first_token_seconds_sum") - sample(before, "vllm:time_to_first_token_seconds_sum")
+    assert 0 < ttft <= e2e, (ttft, e2e)
+
+
+@check
+def request_ids_are_echoed():
+    body = {"model": MODEL, "prompt": "One, two,", "max_tokens": 2, "temperature": 0}
+    r = raw.post("/v1/completions", json=body, headers={"X-Request-Id": "client-id-123"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "client-id-123", r.headers
+    generated = {raw.post("/v1/completions", json=body).headers.get("x-request-id") for _ in range(2)}
+    assert len(generated) == 2 and all(generated), generated
+    longest = "a" * 128
+    assert raw.get("/v1/models", headers={"X-Request-Id": longest}).headers["x-request-id"] == longest
+    # Ids that cannot go into a log line or are too long are replaced.
+    for bad in ["a" * 129, b"caf\xc3\xa9"]:
+        got = raw.get("/v1/models", headers={"X-Request-Id": bad}).headers.get("x-request-id")
+        assert got and got != bad and len(got) <= 128, (bad, got)
+    # Errors, streams and the open routes carry it too.
+    r = raw.get("/v1/nothing", headers={"X-Request-Id": "err-404"})
+    assert r.status_code == 404 and r.headers["x-request-id"] == "err-404", r
+    r = raw.post("/v1/completions", json={**body, "max_tokens": "many"}, headers={"X-Request-Id": "err-400"})
+    assert r.status_code == 400 and r.headers["x-request-id"] == "err-400", r
+    r = httpx.get(BASE + "/v1/models", headers={"X-Request-Id": "err-401"}, timeout=30)
+    assert r.status_code == 401 and r.headers["x-request-id"] == "err-401", r
+    r = httpx.get(BASE + "/health", timeout=30)
+    assert r.status_code == 200 and r.headers.get("x-request-id"), r.headers
+    with raw.stream("POST", "/v1/completions", json={**body, "stream": True}, headers={"X-Request-Id": "stream-7"}) as r:
+        assert r.status_code == 200 and r.headers["x-request-id"] == "stream-7", r.headers
+        assert any(line == "data: [DONE]" for line in r.iter_lines())
+    # Through the SDK.
+    r = client.chat.completions.with_raw_response.create(model=MODEL, messages=user("hi"), max_tokens=2,
+                                                         extra_headers={"X-Request-Id": "sdk-1"})
+    assert r.headers["x-request-id"] == "sdk-1" and r.parse().choices[0].message.content is not None
+
+
+@check
+def sglang_info_endpoints():
+    info = raw.get("/get_model_info").json()
+    assert info["model_path"].endswith(".gguf") and info["is_generation"] is True, info
+    assert info["tokenizer_path"] == info["model_path"], info
+    server = raw.get("/get_server_info").json()
+    assert server["model_path"] == info["model_path"] and server["served_model_name"] == MODEL, server
+    assert server["context_length"] == N_CTX and server["max_req_input_len"] == N_CTX - 1, server
+    assert server["version"] and server["page_size"] == 16, server
+    blocks = sample(scrape(), "ferrox_kv_blocks_total")
+    assert server["max_total_num_tokens"] == server["max_total_tokens"] == blocks * 16, (server, blocks)
+    # Behind the API key like the rest.
+    assert httpx.get(BASE + "/get_server_info", timeout=30).status_code == 401
 
 
 def main():

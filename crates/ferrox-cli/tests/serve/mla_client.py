@@ -1,7 +1,8 @@
-"""Checks `ferrox serve` on a Multi-head Latent Attention model (a tiny synthetic file)
-through the official `openai` client: completions and chat, streaming and not, 8 concurrent
-greedy streams equal to their single runs, prefix reuse, and the memory figures in /metrics.
-Usage: mla_client.py --base-url URL --bytes-per-position N"""
+"""Checks `ferrox serve` on a tiny synthetic model of an engine other than the dense decoder
+(Multi-head Latent Attention, Kimi Linear) through the official `openai` client: completions
+and chat, streaming and not, 8 concurrent greedy streams equal to their single runs, prefix
+reuse, and the memory figures in /metrics.
+Usage: mla_client.py --base-url URL --bytes-per-position N [--recurrent-bytes N --parallel N]"""
 import argparse
 import sys
 import threading
@@ -13,6 +14,8 @@ import openai
 p = argparse.ArgumentParser()
 p.add_argument("--base-url", required=True)
 p.add_argument("--bytes-per-position", type=int, required=True)
+p.add_argument("--recurrent-bytes", type=int, default=0, help="recurrent state bytes per sequence")
+p.add_argument("--parallel", type=int, default=8)
 args = p.parse_args()
 client = openai.OpenAI(base_url=f"{args.base_url}/v1", api_key="none", max_retries=0, timeout=120)
 raw = httpx.Client(base_url=args.base_url, timeout=120)
@@ -53,7 +56,7 @@ def completions_streaming_equals_non_streaming():
         a, la, usage = greedy(prompt)
         b, lb, _ = greedy(prompt, stream=True)
         assert (a, la) == (b, lb), (prompt, a, b)
-        assert usage.completion_tokens == 10, usage
+        assert 1 <= usage.completion_tokens <= 10 and len(la) <= usage.completion_tokens, usage
 
 
 @check
@@ -107,11 +110,12 @@ def a_shared_prefix_is_reused_with_the_same_tokens():
 
 
 @check
-def memory_figures_use_the_latent_row():
+def memory_figures_follow_the_engine():
     per_position = metric("ferrox_kv_bytes_per_position")
     assert per_position == args.bytes_per_position, per_position
     blocks, block_tokens = metric("ferrox_kv_blocks_total"), metric("ferrox_kv_block_tokens")
-    assert metric("ferrox_kv_cache_bytes") == blocks * block_tokens * per_position
+    want = blocks * block_tokens * per_position + args.parallel * args.recurrent_bytes
+    assert metric("ferrox_kv_cache_bytes") == want, (metric("ferrox_kv_cache_bytes"), want)
 
 
 def main():
