@@ -292,6 +292,50 @@ pub fn residual_add(
         });
 }
 
+/// The residual stream of a micro-batch and the buffers of its sublayers.
+#[derive(Default)]
+pub struct Residual {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    proj: Vec<f32>,
+}
+
+impl Residual {
+    /// Starts the stream from the rows' token embeddings (times `scale`, if any).
+    pub fn embed(
+        &mut self,
+        rows: &[Row],
+        embd: &WeightMatrix<'_>,
+        scale: Option<f32>,
+    ) -> Result<(), EngineError> {
+        let x = sized(&mut self.x, rows.len() * embd.cols());
+        embed(rows, embd, scale, x)
+    }
+
+    /// One pre-norm sublayer: `x += f(rms_norm(x; norm))`, `f` writing its output into the
+    /// buffer it is given (`n × n_embd`, as `x`).
+    pub fn sublayer(
+        &mut self,
+        n: usize,
+        norm: &[f32],
+        eps: f32,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let n_embd = norm.len();
+        let xn = sized(&mut self.xn, n * n_embd);
+        norm_rows(&self.x[..n * n_embd], norm, eps, xn);
+        let proj = sized(&mut self.proj, n * n_embd);
+        f(xn, proj)?;
+        residual_add(&mut self.x[..n * n_embd], proj, n_embd, None, eps);
+        Ok(())
+    }
+
+    /// The stream (`n × n_embd` rows).
+    pub fn x(&self) -> &[f32] {
+        &self.x
+    }
+}
+
 /// The final norm and output projection.
 pub struct OutputHead<'a> {
     pub norm: &'a [f32],

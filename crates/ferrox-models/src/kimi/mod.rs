@@ -21,7 +21,7 @@ use crate::mla::attention::{attention, AttnScratch};
 use crate::mla::weights::{load_ffn, load_layer};
 use crate::mla::{ffn, KvB, MlaConfig, MlaFfn, MlaLayer, Path};
 use crate::names::*;
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
 use crate::tensors::{check_block_count, embedding_and_head_bytes, name_keys, Loader, MatrixRef};
 use crate::ModelError;
 use kda::{KdaScratch, KdaShape, KdaWeights};
@@ -276,9 +276,7 @@ pub struct KimiEngine {
 
 #[derive(Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    proj: Vec<f32>,
+    residual: step::Residual,
     attn: AttnScratch,
     kda: KdaScratch,
     head: HeadScratch,
@@ -346,10 +344,9 @@ impl step::Layers for KimiEngine {
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
         let c = &self.config;
-        let gguf = &*self.rt.gguf;
-        let (n, n_embd, eps) = (rows.len(), c.mla.n_embd, c.mla.norm_eps);
-        let x = sized(&mut s.x, n * n_embd);
-        step::embed(rows, &self.weights.token_embd.view(gguf)?, None, x)?;
+        let (n, eps, gguf) = (rows.len(), c.mla.norm_eps, &*self.rt.gguf);
+        s.residual
+            .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
         for (il, layer) in self.weights.layers.iter().enumerate() {
             let (attn_norm, ffn_norm, ffn_weights) = match layer {
                 KimiLayer::Kda {
@@ -360,44 +357,40 @@ impl step::Layers for KimiEngine {
                 } => (attn_norm, ffn_norm, ffn),
                 KimiLayer::Mla { layer, .. } => (&layer.attn_norm, &layer.ffn_norm, &layer.ffn),
             };
-            let xn = sized(&mut s.xn, n * n_embd);
-            step::norm_rows(&s.x[..n * n_embd], attn_norm, eps, xn);
-            let proj = sized(&mut s.proj, n * n_embd);
-            match layer {
-                KimiLayer::Kda { index, kda, .. } => {
-                    let at = index * c.kda.state_values();
-                    kda::forward(
-                        c.kda, kda, gguf, eps, rows, xn, memory, at, &mut s.kda, proj,
-                    )?
-                }
-                KimiLayer::Mla { index, layer } => attention(
-                    &c.mla,
-                    layer,
+            s.residual
+                .sublayer(n, attn_norm, eps, |xn, out| match layer {
+                    KimiLayer::Kda { index, kda, .. } => {
+                        let at = index * c.kda.state_values();
+                        kda::forward(c.kda, kda, gguf, eps, rows, xn, memory, at, &mut s.kda, out)
+                    }
+                    KimiLayer::Mla { index, layer } => {
+                        let path = |_, _| Path::Absorbed;
+                        attention(
+                            &c.mla,
+                            layer,
+                            gguf,
+                            *index,
+                            rows,
+                            xn,
+                            memory,
+                            path,
+                            &mut s.attn,
+                            out,
+                        )
+                    }
+                })?;
+            s.residual.sublayer(n, ffn_norm, eps, |xn, out| {
+                let (logits, moe) = (&mut s.router_logits, &mut s.moe);
+                Ok(ffn(
                     gguf,
-                    *index,
-                    rows,
+                    ffn_weights,
+                    &c.mla.ffn[il],
                     xn,
-                    memory,
-                    |_, _| Path::Absorbed,
-                    &mut s.attn,
-                    proj,
-                )?,
-            }
-            step::residual_add(&mut s.x[..n * n_embd], proj, n_embd, None, eps);
-            let xn = sized(&mut s.xn, n * n_embd);
-            step::norm_rows(&s.x[..n * n_embd], ffn_norm, eps, xn);
-            let proj = sized(&mut s.proj, n * n_embd);
-            let kind = &c.mla.ffn[il];
-            ffn(
-                gguf,
-                ffn_weights,
-                kind,
-                xn,
-                proj,
-                &mut s.router_logits,
-                &mut s.moe,
-            )?;
-            step::residual_add(&mut s.x[..n * n_embd], proj, n_embd, None, eps);
+                    out,
+                    logits,
+                    moe,
+                )?)
+            })?;
         }
         step::advance(memory, rows);
         let head = OutputHead {
@@ -406,6 +399,6 @@ impl step::Layers for KimiEngine {
             output: self.weights.output.view(gguf)?,
             softcap: None,
         };
-        head.run(rows, &s.x, logits, &mut s.head)
+        head.run(rows, s.residual.x(), logits, &mut s.head)
     }
 }

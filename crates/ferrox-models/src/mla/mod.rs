@@ -19,7 +19,7 @@ pub use weights::{MlaFfn, MlaLayer, MlaWeights};
 use crate::engine::EngineError;
 use crate::engine::EngineOptions;
 use crate::hparams::FfnKind;
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use attention::AttnScratch;
 
@@ -60,9 +60,7 @@ pub struct MlaEngine {
 
 #[derive(Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    proj: Vec<f32>,
+    residual: step::Residual,
     attn: AttnScratch,
     head: HeadScratch,
     router_logits: Vec<f32>,
@@ -143,39 +141,18 @@ impl MlaEngine {
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
         let c = &self.config;
-        let (n, n_embd) = (rows.len(), c.n_embd);
-        let x = sized(&mut s.x, n * n_embd);
-        step::embed(rows, &self.weights.token_embd.view(&self.rt.gguf)?, None, x)?;
+        let (n, eps, gguf) = (rows.len(), c.norm_eps, &*self.rt.gguf);
+        s.residual
+            .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
         for (il, lw) in self.weights.layers.iter().enumerate() {
-            let xn = sized(&mut s.xn, n * n_embd);
-            step::norm_rows(&s.x[..n * n_embd], &lw.attn_norm, c.norm_eps, xn);
-            let proj = sized(&mut s.proj, n * n_embd);
-            attention::attention(
-                c,
-                lw,
-                &self.rt.gguf,
-                il,
-                rows,
-                xn,
-                memory,
-                |n, end| self.path_for(n, end),
-                &mut s.attn,
-                proj,
-            )?;
-            step::residual_add(&mut s.x[..n * n_embd], proj, n_embd, None, c.norm_eps);
-            let xn = sized(&mut s.xn, n * n_embd);
-            step::norm_rows(&s.x[..n * n_embd], &lw.ffn_norm, c.norm_eps, xn);
-            let proj = sized(&mut s.proj, n * n_embd);
-            ffn(
-                &self.rt.gguf,
-                &lw.ffn,
-                &c.ffn[il],
-                xn,
-                proj,
-                &mut s.router_logits,
-                &mut s.moe,
-            )?;
-            step::residual_add(&mut s.x[..n * n_embd], proj, n_embd, None, c.norm_eps);
+            s.residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
+                let path = |n, end| self.path_for(n, end);
+                attention::attention(c, lw, gguf, il, rows, xn, memory, path, &mut s.attn, out)
+            })?;
+            s.residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
+                let (logits, moe) = (&mut s.router_logits, &mut s.moe);
+                Ok(ffn(gguf, &lw.ffn, &c.ffn[il], xn, out, logits, moe)?)
+            })?;
         }
         step::advance(memory, rows);
         let head = OutputHead {
@@ -184,7 +161,7 @@ impl MlaEngine {
             output: self.weights.output.view(&self.rt.gguf)?,
             softcap: None,
         };
-        head.run(rows, &s.x, seq_logits, &mut s.head)
+        head.run(rows, s.residual.x(), seq_logits, &mut s.head)
     }
 }
 
