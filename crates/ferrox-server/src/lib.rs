@@ -591,7 +591,10 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
 
 async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.config.api_key {
-        let open = matches!(req.uri().path(), "/health" | "/v1/health");
+        // As vLLM's key guards only its API: health checks, Prometheus and the inference
+        // gateway's endpoint picker scrape without credentials, and the metrics carry counts
+        // and the model's name, no request content.
+        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
         if !open {
             let headers = req.headers();
             let given = headers

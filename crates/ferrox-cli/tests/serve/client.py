@@ -556,6 +556,10 @@ def wait_idle():
 def vllm_metrics_for_routers():
     """The names, types and labels vLLM exports, which the inference gateway's endpoint picker
     and vLLM-compatible routers scrape."""
+    # Scraped without the key, as the endpoint picker does; the API still needs it.
+    bare = httpx.Client(base_url=BASE, timeout=30)
+    assert bare.get("/metrics").status_code == 200
+    assert bare.get("/v1/models").status_code == 401
     text = raw.get("/metrics").text
     for name, kind in VLLM_NAMES.items():
         assert f"# TYPE {name} {kind}\n" in text, f"{name} ({kind}) not in /metrics"
