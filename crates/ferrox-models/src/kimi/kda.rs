@@ -9,8 +9,10 @@
 
 use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
+use rayon::prelude::*;
 
 use crate::engine::EngineError;
+use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
 use crate::step::{sized, Row};
@@ -102,8 +104,6 @@ pub struct KdaScratch {
     g_a: Vec<f32>,
     gate: Vec<f32>,
     out: Vec<f32>,
-    decay: Vec<f32>,
-    delta: Vec<f32>,
     xq: Vec<u8>,
 }
 
@@ -162,8 +162,6 @@ pub fn forward(
     let gate = sized(&mut s.gate, n * d_inner);
     linear(&w.g_b.view(gguf)?, g_a, n, gate, &mut s.xq)?;
     let o = sized(&mut s.out, n * d_inner);
-    let decay = sized(&mut s.decay, dh);
-    let delta = sized(&mut s.delta, dh);
     let conv_len = shape.conv_values();
     let scale = 1.0 / (dh as f32).sqrt();
 
@@ -207,36 +205,43 @@ pub fn forward(
             head.iter_mut().for_each(|x| *x *= l2_scale);
         }
         let gt = &g[t * d_inner..(t + 1) * d_inner];
-        for hd in 0..h {
-            let m = &mut heads[hd * dh * dh..(hd + 1) * dh * dh];
-            let (qh, kh, vh) = (
-                &qt[hd * dh..(hd + 1) * dh],
-                &kt[hd * dh..(hd + 1) * dh],
-                &vt[hd * dh..(hd + 1) * dh],
-            );
-            let b = sigmoid(beta[t * h + hd]);
-            for (i, d) in decay.iter_mut().enumerate() {
-                let c = hd * dh + i;
-                *d = (w.a[hd] * softplus(gt[c] + w.dt_bias[c])).exp();
-            }
-            // The state is kept transposed: m[j·Dh + i] = S[i][j].
-            for row in m.chunks_exact_mut(dh) {
-                row.iter_mut().zip(decay.iter()).for_each(|(x, d)| *x *= d);
-            }
-            for (j, dj) in delta.iter_mut().enumerate() {
-                *dj = (vh[j] - dot(&m[j * dh..(j + 1) * dh], kh)) * b;
-            }
-            for (row, &dj) in m.chunks_exact_mut(dh).zip(delta.iter()) {
-                row.iter_mut().zip(kh).for_each(|(x, &ki)| *x += ki * dj);
-            }
-            let oh = &mut o[t * d_inner + hd * dh..t * d_inner + (hd + 1) * dh];
-            for (j, oj) in oh.iter_mut().enumerate() {
-                *oj = dot(&m[j * dh..(j + 1) * dh], qh) * scale;
-            }
-            rms_norm_in_place(oh, &w.o_norm, eps);
-            let gh = &gate[t * d_inner + hd * dh..t * d_inner + (hd + 1) * dh];
-            oh.iter_mut().zip(gh).for_each(|(x, &gv)| *x *= sigmoid(gv));
-        }
+        let (bt, gate_t) = (
+            &beta[t * h..(t + 1) * h],
+            &gate[t * d_inner..(t + 1) * d_inner],
+        );
+        // Heads are independent: each runs on its own state and output slice.
+        heads
+            .par_chunks_mut(dh * dh)
+            .zip(o[t * d_inner..(t + 1) * d_inner].par_chunks_mut(dh))
+            .enumerate()
+            .for_each(|(hd, (m, oh))| {
+                let span = hd * dh..(hd + 1) * dh;
+                let (qh, kh, vh) = (&qt[span.clone()], &kt[span.clone()], &vt[span.clone()]);
+                let mut decay = [0f32; MAX_HEAD_DIM];
+                let mut delta = [0f32; MAX_HEAD_DIM];
+                let (decay, delta) = (&mut decay[..dh], &mut delta[..dh]);
+                let b = sigmoid(bt[hd]);
+                for (i, d) in decay.iter_mut().enumerate() {
+                    let c = hd * dh + i;
+                    *d = (w.a[hd] * softplus(gt[c] + w.dt_bias[c])).exp();
+                }
+                // The state is kept transposed: m[j·Dh + i] = S[i][j].
+                for row in m.chunks_exact_mut(dh) {
+                    row.iter_mut().zip(decay.iter()).for_each(|(x, d)| *x *= d);
+                }
+                for (j, dj) in delta.iter_mut().enumerate() {
+                    *dj = (vh[j] - dot(&m[j * dh..(j + 1) * dh], kh)) * b;
+                }
+                for (row, &dj) in m.chunks_exact_mut(dh).zip(delta.iter()) {
+                    row.iter_mut().zip(kh).for_each(|(x, &ki)| *x += ki * dj);
+                }
+                for (j, oj) in oh.iter_mut().enumerate() {
+                    *oj = dot(&m[j * dh..(j + 1) * dh], qh) * scale;
+                }
+                rms_norm_in_place(oh, &w.o_norm, eps);
+                let gh = &gate_t[span];
+                oh.iter_mut().zip(gh).for_each(|(x, &gv)| *x *= sigmoid(gv));
+            });
     }
     linear(&w.wo.view(gguf)?, o, n, out, &mut s.xq)?;
     Ok(())
