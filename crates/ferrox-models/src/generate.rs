@@ -23,6 +23,44 @@ pub struct GenerationParams {
     pub logprobs: bool,
     /// Keep going past end-of-generation tokens.
     pub ignore_eog: bool,
+    /// Speculative decoding in [`generate`].
+    pub draft: Draft,
+}
+
+/// How [`generate`] proposes tokens to check several at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Draft {
+    #[default]
+    None,
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the text's
+    /// last n-gram (longest n first), up to `max` of them, none when fewer than `min` would
+    /// be proposed.
+    NGram { min: usize, max: usize },
+}
+
+/// The n-gram lengths prompt lookup tries, longest first.
+const LOOKUP_NGRAMS: std::ops::RangeInclusive<usize> = 1..=4;
+
+/// Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the
+/// last n tokens of `history` (the longest n with a match).
+pub fn lookup_draft(history: &[TokenId], max: usize, out: &mut Vec<TokenId>) {
+    out.clear();
+    for n in LOOKUP_NGRAMS.rev() {
+        if history.len() <= n {
+            continue;
+        }
+        let pattern = &history[history.len() - n..];
+        let earlier = &history[..history.len() - 1];
+        if let Some(i) = earlier
+            .windows(n)
+            .rposition(|w| w == pattern)
+            .filter(|&i| i + n < history.len())
+        {
+            let from = i + n;
+            out.extend(history[from..].iter().take(max));
+            return;
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +203,9 @@ pub struct Timings {
     pub prompt_time: Duration,
     pub generated_tokens: usize,
     pub generation_time: Duration,
+    /// Tokens drafted and checked, and how many of them were kept.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 impl Timings {
@@ -189,6 +230,12 @@ pub struct Outcome {
 /// Generates after `prompt` on a fresh or truncated `state` whose length is where the
 /// prompt starts. `on_step` sees every step as it happens and may return `false` to stop
 /// early (the outcome then says `Stop`).
+///
+/// With a [`Draft`], the tokens it proposes are checked together with the token just chosen
+/// in one step, and each of their logits rows is sampled in order exactly as a plain step
+/// would sample it: the output is the same as without drafting (the engines' steps give a
+/// position the same logits whether it comes alone or with others), and a rejected draft is
+/// rolled back. Engines whose state cannot roll back run without drafting.
 pub fn generate<E: Engine + ?Sized>(
     engine: &E,
     state: &mut State,
@@ -215,21 +262,28 @@ pub fn generate<E: Engine + ?Sized>(
         .to_vec();
     timings.prompt_time = started.elapsed();
 
+    let draft = match params.draft {
+        Draft::NGram { .. } if engine.memory_spec().recurrent.is_some() => Draft::None,
+        d => d,
+    };
+    let n_vocab = logits.len();
     let mut generation = Generation::new(tokenizer, params.clone(), prompt);
+    let mut history: Vec<TokenId> = prompt.to_vec();
+    let (mut drafts, mut batch, mut rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut tokens = Vec::new();
     let mut text = String::new();
     let mut pos = start_pos + prompt.len();
     let started = Instant::now();
-    let finish = loop {
-        let step = generation.step(&logits);
+    // Takes a chosen token: Some(reason) when the generation ends with it.
+    let mut emit = |step: Step, pos: usize, generation: &mut Generation<'_>| {
         tokens.push(step.token);
         text.push_str(&step.text);
         let go_on = on_step(&step);
         if let Some(reason) = step.finish {
-            break reason;
+            return Some(reason);
         }
         if !go_on {
-            break FinishReason::Stop;
+            return Some(FinishReason::Stop);
         }
         if pos >= capacity {
             let tail = generation.end_for_length();
@@ -242,11 +296,59 @@ pub fn generate<E: Engine + ?Sized>(
                 text.push_str(&last.text);
                 on_step(&last);
             }
-            break FinishReason::Length;
+            return Some(FinishReason::Length);
         }
-        let next = engine.forward_token(step.token, pos, state)?;
-        logits.copy_from_slice(next);
-        pos += 1;
+        None
+    };
+    let finish = 'generate: loop {
+        let step = generation.step(&logits);
+        let mut token = step.token;
+        if let Some(reason) = emit(step, pos, &mut generation) {
+            break reason;
+        }
+        // Feed `token`, with what the draft proposes after it.
+        'feed: loop {
+            history.push(token);
+            if let Draft::NGram { min, max } = draft {
+                let room = (capacity - pos - 1).min(max);
+                lookup_draft(&history, room, &mut drafts);
+                if drafts.len() < min.max(1) {
+                    drafts.clear();
+                }
+            }
+            if drafts.is_empty() {
+                logits.copy_from_slice(engine.forward_token(token, pos, state)?);
+                pos += 1;
+                continue 'generate;
+            }
+            timings.drafted_tokens += drafts.len();
+            batch.clear();
+            batch.push(token);
+            batch.extend_from_slice(&drafts);
+            rows.clear();
+            rows.extend_from_slice(engine.forward_batch(&batch, pos, state, LogitsFor::All)?);
+            pos += 1;
+            for (j, &proposed) in drafts.iter().enumerate() {
+                let step = generation.step(&rows[j * n_vocab..(j + 1) * n_vocab]);
+                let chosen = step.token;
+                if let Some(reason) = emit(step, pos, &mut generation) {
+                    state.truncate(pos)?;
+                    break 'generate reason;
+                }
+                if chosen != proposed {
+                    // The rest of the draft is wrong: forget it, feed the token chosen.
+                    state.truncate(pos)?;
+                    token = chosen;
+                    continue 'feed;
+                }
+                history.push(chosen);
+                timings.accepted_tokens += 1;
+                pos += 1;
+            }
+            let k = drafts.len();
+            logits.copy_from_slice(&rows[k * n_vocab..(k + 1) * n_vocab]);
+            continue 'generate;
+        }
     };
     timings.generated_tokens = tokens.len();
     timings.generation_time = started.elapsed();

@@ -382,6 +382,7 @@ fn parse_common(
             top_logprobs,
             logprobs,
             ignore_eog: false,
+            draft: ferrox_models::generate::Draft::None,
         },
         n: n_choices,
         stream,

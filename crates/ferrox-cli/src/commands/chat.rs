@@ -12,7 +12,7 @@ use ferrox_models::Engine;
 use ferrox_models::EngineExt;
 
 use super::model::{self, ModelArgs};
-use super::run::SamplingArgs;
+use super::run::{SamplingArgs, SpecArgs};
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -21,6 +21,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculation: SpecArgs,
     /// A system message to start the conversation with.
     #[arg(long = "system")]
     pub system: Option<String>,
@@ -97,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let params = GenerationParams {
             max_tokens: usize::try_from(args.n_predict).ok(),
             sampler: sampler.clone(),
+            draft: args.speculation.draft(),
             ..GenerationParams::default()
         };
         let outcome = generate(

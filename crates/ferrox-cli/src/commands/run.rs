@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use ferrox_models::generate::{generate, GenerationParams, Outcome};
+use ferrox_models::generate::{generate, Draft, GenerationParams, Outcome};
 use ferrox_models::sampling::SamplerParams;
 use ferrox_models::Engine;
 use ferrox_models::EngineExt;
@@ -29,6 +29,8 @@ pub struct Args {
     pub n_predict: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculation: SpecArgs,
     /// Stop when this text is generated (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -41,6 +43,40 @@ pub struct Args {
     /// Do not add the model's BOS token to the prompt.
     #[arg(long)]
     pub no_bos: bool,
+}
+
+/// Speculative decoding flags shared by `run` and `chat` (llama.cpp's names). The output is
+/// the same with or without: drafted tokens are checked, several per step.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// `ngram`: prompt lookup (the tokens that followed the latest earlier occurrence of the
+    /// text's last 1-4 tokens); `none`: plain decoding.
+    #[arg(long = "spec-type", value_enum, default_value_t = SpecType::None)]
+    pub spec_type: SpecType,
+    /// Most tokens drafted per step.
+    #[arg(long = "draft-max", default_value_t = 16)]
+    pub draft_max: usize,
+    /// Fewest tokens worth checking (shorter drafts are not checked).
+    #[arg(long = "draft-min", default_value_t = 1)]
+    pub draft_min: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecType {
+    None,
+    Ngram,
+}
+
+impl SpecArgs {
+    pub fn draft(&self) -> Draft {
+        match self.spec_type {
+            SpecType::None => Draft::None,
+            SpecType::Ngram => Draft::NGram {
+                min: self.draft_min,
+                max: self.draft_max,
+            },
+        }
+    }
 }
 
 /// Sampler flags shared by `run` and `chat` (llama.cpp's names and defaults).
@@ -116,6 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top_logprobs: args.top_logprobs,
         logprobs: false,
         ignore_eog: false,
+        draft: args.speculation.draft(),
     };
     let mut state = decoder.new_state()?;
     let mut stdout = std::io::stdout().lock();
@@ -181,6 +218,8 @@ pub fn timings_json(outcome: &Outcome) -> serde_json::Value {
         "predicted_n": t.generated_tokens,
         "predicted_ms": t.generation_time.as_secs_f64() * 1e3,
         "predicted_per_second": t.generation_tokens_per_second(),
+        "draft_n": t.drafted_tokens,
+        "draft_n_accepted": t.accepted_tokens,
     })
 }
 
