@@ -107,6 +107,153 @@ pub struct KdaScratch {
     xq: Vec<u8>,
 }
 
+/// Positions per chunk of the chunked recurrence (llama.cpp's KDA chunk size).
+const CHUNK: usize = 16;
+
+/// Rows' inputs to the recurrence: q, k, v (`d_inner` per row), log-decays (`d_inner`),
+/// betas (`n_head`).
+type Inputs<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [f32], &'a [f32]);
+
+/// The output buffer, written by the heads of a run in parallel, each into its own columns.
+struct SharedOut(*mut f32);
+
+// SAFETY: the heads of a run write disjoint `Dh`-wide column slices of the output rows.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Row `t`'s slice for head `hd`.
+    ///
+    /// # Safety
+    /// No two callers may hold the same (row, head) slice at once.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn head(&self, t: usize, hd: usize, d_inner: usize, dh: usize) -> &mut [f32] {
+        // SAFETY: the caller's promise; the offsets stay inside the `n × d_inner` buffer the
+        // pointer was taken from.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(t * d_inner + hd * dh), dh) }
+    }
+}
+
+/// One run of a sequence's rows through the recurrence.
+struct Run {
+    rows: std::ops::Range<usize>,
+    d_inner: usize,
+    dh: usize,
+    scale: f32,
+}
+
+impl Run {
+    /// Token by token, as ggml's fused `gated_delta_net` op: decay, delta rule, output.
+    fn token(&self, hd: usize, h: usize, m: &mut [f32], x: Inputs<'_>, o: &SharedOut) {
+        let (q, k, v, g, beta) = x;
+        let (dh, d_inner) = (self.dh, self.d_inner);
+        let mut decay = [0f32; MAX_HEAD_DIM];
+        let mut delta = [0f32; MAX_HEAD_DIM];
+        let (decay, delta) = (&mut decay[..dh], &mut delta[..dh]);
+        for t in self.rows.clone() {
+            let at = t * d_inner + hd * dh;
+            let (qh, kh, vh) = (&q[at..at + dh], &k[at..at + dh], &v[at..at + dh]);
+            let b = beta[t * h + hd];
+            decay
+                .iter_mut()
+                .zip(&g[at..at + dh])
+                .for_each(|(d, &gi)| *d = gi.exp());
+            // The state is kept transposed: m[j·Dh + i] = S[i][j].
+            for row in m.chunks_exact_mut(dh) {
+                row.iter_mut().zip(decay.iter()).for_each(|(x, d)| *x *= d);
+            }
+            for (j, dj) in delta.iter_mut().enumerate() {
+                *dj = (vh[j] - dot(&m[j * dh..(j + 1) * dh], kh)) * b;
+            }
+            for (row, &dj) in m.chunks_exact_mut(dh).zip(delta.iter()) {
+                row.iter_mut().zip(kh).for_each(|(x, &ki)| *x += ki * dj);
+            }
+            // SAFETY: this head's slice of row t, written by this task only.
+            let oh = unsafe { o.head(t, hd, d_inner, dh) };
+            for (j, oj) in oh.iter_mut().enumerate() {
+                *oj = dot(&m[j * dh..(j + 1) * dh], qh) * self.scale;
+            }
+        }
+    }
+
+    /// The chunked form: with the cumulative log-decays G_t from the run's start and the
+    /// state S0 there, the pseudo-values u_t solve
+    /// `u_t = β_t (v_t − S0ᵀ(e^{G_t}⊙k_t)) − Σ_{s<t} β_t (k_t·(e^{G_t−G_s}⊙k_s)) u_s`,
+    /// the outputs are `o_t = S0ᵀ(e^{G_t}⊙q_t) + Σ_{s≤t} (k_s·(e^{G_t−G_s}⊙q_t)) u_s` and the
+    /// state becomes `e^{G_C}⊙S0 + Σ_s (e^{G_C−G_s}⊙k_s) u_sᵀ`: the token-by-token
+    /// recurrence unrolled over the run.
+    fn chunked(&self, hd: usize, h: usize, m: &mut [f32], x: Inputs<'_>, o: &SharedOut) {
+        let (q, k, v, g, beta) = x;
+        let (dh, d_inner) = (self.dh, self.d_inner);
+        let c = self.rows.len();
+        let t0 = self.rows.start;
+        let mut cum = [[0f32; MAX_HEAD_DIM]; CHUNK];
+        let mut u = [[0f32; MAX_HEAD_DIM]; CHUNK];
+        let mut tmp = [0f32; MAX_HEAD_DIM];
+        // Run row t's slice for this head.
+        let head = |t: usize| (t0 + t) * d_inner + hd * dh..(t0 + t) * d_inner + (hd + 1) * dh;
+        for t in 0..c {
+            let gt = &g[head(t)];
+            for i in 0..dh {
+                cum[t][i] = gt[i] + if t > 0 { cum[t - 1][i] } else { 0.0 };
+            }
+        }
+        for t in 0..c {
+            let (kt, vt) = (&k[head(t)], &v[head(t)]);
+            let b = beta[(t0 + t) * h + hd];
+            for i in 0..dh {
+                tmp[i] = cum[t][i].exp() * kt[i];
+            }
+            for j in 0..dh {
+                u[t][j] = b * (vt[j] - dot(&m[j * dh..(j + 1) * dh], &tmp[..dh]));
+            }
+            for s in 0..t {
+                let ks = &k[head(s)];
+                let a: f32 = (0..dh)
+                    .map(|i| kt[i] * ks[i] * (cum[t][i] - cum[s][i]).exp())
+                    .sum::<f32>()
+                    * b;
+                let (done, rest) = u.split_at_mut(t);
+                rest[0][..dh]
+                    .iter_mut()
+                    .zip(&done[s][..dh])
+                    .for_each(|(ut, &us)| *ut -= a * us);
+            }
+        }
+        for t in 0..c {
+            let qt = &q[head(t)];
+            for i in 0..dh {
+                tmp[i] = cum[t][i].exp() * qt[i];
+            }
+            // SAFETY: this head's slice of the run's row t, written by this task only.
+            let oh = unsafe { o.head(t0 + t, hd, d_inner, dh) };
+            for (j, oj) in oh.iter_mut().enumerate() {
+                *oj = dot(&m[j * dh..(j + 1) * dh], &tmp[..dh]);
+            }
+            for s in 0..=t {
+                let ks = &k[head(s)];
+                let a: f32 = (0..dh)
+                    .map(|i| ks[i] * qt[i] * (cum[t][i] - cum[s][i]).exp())
+                    .sum();
+                oh.iter_mut()
+                    .zip(&u[s][..dh])
+                    .for_each(|(x, &us)| *x += a * us);
+            }
+            oh.iter_mut().for_each(|x| *x *= self.scale);
+        }
+        let last = &cum[c - 1];
+        for (j, row) in m.chunks_exact_mut(dh).enumerate() {
+            for i in 0..dh {
+                let mut x = last[i].exp() * row[i];
+                for s in 0..c {
+                    let ks = &k[head(s)];
+                    x += (last[i] - cum[s][i]).exp() * ks[i] * u[s][j];
+                }
+                row[i] = x;
+            }
+        }
+    }
+}
+
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
@@ -165,13 +312,12 @@ pub fn forward(
     let conv_len = shape.conv_values();
     let scale = 1.0 / (dh as f32).sqrt();
 
+    // Per row: the convolutions, the L2 norms, the log-decays and the betas.
     for (t, row) in rows.iter().enumerate() {
-        let state = &mut memory.state(row.seq)[state_at..state_at + shape.state_values()];
-        let (convs, heads) = state.split_at_mut(3 * conv_len);
-        // Causal convolution + SiLU of q, k and v.
+        let state = &mut memory.state(row.seq)[state_at..state_at + 3 * conv_len];
         for (u, (buf, conv_state)) in [&mut *q, &mut *k, &mut *v]
             .into_iter()
-            .zip(convs.chunks_exact_mut(conv_len))
+            .zip(state.chunks_exact_mut(conv_len))
             .enumerate()
         {
             let x = &mut buf[t * d_inner..(t + 1) * d_inner];
@@ -193,55 +339,63 @@ pub fn forward(
                 x[c] = silu(y);
             }
         }
-        let (qt, kt, vt) = (
-            &mut q[t * d_inner..(t + 1) * d_inner],
-            &mut k[t * d_inner..(t + 1) * d_inner],
-            &v[t * d_inner..(t + 1) * d_inner],
-        );
         // L2 norms as ggml computes them: an RMS norm with eps/Dh, then 1/sqrt(Dh).
         let l2_scale = 1.0 / (dh as f32).sqrt();
-        for head in qt.chunks_exact_mut(dh).chain(kt.chunks_exact_mut(dh)) {
+        let qk = q[t * d_inner..(t + 1) * d_inner]
+            .chunks_exact_mut(dh)
+            .chain(k[t * d_inner..(t + 1) * d_inner].chunks_exact_mut(dh));
+        for head in qk {
             rms_normalize_in_place(head, eps / dh as f32);
             head.iter_mut().for_each(|x| *x *= l2_scale);
         }
-        let gt = &g[t * d_inner..(t + 1) * d_inner];
-        let (bt, gate_t) = (
-            &beta[t * h..(t + 1) * h],
-            &gate[t * d_inner..(t + 1) * d_inner],
-        );
-        // Heads are independent: each runs on its own state and output slice.
+        for (c, gc) in g[t * d_inner..(t + 1) * d_inner].iter_mut().enumerate() {
+            *gc = w.a[c / dh] * softplus(*gc + w.dt_bias[c]);
+        }
+        beta[t * h..(t + 1) * h]
+            .iter_mut()
+            .for_each(|b| *b = sigmoid(*b));
+    }
+
+    // The recurrence, each sequence's rows in runs that end where a chunk of CHUNK positions
+    // ends: a run of one row steps token by token, a longer one takes the chunked form.
+    let mut start = 0;
+    while start < n {
+        let seq = rows[start].seq;
+        let chunk_end = (rows[start].pos / CHUNK + 1) * CHUNK;
+        let len = rows[start..]
+            .iter()
+            .take_while(|r| r.seq == seq && r.pos < chunk_end)
+            .count();
+        let run = Run {
+            rows: start..start + len,
+            d_inner,
+            dh,
+            scale,
+        };
+        let state = &mut memory.state(seq)[state_at..state_at + shape.state_values()];
+        let heads = &mut state[3 * conv_len..];
+        let inputs = (&*q, &*k, &*v, &*g, &*beta);
         heads
             .par_chunks_mut(dh * dh)
-            .zip(o[t * d_inner..(t + 1) * d_inner].par_chunks_mut(dh))
             .enumerate()
-            .for_each(|(hd, (m, oh))| {
-                let span = hd * dh..(hd + 1) * dh;
-                let (qh, kh, vh) = (&qt[span.clone()], &kt[span.clone()], &vt[span.clone()]);
-                let mut decay = [0f32; MAX_HEAD_DIM];
-                let mut delta = [0f32; MAX_HEAD_DIM];
-                let (decay, delta) = (&mut decay[..dh], &mut delta[..dh]);
-                let b = sigmoid(bt[hd]);
-                for (i, d) in decay.iter_mut().enumerate() {
-                    let c = hd * dh + i;
-                    *d = (w.a[hd] * softplus(gt[c] + w.dt_bias[c])).exp();
+            .for_each(|(hd, m)| {
+                // Each head writes only its own slice of every row's output.
+                let o = SharedOut(o.as_ptr() as *mut f32);
+                if len == 1 {
+                    run.token(hd, h, m, inputs, &o);
+                } else {
+                    run.chunked(hd, h, m, inputs, &o);
                 }
-                // The state is kept transposed: m[j·Dh + i] = S[i][j].
-                for row in m.chunks_exact_mut(dh) {
-                    row.iter_mut().zip(decay.iter()).for_each(|(x, d)| *x *= d);
-                }
-                for (j, dj) in delta.iter_mut().enumerate() {
-                    *dj = (vh[j] - dot(&m[j * dh..(j + 1) * dh], kh)) * b;
-                }
-                for (row, &dj) in m.chunks_exact_mut(dh).zip(delta.iter()) {
-                    row.iter_mut().zip(kh).for_each(|(x, &ki)| *x += ki * dj);
-                }
-                for (j, oj) in oh.iter_mut().enumerate() {
-                    *oj = dot(&m[j * dh..(j + 1) * dh], qh) * scale;
-                }
-                rms_norm_in_place(oh, &w.o_norm, eps);
-                let gh = &gate_t[span];
-                oh.iter_mut().zip(gh).for_each(|(x, &gv)| *x *= sigmoid(gv));
             });
+        start += len;
+    }
+
+    // Per row and head: RMS norm and the sigmoid gate.
+    for (ot, gt) in o.chunks_exact_mut(d_inner).zip(gate.chunks_exact(d_inner)) {
+        for (oh, gh) in ot.chunks_exact_mut(dh).zip(gt.chunks_exact(dh)) {
+            rms_norm_in_place(oh, &w.o_norm, eps);
+            oh.iter_mut().zip(gh).for_each(|(x, &gv)| *x *= sigmoid(gv));
+        }
     }
     linear(&w.wo.view(gguf)?, o, n, out, &mut s.xq)?;
     Ok(())
