@@ -61,14 +61,6 @@ impl Rows {
         })
     }
 
-    /// Like [`Rows::try_zeroed`], for sizes the caller has already bounded.
-    pub(crate) fn zeroed(storage: KvStorage, len: usize) -> Rows {
-        match storage {
-            KvStorage::F32 => Rows::F32(vec![0.0; len]),
-            KvStorage::F16 => Rows::F16(vec![0u16; len].reinterpret_into()),
-        }
-    }
-
     pub(crate) fn write(&mut self, at: usize, values: &[f32]) {
         match self {
             Rows::F32(buf) => buf[at..at + values.len()].copy_from_slice(values),

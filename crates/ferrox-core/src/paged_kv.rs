@@ -30,38 +30,8 @@ pub struct PagedKv {
 }
 
 impl PagedKv {
-    /// Reserves the arena (zeroed pages: memory is touched only as blocks fill).
-    pub fn new(
-        n_layers: usize,
-        n_blocks: usize,
-        block_tokens: usize,
-        key_width: usize,
-        value_width: usize,
-        storage: KvStorage,
-    ) -> PagedKv {
-        assert!(block_tokens > 0, "blocks hold at least one position");
-        assert!(
-            n_blocks <= BlockId::MAX as usize,
-            "block ids are 32-bit ({n_blocks} blocks requested)"
-        );
-        let positions = n_blocks * block_tokens;
-        let layers = (0..n_layers)
-            .map(|_| LayerBlocks {
-                keys: Rows::zeroed(storage, positions * key_width),
-                values: Rows::zeroed(storage, positions * value_width),
-            })
-            .collect();
-        PagedKv {
-            layers,
-            storage,
-            n_blocks,
-            block_tokens,
-            key_width,
-            value_width,
-        }
-    }
-
-    /// [`new`](Self::new), or `None` when the sizes overflow or the allocator refuses.
+    /// Reserves the arena (zeroed pages: memory is touched only as blocks fill); `None` when
+    /// the sizes overflow or the allocator refuses.
     pub fn try_new(
         n_layers: usize,
         n_blocks: usize,
@@ -108,16 +78,6 @@ impl PagedKv {
                 }
             }
         }
-    }
-
-    /// Bytes one position takes across all layers.
-    pub fn bytes_per_position(
-        n_layers: usize,
-        key_width: usize,
-        value_width: usize,
-        storage: KvStorage,
-    ) -> usize {
-        n_layers * (key_width + value_width) * storage.element_bytes()
     }
 
     pub fn n_blocks(&self) -> usize {
@@ -277,7 +237,7 @@ mod tests {
 
     #[test]
     fn rows_land_in_their_block_and_runs_cover_the_range() {
-        let mut kv = PagedKv::new(2, 4, 3, 2, 1, KvStorage::F32);
+        let mut kv = PagedKv::try_new(2, 4, 3, 2, 1, KvStorage::F32).unwrap();
         let mut table = BlockTable::new();
         // Blocks out of order: positions 0..3 in block 2, 3..6 in block 0.
         table.push_block(2);

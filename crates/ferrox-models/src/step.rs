@@ -9,8 +9,7 @@ use ferrox_core::{KvStorage, MemorySpec, StepMemory, WeightMatrix};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-use crate::engine::EngineOptions;
-use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
+use crate::engine::{Engine, EngineError, EngineOptions, SeqInput, StepScratch};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
@@ -133,6 +132,20 @@ impl Runtime {
             n_vocab,
             weight_bytes_per_token: 0,
         })
+    }
+}
+
+impl Runtime {
+    /// Repacks the weights on the pool when the options ask for it.
+    pub fn repack(
+        &self,
+        options: &EngineOptions,
+        pack: impl FnOnce(&Gguf) -> Result<(), ModelError> + Send,
+    ) -> Result<(), ModelError> {
+        match options.repack {
+            true => self.pool.install(|| pack(&self.gguf)),
+            false => Ok(()),
+        }
     }
 }
 

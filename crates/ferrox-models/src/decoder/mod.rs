@@ -89,9 +89,7 @@ impl Decoder {
         let rope_pairs = config.layers.iter().map(|l| l.rope.n_dims / 2).max();
         rt.pool
             .broadcast(|_| ROPE_ANGLES.with_borrow_mut(|a| a.reserve(rope_pairs.unwrap_or(0))));
-        if options.repack {
-            rt.pool.install(|| weights.pack(&rt.gguf))?;
-        }
+        rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(&config);
         Ok(Decoder {
             rt,

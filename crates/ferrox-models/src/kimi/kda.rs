@@ -182,76 +182,110 @@ impl Run {
     /// state becomes `e^{G_C}⊙S0 + Σ_s (e^{G_C−G_s}⊙k_s) u_sᵀ`: the token-by-token
     /// recurrence unrolled over the run.
     fn chunked(&self, hd: usize, h: usize, m: &mut [f32], x: Inputs<'_>, o: &SharedOut) {
+        CHUNK_SCRATCH.with_borrow_mut(|buf| self.chunked_in(hd, h, m, x, o, buf));
+    }
+
+    fn chunked_in(
+        &self,
+        hd: usize,
+        h: usize,
+        m: &mut [f32],
+        x: Inputs<'_>,
+        o: &SharedOut,
+        buf: &mut Vec<f32>,
+    ) {
         let (q, k, v, g, beta) = x;
         let (dh, d_inner) = (self.dh, self.d_inner);
         let c = self.rows.len();
         let t0 = self.rows.start;
-        let mut cum = [[0f32; MAX_HEAD_DIM]; CHUNK];
-        let mut u = [[0f32; MAX_HEAD_DIM]; CHUNK];
-        let mut tmp = [0f32; MAX_HEAD_DIM];
-        // Run row t's slice for this head.
+        // Row t's slice for this head.
         let head = |t: usize| (t0 + t) * d_inner + hd * dh..(t0 + t) * d_inner + (hd + 1) * dh;
+        // Per position of the run (Dh each): cumulative log-decays, pseudo-values, and a
+        // key or query decayed from the run's start.
+        let (cum, rest) = sized(buf, 3 * c * dh).split_at_mut(c * dh);
+        let (u, tmp) = rest.split_at_mut(c * dh);
+        let tmp = &mut tmp[..dh];
         for t in 0..c {
             let gt = &g[head(t)];
             for i in 0..dh {
-                cum[t][i] = gt[i] + if t > 0 { cum[t - 1][i] } else { 0.0 };
+                let before = if t > 0 { cum[(t - 1) * dh + i] } else { 0.0 };
+                cum[t * dh + i] = gt[i] + before;
+            }
+        }
+        // For s <= t, with e = e^{G_t - G_s} per channel: a[t][s] = β_t k_t·(e⊙k_s) (s < t)
+        // and w[t][s] = k_s·(e⊙q_t), each decay computed once for both.
+        let (mut a, mut w) = ([[0f32; CHUNK]; CHUNK], [[0f32; CHUNK]; CHUNK]);
+        for t in 0..c {
+            let (kt, qt) = (&k[head(t)], &q[head(t)]);
+            let b = beta[(t0 + t) * h + hd];
+            for s in 0..=t {
+                let ks = &k[head(s)];
+                let (mut kk, mut kq) = (0.0f32, 0.0f32);
+                for i in 0..dh {
+                    let e = (cum[t * dh + i] - cum[s * dh + i]).exp();
+                    kk += kt[i] * ks[i] * e;
+                    kq += ks[i] * qt[i] * e;
+                }
+                a[t][s] = kk * b;
+                w[t][s] = kq;
             }
         }
         for t in 0..c {
             let (kt, vt) = (&k[head(t)], &v[head(t)]);
             let b = beta[(t0 + t) * h + hd];
             for i in 0..dh {
-                tmp[i] = cum[t][i].exp() * kt[i];
+                tmp[i] = cum[t * dh + i].exp() * kt[i];
             }
-            for j in 0..dh {
-                u[t][j] = b * (vt[j] - dot(&m[j * dh..(j + 1) * dh], &tmp[..dh]));
+            let (done, ut) = u.split_at_mut(t * dh);
+            let ut = &mut ut[..dh];
+            for (j, uj) in ut.iter_mut().enumerate() {
+                *uj = b * (vt[j] - dot(&m[j * dh..(j + 1) * dh], tmp));
             }
             for s in 0..t {
-                let ks = &k[head(s)];
-                let a: f32 = (0..dh)
-                    .map(|i| kt[i] * ks[i] * (cum[t][i] - cum[s][i]).exp())
-                    .sum::<f32>()
-                    * b;
-                let (done, rest) = u.split_at_mut(t);
-                rest[0][..dh]
-                    .iter_mut()
-                    .zip(&done[s][..dh])
-                    .for_each(|(ut, &us)| *ut -= a * us);
+                let us = &done[s * dh..(s + 1) * dh];
+                ut.iter_mut().zip(us).for_each(|(x, &y)| *x -= a[t][s] * y);
             }
         }
         for t in 0..c {
             let qt = &q[head(t)];
             for i in 0..dh {
-                tmp[i] = cum[t][i].exp() * qt[i];
+                tmp[i] = cum[t * dh + i].exp() * qt[i];
             }
             // SAFETY: this head's slice of the run's row t, written by this task only.
             let oh = unsafe { o.head(t0 + t, hd, d_inner, dh) };
             for (j, oj) in oh.iter_mut().enumerate() {
-                *oj = dot(&m[j * dh..(j + 1) * dh], &tmp[..dh]);
+                *oj = dot(&m[j * dh..(j + 1) * dh], tmp);
             }
             for s in 0..=t {
-                let ks = &k[head(s)];
-                let a: f32 = (0..dh)
-                    .map(|i| ks[i] * qt[i] * (cum[t][i] - cum[s][i]).exp())
-                    .sum();
-                oh.iter_mut()
-                    .zip(&u[s][..dh])
-                    .for_each(|(x, &us)| *x += a * us);
+                let us = &u[s * dh..(s + 1) * dh];
+                oh.iter_mut().zip(us).for_each(|(x, &y)| *x += w[t][s] * y);
             }
             oh.iter_mut().for_each(|x| *x *= self.scale);
         }
-        let last = &cum[c - 1];
+        // The new state; each key decayed to the run's end once (kept in `cum`, whose values
+        // are no longer needed once read).
+        for i in 0..dh {
+            let end = cum[(c - 1) * dh + i];
+            tmp[i] = end.exp();
+            for s in 0..c {
+                cum[s * dh + i] = (end - cum[s * dh + i]).exp() * k[head(s)][i];
+            }
+        }
         for (j, row) in m.chunks_exact_mut(dh).enumerate() {
             for i in 0..dh {
-                let mut x = last[i].exp() * row[i];
+                let mut x = tmp[i] * row[i];
                 for s in 0..c {
-                    let ks = &k[head(s)];
-                    x += (last[i] - cum[s][i]).exp() * ks[i] * u[s][j];
+                    x += cum[s * dh + i] * u[s * dh + j];
                 }
                 row[i] = x;
             }
         }
     }
+}
+
+thread_local! {
+    /// Each worker's buffers for the chunked form (sized for the largest run once).
+    static CHUNK_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn silu(x: f32) -> f32 {

@@ -293,9 +293,7 @@ impl KimiEngine {
         let mut weights = KimiWeights::load(&gguf, &config)?;
         let c = &config.mla;
         let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-kimi")?;
-        if options.repack {
-            rt.pool.install(|| weights.pack(&rt.gguf))?;
-        }
+        rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(&config);
         Ok(KimiEngine {
             rt,

@@ -81,9 +81,7 @@ impl MlaEngine {
             (config.n_ctx_train, config.n_vocab),
             "ferrox-mla",
         )?;
-        if options.repack {
-            rt.pool.install(|| weights.pack(&rt.gguf))?;
-        }
+        rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(&config);
         Ok(MlaEngine {
             rt,
