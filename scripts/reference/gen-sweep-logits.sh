@@ -14,6 +14,9 @@
 #   gen-sweep-logits.sh kimi   does the same for the `kimi-linear` model of
 #                              tests/synthetic/kimi.rs (16 greedy tokens after every prompt) into
 #                              crates/ferrox-models/tests/fixtures/kimi/.
+#   gen-sweep-logits.sh dsa    likewise for the DeepSeek Sparse Attention models of
+#                              tests/synthetic/dsa.rs (deepseek32, glm-dsa) into
+#                              crates/ferrox-models/tests/fixtures/dsa/.
 set -euo pipefail
 SET="${1:-sweep}"
 MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
@@ -25,7 +28,8 @@ OUT_DIR="$REPO_ROOT/crates/ferrox-models/tests/fixtures/$SET"
 case "$SET" in
     sweep) WRITE_FLAG=--sweep ;;
     kimi) WRITE_FLAG=--kimi; N_GREEDY="$N_GREEDY_MLA" ;;
-    *) echo "usage: $0 [sweep|kimi]" >&2; exit 2 ;;
+    dsa) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA" ;;
+    *) echo "usage: $0 [sweep|kimi|dsa]" >&2; exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
 WORK="$(mktemp -d)"

@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use ferrox_core::packed::PackedMatrix;
 use ferrox_core::bandwidth::read_bandwidth;
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{row_byte_len, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -11,7 +11,8 @@
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
 //! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
-//! `synthetic::SWEEP_TOKENS`-token sequence.
+//! `synthetic::SWEEP_TOKENS`-token sequence; `--dsa` the DeepSeek Sparse Attention models
+//! (`synthetic::dsa`) likewise.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), each with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; one `name path bytes` line each.
@@ -42,6 +43,17 @@ fn main() {
             let ids = synthetic::kimi::token_ids(synthetic::SWEEP_TOKENS);
             let path = write_model(&dir, "kimi-linear", &bytes, &ids);
             println!("kimi-linear {} {}", path.display(), bytes.len());
+            return;
+        }
+        [dir, flag] if flag == "--dsa" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for &name in synthetic::dsa::DSA_MODELS {
+                let bytes = synthetic::dsa::gguf_bytes(name);
+                let ids = synthetic::dsa::token_ids(name, synthetic::SWEEP_TOKENS);
+                let path = write_model(&dir, name, &bytes, &ids);
+                println!("{name} {} {}", path.display(), bytes.len());
+            }
             return;
         }
         [dir] => (PathBuf::from(dir), None),

@@ -1,9 +1,10 @@
-//! The engines behind one interface ([`Engine`]): the dense decoder and the Multi-head
-//! Latent Attention engine, the architecture registry ([`families`]), sampling and the
-//! generation loop.
+//! The engines behind one interface ([`Engine`]): the dense decoder, the Multi-head
+//! Latent Attention engine and the engines built on it (DeepSeek Sparse Attention, Kimi
+//! Linear), the architecture registry ([`families`]), sampling and the generation loop.
 
 pub mod any_engine;
 pub mod decoder;
+pub mod dsa;
 pub mod engine;
 pub mod families;
 pub mod generate;
@@ -21,6 +22,7 @@ pub use ferrox_tokenizer::{chat_template, stop, tokenizer};
 
 pub use any_engine::AnyEngine;
 pub use decoder::Decoder;
+pub use dsa::DsaEngine;
 pub use engine::{
     step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, SeqInput, SeqWork,
     State, StepScratch,

@@ -103,6 +103,22 @@ pub const FFN_UP_SHEXP: Tensor = Tensor::new("ffn_up_shexp", SHARED);
 pub const FFN_DOWN_SHEXP: Tensor = Tensor::new("ffn_down_shexp", SHARED);
 pub const FFN_GATE_INP_SHEXP: Tensor = Tensor::new("ffn_gate_inp_shexp", SHARED);
 
+const INDEXER: &[&str] = &[
+    "attention.indexer.head_count",
+    "attention.indexer.key_length",
+];
+const INDEXER_Q: &[&str] = &[
+    "attention.q_lora_rank",
+    "attention.indexer.head_count",
+    "attention.indexer.key_length",
+];
+
+/// DeepSeek Sparse Attention's lightning indexer.
+pub const INDEXER_K_NORM: Tensor = Tensor::new("indexer.k_norm", INDEXER);
+pub const INDEXER_PROJ: Tensor = Tensor::new("indexer.proj", INDEXER);
+pub const INDEXER_ATTN_K: Tensor = Tensor::new("indexer.attn_k", INDEXER);
+pub const INDEXER_ATTN_Q_B: Tensor = Tensor::new("indexer.attn_q_b", INDEXER_Q);
+
 const KDA: &[&str] = &["attention.head_count", "kda.head_dim"];
 const KDA_CONV: &[&str] = &["attention.head_count", "kda.head_dim", "ssm.conv_kernel"];
 
@@ -157,6 +173,10 @@ pub const ALL: &[Tensor] = &[
     FFN_UP_SHEXP,
     FFN_DOWN_SHEXP,
     FFN_GATE_INP_SHEXP,
+    INDEXER_K_NORM,
+    INDEXER_PROJ,
+    INDEXER_ATTN_K,
+    INDEXER_ATTN_Q_B,
     SSM_CONV1D_Q,
     SSM_CONV1D_K,
     SSM_CONV1D_V,

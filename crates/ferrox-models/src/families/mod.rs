@@ -3,9 +3,11 @@
 //! means adding a file here and a line in [`ARCHITECTURES`].
 
 mod deepseek2;
+mod deepseek32;
 mod gemma;
 mod gemma2;
 mod gemma3;
+mod glm_dsa;
 mod kimi_linear;
 mod llama;
 mod mistral4;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use ferrox_gguf::{Gguf, Metadata};
 
 use crate::decoder::{Decoder, DecoderConfig};
+use crate::dsa::{DsaConfig, DsaEngine};
 use crate::engine::Engine;
 use crate::engine::EngineOptions;
 use crate::mla::{MlaConfig, MlaEngine};
@@ -50,6 +53,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     deepseek2::ARCH,
     mistral4::ARCH,
     kimi_linear::ARCH,
+    deepseek32::ARCH,
+    glm_dsa::ARCH,
 ];
 
 /// The registered architecture named `name`.
@@ -78,6 +83,16 @@ fn mla(
 ) -> Result<Box<dyn Engine>, ModelError> {
     let config = config(&gguf.metadata())?;
     Ok(Box::new(MlaEngine::with_config(gguf, options, config)?))
+}
+
+/// Loads a family run by the DeepSeek Sparse Attention engine.
+fn dsa(
+    gguf: Arc<Gguf>,
+    options: &EngineOptions,
+    config: fn(&Metadata<'_>) -> Result<DsaConfig, ModelError>,
+) -> Result<Box<dyn Engine>, ModelError> {
+    let config = config(&gguf.metadata())?;
+    Ok(Box::new(DsaEngine::with_config(gguf, options, config)?))
 }
 
 /// Loads the file's architecture as the engine type `T` (an error when the registered

@@ -16,6 +16,11 @@
 //!   scores are then Dk wide instead of Lkv + R. This is llama.cpp's graph for files with
 //!   one `attn_kv_b`.
 //!
+//! A layer can also attend sparsely ([`KeySet::Selected`]: DeepSeek Sparse Attention), each
+//! row over the positions a selection lists for it, always in the absorbed form. The layer
+//! then runs in two halves, [`project`] and [`attend_and_output`], so the selection can be
+//! computed in between from the query latent.
+//!
 //! Both run the shared per-query attention kernel with an f16 cache following ggml's CPU
 //! flash-attention arithmetic, as the dense decoder does. Each sequence's rows take the form
 //! its own row count and length call for, never its neighbours' in the step, so a sequence
@@ -28,6 +33,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::config::MlaConfig;
+use super::sparse::{self, Selection};
 use super::weights::{Heads, MlaLayer, QueryWeights};
 use super::{Path, LATENT_STORE};
 use crate::engine::EngineError;
@@ -81,6 +87,55 @@ pub(crate) fn attention(
     s: &mut AttnScratch,
     out: &mut [f32],
 ) -> Result<(), EngineError> {
+    project(c, lw, gguf, il, rows, xn, memory, s)?;
+    attend_and_output(
+        c,
+        lw,
+        gguf,
+        il,
+        rows,
+        memory,
+        path_of,
+        KeySet::Causal,
+        s,
+        out,
+    )
+}
+
+/// The cached positions each row of a micro-batch attends to.
+#[derive(Clone, Copy)]
+pub(crate) enum KeySet<'a> {
+    /// Every position of the row's sequence up to its own.
+    Causal,
+    /// The positions a selection lists for the row, or all of them up to its own where it
+    /// lists none. Sparse rows attend in the absorbed form (the latent rows are read as
+    /// they are, nothing is decompressed for positions that are not attended).
+    Selected(&'a Selection),
+}
+
+impl<'a> KeySet<'a> {
+    fn of(self, t: usize) -> Option<&'a [usize]> {
+        match self {
+            KeySet::Causal => None,
+            KeySet::Selected(selection) => selection.of(t),
+        }
+    }
+}
+
+/// The first half of the layer's attention: every row's query heads (in `s`, rotated) and
+/// cache row (written to `memory`). With a query LoRA, the normalized query latent stays in
+/// `s` too ([`AttnScratch::query_latent`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn project(
+    c: &MlaConfig,
+    lw: &MlaLayer,
+    gguf: &Gguf,
+    il: usize,
+    rows: &[Row],
+    xn: &[f32],
+    memory: &mut StepMemory<'_>,
+    s: &mut AttnScratch,
+) -> Result<(), EngineError> {
     let n = rows.len();
     let (h, dk, dn) = (c.n_head, c.head_dim_k, c.head_dim_nope());
     let (lkv, width) = (c.kv_lora_rank, c.cache_width());
@@ -109,6 +164,28 @@ pub(crate) fn attention(
         }
         memory.write(LATENT_STORE, r.seq, il, r.pos, row, &[]);
     }
+    Ok(())
+}
+
+/// The second half of the layer's attention, once [`project`] has run for `rows`: the heads
+/// attend over the positions `keys` gives each row, and the output projection of their
+/// values lands in `out` (`n × n_embd`). `path_of(n, end)` picks the form for a causal
+/// sequence's `n` rows ending at `end` positions.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_and_output(
+    c: &MlaConfig,
+    lw: &MlaLayer,
+    gguf: &Gguf,
+    il: usize,
+    rows: &[Row],
+    memory: &StepMemory<'_>,
+    path_of: impl Fn(usize, usize) -> Path,
+    keys: KeySet<'_>,
+    s: &mut AttnScratch,
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    let n = rows.len();
+    let h = c.n_head;
     let step = Step {
         c,
         lw,
@@ -125,7 +202,11 @@ pub(crate) fn attention(
     while start < n {
         let seq = rows[start].seq;
         let end = start + rows[start..].iter().take_while(|r| r.seq == seq).count();
-        match path_of(end - start, rows[end - 1].pos + 1) {
+        let path = match keys {
+            KeySet::Selected(_) => Path::Absorbed,
+            KeySet::Causal => path_of(end - start, rows[end - 1].pos + 1),
+        };
+        match path {
             Path::Absorbed => absorbed_rows.extend(start..end),
             Path::Decompressed => decompressed(&step, start..end, s)?,
         }
@@ -134,13 +215,21 @@ pub(crate) fn attention(
     let result = if absorbed_rows.is_empty() {
         Ok(())
     } else {
-        absorbed(&step, &absorbed_rows, s)
+        absorbed(&step, &absorbed_rows, keys, s)
     };
     s.absorbed_rows = absorbed_rows;
     result?;
     let heads = &s.heads[..n * h * c.head_dim_v];
     linear(&lw.wo.view(gguf)?, heads, n, out, &mut s.xq)?;
     Ok(())
+}
+
+impl AttnScratch {
+    /// The `n` rows of the normalized query latent (`q_lora_rank` wide) the last
+    /// [`project`] computed; empty for a model without a query LoRA.
+    pub(crate) fn query_latent(&self, n: usize, rank: usize) -> &[f32] {
+        self.q_a.get(..n * rank).unwrap_or(&[])
+    }
 }
 
 /// Which rows a per-head product reads or writes: every row in order, or the listed ones.
@@ -220,7 +309,12 @@ struct Step<'a, 'm> {
 }
 
 /// The heads' outputs of rows `which` (of the micro-batch) into `s.heads`.
-fn absorbed(step: &Step<'_, '_>, which: &[usize], s: &mut AttnScratch) -> Result<(), EngineError> {
+fn absorbed(
+    step: &Step<'_, '_>,
+    which: &[usize],
+    keys: KeySet<'_>,
+    s: &mut AttnScratch,
+) -> Result<(), EngineError> {
     let (c, lw, gguf) = (step.c, step.lw, step.gguf);
     let (il, rows, memory) = (step.il, step.rows, step.memory);
     let m = which.len();
@@ -265,7 +359,8 @@ fn absorbed(step: &Step<'_, '_>, which: &[usize], s: &mut AttnScratch) -> Result
         .par_chunks_mut(group * lkv)
         .enumerate()
         .for_each(|(i, o)| {
-            let row = rows[which[i * group / h]];
+            let t = which[i * group / h];
+            let row = rows[t];
             let at = HeadGroup {
                 seq: row.seq,
                 layer: il,
@@ -275,7 +370,14 @@ fn absorbed(step: &Step<'_, '_>, which: &[usize], s: &mut AttnScratch) -> Result
                 head_dim_v: lkv,
             };
             let q = &q_att[i * group * width..(i + 1) * group * width];
-            paged_attention::attend(memory, LATENT_STORE, at, q, 0, row.pos + 1, &params, o);
+            match keys.of(t) {
+                Some(positions) => {
+                    sparse::attend(memory, LATENT_STORE, at, q, positions, &params, o)
+                }
+                None => {
+                    paged_attention::attend(memory, LATENT_STORE, at, q, 0, row.pos + 1, &params, o)
+                }
+            }
         });
     let heads = &mut s.heads[..rows.len() * h * c.head_dim_v];
     per_head(

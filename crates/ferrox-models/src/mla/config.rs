@@ -28,6 +28,9 @@ pub enum MscaleRule {
     Deepseek2,
     /// Every other architecture: `m = 1`.
     Other,
+    /// `m = 1`, and the loader never reads `rope.scaling.yarn_log_multiplier` (so `L = 0`,
+    /// whatever the file says): `glm-dsa`.
+    NoLogMultiplier,
 }
 
 /// Everything the MLA engine needs to know about a checkpoint.
@@ -250,10 +253,14 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         rope.freq_scale = 1.0;
     }
     let yarn = scaling == Some("yarn");
-    let log_mul = k
-        .opt_f32("rope.scaling.yarn_log_multiplier")?
-        .unwrap_or(0.0)
-        / 0.1;
+    let log_mul = match rule {
+        MscaleRule::NoLogMultiplier => 0.0,
+        _ => {
+            k.opt_f32("rope.scaling.yarn_log_multiplier")?
+                .unwrap_or(0.0)
+                / 0.1
+        }
+    };
     let rope_attn_factor = k.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
     let (attn_factor, kq_scale) = yarn_scales(
         rule,

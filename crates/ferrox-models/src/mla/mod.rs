@@ -2,10 +2,12 @@
 //! Mistral-4 (`mistral4`, the same graph under another name). Attention caches one
 //! compressed row per token and layer ([`attention`]); the feed-forward blocks are dense
 //! SwiGLU for the leading layers and routed experts plus shared experts after them
-//! (`ferrox-moe`).
+//! (`ferrox-moe`). Attention can also be sparse ([`sparse`]): the DeepSeek Sparse Attention
+//! engine ([`crate::dsa`]) runs these layers over the positions its indexer selects.
 
 pub(crate) mod attention;
 mod config;
+pub(crate) mod sparse;
 pub(crate) mod weights;
 
 use std::sync::Arc;

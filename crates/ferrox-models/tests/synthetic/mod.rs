@@ -42,7 +42,11 @@
 //! | deepseek2-v3 | deepseek2 | 3 (1) | Q8_0, Q5_0 queries, Q4_0 expert down | sigmoid routing over 16 experts in 4 groups (2 kept, 4 used), `exp_probs_b`, normalised weights scaled by 2.5, YaRN (factor 40, `mscale_all_dim` 1) |
 //! | deepseek2-kvb | deepseek2 | 2 (1) | Q8_0 | one `attn_kv_b`, no `*_mla` keys (llama.cpp's multi-head path) |
 //! | mistral4 | mistral4 | 3 (0) | Q8_0, Q5_0 `attn_kv_a_mqa` | fused `ffn_gate_up_exps`, YaRN (factor 16, `mscale_all_dim` 0.707), attention temperature (0.5, every 16 positions), normalised weights |
+//!
+//! The DeepSeek Sparse Attention models (`deepseek32`, `glm-dsa`: MLA plus a lightning
+//! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`].
 
+pub mod dsa;
 pub mod kimi;
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
@@ -165,6 +169,7 @@ impl MlaSpec {
             fused_gate_up: false,
             yarn: None,
             temperature: None,
+            dsa: None,
         }
     }
 }
@@ -199,6 +204,8 @@ pub struct MlaSpec {
     pub yarn: Option<(f32, u32, f32)>,
     /// (attention.temperature_scale, attention.temperature_length).
     pub temperature: Option<(f32, u32)>,
+    /// DeepSeek Sparse Attention's indexer (`deepseek32`, `glm-dsa`).
+    pub dsa: Option<dsa::DsaSpec>,
 }
 
 /// The experts of an MoE family's layers.
@@ -440,6 +447,7 @@ pub fn spec(arch: &str) -> Spec {
             },
         },
         name if MLA_MODELS.contains(&name) || SWEEP_MODELS.contains(&name) => mla_spec(name),
+        name if dsa::DSA_MODELS.contains(&name) => dsa::spec(name),
         other => panic!("no synthetic model for `{other}`"),
     }
 }
@@ -1019,6 +1027,9 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
         w.set(key("expert_group_count"), n_group as u32);
         w.set(key("expert_group_used_count"), n_used as u32);
     }
+    if let Some(d) = &m.dsa {
+        d.keys(&mut w, a, s.n_layer);
+    }
     vocab(&mut w, s.n_vocab);
 
     let mut vals = Values(StdRng::seed_from_u64(s.seed));
@@ -1078,6 +1089,9 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
             m.n_embd,
             0.06,
         );
+        if let Some(d) = &m.dsa {
+            d.layer_tensors(&mut w, v, s, m, il);
+        }
         vector(&mut w, v, &n("ffn_norm.weight"), m.n_embd, 1.0, 0.1);
         if il < m.n_leading_dense {
             matrix(

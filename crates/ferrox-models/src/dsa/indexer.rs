@@ -1,0 +1,231 @@
+//! The lightning indexer: which cached positions each token attends to.
+//!
+//! Per token, `Hi` query heads come from the query LoRA latent the MLA already computed
+//! (`indexer.attn_q_b · qr`), one key from the normed input (`indexer.attn_k · x̂`, then a
+//! LayerNorm), both rotated on their first R dims, and one weight per head
+//! (`indexer.proj · x̂ / sqrt(Di·Hi)`). A cached position `j` scores
+//! `Σ_h w_h · relu(q_h · k_j)`, and the token attends to the `top_k` best-scoring positions
+//! up to its own ([`super::top_k`]); to all of them while there are no more than `top_k`.
+//!
+//! llama.cpp also multiplies queries and keys by an orthonormal Hadamard matrix, which
+//! leaves every `q · k` unchanged up to rounding; it is left out here. The keys are kept in
+//! the sequence memory's indexer store, one row of Di per position and indexer layer, so they
+//! are paged, shared by prefix and rolled back with the latent rows.
+
+use ferrox_core::{KvRows, StepMemory};
+use ferrox_gguf::Gguf;
+use rayon::prelude::*;
+
+use super::config::{DsaConfig, IndexerConfig};
+use super::top_k::top_k;
+use crate::engine::EngineError;
+use crate::layers::attention::MAX_HEAD_DIM;
+use crate::layers::linear::linear;
+use crate::layers::norm::layer_norm;
+use crate::mla::sparse::Selection;
+use crate::names::*;
+use crate::step::{sized as grown, Row};
+use crate::tensors::{Loader, MatrixRef};
+use crate::ModelError;
+
+/// The memory's second store: the indexer's key rows.
+pub(crate) const INDEXER_STORE: usize = 1;
+
+/// One layer's indexer weights.
+#[derive(Clone, Debug)]
+pub struct IndexerWeights {
+    /// q LoRA latent → `Hi` query heads of Di.
+    pub q_b: MatrixRef,
+    /// Normed input → one key of Di.
+    pub k: MatrixRef,
+    pub k_norm: Vec<f32>,
+    pub k_norm_bias: Vec<f32>,
+    /// Normed input → one weight per head.
+    pub proj: MatrixRef,
+}
+
+impl IndexerWeights {
+    pub(crate) fn load(l: &Loader<'_>, c: &DsaConfig, il: usize) -> Result<Self, ModelError> {
+        let (n_embd, hi, di) = (c.mla.n_embd, c.indexer.n_head, c.indexer.head_dim);
+        let rank = c.mla.q_lora_rank.unwrap_or(0);
+        Ok(IndexerWeights {
+            q_b: l.matrix(&INDEXER_ATTN_Q_B.layer(il), rank, hi * di)?,
+            k: l.matrix(&INDEXER_ATTN_K.layer(il), n_embd, di)?,
+            k_norm: l.vector(&INDEXER_K_NORM.layer(il), di)?,
+            k_norm_bias: l.vector(&INDEXER_K_NORM.layer_bias(il), di)?,
+            proj: l.matrix(&INDEXER_PROJ.layer(il), n_embd, hi)?,
+        })
+    }
+
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        self.q_b.pack(gguf)?;
+        self.k.pack(gguf)?;
+        self.proj.pack(gguf)
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        self.q_b.n_bytes() + self.k.n_bytes() + self.proj.n_bytes()
+    }
+}
+
+/// Buffers of the indexer, reused across layers and steps.
+#[derive(Default)]
+pub struct IndexerScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    k_normed: Vec<f32>,
+    weights: Vec<f32>,
+    scores: Vec<f32>,
+    chosen: Vec<u32>,
+    angles: Vec<(f32, f32)>,
+    xq: Vec<u8>,
+}
+
+/// A layer's own indexer: its weights and its layer in the indexer store.
+#[derive(Clone, Debug)]
+pub(crate) struct LayerIndexer {
+    pub store_layer: usize,
+    pub weights: IndexerWeights,
+}
+
+/// Computes the micro-batch's indexer keys (written to `memory`) and each row's selection
+/// into `out`. `xn` holds the rows' normed inputs, `q_latent` their normalized query LoRA
+/// latents.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn select(
+    c: &IndexerConfig,
+    layer: &LayerIndexer,
+    gguf: &Gguf,
+    rows: &[Row],
+    xn: &[f32],
+    q_latent: &[f32],
+    memory: &mut StepMemory<'_>,
+    s: &mut IndexerScratch,
+    out: &mut Selection,
+) -> Result<(), EngineError> {
+    let n = rows.len();
+    let (hi, di) = (c.n_head, c.head_dim);
+    let w = &layer.weights;
+    let q = grown(&mut s.q, n * hi * di);
+    linear(&w.q_b.view(gguf)?, q_latent, n, q, &mut s.xq)?;
+    let k = grown(&mut s.k, n * di);
+    linear(&w.k.view(gguf)?, xn, n, k, &mut s.xq)?;
+    let weights = grown(&mut s.weights, n * hi);
+    linear(&w.proj.view(gguf)?, xn, n, weights, &mut s.xq)?;
+    // llama.cpp scales the weights rather than every score.
+    let scale = 1.0 / ((di * hi) as f32).sqrt();
+    weights.iter_mut().for_each(|v| *v *= scale);
+
+    let normed = grown(&mut s.k_normed, di);
+    for (t, r) in rows.iter().enumerate() {
+        let key = &mut k[t * di..(t + 1) * di];
+        layer_norm(key, &w.k_norm, Some(&w.k_norm_bias), c.k_norm_eps, normed);
+        key.copy_from_slice(normed);
+        c.rope.angles(r.pos, &mut s.angles);
+        c.rope.apply(key, di, &s.angles);
+        c.rope
+            .apply(&mut q[t * hi * di..(t + 1) * hi * di], di, &s.angles);
+        memory.write(INDEXER_STORE, r.seq, layer.store_layer, r.pos, key, &[]);
+    }
+
+    out.clear();
+    for (t, r) in rows.iter().enumerate() {
+        let visible = r.pos + 1;
+        if visible <= c.top_k {
+            out.push_all();
+            continue;
+        }
+        let scores = grown(&mut s.scores, visible);
+        let query = Query {
+            heads: &q[t * hi * di..(t + 1) * hi * di],
+            weights: &weights[t * hi..(t + 1) * hi],
+            head_dim: di,
+        };
+        score(memory, layer.store_layer, r.seq, &query, scores);
+        top_k(scores, c.top_k, &mut s.chosen);
+        s.chosen.sort_unstable();
+        out.push(s.chosen.iter().map(|&j| j as usize));
+    }
+    Ok(())
+}
+
+/// Positions scored per parallel task.
+const SCORE_CHUNK: usize = 128;
+
+/// One token's indexer query: its rotated heads and their weights.
+struct Query<'a> {
+    heads: &'a [f32],
+    weights: &'a [f32],
+    head_dim: usize,
+}
+
+impl Query<'_> {
+    /// `Σ_h w_h · relu(q_h · key)`, heads in order (as ggml's fused indexer sums them).
+    fn score(&self, key: &[f32]) -> f32 {
+        let mut score = 0.0f32;
+        for (head, &w) in self.heads.chunks_exact(self.head_dim).zip(self.weights) {
+            score += dot(head, key).max(0.0) * w;
+        }
+        score
+    }
+}
+
+/// Lanes of [`dot`]'s independent partial sums (a whole number of SIMD registers, so the
+/// compiler vectorizes the loop).
+const LANES: usize = 16;
+
+/// `a · b`, accumulated in [`LANES`] partial sums.
+///
+/// A score is a discontinuous function of its dot products: a product within rounding of 0
+/// is clipped or not by the ReLU depending on the order of summation, and where the
+/// selection's last places go to 0-scored positions that decides which position gets in.
+/// Changing this order can therefore move a selection (rarely), and with it the logits.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = xs
+        .remainder()
+        .iter()
+        .zip(ys.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in xs.zip(ys) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Scores positions `0..scores.len()` of sequence `seq` in the indexer store, in parallel
+/// chunks of positions (each reading its stretch of the store).
+fn score(memory: &StepMemory<'_>, layer: usize, seq: usize, q: &Query<'_>, scores: &mut [f32]) {
+    let di = q.head_dim;
+    scores
+        .par_chunks_mut(SCORE_CHUNK)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let lo = i * SCORE_CHUNK;
+            let hi = lo + chunk.len();
+            let mut at = 0;
+            memory.for_each_run(INDEXER_STORE, seq, layer, lo, hi, |keys, _, len| {
+                let dst = &mut chunk[at..at + len];
+                at += len;
+                match keys {
+                    KvRows::F32(k) => {
+                        for (o, key) in dst.iter_mut().zip(k.chunks_exact(di)) {
+                            *o = q.score(key);
+                        }
+                    }
+                    KvRows::F16(k) => {
+                        let mut row = [0f32; MAX_HEAD_DIM];
+                        let key = &mut row[..di];
+                        for (o, key16) in dst.iter_mut().zip(k.chunks_exact(di)) {
+                            key.iter_mut().zip(key16).for_each(|(o, v)| *o = v.to_f32());
+                            *o = q.score(key);
+                        }
+                    }
+                }
+            });
+        });
+}
