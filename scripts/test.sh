@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama.cpp's Python GGUF reader, the default
-# model, llama.cpp's tokenizer suite, the perplexity text; all cached after the first run),
+# model, Qwen2.5-Coder-0.5B-Instruct, llama.cpp's tokenizer suite, the perplexity text; all
+# cached after the first run),
 # then runs the whole workspace's tests in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,10 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
     "$PYTHON" -m pip install --quiet gguf numpy >&2
 fi
 "$PYTHON" -c 'import openai, httpx' 2>/dev/null || "$PYTHON" -m pip install --quiet openai httpx >&2  # ferrox serve's tests
+# The agent API's tests (ferrox-server/tests/agent.rs): the Anthropic client and schema validation.
+"$PYTHON" -c 'import anthropic, jsonschema' 2>/dev/null || "$PYTHON" -m pip install --quiet anthropic jsonschema >&2
 scripts/fetch-model.sh >/dev/null
+scripts/fetch-model.sh qwen-0.5b >/dev/null  # a tool-calling instruct model (the agent API's tests)
 scripts/fetch-vocab-suite.sh >/dev/null
 scripts/reference/fetch-ppl-text.sh >/dev/null
 
