@@ -17,6 +17,9 @@
 #   gen-sweep-logits.sh dsa    likewise for the DeepSeek Sparse Attention models of
 #                              tests/synthetic/dsa.rs (deepseek32, glm-dsa) into
 #                              crates/ferrox-models/tests/fixtures/dsa/.
+#   gen-sweep-logits.sh deepseek4  likewise for the DeepSeek-V4 model of
+#                              tests/synthetic/deepseek4.rs into
+#                              crates/ferrox-models/tests/fixtures/deepseek4/.
 set -euo pipefail
 SET="${1:-sweep}"
 MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
@@ -29,7 +32,8 @@ case "$SET" in
     sweep) WRITE_FLAG=--sweep ;;
     kimi) WRITE_FLAG=--kimi; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA" ;;
-    *) echo "usage: $0 [sweep|kimi|dsa]" >&2; exit 2 ;;
+    deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
+    *) echo "usage: $0 [sweep|kimi|dsa|deepseek4]" >&2; exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
 WORK="$(mktemp -d)"

@@ -12,7 +12,8 @@
 //! models, a variant for investigating differences.
 //! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; `--dsa` the DeepSeek Sparse Attention models
-//! (`synthetic::dsa`) likewise.
+//! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
+//! likewise.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), each with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; one `name path bytes` line each.
@@ -54,6 +55,16 @@ fn main() {
                 let path = write_model(&dir, name, &bytes, &ids);
                 println!("{name} {} {}", path.display(), bytes.len());
             }
+            return;
+        }
+        [dir, flag] if flag == "--deepseek4" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let name = synthetic::deepseek4::NAME;
+            let bytes = synthetic::deepseek4::gguf_bytes();
+            let ids = synthetic::deepseek4::token_ids(synthetic::SWEEP_TOKENS);
+            let path = write_model(&dir, name, &bytes, &ids);
+            println!("{name} {} {}", path.display(), bytes.len());
             return;
         }
         [dir] => (PathBuf::from(dir), None),

@@ -4,6 +4,7 @@
 
 pub mod any_engine;
 pub mod decoder;
+pub mod deepseek4;
 pub mod dsa;
 pub mod engine;
 pub mod families;
@@ -22,6 +23,7 @@ pub use ferrox_tokenizer::{chat_template, stop, tokenizer};
 
 pub use any_engine::AnyEngine;
 pub use decoder::Decoder;
+pub use deepseek4::Deepseek4Engine;
 pub use dsa::DsaEngine;
 pub use engine::{
     step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, SeqInput, SeqWork,

@@ -119,6 +119,50 @@ pub const INDEXER_PROJ: Tensor = Tensor::new("indexer.proj", INDEXER);
 pub const INDEXER_ATTN_K: Tensor = Tensor::new("indexer.attn_k", INDEXER);
 pub const INDEXER_ATTN_Q_B: Tensor = Tensor::new("indexer.attn_q_b", INDEXER_Q);
 
+const DS4_ATTN: &[&str] = &["attention.head_count", "attention.key_length"];
+const DS4_OUT: &[&str] = &[
+    "attention.head_count",
+    "attention.key_length",
+    "attention.output_group_count",
+    "attention.output_lora_rank",
+];
+const DS4_COMPRESSOR: &[&str] = &["attention.key_length", "attention.compress_ratios"];
+const DS4_INDEXER_COMPRESSOR: &[&str] =
+    &["attention.indexer.key_length", "attention.compress_ratios"];
+const HC: &[&str] = &["hyper_connection.count"];
+
+/// DeepSeek-V4's attention: one key-value head, the grouped low-rank output, the sinks.
+pub const ATTN_KV: Tensor = Tensor::new("attn_kv", DS4_ATTN);
+pub const ATTN_OUTPUT_A: Tensor = Tensor::new("attn_output_a", DS4_OUT);
+pub const ATTN_OUTPUT_B: Tensor = Tensor::new("attn_output_b", DS4_OUT);
+pub const ATTN_SINKS: Tensor = Tensor::new("attn_sinks", &["attention.head_count"]);
+/// Its compressors (key rows every 4 or 128 positions) and the indexer's.
+pub const ATTN_COMPRESSOR_KV: Tensor = Tensor::new("attn_compressor_kv", DS4_COMPRESSOR);
+pub const ATTN_COMPRESSOR_GATE: Tensor = Tensor::new("attn_compressor_gate", DS4_COMPRESSOR);
+pub const ATTN_COMPRESSOR_APE: Tensor = Tensor::new("attn_compressor_ape", DS4_COMPRESSOR);
+pub const ATTN_COMPRESSOR_NORM: Tensor = Tensor::new("attn_compressor_norm", DS4_COMPRESSOR);
+pub const INDEXER_COMPRESSOR_KV: Tensor =
+    Tensor::new("indexer_compressor_kv", DS4_INDEXER_COMPRESSOR);
+pub const INDEXER_COMPRESSOR_GATE: Tensor =
+    Tensor::new("indexer_compressor_gate", DS4_INDEXER_COMPRESSOR);
+pub const INDEXER_COMPRESSOR_APE: Tensor =
+    Tensor::new("indexer_compressor_ape", DS4_INDEXER_COMPRESSOR);
+pub const INDEXER_COMPRESSOR_NORM: Tensor =
+    Tensor::new("indexer_compressor_norm", DS4_INDEXER_COMPRESSOR);
+/// Its hyper-connections (per sub-block, and the output head's).
+pub const HC_ATTN_FN: Tensor = Tensor::new("hc_attn_fn", HC);
+pub const HC_ATTN_BASE: Tensor = Tensor::new("hc_attn_base", HC);
+pub const HC_ATTN_SCALE: Tensor = Tensor::new("hc_attn_scale", HC);
+pub const HC_FFN_FN: Tensor = Tensor::new("hc_ffn_fn", HC);
+pub const HC_FFN_BASE: Tensor = Tensor::new("hc_ffn_base", HC);
+pub const HC_FFN_SCALE: Tensor = Tensor::new("hc_ffn_scale", HC);
+pub const OUTPUT_HC_FN: Tensor = Tensor::new("output_hc_fn", HC);
+pub const OUTPUT_HC_BASE: Tensor = Tensor::new("output_hc_base", HC);
+pub const OUTPUT_HC_SCALE: Tensor = Tensor::new("output_hc_scale", HC);
+/// Its hash routing: token id → experts.
+pub const FFN_GATE_TID2EID: Tensor =
+    Tensor::new("ffn_gate_tid2eid", &["expert_used_count", "vocab_size"]);
+
 const KDA: &[&str] = &["attention.head_count", "kda.head_dim"];
 const KDA_CONV: &[&str] = &["attention.head_count", "kda.head_dim", "ssm.conv_kernel"];
 
@@ -188,6 +232,28 @@ pub const ALL: &[Tensor] = &[
     SSM_G_A,
     SSM_G_B,
     SSM_NORM,
+    ATTN_KV,
+    ATTN_OUTPUT_A,
+    ATTN_OUTPUT_B,
+    ATTN_SINKS,
+    ATTN_COMPRESSOR_KV,
+    ATTN_COMPRESSOR_GATE,
+    ATTN_COMPRESSOR_APE,
+    ATTN_COMPRESSOR_NORM,
+    INDEXER_COMPRESSOR_KV,
+    INDEXER_COMPRESSOR_GATE,
+    INDEXER_COMPRESSOR_APE,
+    INDEXER_COMPRESSOR_NORM,
+    HC_ATTN_FN,
+    HC_ATTN_BASE,
+    HC_ATTN_SCALE,
+    HC_FFN_FN,
+    HC_FFN_BASE,
+    HC_FFN_SCALE,
+    OUTPUT_HC_FN,
+    OUTPUT_HC_BASE,
+    OUTPUT_HC_SCALE,
+    FFN_GATE_TID2EID,
 ];
 
 /// The table entry of a tensor named in the file (`blk.N.` prefix and suffix removed).

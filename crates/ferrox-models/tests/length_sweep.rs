@@ -1,7 +1,7 @@
 //! Every context length against llama.cpp: for each sweep model (every synthetic family with
 //! F32 matrices, two small all-F32 MLA models, `synthetic::SWEEP_MODELS`, the Kimi Linear
-//! model of `synthetic/kimi.rs` and the DeepSeek Sparse Attention models of
-//! `synthetic/dsa.rs`) and each prompt
+//! model of `synthetic/kimi.rs`, the DeepSeek Sparse Attention models of
+//! `synthetic/dsa.rs` and the DeepSeek-V4 model of `synthetic/deepseek4.rs`) and each prompt
 //! length p from 1 to 160, the prompt is prefilled as one batch, llama.cpp's greedy
 //! continuation is followed for a few tokens, and then the rest of the sequence is decoded
 //! token by token (teacher-forced). At every step the log-probabilities of llama.cpp's five
@@ -230,6 +230,14 @@ fn deepseek32() {
 fn glm_dsa() {
     let bytes = synthetic::dsa::gguf_bytes("glm-dsa");
     sweep_model("glm-dsa", bytes, fixture("dsa", "glm-dsa"));
+}
+
+/// DeepSeek-V4 (`deepseek4`: window, 4x sparse and 128x compressed layers, hyper-connections,
+/// a hash-routed layer; `synthetic/deepseek4.rs`), against `fixtures/deepseek4/`.
+#[test]
+fn deepseek4() {
+    let bytes = synthetic::deepseek4::gguf_bytes();
+    sweep_model("deepseek4", bytes, fixture("deepseek4", "deepseek4"));
 }
 
 /// The KDA recurrence's two forms agree: a 160-token prompt as one batch (chunks of 16 in

@@ -2,7 +2,8 @@
 //! before. A counting global allocator watches every thread (the engines' workers too)
 //! while each engine decodes, alone and four sequences to a step in one paged memory, once
 //! the first steps have sized the buffers: the dense decoder on the default model, the MLA
-//! engine (routed experts included) on the synthetic deepseek2-v3 and mistral4 models.
+//! engine (routed experts included) on the synthetic deepseek2-v3 and mistral4 models, the
+//! DeepSeek Sparse Attention engine on deepseek32 and glm-dsa, and the DeepSeek-V4 engine.
 
 mod common;
 mod synthetic;
@@ -138,19 +139,36 @@ fn decoding_a_token_allocates_nothing() {
     let decoder = common::gemma_decoder(256, 2);
     let prompt = common::gemma_tokenizer().encode("Once upon a time", true, false);
     let mut engines: Vec<(String, AnyEngine, Vec<u32>)> = Vec::new();
-    for name in ["deepseek2-v3", "mistral4"] {
-        let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).unwrap();
+    // (name, file, prompt, context): the DeepSeek Sparse Attention models' 12-token prompts
+    // pass their indexers' top 32 while decoding; deepseek4's 100-token prompt passes the
+    // first 128x compressed row (position 127) and its indexers' top 8.
+    let mut models: Vec<(String, Vec<u8>, Vec<u32>, usize)> = ["deepseek2-v3", "mistral4"]
+        .iter()
+        .map(|&name| {
+            let prompt = synthetic::token_ids(name)[..12].to_vec();
+            (name.to_string(), synthetic::gguf_bytes(name), prompt, 128)
+        })
+        .collect();
+    for &name in synthetic::dsa::DSA_MODELS {
+        let prompt = synthetic::dsa::token_ids(name, 12);
+        models.push((name.into(), synthetic::dsa::gguf_bytes(name), prompt, 128));
+    }
+    let ds4_prompt = synthetic::deepseek4::token_ids(100);
+    models.push((
+        "deepseek4".into(),
+        synthetic::deepseek4::gguf_bytes(),
+        ds4_prompt,
+        256,
+    ));
+    for (name, bytes, prompt, n_ctx) in models {
+        let gguf = Gguf::from_bytes(bytes).unwrap();
         let options = EngineOptions {
-            n_ctx: 128,
+            n_ctx,
             threads: 2,
             ..EngineOptions::default()
         };
         let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-        engines.push((
-            name.into(),
-            engine,
-            synthetic::token_ids(name)[..12].to_vec(),
-        ));
+        engines.push((name, engine, prompt));
     }
     let mut counts = vec![
         ("gemma3 alone".to_string(), solo(&decoder, &prompt)),

@@ -21,12 +21,15 @@ use crate::routing::RouterConfig;
 use crate::MoeError;
 
 /// The gated activation of the expert FFNs: `act(gate · x) * (up · x)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// `silu(gate) * up` (ggml's `swiglu`), every MoE model so far.
     SwiGlu,
     /// `gelu(gate) * up` (ggml's `geglu`, f16-table GELU).
     GeGlu,
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)` (ggml's `swiglu_clamp`,
+    /// DeepSeek-V4).
+    SwiGluClamped { limit: f32 },
 }
 
 impl Activation {
@@ -35,6 +38,7 @@ impl Activation {
         match self {
             Activation::SwiGlu => numerics::swiglu(gate, up),
             Activation::GeGlu => numerics::geglu(gate, up),
+            Activation::SwiGluClamped { limit } => numerics::swiglu_clamped(gate, up, limit),
         }
     }
 }
@@ -402,11 +406,10 @@ pub fn moe_ffn(
         return Ok(());
     }
 
-    // Route every token; list (expert, token, slot) triples grouped by expert.
+    // Route every token.
     let s = scratch;
     s.routes.clear();
-    s.assign.clear();
-    for (t, logits) in router_logits.chunks_exact(n_expert).enumerate() {
+    for logits in router_logits.chunks_exact(n_expert) {
         crate::routing::route_into(
             router,
             logits,
@@ -414,10 +417,81 @@ pub fn moe_ffn(
             &mut s.route_tmp,
             &mut s.route_scratch,
         );
-        for (slot, &(e, _)) in s.route_tmp.iter().enumerate() {
+        s.routes.extend_from_slice(&s.route_tmp);
+    }
+    run_routes(experts, x, n_used, out, s)
+}
+
+/// [`moe_ffn`] with the experts chosen outside the router: `chosen` holds `n_used` experts
+/// per token (DeepSeek-V4's hash-routed layers pick them by token id); their weights come
+/// from the router's logits as for routed ones (see [`crate::routing::weigh_chosen_into`]).
+pub fn moe_ffn_chosen(
+    router: &RouterConfig,
+    experts: &MoeExperts<'_>,
+    x: &[f32],
+    router_logits: &[f32],
+    chosen: &[usize],
+    out: &mut [f32],
+    scratch: &mut MoeScratch,
+) -> Result<(), MoeError> {
+    let (n_embd, n_expert, n_used) = (experts.n_embd(), experts.n_expert(), router.n_used);
+    if router.n_expert != n_expert || n_embd == 0 || !x.len().is_multiple_of(n_embd) {
+        return Err(MoeError::Shape(format!(
+            "router of {} experts over {n_expert} experts of {n_embd} inputs, {} activations",
+            router.n_expert,
+            x.len()
+        )));
+    }
+    let n_tokens = x.len() / n_embd;
+    if router_logits.len() != n_tokens * n_expert
+        || chosen.len() != n_tokens * n_used
+        || out.len() != x.len()
+    {
+        return Err(MoeError::Shape(format!(
+            "{n_tokens} tokens need {} logits, {} chosen experts and {} outputs",
+            n_tokens * n_expert,
+            n_tokens * n_used,
+            x.len()
+        )));
+    }
+    let s = scratch;
+    s.routes.clear();
+    for (logits, chosen) in router_logits
+        .chunks_exact(n_expert)
+        .zip(chosen.chunks_exact(n_used))
+    {
+        crate::routing::weigh_chosen_into(
+            router,
+            logits,
+            chosen,
+            &mut s.route_tmp,
+            &mut s.route_scratch,
+        )?;
+        s.routes.extend_from_slice(&s.route_tmp);
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    run_routes(experts, x, n_used, out, s)
+}
+
+/// The experts of `scratch.routes` (`n_used` per token) over `x`, weighted and summed per
+/// token into `out`.
+fn run_routes(
+    experts: &MoeExperts<'_>,
+    x: &[f32],
+    n_used: usize,
+    out: &mut [f32],
+    s: &mut MoeScratch,
+) -> Result<(), MoeError> {
+    let n_embd = experts.n_embd();
+    let n_tokens = x.len() / n_embd;
+    // List (expert, token, slot) triples grouped by expert.
+    s.assign.clear();
+    for (t, routes) in s.routes.chunks_exact(n_used).enumerate() {
+        for (slot, &(e, _)) in routes.iter().enumerate() {
             s.assign.push((e, t, slot));
         }
-        s.routes.extend_from_slice(&s.route_tmp);
     }
     s.assign.sort_unstable();
 

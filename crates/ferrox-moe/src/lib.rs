@@ -16,7 +16,9 @@ mod error;
 
 pub use error::MoeError;
 pub use experts::{
-    moe_ffn, router_logits, shared_expert_gate, Activation, ExpertTensor, MoeExperts, MoeScratch,
-    SharedExpert,
+    moe_ffn, moe_ffn_chosen, router_logits, shared_expert_gate, Activation, ExpertTensor,
+    MoeExperts, MoeScratch, SharedExpert,
 };
-pub use routing::{route, route_into, Gating, MoeHparams, RouteScratch, RouterConfig};
+pub use routing::{
+    route, route_into, weigh_chosen_into, Gating, MoeHparams, RouteScratch, RouterConfig,
+};

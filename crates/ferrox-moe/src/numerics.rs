@@ -15,6 +15,25 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// ggml's softplus op: `x` above 20, else `logf(1 + expf(x))`.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+/// ggml's `swiglu_clamp` (DeepSeek-V4's experts): `silu(min(g, limit)) * clamp(u, -limit,
+/// limit)`, scalar, in place over `gate`.
+pub fn swiglu_clamped(gate: &mut [f32], up: &[f32], limit: f32) {
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up lengths differ");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        *g = x / (1.0 + (-x).exp()) * u.clamp(-limit, limit);
+    }
+}
+
 /// `ggml_vec_max_f32`: a running `MAX(max, x)` from -inf, where `MAX(a, b) = a > b ? a : b`
 /// (so a NaN is kept only until a later value replaces it).
 pub fn max_f32(x: &[f32]) -> f32 {

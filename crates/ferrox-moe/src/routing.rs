@@ -52,6 +52,8 @@ pub enum Gating {
     Sigmoid,
     /// 3: selection on the raw logits, softmax over the selected ones.
     SoftmaxWeight,
+    /// 4: `sqrt(softplus(x))` (DeepSeek-V4).
+    SqrtSoftplus,
 }
 
 /// Everything [`route`] needs about one MoE layer's router.
@@ -132,12 +134,7 @@ impl RouterConfig {
                     0 | 1 => Gating::Softmax,
                     2 => Gating::Sigmoid,
                     3 => Gating::SoftmaxWeight,
-                    4 => {
-                        return Err(MoeError::BadValue {
-                            key: k,
-                            reason: "sqrt-softplus gating (4) is not supported yet".into(),
-                        })
-                    }
+                    4 => Gating::SqrtSoftplus,
                     v => {
                         return Err(MoeError::BadValue {
                             key: k,
@@ -312,16 +309,7 @@ pub fn route_into(
         w,
         raw,
     } = scratch;
-    probs.clear();
-    probs.resize(n, 0.0);
-    match config.gating {
-        Gating::Softmax => numerics::softmax(router_logits, probs),
-        Gating::Sigmoid => probs
-            .iter_mut()
-            .zip(router_logits)
-            .for_each(|(p, &x)| *p = numerics::sigmoid(x)),
-        Gating::SoftmaxWeight => probs.copy_from_slice(router_logits),
-    }
+    gate(config.gating, router_logits, probs);
     sel.clear();
     sel.extend_from_slice(probs);
     if let Some(bias) = selection_bias {
@@ -347,6 +335,38 @@ pub fn route_into(
     }
     argsort_desc(sel, idx);
     let chosen = &idx[..config.n_used];
+    weigh(config, probs, chosen, w, raw);
+    out.clear();
+    out.extend(chosen.iter().copied().zip(w.iter().copied()));
+}
+
+/// The gating function of `logits` into `probs` (one per expert).
+fn gate(gating: Gating, logits: &[f32], probs: &mut Vec<f32>) {
+    probs.clear();
+    probs.resize(logits.len(), 0.0);
+    match gating {
+        Gating::Softmax => numerics::softmax(logits, probs),
+        Gating::Sigmoid => probs
+            .iter_mut()
+            .zip(logits)
+            .for_each(|(p, &x)| *p = numerics::sigmoid(x)),
+        Gating::SoftmaxWeight => probs.copy_from_slice(logits),
+        Gating::SqrtSoftplus => probs
+            .iter_mut()
+            .zip(logits)
+            .for_each(|(p, &x)| *p = numerics::softplus(x).sqrt()),
+    }
+}
+
+/// The weights of the `chosen` experts: their probabilities, softmaxed for
+/// [`Gating::SoftmaxWeight`], normalised and scaled as the configuration says.
+fn weigh(
+    config: &RouterConfig,
+    probs: &[f32],
+    chosen: &[usize],
+    w: &mut Vec<f32>,
+    raw: &mut Vec<f32>,
+) {
     w.clear();
     w.extend(chosen.iter().map(|&e| probs[e]));
     if config.gating == Gating::SoftmaxWeight {
@@ -372,6 +392,44 @@ pub fn route_into(
     if config.scale != 0.0 && config.scale != 1.0 {
         w.iter_mut().for_each(|v| *v *= config.scale);
     }
+}
+
+/// Weights for experts chosen outside the router (DeepSeek-V4's hash-routed layers pick
+/// them by token id): `(expert, weight)` pairs in `chosen`'s order, the weights computed from
+/// `router_logits` exactly as [`route_into`] computes a selected expert's. An expert out of
+/// range is an error.
+pub fn weigh_chosen_into(
+    config: &RouterConfig,
+    router_logits: &[f32],
+    chosen: &[usize],
+    out: &mut Vec<(usize, f32)>,
+    scratch: &mut RouteScratch,
+) -> Result<(), MoeError> {
+    config.validate()?;
+    if router_logits.len() != config.n_expert || chosen.len() != config.n_used {
+        return Err(MoeError::Shape(format!(
+            "{} router logits and {} chosen experts for {} experts, {} used",
+            router_logits.len(),
+            chosen.len(),
+            config.n_expert,
+            config.n_used
+        )));
+    }
+    if let Some(&bad) = chosen.iter().find(|&&e| e >= config.n_expert) {
+        return Err(MoeError::Shape(format!(
+            "expert {bad} chosen among {}",
+            config.n_expert
+        )));
+    }
+    gate(config.gating, router_logits, &mut scratch.probs);
+    weigh(
+        config,
+        &scratch.probs,
+        chosen,
+        &mut scratch.w,
+        &mut scratch.raw,
+    );
     out.clear();
-    out.extend(chosen.iter().copied().zip(w.iter().copied()));
+    out.extend(chosen.iter().copied().zip(scratch.w.iter().copied()));
+    Ok(())
 }

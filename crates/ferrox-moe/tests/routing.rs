@@ -1,5 +1,7 @@
 use ferrox_gguf::{Gguf, GgufWriter};
-use ferrox_moe::{route, Gating, MoeError, MoeHparams, RouterConfig};
+use ferrox_moe::{
+    route, weigh_chosen_into, Gating, MoeError, MoeHparams, RouteScratch, RouterConfig,
+};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -17,6 +19,10 @@ fn reference(c: &RouterConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<(us
         }
         Gating::Sigmoid => x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
         Gating::SoftmaxWeight => x.clone(),
+        Gating::SqrtSoftplus => x
+            .iter()
+            .map(|&v| if v > 20.0 { v } else { (1.0 + v.exp()).ln() }.sqrt())
+            .collect(),
     };
     let mut s: Vec<f64> = match bias {
         Some(b) => p.iter().zip(b).map(|(p, &b)| p + b as f64).collect(),
@@ -356,7 +362,7 @@ fn from_metadata_errors_name_the_key() {
     let g = gguf(&[
         ("deepseek2.expert_count", 64u32.into()),
         ("deepseek2.expert_used_count", 6u32.into()),
-        ("deepseek2.expert_gating_func", 4u32.into()),
+        ("deepseek2.expert_gating_func", 9u32.into()),
     ]);
     let e = RouterConfig::from_metadata(&g.metadata(), "deepseek2").unwrap_err();
     assert!(
@@ -373,4 +379,43 @@ fn from_metadata_errors_name_the_key() {
         RouterConfig::from_metadata(&g.metadata(), "deepseek2"),
         Err(MoeError::Config(_))
     ));
+}
+
+#[test]
+fn sqrt_softplus_gating_and_chosen_experts() {
+    let g = gguf(&[
+        ("deepseek4.expert_count", 4u32.into()),
+        ("deepseek4.expert_used_count", 2u32.into()),
+        ("deepseek4.expert_gating_func", 4u32.into()),
+        ("deepseek4.expert_weights_norm", true.into()),
+        ("deepseek4.expert_weights_scale", 1.5f32.into()),
+    ]);
+    let config = RouterConfig::from_metadata(&g.metadata(), "deepseek4").unwrap();
+    assert_eq!(config.gating, Gating::SqrtSoftplus);
+    let logits = [0.5f32, -1.0, 2.0, 30.0];
+    let p: Vec<f32> = logits
+        .iter()
+        .map(|&x| if x > 20.0 { x } else { (1.0 + x.exp()).ln() }.sqrt())
+        .collect();
+    // Routed: the two highest probabilities, normalised and scaled.
+    let mut out = Vec::new();
+    route(&config, &logits, None, &mut out);
+    assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [3, 2]);
+    // Chosen elsewhere: the same weighting of whichever experts were given, in their order.
+    let mut chosen = Vec::new();
+    weigh_chosen_into(
+        &config,
+        &logits,
+        &[1, 0],
+        &mut chosen,
+        &mut RouteScratch::default(),
+    )
+    .unwrap();
+    let sum = p[1] + p[0];
+    assert_eq!(chosen[0].0, 1);
+    assert!((chosen[0].1 - p[1] / sum * 1.5).abs() < 1e-6);
+    assert!((chosen[1].1 - p[0] / sum * 1.5).abs() < 1e-6);
+    let mut scratch = RouteScratch::default();
+    assert!(weigh_chosen_into(&config, &logits, &[1, 4], &mut chosen, &mut scratch).is_err());
+    assert!(weigh_chosen_into(&config, &logits, &[1], &mut chosen, &mut scratch).is_err());
 }

@@ -81,6 +81,16 @@ pub struct IndexerScratch {
     xq: Vec<u8>,
 }
 
+impl IndexerScratch {
+    /// Sizes the buffers whose need grows with the context (scores over up to `n_ctx`
+    /// positions, `top_k` chosen), so that decoding never grows them.
+    pub fn reserve(&mut self, n_ctx: usize, top_k: usize) {
+        self.scores.reserve(n_ctx.saturating_sub(self.scores.len()));
+        self.chosen
+            .reserve(top_k.min(n_ctx).saturating_sub(self.chosen.len()));
+    }
+}
+
 /// A layer's own indexer: its weights and its layer in the indexer store.
 #[derive(Clone, Debug)]
 pub(crate) struct LayerIndexer {
@@ -153,15 +163,15 @@ pub(crate) fn select(
 const SCORE_CHUNK: usize = 128;
 
 /// One token's indexer query: its rotated heads and their weights.
-struct Query<'a> {
-    heads: &'a [f32],
-    weights: &'a [f32],
-    head_dim: usize,
+pub(crate) struct Query<'a> {
+    pub heads: &'a [f32],
+    pub weights: &'a [f32],
+    pub head_dim: usize,
 }
 
 impl Query<'_> {
     /// `Σ_h w_h · relu(q_h · key)`, heads in order (as ggml's fused indexer sums them).
-    fn score(&self, key: &[f32]) -> f32 {
+    pub fn score(&self, key: &[f32]) -> f32 {
         let mut score = 0.0f32;
         for (head, &w) in self.heads.chunks_exact(self.head_dim).zip(self.weights) {
             score += dot(head, key).max(0.0) * w;

@@ -15,7 +15,7 @@
 
 pub mod config;
 pub mod indexer;
-mod top_k;
+pub(crate) mod top_k;
 
 use std::sync::Arc;
 
@@ -149,6 +149,9 @@ impl step::Layers for DsaEngine {
         let (n, eps, gguf) = (rows.len(), c.mla.norm_eps, &*self.rt.gguf);
         s.residual
             .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
+        // Selecting grows nothing once these hold the largest context and this many rows.
+        s.indexer.reserve(self.rt.n_ctx, c.indexer.top_k);
+        s.selection.reserve(n, c.indexer.top_k.min(self.rt.n_ctx));
         for (il, (lw, ix)) in self.weights.layers.iter().zip(&self.indexers).enumerate() {
             let Scratch {
                 residual,

@@ -4,6 +4,7 @@
 
 mod deepseek2;
 mod deepseek32;
+mod deepseek4;
 mod gemma;
 mod gemma2;
 mod gemma3;
@@ -55,6 +56,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     kimi_linear::ARCH,
     deepseek32::ARCH,
     glm_dsa::ARCH,
+    deepseek4::ARCH,
 ];
 
 /// The registered architecture named `name`.

@@ -83,6 +83,22 @@ impl Rope {
         (theta.cos() * mscale, theta.sin() * mscale)
     }
 
+    /// Rotates the last `n_dims` dims of every head of `x` (ggml's `rope_set_offset` to
+    /// `head_dim - n_dims`: DeepSeek-V4 keeps its rotated dims at the tail).
+    pub fn apply_tail(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+        let offset = head_dim - self.n_dims;
+        for head in x.chunks_exact_mut(head_dim) {
+            self.apply(&mut head[offset..], self.n_dims, angles);
+        }
+    }
+
+    /// Undoes [`Rope::apply_tail`] (ggml's `rope_ext_back`: the same angles, sines negated).
+    pub fn unapply_tail(&self, x: &mut [f32], head_dim: usize, angles: &mut [(f32, f32)]) {
+        angles.iter_mut().for_each(|a| a.1 = -a.1);
+        self.apply_tail(x, head_dim, angles);
+        angles.iter_mut().for_each(|a| a.1 = -a.1);
+    }
+
     /// Rotates every head of `x` (`x.len() / head_dim` heads) by the given angles.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
         for head in x.chunks_exact_mut(head_dim) {
@@ -120,6 +136,23 @@ mod tests {
             assert!((norm(&x) - norm(&orig)).abs() < 1e-4);
             assert_ne!(x, orig);
         }
+    }
+
+    #[test]
+    fn tail_rotation_is_undone() {
+        let rope = Rope::plain(RopeStyle::Normal, 4, 10000.0);
+        let mut angles = Vec::new();
+        rope.angles(9, &mut angles);
+        let orig: Vec<f32> = (0..12).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let mut x = orig.clone();
+        rope.apply_tail(&mut x, 6, &angles);
+        assert_eq!(x[..2], orig[..2]);
+        assert_eq!(x[6..8], orig[6..8]);
+        assert_ne!(x, orig);
+        rope.unapply_tail(&mut x, 6, &mut angles);
+        x.iter()
+            .zip(&orig)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-5));
     }
 
     #[test]

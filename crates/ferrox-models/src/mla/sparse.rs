@@ -30,6 +30,15 @@ impl Selection {
         self.positions.clear();
     }
 
+    /// Room for `rows` rows of up to `per_row` positions each (after a [`Selection::clear`]),
+    /// so that selecting them does not allocate.
+    pub fn reserve(&mut self, rows: usize, per_row: usize) {
+        self.spans.reserve(rows.saturating_sub(self.spans.len()));
+        let positions = rows.saturating_mul(per_row);
+        self.positions
+            .reserve(positions.saturating_sub(self.positions.len()));
+    }
+
     /// Rows selected so far.
     pub fn rows(&self) -> usize {
         self.spans.len()

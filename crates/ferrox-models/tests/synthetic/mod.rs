@@ -44,8 +44,9 @@
 //! | mistral4 | mistral4 | 3 (0) | Q8_0, Q5_0 `attn_kv_a_mqa` | fused `ffn_gate_up_exps`, YaRN (factor 16, `mscale_all_dim` 0.707), attention temperature (0.5, every 16 positions), normalised weights |
 //!
 //! The DeepSeek Sparse Attention models (`deepseek32`, `glm-dsa`: MLA plus a lightning
-//! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`].
+//! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`]; `deepseek4` in [`deepseek4`].
 
+pub mod deepseek4;
 pub mod dsa;
 pub mod kimi;
 

@@ -1,0 +1,365 @@
+//! DeepSeek-V4 attention: multi-query attention of `H` heads over one shared key-value head
+//! (each key row is also its value), per head a learned sink logit in the softmax
+//! denominator.
+//!
+//! A token's keys are the raw rows of its sliding window (positions `pos − W + 1 ..= pos`)
+//! and, in compressed layers, compressed rows ([`super::compressor`]): every visible one
+//! (ratio 128), or the `top_k` of them the lightning indexer scores highest (ratio 4). The
+//! rotated tail of the output is rotated back at the query's position, then heads are
+//! projected in groups through a low rank (`attn_output_a`) and together to the model width
+//! (`attn_output_b`).
+//!
+//! llama.cpp also multiplies the indexer's queries and keys by an orthonormal Hadamard
+//! matrix, which leaves every `q · k` unchanged up to rounding; it is left out here, as in
+//! the DeepSeek Sparse Attention indexer.
+
+use std::cell::RefCell;
+
+use ferrox_core::{KvRows, StepMemory};
+use ferrox_gguf::Gguf;
+use rayon::prelude::*;
+
+use super::compressor::{self, read_row, CompressorScratch, CompressorStore};
+use super::config::{Compression, Deepseek4Config};
+use super::weights::{IndexerWeights, LayerWeights};
+use crate::dsa::indexer::Query;
+use crate::dsa::top_k::top_k;
+use crate::engine::EngineError;
+use crate::layers::attention::MAX_HEAD_DIM;
+use crate::layers::linear::linear;
+use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
+use crate::mla::sparse::Selection;
+use crate::step::{sized, Row};
+
+/// The memory's first store: every layer's raw key-value row per position.
+pub const RAW_STORE: usize = 0;
+
+/// Where one layer keeps its rows beyond the raw store.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LayerStores {
+    pub compressor: Option<CompressorStore>,
+    pub indexer: Option<CompressorStore>,
+}
+
+/// Buffers of attention, reused across layers and steps.
+#[derive(Default)]
+pub struct AttnScratch {
+    qr: Vec<f32>,
+    q: Vec<f32>,
+    kv: Vec<f32>,
+    iq: Vec<f32>,
+    iw: Vec<f32>,
+    o: Vec<f32>,
+    group_in: Vec<f32>,
+    group_out: Vec<f32>,
+    oa: Vec<f32>,
+    angles: Vec<(f32, f32)>,
+    index_scores: Vec<f32>,
+    chosen: Vec<u32>,
+    selection: Selection,
+    compressor: CompressorScratch,
+    xq: Vec<u8>,
+}
+
+/// Compressed rows the indexer scores per parallel task.
+const SCORE_CHUNK: usize = 64;
+
+thread_local! {
+    /// One head's scores over a token's keys.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Bounds on what one token reads, for sizing buffers once rather than as a sequence grows.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Keys one token attends to in any layer.
+    pub keys: usize,
+    /// Positions a sequence can hold.
+    pub positions: usize,
+}
+
+/// One layer's attention of the micro-batch's normed inputs `xn` into `out` (`n × n_embd`):
+/// its rows (raw, compressed, indexer keys) written to the memory first.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    c: &Deepseek4Config,
+    lw: &LayerWeights,
+    stores: LayerStores,
+    gguf: &Gguf,
+    il: usize,
+    rows: &[Row],
+    xn: &[f32],
+    memory: &mut StepMemory<'_>,
+    bounds: Bounds,
+    s: &mut AttnScratch,
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    let (n, h, d) = (rows.len(), c.n_head, c.head_dim);
+    let max_keys = bounds.keys;
+    let (eps, rope) = (c.norm_eps, c.rope(il));
+    let qr = sized(&mut s.qr, n * c.q_lora_rank);
+    linear(&lw.q_a.view(gguf)?, xn, n, qr, &mut s.xq)?;
+    qr.par_chunks_mut(c.q_lora_rank)
+        .for_each(|r| rms_norm_in_place(r, &lw.q_a_norm, eps));
+    let q = sized(&mut s.q, n * h * d);
+    linear(&lw.q_b.view(gguf)?, qr, n, q, &mut s.xq)?;
+    q.par_chunks_mut(d)
+        .for_each(|head| rms_normalize_in_place(head, eps));
+    let kv = sized(&mut s.kv, n * d);
+    linear(&lw.kv.view(gguf)?, xn, n, kv, &mut s.xq)?;
+    for (t, r) in rows.iter().enumerate() {
+        let row = &mut kv[t * d..(t + 1) * d];
+        rms_norm_in_place(row, &lw.kv_norm, eps);
+        rope.angles(r.pos, &mut s.angles);
+        rope.apply_tail(row, d, &s.angles);
+        rope.apply_tail(&mut q[t * h * d..(t + 1) * h * d], d, &s.angles);
+        memory.write(RAW_STORE, r.seq, il, r.pos, row, &[]);
+    }
+    let compressed = (&c.rope_compressed, eps);
+    if let (Some(at), Some(w)) = (stores.compressor, &lw.compressor) {
+        compressor::record(at, w, gguf, rows, xn, memory, compressed, &mut s.compressor)?;
+    }
+    if let (Some(at), Some(ix)) = (stores.indexer, &lw.indexer) {
+        compressor::record(
+            at,
+            &ix.compressor,
+            gguf,
+            rows,
+            xn,
+            memory,
+            compressed,
+            &mut s.compressor,
+        )?;
+        select(c, ix, at, gguf, rows, xn, memory, bounds, s)?;
+    }
+
+    // Every (token, head) on its own: scores over the token's keys, then their weighted sum.
+    let scale = 1.0 / (d as f32).sqrt();
+    let memory = &*memory;
+    let (q, selection) = (&s.q, &s.selection);
+    let o = sized(&mut s.o, n * h * d);
+    o.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+        let (t, head) = (i / h, i % h);
+        let r = &rows[t];
+        let keys = KeySet {
+            seq: r.seq,
+            layer: il,
+            raw: r.pos.saturating_sub(c.window - 1)..r.pos + 1,
+            compressed: match (stores.compressor, c.compression[il]) {
+                (Some(at), Compression::Heavy) => Compressed::All(at, at.visible(r.pos)),
+                (Some(at), Compression::Sparse) => match selection.of(t) {
+                    None => Compressed::All(at, at.visible(r.pos)),
+                    Some(list) => Compressed::Listed(at, list),
+                },
+                _ => Compressed::None,
+            },
+        };
+        let query = &q[i * d..(i + 1) * d];
+        attend_head(memory, &keys, query, lw.sinks[head], scale, max_keys, o);
+    });
+    for (t, r) in rows.iter().enumerate() {
+        rope.angles(r.pos, &mut s.angles);
+        rope.unapply_tail(&mut o[t * h * d..(t + 1) * h * d], d, &mut s.angles);
+    }
+    grouped_output(c, lw, gguf, n, s, out)
+}
+
+/// The compressed rows a token attends to.
+enum Compressed<'a> {
+    None,
+    /// Rows `0..n`.
+    All(CompressorStore, usize),
+    /// The listed rows.
+    Listed(CompressorStore, &'a [usize]),
+}
+
+/// A token's keys: its window of raw rows, then compressed rows.
+struct KeySet<'a> {
+    seq: usize,
+    layer: usize,
+    raw: std::ops::Range<usize>,
+    compressed: Compressed<'a>,
+}
+
+impl KeySet<'_> {
+    fn len(&self) -> usize {
+        self.raw.len()
+            + match &self.compressed {
+                Compressed::None => 0,
+                Compressed::All(_, n) => *n,
+                Compressed::Listed(_, list) => list.len(),
+            }
+    }
+
+    /// Calls `f` with each key (`width` values) in order.
+    fn for_each(&self, memory: &StepMemory<'_>, width: usize, mut f: impl FnMut(&[f32])) {
+        let mut row = [0f32; MAX_HEAD_DIM];
+        let row = &mut row[..width];
+        let (lo, hi) = (self.raw.start, self.raw.end);
+        memory.for_each_run(
+            RAW_STORE,
+            self.seq,
+            self.layer,
+            lo,
+            hi,
+            |keys, _, _| match keys {
+                KvRows::F32(k) => k.chunks_exact(width).for_each(&mut f),
+                KvRows::F16(k) => {
+                    for key in k.chunks_exact(width) {
+                        row.iter_mut().zip(key).for_each(|(o, v)| *o = v.to_f32());
+                        f(row);
+                    }
+                }
+            },
+        );
+        let mut compressed = |at: CompressorStore, b: usize| {
+            read_row(memory, at.store, self.seq, at.layer, at.position_of(b), row);
+            f(row);
+        };
+        match &self.compressed {
+            Compressed::None => {}
+            Compressed::All(at, n) => (0..*n).for_each(|b| compressed(*at, b)),
+            Compressed::Listed(at, list) => list.iter().for_each(|&b| compressed(*at, b)),
+        }
+    }
+}
+
+/// One head's attention over `keys` (each also its value), with a sink logit in the
+/// softmax denominator, into `out`.
+fn attend_head(
+    memory: &StepMemory<'_>,
+    keys: &KeySet<'_>,
+    q: &[f32],
+    sink: f32,
+    scale: f32,
+    max_keys: usize,
+    out: &mut [f32],
+) {
+    SCORES.with_borrow_mut(|scores| {
+        if scores.capacity() < max_keys {
+            scores.reserve_exact(max_keys - scores.len());
+        }
+        scores.clear();
+        let width = q.len();
+        keys.for_each(memory, width, |k| {
+            let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+            scores.push(dot * scale);
+        });
+        debug_assert_eq!(scores.len(), keys.len());
+        let max = scores.iter().fold(sink, |m, &v| m.max(v));
+        let mut sum = 0f64;
+        for v in scores.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+        sum += (sink - max).exp() as f64;
+        let inv = (1.0 / sum) as f32;
+        out.fill(0.0);
+        let mut j = 0;
+        keys.for_each(memory, width, |k| {
+            let p = scores[j] * inv;
+            out.iter_mut().zip(k).for_each(|(o, &v)| *o += p * v);
+            j += 1;
+        });
+    });
+}
+
+/// The lightning indexer of a sparse layer: each token's selection of compressed rows into
+/// `s.selection` (every visible row while there are no more than `top_k`).
+#[allow(clippy::too_many_arguments)]
+fn select(
+    c: &Deepseek4Config,
+    ix: &IndexerWeights,
+    at: CompressorStore,
+    gguf: &Gguf,
+    rows: &[Row],
+    xn: &[f32],
+    memory: &StepMemory<'_>,
+    bounds: Bounds,
+    s: &mut AttnScratch,
+) -> Result<(), EngineError> {
+    let (n, hi, di) = (rows.len(), c.indexer_heads, c.indexer_dim);
+    // Selecting grows nothing once these hold every row a sequence can have.
+    let most_rows = at.visible(bounds.positions);
+    let index_scores = &mut s.index_scores;
+    index_scores.reserve(most_rows.saturating_sub(index_scores.len()));
+    let most_chosen = c.indexer_top_k.min(most_rows);
+    s.chosen.reserve(most_chosen.saturating_sub(s.chosen.len()));
+    s.selection.clear();
+    s.selection.reserve(n, most_chosen);
+    let iq = sized(&mut s.iq, n * hi * di);
+    linear(
+        &ix.q_b.view(gguf)?,
+        &s.qr[..n * c.q_lora_rank],
+        n,
+        iq,
+        &mut s.xq,
+    )?;
+    let iw = sized(&mut s.iw, n * hi);
+    linear(&ix.proj.view(gguf)?, xn, n, iw, &mut s.xq)?;
+    // llama.cpp scales the weights rather than every score.
+    let scale = 1.0 / ((di * hi) as f32).sqrt();
+    iw.iter_mut().for_each(|v| *v *= scale);
+    for (t, r) in rows.iter().enumerate() {
+        let heads = &mut iq[t * hi * di..(t + 1) * hi * di];
+        c.rope_compressed.angles(r.pos, &mut s.angles);
+        c.rope_compressed.apply_tail(heads, di, &s.angles);
+        let visible = at.visible(r.pos);
+        if visible <= c.indexer_top_k {
+            s.selection.push_all();
+            continue;
+        }
+        let query = Query {
+            heads,
+            weights: &iw[t * hi..(t + 1) * hi],
+            head_dim: di,
+        };
+        let scores = sized(&mut s.index_scores, visible);
+        scores
+            .par_chunks_mut(SCORE_CHUNK)
+            .enumerate()
+            .for_each(|(chunk, scores)| {
+                let mut key = [0f32; MAX_HEAD_DIM];
+                let key = &mut key[..di];
+                for (i, score) in scores.iter_mut().enumerate() {
+                    let b = chunk * SCORE_CHUNK + i;
+                    read_row(memory, at.store, r.seq, at.layer, at.position_of(b), key);
+                    *score = query.score(key);
+                }
+            });
+        top_k(scores, c.indexer_top_k, &mut s.chosen);
+        s.chosen.sort_unstable();
+        s.selection.push(s.chosen.iter().map(|&b| b as usize));
+    }
+    Ok(())
+}
+
+/// `out = attn_output_b · [attn_output_a[g] · o_g for each group g]`, `o_g` the heads of
+/// group `g` (the micro-batch's rows of `s.o`).
+fn grouped_output(
+    c: &Deepseek4Config,
+    lw: &LayerWeights,
+    gguf: &Gguf,
+    n: usize,
+    s: &mut AttnScratch,
+    out: &mut [f32],
+) -> Result<(), EngineError> {
+    let (g_count, rank) = (c.o_groups, c.o_lora_rank);
+    let width = c.n_head * c.head_dim;
+    let group_width = width / g_count;
+    let out_a = lw.out_a.view(gguf)?;
+    let oa = sized(&mut s.oa, n * g_count * rank);
+    for g in 0..g_count {
+        let group_in = sized(&mut s.group_in, n * group_width);
+        for (t, dst) in group_in.chunks_exact_mut(group_width).enumerate() {
+            dst.copy_from_slice(&s.o[t * width + g * group_width..][..group_width]);
+        }
+        let group_out = sized(&mut s.group_out, n * rank);
+        linear(&out_a.expert(g), group_in, n, group_out, &mut s.xq)?;
+        for (t, src) in group_out.chunks_exact(rank).enumerate() {
+            oa[(t * g_count + g) * rank..][..rank].copy_from_slice(src);
+        }
+    }
+    linear(&lw.out_b.view(gguf)?, oa, n, out, &mut s.xq)?;
+    Ok(())
+}

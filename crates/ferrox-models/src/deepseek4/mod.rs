@@ -1,0 +1,354 @@
+//! The DeepSeek-V4 engine (`deepseek4`): compressed sparse attention over a sliding window
+//! ([`attention`], [`compressor`]), manifold-constrained hyper-connections between the
+//! sub-blocks ([`hyper`]), and mixture-of-experts layers with sqrt-softplus gating, the
+//! leading ones routed by token id.
+//!
+//! # Memory
+//! Everything a sequence keeps is paged by position, in stores sharing one block table:
+//!
+//! * the raw store: every layer's key-value row (`D`) per position; a token reads the last
+//!   `W` of them;
+//! * one store per compressor kind (4x attention, 128x attention, 4x indexer keys): per
+//!   position of each such layer, the compressor's projections and scores of that token
+//!   (llama.cpp's compressor rings are the last block of these rows) and, at a position that
+//!   completes a block, the compressed row.
+//!
+//! So a sequence rolls back to any length, and shares prefixes, exactly: nothing summarises
+//! the history outside the pages. This costs more memory per position than llama.cpp's rings
+//! and window (see [`Deepseek4Engine::memory_spec`]).
+//!
+//! Multi-token-prediction layers at the end of a file are not part of the trunk and are not
+//! loaded.
+
+pub mod attention;
+pub mod compressor;
+pub mod config;
+pub mod hyper;
+pub mod weights;
+
+use std::sync::Arc;
+
+use ferrox_core::{MemorySpec, PagedStoreSpec, StepMemory};
+use ferrox_gguf::Gguf;
+use ferrox_moe::{Activation, MoeExperts};
+
+pub use config::{Compression, Deepseek4Config};
+pub use weights::Deepseek4Weights;
+
+use crate::engine::{EngineError, EngineOptions};
+use crate::hparams::moe_error;
+use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::ModelError;
+use attention::{AttnScratch, LayerStores};
+use compressor::CompressorStore;
+use config::HC_STREAMS as HC;
+use hyper::{HcScratch, HyperConnection};
+use weights::LayerWeights;
+
+/// Clamps at or below this are no clamp (llama.cpp's threshold).
+const NO_CLAMP: f32 = 1e-6;
+
+/// A DeepSeek-V4 model over a memory-mapped GGUF checkpoint.
+pub struct Deepseek4Engine {
+    rt: Runtime,
+    config: Deepseek4Config,
+    weights: Deepseek4Weights,
+    stores: Vec<LayerStores>,
+    specs: Vec<PagedStoreSpec>,
+    bounds: attention::Bounds,
+}
+
+#[derive(Default)]
+pub struct Scratch {
+    /// The hyper-connection streams, `n × hc × n_embd`.
+    streams: Vec<f32>,
+    /// A sub-block's input (mixed from the streams) and its normed form.
+    x_in: Vec<f32>,
+    xn: Vec<f32>,
+    y: Vec<f32>,
+    hc: HcScratch,
+    attn: AttnScratch,
+    router_logits: Vec<f32>,
+    chosen: Vec<usize>,
+    moe: ferrox_moe::MoeScratch,
+    head: HeadScratch,
+}
+
+/// Each layer's stores, and the stores' shapes: the raw store, then one store per compressor
+/// kind that some layer has.
+fn lay_out_stores(c: &Deepseek4Config) -> (Vec<LayerStores>, Vec<PagedStoreSpec>) {
+    let mut specs = vec![PagedStoreSpec {
+        n_layers: c.n_layer,
+        key_width: c.head_dim,
+        value_width: 0,
+    }];
+    let mut stores = vec![LayerStores::default(); c.n_layer];
+    // (kind, width, is the indexer's): one store each.
+    let kinds = [
+        (Compression::Sparse, c.head_dim, false),
+        (Compression::Heavy, c.head_dim, false),
+        (Compression::Sparse, c.indexer_dim, true),
+    ];
+    for (kind, width, indexer) in kinds {
+        let layers: Vec<usize> = (0..c.n_layer)
+            .filter(|&il| c.compression[il] == kind)
+            .collect();
+        if layers.is_empty() {
+            continue;
+        }
+        let store = specs.len();
+        for (layer, &il) in layers.iter().enumerate() {
+            let at = CompressorStore {
+                store,
+                layer,
+                width,
+                kind,
+            };
+            match indexer {
+                true => stores[il].indexer = Some(at),
+                false => stores[il].compressor = Some(at),
+            }
+        }
+        let row = CompressorStore {
+            store,
+            layer: 0,
+            width,
+            kind,
+        };
+        specs.push(PagedStoreSpec {
+            n_layers: layers.len(),
+            key_width: row.row_width(),
+            value_width: 0,
+        });
+    }
+    (stores, specs)
+}
+
+impl Deepseek4Engine {
+    pub fn with_config(
+        gguf: Arc<Gguf>,
+        options: &EngineOptions,
+        config: Deepseek4Config,
+    ) -> Result<Self, ModelError> {
+        let mut weights = Deepseek4Weights::load(&gguf, &config)?;
+        let c = &config;
+        let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-ds4")?;
+        rt.repack(options, |g| weights.pack(g))?;
+        rt.weight_bytes_per_token = weights.bytes_per_token(c);
+        let (stores, specs) = lay_out_stores(c);
+        let n_ctx = rt.n_ctx;
+        let compressed = c
+            .compression
+            .iter()
+            .map(|k| match k {
+                Compression::None => 0,
+                Compression::Sparse => c.indexer_top_k.min(n_ctx / 4),
+                Compression::Heavy => n_ctx / 128,
+            })
+            .max()
+            .unwrap_or(0);
+        let bounds = attention::Bounds {
+            keys: c.window.min(n_ctx) + compressed,
+            positions: n_ctx,
+        };
+        Ok(Deepseek4Engine {
+            rt,
+            config,
+            weights,
+            stores,
+            specs,
+            bounds,
+        })
+    }
+
+    pub fn config(&self) -> &Deepseek4Config {
+        &self.config
+    }
+
+    /// A sub-block's hyper-connection with these mixing weights.
+    fn hyper<'a>(&self, weights: &'a hyper::HcWeights) -> HyperConnection<'a> {
+        let c = &self.config;
+        HyperConnection {
+            weights,
+            n_embd: c.n_embd,
+            norm_eps: c.norm_eps,
+            hc_eps: c.hc_eps,
+            sinkhorn_iterations: c.sinkhorn_iterations,
+        }
+    }
+
+    /// Layer `il`'s mixture of experts over the normed rows `xn` into `out`.
+    fn moe(
+        &self,
+        il: usize,
+        lw: &LayerWeights,
+        rows: &[Row],
+        xn: &[f32],
+        out: &mut [f32],
+        s: &mut MoeBuffers<'_>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let gguf = &*self.rt.gguf;
+        let activation = |limit: f32| match limit > NO_CLAMP {
+            true => Activation::SwiGluClamped { limit },
+            false => Activation::SwiGlu,
+        };
+        let m = &lw.moe;
+        let experts = MoeExperts::new(
+            m.gate_exps.view(gguf)?,
+            m.up_exps.view(gguf)?,
+            m.down_exps.view(gguf)?,
+            activation(c.clamp_exp[il]),
+        )
+        .map_err(moe_error)?;
+        s.moe
+            .router_logits(&m.gate_inp.view(gguf)?, xn, s.router_logits)
+            .map_err(moe_error)?;
+        match &lw.tid2eid {
+            Some(table) => {
+                let k = c.router.n_used;
+                s.chosen.clear();
+                for r in rows {
+                    let t = r.token as usize;
+                    s.chosen.extend_from_slice(&table[t * k..(t + 1) * k]);
+                }
+                ferrox_moe::moe_ffn_chosen(
+                    &c.router,
+                    &experts,
+                    xn,
+                    s.router_logits,
+                    s.chosen,
+                    out,
+                    s.moe,
+                )
+            }
+            None => ferrox_moe::moe_ffn(
+                &c.router,
+                &experts,
+                xn,
+                s.router_logits,
+                m.selection_bias.as_deref(),
+                out,
+                s.moe,
+            ),
+        }
+        .map_err(moe_error)?;
+        if let Some(shared) = m.shared_expert(gguf)? {
+            let shared = ferrox_moe::SharedExpert {
+                activation: activation(c.clamp_shexp[il]),
+                ..shared
+            };
+            shared.forward_add(xn, out, s.moe).map_err(moe_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// The buffers of one layer's mixture of experts.
+struct MoeBuffers<'a> {
+    router_logits: &'a mut Vec<f32>,
+    chosen: &'a mut Vec<usize>,
+    moe: &'a mut ferrox_moe::MoeScratch,
+}
+
+impl step::Layers for Deepseek4Engine {
+    type Buffers = Scratch;
+
+    fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// Per position: every layer's raw row (`D`); per compressed layer its compressor's row
+    /// (`D · (1 + 2·overlap)`: the compressed row, projections and scores; overlap 2 for
+    /// ratio 4, 1 for ratio 128); per ratio-4 layer the indexer compressor's row
+    /// (`Di · 5`).
+    fn memory_spec(&self) -> MemorySpec {
+        MemorySpec {
+            paged: self.specs.clone(),
+            recurrent: None,
+            storage: self.rt.kv_storage,
+        }
+    }
+
+    fn micro_batch(
+        &self,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        logits: &mut [&mut Vec<f32>],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let c = &self.config;
+        let (n, e, gguf) = (rows.len(), c.n_embd, &*self.rt.gguf);
+        let x_in = sized(&mut s.x_in, n * e);
+        step::embed(rows, &self.weights.token_embd.view(gguf)?, None, x_in)?;
+        let streams = sized(&mut s.streams, n * HC * e);
+        for (t, stream) in streams.chunks_exact_mut(HC * e).enumerate() {
+            for copy in stream.chunks_exact_mut(e) {
+                copy.copy_from_slice(&x_in[t * e..(t + 1) * e]);
+            }
+        }
+        for (il, lw) in self.weights.layers.iter().enumerate() {
+            let Scratch {
+                streams,
+                x_in,
+                xn,
+                y,
+                hc: hs,
+                attn,
+                router_logits,
+                chosen,
+                moe,
+                ..
+            } = s;
+            let (x_in, xn, y) = (sized(x_in, n * e), sized(xn, n * e), sized(y, n * e));
+            let mix = self.hyper(&lw.hc_attn);
+            mix.pre(gguf, streams, n, x_in, hs)?;
+            step::norm_rows(x_in, &lw.attn_norm, c.norm_eps, xn);
+            let stores = self.stores[il];
+            attention::attention(
+                c,
+                lw,
+                stores,
+                gguf,
+                il,
+                rows,
+                xn,
+                memory,
+                self.bounds,
+                attn,
+                y,
+            )?;
+            mix.post(streams, y, n, hs);
+
+            let mix = self.hyper(&lw.hc_ffn);
+            mix.pre(gguf, streams, n, x_in, hs)?;
+            step::norm_rows(x_in, &lw.ffn_norm, c.norm_eps, xn);
+            let mut buffers = MoeBuffers {
+                router_logits,
+                chosen,
+                moe,
+            };
+            self.moe(il, lw, rows, xn, y, &mut buffers)?;
+            mix.post(streams, y, n, hs);
+        }
+        step::advance(memory, rows);
+        let x_in = sized(&mut s.x_in, n * e);
+        hyper::collapse(
+            gguf,
+            &self.weights.hc_head,
+            &s.streams,
+            n,
+            e,
+            (c.norm_eps, c.hc_eps),
+            x_in,
+            &mut s.hc,
+        )?;
+        let head = OutputHead {
+            norm: &self.weights.output_norm,
+            eps: c.norm_eps,
+            output: self.weights.output.view(gguf)?,
+            softcap: None,
+        };
+        head.run(rows, &s.x_in[..n * e], logits, &mut s.head)
+    }
+}
