@@ -214,9 +214,9 @@ fn score_chunk<'a>(
         buffer[0] = b;
     }
     state.reset();
-    Ok(engine
+    engine
         .forward_batch(buffer, 0, state, LogitsFor::From(first))
-        .context("evaluation failed")?)
+        .context("evaluation failed")
 }
 
 /// `--kl-divergence`: evaluates the base file's tokens and compares with its records.

@@ -295,7 +295,7 @@ fn percentile(values: &[f32], fraction: f32) -> f32 {
 
 fn median(values: &[f32]) -> f32 {
     let n = values.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         0.5 * (values[n / 2] + values[n / 2 - 1])
     } else {
         values[n / 2]
