@@ -35,6 +35,21 @@ enum Command {
     Detokenize(commands::tokenize::DetokenizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::Args),
+    /// Download a model from the Hugging Face Hub into its cache (ORG/NAME[:QUANT]).
+    Pull(commands::models::PullArgs),
+    /// List the GGUF models in the Hugging Face Hub cache.
+    List(commands::models::ListArgs),
+    /// Remove a model from the Hugging Face Hub cache.
+    Rm(commands::models::RmArgs),
+}
+
+/// llama.cpp's multi-letter short flags, spelled as their long forms for the parser.
+fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-hf" | "-hfr") => "--hf-repo".into(),
+        _ => a,
+    })
+    .collect()
 }
 
 /// Bad input (a file that cannot be read or parsed, a model we cannot run, invalid
@@ -62,7 +77,7 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_cpp_flags(std::env::args_os()));
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Tokenize(args) => commands::tokenize::run_tokenize(args),
@@ -72,6 +87,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Detokenize(args) => commands::tokenize::run_detokenize(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Pull(args) => commands::models::pull(args),
+        Command::List(args) => commands::models::list(args),
+        Command::Rm(args) => commands::models::rm(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

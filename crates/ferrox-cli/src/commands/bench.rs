@@ -22,6 +22,9 @@ pub struct Args {
     /// GGUF model file (default: the default model).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// A model from the Hugging Face Hub, ORG/NAME[:QUANT] (see `ferrox run --help`).
+    #[arg(long = "hf-repo", visible_alias = "hf", conflicts_with = "model")]
+    pub hf_repo: Option<String>,
     /// Prompt tokens for the prefill test (0: skip it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
@@ -251,6 +254,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_args = ModelArgs {
         model: args.model.clone(),
+        hf_repo: args.hf_repo.clone(),
         threads,
         ctx_size: Some(args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,

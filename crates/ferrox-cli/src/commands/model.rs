@@ -19,8 +19,17 @@ const DEFAULT_CTX_SIZE: usize = 4096;
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF model file (default: Gemma-3-270M Q4_K_M, fetched on first use).
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", conflicts_with = "hf_repo")]
     pub model: Option<PathBuf>,
+    /// A model from the Hugging Face Hub, ORG/NAME[:QUANT] (`-hf` as llama.cpp; the GGUF
+    /// whose name carries QUANT, default Q4_K_M, else the first), downloaded into the Hub
+    /// cache unless it is there.
+    #[arg(
+        long = "hf-repo",
+        visible_alias = "hf",
+        value_name = "ORG/NAME[:QUANT]"
+    )]
+    pub hf_repo: Option<String>,
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
@@ -36,6 +45,16 @@ pub struct ModelArgs {
     /// as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+}
+
+impl ModelArgs {
+    /// The model file: `-m`, `-hf` (fetched if needed) or the default model.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.hf_repo {
+            Some(reference) => super::models::resolve_hf(reference),
+            None => resolve(&self.model),
+        }
+    }
 }
 
 /// The model path: the one given, or the default model (downloaded and checked if absent).
@@ -72,7 +91,7 @@ pub struct LoadedEngine {
 
 /// The file, its tokenizer and the engine options the arguments ask for.
 fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, EngineOptions)> {
-    let path = resolve(&args.model)?;
+    let path = args.path()?;
     let gguf = Arc::new(super::open_gguf(&path)?);
     let tokenizer =
         Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
