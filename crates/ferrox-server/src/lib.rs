@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// Required as `Authorization: Bearer KEY` on every route but `/health`.
     pub api_key: Option<String>,
+    /// Listen on a public address without `api_key` (refused otherwise).
+    pub no_auth: bool,
     /// Most sequences decoded together.
     pub parallel: usize,
     /// The KV block pool's size in MiB (default: `parallel` full contexts).
@@ -104,6 +106,7 @@ impl Default for ServerConfig {
             host: "127.0.0.1".into(),
             port: 8080,
             api_key: None,
+            no_auth: false,
             parallel: 4,
             kv_memory_mib: None,
             alias: None,
@@ -257,8 +260,12 @@ async fn serve(
     config: ServerConfig,
     load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let addr = bind_address(&config.host, config.port, config.api_key.is_some())
-        .map_err(anyhow::Error::msg)?;
+    let addr = bind_address(
+        &config.host,
+        config.port,
+        config.api_key.is_some() || config.no_auth,
+    )
+    .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

@@ -271,10 +271,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut state = decoder.new_state()?;
     let mut results = Vec::new();
     let mut llama = Vec::new();
-    let tests = [(args.n_prompt, 0), (0, args.n_gen)];
-    for (n_prompt, n_gen) in tests.into_iter().filter(|t| t.0 + t.1 > 0) {
+    let tests: Vec<(usize, usize)> = [(args.n_prompt, 0), (0, args.n_gen)]
+        .into_iter()
+        .filter(|t| t.0 + t.1 > 0)
+        .collect();
+    let engines = 1 + usize::from(args.compare.is_some());
+    let bar = indicatif::ProgressBar::new((tests.len() * engines) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("bench [{bar:20}] {pos}/{len} {msg} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for (n_prompt, n_gen) in tests {
+        let name = if n_prompt > 0 {
+            format!("pp{n_prompt}")
+        } else {
+            format!("tg{n_gen}")
+        };
+        bar.set_message(format!("{name} ferrox"));
         let m = bench.run(&mut state, n_prompt, n_gen, args.repetitions)?;
+        bar.inc(1);
         if let Some(binary) = &args.compare {
+            bar.set_message(format!("{name} llama-bench"));
             // Alternate the engines test by test so both see the same machine conditions.
             llama.push(llama_bench(
                 binary,
@@ -284,9 +301,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.repetitions,
                 !args.no_repack,
             )?);
+            bar.inc(1);
         }
         results.push(m);
     }
+    bar.finish_and_clear();
 
     let gguf = decoder.gguf();
     let model_size: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes).sum();

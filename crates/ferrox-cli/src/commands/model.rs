@@ -2,13 +2,16 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
@@ -111,11 +114,44 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
 /// Loads a model for the engine its architecture needs.
 pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
     let (path, gguf, tokenizer, options) = open(args)?;
-    let engine =
-        AnyEngine::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let engine = with_load_progress(&gguf, &name, || {
+        AnyEngine::from_gguf(gguf.clone(), &options)
+    })
+    .with_context(|| format!("{}", path.display()))?;
     Ok(LoadedEngine {
         path,
         engine,
         tokenizer,
     })
+}
+
+/// Runs `load` with a bar over the weight bytes repacked so far (on a terminal only: hidden
+/// when stderr is redirected), cleared when it returns.
+fn with_load_progress<T>(gguf: &Gguf, name: &str, load: impl FnOnce() -> T) -> T {
+    let bar = ProgressBar::new(gguf.tensor_bytes());
+    if bar.is_hidden() {
+        return load();
+    }
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(name.to_string());
+    let done = AtomicBool::new(false);
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                bar.set_position(gguf.released_bytes());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = load();
+        done.store(true, Ordering::Relaxed);
+        out
+    });
+    bar.finish_and_clear();
+    out
 }
