@@ -11,6 +11,7 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
     "$PYTHON" -m pip install --quiet gguf numpy >&2
 fi
 "$PYTHON" -c 'import openai, httpx' 2>/dev/null || "$PYTHON" -m pip install --quiet openai httpx >&2  # ferrox serve's tests
+"$PYTHON" -c 'import sglang_router' 2>/dev/null || "$PYTHON" -m pip install --quiet sglang-router >&2  # replicas behind a router
 scripts/fetch-model.sh >/dev/null
 scripts/fetch-vocab-suite.sh >/dev/null
 scripts/reference/fetch-ppl-text.sh >/dev/null
