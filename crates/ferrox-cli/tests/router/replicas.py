@@ -103,6 +103,7 @@ try:
     router = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
          "--port", str(router_port), "--policy", "cache_aware", "--log-level", "warn",
+         "--prometheus-port", str(free_port()),
          "--worker-urls", *[f"http://127.0.0.1:{p}" for p in replicas]],
         stdout=open(os.path.join(work, "router.log"), "w"), stderr=subprocess.STDOUT)
     # Ready when it forwards a request.
