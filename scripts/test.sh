@@ -12,6 +12,13 @@ if ! "$PYTHON" -c 'import gguf, numpy' 2>/dev/null; then
 fi
 "$PYTHON" -c 'import openai, httpx' 2>/dev/null || "$PYTHON" -m pip install --quiet openai httpx >&2  # ferrox serve's tests
 "$PYTHON" -c 'import sglang_router' 2>/dev/null || "$PYTHON" -m pip install --quiet sglang-router >&2  # replicas behind a router
+# The chat page's browser test: its npm packages and Debian's chromium.
+[ -d crates/ferrox-server/web/node_modules ] || npm ci --prefix crates/ferrox-server/web --no-audit --no-fund >&2
+if ! command -v chromium >/dev/null && [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
+    echo "installing chromium (the chat page's browser test) ..." >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >&2
+fi
 scripts/fetch-model.sh >/dev/null
 scripts/fetch-vocab-suite.sh >/dev/null
 scripts/reference/fetch-ppl-text.sh >/dev/null

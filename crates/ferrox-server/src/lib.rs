@@ -2,7 +2,8 @@
 //!
 //! * Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (also
 //!   without the `/v1` prefix), llama-server's `POST /tokenize` and `POST /detokenize`,
-//!   SGLang's `GET /get_model_info` and `GET /get_server_info`, `GET /metrics` (Prometheus
+//!   SGLang's `GET /model_info` and `GET /server_info` (also under their older `/get_`
+//!   names), the chat page at `GET /` (static, see `web/`), `GET /metrics` (Prometheus
 //!   text, ferrox's names and vLLM's) and `GET /health` (503 while the model loads, 200 when
 //!   ready; never behind the API key).
 //! * Every request has an id: a valid `X-Request-Id` it came with, or a fresh UUID. It is
@@ -23,6 +24,7 @@ pub mod kv;
 mod metrics;
 mod routes;
 pub mod scheduler;
+mod web;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -574,6 +576,9 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(routes::detokenize))
         .route("/get_model_info", get(routes::model_info))
         .route("/get_server_info", get(routes::server_info))
+        .route("/model_info", get(routes::model_info))
+        .route("/server_info", get(routes::server_info))
+        .route("/", get(web::chat_page))
         .fallback(routes::fallback)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -601,7 +606,11 @@ async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next)
         // As vLLM's key guards only its API: health checks, Prometheus and the inference
         // gateway's endpoint picker scrape without credentials, and the metrics carry counts
         // and the model's name, no request content.
-        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
+        // The chat page itself is static; its requests carry the key the user enters.
+        let open = matches!(
+            req.uri().path(),
+            "/" | "/health" | "/v1/health" | "/metrics"
+        );
         if !open {
             let headers = req.headers();
             let given = headers
