@@ -282,7 +282,7 @@ impl PackedMatrix {
                 matrix,
                 xq,
                 n_tokens,
-                out: &mut **out,
+                out,
             })
             .collect();
         Self::products_with(isa, &mut products)
