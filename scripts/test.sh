@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (llama.cpp's Python GGUF reader, the default
-# model, llama.cpp's tokenizer suite, the perplexity text; all cached after the first run),
+# model, Qwen2.5-Coder-0.5B-Instruct, llama.cpp's tokenizer suite, the perplexity text; all
+# cached after the first run),
 # then runs the whole workspace's tests in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,10 @@ if ! command -v chromium >/dev/null && [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >&2
 fi
+# The agent API's tests (ferrox-server/tests/agent.rs): the Anthropic client and schema validation.
+"$PYTHON" -c 'import anthropic, jsonschema' 2>/dev/null || "$PYTHON" -m pip install --quiet anthropic jsonschema >&2
 scripts/fetch-model.sh >/dev/null
+scripts/fetch-model.sh qwen-0.5b >/dev/null  # a tool-calling instruct model (the agent API's tests)
 scripts/fetch-vocab-suite.sh >/dev/null
 scripts/reference/fetch-ppl-text.sh >/dev/null
 

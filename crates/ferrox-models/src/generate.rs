@@ -25,6 +25,43 @@ pub struct GenerationParams {
     pub ignore_eog: bool,
     /// Speculative decoding in [`generate`].
     pub draft: Draft,
+    /// Restricts which tokens may come next (a grammar or JSON schema); each generation
+    /// starts its own matcher from it.
+    pub constraint: Option<Constraint>,
+    /// Control tokens whose text is part of the output (a tool-call format's markers);
+    /// other control tokens print nothing.
+    pub preserve: Vec<TokenId>,
+}
+
+/// A per-sequence token filter: which tokens may come next, given those accepted so far.
+pub trait TokenConstraint: Send {
+    /// Computes the set of tokens allowed next. Called ahead of [`TokenConstraint::apply`]
+    /// (while the forward pass that produces the logits runs); `apply` computes it itself
+    /// when this was not called.
+    fn prepare(&mut self);
+    /// Sets the logits of the tokens not allowed next to minus infinity.
+    fn apply(&mut self, logits: &mut [f32]);
+    /// Advances past the chosen token.
+    fn accept(&mut self, token: TokenId);
+    /// Nothing more can follow: the generation ends here.
+    fn finished(&self) -> bool;
+}
+
+/// Starts fresh [`TokenConstraint`]s for one compiled grammar.
+pub trait ConstraintSource: Send + Sync {
+    fn start(&self) -> Box<dyn TokenConstraint>;
+    /// What it constrains to, for logs and debugging.
+    fn describe(&self) -> String;
+}
+
+/// A shared [`ConstraintSource`].
+#[derive(Clone)]
+pub struct Constraint(pub std::sync::Arc<dyn ConstraintSource>);
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Constraint({})", self.0.describe())
+    }
 }
 
 /// How [`generate`] proposes tokens to check several at a time.
@@ -102,6 +139,13 @@ pub struct Generation<'t> {
     params: GenerationParams,
     generated: usize,
     finish: Option<FinishReason>,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// The logits with the constraint's mask applied.
+    masked: Vec<f32>,
+    /// The latest generated text, long enough to hold any stop string.
+    recent: String,
+    /// The stop string that ended the generation.
+    stopped_by: Option<String>,
 }
 
 impl<'t> Generation<'t> {
@@ -120,9 +164,68 @@ impl<'t> Generation<'t> {
             sampler,
             stream: tokenizer.stream_decoder(false),
             stop: StopMatcher::new(params.stop.iter().cloned()),
+            constraint: params.constraint.as_ref().map(|c| c.0.start()),
             params,
             generated: 0,
             finish: None,
+            masked: Vec::new(),
+            recent: String::new(),
+            stopped_by: None,
+        }
+    }
+
+    /// The stop string that ended the generation, if one did.
+    pub fn stopped_by(&self) -> Option<&str> {
+        self.stopped_by.as_deref()
+    }
+
+    /// Remembers generated text and, when a stop string just matched, which one: the
+    /// earliest occurrence in the recent text (only the newest text can complete one).
+    fn track_stop(&mut self, piece: &str, stopped: bool) {
+        let longest = self.params.stop.iter().map(String::len).max().unwrap_or(0);
+        if longest == 0 {
+            return;
+        }
+        self.recent.push_str(piece);
+        if stopped {
+            self.stopped_by = self
+                .params
+                .stop
+                .iter()
+                .filter(|s| !s.is_empty())
+                .filter_map(|s| self.recent.find(s.as_str()).map(|at| (at, s)))
+                .min_by_key(|&(at, _)| at)
+                .map(|(_, s)| s.clone());
+        }
+        let keep = 2 * longest;
+        if self.recent.len() > 2 * keep {
+            let mut cut = self.recent.len() - keep;
+            while !self.recent.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.recent.drain(..cut);
+        }
+    }
+
+    /// Whether a constraint filters this generation's tokens.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Takes the constraint out (to compute its next mask on another thread); give it back
+    /// with [`Generation::restore_constraint`] before the next [`Generation::step`].
+    pub fn take_constraint(&mut self) -> Option<Box<dyn TokenConstraint>> {
+        self.constraint.take()
+    }
+
+    pub fn restore_constraint(&mut self, constraint: Box<dyn TokenConstraint>) {
+        self.constraint = Some(constraint);
+    }
+
+    /// Computes the constraint's next mask now (see [`TokenConstraint::prepare`]).
+    pub fn prepare_constraint(&mut self) {
+        if let Some(c) = &mut self.constraint {
+            c.prepare();
         }
     }
 
@@ -141,7 +244,17 @@ impl<'t> Generation<'t> {
 
     /// Picks the next token from `logits` and advances the text.
     pub fn step(&mut self, logits: &[f32]) -> Step {
-        let token = self.sampler.sample(logits);
+        let token = match &mut self.constraint {
+            Some(c) => {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                c.apply(&mut self.masked);
+                let token = self.sampler.sample(&self.masked);
+                c.accept(token);
+                token
+            }
+            None => self.sampler.sample(logits),
+        };
         self.sampler.accept(token);
         self.generated += 1;
         let logprob = self.params.logprobs.then(|| logprob_of(logits, token));
@@ -154,11 +267,20 @@ impl<'t> Generation<'t> {
         if self.tokenizer.vocab().is_eog(token) && !self.params.ignore_eog {
             self.end(FinishReason::Stop, &mut text);
         } else {
-            let piece = self.stream.push(token).to_string();
+            let piece = if self.params.preserve.contains(&token) {
+                self.stream
+                    .push_bytes(self.tokenizer.token_to_piece(token))
+                    .to_string()
+            } else {
+                self.stream.push(token).to_string()
+            };
             let released = self.stop.push(&piece);
+            self.track_stop(&piece, released.stopped);
             text.push_str(&released.text);
             if released.stopped {
                 self.finish = Some(FinishReason::Stop);
+            } else if self.constraint.as_ref().is_some_and(|c| c.finished()) {
+                self.end(FinishReason::Stop, &mut text);
             } else if self.params.max_tokens.is_some_and(|m| self.generated >= m) {
                 self.end(FinishReason::Length, &mut text);
             }
@@ -184,6 +306,7 @@ impl<'t> Generation<'t> {
     fn end(&mut self, reason: FinishReason, text: &mut String) {
         let tail = self.stream.flush().to_string();
         let released = self.stop.push(&tail);
+        self.track_stop(&tail, released.stopped);
         text.push_str(&released.text);
         if !released.stopped {
             text.push_str(&self.stop.flush());
@@ -317,7 +440,23 @@ pub fn generate<E: Engine + ?Sized>(
                 }
             }
             if drafts.is_empty() {
-                logits.copy_from_slice(engine.forward_token(token, pos, state)?);
+                if generation.is_constrained() {
+                    // The next mask depends only on the tokens so far: compute it while the
+                    // forward pass computes the logits it will filter.
+                    let forward = std::thread::scope(|scope| {
+                        let mask = scope.spawn(|| generation.prepare_constraint());
+                        let result = engine
+                            .forward_token(token, pos, state)
+                            .map(|l| logits.copy_from_slice(l));
+                        if let Err(panic) = mask.join() {
+                            std::panic::resume_unwind(panic);
+                        }
+                        result
+                    });
+                    forward?;
+                } else {
+                    logits.copy_from_slice(engine.forward_token(token, pos, state)?);
+                }
                 pos += 1;
                 continue 'generate;
             }

@@ -3,7 +3,13 @@
 //! Bodies are parsed as plain JSON and read field by field, so a wrong type or an
 //! out-of-range value is a 400 that names the field (`param`). Unknown fields are ignored;
 //! known fields that would change the meaning of the request but are not supported (`best_of` > 1,
-//! `tools`, `response_format` other than text, `echo`, `suffix`, ...) are a 400 naming them.
+//! `echo`, `suffix`, ...) are a 400 naming them.
+//!
+//! Constrained output: `response_format` `{"type": "json_object"}` or `{"type":
+//! "json_schema", "json_schema": {"name", "schema", "strict"}}`, and llama-server's
+//! `json_schema` (a schema) and `grammar` (GBNF) fields; at most one of them. Tools (chat
+//! only): `tools`, `tool_choice` (`none`, `auto`, `required`, a named function) and
+//! `parallel_tool_calls`.
 //!
 //! Sampling defaults are llama.cpp's (as llama-server's): temperature 0.8, top_k 40,
 //! top_p 0.95, min_p 0.05, no penalties (repeat_penalty 1, presence and frequency 0, over the
@@ -11,6 +17,7 @@
 //! `max_completion_tokens` a request generates until an end-of-generation token or a full
 //! context.
 
+use ferrox_agent::{GrammarSpec, Tool, ToolChoice, ToolSpec};
 use ferrox_models::generate::GenerationParams;
 use ferrox_models::sampling::SamplerParams;
 use ferrox_models::tokenizer::TokenId;
@@ -27,6 +34,10 @@ pub struct GenRequest {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// The grammar or schema the output must follow.
+    pub grammar: Option<GrammarSpec>,
+    /// llama-server's per-request `reasoning_format`.
+    pub reasoning_format: Option<ferrox_agent::ReasoningFormat>,
 }
 
 /// Most choices one request may ask for.
@@ -40,6 +51,8 @@ pub struct ChatRequest {
     pub messages: Value,
     /// `chat_template_kwargs`: extra template variables.
     pub template_kwargs: Map<String, Value>,
+    /// `tools` and how to use them (None: no tools given).
+    pub tools: Option<ToolSpec>,
 }
 
 /// The prompt of `/v1/completions`.
@@ -209,41 +222,14 @@ fn parse_common(
             ));
         }
     }
-    for key in ["tools", "functions"] {
-        match f.get(key) {
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(_) => {
-                return Err(ApiError::unsupported(
-                    key,
-                    format!("'{key}' (function calling) is not supported"),
-                ))
-            }
-            None => {}
-        }
+    if f.get("functions").is_some() || f.get("function_call").is_some() {
+        return Err(ApiError::unsupported(
+            "functions",
+            "the legacy 'functions' / 'function_call' fields are not supported; use 'tools' and 'tool_choice'",
+        ));
     }
-    for key in ["tool_choice", "function_call"] {
-        match f.get(key) {
-            None => {}
-            Some(Value::String(s)) if s == "none" || s == "auto" => {}
-            Some(_) => {
-                return Err(ApiError::unsupported(
-                    key,
-                    format!("'{key}' is not supported (no function calling)"),
-                ))
-            }
-        }
-    }
-    if let Some(format) = f.get("response_format") {
-        let ty = format.get("type").and_then(Value::as_str);
-        if ty != Some("text") {
-            let what = ty.unwrap_or("that value");
-            return Err(ApiError::unsupported(
-                "response_format",
-                format!("'response_format' {what} is not supported; only {{\"type\": \"text\"}}"),
-            ));
-        }
-    }
-    for key in ["json_schema", "grammar", "prediction", "audio"] {
+    let grammar = parse_grammar(f)?;
+    for key in ["prediction", "audio"] {
         if f.get(key).is_some() {
             return Err(ApiError::unsupported(
                 key,
@@ -383,11 +369,121 @@ fn parse_common(
             logprobs,
             ignore_eog: false,
             draft: ferrox_models::generate::Draft::None,
+            constraint: None,
+            preserve: Vec::new(),
         },
         n: n_choices,
         stream,
         include_usage,
+        grammar,
+        reasoning_format: match f.string("reasoning_format")? {
+            None => None,
+            Some(r) => Some(ferrox_agent::ReasoningFormat::parse(r).ok_or_else(|| {
+                ApiError::param(
+                    "reasoning_format",
+                    format!("'reasoning_format' must be 'none', 'auto' or 'deepseek', got '{r}'"),
+                )
+            })?),
+        },
     })
+}
+
+/// `response_format`, `json_schema` and `grammar`: the constraint they ask for.
+fn parse_grammar(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
+    let mut found: Vec<(&str, GrammarSpec)> = Vec::new();
+    if let Some(format) = f.get("response_format") {
+        let Some(obj) = format.as_object() else {
+            return Err(ApiError::param(
+                "response_format",
+                format!("'response_format' must be an object, got {}", kind(format)),
+            ));
+        };
+        match obj.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => {
+                // llama-server also takes a schema here.
+                let spec = match obj.get("schema").filter(|v| !v.is_null()) {
+                    Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
+                    None => GrammarSpec::JsonObject,
+                };
+                found.push(("response_format", spec));
+            }
+            Some("json_schema") => {
+                let inner = obj.get("json_schema").unwrap_or(&Value::Null);
+                let schema = match inner {
+                    Value::Object(o) => o
+                        .get("schema")
+                        .filter(|v| !v.is_null())
+                        .cloned()
+                        .unwrap_or_else(|| serde_json::json!({})),
+                    Value::Null => obj
+                        .get("schema")
+                        .cloned()
+                        .ok_or_else(|| ApiError::param("response_format.json_schema", "'response_format.json_schema' is required"))?,
+                    v => {
+                        return Err(ApiError::param(
+                            "response_format.json_schema",
+                            format!("'response_format.json_schema' must be an object, got {}", kind(v)),
+                        ))
+                    }
+                };
+                found.push(("response_format", GrammarSpec::JsonSchema(schema)));
+            }
+            Some(other) => {
+                return Err(ApiError::param(
+                    "response_format",
+                    format!("'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"),
+                ))
+            }
+            None => {
+                return Err(ApiError::param(
+                    "response_format.type",
+                    "'response_format.type' is required",
+                ))
+            }
+        }
+    }
+    if let Some(schema) = f.get("json_schema") {
+        found.push(("json_schema", GrammarSpec::JsonSchema(schema.clone())));
+    }
+    if let Some(grammar) = f.string("grammar")? {
+        if grammar.trim().is_empty() {
+            return Err(ApiError::param("grammar", "'grammar' is empty"));
+        }
+        found.push(("grammar", GrammarSpec::Gbnf(grammar.to_string())));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop().map(|(_, g)| g)),
+        _ => Err(ApiError::param(
+            found[1].0,
+            format!(
+                "'{}' and '{}' both constrain the output; give only one",
+                found[0].0, found[1].0
+            ),
+        )),
+    }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`.
+fn parse_tools(f: &Fields<'_>) -> Result<Option<ToolSpec>, ApiError> {
+    let tools: Vec<Tool> = match f.get("tools") {
+        None => Vec::new(),
+        Some(v) => {
+            ToolSpec::parse_tools(v).map_err(|(param, message)| ApiError::param(&param, message))?
+        }
+    };
+    let choice = ToolSpec::parse_choice(f.get("tool_choice"), &tools)
+        .map_err(|m| ApiError::param("tool_choice", m))?;
+    let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(ToolSpec {
+        tools,
+        choice,
+        parallel,
+    }))
 }
 
 fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
@@ -488,10 +584,22 @@ pub fn parse_chat(body: &Value, n_vocab: usize) -> Result<ChatRequest, ApiError>
         .object("chat_template_kwargs")?
         .cloned()
         .unwrap_or_default();
+    let tools = parse_tools(&f)?;
+    if gen.grammar.is_some()
+        && tools
+            .as_ref()
+            .is_some_and(|t| t.choice != ToolChoice::None && t.choice != ToolChoice::Auto)
+    {
+        return Err(ApiError::param(
+            "tool_choice",
+            "a forced 'tool_choice' cannot be combined with 'response_format', 'json_schema' or 'grammar'",
+        ));
+    }
     Ok(ChatRequest {
         gen,
         messages: Value::Array(normalized),
         template_kwargs,
+        tools,
     })
 }
 
@@ -570,9 +678,10 @@ fn normalize_message(i: usize, message: &Value) -> Result<Value, ApiError> {
             ))
         }
     };
-    let mut out = obj.clone();
-    out.insert("content".into(), Value::String(content));
-    Ok(Value::Object(out))
+    let mut out = Value::Object(obj.clone());
+    out["content"] = Value::String(content);
+    ferrox_agent::tools::arguments_as_objects(&mut out);
+    Ok(out)
 }
 
 pub fn parse_completion(body: &Value, n_vocab: usize) -> Result<CompletionRequest, ApiError> {
@@ -726,7 +835,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("best_of"));
         let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), 100).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tools"));
+        assert_eq!(e.param.as_deref(), Some("tools[0]"));
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        assert!(e.message.contains("'g'"), "{}", e.message);
+        let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= \"a\"", "json_schema": {}}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("grammar"));
+        let e = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        let ok = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "required", "parallel_tool_calls": false}), 100).unwrap();
+        let spec = ok.tools.unwrap();
+        assert_eq!((spec.choice, spec.parallel), (ToolChoice::Required, false));
+        let ok = parse_chat(&json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}), 100).unwrap();
+        assert_eq!(
+            ok.gen.grammar,
+            Some(GrammarSpec::JsonSchema(json!({"type": "object"})))
+        );
         let e = parse_chat(
             &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
             100,

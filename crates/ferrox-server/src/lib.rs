@@ -1,9 +1,11 @@
 //! ferrox's OpenAI-compatible HTTP server (`ferrox serve`).
 //!
 //! * Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (also
-//!   without the `/v1` prefix), llama-server's `POST /tokenize` and `POST /detokenize`,
-//!   SGLang's `GET /model_info` and `GET /server_info` (also under their older `/get_`
-//!   names), the chat page at `GET /` (static, see `web/`), `GET /metrics` (Prometheus
+//!   without the `/v1` prefix), Anthropic's `POST /v1/messages` and
+//!   `POST /v1/messages/count_tokens` (the `anthropic` module), llama-server's
+//!   `POST /tokenize` and `POST /detokenize`, SGLang's `GET /model_info` and
+//!   `GET /server_info` (also under their older `/get_` names), the chat page at `GET /`
+//!   (static, see `web/`), `GET /metrics` (Prometheus
 //!   text, ferrox's names and vLLM's) and `GET /health` (503 while the model loads, 200 when
 //!   ready; never behind the API key).
 //! * Every request has an id: a valid `X-Request-Id` it came with, or a fresh UUID. It is
@@ -16,8 +18,11 @@
 //!   architecture `ferrox run` runs) and advances every active sequence in one engine step,
 //!   mixing decode tokens with bounded prefill chunks. Sequence memory is one paged block
 //!   pool with prefix reuse ([`kv`]).
-//! * Request fields and sampling defaults: see [`api`].
+//! * Request fields and sampling defaults: see [`api`]. Constrained output (JSON schemas,
+//!   GBNF grammars), tool calls and reasoning separation come from `ferrox-agent`; each
+//!   sequence of the batch carries its own matcher and output parser.
 
+mod anthropic;
 pub mod api;
 mod error;
 pub mod kv;
@@ -47,6 +52,8 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tracing::Instrument;
 
 pub use error::ApiError;
+pub use ferrox_agent::ReasoningFormat;
+use ferrox_agent::{ConstraintCompiler, ToolFormat};
 use kv::KvPool;
 use metrics::{Metrics, ServedModel};
 use scheduler::{Scheduler, SchedulerOptions};
@@ -100,6 +107,9 @@ pub struct ServerConfig {
     pub ping_interval: Duration,
     /// Text or JSON log lines on stderr.
     pub log_format: LogFormat,
+    /// Where thinking goes (`--reasoning-format`): `reasoning_content`, or left in
+    /// `content`.
+    pub reasoning_format: ReasoningFormat,
 }
 
 impl Default for ServerConfig {
@@ -119,6 +129,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             ping_interval: Duration::from_secs(15),
             log_format: LogFormat::Text,
+            reasoning_format: ReasoningFormat::DeepSeek,
         }
     }
 }
@@ -152,6 +163,13 @@ pub(crate) struct Ready {
     /// The KV cache's element type, as vLLM and SGLang spell it.
     pub cache_dtype: &'static str,
     pub scheduler: Scheduler,
+    /// Compiles grammars and schemas against the vocabulary (`None` if that failed at
+    /// load: constrained requests are then refused).
+    pub compiler: Option<Arc<ConstraintCompiler>>,
+    /// How the model writes tool calls (from its template).
+    pub tool_format: ToolFormat,
+    /// The control tokens among the format's markers (rendered in tool-call output).
+    pub tool_markers: Vec<ferrox_models::tokenizer::TokenId>,
 }
 
 impl Ready {
@@ -531,6 +549,49 @@ fn prepare(
     });
 
     let tokenizer = Arc::new(tokenizer);
+    let started = Instant::now();
+    let compiler = match ConstraintCompiler::new(tokenizer.clone(), engine.vocab_size()) {
+        Ok(c) => {
+            tracing::info!(
+                "grammar engine ready in {:.0} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            Some(Arc::new(c))
+        }
+        Err(e) => {
+            tracing::warn!("constrained decoding is unavailable: {e:#}");
+            None
+        }
+    };
+    let detected = ToolFormat::detect(template.source());
+    let tool_format = detected.unwrap_or(ToolFormat::Hermes);
+    tracing::info!(
+        "tool-call format: {}{}",
+        tool_format.name(),
+        if detected.is_none() {
+            " (the template shows none; the default)"
+        } else {
+            ""
+        }
+    );
+    let tool_markers: Vec<_> = tool_format
+        .markers()
+        .iter()
+        .filter_map(|m| match tokenizer.encode(m, false, true).as_slice() {
+            [id] if tokenizer.piece(*id, false).is_empty() => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let thinks = ferrox_agent::reasoning::template_thinks(template.source());
+    if thinks {
+        tracing::info!(
+            "the template has thinking blocks; reasoning goes to {}",
+            match config.reasoning_format {
+                ReasoningFormat::DeepSeek => "reasoning_content",
+                ReasoningFormat::None => "content",
+            }
+        );
+    }
     let scheduler = Scheduler::start(
         engine,
         pool,
@@ -557,6 +618,9 @@ fn prepare(
         kv_blocks,
         cache_dtype,
         scheduler,
+        compiler,
+        tool_format,
+        tool_markers,
     })
 }
 
@@ -572,6 +636,8 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/completions", post(routes::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route("/get_model_info", get(routes::model_info))
@@ -622,17 +688,21 @@ async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next)
                 })
                 .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
                 .map(str::trim);
-            match given {
-                None => {
-                    return ApiError::unauthorized(
-                        "missing API key: send it as 'Authorization: Bearer KEY'",
-                    )
-                    .into_response()
-                }
+            let refusal = match given {
+                None => Some(ApiError::unauthorized(
+                    "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                )),
                 Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
-                    return ApiError::unauthorized("invalid API key").into_response()
+                    Some(ApiError::unauthorized("invalid API key"))
                 }
-                Some(_) => {}
+                Some(_) => None,
+            };
+            if let Some(e) = refusal {
+                return if req.uri().path().starts_with("/v1/messages") {
+                    anthropic::AnthropicError(e).into_response()
+                } else {
+                    e.into_response()
+                };
             }
         }
     }

@@ -22,6 +22,7 @@ use crate::api::{self, GenRequest, Prompt};
 use crate::error::ApiError;
 use crate::scheduler::{Event, Job, SubmitError, Summary, TokenEvent};
 use crate::{AppState, Ready};
+use ferrox_agent::{Delta, OutputParser, ReasoningSplitter};
 
 /// Bodies larger than this are not even drained before the 413 (the connection is closed).
 const MAX_DRAIN: usize = 256 << 20;
@@ -219,7 +220,7 @@ pub async fn fallback(req: Request) -> ApiError {
     ))
 }
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -227,7 +228,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))
 }
 
-fn template_error(e: ChatTemplateError) -> ApiError {
+pub(crate) fn template_error(e: ChatTemplateError) -> ApiError {
     match e {
         ChatTemplateError::Metadata(_) | ChatTemplateError::Syntax { .. } => {
             ApiError::internal(e.to_string())
@@ -240,7 +241,7 @@ fn template_error(e: ChatTemplateError) -> ApiError {
 }
 
 /// Checks that the prompt and the requested tokens fit one sequence's context.
-fn check_context(
+pub(crate) fn check_context(
     prompt: usize,
     max_tokens: Option<usize>,
     n_ctx: usize,
@@ -285,31 +286,126 @@ pub async fn chat_completions(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?.clone();
-    let mut req = api::parse_chat(&body, ready.n_vocab)?;
+    let req = api::parse_chat(&body, ready.n_vocab)?;
+    let prepared = prepare_chat(&state, &ready, req).await?;
+    generate(
+        state,
+        ready,
+        Kind::Chat,
+        prepared.gen,
+        prepared.prompt,
+        prepared.output,
+    )
+    .await
+}
+
+/// A chat request made ready to generate: its prompt, its constraint compiled, and how its
+/// output is to be split.
+pub(crate) struct PreparedChat {
+    pub gen: GenRequest,
+    pub prompt: Vec<TokenId>,
+    pub output: OutputConfig,
+}
+
+/// Renders a chat request's prompt (tools included), compiles its constraint (a grammar, a
+/// schema or a forced tool call) and settles how its output is parsed.
+pub(crate) async fn prepare_chat(
+    state: &AppState,
+    ready: &Arc<Ready>,
+    mut req: api::ChatRequest,
+) -> Result<PreparedChat, ApiError> {
     ready.check_model(req.gen.model.as_deref())?;
     for stop in &ready.template_stops {
         if !req.gen.params.stop.contains(stop) {
             req.gen.params.stop.push(stop.clone());
         }
     }
-    let prompt = {
+    let tools = req
+        .tools
+        .take()
+        .filter(|t| t.choice != ferrox_agent::ToolChoice::None);
+    let (prompt, opens_thinking) = {
         let ready = ready.clone();
         let (messages, kwargs) = (req.messages, req.template_kwargs);
-        blocking(move || -> Result<Vec<TokenId>, ApiError> {
+        let template_tools = tools.as_ref().map(|t| t.template_tools());
+        blocking(move || -> Result<(Vec<TokenId>, Option<usize>), ApiError> {
             let mut options = ready.render_options.clone();
             options.add_generation_prompt = true;
+            options.tools = template_tools;
             options.extra = kwargs;
             let text = ready
                 .template
                 .render_json(&messages, &options)
                 .map_err(template_error)?;
+            let opens = ferrox_agent::reasoning::prompt_opens_thinking(&text);
             let vocab = ready.tokenizer.vocab();
             let text = prompt_for_tokenizer(&text, &options, vocab.add_bos(), vocab.add_eos());
-            Ok(ready.tokenizer.encode(text, true, true))
+            Ok((ready.tokenizer.encode(text, true, true), opens))
         })
         .await??
     };
-    generate(state, ready, Kind::Chat, req.gen, prompt).await
+    let format = ready.tool_format;
+    let mut grammar = req.gen.grammar.take().map(|g| (body_kind(&g), g));
+    if let Some(forced) = tools
+        .as_ref()
+        .and_then(|t| t.forced().map(|f| (f, t.parallel)))
+    {
+        let tokenizer = &ready.tokenizer;
+        let is_control = |marker: &str| matches!(tokenizer.encode(marker, false, true).as_slice(), [id] if tokenizer.piece(*id, false).is_empty());
+        grammar = Some((
+            "tools",
+            format.call_grammar(&forced.0, forced.1, &is_control),
+        ));
+    }
+    if tools.is_some() {
+        req.gen.params.preserve = ready.tool_markers.clone();
+    }
+    if let Some((param, spec)) = grammar {
+        req.gen.params.constraint = Some(compile(state, ready, spec, param).await?);
+    }
+    let reasoning_format = req
+        .gen
+        .reasoning_format
+        .unwrap_or(state.config.reasoning_format);
+    // As llama-server does, a reply that opens with a thinking block has it split off
+    // whatever the template (`reasoning_format: none` keeps it in the content).
+    let reasoning =
+        (reasoning_format == ferrox_agent::ReasoningFormat::DeepSeek).then_some(opens_thinking);
+    Ok(PreparedChat {
+        gen: req.gen,
+        prompt,
+        output: OutputConfig {
+            tools: tools.map(|_| format),
+            reasoning,
+        },
+    })
+}
+
+/// Which request field a constraint came from, for error messages.
+fn body_kind(g: &ferrox_agent::GrammarSpec) -> &'static str {
+    match g {
+        ferrox_agent::GrammarSpec::Gbnf(_) => "grammar",
+        _ => "response_format",
+    }
+}
+
+/// Compiles a constraint on a worker thread (bounded by the compiler's timeout); a bad
+/// grammar or schema is a 400 naming the problem.
+pub(crate) async fn compile(
+    _state: &AppState,
+    ready: &Arc<Ready>,
+    spec: ferrox_agent::GrammarSpec,
+    param: &str,
+) -> Result<ferrox_models::generate::Constraint, ApiError> {
+    let Some(compiler) = ready.compiler.clone() else {
+        return Err(ApiError::unsupported(
+            param,
+            "constrained output is unavailable on this server (its vocabulary could not be prepared)",
+        ));
+    };
+    blocking(move || compiler.compile(&spec))
+        .await?
+        .map_err(|message| ApiError::param(param, message).with_code("invalid_grammar"))
 }
 
 pub async fn completions(
@@ -317,8 +413,12 @@ pub async fn completions(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?.clone();
-    let req = api::parse_completion(&body, ready.n_vocab)?;
+    let mut req = api::parse_completion(&body, ready.n_vocab)?;
     ready.check_model(req.gen.model.as_deref())?;
+    if let Some(spec) = req.gen.grammar.take() {
+        let param = body_kind(&spec);
+        req.gen.params.constraint = Some(compile(&state, &ready, spec, param).await?);
+    }
     let prompt = match req.prompt {
         Prompt::Tokens(t) => t,
         Prompt::Text(text) => {
@@ -326,7 +426,34 @@ pub async fn completions(
             blocking(move || ready.tokenizer.encode(&text, true, true)).await?
         }
     };
-    generate(state, ready, Kind::Completion, req.gen, prompt).await
+    generate(
+        state,
+        ready,
+        Kind::Completion,
+        req.gen,
+        prompt,
+        OutputConfig::default(),
+    )
+    .await
+}
+
+/// How a choice's output is split (chat only).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct OutputConfig {
+    /// Tool calls are parsed in this format.
+    pub tools: Option<ferrox_agent::ToolFormat>,
+    /// Thinking is split off; `Some(Some(i))`: the prompt opened the block.
+    pub reasoning: Option<Option<usize>>,
+}
+
+impl OutputConfig {
+    fn parser(&self) -> Option<OutputParser> {
+        let p = OutputParser::new(
+            self.reasoning.map(ReasoningSplitter::new),
+            self.tools.map(|f| f.parser()),
+        );
+        p.is_active().then_some(p)
+    }
 }
 
 /// Turns generated tokens into response JSON (one request's envelope and logprobs mode).
@@ -434,11 +561,11 @@ impl Responder {
             .enumerate()
             .map(|(index, c)| {
                 let logprobs = self.logprobs_json(&c.tokens, 0);
-                let finish = c.summary.map(|s| s.finish.as_str());
+                let finish = c.summary.as_ref().map(|s| c.finish_reason(s.finish));
                 match self.kind {
                     Kind::Chat => json!({
                         "index": index,
-                        "message": {"role": "assistant", "content": c.text, "refusal": null},
+                        "message": c.message(),
                         "logprobs": logprobs,
                         "finish_reason": finish,
                     }),
@@ -494,6 +621,20 @@ impl Responder {
         }
     }
 
+    /// A chat chunk carrying one piece of a reply (`delta`), with the logprobs of the
+    /// tokens that produced it.
+    fn delta_chunk(&self, index: usize, delta: Value, tokens: &[TokenEvent]) -> Value {
+        let logprobs = if tokens.is_empty() {
+            Value::Null
+        } else {
+            self.logprobs_json(tokens, 0)
+        };
+        self.envelope(
+            "chat.completion.chunk",
+            json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null}]),
+        )
+    }
+
     fn usage_chunk(&self, s: &Summary) -> Value {
         let object = match self.kind {
             Kind::Chat => "chat.completion.chunk",
@@ -519,6 +660,7 @@ async fn generate(
     kind: Kind,
     gen: GenRequest,
     prompt: Vec<TokenId>,
+    output: OutputConfig,
 ) -> Result<Response, ApiError> {
     let prompt_param = if kind == Kind::Chat {
         "messages"
@@ -544,15 +686,36 @@ async fn generate(
         top_logprobs: gen.params.top_logprobs,
         ready: ready.clone(),
     };
-    // One sequence per choice, all sending to one channel, each event tagged by its
-    // choice. Each choice samples with its own seed (the request's plus its index).
+    let rx = submit(&state, &ready, &gen, &prompt)?;
+    if gen.stream {
+        Ok(stream_response(
+            responder,
+            rx,
+            gen.n,
+            gen.include_usage,
+            state.config.ping_interval,
+            output,
+        ))
+    } else {
+        collect_response(responder, rx, gen.n, output).await
+    }
+}
+
+/// Queues one sequence per choice, all sending to one channel, each event tagged by its
+/// choice. Each choice samples with its own seed (the request's plus its index).
+pub(crate) fn submit(
+    state: &AppState,
+    ready: &Ready,
+    gen: &GenRequest,
+    prompt: &[TokenId],
+) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let submitted = Instant::now();
     for choice in 0..gen.n {
         let mut params = gen.params.clone();
         params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
         let job = Job {
-            prompt: prompt.clone(),
+            prompt: prompt.to_vec(),
             params,
             choice,
             events: tx.clone(),
@@ -562,20 +725,9 @@ async fn generate(
         ready
             .scheduler
             .submit(job)
-            .map_err(|e| submit_error(&state, e))?;
+            .map_err(|e| submit_error(state, e))?;
     }
-    drop(tx);
-    if gen.stream {
-        Ok(stream_response(
-            responder,
-            rx,
-            gen.n,
-            gen.include_usage,
-            state.config.ping_interval,
-        ))
-    } else {
-        collect_response(responder, rx, gen.n).await
-    }
+    Ok(rx)
 }
 
 fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
@@ -597,19 +749,123 @@ fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
 
 /// What one choice has produced so far.
 #[derive(Default)]
-struct Choice {
-    text: String,
-    tokens: Vec<TokenEvent>,
-    summary: Option<Summary>,
+pub(crate) struct Choice {
+    pub text: String,
+    pub tokens: Vec<TokenEvent>,
+    pub summary: Option<Summary>,
+    /// Splits reasoning and tool calls off the text (chat with tools or a thinking model).
+    pub parser: Option<OutputParser>,
+    pub reasoning: String,
+    pub calls: Vec<CallOut>,
+}
+
+/// One tool call of a reply.
+pub(crate) struct CallOut {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A choice that splits its output as `output` says.
+pub(crate) fn new_choice(output: &OutputConfig) -> Choice {
+    Choice::new(output)
+}
+
+impl Choice {
+    fn new(output: &OutputConfig) -> Choice {
+        Choice {
+            parser: output.parser(),
+            ..Choice::default()
+        }
+    }
+
+    /// The pieces a token's text makes (content only without a parser).
+    pub fn deltas(&mut self, text: &str) -> Vec<Delta> {
+        match &mut self.parser {
+            Some(p) => p.push(text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![Delta::Content(text.to_string())],
+        }
+    }
+
+    /// What the parser held back, at the end.
+    pub fn last_deltas(&mut self) -> Vec<Delta> {
+        self.parser.as_mut().map(|p| p.finish()).unwrap_or_default()
+    }
+
+    /// Adds pieces to the reply; a call started gets its id.
+    pub fn absorb(&mut self, deltas: &[Delta]) {
+        for d in deltas {
+            match d {
+                Delta::Reasoning(t) => self.reasoning.push_str(t),
+                Delta::Content(t) => self.text.push_str(t),
+                Delta::CallStart { name, .. } => self.calls.push(CallOut {
+                    id: ferrox_agent::tools::call_id(),
+                    name: name.clone(),
+                    arguments: String::new(),
+                }),
+                Delta::CallArgs { index, text } => {
+                    if let Some(c) = self.calls.get_mut(*index) {
+                        c.arguments.push_str(text);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `finish_reason`: `tool_calls` when the reply ended normally with calls.
+    pub fn finish_reason(&self, finish: FinishReason) -> &'static str {
+        if !self.calls.is_empty() && finish == FinishReason::Stop {
+            "tool_calls"
+        } else {
+            finish.as_str()
+        }
+    }
+
+    /// The chat message of a whole reply.
+    fn message(&self) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.text, "refusal": null});
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            if self.text.is_empty() {
+                m["content"] = Value::Null;
+            }
+            m["tool_calls"] = self
+                .calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+        }
+        m
+    }
+
+    /// A streaming delta object for one piece (the call id comes from the call absorbed).
+    fn delta_json(&self, d: &Delta) -> Value {
+        match d {
+            Delta::Reasoning(t) => json!({"reasoning_content": t}),
+            Delta::Content(t) => json!({"content": t}),
+            Delta::CallStart { index, name } => json!({"tool_calls": [{
+                "index": index,
+                "id": self.calls.get(*index).map(|c| c.id.as_str()),
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            Delta::CallArgs { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        }
+    }
 }
 
 /// The request's usage: the prompt once, the completions of every choice.
 fn total_usage(choices: &[Choice]) -> Option<Summary> {
-    let first = choices.first()?.summary?;
+    let first = choices.first()?.summary.clone()?;
     let mut total = first;
     total.completion_tokens = choices
         .iter()
-        .filter_map(|c| c.summary.map(|s| s.completion_tokens))
+        .filter_map(|c| c.summary.as_ref().map(|s| s.completion_tokens))
         .sum();
     Some(total)
 }
@@ -618,20 +874,24 @@ async fn collect_response(
     responder: Responder,
     mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
     n: usize,
+    output: OutputConfig,
 ) -> Result<Response, ApiError> {
-    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::new(&output)).collect();
     let mut done = 0;
     while let Some((index, event)) = rx.recv().await {
         let choice = &mut choices[index];
         match event {
             Event::Started { .. } => {}
             Event::Token(t) => {
-                choice.text.push_str(&t.text);
+                let deltas = choice.deltas(&t.text);
+                choice.absorb(&deltas);
                 if responder.wants_logprobs() && !t.eog {
                     choice.tokens.push(t);
                 }
             }
             Event::Done(summary) => {
+                let deltas = choice.last_deltas();
+                choice.absorb(&deltas);
                 choice.summary = Some(summary);
                 done += 1;
                 if done == n {
@@ -655,6 +915,7 @@ fn stream_response(
     n: usize,
     include_usage: bool,
     ping: std::time::Duration,
+    output: OutputConfig,
 ) -> Response {
     // The body is sent after the handler has returned, outside the request's span.
     let span = tracing::Span::current();
@@ -665,7 +926,7 @@ fn stream_response(
             }
         }
         // Per choice: logprobs not yet sent, characters sent, and the summary once done.
-        let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+        let mut choices: Vec<Choice> = (0..n).map(|_| Choice::new(&output)).collect();
         let mut offsets = vec![0usize; n];
         let mut done = 0;
         loop {
@@ -677,7 +938,15 @@ fn stream_response(
                     if responder.wants_logprobs() && !t.eog {
                         choice.tokens.push(t);
                     }
-                    if !text.is_empty() {
+                    if responder.kind == Kind::Chat && choice.parser.is_some() {
+                        let deltas = choice.deltas(&text);
+                        choice.absorb(&deltas);
+                        for d in &deltas {
+                            let chunk = responder.delta_chunk(index, choice.delta_json(d), &choice.tokens);
+                            choice.tokens.clear();
+                            yield Ok(sse_json(&chunk));
+                        }
+                    } else if !text.is_empty() {
                         let chunk = responder.chunk(index, Some(&text), &choice.tokens, offsets[index], None);
                         choice.tokens.clear();
                         offsets[index] += text.chars().count();
@@ -686,7 +955,17 @@ fn stream_response(
                 }
                 Some((index, Event::Done(summary))) => {
                     let choice = &mut choices[index];
-                    let chunk = responder.chunk(index, None, &choice.tokens, offsets[index], Some(summary.finish));
+                    let deltas = choice.last_deltas();
+                    choice.absorb(&deltas);
+                    for d in &deltas {
+                        let chunk = responder.delta_chunk(index, choice.delta_json(d), &choice.tokens);
+                        choice.tokens.clear();
+                        yield Ok(sse_json(&chunk));
+                    }
+                    let mut chunk = responder.chunk(index, None, &choice.tokens, offsets[index], Some(summary.finish));
+                    if responder.kind == Kind::Chat {
+                        chunk["choices"][0]["finish_reason"] = json!(choice.finish_reason(summary.finish));
+                    }
                     choice.tokens.clear();
                     choice.summary = Some(summary);
                     yield Ok(sse_json(&chunk));

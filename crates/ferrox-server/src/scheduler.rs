@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step};
+use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step, TokenConstraint};
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
 use ferrox_models::AnyEngine;
 use rayon::prelude::*;
@@ -73,9 +73,11 @@ pub struct TokenEvent {
     pub eog: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Summary {
     pub finish: FinishReason,
+    /// The stop string that ended the sequence, if one did.
+    pub stop: Option<String>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
@@ -460,6 +462,19 @@ impl<'t> Loop<'t> {
                 }
             }
         }
+        // Constrained sequences that get logits this step: their next masks are computed
+        // on another thread while the forward pass runs (the mask depends only on the
+        // tokens accepted so far, not on the logits).
+        let mut masks: Vec<(usize, Box<dyn TokenConstraint>)> = plan
+            .iter()
+            .filter(|p| p.logits)
+            .filter_map(|p| {
+                active[p.index]
+                    .generation
+                    .take_constraint()
+                    .map(|c| (p.index, c))
+            })
+            .collect();
         let work: Vec<Work<'_>> = plan
             .iter()
             .map(|p| {
@@ -476,8 +491,25 @@ impl<'t> Loop<'t> {
             })
             .collect();
         let (pool, engine) = (&mut self.pool, &self.engine);
-        let result = catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)));
+        let result = if masks.is_empty() {
+            catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)))
+        } else {
+            std::thread::scope(|scope| {
+                let masking = scope.spawn(|| {
+                    for (_, c) in masks.iter_mut() {
+                        c.prepare();
+                    }
+                });
+                let result = catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)));
+                // A panic there leaves the masks to be computed (or fail) at sampling.
+                let _ = masking.join();
+                result
+            })
+        };
         drop(work);
+        for (index, c) in masks {
+            active[index].generation.restore_constraint(c);
+        }
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         let failure = match result {
             Ok(Ok(())) => None,
@@ -573,6 +605,7 @@ impl<'t> Loop<'t> {
                     );
                     let _ = s.job.send(Event::Done(Summary {
                         finish,
+                        stop: s.generation.stopped_by().map(str::to_string),
                         prompt_tokens: s.job.prompt.len(),
                         completion_tokens: s.generation.generated(),
                         cached_tokens: s.cached,

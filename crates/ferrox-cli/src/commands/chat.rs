@@ -12,7 +12,7 @@ use ferrox_models::Engine;
 use ferrox_models::EngineExt;
 
 use super::model::{self, ModelArgs};
-use super::run::{SamplingArgs, SpecArgs};
+use super::run::{GrammarArgs, SamplingArgs, SpecArgs};
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -23,6 +23,9 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub speculation: SpecArgs,
+    /// Every reply follows this grammar or schema.
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// A system message to start the conversation with.
     #[arg(long = "system")]
     pub system: Option<String>,
@@ -33,8 +36,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
+    args.grammar.spec()?;
     let loaded = model::load_engine(&args.model)?;
-    let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
+    let tokenizer = std::sync::Arc::new(loaded.tokenizer);
+    let decoder = &loaded.engine;
+    let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
+    let tokenizer = &*tokenizer;
     let template = match ChatTemplate::from_metadata(&decoder.gguf().metadata())? {
         Some(t) => t,
         None => {
@@ -100,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             max_tokens: usize::try_from(args.n_predict).ok(),
             sampler: sampler.clone(),
             draft: args.speculation.draft(),
+            constraint: constraint.clone(),
             ..GenerationParams::default()
         };
         let outcome = generate(

@@ -3,8 +3,12 @@
 use std::io::Write;
 
 use anyhow::Context;
-use ferrox_models::generate::{generate, Draft, GenerationParams, Outcome};
+use std::sync::Arc;
+
+use ferrox_agent::{ConstraintCompiler, GrammarSpec};
+use ferrox_models::generate::{generate, Constraint, Draft, GenerationParams, Outcome};
 use ferrox_models::sampling::SamplerParams;
+use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::Engine;
 use ferrox_models::EngineExt;
 use serde_json::json;
@@ -31,6 +35,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub speculation: SpecArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// Stop when this text is generated (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -43,6 +49,67 @@ pub struct Args {
     /// Do not add the model's BOS token to the prompt.
     #[arg(long)]
     pub no_bos: bool,
+}
+
+/// Constrained output flags shared by `run` and `chat` (llama.cpp's names): the generated
+/// text follows a GBNF grammar or a JSON schema.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct GrammarArgs {
+    /// A GBNF grammar (llama.cpp's syntax; the start rule is `root`).
+    #[arg(long = "grammar", value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema"])]
+    pub grammar: Option<String>,
+    /// A file holding a GBNF grammar (llama.cpp's `grammars/*.gbnf`).
+    #[arg(
+        long = "grammar-file",
+        value_name = "PATH",
+        conflicts_with = "json_schema"
+    )]
+    pub grammar_file: Option<std::path::PathBuf>,
+    /// A JSON schema the output must be an instance of (`{}`: any JSON).
+    #[arg(long = "json-schema", value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+}
+
+impl GrammarArgs {
+    /// What the flags ask for.
+    pub fn spec(&self) -> anyhow::Result<Option<GrammarSpec>> {
+        let gbnf = |text: String, flag: &str| -> anyhow::Result<Option<GrammarSpec>> {
+            // Read before the model loads, so a typo fails fast.
+            ferrox_agent::gbnf::gbnf_to_lark(&text)
+                .map_err(|e| InputError(format!("{flag}: {e}")))?;
+            Ok(Some(GrammarSpec::Gbnf(text)))
+        };
+        if let Some(g) = &self.grammar {
+            return gbnf(g.clone(), "--grammar");
+        }
+        if let Some(path) = &self.grammar_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| InputError(format!("--grammar-file {}: {e}", path.display())))?;
+            return gbnf(text, &format!("--grammar-file {}", path.display()));
+        }
+        if let Some(schema) = &self.json_schema {
+            let value: serde_json::Value = serde_json::from_str(schema)
+                .map_err(|e| InputError(format!("--json-schema is not JSON: {e}")))?;
+            return Ok(Some(GrammarSpec::JsonSchema(value)));
+        }
+        Ok(None)
+    }
+
+    /// The compiled constraint, if the flags ask for one; a bad grammar or schema is an
+    /// input error naming the problem.
+    pub fn constraint(
+        &self,
+        tokenizer: &Arc<Tokenizer>,
+        n_vocab: usize,
+    ) -> anyhow::Result<Option<Constraint>> {
+        let Some(spec) = self.spec()? else {
+            return Ok(None);
+        };
+        let compiler = ConstraintCompiler::new(tokenizer.clone(), n_vocab)
+            .context("preparing the vocabulary for constrained output")?;
+        let constraint = compiler.compile(&spec).map_err(InputError)?;
+        Ok(Some(constraint))
+    }
 }
 
 /// Speculative decoding flags shared by `run` and `chat` (llama.cpp's names). The output is
@@ -129,8 +196,12 @@ impl SamplingArgs {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
+    args.grammar.spec()?;
     let loaded = model::load_engine(&args.model)?;
-    let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let decoder = &loaded.engine;
+    let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
+    let tokenizer = &*tokenizer;
     let prompt = tokenizer.encode(&args.prompt, !args.no_bos, true);
     if prompt.is_empty() {
         return Err(
@@ -153,6 +224,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logprobs: false,
         ignore_eog: false,
         draft: args.speculation.draft(),
+        constraint,
+        preserve: Vec::new(),
     };
     let mut state = decoder.new_state()?;
     let mut stdout = std::io::stdout().lock();

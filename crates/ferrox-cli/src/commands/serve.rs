@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferrox_server::{LoadedModel, LogFormat, ServerConfig};
+use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig};
 
 use super::model::{self, ModelArgs};
 use super::InputError;
@@ -59,6 +59,17 @@ pub struct Args {
     /// `request_id` in its span), for log collectors.
     #[arg(long = "log-format", value_enum, default_value_t = LogFormatArg::Text)]
     pub log_format: LogFormatArg,
+    /// Where a thinking model's `<think>` block goes: `deepseek` (or `auto`) puts it in
+    /// `reasoning_content`, `none` leaves it in `content`.
+    #[arg(long = "reasoning-format", value_enum, default_value_t = ReasoningFormatArg::Deepseek)]
+    pub reasoning_format: ReasoningFormatArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningFormatArg {
+    None,
+    Deepseek,
+    Auto,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -102,6 +113,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         log_format: match args.log_format {
             LogFormatArg::Text => LogFormat::Text,
             LogFormatArg::Json => LogFormat::Json,
+        },
+        reasoning_format: match args.reasoning_format {
+            ReasoningFormatArg::None => ReasoningFormat::None,
+            ReasoningFormatArg::Deepseek | ReasoningFormatArg::Auto => ReasoningFormat::DeepSeek,
         },
     };
     let model_args = args.model;
