@@ -75,3 +75,56 @@ fn llama_cpp_short_flags_are_understood() {
         stderr(&out)
     );
 }
+
+#[test]
+fn run_takes_a_prompt_file_and_a_short_seed_and_chat_a_template() {
+    let model = common::default_model();
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "Once upon a time").unwrap();
+    let json = |out: &Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", stderr(out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let from_file = json(&ferrox(
+        &[
+            "run",
+            "-m",
+            m,
+            "-f",
+            file.to_str().unwrap(),
+            "-n",
+            "4",
+            "-s",
+            "7",
+            "--json",
+        ],
+        &[],
+    ));
+    let inline = json(&ferrox(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "4",
+            "--seed",
+            "7",
+            "--json",
+        ],
+        &[],
+    ));
+    assert_eq!(from_file["prompt_tokens"], inline["prompt_tokens"]);
+    assert_eq!(from_file["tokens"], inline["tokens"]);
+    let missing = ferrox(&["run", "-m", m, "-f", "/nonexistent/prompt.txt"], &[]);
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
+    let bad = ferrox(
+        &["chat", "-m", m, "--chat-template", "/nonexistent.jinja"],
+        &[],
+    );
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--chat-template"), "{}", stderr(&bad));
+}

@@ -437,8 +437,10 @@ fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> 
     Ok(pool)
 }
 
-/// The chat template to use and where it came from.
-fn resolve_template(
+/// The chat template to use and where it came from: `choice` is `chatml`, a template name
+/// stored in the model or a Jinja file; none means the model's own (or, without one, the
+/// built-in format its vocabulary's turn markers call for).
+pub fn resolve_template(
     choice: Option<&str>,
     engine: &AnyEngine,
     tokenizer: &Tokenizer,
