@@ -550,7 +550,8 @@ mod tests {
         // Quantization over 16 nats in 65535 steps: the base's log-probabilities are within
         // half a step.
         assert!((c.nll - c.nll_base).abs() < 2e-4, "{c:?}");
-        assert!(c.kld.abs() < 1e-6, "{c:?}");
+        // Rounding to 16 bits leaves a divergence of a few millionths.
+        assert!(c.kld.abs() < 1e-5, "{c:?}");
         assert!(c.same_top);
     }
 
@@ -558,7 +559,7 @@ mod tests {
     fn a_different_distribution_diverges() {
         let n = 64;
         let base = logits(n, 1);
-        let other = logits(n, 2);
+        let other: Vec<f32> = base.iter().rev().copied().collect();
         let mut record = vec![0u16; record_words(n)];
         encode_record(&base, 3, &mut record);
         let c = compare(&other, &record, 3);
