@@ -104,6 +104,9 @@ try:
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
          "--port", str(router_port), "--policy", "cache_aware", "--log-level", "warn",
          "--prometheus-port", str(free_port()),
+         # Fail over quickly: a worker is out after one failed health check or request.
+         "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+         "--cb-failure-threshold", "1",
          "--worker-urls", *[f"http://127.0.0.1:{p}" for p in replicas]],
         stdout=open(os.path.join(work, "router.log"), "w"), stderr=subprocess.STDOUT)
     # Ready when it forwards a request.
@@ -158,14 +161,13 @@ try:
     if len(set(homes)) < 2:
         fail(f"three prefixes sent at once all went to one replica {homes}")
 
-    # 3: a concurrent load, and one replica killed in its middle.
-    victim = homes[0]
+    # 3: a concurrent load, and the busiest replica killed in its middle.
     results = []
     lock = threading.Lock()
 
     def client(i):
         try:
-            complete(router_port, PREFIXES[i % 3] + f"Request {i} asks for more:", max_tokens=24)
+            complete(router_port, PREFIXES[i % 3] + f"Request {i} asks for more:", max_tokens=160)
             ok = True
         except Exception as e:  # noqa: BLE001 - any failure counts as lost
             ok = False
@@ -175,8 +177,18 @@ try:
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
-    in_flight = metric(victim, "vllm:num_requests_running") + metric(victim, "vllm:num_requests_waiting")
+    # Once the replicas are busy, the busiest one goes.
+    deadline = time.time() + 20
+    while True:
+        busy = {p: metric(p, "vllm:num_requests_running") + metric(p, "vllm:num_requests_waiting")
+                for p in replicas}
+        victim = max(busy, key=busy.get)
+        in_flight = busy[victim]
+        if in_flight >= 2:
+            break
+        if time.time() > deadline:
+            fail(f"no replica was serving two requests at once: {busy}")
+        time.sleep(0.05)
     replicas[victim].send_signal(signal.SIGKILL)
     replicas[victim].wait()
     for t in threads:
