@@ -41,7 +41,8 @@ COPY --chmod=0755 deploy/docker/entrypoint.sh /usr/local/bin/ferrox-entrypoint
 
 ENV FERROX_HOST=0.0.0.0 \
     FERROX_PORT=8080 \
-    FERROX_MODELS_DIR=/models
+    FERROX_MODELS_DIR=/models \
+    HF_HOME=/models/huggingface
 VOLUME ["/models"]
 EXPOSE 8080
 USER 10001:10001

@@ -94,6 +94,11 @@ expect_args "$(printf '%s\n' serve -m "$WORK/model.gguf" --host 127.0.0.1 --port
     FERROX_CTX_SIZE=2048 FERROX_PARALLEL=8 FERROX_THREADS=6 FERROX_KV_MEMORY=4096 FERROX_ALIAS="my model" \
     FERROX_LOG_FORMAT=json FERROX_EXTRA_ARGS=" --max-queue  9 --top-k 5 " "$EP" --stop "two words"
 expect_args "$(printf '%s\n' inspect /models/x.gguf --json "key=")" "$EP" inspect /models/x.gguf --json
+expect_args "$(printf '%s\n' serve --hf-repo org/name-GGUF:Q8_0 --host 0.0.0.0 --port 8080 "key=k1")" \
+    FERROX_HF_REPO=org/name-GGUF:Q8_0 FERROX_API_KEY=k1 "$EP"
+if ferrox_env FERROX_MODEL=model.gguf FERROX_HF_REPO=org/name "$EP" >/dev/null 2>&1; then
+    die "entry point accepted both FERROX_MODEL and FERROX_HF_REPO"
+fi
 for bad in "" "missing.gguf"; do
     if out="$(ferrox_env FERROX_MODEL="$bad" "$EP" 2>&1)"; then
         die "entry point accepted FERROX_MODEL='$bad'"

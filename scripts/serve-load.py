@@ -59,11 +59,14 @@ def wait_healthy(url, timeout=300):
     raise SystemExit(f"{url} did not become healthy in {timeout} s")
 
 
-def one_request(url, prompt, max_tokens, ban, api_key):
-    """Streams one completion; returns (ttft seconds, generated tokens, total seconds)."""
+def one_request(url, prompt, max_tokens, ban, api_key, model=None):
+    """Streams one completion; returns (ttft seconds, generated tokens, total seconds).
+    `model` names the model in the request (routers need it to pick workers)."""
     u = urllib.parse.urlparse(url)
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "logit_bias": {str(t): -100 for t in ban}}
+    if model:
+        body["model"] = model
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -98,7 +101,7 @@ def one_request(url, prompt, max_tokens, ban, api_key):
     return (first or end) - start, tokens or chunks, end - start
 
 
-def run_level(url, concurrency, requests, max_tokens, ban, api_key, prompt_words, level_tag):
+def run_level(url, concurrency, requests, max_tokens, ban, api_key, prompt_words, level_tag, model=None):
     results = []
     errors = []
     lock = threading.Lock()
@@ -111,7 +114,7 @@ def run_level(url, concurrency, requests, max_tokens, ban, api_key, prompt_words
             filler = " ".join(f"detail{k}" for k in range(prompt_words))
             prompt = f"[{level_tag}-{i}-{r}] Write a long story about {topic}. Background notes: {filler}.\n\nStory:"
             try:
-                res = one_request(url, prompt, max_tokens, ban, api_key)
+                res = one_request(url, prompt, max_tokens, ban, api_key, model)
                 with lock:
                     results.append(res)
             except Exception as e:  # noqa: BLE001
@@ -144,13 +147,14 @@ def run_level(url, concurrency, requests, max_tokens, ban, api_key, prompt_words
     }
 
 
-def bench(name, url, args, api_key):
+def bench(name, url, args, api_key, model=None):
     print(f"\n== {name} ({url})", flush=True)
-    one_request(url, "Warm-up:", 4, args.ban, api_key)
+    one_request(url, "Warm-up:", 4, args.ban, api_key, model)
     rows = []
     print(f"{'conc':>5} {'reqs':>5} {'tokens':>7} {'wall s':>8} {'tok/s':>8} {'TTFT mean':>10} {'p50':>7} {'p90':>7}")
     for c in args.concurrency:
-        row = run_level(url, c, args.requests, args.max_tokens, args.ban, api_key, args.prompt_words, f"{name}-{c}")
+        row = run_level(url, c, args.requests, args.max_tokens, args.ban, api_key, args.prompt_words, f"{name}-{c}",
+                        model)
         rows.append(row)
         print(f"{c:>5} {row['requests']:>5} {row['generated_tokens']:>7} {row['wall_s']:>8.2f} {row['tokens_per_s']:>8.1f} "
               f"{row['ttft_mean_s']:>10.3f} {row['ttft_p50_s']:>7.3f} {row['ttft_p90_s']:>7.3f}", flush=True)

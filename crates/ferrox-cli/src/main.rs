@@ -4,7 +4,7 @@ mod commands;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,51 @@ enum Command {
     Detokenize(commands::tokenize::DetokenizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::Args),
+    /// Download a model from the Hugging Face Hub into its cache (ORG/NAME[:QUANT]).
+    Pull(commands::models::PullArgs),
+    /// List the GGUF models in the Hugging Face Hub cache.
+    List(commands::models::ListArgs),
+    /// Remove a model from the Hugging Face Hub cache.
+    Rm(commands::models::RmArgs),
+}
+
+/// llama.cpp's multi-letter short flags, spelled as their long forms for the parser.
+fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-hf" | "-hfr") => "--hf-repo".into(),
+        Some("-np") => "--parallel".into(),
+        Some("-sys") => "--system".into(),
+        _ => a,
+    })
+    .collect()
+}
+
+/// The environment variable that sets a flag: `--ctx-size` is `FERROX_CTX_SIZE`.
+fn env_name(long: &str) -> String {
+    format!("FERROX_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// Every command's flags but `-m`, each also read from its `FERROX_*` variable (for
+/// containers and service managers); a flag on the command line wins. Values stay out of
+/// `--help` (one may be an API key).
+fn command_with_env() -> clap::Command {
+    Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| match arg.get_long() {
+            // `FERROX_MODEL` keeps the container entry point's meaning (a name under
+            // /models), so `-m` has no variable.
+            Some(long) if !arg.is_positional() && !matches!(long, "help" | "version" | "model") => {
+                let name = env_name(long);
+                let arg = arg.env(name).hide_env_values(true);
+                // A switch from the environment: `1`, `yes`, `on` as well as `true`.
+                if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+                    arg.value_parser(clap::builder::FalseyValueParser::new())
+                } else {
+                    arg
+                }
+            }
+            _ => arg,
+        })
+    })
 }
 
 /// Bad input (a file that cannot be read or parsed, a model we cannot run, invalid
@@ -62,7 +107,11 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = command_with_env().get_matches_from(llama_cpp_flags(std::env::args_os()));
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Tokenize(args) => commands::tokenize::run_tokenize(args),
@@ -72,6 +121,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Detokenize(args) => commands::tokenize::run_detokenize(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Pull(args) => commands::models::pull(args),
+        Command::List(args) => commands::models::list(args),
+        Command::Rm(args) => commands::models::rm(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

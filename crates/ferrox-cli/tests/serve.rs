@@ -273,7 +273,8 @@ fn serve_end_to_end_through_the_openai_client() {
     assert!(server.log().contains("SIGTERM"), "{}", server.log());
 }
 
-/// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4` and `kimi-linear` models served
+/// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4`, `deepseek32`, `glm-dsa` and
+/// `kimi-linear` models served
 /// with continuous batching: every check of mla_client.py, with the memory figures of each
 /// engine (the latent row, `kv_lora_rank + rope dims` values per MLA layer in f16, and for
 /// kimi-linear each KDA layer's recurrent state per sequence).
@@ -294,6 +295,24 @@ fn serve_runs_mla_and_kimi_models() {
     let models = [
         ("deepseek2-v3", mla("deepseek2-v3")),
         ("mistral4", mla("mistral4")),
+        // DeepSeek Sparse Attention: the latent row (64 + 16) and the indexer's key row (64)
+        // per position and layer.
+        (
+            "deepseek32",
+            (
+                synthetic::dsa::gguf_bytes("deepseek32"),
+                (3 * 80 + 3 * 64) * 2,
+                0,
+            ),
+        ),
+        (
+            "glm-dsa",
+            (
+                synthetic::dsa::gguf_bytes("glm-dsa"),
+                (4 * 80 + 2 * 64) * 2,
+                0,
+            ),
+        ),
         (
             "kimi-linear",
             (

@@ -43,15 +43,20 @@ fn ids_print_as_one_json_array_like_llama_tokenize() {
 }
 
 #[test]
-fn special_tokens_are_parsed_only_on_request() {
+fn special_tokens_are_parsed_unless_turned_off_as_llama_tokenize() {
     let model = default_model();
     let text = "<start_of_turn>user\n";
-    let (_, parsed, _) = tokenize(
+    let (_, parsed, _) = tokenize(&model, &["-p", text, "--ids", "--no-bos"]);
+    assert_eq!(parsed, "[105, 2364, 107]\n");
+    let (_, explicit, _) = tokenize(
         &model,
         &["-p", text, "--ids", "--no-bos", "--parse-special"],
     );
-    assert_eq!(parsed, "[105, 2364, 107]\n");
-    let (_, literal, _) = tokenize(&model, &["-p", text, "--ids", "--no-bos"]);
+    assert_eq!(explicit, parsed);
+    let (_, literal, _) = tokenize(
+        &model,
+        &["-p", text, "--ids", "--no-bos", "--no-parse-special"],
+    );
     assert_ne!(literal, parsed);
     assert!(!literal.contains("105,"), "{literal}");
 }

@@ -43,6 +43,36 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Pa
     PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap()
 }
 
+fn cached(ty: GgmlType, threads: usize, sweeps: usize) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let (rows, cols) = (512 * threads, 1536);
+    let m = random_matrix(ty, rows, cols, &mut rng);
+    let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut xq = vec![0u8; m.activation_row_bytes()];
+    m.quantize_activation(&x, &mut xq).unwrap();
+    let mut y = vec![0f32; rows];
+    let bytes = rows * row_byte_len(ty, cols).unwrap();
+    let mut best = f64::MAX;
+    pool.install(|| {
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..sweeps * 100 {
+                m.matmul(&xq, 1, &mut y).unwrap();
+            }
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+    });
+    println!(
+        "{ty:?} {threads}t cached ({} KB): {:.1} GB/s",
+        bytes / 1024,
+        (bytes * sweeps * 100) as f64 / best / 1e9
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ty = match args.first().map(String::as_str).unwrap_or("q4_k") {
@@ -55,6 +85,11 @@ fn main() {
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());
     let layers: usize = args.get(2).map_or(16, |s| s.parse().unwrap());
+    // `cached`: one 512 x 1536 matrix swept again and again from the cache: the kernels'
+    // compute ceiling, without memory in the way.
+    if args.get(3).map(String::as_str) == Some("cached") {
+        return cached(ty, threads, layers);
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

@@ -26,7 +26,7 @@ pub mod quant;
 pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{available_memory, KvRows, KvStorage};
-pub use matrix::WeightMatrix;
+pub use matrix::{MatrixProduct, WeightMatrix};
 pub use memory::{
     Admission, MemoryError, MemoryShape, MemorySpec, PagedStoreSpec, RecurrentSpec, Refusal, SeqId,
     SequenceMemory, StepMemory,

@@ -5,8 +5,9 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, WeightKind};
-use crate::packed::PackedMatrix;
+use crate::packed::{PackedMatrix, Product, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
+use smallvec::SmallVec;
 
 /// `rows × cols` weights of type `ty`, stored row-major as ggml lays them out: each row is
 /// `cols` values packed into whole blocks, rows back to back. Borrowed straight from the
@@ -241,6 +242,33 @@ impl<'a> WeightMatrix<'a> {
         Ok(())
     }
 
+    /// Independent products, each `out = matrix · X` for its own activation rows (quantized
+    /// by its matrix): packed matrices in one pass over the pool per [`MAX_PRODUCTS`]
+    /// products ([`PackedMatrix::matmul_products`]), so that many small products (a token's
+    /// routed experts) enter the pool once, not once each; others one after the other. Each
+    /// result is the one [`Self::matmul`] gives. Allocates nothing.
+    pub fn matmul_products(products: &mut [MatrixProduct<'_, '_>]) -> Result<(), QuantError> {
+        if products.iter().all(|p| p.matrix.packed.is_some()) {
+            for chunk in products.chunks_mut(MAX_PRODUCTS) {
+                let mut packed: SmallVec<[Product<'_>; MAX_PRODUCTS]> = chunk
+                    .iter_mut()
+                    .map(|p| Product {
+                        matrix: p.matrix.packed.expect("checked above"),
+                        xq: p.xq,
+                        n_tokens: p.n_tokens,
+                        out: &mut *p.out,
+                    })
+                    .collect();
+                PackedMatrix::matmul_products(&mut packed)?;
+            }
+            return Ok(());
+        }
+        for p in products.iter_mut() {
+            p.matrix.matmul(p.xq, p.n_tokens, p.out)?;
+        }
+        Ok(())
+    }
+
     /// `Y = W·X` for `n_tokens` activation rows `xq` (back to back, each quantized by
     /// [`Self::quantize_activation`]), with `y` token-major: `y[t * rows + r]`.
     ///
@@ -443,6 +471,15 @@ const MAX_PANEL_ROWS: usize = 256;
 
 /// `y` as the tasks of one product write it, each to its own rows (also the packed
 /// products', `crate::packed`).
+/// One product of [`WeightMatrix::matmul_products`]: `out = matrix · X` for `n_tokens`
+/// activation rows `xq` quantized by `matrix`, `out` token-major.
+pub struct MatrixProduct<'m, 'a> {
+    pub matrix: &'m WeightMatrix<'a>,
+    pub xq: &'m [u8],
+    pub n_tokens: usize,
+    pub out: &'m mut [f32],
+}
+
 pub(crate) struct Outputs {
     pub(crate) ptr: *mut f32,
     pub(crate) len: usize,

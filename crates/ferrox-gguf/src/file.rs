@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{GgufError, Result};
 use crate::metadata::Metadata;
@@ -65,6 +66,9 @@ pub struct Gguf {
     shards: Vec<Shard>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// Bytes handed to [`Gguf::release_pages`] so far: how far a load that copies the
+    /// weights has got (for progress reports).
+    released: AtomicU64,
 }
 
 impl Gguf {
@@ -109,6 +113,7 @@ impl Gguf {
             shards,
             tensors,
             tensor_index,
+            released: AtomicU64::new(0),
         })
     }
 
@@ -170,6 +175,8 @@ impl Gguf {
     /// stay in the page cache and are read back transparently if touched). For data copied
     /// elsewhere at load, so that the copy does not count twice. Anything else is ignored.
     pub fn release_pages(&self, bytes: &[u8]) {
+        self.released
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         for shard in &self.shards {
             let Storage::Mapped(map) = &shard.storage else {
                 continue;
@@ -191,6 +198,17 @@ impl Gguf {
             };
             return;
         }
+    }
+
+    /// Bytes of tensor data released so far (see [`Gguf::release_pages`]): during a load that
+    /// repacks the weights, how much of them is done.
+    pub fn released_bytes(&self) -> u64 {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of all tensor data.
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensors.iter().filter_map(|t| t.n_bytes).sum()
     }
 
     pub fn tensor_data(&self, tensor: &TensorInfo) -> Result<&[u8]> {

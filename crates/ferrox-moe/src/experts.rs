@@ -13,8 +13,9 @@
 //! adds), so a token's result is bit-identical whatever batch it is in.
 
 use ferrox_core::packed::PackedMatrix;
-use ferrox_core::{GgmlType, WeightMatrix};
+use ferrox_core::{GgmlType, MatrixProduct, WeightMatrix};
 use ferrox_gguf::TensorInfo;
+use smallvec::SmallVec;
 
 use crate::numerics;
 use crate::routing::RouterConfig;
@@ -341,8 +342,21 @@ fn gated_ffn(
     g.resize(m * n_ff, 0.0);
     u.clear();
     u.resize(m * n_ff, 0.0);
-    gate.matmul(xg, m, g)?;
-    up.matmul(xu, m, u)?;
+    // Gate and up in one pass over the pool.
+    WeightMatrix::matmul_products(&mut [
+        MatrixProduct {
+            matrix: gate,
+            xq: xg,
+            n_tokens: m,
+            out: g,
+        },
+        MatrixProduct {
+            matrix: up,
+            xq: xu,
+            n_tokens: m,
+            out: u,
+        },
+    ])?;
     if n_ff > 0 {
         for (gr, ur) in g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)) {
             activation.apply(gr, ur);
@@ -352,6 +366,106 @@ fn gated_ffn(
     y.clear();
     y.resize(m * down.rows(), 0.0);
     down.matmul(hq, m, y)?;
+    Ok(())
+}
+
+/// Most experts whose products share one pass over the pool (two products each).
+const CHUNK_EXPERTS: usize = ferrox_core::packed::MAX_PRODUCTS / 2;
+/// Most rows (token-expert pairs) a multi-expert chunk holds: a decode step's, a small
+/// batch's; larger groups run one expert at a time, with enough rows each to fill the pool.
+const CHUNK_ROWS: usize = 64;
+
+/// The experts of `s.assign[range]` (`(expert, token, slot)` triples, grouped by expert)
+/// on their tokens' quantized activations in `s.xq_gate` / `s.xq_up` (rows of
+/// `ag` / `au` bytes): their outputs in `s.y`, one row per triple. Every expert's gate and
+/// up products run in one pass over the pool, then every down product in another; each
+/// result is the one the expert alone gives.
+fn experts_chunk(
+    experts: &MoeExperts<'_>,
+    range: std::ops::Range<usize>,
+    shared_q: bool,
+    (ag, au): (usize, usize),
+    s: &mut MoeScratch,
+) -> Result<(), MoeError> {
+    let assign = &s.assign[range];
+    let rows = assign.len();
+    let n_ff = experts.n_ff();
+    s.xg_gate.clear();
+    s.xg_up.clear();
+    for &(_, t, _) in assign {
+        s.xg_gate
+            .extend_from_slice(&s.xq_gate[t * ag..(t + 1) * ag]);
+        if !shared_q {
+            s.xg_up.extend_from_slice(&s.xq_up[t * au..(t + 1) * au]);
+        }
+    }
+    // (expert, first row, rows) per group.
+    let mut groups: SmallVec<[(usize, usize, usize); CHUNK_EXPERTS]> = SmallVec::new();
+    let mut at = 0;
+    while at < rows {
+        let e = assign[at].0;
+        let m = assign[at..].iter().take_while(|a| a.0 == e).count();
+        groups.push((e, at, m));
+        at += m;
+    }
+    let gates: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
+        groups.iter().map(|g| experts.gate.expert(g.0)).collect();
+    let ups: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
+        groups.iter().map(|g| experts.up.expert(g.0)).collect();
+    let downs: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
+        groups.iter().map(|g| experts.down.expert(g.0)).collect();
+
+    s.g.clear();
+    s.g.resize(rows * n_ff, 0.0);
+    s.u.clear();
+    s.u.resize(rows * n_ff, 0.0);
+    {
+        let xu: &[u8] = if shared_q { &s.xg_gate } else { &s.xg_up };
+        let mut products: SmallVec<[MatrixProduct<'_, '_>; 2 * CHUNK_EXPERTS]> = SmallVec::new();
+        let (mut g_rest, mut u_rest) = (&mut s.g[..], &mut s.u[..]);
+        for (i, &(_, first, m)) in groups.iter().enumerate() {
+            let (g, g_tail) = std::mem::take(&mut g_rest).split_at_mut(m * n_ff);
+            let (u, u_tail) = std::mem::take(&mut u_rest).split_at_mut(m * n_ff);
+            (g_rest, u_rest) = (g_tail, u_tail);
+            products.push(MatrixProduct {
+                matrix: &gates[i],
+                xq: &s.xg_gate[first * ag..(first + m) * ag],
+                n_tokens: m,
+                out: g,
+            });
+            products.push(MatrixProduct {
+                matrix: &ups[i],
+                xq: &xu[first * au..(first + m) * au],
+                n_tokens: m,
+                out: u,
+            });
+        }
+        WeightMatrix::matmul_products(&mut products)?;
+    }
+    if n_ff > 0 {
+        for (gr, ur) in s.g.chunks_exact_mut(n_ff).zip(s.u.chunks_exact(n_ff)) {
+            experts.activation.apply(gr, ur);
+        }
+    }
+    // Quantization is row by row: one call for every expert's rows.
+    downs[0].quantize_activation(&s.g, &mut s.hq)?;
+    let ad = downs[0].activation_row_bytes();
+    let n_embd = experts.n_embd();
+    s.y.clear();
+    s.y.resize(rows * n_embd, 0.0);
+    let mut products: SmallVec<[MatrixProduct<'_, '_>; CHUNK_EXPERTS]> = SmallVec::new();
+    let mut y_rest = &mut s.y[..];
+    for (i, &(_, first, m)) in groups.iter().enumerate() {
+        let (y, tail) = std::mem::take(&mut y_rest).split_at_mut(m * n_embd);
+        y_rest = tail;
+        products.push(MatrixProduct {
+            matrix: &downs[i],
+            xq: &s.hq[first * ad..(first + m) * ad],
+            n_tokens: m,
+            out: y,
+        });
+    }
+    WeightMatrix::matmul_products(&mut products)?;
     Ok(())
 }
 
@@ -513,35 +627,23 @@ fn run_routes(
     s.contrib.resize(n_tokens * n_used * n_embd, 0.0);
     let mut start = 0;
     while start < s.assign.len() {
-        let e = s.assign[start].0;
-        let end = start + s.assign[start..].iter().take_while(|a| a.0 == e).count();
-        let group = &s.assign[start..end];
-        let m = group.len();
-        s.xg_gate.clear();
-        s.xg_up.clear();
-        for &(_, t, _) in group {
-            s.xg_gate
-                .extend_from_slice(&s.xq_gate[t * ag..(t + 1) * ag]);
-            if !shared_q {
-                s.xg_up.extend_from_slice(&s.xq_up[t * au..(t + 1) * au]);
+        // A chunk of consecutive experts' groups: up to CHUNK_EXPERTS of them while their
+        // rows stay few (a decode step's experts all at once), else one expert.
+        let mut end = start;
+        let mut experts_in_chunk = 0;
+        while end < s.assign.len() && experts_in_chunk < CHUNK_EXPERTS {
+            let e = s.assign[end].0;
+            let m = s.assign[end..].iter().take_while(|a| a.0 == e).count();
+            if experts_in_chunk > 0 && end + m - start > CHUNK_ROWS {
+                break;
             }
+            end += m;
+            experts_in_chunk += 1;
         }
-        let xu: &[u8] = if shared_q { &s.xg_gate } else { &s.xg_up };
-        gated_ffn(
-            &experts.gate.expert(e),
-            &experts.up.expert(e),
-            &experts.down.expert(e),
-            experts.activation,
-            &s.xg_gate,
-            xu,
-            m,
-            &mut s.g,
-            &mut s.u,
-            &mut s.hq,
-            &mut s.y,
-        )?;
-        for (&(_, t, slot), y) in group.iter().zip(s.y.chunks_exact(n_embd)) {
+        experts_chunk(experts, start..end, shared_q, (ag, au), s)?;
+        for (i, &(_, t, slot)) in s.assign[start..end].iter().enumerate() {
             let w = s.routes[t * n_used + slot].1;
+            let y = &s.y[i * n_embd..(i + 1) * n_embd];
             let dst = &mut s.contrib[(t * n_used + slot) * n_embd..][..n_embd];
             dst.iter_mut().zip(y).for_each(|(d, &v)| *d = v * w);
         }

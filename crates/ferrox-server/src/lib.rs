@@ -2,8 +2,10 @@
 //!
 //! * Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (also
 //!   without the `/v1` prefix), Anthropic's `POST /v1/messages` and
-//!   `POST /v1/messages/count_tokens` (the `anthropic` module), llama-server's `POST /tokenize` and `POST /detokenize`,
-//!   SGLang's `GET /get_model_info` and `GET /get_server_info`, `GET /metrics` (Prometheus
+//!   `POST /v1/messages/count_tokens` (the `anthropic` module), llama-server's
+//!   `POST /tokenize` and `POST /detokenize`, SGLang's `GET /model_info` and
+//!   `GET /server_info` (also under their older `/get_` names), the chat page at `GET /`
+//!   (static, see `web/`), `GET /metrics` (Prometheus
 //!   text, ferrox's names and vLLM's) and `GET /health` (503 while the model loads, 200 when
 //!   ready; never behind the API key).
 //! * Every request has an id: a valid `X-Request-Id` it came with, or a fresh UUID. It is
@@ -27,6 +29,7 @@ pub mod kv;
 mod metrics;
 mod routes;
 pub mod scheduler;
+mod web;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -81,6 +84,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// Required as `Authorization: Bearer KEY` on every route but `/health`.
     pub api_key: Option<String>,
+    /// Listen on a public address without `api_key` (refused otherwise).
+    pub no_auth: bool,
     /// Most sequences decoded together.
     pub parallel: usize,
     /// The KV block pool's size in MiB (default: `parallel` full contexts).
@@ -113,6 +118,7 @@ impl Default for ServerConfig {
             host: "127.0.0.1".into(),
             port: 8080,
             api_key: None,
+            no_auth: false,
             parallel: 4,
             kv_memory_mib: None,
             alias: None,
@@ -274,8 +280,12 @@ async fn serve(
     config: ServerConfig,
     load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let addr = bind_address(&config.host, config.port, config.api_key.is_some())
-        .map_err(anyhow::Error::msg)?;
+    let addr = bind_address(
+        &config.host,
+        config.port,
+        config.api_key.is_some() || config.no_auth,
+    )
+    .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -427,8 +437,10 @@ fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> 
     Ok(pool)
 }
 
-/// The chat template to use and where it came from.
-fn resolve_template(
+/// The chat template to use and where it came from: `choice` is `chatml`, a template name
+/// stored in the model or a Jinja file; none means the model's own (or, without one, the
+/// built-in format its vocabulary's turn markers call for).
+pub fn resolve_template(
     choice: Option<&str>,
     engine: &AnyEngine,
     tokenizer: &Tokenizer,
@@ -632,6 +644,9 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(routes::detokenize))
         .route("/get_model_info", get(routes::model_info))
         .route("/get_server_info", get(routes::server_info))
+        .route("/model_info", get(routes::model_info))
+        .route("/server_info", get(routes::server_info))
+        .route("/", get(web::chat_page))
         .fallback(routes::fallback)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -659,7 +674,11 @@ async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next)
         // As vLLM's key guards only its API: health checks, Prometheus and the inference
         // gateway's endpoint picker scrape without credentials, and the metrics carry counts
         // and the model's name, no request content.
-        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics");
+        // The chat page itself is static; its requests carry the key the user enters.
+        let open = matches!(
+            req.uri().path(),
+            "/" | "/health" | "/v1/health" | "/metrics"
+        );
         if !open {
             let headers = req.headers();
             let given = headers

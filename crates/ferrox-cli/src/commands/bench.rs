@@ -1,5 +1,6 @@
 //! `ferrox bench`: llama-bench's measurements (pp = one batched prefill of random tokens,
-//! tg = single-token decode steps from an empty context; one warm-up, then repetitions;
+//! tg = single-token decode steps, both after `-d` tokens already in the context (an untimed
+//! prefill before each repetition, as llama-bench's `-d`); one warm-up, then repetitions;
 //! mean and sample standard deviation of per-repetition t/s), optionally side by side with
 //! llama-bench itself on the same file and threads.
 
@@ -22,12 +23,19 @@ pub struct Args {
     /// GGUF model file (default: the default model).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// A model from the Hugging Face Hub, ORG/NAME[:QUANT] (see `ferrox run --help`).
+    #[arg(long = "hf-repo", visible_alias = "hf", conflicts_with = "model")]
+    pub hf_repo: Option<String>,
     /// Prompt tokens for the prefill test (0: skip it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
     /// Generated tokens for the decode test (0: skip it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Tokens already in the context when each test starts (llama-bench's `-d`): the cost of
+    /// attention at that depth.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub n_depth: usize,
     /// Timed repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
@@ -52,6 +60,7 @@ struct Measurement {
     name: String,
     n_prompt: usize,
     n_gen: usize,
+    n_depth: usize,
     samples_ns: Vec<u64>,
 }
 
@@ -93,6 +102,8 @@ struct Bench<'a> {
     decoder: &'a AnyEngine,
     bos: Option<TokenId>,
     rng: rand::rngs::StdRng,
+    /// Tokens in the context before each test.
+    depth: usize,
 }
 
 impl Bench<'_> {
@@ -106,21 +117,38 @@ impl Bench<'_> {
             .collect()
     }
 
-    fn prefill(&mut self, state: &mut State, n: usize) -> anyhow::Result<u64> {
-        let tokens = self.random_tokens(n);
+    /// An empty context filled with `depth` tokens (untimed).
+    fn fill_depth(&mut self, state: &mut State) -> anyhow::Result<()> {
         state.reset();
+        if self.depth > 0 {
+            let tokens = self.random_tokens(self.depth);
+            self.decoder
+                .forward_batch(&tokens, 0, state, LogitsFor::Last)?;
+        }
+        Ok(())
+    }
+
+    fn prefill(&mut self, state: &mut State, n: usize) -> anyhow::Result<u64> {
+        self.fill_depth(state)?;
+        let mut tokens = self.random_tokens(n);
+        if self.depth > 0 {
+            // Only a prompt from an empty context starts with BOS.
+            tokens[0] = self
+                .rng
+                .random_range(0..self.decoder.vocab_size() as TokenId);
+        }
         let start = Instant::now();
         self.decoder
-            .forward_batch(&tokens, 0, state, LogitsFor::Last)?;
+            .forward_batch(&tokens, self.depth, state, LogitsFor::Last)?;
         Ok(start.elapsed().as_nanos() as u64)
     }
 
     fn generate(&mut self, state: &mut State, n: usize) -> anyhow::Result<u64> {
+        self.fill_depth(state)?;
         let tokens = self.random_tokens(n);
-        state.reset();
         let start = Instant::now();
-        for (pos, &t) in tokens.iter().enumerate() {
-            self.decoder.forward_token(t, pos, state)?;
+        for (i, &t) in tokens.iter().enumerate() {
+            self.decoder.forward_token(t, self.depth + i, state)?;
         }
         Ok(start.elapsed().as_nanos() as u64)
     }
@@ -137,15 +165,11 @@ impl Bench<'_> {
         let samples_ns = (0..reps)
             .map(|_| self.timed(state, n_prompt, n_gen))
             .collect::<anyhow::Result<_>>()?;
-        let name = if n_prompt > 0 {
-            format!("pp{n_prompt}")
-        } else {
-            format!("tg{n_gen}")
-        };
         Ok(Measurement {
-            name,
+            name: test_name(n_prompt, n_gen, self.depth),
             n_prompt,
             n_gen,
+            n_depth: self.depth,
             samples_ns,
         })
     }
@@ -156,6 +180,19 @@ impl Bench<'_> {
         } else {
             self.generate(state, n_gen)
         }
+    }
+}
+
+/// llama-bench's name for a test: `pp512`, `tg128`, `tg128 @ d4096`.
+fn test_name(n_prompt: usize, n_gen: usize, depth: usize) -> String {
+    let base = if n_prompt > 0 {
+        format!("pp{n_prompt}")
+    } else {
+        format!("tg{n_gen}")
+    };
+    match depth {
+        0 => base,
+        d => format!("{base} @ d{d}"),
     }
 }
 
@@ -211,6 +248,7 @@ fn llama_bench(
     let out = command
         .args(["-m", &model.to_string_lossy()])
         .args(["-p", &m.n_prompt.to_string(), "-n", &m.n_gen.to_string()])
+        .args(["-d", &m.n_depth.to_string()])
         .args([
             "-r",
             &reps.to_string(),
@@ -235,8 +273,11 @@ fn llama_bench(
     results
         .as_array()
         .and_then(|a| {
-            a.iter()
-                .find(|r| r["n_prompt"] == m.n_prompt && r["n_gen"] == m.n_gen)
+            a.iter().find(|r| {
+                r["n_prompt"] == m.n_prompt
+                    && r["n_gen"] == m.n_gen
+                    && r["n_depth"].as_u64().unwrap_or(0) == m.n_depth as u64
+            })
         })
         .and_then(|r| r["avg_ts"].as_f64())
         .context("llama-bench printed no result for the test")
@@ -251,8 +292,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_args = ModelArgs {
         model: args.model.clone(),
+        hf_repo: args.hf_repo.clone(),
         threads,
-        ctx_size: Some(args.n_prompt.max(args.n_gen).max(1)),
+        ctx_size: Some(args.n_depth + args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
         no_repack: args.no_repack,
     };
@@ -263,14 +305,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         decoder,
         bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
         rng: rand::rngs::StdRng::seed_from_u64(1234),
+        depth: args.n_depth,
     };
     let mut state = decoder.new_state()?;
     let mut results = Vec::new();
     let mut llama = Vec::new();
-    let tests = [(args.n_prompt, 0), (0, args.n_gen)];
-    for (n_prompt, n_gen) in tests.into_iter().filter(|t| t.0 + t.1 > 0) {
+    let tests: Vec<(usize, usize)> = [(args.n_prompt, 0), (0, args.n_gen)]
+        .into_iter()
+        .filter(|t| t.0 + t.1 > 0)
+        .collect();
+    let engines = 1 + usize::from(args.compare.is_some());
+    let bar = indicatif::ProgressBar::new((tests.len() * engines) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("bench [{bar:20}] {pos}/{len} {msg} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for (n_prompt, n_gen) in tests {
+        let name = test_name(n_prompt, n_gen, args.n_depth);
+        bar.set_message(format!("{name} ferrox"));
         let m = bench.run(&mut state, n_prompt, n_gen, args.repetitions)?;
+        bar.inc(1);
         if let Some(binary) = &args.compare {
+            bar.set_message(format!("{name} llama-bench"));
             // Alternate the engines test by test so both see the same machine conditions.
             llama.push(llama_bench(
                 binary,
@@ -280,9 +336,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.repetitions,
                 !args.no_repack,
             )?);
+            bar.inc(1);
         }
         results.push(m);
     }
+    bar.finish_and_clear();
 
     let gguf = decoder.gguf();
     let model_size: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes).sum();
@@ -315,6 +373,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "n_threads": threads,
                     "n_prompt": m.n_prompt,
                     "n_gen": m.n_gen,
+                    "n_depth": m.n_depth,
                     "type_k": "f16",
                     "type_v": "f16",
                     "repack": !args.no_repack,

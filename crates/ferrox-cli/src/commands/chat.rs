@@ -29,6 +29,10 @@ pub struct Args {
     /// A system message to start the conversation with.
     #[arg(long = "system")]
     pub system: Option<String>,
+    /// Chat template: `chatml`, a template name stored in the model, or a Jinja file
+    /// (default: the model's own; without one, the format its turn markers call for).
+    #[arg(long = "chat-template", value_name = "NAME|FILE")]
+    pub chat_template: Option<String>,
     /// Most tokens per reply (-1: until the model ends its turn or the context is full).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
@@ -42,7 +46,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let decoder = &loaded.engine;
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
-    let template = match ChatTemplate::from_metadata(&decoder.gguf().metadata())? {
+    let chosen = match &args.chat_template {
+        Some(choice) => Some(
+            ferrox_server::resolve_template(Some(choice), decoder, tokenizer)
+                .map_err(|e| InputError(format!("{e:#}")))?
+                .0,
+        ),
+        None => ChatTemplate::from_metadata(&decoder.gguf().metadata())?,
+    };
+    let template = match chosen {
         Some(t) => t,
         None => {
             let vocab = tokenizer.vocab();

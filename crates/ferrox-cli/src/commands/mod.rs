@@ -1,7 +1,9 @@
 pub mod bench;
 pub mod chat;
+pub mod hub;
 pub mod inspect;
 pub mod model;
+pub mod models;
 pub mod perplexity;
 pub mod run;
 pub mod serve;

@@ -2,13 +2,16 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// The script that fetches the default model (the same one the README and tests use).
 const FETCH_SCRIPT: &str = include_str!("../../../../scripts/fetch-model.sh");
@@ -19,8 +22,17 @@ const DEFAULT_CTX_SIZE: usize = 4096;
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF model file (default: Gemma-3-270M Q4_K_M, fetched on first use).
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", conflicts_with = "hf_repo")]
     pub model: Option<PathBuf>,
+    /// A model from the Hugging Face Hub, ORG/NAME[:QUANT] (`-hf` as llama.cpp; the GGUF
+    /// whose name carries QUANT, default Q4_K_M, else the first), downloaded into the Hub
+    /// cache unless it is there.
+    #[arg(
+        long = "hf-repo",
+        visible_alias = "hf",
+        value_name = "ORG/NAME[:QUANT]"
+    )]
+    pub hf_repo: Option<String>,
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
@@ -36,6 +48,16 @@ pub struct ModelArgs {
     /// as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+}
+
+impl ModelArgs {
+    /// The model file: `-m`, `-hf` (fetched if needed) or the default model.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.hf_repo {
+            Some(reference) => super::models::resolve_hf(reference),
+            None => resolve(&self.model),
+        }
+    }
 }
 
 /// The model path: the one given, or the default model (downloaded and checked if absent).
@@ -72,7 +94,7 @@ pub struct LoadedEngine {
 
 /// The file, its tokenizer and the engine options the arguments ask for.
 fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, EngineOptions)> {
-    let path = resolve(&args.model)?;
+    let path = args.path()?;
     let gguf = Arc::new(super::open_gguf(&path)?);
     let tokenizer =
         Tokenizer::from_gguf(&gguf).with_context(|| format!("{}: tokenizer", path.display()))?;
@@ -92,11 +114,44 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
 /// Loads a model for the engine its architecture needs.
 pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
     let (path, gguf, tokenizer, options) = open(args)?;
-    let engine =
-        AnyEngine::from_gguf(gguf, &options).with_context(|| format!("{}", path.display()))?;
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let engine = with_load_progress(&gguf, &name, || {
+        AnyEngine::from_gguf(gguf.clone(), &options)
+    })
+    .with_context(|| format!("{}", path.display()))?;
     Ok(LoadedEngine {
         path,
         engine,
         tokenizer,
     })
+}
+
+/// Runs `load` with a bar over the weight bytes repacked so far (on a terminal only: hidden
+/// when stderr is redirected), cleared when it returns.
+fn with_load_progress<T>(gguf: &Gguf, name: &str, load: impl FnOnce() -> T) -> T {
+    let bar = ProgressBar::new(gguf.tensor_bytes());
+    if bar.is_hidden() {
+        return load();
+    }
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(name.to_string());
+    let done = AtomicBool::new(false);
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                bar.set_position(gguf.released_bytes());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = load();
+        done.store(true, Ordering::Relaxed);
+        out
+    });
+    bar.finish_and_clear();
+    out
 }

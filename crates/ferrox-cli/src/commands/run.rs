@@ -21,8 +21,16 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The prompt.
-    #[arg(short = 'p', long)]
-    pub prompt: String,
+    #[arg(
+        short = 'p',
+        long,
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub prompt: Option<String>,
+    /// Read the prompt from this file (UTF-8, used as it is).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<std::path::PathBuf>,
     /// Tokens to generate (-1: until end of generation or a full context).
     #[arg(
         short = 'n',
@@ -169,7 +177,7 @@ pub struct SamplingArgs {
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
     pub frequency_penalty: f32,
     /// Random seed (default: fixed, so runs repeat).
-    #[arg(long = "seed")]
+    #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
 }
 
@@ -202,7 +210,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let decoder = &loaded.engine;
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
-    let prompt = tokenizer.encode(&args.prompt, !args.no_bos, true);
+    let text = prompt_text(&args)?;
+    let prompt = tokenizer.encode(&text, !args.no_bos, true);
     if prompt.is_empty() {
         return Err(
             InputError("the prompt is empty (and the model adds no BOS token)".into()).into(),
@@ -308,4 +317,21 @@ pub fn print_timings(outcome: &Outcome) {
         t.generation_tokens_per_second(),
         outcome.finish.as_str()
     );
+}
+
+/// The prompt: `-p TEXT`, or the contents of `-f FILE`.
+fn prompt_text(args: &Args) -> anyhow::Result<String> {
+    if let Some(p) = &args.prompt {
+        return Ok(p.clone());
+    }
+    let path = args.file.as_ref().expect("clap requires -p or -f");
+    let bytes = std::fs::read(path).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        InputError(format!(
+            "{}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+        .into()
+    })
 }

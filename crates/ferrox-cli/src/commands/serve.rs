@@ -12,9 +12,13 @@ pub struct Args {
     /// Model, threads and context: --ctx-size is the most positions one sequence holds.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on; anything but loopback needs --api-key.
+    /// Address to listen on; anything but loopback needs --api-key (or --no-auth).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Serve a public address without an API key (a container behind its own gateway);
+    /// without this flag or a key such an address is refused.
+    #[arg(long = "no-auth", conflicts_with = "api_key")]
+    pub no_auth: bool,
     /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
@@ -81,7 +85,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .or_else(|| std::env::var("FERROX_API_KEY").ok())
         .filter(|k| !k.is_empty());
     // Refuse a bad or public address before loading anything.
-    ferrox_server::bind_address(&args.host, args.port, api_key.is_some()).map_err(InputError)?;
+    ferrox_server::bind_address(&args.host, args.port, api_key.is_some() || args.no_auth)
+        .map_err(InputError)?;
+    if args.no_auth && api_key.is_none() {
+        eprintln!(
+            "warning: --no-auth: {}:{} answers anyone who can reach it",
+            args.host, args.port
+        );
+    }
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
@@ -89,6 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         host: args.host,
         port: args.port,
         api_key,
+        no_auth: args.no_auth,
         parallel: args.parallel,
         kv_memory_mib: args.kv_memory,
         alias: args.alias,

@@ -25,9 +25,13 @@ pub struct TokenizeArgs {
     /// added only when the vocabulary adds BOS.
     #[arg(long)]
     no_bos: bool,
-    /// Turn control-token text in the input (`<start_of_turn>`...) into those tokens.
-    #[arg(long)]
+    /// Turn control-token text in the input (`<start_of_turn>`...) into those tokens: the
+    /// default, as llama-tokenize (the flag is accepted for scripts that pass it).
+    #[arg(long, overrides_with = "no_parse_special")]
     parse_special: bool,
+    /// Tokenize control-token text as plain text.
+    #[arg(long, overrides_with = "parse_special")]
+    no_parse_special: bool,
     /// Print only the ids, as one JSON array on one line.
     #[arg(long)]
     ids: bool,
@@ -74,7 +78,7 @@ pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     let tokenizer = load_tokenizer(&args.model)?;
     let text = read_text(&args)?;
     let add_special = tokenizer.vocab().add_bos() && !args.no_bos;
-    let ids = tokenizer.encode(&text, add_special, args.parse_special);
+    let ids = tokenizer.encode(&text, add_special, !args.no_parse_special);
 
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.ids {

@@ -262,9 +262,6 @@ impl PackedMatrix {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
     ) -> Result<(), QuantError> {
-        if !isa.is_available() {
-            return Err(QuantError::IsaUnavailable(isa));
-        }
         let Some(first) = parts.first() else {
             return Ok(());
         };
@@ -278,23 +275,58 @@ impl PackedMatrix {
                 actual: outs.len(),
             });
         }
-        let act = first.activation_row_bytes();
-        if xq.len() != n_tokens * act {
-            return Err(QuantError::ByteLength {
-                ty: GgmlType::Q8_0,
-                elements: n_tokens * first.cols,
-                expected: n_tokens * act,
-                actual: xq.len(),
+        let mut products: smallvec::SmallVec<[Product<'_>; MAX_PARTS]> = parts
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(&matrix, out)| Product {
+                matrix,
+                xq,
+                n_tokens,
+                out,
+            })
+            .collect();
+        Self::products_with(isa, &mut products)
+    }
+
+    /// Several independent products, each with its own activations (`xq`, quantized for
+    /// its matrix) and token count, in one pass over the rayon pool: all their tasks run
+    /// together, so that the pool is entered once, not once per product (a token's routed
+    /// experts, say). At most [`MAX_PRODUCTS`]. Each result is the one
+    /// [`matmul`](Self::matmul) gives; nothing is allocated.
+    pub fn matmul_products(products: &mut [Product<'_>]) -> Result<(), QuantError> {
+        Self::products_with(kernel_isa(), products)
+    }
+
+    fn products_with(isa: Isa, products: &mut [Product<'_>]) -> Result<(), QuantError> {
+        if !isa.is_available() {
+            return Err(QuantError::IsaUnavailable(isa));
+        }
+        if products.len() > MAX_PRODUCTS {
+            return Err(QuantError::VectorLength {
+                what: "products in one pass",
+                expected: MAX_PRODUCTS,
+                actual: products.len(),
             });
         }
-        let mut plans: [Option<Plan>; MAX_PARTS] = [None, None, None, None];
+        let mut plans: smallvec::SmallVec<[Plan<'_>; MAX_PRODUCTS]> = smallvec::SmallVec::new();
         let mut total = 0;
-        for ((part, y), plan) in parts.iter().zip(outs.iter_mut()).zip(&mut plans) {
-            if y.len() != n_tokens * part.rows {
+        for product in products.iter_mut() {
+            let part = product.matrix;
+            let n_tokens = product.n_tokens;
+            let act = part.activation_row_bytes();
+            if product.xq.len() != n_tokens * act {
+                return Err(QuantError::ByteLength {
+                    ty: GgmlType::Q8_0,
+                    elements: n_tokens * part.cols,
+                    expected: n_tokens * act,
+                    actual: product.xq.len(),
+                });
+            }
+            if product.out.len() != n_tokens * part.rows {
                 return Err(QuantError::VectorLength {
                     what: "output",
                     expected: n_tokens * part.rows,
-                    actual: y.len(),
+                    actual: product.out.len(),
                 });
             }
             let kernel = kernel_for(isa, part.format).ok_or(QuantError::IsaUnavailable(isa))?;
@@ -305,40 +337,42 @@ impl PackedMatrix {
             let group_bytes = part.data.len() / groups;
             let per_task = groups_per_task(groups, group_bytes, n_tokens);
             let tasks = groups.div_ceil(per_task);
-            *plan = Some(Plan {
+            plans.push(Plan {
+                part,
+                xq: product.xq,
+                n_tokens,
                 kernel,
                 groups,
                 group_bytes,
                 per_task,
                 first_task: total,
                 out: Outputs {
-                    ptr: y.as_mut_ptr(),
-                    len: y.len(),
+                    ptr: product.out.as_mut_ptr(),
+                    len: product.out.len(),
                 },
             });
             total += tasks;
         }
         let run = |task: usize| {
-            // The part whose tasks include `task`: the last one starting at or before it.
-            let (part, plan) = parts
+            // The plan whose tasks include `task`: the last one starting at or before it.
+            let plan = plans
                 .iter()
-                .zip(&plans)
-                .filter_map(|(m, p)| p.as_ref().map(|p| (m, p)))
-                .take_while(|(_, p)| p.first_task <= task)
+                .take_while(|p| p.first_task <= task)
                 .last()
-                .expect("a task belongs to a part");
+                .expect("a task belongs to a plan");
             let first = (task - plan.first_task) * plan.per_task;
             let count = plan.per_task.min(plan.groups - first);
-            // SAFETY: tasks own disjoint groups of one part, hence disjoint output rows;
-            // every pointer stays inside the part's data, `xq` and its output (checked).
+            // SAFETY: tasks own disjoint groups of one product, hence disjoint output rows
+            // (the products' outputs are distinct `&mut` slices); every pointer stays
+            // inside the product's matrix, activations and output (checked above).
             unsafe {
-                part.run_groups(
+                plan.part.run_groups(
                     plan.kernel,
                     first,
                     count,
                     plan.group_bytes,
-                    xq,
-                    n_tokens,
+                    plan.xq,
+                    plan.n_tokens,
                     &plan.out,
                 )
             };
@@ -450,8 +484,23 @@ fn groups_per_task(groups: usize, group_bytes: usize, n_tokens: usize) -> usize 
 /// Most matrices one [`PackedMatrix::matmul_many`] takes.
 pub const MAX_PARTS: usize = 4;
 
-/// How one part of a product is split into tasks.
-struct Plan {
+/// Most products one [`PackedMatrix::matmul_products`] takes.
+pub const MAX_PRODUCTS: usize = 32;
+
+/// One product of [`PackedMatrix::matmul_products`]: `out = matrix · X` for `n_tokens`
+/// activation rows `xq` quantized for `matrix`, `out` token-major.
+pub struct Product<'a> {
+    pub matrix: &'a PackedMatrix,
+    pub xq: &'a [u8],
+    pub n_tokens: usize,
+    pub out: &'a mut [f32],
+}
+
+/// How one product is split into tasks.
+struct Plan<'a> {
+    part: &'a PackedMatrix,
+    xq: &'a [u8],
+    n_tokens: usize,
     kernel: GroupsFn,
     groups: usize,
     group_bytes: usize,

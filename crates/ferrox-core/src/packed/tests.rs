@@ -347,3 +347,76 @@ fn products_of_several_matrices_equal_their_own() {
     let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 16]);
     assert!(PackedMatrix::matmul_many(&[&packed[0], &k], &xq, 1, &mut [&mut a, &mut b]).is_err());
 }
+
+/// Independent products (each its own activations, token count and format) in one pass
+/// give each the bits of its own product; more than the limit is refused.
+#[test]
+fn independent_products_in_one_pass_equal_their_own() {
+    let shapes = [
+        (GgmlType::Q4K, 48, 512, 1),
+        (GgmlType::Q6K, 32, 256, 3),
+        (GgmlType::Q8_0, 1024, 128, 1),
+        (GgmlType::Q4_0, 16, 64, 8),
+        (GgmlType::Q5K, 64, 256, 2),
+    ];
+    let packed: Vec<PackedMatrix> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, rows, cols, _))| {
+            let b = random_rows(ty, rows, cols, 20 + i as u64);
+            PackedMatrix::pack(ty, rows, cols, &b, |_| {}).unwrap()
+        })
+        .collect();
+    let xqs: Vec<Vec<u8>> = packed
+        .iter()
+        .zip(&shapes)
+        .enumerate()
+        .map(|(i, (m, &(.., n)))| activations(m, n, 30 + i as u64).1)
+        .collect();
+    let mut outs: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(_, r, _, n)| vec![0.0; r * n])
+        .collect();
+    let mut products: Vec<Product<'_>> = packed
+        .iter()
+        .zip(&xqs)
+        .zip(outs.iter_mut())
+        .zip(&shapes)
+        .map(|(((m, xq), out), &(.., n))| Product {
+            matrix: m,
+            xq,
+            n_tokens: n,
+            out,
+        })
+        .collect();
+    PackedMatrix::matmul_products(&mut products).unwrap();
+    for ((m, xq), (got, &(.., n))) in packed.iter().zip(&xqs).zip(outs.iter().zip(&shapes)) {
+        let mut alone = vec![0.0; n * m.rows()];
+        m.matmul(xq, n, &mut alone).unwrap();
+        assert!(alone
+            .iter()
+            .zip(got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+    // Activations of the wrong length are an error, not a read past them.
+    let mut short = vec![0.0; 48];
+    let bad = &mut [Product {
+        matrix: &packed[0],
+        xq: &xqs[0][..xqs[0].len() - 1],
+        n_tokens: 1,
+        out: &mut short,
+    }];
+    assert!(PackedMatrix::matmul_products(bad).is_err());
+    // More than MAX_PRODUCTS in one pass is refused.
+    let mut many: Vec<Vec<f32>> = (0..=MAX_PRODUCTS).map(|_| vec![0.0; 48]).collect();
+    let mut too_many: Vec<Product<'_>> = many
+        .iter_mut()
+        .map(|out| Product {
+            matrix: &packed[0],
+            xq: &xqs[0],
+            n_tokens: 1,
+            out,
+        })
+        .collect();
+    assert!(PackedMatrix::matmul_products(&mut too_many).is_err());
+}

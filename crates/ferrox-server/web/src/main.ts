@@ -1,0 +1,312 @@
+// The chat page: one conversation kept in the browser (localStorage), replies streamed
+// from /v1/chat/completions and rendered as Markdown, a stop button that aborts the stream
+// (the server cancels the request when its client goes away), sampling settings.
+
+import "./style.css";
+import { marked } from "marked";
+import DOMPurify from "dompurify";
+
+type Role = "system" | "user" | "assistant";
+
+interface Message {
+  role: Role;
+  content: string;
+  reasoning?: string;
+  /** Why the reply ended early: "stopped" by the user, or an error. */
+  ended?: string;
+}
+
+interface Settings {
+  system: string;
+  temperature: number;
+  topP: number;
+  maxTokens: number;
+  apiKey: string;
+}
+
+const STORE_CHAT = "ferrox.chat";
+const STORE_SETTINGS = "ferrox.settings";
+
+const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
+const messagesEl = $<HTMLElement>("messages");
+const errorEl = $<HTMLElement>("error");
+const inputEl = $<HTMLTextAreaElement>("input");
+const sendEl = $<HTMLButtonElement>("send");
+const stopEl = $<HTMLButtonElement>("stop");
+const modelEl = $<HTMLElement>("model");
+const settingsEl = $<HTMLElement>("settings");
+
+let chat: Message[] = load<Message[]>(STORE_CHAT, []);
+let modelId = "";
+let running: AbortController | null = null;
+
+function load<T>(key: string, fallback: T): T {
+  try {
+    const raw = localStorage.getItem(key);
+    return raw ? (JSON.parse(raw) as T) : fallback;
+  } catch {
+    return fallback;
+  }
+}
+
+function save() {
+  localStorage.setItem(STORE_CHAT, JSON.stringify(chat));
+}
+
+// --- settings -------------------------------------------------------------------------
+
+const fields = {
+  system: $<HTMLTextAreaElement>("system"),
+  temperature: $<HTMLInputElement>("temperature"),
+  topP: $<HTMLInputElement>("top-p"),
+  maxTokens: $<HTMLInputElement>("max-tokens"),
+  apiKey: $<HTMLInputElement>("api-key"),
+};
+
+function readSettings(): Settings {
+  return {
+    system: fields.system.value,
+    temperature: Number(fields.temperature.value),
+    topP: Number(fields.topP.value),
+    maxTokens: Math.max(1, Math.floor(Number(fields.maxTokens.value) || 1)),
+    apiKey: fields.apiKey.value.trim(),
+  };
+}
+
+function restoreSettings() {
+  const s = load<Partial<Settings>>(STORE_SETTINGS, {});
+  if (s.system !== undefined) fields.system.value = s.system;
+  if (s.temperature !== undefined) fields.temperature.value = String(s.temperature);
+  if (s.topP !== undefined) fields.topP.value = String(s.topP);
+  if (s.maxTokens !== undefined) fields.maxTokens.value = String(s.maxTokens);
+  if (s.apiKey !== undefined) fields.apiKey.value = s.apiKey;
+}
+
+for (const f of Object.values(fields)) {
+  f.addEventListener("change", () => localStorage.setItem(STORE_SETTINGS, JSON.stringify(readSettings())));
+}
+
+$<HTMLButtonElement>("toggle-settings").addEventListener("click", (e) => {
+  settingsEl.hidden = !settingsEl.hidden;
+  (e.currentTarget as HTMLElement).setAttribute("aria-expanded", String(!settingsEl.hidden));
+});
+
+// --- rendering ------------------------------------------------------------------------
+
+function markdown(text: string): string {
+  return DOMPurify.sanitize(marked.parse(text, { async: false, gfm: true, breaks: true }) as string);
+}
+
+function messageElement(m: Message): HTMLElement {
+  const el = document.createElement("article");
+  el.className = `message ${m.role}`;
+  fill(el, m);
+  return el;
+}
+
+function fill(el: HTMLElement, m: Message) {
+  el.replaceChildren();
+  if (m.reasoning) {
+    const details = document.createElement("details");
+    details.className = "reasoning";
+    const summary = document.createElement("summary");
+    summary.textContent = "Reasoning";
+    const body = document.createElement("div");
+    body.textContent = m.reasoning;
+    details.append(summary, body);
+    el.append(details);
+  }
+  const body = document.createElement("div");
+  body.className = "content";
+  if (m.role === "assistant") {
+    body.innerHTML = markdown(m.content);
+    for (const pre of body.querySelectorAll("pre")) addCopyButton(pre);
+  } else {
+    body.textContent = m.content;
+  }
+  el.append(body);
+  if (m.ended) {
+    const note = document.createElement("div");
+    note.className = "ended";
+    note.textContent = m.ended;
+    el.append(note);
+  }
+}
+
+function addCopyButton(pre: HTMLElement) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "copy";
+  button.textContent = "Copy";
+  button.addEventListener("click", () => {
+    void navigator.clipboard?.writeText(pre.querySelector("code")?.textContent ?? pre.textContent ?? "");
+  });
+  pre.append(button);
+}
+
+function renderAll() {
+  messagesEl.replaceChildren(...chat.filter((m) => m.role !== "system").map(messageElement));
+  messagesEl.scrollTop = messagesEl.scrollHeight;
+}
+
+function showError(text: string | null) {
+  errorEl.hidden = text === null;
+  errorEl.textContent = text ?? "";
+}
+
+function setRunning(controller: AbortController | null) {
+  running = controller;
+  sendEl.hidden = controller !== null;
+  stopEl.hidden = controller === null;
+  document.body.dataset.state = controller ? "streaming" : "idle";
+}
+
+// --- the server -----------------------------------------------------------------------
+
+function headers(settings: Settings): Record<string, string> {
+  const h: Record<string, string> = { "Content-Type": "application/json" };
+  if (settings.apiKey) h.Authorization = `Bearer ${settings.apiKey}`;
+  return h;
+}
+
+async function errorMessage(response: Response): Promise<string> {
+  try {
+    const body = await response.json();
+    return `${response.status}: ${body?.error?.message ?? JSON.stringify(body)}`;
+  } catch {
+    return `${response.status}: ${response.statusText}`;
+  }
+}
+
+async function loadModel() {
+  try {
+    const response = await fetch("/v1/models", { headers: headers(readSettings()) });
+    if (!response.ok) {
+      modelEl.textContent = "(model list needs the API key: see Settings)";
+      return;
+    }
+    const body = await response.json();
+    modelId = body?.data?.[0]?.id ?? "";
+    modelEl.textContent = modelId;
+  } catch {
+    modelEl.textContent = "(server unreachable)";
+  }
+}
+
+/** Streams one reply into `reply`, re-rendering `el` as deltas arrive. */
+async function stream(reply: Message, el: HTMLElement, controller: AbortController) {
+  const settings = readSettings();
+  const history = chat.slice(0, -1).filter((m) => !(m.role === "assistant" && m.content === "" && m.ended));
+  const messages = [
+    ...(settings.system ? [{ role: "system", content: settings.system }] : []),
+    ...history.map(({ role, content }) => ({ role, content })),
+  ];
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: headers(settings),
+    signal: controller.signal,
+    body: JSON.stringify({
+      model: modelId || undefined,
+      messages,
+      stream: true,
+      temperature: settings.temperature,
+      top_p: settings.topP,
+      max_tokens: settings.maxTokens,
+    }),
+  });
+  if (!response.ok || !response.body) {
+    throw new Error(await errorMessage(response));
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let scheduled = false;
+  const redraw = () => {
+    if (scheduled) return;
+    scheduled = true;
+    requestAnimationFrame(() => {
+      scheduled = false;
+      fill(el, reply);
+      messagesEl.scrollTop = messagesEl.scrollHeight;
+    });
+  };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let newline: number;
+    while ((newline = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, newline).trim();
+      buffer = buffer.slice(newline + 1);
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (data === "[DONE]") return;
+      const event = JSON.parse(data);
+      if (event.error) throw new Error(event.error.message ?? JSON.stringify(event.error));
+      const delta = event.choices?.[0]?.delta ?? {};
+      if (typeof delta.content === "string") reply.content += delta.content;
+      if (typeof delta.reasoning_content === "string") {
+        reply.reasoning = (reply.reasoning ?? "") + delta.reasoning_content;
+      }
+      const finish = event.choices?.[0]?.finish_reason;
+      if (finish === "length") reply.ended = "(stopped at the token limit)";
+      redraw();
+    }
+  }
+}
+
+async function send(text: string) {
+  showError(null);
+  chat.push({ role: "user", content: text });
+  const reply: Message = { role: "assistant", content: "" };
+  chat.push(reply);
+  save();
+  renderAll();
+  const el = messagesEl.lastElementChild as HTMLElement;
+  const controller = new AbortController();
+  setRunning(controller);
+  try {
+    await stream(reply, el, controller);
+  } catch (e) {
+    if (controller.signal.aborted) {
+      reply.ended = "(stopped)";
+    } else {
+      reply.ended = "(failed)";
+      showError(e instanceof Error ? e.message : String(e));
+    }
+  } finally {
+    setRunning(null);
+    fill(el, reply);
+    save();
+  }
+}
+
+$<HTMLFormElement>("composer").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = inputEl.value.trim();
+  if (!text || running) return;
+  inputEl.value = "";
+  void send(text);
+});
+
+inputEl.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    $<HTMLFormElement>("composer").requestSubmit();
+  }
+});
+
+stopEl.addEventListener("click", () => running?.abort());
+
+$<HTMLButtonElement>("new-chat").addEventListener("click", () => {
+  running?.abort();
+  chat = [];
+  save();
+  showError(null);
+  renderAll();
+});
+
+restoreSettings();
+setRunning(null);
+renderAll();
+void loadModel();
+fields.apiKey.addEventListener("change", () => void loadModel());
