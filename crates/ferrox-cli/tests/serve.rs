@@ -273,8 +273,8 @@ fn serve_end_to_end_through_the_openai_client() {
     assert!(server.log().contains("SIGTERM"), "{}", server.log());
 }
 
-/// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4`, `deepseek32`, `glm-dsa` and
-/// `kimi-linear` models served
+/// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4`, `deepseek32`, `glm-dsa`,
+/// `deepseek4` and `kimi-linear` models served
 /// with continuous batching: every check of mla_client.py, with the memory figures of each
 /// engine (the latent row, `kv_lora_rank + rope dims` values per MLA layer in f16, and for
 /// kimi-linear each KDA layer's recurrent state per sequence).
@@ -310,6 +310,16 @@ fn serve_runs_mla_and_kimi_models() {
             (
                 synthetic::dsa::gguf_bytes("glm-dsa"),
                 (4 * 80 + 2 * 64) * 2,
+                0,
+            ),
+        ),
+        // deepseek4: per position, every layer's raw row (64), each 4x layer's compressor row
+        // 5·64 and indexer row 5·128, the 128x layer's row 3·64, in f16.
+        (
+            "deepseek4",
+            (
+                synthetic::deepseek4::gguf_bytes(),
+                (4 * 64 + 2 * 5 * 64 + 3 * 64 + 2 * 5 * 128) * 2,
                 0,
             ),
         ),
