@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates docs/BENCHMARKS.md: `ferrox bench --compare` against llama-bench, side by side
 # on the same files and threads, for the default model (Q4_K_M) and its Q8_0 and Q4_0
-# requantizations (made with llama-quantize --allow-requantize when missing).
+# requantizations (made with llama-quantize --allow-requantize when missing), and the files
+# people run: Qwen2.5-Coder-0.5B and 1.5B Instruct Q4_K_M (Q4_K/Q6_K matrices; fetched by
+# scripts/fetch-model.sh; QWEN=0 leaves them out).
 #
 # Needs a llama.cpp build: LLAMA_CPP_BUILD (default /work/ref/build) with bin/llama-bench and
 # bin/llama-quantize. Run it on a quiet machine: the figures are only as good as the machine's
@@ -26,6 +28,9 @@ for q in Q8_0 Q4_0; do
     fi
     files+=("$out")
 done
+if [ "${QWEN:-1}" != 0 ]; then
+    files+=("$(scripts/fetch-model.sh qwen-0.5b)" "$(scripts/fetch-model.sh qwen-1.5b)")
+fi
 
 cargo build --release -p ferrox-cli >&2
 FERROX=target/release/ferrox
