@@ -562,6 +562,7 @@ impl<'t> Loop<'t> {
 
         let n_ctx = self.pool.capacity_per_sequence();
         let mut finished = Vec::new();
+        let mut done: Vec<(usize, Summary)> = Vec::new();
         for (index, step) in steps {
             let s = &mut active[index];
             let now = Instant::now();
@@ -603,13 +604,18 @@ impl<'t> Loop<'t> {
                         e2e_ms = e2e.as_millis() as u64,
                         "sequence finished"
                     );
-                    let _ = s.job.send(Event::Done(Summary {
-                        finish,
-                        stop: s.generation.stopped_by().map(str::to_string),
-                        prompt_tokens: s.job.prompt.len(),
-                        completion_tokens: s.generation.generated(),
-                        cached_tokens: s.cached,
-                    }));
+                    // Sent once the blocks are back (below): a client that saw its reply
+                    // end sees the memory free.
+                    done.push((
+                        index,
+                        Summary {
+                            finish,
+                            stop: s.generation.stopped_by().map(str::to_string),
+                            prompt_tokens: s.job.prompt.len(),
+                            completion_tokens: s.generation.generated(),
+                            cached_tokens: s.cached,
+                        },
+                    ));
                     finished.push(index);
                 }
                 None if !delivered => {
@@ -629,6 +635,10 @@ impl<'t> Loop<'t> {
         for &i in finished.iter().rev() {
             let s = active.remove(i);
             self.pool.release(s.slot);
+            if let Some(at) = done.iter().position(|(index, _)| *index == i) {
+                let (_, summary) = done.swap_remove(at);
+                let _ = s.job.send(Event::Done(summary));
+            }
         }
     }
 }
