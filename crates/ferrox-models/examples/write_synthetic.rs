@@ -11,7 +11,9 @@
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
 //! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
-//! `synthetic::SWEEP_TOKENS`-token sequence; `--dsa` the DeepSeek Sparse Attention models
+//! `synthetic::SWEEP_TOKENS`-token sequence; `--dsa-bench TOP_K` a `deepseek32` file of
+//! DeepSeek-V3.2's attention shapes for speed at depth (`synthetic::dsa::bench_gguf`);
+//! `--dsa` the DeepSeek Sparse Attention models
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
 //! likewise.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
@@ -55,6 +57,16 @@ fn main() {
                 let path = write_model(&dir, name, &bytes, &ids);
                 println!("{name} {} {}", path.display(), bytes.len());
             }
+            return;
+        }
+        [dir, flag, top_k] if flag == "--dsa-bench" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let top_k: usize = top_k.parse().unwrap_or_else(|_| usage());
+            let bytes = synthetic::dsa::bench_gguf(top_k);
+            let path = dir.join(format!("deepseek32-bench-topk{top_k}.gguf"));
+            std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            println!("deepseek32-bench {} {}", path.display(), bytes.len());
             return;
         }
         [dir, flag] if flag == "--deepseek4" => {
