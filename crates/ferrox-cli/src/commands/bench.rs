@@ -117,8 +117,13 @@ impl Bench<'_> {
             .collect()
     }
 
-    /// An empty context filled with `depth` tokens (untimed).
+    /// The context holding `depth` tokens (untimed): the previous repetition's, rolled back
+    /// to them (as llama-bench restores its saved depth), or filled afresh where the engine
+    /// cannot roll back.
     fn fill_depth(&mut self, state: &mut State) -> anyhow::Result<()> {
+        if state.len() >= self.depth && state.truncate_or_reset(self.depth) == self.depth {
+            return Ok(());
+        }
         state.reset();
         if self.depth > 0 {
             let tokens = self.random_tokens(self.depth);

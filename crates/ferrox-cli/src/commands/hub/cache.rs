@@ -116,11 +116,8 @@ pub fn models(cache: &Path) -> Vec<CachedModel> {
         {
             let size = |f: &str| std::fs::metadata(snapshot.join(f)).map_or(0, |m| m.len());
             let bytes = match super::select::split_part(file) {
-                Some((_, 1, count)) => (1..=count)
-                    .map(|i| {
-                        let prefix = super::select::split_part(file).map_or("", |p| p.0);
-                        size(&format!("{prefix}-{i:05}-of-{count:05}.gguf"))
-                    })
+                Some((prefix, 1, count)) => (1..=count)
+                    .map(|i| size(&format!("{prefix}-{i:05}-of-{count:05}.gguf")))
                     .sum(),
                 Some(_) => continue,
                 None => size(file),
