@@ -14,6 +14,8 @@
 #   gen-sweep-logits.sh kimi   does the same for the `kimi-linear` model of
 #                              tests/synthetic/kimi.rs (16 greedy tokens after every prompt) into
 #                              crates/ferrox-models/tests/fixtures/kimi/.
+#   gen-sweep-logits.sh kimi-k3  likewise for the `kimi-k3` models of tests/synthetic/kimi.rs
+#                              into crates/ferrox-models/tests/fixtures/kimi-k3/.
 #   gen-sweep-logits.sh dsa    likewise for the DeepSeek Sparse Attention models of
 #                              tests/synthetic/dsa.rs (deepseek32, glm-dsa) into
 #                              crates/ferrox-models/tests/fixtures/dsa/.
@@ -31,9 +33,10 @@ OUT_DIR="$REPO_ROOT/crates/ferrox-models/tests/fixtures/$SET"
 case "$SET" in
     sweep) WRITE_FLAG=--sweep ;;
     kimi) WRITE_FLAG=--kimi; N_GREEDY="$N_GREEDY_MLA" ;;
+    kimi-k3) WRITE_FLAG=--kimi-k3; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA" ;;
     deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
-    *) echo "usage: $0 [sweep|kimi|dsa|deepseek4]" >&2; exit 2 ;;
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4]" >&2; exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
 WORK="$(mktemp -d)"

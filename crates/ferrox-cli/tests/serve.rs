@@ -274,10 +274,10 @@ fn serve_end_to_end_through_the_openai_client() {
 }
 
 /// The synthetic `deepseek2` (V3 routing, YaRN), `mistral4`, `deepseek32`, `glm-dsa`,
-/// `deepseek4` and `kimi-linear` models served
+/// `deepseek4`, `kimi-linear` and `kimi-k3` models served
 /// with continuous batching: every check of mla_client.py, with the memory figures of each
 /// engine (the latent row, `kv_lora_rank + rope dims` values per MLA layer in f16, and for
-/// kimi-linear each KDA layer's recurrent state per sequence).
+/// the Kimi models each KDA layer's recurrent state per sequence).
 #[test]
 fn serve_runs_mla_and_kimi_models() {
     require_openai();
@@ -328,6 +328,15 @@ fn serve_runs_mla_and_kimi_models() {
             (
                 synthetic::kimi::kimi_linear_gguf_bytes(),
                 (32 + 16) * 2,
+                kda_state,
+            ),
+        ),
+        // kimi-k3: two MLA layers and three KDA layers of the same shapes.
+        (
+            "kimi-k3",
+            (
+                synthetic::kimi::gguf_bytes("kimi-k3"),
+                2 * (32 + 16) * 2,
                 kda_state,
             ),
         ),

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{GgufError, Result};
 use crate::metadata::Metadata;
-use crate::parse::{parse, Layout, TensorInfo};
+use crate::parse::{parse, Layout, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
+use crate::value::OwnedValue;
+use crate::{GgmlType, GgufWriter};
 
 enum Storage {
     Mapped(memmap2::Mmap),
@@ -21,6 +23,27 @@ impl Storage {
             Storage::Owned(v) => v,
         }
     }
+}
+
+/// Bytes that hold tensor data for [`Gguf::from_parts`].
+pub enum TensorStorage {
+    /// A memory-mapped file; its path is reported by [`Gguf::paths`].
+    Mapped { path: PathBuf, map: memmap2::Mmap },
+    /// Bytes in memory (tensors converted at load).
+    Owned(Vec<u8>),
+}
+
+/// Where one tensor given to [`Gguf::from_parts`] lies.
+#[derive(Clone, Debug)]
+pub struct TensorPart {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Dimensions in ggml order: `shape[0]` is the contiguous (row) dimension.
+    pub shape: Vec<u64>,
+    /// Index of the [`TensorStorage`] that holds the data.
+    pub storage: usize,
+    /// Byte offset of the data in that storage.
+    pub offset: u64,
 }
 
 /// One parsed GGUF file (one shard of a checkpoint).
@@ -94,6 +117,54 @@ impl Gguf {
         }])
     }
 
+    /// A checkpoint assembled from parts rather than read from a GGUF file: metadata
+    /// key/values, and tensors that point into memory maps or owned buffers (a checkpoint
+    /// in another format, translated at load). Each tensor's range is checked against its
+    /// storage, as the parser checks a file's.
+    pub fn from_parts(
+        metadata: Vec<(String, OwnedValue)>,
+        storages: Vec<TensorStorage>,
+        tensors: Vec<TensorPart>,
+    ) -> Result<Gguf> {
+        let mut writer = GgufWriter::new();
+        for (key, value) in metadata {
+            writer.set(key, value);
+        }
+        // The metadata goes through the writer and the parser, so that it is held and
+        // validated exactly as a file's would be.
+        let header = writer.to_bytes();
+        let layout = parse(&header)?;
+        let mut shards = vec![Shard {
+            path: None,
+            storage: Storage::Owned(header),
+            layout,
+        }];
+        for storage in storages {
+            let (path, storage) = match storage {
+                TensorStorage::Mapped { path, map } => (Some(path), Storage::Mapped(map)),
+                TensorStorage::Owned(bytes) => (None, Storage::Owned(bytes)),
+            };
+            let layout = Layout {
+                version: 3,
+                kvs: Vec::new(),
+                key_index: HashMap::new(),
+                tensors: Vec::new(),
+                alignment: DEFAULT_ALIGNMENT,
+                data_offset: 0,
+            };
+            shards.push(Shard {
+                path,
+                storage,
+                layout,
+            });
+        }
+        for part in tensors {
+            let (shard, info) = part_info(&part, &shards)?;
+            shards[shard].layout.tensors.push(info);
+        }
+        Self::from_shards(shards)
+    }
+
     pub(crate) fn from_shards(mut shards: Vec<Shard>) -> Result<Gguf> {
         let mut tensors = Vec::new();
         let mut tensor_index = HashMap::new();
@@ -136,9 +207,11 @@ impl Gguf {
         self.shards[0].layout.data_offset
     }
 
-    /// Number of files the checkpoint spans.
+    /// Number of files the checkpoint spans (1 for one held in memory; for one built
+    /// [`Gguf::from_parts`], the mapped files).
     pub fn shard_count(&self) -> usize {
-        self.shards.len()
+        let files = self.shards.iter().filter(|s| s.path.is_some()).count();
+        files.max(1)
     }
 
     /// Paths of the files the checkpoint was read from (empty for an in-memory file).
@@ -236,4 +309,54 @@ impl Gguf {
     pub fn shard_metadata(&self, i: usize) -> Option<Metadata<'_>> {
         self.shards.get(i).map(Shard::metadata)
     }
+}
+
+/// The shard (storage plus the metadata shard before them) and tensor info of a part, its
+/// shape, type and range checked.
+fn part_info(part: &TensorPart, shards: &[Shard]) -> Result<(usize, TensorInfo)> {
+    let invalid = |reason: String| GgufError::Invalid {
+        field: format!("tensor `{}`", part.name),
+        offset: part.offset,
+        reason,
+    };
+    if part.shape.len() > MAX_DIMS as usize {
+        return Err(invalid(format!("more than {MAX_DIMS} dimensions")));
+    }
+    let n_elements = part
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| invalid("element count overflows".into()))?;
+    let row = part.shape.first().copied().unwrap_or(1);
+    let n_bytes = match part.ty.block_size() {
+        Some(block) if row % block == 0 => part.ty.bytes_for(n_elements),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        invalid(format!(
+            "type {} does not fit shape {:?}",
+            part.ty, part.shape
+        ))
+    })?;
+    let shard = part.storage.checked_add(1).filter(|&i| i < shards.len());
+    let shard = shard.ok_or_else(|| invalid(format!("storage {} does not exist", part.storage)))?;
+    let len = shards[shard].storage.bytes().len() as u64;
+    if part.offset.checked_add(n_bytes).is_none_or(|end| end > len) {
+        return Err(invalid(format!(
+            "{n_bytes} bytes at offset {} run past the end of its storage ({len} bytes)",
+            part.offset
+        )));
+    }
+    let info = TensorInfo {
+        name: part.name.clone(),
+        ty: part.ty,
+        shape: part.shape.clone(),
+        offset: part.offset,
+        file_offset: part.offset,
+        n_elements,
+        n_bytes: Some(n_bytes),
+        shard,
+    };
+    Ok((shard, info))
 }

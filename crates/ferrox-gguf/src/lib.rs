@@ -20,7 +20,7 @@ mod value;
 mod writer;
 
 pub use error::{GgufError, Result};
-pub use file::Gguf;
+pub use file::{Gguf, TensorPart, TensorStorage};
 pub use file_type::file_type_name;
 pub use metadata::Metadata;
 pub use parse::{TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};

@@ -11,7 +11,8 @@
 //! `--all TYPE` (e.g. `--all F32`) stores every matrix as TYPE instead: not the reference
 //! models, a variant for investigating differences.
 //! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
-//! `synthetic::SWEEP_TOKENS`-token sequence; `--dsa-bench TOP_K` a `deepseek32` file of
+//! `synthetic::SWEEP_TOKENS`-token sequence; `--kimi-k3` the `kimi-k3` models
+//! (`synthetic::kimi::K3_MODELS`) likewise; `--dsa-bench TOP_K` a `deepseek32` file of
 //! DeepSeek-V3.2's attention shapes for speed at depth (`synthetic::dsa::bench_gguf`);
 //! `--dsa` the DeepSeek Sparse Attention models
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
@@ -46,6 +47,17 @@ fn main() {
             let ids = synthetic::kimi::token_ids(synthetic::SWEEP_TOKENS);
             let path = write_model(&dir, "kimi-linear", &bytes, &ids);
             println!("kimi-linear {} {}", path.display(), bytes.len());
+            return;
+        }
+        [dir, flag] if flag == "--kimi-k3" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for &name in synthetic::kimi::K3_MODELS {
+                let bytes = synthetic::kimi::gguf_bytes(name);
+                let ids = synthetic::kimi::token_ids_of(name, synthetic::SWEEP_TOKENS);
+                let path = write_model(&dir, name, &bytes, &ids);
+                println!("{name} {} {}", path.display(), bytes.len());
+            }
             return;
         }
         [dir, flag] if flag == "--dsa" => {

@@ -1,6 +1,6 @@
 //! Every context length against llama.cpp: for each sweep model (every synthetic family with
 //! F32 matrices, two small all-F32 MLA models, `synthetic::SWEEP_MODELS`, the Kimi Linear
-//! model of `synthetic/kimi.rs`, the DeepSeek Sparse Attention models of
+//! and Kimi-K3 models of `synthetic/kimi.rs`, the DeepSeek Sparse Attention models of
 //! `synthetic/dsa.rs` and the DeepSeek-V4 model of `synthetic/deepseek4.rs`) and each prompt
 //! length p from 1 to 160, the prompt is prefilled as one batch, llama.cpp's greedy
 //! continuation is followed for a few tokens, and then the rest of the sequence is decoded
@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
+use ferrox_models::kimi::{KimiEngine, MAX_ROLLBACK_DEPTH};
 use ferrox_models::{
     AnyEngine, AttentionPath, EngineExt, EngineOptions, LogitsFor, MlaEngine, State,
 };
@@ -217,6 +218,23 @@ fn kimi_linear() {
     sweep_model("kimi-linear", bytes, fixture("kimi", "kimi-linear"));
 }
 
+/// Kimi-K3 (residual attention over block checkpoints, SiTU, latent experts, MLA and KDA
+/// output gates, the lower-bound decay, a query LoRA; `synthetic/kimi.rs`), against
+/// `fixtures/kimi-k3/`.
+#[test]
+fn kimi_k3() {
+    let bytes = synthetic::kimi::gguf_bytes("kimi-k3");
+    sweep_model("kimi-k3", bytes, fixture("kimi-k3", "kimi-k3"));
+}
+
+/// Kimi-K3 without its optional parts (softplus decay, full-width experts, no query LoRA,
+/// no MLA gate), against `fixtures/kimi-k3/`.
+#[test]
+fn kimi_k3_plain() {
+    let bytes = synthetic::kimi::gguf_bytes("kimi-k3-plain");
+    sweep_model("kimi-k3-plain", bytes, fixture("kimi-k3", "kimi-k3-plain"));
+}
+
 /// DeepSeek-V3.2 (`deepseek32`: every layer's indexer selects 32 positions), against
 /// `fixtures/dsa/`.
 #[test]
@@ -244,7 +262,95 @@ fn deepseek4() {
 /// the chunked form) gives the logits of the same tokens fed one at a time, within 1e-4.
 #[test]
 fn kimi_linear_prefill_equals_token_by_token() {
-    let gguf = Gguf::from_bytes(synthetic::kimi::kimi_linear_gguf_bytes()).unwrap();
+    prefill_equals_token_by_token("kimi-linear");
+}
+
+/// As [`kimi_linear_prefill_equals_token_by_token`], for both Kimi-K3 models.
+#[test]
+fn kimi_k3_prefill_equals_token_by_token() {
+    for &name in synthetic::kimi::K3_MODELS {
+        prefill_equals_token_by_token(name);
+    }
+}
+
+/// Kimi-K3 with a rollback depth of 3 (llama.cpp's `n_rs_seq`) rolls back 1 to 3 tokens
+/// after a prompt and after decoded tokens, anywhere in a block, and decodes the same tokens
+/// again to the same logits; 4 tokens back (not a block end) is refused. Kimi Linear refuses
+/// a depth.
+#[test]
+fn kimi_k3_rolls_back_up_to_its_depth() {
+    let options = EngineOptions {
+        n_ctx: 256,
+        threads: 2,
+        kv_storage: KvStorage::F32,
+        ..EngineOptions::default()
+    };
+    let load = |name: &str| {
+        let gguf = Gguf::from_bytes(synthetic::kimi::gguf_bytes(name)).unwrap();
+        AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap()
+    };
+    let mut linear = load("kimi-linear");
+    let kimi = linear.downcast_mut::<KimiEngine>().unwrap();
+    assert!(kimi.set_rollback_depth(1).is_err());
+    let mut engine = load("kimi-k3");
+    let kimi = engine.downcast_mut::<KimiEngine>().unwrap();
+    assert!(kimi.set_rollback_depth(MAX_ROLLBACK_DEPTH + 1).is_err());
+    kimi.set_rollback_depth(3).unwrap();
+    let tokens = synthetic::kimi::token_ids_of("kimi-k3", 60);
+    // The reference: every position's logits, token by token.
+    let mut state = engine.new_state().unwrap();
+    let reference: Vec<Vec<f32>> = tokens
+        .iter()
+        .enumerate()
+        .map(|(pos, &t)| engine.forward_token(t, pos, &mut state).unwrap().to_vec())
+        .collect();
+    let same = |logits: &[f32], pos: usize| {
+        let worst = logits
+            .iter()
+            .zip(&reference[pos])
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-4, "position {pos}: {worst}");
+    };
+    // A 37-token prompt (no block end near), then decoded tokens.
+    let prompt = 37;
+    let mut state = engine.new_state().unwrap();
+    engine
+        .forward_batch(&tokens[..prompt], 0, &mut state, LogitsFor::Last)
+        .unwrap();
+    // Decodes the tokens from the state's end up to `len`, checking each position.
+    let decode_to = |state: &mut State, len: usize| {
+        let from = state.len();
+        for (pos, &t) in tokens.iter().enumerate().take(len).skip(from) {
+            same(engine.forward_token(t, pos, state).unwrap(), pos);
+        }
+    };
+    let len = prompt + 3;
+    for back in 1..=3 {
+        decode_to(&mut state, len);
+        state.truncate(len - back).unwrap();
+        decode_to(&mut state, len);
+    }
+    // Straight after a prompt: its last 3 positions.
+    let mut state = engine.new_state().unwrap();
+    engine
+        .forward_batch(&tokens[..prompt], 0, &mut state, LogitsFor::Last)
+        .unwrap();
+    state.truncate(prompt - 3).unwrap();
+    let logits = engine
+        .forward_batch(
+            &tokens[prompt - 3..prompt],
+            prompt - 3,
+            &mut state,
+            LogitsFor::Last,
+        )
+        .unwrap();
+    same(logits, prompt - 1);
+    assert!(state.truncate(prompt - 4).is_err(), "4 tokens back");
+}
+
+fn prefill_equals_token_by_token(name: &str) {
+    let gguf = Gguf::from_bytes(synthetic::kimi::gguf_bytes(name)).unwrap();
     let options = EngineOptions {
         n_ctx: 256,
         threads: 2,
@@ -252,7 +358,7 @@ fn kimi_linear_prefill_equals_token_by_token() {
         ..EngineOptions::default()
     };
     let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-    let tokens = synthetic::kimi::token_ids(synthetic::SWEEP_TOKENS);
+    let tokens = synthetic::kimi::token_ids_of(name, synthetic::SWEEP_TOKENS);
     let mut state = engine.new_state().unwrap();
     let batch = engine
         .forward_batch(&tokens, 0, &mut state, LogitsFor::All)
@@ -267,8 +373,8 @@ fn kimi_linear_prefill_equals_token_by_token() {
             worst = worst.max((a - b).abs() / b.abs().max(1.0));
         }
     }
-    eprintln!("kimi-linear: prefill vs token by token, largest relative difference {worst:.2e}");
-    assert!(worst <= 1e-4, "{worst}");
+    eprintln!("{name}: prefill vs token by token, largest relative difference {worst:.2e}");
+    assert!(worst <= 1e-4, "{name}: {worst}");
 }
 
 macro_rules! sweep_tests {

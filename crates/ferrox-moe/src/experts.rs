@@ -31,6 +31,8 @@ pub enum Activation {
     /// `silu(min(gate, limit)) * clamp(up, -limit, limit)` (ggml's `swiglu_clamp`,
     /// DeepSeek-V4).
     SwiGluClamped { limit: f32 },
+    /// `β·tanh(g/β)·sigmoid(g) · λ·tanh(u/λ)` (Kimi-K3's SiTU; `u` as is when `λ ≤ 0`).
+    Situ { beta: f32, linear_beta: f32 },
 }
 
 impl Activation {
@@ -40,6 +42,7 @@ impl Activation {
             Activation::SwiGlu => numerics::swiglu(gate, up),
             Activation::GeGlu => numerics::geglu(gate, up),
             Activation::SwiGluClamped { limit } => numerics::swiglu_clamped(gate, up, limit),
+            Activation::Situ { beta, linear_beta } => numerics::situ(gate, up, beta, linear_beta),
         }
     }
 }

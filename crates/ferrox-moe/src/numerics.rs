@@ -34,6 +34,21 @@ pub fn swiglu_clamped(gate: &mut [f32], up: &[f32], limit: f32) {
     }
 }
 
+/// Kimi-K3's SiTU as llama.cpp composes it from ggml ops: `β·tanh(g·(1/β))·sigmoid(g)`
+/// times `λ·tanh(u·(1/λ))` (or `u` when `λ ≤ 0`), scalar, in place over `gate`.
+pub fn situ(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
+    assert_eq!(gate.len(), up.len(), "situ: gate and up lengths differ");
+    let (inv_beta, inv_linear) = (1.0 / beta, 1.0 / linear_beta);
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let act = (*g * inv_beta).tanh() * beta * sigmoid(*g);
+        let u = match linear_beta > 0.0 {
+            true => (u * inv_linear).tanh() * linear_beta,
+            false => u,
+        };
+        *g = act * u;
+    }
+}
+
 /// `ggml_vec_max_f32`: a running `MAX(max, x)` from -inf, where `MAX(a, b) = a > b ? a : b`
 /// (so a NaN is kept only until a later value replaces it).
 pub fn max_f32(x: &[f32]) -> f32 {

@@ -21,7 +21,8 @@ const DEFAULT_CTX_SIZE: usize = 4096;
 /// Options every model-running command takes.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file (default: Gemma-3-270M Q4_K_M, fetched on first use).
+    /// GGUF model file, or a Hugging Face checkpoint directory (default: Gemma-3-270M
+    /// Q4_K_M, fetched on first use).
     #[arg(short = 'm', long = "model", conflicts_with = "hf_repo")]
     pub model: Option<PathBuf>,
     /// A model from the Hugging Face Hub, ORG/NAME[:QUANT] (`-hf` as llama.cpp; the GGUF

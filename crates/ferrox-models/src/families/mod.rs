@@ -9,6 +9,7 @@ mod gemma;
 mod gemma2;
 mod gemma3;
 mod glm_dsa;
+mod kimi_k3;
 mod kimi_linear;
 mod llama;
 mod mistral4;
@@ -54,6 +55,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     deepseek2::ARCH,
     mistral4::ARCH,
     kimi_linear::ARCH,
+    kimi_k3::ARCH,
     deepseek32::ARCH,
     glm_dsa::ARCH,
     deepseek4::ARCH,

@@ -2,10 +2,11 @@
 //!
 //! Per token: the projected q, k, v each go through a depthwise causal convolution (its state:
 //! the last `d_conv - 1` projected inputs) and SiLU; q and k are L2-normalised per head; a
-//! per-channel decay `g = A · softplus(f_b(f_a(x)) + dt_bias)` and a per-head `β =
-//! sigmoid(W_β x)` drive the delta rule on an f32 `Dh × Dh` state per head (decay along the
-//! key axis, as ggml's fused `gated_delta_net` op computes it); the output is RMS-normalised
-//! per head and gated by `sigmoid(g_b(g_a(x)))`.
+//! per-channel log-decay ([`Decay`]: `A · softplus(f_b(f_a(x)) + dt_bias)`, or Kimi-K3's
+//! lower-bound form) and a per-head `β = sigmoid(W_β x)` drive the delta rule on an f32
+//! `Dh × Dh` state per head (decay along the key axis, as ggml's fused `gated_delta_net` op
+//! computes it); the output is RMS-normalised per head and gated by the sigmoid of
+//! [`OutputGate`] (low rank in Kimi Linear, full rank in Kimi-K3).
 
 use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
@@ -18,13 +19,35 @@ use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
 use crate::step::{sized, Row};
 use crate::tensors::MatrixRef;
 
-/// A KDA layer's geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A KDA layer's geometry and decay form.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KdaShape {
     pub n_head: usize,
     /// Dh: key and value width of a head (the state is `Dh × Dh`).
     pub head_dim: usize,
     pub d_conv: usize,
+    pub decay: Decay,
+}
+
+/// How a channel's log-decay comes from `z = f_b(f_a(x)) + dt_bias` and the head's
+/// `A = ssm_a = −exp(A_log)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decay {
+    /// `A · softplus(z)` (Kimi Linear; Kimi-K3 without `kda.gate_lower_bound`).
+    Softplus,
+    /// `lb · sigmoid(−A · z)`, in `(lb, 0)`: a reparametrisation, not a clamp (Kimi-K3's
+    /// `kda.gate_lower_bound`).
+    LowerBound(f32),
+}
+
+impl Decay {
+    fn log_decay(self, a: f32, z: f32) -> f32 {
+        match self {
+            Decay::Softplus => a * softplus(z),
+            // ggml computes `sigmoid(-(z·A))`.
+            Decay::LowerBound(lb) => lb * sigmoid(-(z * a)),
+        }
+    }
 }
 
 impl KdaShape {
@@ -57,10 +80,34 @@ pub struct KdaWeights {
     /// Per head: −exp(A_log).
     pub a: Vec<f32>,
     pub dt_bias: Vec<f32>,
-    pub g_a: MatrixRef,
-    pub g_b: MatrixRef,
+    pub gate: OutputGate,
     pub o_norm: Vec<f32>,
     pub wo: MatrixRef,
+}
+
+/// The projection whose sigmoid gates the normalised output.
+#[derive(Clone, Debug)]
+pub enum OutputGate {
+    /// `ssm_g_b · (ssm_g_a · x)` (Kimi Linear).
+    LowRank { a: MatrixRef, b: MatrixRef },
+    /// `ssm_g · x` (Kimi-K3).
+    Full(MatrixRef),
+}
+
+impl OutputGate {
+    fn matrices(&mut self) -> Vec<&mut MatrixRef> {
+        match self {
+            OutputGate::LowRank { a, b } => vec![a, b],
+            OutputGate::Full(g) => vec![g],
+        }
+    }
+
+    fn n_bytes(&self) -> u64 {
+        match self {
+            OutputGate::LowRank { a, b } => a.n_bytes() + b.n_bytes(),
+            OutputGate::Full(g) => g.n_bytes(),
+        }
+    }
 }
 
 impl KdaWeights {
@@ -72,23 +119,24 @@ impl KdaWeights {
             &mut self.f_a,
             &mut self.f_b,
             &mut self.beta,
-            &mut self.g_a,
-            &mut self.g_b,
             &mut self.wo,
         ] {
+            m.pack(gguf)?;
+        }
+        for m in self.gate.matrices() {
             m.pack(gguf)?;
         }
         Ok(())
     }
 
     pub fn n_bytes(&self) -> u64 {
-        [
-            &self.q, &self.k, &self.v, &self.f_a, &self.f_b, &self.beta, &self.g_a, &self.g_b,
-            &self.wo,
+        let own: u64 = [
+            &self.q, &self.k, &self.v, &self.f_a, &self.f_b, &self.beta, &self.wo,
         ]
         .iter()
         .map(|m| m.n_bytes())
-        .sum()
+        .sum();
+        own + self.gate.n_bytes()
     }
 }
 
@@ -338,10 +386,15 @@ pub fn forward(
     linear(&w.f_b.view(gguf)?, f_a, n, g, &mut s.xq)?;
     let beta = sized(&mut s.beta, n * h);
     linear(&w.beta.view(gguf)?, xn, n, beta, &mut s.xq)?;
-    let g_a = sized(&mut s.g_a, n * dh);
-    linear(&w.g_a.view(gguf)?, xn, n, g_a, &mut s.xq)?;
     let gate = sized(&mut s.gate, n * d_inner);
-    linear(&w.g_b.view(gguf)?, g_a, n, gate, &mut s.xq)?;
+    match &w.gate {
+        OutputGate::LowRank { a, b } => {
+            let g_a = sized(&mut s.g_a, n * dh);
+            linear(&a.view(gguf)?, xn, n, g_a, &mut s.xq)?;
+            linear(&b.view(gguf)?, g_a, n, gate, &mut s.xq)?;
+        }
+        OutputGate::Full(g) => linear(&g.view(gguf)?, xn, n, gate, &mut s.xq)?,
+    }
     let o = sized(&mut s.out, n * d_inner);
     let conv_len = shape.conv_values();
     let scale = 1.0 / (dh as f32).sqrt();
@@ -383,7 +436,7 @@ pub fn forward(
             head.iter_mut().for_each(|x| *x *= l2_scale);
         }
         for (c, gc) in g[t * d_inner..(t + 1) * d_inner].iter_mut().enumerate() {
-            *gc = w.a[c / dh] * softplus(*gc + w.dt_bias[c]);
+            *gc = shape.decay.log_decay(w.a[c / dh], *gc + w.dt_bias[c]);
         }
         beta[t * h..(t + 1) * h]
             .iter_mut()

@@ -1,287 +1,77 @@
-//! Kimi Linear (`kimi-linear`): Kimi Delta Attention layers ([`kda`]) interleaved with NoPE
-//! Multi-head Latent Attention layers (the MLA engine's attention with no rotation), dense
-//! SwiGLU then routed experts with a shared expert.
+//! The Kimi engine: Kimi Delta Attention layers ([`kda`]) interleaved with NoPE Multi-head
+//! Latent Attention layers (the MLA engine's attention with no rotation), dense FFNs then
+//! routed experts with a shared expert. It runs two architectures:
+//!
+//! * Kimi Linear (`kimi-linear`): SwiGLU FFNs, the KDA output gate in low rank;
+//! * Kimi-K3 (`kimi-k3`, [`K3Config`]): residual attention across layers over block
+//!   checkpoints ([`residual`]), SiTU FFNs and experts in a latent space ([`latent`]), a
+//!   sigmoid gate on the MLA heads' output, a full-rank KDA output gate and, optionally, the
+//!   KDA's lower-bound decay.
 //!
 //! Its memory is hybrid: the MLA layers keep one latent row per position in a paged store;
 //! the KDA layers keep a recurrent state per sequence (three convolution windows and one
-//! delta-rule matrix per head), which collapses the history and so cannot be rolled back
-//! (llama.cpp does not roll kimi-linear back either). The recurrence runs token by token.
+//! delta-rule matrix per head), which collapses the history: a sequence rolls back only to
+//! the states checkpointed at block ends (llama.cpp does not roll kimi-linear back at all).
+//! Kimi-K3 can also keep the state after each of a step's last few positions
+//! ([`KimiEngine::set_rollback_depth`], llama.cpp's `n_rs_seq` snapshots), so it rolls back
+//! that many tokens anywhere.
 
+mod config;
 pub mod kda;
+mod latent;
+mod residual;
+mod weights;
 
 use std::sync::Arc;
 
 use ferrox_core::{MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
-use ferrox_gguf::{Gguf, GgufError, Metadata};
+use ferrox_gguf::Gguf;
+
+pub use config::{K3Config, KimiConfig, Situ};
 
 use crate::engine::{EngineError, EngineOptions};
-use crate::hparams::{FfnKind, Keys, MoeFfnConfig};
-use crate::layers::rope::{Rope, RopeStyle};
-use crate::mla::attention::{attention, AttnScratch};
-use crate::mla::weights::{load_ffn, load_layer};
-use crate::mla::{ffn, KvB, MlaConfig, MlaFfn, MlaLayer, Path};
-use crate::names::*;
-use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
-use crate::tensors::{check_block_count, embedding_and_head_bytes, name_keys, Loader, MatrixRef};
+use crate::layers::linear::linear;
+use crate::mla::attention::{attend_heads, attention, project, AttnScratch, KeySet};
+use crate::mla::{ffn, MlaLayer, Path};
+use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
-use kda::{KdaScratch, KdaShape, KdaWeights};
+use kda::KdaScratch;
+use latent::LatentScratch;
+use residual::MixedStream;
+use weights::{KimiLayer, KimiWeights, Mixer};
 
-/// Everything the engine needs to know about a checkpoint.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KimiConfig {
-    /// The MLA layers' attention, and the sizes and FFNs every layer shares.
-    pub mla: MlaConfig,
-    pub kda: KdaShape,
-    /// Per layer: KDA (recurrent) or MLA.
-    pub recurrent: Vec<bool>,
-}
+/// Most tokens [`KimiEngine::set_rollback_depth`] allows: the sequence memory keeps a
+/// sequence's four latest checkpoints, the state at its end and at the three positions
+/// before it. (A step's own checkpoints push out older ones, a block end's among them, which
+/// then no longer serves prefix reuse.)
+pub const MAX_ROLLBACK_DEPTH: usize = 3;
 
-impl KimiConfig {
-    pub fn read(meta: &Metadata<'_>) -> Result<KimiConfig, ModelError> {
-        let arch = meta.architecture()?;
-        let k = Keys { meta, arch };
-        let n_layer = k.count("block_count", Keys::MAX_LAYERS)?;
-        let n_embd = k.usize("embedding_length")?;
-        let n_head = k.usize("attention.head_count")?;
-        let kv_heads = k
-            .per_layer("attention.head_count_kv", n_layer)?
-            .ok_or_else(|| GgufError::MissingKey(k.key("attention.head_count_kv")))?;
-        let max_head = crate::layers::attention::MAX_HEAD_DIM;
-        let head_dim = k.count("kda.head_dim", max_head)?;
-        let d_conv = k.count("ssm.conv_kernel", 64)?;
-        let kv_lora_rank = k.usize("attention.kv_lora_rank")?;
-        let head_dim_k = k.count("attention.key_length_mla", max_head)?;
-        let head_dim_v = k.count("attention.value_length_mla", max_head)?;
-        let n_rot = k.usize("rope.dimension_count")?;
-        if n_layer == 0 || n_embd == 0 || n_head == 0 || head_dim == 0 || d_conv == 0 {
-            return Err(ModelError::Config(format!(
-                "{arch}: block_count, embedding_length, head_count, kda.head_dim and \
-                 ssm.conv_kernel must be positive"
-            )));
-        }
-        if n_rot >= head_dim_k || kv_lora_rank + n_rot > max_head || head_dim_v == 0 {
-            return Err(ModelError::Config(format!(
-                "{arch}: MLA heads of {head_dim_k} key ({n_rot} rope) and {head_dim_v} value \
-                 dims over a latent of {kv_lora_rank} do not fit"
-            )));
-        }
-        let n_ff = k.usize("feed_forward_length")?;
-        let n_lead = k
-            .opt_count("leading_dense_block_count", n_layer)?
-            .unwrap_or(0);
-        let n_shared = k.usize("expert_shared_count")?;
-        let mut moe = MoeFfnConfig::from_metadata(meta, arch, n_ff)?;
-        // llama.cpp normalises kimi-linear's expert weights whatever the file says.
-        moe.router.norm_weights = true;
-        if n_shared > 0 {
-            let width = moe.n_ff_exp.checked_mul(n_shared);
-            let width = width.ok_or_else(|| {
-                k.bad_count(
-                    "expert_shared_count",
-                    n_shared,
-                    "shared expert width overflows",
-                )
-            })?;
-            moe.n_ff_shexp = Some(width);
-        }
-        let ffn = (0..n_layer)
-            .map(|il| match il < n_lead {
-                true => FfnKind::Dense,
-                false => FfnKind::Moe(moe.clone()),
-            })
-            .collect();
-        let mla = MlaConfig {
-            arch: arch.to_string(),
-            n_embd,
-            n_vocab: k.vocab_size()?,
-            n_ctx_train: k.usize("context_length")?,
-            norm_eps: k.f32("attention.layer_norm_rms_epsilon")?,
-            n_head,
-            q_lora_rank: None,
-            kv_lora_rank,
-            head_dim_k,
-            head_dim_v,
-            n_rot,
-            kv_b: KvB::Split,
-            // NoPE: the rope part is sized, never rotated.
-            rope: Rope::plain(RopeStyle::Normal, 0, 10_000.0),
-            kq_scale: 1.0 / (head_dim_k as f32).sqrt(),
-            temperature: None,
-            n_ff,
-            ffn,
-        };
-        Ok(KimiConfig {
-            mla,
-            kda: KdaShape {
-                n_head,
-                head_dim,
-                d_conv,
-            },
-            recurrent: kv_heads.iter().map(|&h| h == 0).collect(),
-        })
-    }
-
-    fn n_mla(&self) -> usize {
-        self.recurrent.iter().filter(|&&r| !r).count()
-    }
-
-    fn n_kda(&self) -> usize {
-        self.recurrent.len() - self.n_mla()
-    }
-}
-
-/// A layer: its attention (KDA, with its index among the KDA layers, or MLA with its index
-/// among the MLA layers, which also holds the FFN), its norms and FFN.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
-enum KimiLayer {
-    Kda {
-        index: usize,
-        attn_norm: Vec<f32>,
-        kda: KdaWeights,
-        ffn_norm: Vec<f32>,
-        ffn: MlaFfn,
-    },
-    Mla {
-        index: usize,
-        layer: MlaLayer,
-    },
-}
-
-#[derive(Clone, Debug)]
-struct KimiWeights {
-    token_embd: MatrixRef,
-    output_norm: Vec<f32>,
-    output: MatrixRef,
-    layers: Vec<KimiLayer>,
-}
-
-fn load_kda(l: &Loader<'_>, c: &KimiConfig, il: usize) -> Result<KdaWeights, ModelError> {
-    let n_embd = c.mla.n_embd;
-    let (h, dh, d_conv) = (c.kda.n_head, c.kda.head_dim, c.kda.d_conv);
-    let d_inner = c.kda.d_inner();
-    let conv = |t: Tensor| l.vector(&t.layer(il), d_conv * d_inner);
-    Ok(KdaWeights {
-        q: l.matrix(&ATTN_Q.layer(il), n_embd, d_inner)?,
-        k: l.matrix(&ATTN_K.layer(il), n_embd, d_inner)?,
-        v: l.matrix(&ATTN_V.layer(il), n_embd, d_inner)?,
-        conv: [
-            conv(SSM_CONV1D_Q)?,
-            conv(SSM_CONV1D_K)?,
-            conv(SSM_CONV1D_V)?,
-        ],
-        f_a: l.matrix(&SSM_F_A.layer(il), n_embd, dh)?,
-        f_b: l.matrix(&SSM_F_B.layer(il), dh, d_inner)?,
-        beta: l.matrix(&SSM_BETA.layer(il), n_embd, h)?,
-        a: l.vector(&SSM_A.layer_bare(il), h)?,
-        dt_bias: l.vector(&SSM_DT.layer_bias(il), d_inner)?,
-        g_a: l.matrix(&SSM_G_A.layer(il), n_embd, dh)?,
-        g_b: l.matrix(&SSM_G_B.layer(il), dh, d_inner)?,
-        o_norm: l.vector(&SSM_NORM.layer(il), dh)?,
-        wo: l.matrix(&ATTN_OUTPUT.layer(il), d_inner, n_embd)?,
-    })
-}
-
-impl KimiWeights {
-    fn load(gguf: &Gguf, c: &KimiConfig) -> Result<KimiWeights, ModelError> {
-        let arch = &c.mla.arch;
-        check_block_count(gguf, arch, c.recurrent.len())?;
-        Self::load_checked(gguf, c).map_err(|e| name_keys(e, arch))
-    }
-
-    fn load_checked(gguf: &Gguf, c: &KimiConfig) -> Result<KimiWeights, ModelError> {
-        let l = Loader { gguf };
-        let (n_embd, n_vocab) = (c.mla.n_embd, c.mla.n_vocab);
-        let (mut n_kda, mut n_mla) = (0, 0);
-        let mut layers = Vec::with_capacity(c.recurrent.len());
-        for (il, &recurrent) in c.recurrent.iter().enumerate() {
-            layers.push(if recurrent {
-                n_kda += 1;
-                KimiLayer::Kda {
-                    index: n_kda - 1,
-                    attn_norm: l.vector(&ATTN_NORM.layer(il), n_embd)?,
-                    kda: load_kda(&l, c, il)?,
-                    ffn_norm: l.vector(&FFN_NORM.layer(il), n_embd)?,
-                    ffn: load_ffn(&l, &c.mla, il)?,
-                }
-            } else {
-                n_mla += 1;
-                KimiLayer::Mla {
-                    index: n_mla - 1,
-                    layer: load_layer(&l, &c.mla, il)?,
-                }
-            });
-        }
-        Ok(KimiWeights {
-            token_embd: l.matrix(&TOKEN_EMBD.weight(), n_embd, n_vocab)?,
-            output_norm: l.vector(&OUTPUT_NORM.weight(), n_embd)?,
-            output: l.matrix(&OUTPUT.weight(), n_embd, n_vocab)?,
-            layers,
-        })
-    }
-
-    fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
-        for layer in &mut self.layers {
-            match layer {
-                KimiLayer::Kda { kda, ffn, .. } => {
-                    kda.pack(gguf)?;
-                    pack_ffn(ffn, gguf)?;
-                }
-                KimiLayer::Mla { layer, .. } => {
-                    layer.kv_a.pack(gguf)?;
-                    layer.wo.pack(gguf)?;
-                    pack_ffn(&mut layer.ffn, gguf)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn bytes_per_token(&self, c: &KimiConfig) -> u64 {
-        let mut total = embedding_and_head_bytes(&self.token_embd, &self.output);
-        for (layer, kind) in self.layers.iter().zip(&c.mla.ffn) {
-            let (attn, ffn) = match layer {
-                KimiLayer::Kda { kda, ffn, .. } => (kda.n_bytes(), ffn),
-                KimiLayer::Mla { layer, .. } => (
-                    layer.kv_a.n_bytes()
-                        + layer.k_absorb.n_bytes()
-                        + layer.v.n_bytes()
-                        + layer.wo.n_bytes(),
-                    &layer.ffn,
-                ),
-            };
-            total += attn
-                + match ffn {
-                    MlaFfn::Dense(d) => d.n_bytes(),
-                    MlaFfn::Moe(m) => m.bytes_per_token_in(kind),
-                };
-        }
-        total
-    }
-}
-
-fn pack_ffn(ffn: &mut MlaFfn, gguf: &Gguf) -> Result<(), ModelError> {
-    match ffn {
-        MlaFfn::Dense(d) => d.pack(gguf),
-        MlaFfn::Moe(m) => m.pack(gguf),
-    }
-}
-
-/// A Kimi Linear model over a memory-mapped GGUF checkpoint.
+/// A Kimi Linear or Kimi-K3 model over a memory-mapped GGUF checkpoint.
 pub struct KimiEngine {
     rt: Runtime,
     config: KimiConfig,
     weights: KimiWeights,
+    /// Tokens a sequence can roll back by anywhere (0: only to block ends).
+    rollback_depth: usize,
 }
 
 #[derive(Default)]
 pub struct Scratch {
-    residual: step::Residual,
+    /// The residual stream, a sublayer's normalized input and its output.
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    proj: Vec<f32>,
+    stream: MixedStream,
     attn: AttnScratch,
+    /// The MLA output gate's logits, and activations quantized for its products.
+    gate: Vec<f32>,
+    xq: Vec<u8>,
     kda: KdaScratch,
+    /// The rows of one pass when a micro-batch runs in several.
+    pass_rows: Vec<Row>,
     head: HeadScratch,
     router_logits: Vec<f32>,
-    moe: ferrox_moe::MoeScratch,
+    latent: LatentScratch,
 }
 
 impl KimiEngine {
@@ -299,11 +89,149 @@ impl KimiEngine {
             rt,
             config,
             weights,
+            rollback_depth: 0,
         })
     }
 
     pub fn config(&self) -> &KimiConfig {
         &self.config
+    }
+
+    /// Checkpoints each sequence's state after each of the last `depth` positions of every
+    /// step (llama.cpp's `n_rs_seq`), so a sequence can roll back up to `depth` tokens
+    /// (speculative decoding); 0, the default, checkpoints at block ends only. Each
+    /// checkpoint copies the sequence's whole recurrent state. Kimi-K3 only, as in llama.cpp;
+    /// at most [`MAX_ROLLBACK_DEPTH`].
+    pub fn set_rollback_depth(&mut self, depth: usize) -> Result<(), ModelError> {
+        if depth > 0 && self.config.k3.is_none() {
+            return Err(ModelError::Config(format!(
+                "{} cannot roll its recurrent state back by tokens",
+                self.config.mla.arch
+            )));
+        }
+        if depth > MAX_ROLLBACK_DEPTH {
+            return Err(ModelError::Config(format!(
+                "a rollback depth of {depth} tokens: at most {MAX_ROLLBACK_DEPTH}"
+            )));
+        }
+        self.rollback_depth = depth;
+        Ok(())
+    }
+
+    /// Tokens a sequence can roll back by (besides to its block-end checkpoints).
+    pub fn rollback_depth(&self) -> usize {
+        self.rollback_depth
+    }
+
+    /// Layer `layer`'s attention (KDA or MLA) of the normalized rows `xn` into `out`.
+    fn attention(
+        &self,
+        layer: &KimiLayer,
+        rows: &[Row],
+        xn: &[f32],
+        memory: &mut StepMemory<'_>,
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let (c, gguf) = (&self.config, &*self.rt.gguf);
+        let eps = c.mla.norm_eps;
+        match &layer.mixer {
+            Mixer::Kda { index, kda, .. } => {
+                let at = index * c.kda.state_values();
+                kda::forward(c.kda, kda, gguf, eps, rows, xn, memory, at, &mut s.kda, out)
+            }
+            Mixer::Mla { index, layer: mla } => match &layer.mla_gate {
+                None => attention(
+                    &c.mla,
+                    mla,
+                    gguf,
+                    *index,
+                    rows,
+                    xn,
+                    memory,
+                    |_, _| Path::Absorbed,
+                    &mut s.attn,
+                    out,
+                ),
+                Some(gate) => self.gated_mla(mla, gate, *index, rows, xn, memory, out, s),
+            },
+        }
+    }
+
+    /// Kimi-K3's MLA: the heads' concatenated values times `sigmoid(attn_gate · xn)`, then
+    /// the output projection.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_mla(
+        &self,
+        mla: &MlaLayer,
+        gate: &crate::tensors::MatrixRef,
+        index: usize,
+        rows: &[Row],
+        xn: &[f32],
+        memory: &mut StepMemory<'_>,
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let (c, gguf) = (&self.config.mla, &*self.rt.gguf);
+        let n = rows.len();
+        let width = n * c.n_head * c.head_dim_v;
+        project(c, mla, gguf, index, rows, xn, memory, &mut s.attn)?;
+        let path = |_, _| Path::Absorbed;
+        attend_heads(
+            c,
+            mla,
+            gguf,
+            index,
+            rows,
+            memory,
+            path,
+            KeySet::Causal,
+            &mut s.attn,
+        )?;
+        let g = sized(&mut s.gate, width);
+        linear(&gate.view(gguf)?, xn, n, g, &mut s.xq)?;
+        let heads = s.attn.heads_mut(width);
+        heads
+            .iter_mut()
+            .zip(g.iter())
+            .for_each(|(h, &gv)| *h *= ferrox_moe::numerics::sigmoid(gv));
+        linear(&mla.wo.view(gguf)?, heads, n, out, &mut s.xq)?;
+        Ok(())
+    }
+
+    /// Layer `il`'s FFN of the normalized rows `xn` into `out`.
+    fn ffn(
+        &self,
+        il: usize,
+        layer: &KimiLayer,
+        xn: &[f32],
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let (c, gguf) = (&self.config, &*self.rt.gguf);
+        let (_, _, weights) = layer.norms_and_ffn();
+        let kind = &c.mla.ffn[il];
+        match c.k3 {
+            None => {
+                let (logits, moe) = (&mut s.router_logits, &mut s.latent.moe);
+                ffn(gguf, weights, kind, xn, out, logits, moe)
+            }
+            Some(k3) => {
+                let eps = c.mla.norm_eps;
+                let latent = layer.latent.as_ref();
+                latent::forward(
+                    gguf,
+                    weights,
+                    kind,
+                    latent,
+                    k3.situ,
+                    eps,
+                    xn,
+                    out,
+                    &mut s.latent,
+                )
+            }
+        }
     }
 }
 
@@ -334,7 +262,66 @@ impl step::Layers for KimiEngine {
         true
     }
 
+    /// With a rollback depth `d`, each sequence's last `d + 1` rows run one position per
+    /// pass after the rest, its state checkpointed after each: at its end and at the `d`
+    /// positions before.
     fn micro_batch(
+        &self,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        logits: &mut [&mut Vec<f32>],
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let depth = self.rollback_depth;
+        if depth == 0 {
+            return self.pass(rows, memory, logits, s);
+        }
+        let mut pass_rows = std::mem::take(&mut s.pass_rows);
+        let result = (|| {
+            // Each sequence's rows (contiguous) and the length of their tail.
+            let runs = sequence_runs(rows).map(|r| (r.end, r.len().min(depth + 1)));
+            pass_rows.clear();
+            for run in sequence_runs(rows) {
+                pass_rows.extend_from_slice(&rows[run.start..run.end - run.len().min(depth + 1)]);
+            }
+            if !pass_rows.is_empty() {
+                self.pass(&pass_rows, memory, logits, s)?;
+            }
+            for back in (0..=depth).rev() {
+                pass_rows.clear();
+                let tails = runs.clone().filter(|&(_, tail)| tail > back);
+                pass_rows.extend(tails.map(|(end, _)| rows[end - 1 - back]));
+                if pass_rows.is_empty() {
+                    continue;
+                }
+                self.pass(&pass_rows, memory, logits, s)?;
+                for r in &pass_rows {
+                    memory.checkpoint(r.seq, r.pos + 1);
+                }
+            }
+            Ok(())
+        })();
+        s.pass_rows = pass_rows;
+        result
+    }
+}
+
+/// The row ranges of each sequence (each sequence's rows are contiguous).
+fn sequence_runs(rows: &[Row]) -> impl Iterator<Item = std::ops::Range<usize>> + Clone + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        let seq = rows.get(start)?.seq;
+        let end = start + rows[start..].iter().take_while(|r| r.seq == seq).count();
+        let run = start..end;
+        start = end;
+        Some(run)
+    })
+}
+
+impl KimiEngine {
+    /// One pass of rows (each sequence's contiguous, in position order) through every layer
+    /// and the output head.
+    fn pass(
         &self,
         rows: &[Row],
         memory: &mut StepMemory<'_>,
@@ -343,60 +330,50 @@ impl step::Layers for KimiEngine {
     ) -> Result<(), EngineError> {
         let c = &self.config;
         let (n, eps, gguf) = (rows.len(), c.mla.norm_eps, &*self.rt.gguf);
-        s.residual
-            .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
-        for (il, layer) in self.weights.layers.iter().enumerate() {
-            let (attn_norm, ffn_norm, ffn_weights) = match layer {
-                KimiLayer::Kda {
-                    attn_norm,
-                    ffn_norm,
-                    ffn,
-                    ..
-                } => (attn_norm, ffn_norm, ffn),
-                KimiLayer::Mla { layer, .. } => (&layer.attn_norm, &layer.ffn_norm, &layer.ffn),
+        let n_embd = c.mla.n_embd;
+        let res_block = c.k3.map_or(0, |k3| k3.res_block);
+        let mut x = std::mem::take(&mut s.x);
+        let mut xn = std::mem::take(&mut s.xn);
+        let mut proj = std::mem::take(&mut s.proj);
+        let result = (|| {
+            let x = sized(&mut x, n * n_embd);
+            let xn = sized(&mut xn, n * n_embd);
+            let proj = sized(&mut proj, n * n_embd);
+            step::embed(rows, &self.weights.token_embd.view(gguf)?, None, x)?;
+            s.stream.checkpoints.reset(n, n_embd);
+            for (il, layer) in self.weights.layers.iter().enumerate() {
+                let (attn_norm, ffn_norm, _) = layer.norms_and_ffn();
+                let scores = layer.res.as_ref();
+                let input = s.stream.input(x, scores.map(|r| &r.attn[..]), eps);
+                step::norm_rows(input, attn_norm, eps, xn);
+                // A block's first layer banks its raw input and restarts the stream from
+                // its attention output.
+                let banked = res_block > 0 && il % res_block == 0;
+                if banked {
+                    s.stream.checkpoints.push(x);
+                }
+                self.attention(layer, rows, xn, memory, proj, s)?;
+                match banked {
+                    true => x.copy_from_slice(proj),
+                    false => step::residual_add(x, proj, n_embd, None, eps),
+                }
+                let input = s.stream.input(x, scores.map(|r| &r.ffn[..]), eps);
+                step::norm_rows(input, ffn_norm, eps, xn);
+                self.ffn(il, layer, xn, proj, s)?;
+                step::residual_add(x, proj, n_embd, None, eps);
+            }
+            step::advance(memory, rows);
+            let w = self.weights.output_res_score.as_deref();
+            let last = s.stream.input(x, w, eps);
+            let head = OutputHead {
+                norm: &self.weights.output_norm,
+                eps,
+                output: self.weights.output.view(gguf)?,
+                softcap: None,
             };
-            s.residual
-                .sublayer(n, attn_norm, eps, |xn, out| match layer {
-                    KimiLayer::Kda { index, kda, .. } => {
-                        let at = index * c.kda.state_values();
-                        kda::forward(c.kda, kda, gguf, eps, rows, xn, memory, at, &mut s.kda, out)
-                    }
-                    KimiLayer::Mla { index, layer } => {
-                        let path = |_, _| Path::Absorbed;
-                        attention(
-                            &c.mla,
-                            layer,
-                            gguf,
-                            *index,
-                            rows,
-                            xn,
-                            memory,
-                            path,
-                            &mut s.attn,
-                            out,
-                        )
-                    }
-                })?;
-            s.residual.sublayer(n, ffn_norm, eps, |xn, out| {
-                let (logits, moe) = (&mut s.router_logits, &mut s.moe);
-                Ok(ffn(
-                    gguf,
-                    ffn_weights,
-                    &c.mla.ffn[il],
-                    xn,
-                    out,
-                    logits,
-                    moe,
-                )?)
-            })?;
-        }
-        step::advance(memory, rows);
-        let head = OutputHead {
-            norm: &self.weights.output_norm,
-            eps,
-            output: self.weights.output.view(gguf)?,
-            softcap: None,
-        };
-        head.run(rows, s.residual.x(), logits, &mut s.head)
+            head.run(rows, last, logits, &mut s.head)
+        })();
+        (s.x, s.xn, s.proj) = (x, xn, proj);
+        result
     }
 }

@@ -184,6 +184,26 @@ pub(crate) fn attend_and_output(
     s: &mut AttnScratch,
     out: &mut [f32],
 ) -> Result<(), EngineError> {
+    attend_heads(c, lw, gguf, il, rows, memory, path_of, keys, s)?;
+    let heads = &s.heads[..rows.len() * c.n_head * c.head_dim_v];
+    linear(&lw.wo.view(gguf)?, heads, rows.len(), out, &mut s.xq)?;
+    Ok(())
+}
+
+/// [`attend_and_output`] without the output projection: the heads' values, concatenated
+/// per row, are left in `s` ([`AttnScratch::heads_mut`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_heads(
+    c: &MlaConfig,
+    lw: &MlaLayer,
+    gguf: &Gguf,
+    il: usize,
+    rows: &[Row],
+    memory: &StepMemory<'_>,
+    path_of: impl Fn(usize, usize) -> Path,
+    keys: KeySet<'_>,
+    s: &mut AttnScratch,
+) -> Result<(), EngineError> {
     let n = rows.len();
     let h = c.n_head;
     let step = Step {
@@ -218,13 +238,15 @@ pub(crate) fn attend_and_output(
         absorbed(&step, &absorbed_rows, keys, s)
     };
     s.absorbed_rows = absorbed_rows;
-    result?;
-    let heads = &s.heads[..n * h * c.head_dim_v];
-    linear(&lw.wo.view(gguf)?, heads, n, out, &mut s.xq)?;
-    Ok(())
+    result
 }
 
 impl AttnScratch {
+    /// The first `len` values of the heads' outputs the last [`attend_heads`] left.
+    pub(crate) fn heads_mut(&mut self, len: usize) -> &mut [f32] {
+        &mut self.heads[..len]
+    }
+
     /// The `n` rows of the normalized query latent (`q_lora_rank` wide) the last
     /// [`project`] computed; empty for a model without a query LoRA.
     pub(crate) fn query_latent(&self, n: usize, rank: usize) -> &[f32] {

@@ -206,6 +206,16 @@ impl MlaWeights {
 }
 
 pub(crate) fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
+    load_layer_with(l, c, il, load_ffn(l, c, il)?)
+}
+
+/// Layer `il` with an FFN its family loaded itself (Kimi-K3's latent experts).
+pub(crate) fn load_layer_with(
+    l: &Loader<'_>,
+    c: &MlaConfig,
+    il: usize,
+    ffn: MlaFfn,
+) -> Result<MlaLayer, ModelError> {
     let (n_embd, h) = (c.n_embd, c.n_head);
     let (lkv, dn, dv) = (c.kv_lora_rank, c.head_dim_nope(), c.head_dim_v);
     let q = match c.q_lora_rank {
@@ -229,7 +239,6 @@ pub(crate) fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<Mla
             (k.transposed(l.gguf)?, k, Heads::File(kv.with_rows(dn, dv)))
         }
     };
-    let ffn = load_ffn(l, c, il)?;
     Ok(MlaLayer {
         attn_norm: l.vector(&ATTN_NORM.layer(il), n_embd)?,
         q,

@@ -1,14 +1,20 @@
-//! A tiny `kimi-linear` model (Kimi Linear: KDA linear-attention layers interleaved with NoPE
-//! MLA layers, MoE FFN) with the keys and tensors llama.cpp's loader expects
-//! (`src/models/kimi-linear.cpp`, `conversion/kimi_linear.py`), every matrix F32:
+//! Tiny Kimi models with the keys and tensors llama.cpp's loader expects, every matrix F32:
+//! `kimi-linear` (Kimi Linear: KDA linear-attention layers interleaved with NoPE MLA layers,
+//! MoE FFN; `src/models/kimi-linear.cpp`, `conversion/kimi_linear.py`) and two `kimi-k3`
+//! files (`src/models/kimi-k3.cpp`, `conversion/kimi_k3.py`).
 //!
 //! | | |
 //! | --- | --- |
-//! | layers | 4: KDA, KDA, MLA, KDA (`attention.head_count_kv` = [0, 0, 1, 0]) |
 //! | sizes | n_embd 128, 2 heads; KDA heads of 32 (d_inner 64), short conv of 4 |
-//! | MLA | no query LoRA, latent 32, 16 rope dims (sized, never rotated), heads of 32 + 16 key and 32 value dims |
+//! | MLA | latent 32, 16 rope dims (sized, never rotated), heads of 32 + 16 key and 32 value dims |
 //! | FFN | layer 0 dense (256); then 4 experts of 64, 2 used, sigmoid routing with `exp_probs_b`, scale 2.446, one shared expert |
 //! | vocabulary | the 288-token SentencePiece byte vocabulary of the other synthetic models |
+//!
+//! | model | layers (`head_count_kv`) | what it exercises |
+//! | --- | --- | --- |
+//! | kimi-linear | KDA, KDA, MLA, KDA | low-rank KDA output gate, no query LoRA |
+//! | kimi-k3 | KDA, KDA, MLA, KDA, MLA | residual attention in blocks of 2, SiTU (β 1.5, λ 0.75), KDA decay lower bound −5 (`dt_bias` around −3, so most decays stay well above it), full-rank KDA gate, query LoRA (rank 32), MLA output gate, experts in a latent space of 64 with `ffn_routed_norm`, normalised expert weights |
+//! | kimi-k3-plain | KDA, MLA, KDA, KDA, MLA | residual attention in blocks of 3, SiTU (β 2, λ 0: the up branch as is), the softplus decay, no query LoRA, no MLA gate, full-width experts, unnormalised weights |
 //!
 //! Values come from a seeded generator through exact arithmetic only, like the other
 //! synthetic models, so the file's bytes do not depend on the platform.
@@ -19,14 +25,16 @@ use rand::{RngCore, SeedableRng};
 
 use super::{add, matrix, vector, vocab, Values, BOS_ID};
 
-/// The Kimi models, by name (each is its own architecture).
-pub const KIMI_MODELS: &[&str] = &["kimi-linear"];
+/// The Kimi models, by name (`kimi-linear` is its own architecture, the others `kimi-k3`).
+pub const KIMI_MODELS: &[&str] = &["kimi-linear", "kimi-k3", "kimi-k3-plain"];
+
+/// The `kimi-k3` models.
+pub const K3_MODELS: &[&str] = &["kimi-k3", "kimi-k3-plain"];
 
 const N_EMBD: usize = 128;
 const N_HEAD: usize = 2;
 const KDA_HEAD: usize = 32;
 const D_CONV: usize = 4;
-const LAYER_KV_HEADS: [u32; 4] = [0, 0, 1, 0];
 const KV_LORA: usize = 32;
 const ROPE: usize = 16;
 const NOPE: usize = 32;
@@ -38,13 +46,84 @@ const N_FF_EXP: usize = 64;
 const N_SHARED: usize = 1;
 const N_VOCAB: usize = 288;
 const SEED: u64 = 0x011a_0030;
+const DT_MEAN_LOWER_BOUND: f32 = -3.0;
+
+/// One Kimi model.
+struct Spec {
+    arch: &'static str,
+    /// Per layer: 0 for KDA, 1 for MLA.
+    kv_heads: &'static [u32],
+    seed: u64,
+    k3: Option<K3Spec>,
+}
+
+/// What a `kimi-k3` file adds.
+struct K3Spec {
+    res_block: u32,
+    situ_beta: f32,
+    situ_linear_beta: f32,
+    gate_lower_bound: Option<f32>,
+    q_lora: Option<usize>,
+    attn_gate: bool,
+    /// The experts' latent width, with `ffn_routed_norm` when true.
+    latent: Option<(usize, bool)>,
+    weights_norm: bool,
+}
+
+fn spec(name: &str) -> Spec {
+    match name {
+        "kimi-linear" => Spec {
+            arch: "kimi-linear",
+            kv_heads: &[0, 0, 1, 0],
+            seed: SEED,
+            k3: None,
+        },
+        "kimi-k3" => Spec {
+            arch: "kimi-k3",
+            kv_heads: &[0, 0, 1, 0, 1],
+            seed: SEED ^ 0x0003,
+            k3: Some(K3Spec {
+                res_block: 2,
+                situ_beta: 1.5,
+                situ_linear_beta: 0.75,
+                gate_lower_bound: Some(-5.0),
+                q_lora: Some(32),
+                attn_gate: true,
+                latent: Some((64, true)),
+                weights_norm: true,
+            }),
+        },
+        "kimi-k3-plain" => Spec {
+            arch: "kimi-k3",
+            kv_heads: &[0, 1, 0, 0, 1],
+            seed: SEED ^ 0x0033,
+            k3: Some(K3Spec {
+                res_block: 3,
+                situ_beta: 2.0,
+                situ_linear_beta: 0.0,
+                gate_lower_bound: None,
+                q_lora: None,
+                attn_gate: false,
+                latent: None,
+                weights_norm: false,
+            }),
+        },
+        _ => panic!("no Kimi model named {name}"),
+    }
+}
 
 /// The `kimi-linear` file.
 pub fn kimi_linear_gguf_bytes() -> Vec<u8> {
-    let a = "kimi-linear";
+    gguf_bytes("kimi-linear")
+}
+
+/// The file of the Kimi model `name` (one of [`KIMI_MODELS`]).
+pub fn gguf_bytes(name: &str) -> Vec<u8> {
+    let s = spec(name);
+    let a = s.arch;
     let key = |k: &str| format!("{a}.{k}");
     let mut w = GgufWriter::new();
-    let n_layer = LAYER_KV_HEADS.len();
+    let n_layer = s.kv_heads.len();
     w.set("general.architecture", a);
     w.set("general.name", "ferrox synthetic test model");
     w.set(key("context_length"), 2048u32);
@@ -54,7 +133,7 @@ pub fn kimi_linear_gguf_bytes() -> Vec<u8> {
     w.set(key("attention.head_count"), N_HEAD as u32);
     w.set(
         key("attention.head_count_kv"),
-        OwnedValue::Array(OwnedArray::U32(LAYER_KV_HEADS.to_vec())),
+        OwnedValue::Array(OwnedArray::U32(s.kv_heads.to_vec())),
     );
     w.set(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
     w.set(key("attention.kv_lora_rank"), KV_LORA as u32);
@@ -70,111 +149,50 @@ pub fn kimi_linear_gguf_bytes() -> Vec<u8> {
     w.set(key("expert_shared_count"), N_SHARED as u32);
     w.set(key("leading_dense_block_count"), 1u32);
     w.set(key("expert_weights_scale"), 2.446f32);
-    w.set(key("expert_weights_norm"), true);
+    w.set(
+        key("expert_weights_norm"),
+        s.k3.as_ref().is_none_or(|k| k.weights_norm),
+    );
     w.set(key("expert_gating_func"), 2u32);
     w.set(key("vocab_size"), N_VOCAB as u32);
+    if let Some(k3) = &s.k3 {
+        w.set(key("attention.value_length"), KV_LORA as u32);
+        w.set(key("attn_res.block_size"), k3.res_block);
+        w.set(key("activation.situ_beta"), k3.situ_beta);
+        w.set(key("activation.situ_linear_beta"), k3.situ_linear_beta);
+        if let Some(lb) = k3.gate_lower_bound {
+            w.set(key("kda.gate_lower_bound"), lb);
+        }
+        if let Some(rank) = k3.q_lora {
+            w.set(key("attention.q_lora_rank"), rank as u32);
+        }
+        if let Some((latent, _)) = k3.latent {
+            w.set(key("expert_latent_length"), latent as u32);
+        }
+    }
     vocab(&mut w, N_VOCAB);
 
-    let mut vals = Values(StdRng::seed_from_u64(SEED));
+    let mut vals = Values(StdRng::seed_from_u64(s.seed));
     let v = &mut vals;
     let f32_ = GgmlType::F32;
-    let d_inner = N_HEAD * KDA_HEAD;
     matrix(&mut w, v, "token_embd.weight", f32_, N_EMBD, N_VOCAB, 0.08);
     vector(&mut w, v, "output_norm.weight", N_EMBD, 1.0, 0.1);
     matrix(&mut w, v, "output.weight", f32_, N_EMBD, N_VOCAB, 0.1);
-    for (il, &kv_heads) in LAYER_KV_HEADS.iter().enumerate() {
+    let residual = s.k3.as_ref().is_some_and(|k| k.res_block > 0);
+    if residual {
+        vector(&mut w, v, "output_res_score.weight", N_EMBD, 0.0, 0.1);
+    }
+    for (il, &kv_heads) in s.kv_heads.iter().enumerate() {
         let n = |t: &str| format!("blk.{il}.{t}");
         vector(&mut w, v, &n("attn_norm.weight"), N_EMBD, 1.0, 0.1);
+        if residual {
+            vector(&mut w, v, &n("attn_res_score.weight"), N_EMBD, 0.0, 0.1);
+            vector(&mut w, v, &n("ffn_res_score.weight"), N_EMBD, 0.0, 0.1);
+        }
         if kv_heads == 0 {
-            for t in ["attn_q", "attn_k", "attn_v"] {
-                matrix(
-                    &mut w,
-                    v,
-                    &n(&format!("{t}.weight")),
-                    f32_,
-                    N_EMBD,
-                    d_inner,
-                    0.08,
-                );
-            }
-            for t in ["ssm_conv1d_q", "ssm_conv1d_k", "ssm_conv1d_v"] {
-                let data = v.normals(D_CONV * d_inner, 0.0, 0.3);
-                let shape = [D_CONV as u64, 1, d_inner as u64];
-                add(&mut w, &n(&format!("{t}.weight")), f32_, &shape, &data);
-            }
-            matrix(
-                &mut w,
-                v,
-                &n("ssm_f_a.weight"),
-                f32_,
-                N_EMBD,
-                KDA_HEAD,
-                0.08,
-            );
-            matrix(
-                &mut w,
-                v,
-                &n("ssm_f_b.weight"),
-                f32_,
-                KDA_HEAD,
-                d_inner,
-                0.1,
-            );
-            matrix(&mut w, v, &n("ssm_beta.weight"), f32_, N_EMBD, N_HEAD, 0.1);
-            // -exp(A_log), as the converter stores it: negative decay rates.
-            let a_neg: Vec<f32> = (0..N_HEAD).map(|_| -(0.25 + v.uniform())).collect();
-            add(&mut w, &n("ssm_a"), f32_, &[1, N_HEAD as u64], &a_neg);
-            vector(&mut w, v, &n("ssm_dt.bias"), d_inner, 0.0, 0.5);
-            matrix(
-                &mut w,
-                v,
-                &n("ssm_g_a.weight"),
-                f32_,
-                N_EMBD,
-                KDA_HEAD,
-                0.08,
-            );
-            matrix(
-                &mut w,
-                v,
-                &n("ssm_g_b.weight"),
-                f32_,
-                KDA_HEAD,
-                d_inner,
-                0.1,
-            );
-            vector(&mut w, v, &n("ssm_norm.weight"), KDA_HEAD, 1.0, 0.1);
-            matrix(
-                &mut w,
-                v,
-                &n("attn_output.weight"),
-                f32_,
-                d_inner,
-                N_EMBD,
-                0.06,
-            );
+            kda_layer(&mut w, v, il, s.k3.as_ref());
         } else {
-            let dk = NOPE + ROPE;
-            matrix(
-                &mut w,
-                v,
-                &n("attn_q.weight"),
-                f32_,
-                N_EMBD,
-                N_HEAD * dk,
-                0.08,
-            );
-            let kv_a = n("attn_kv_a_mqa.weight");
-            matrix(&mut w, v, &kv_a, f32_, N_EMBD, KV_LORA + ROPE, 0.08);
-            vector(&mut w, v, &n("attn_kv_a_norm.weight"), KV_LORA, 1.0, 0.1);
-            let data = v.normals(NOPE * KV_LORA * N_HEAD, 0.0, 0.1);
-            let shape = [NOPE as u64, KV_LORA as u64, N_HEAD as u64];
-            add(&mut w, &n("attn_k_b.weight"), f32_, &shape, &data);
-            let data = v.normals(KV_LORA * V_HEAD * N_HEAD, 0.0, 0.1);
-            let shape = [KV_LORA as u64, V_HEAD as u64, N_HEAD as u64];
-            add(&mut w, &n("attn_v_b.weight"), f32_, &shape, &data);
-            let wo = n("attn_output.weight");
-            matrix(&mut w, v, &wo, f32_, N_HEAD * V_HEAD, N_EMBD, 0.06);
+            mla_layer(&mut w, v, il, s.k3.as_ref());
         }
         vector(&mut w, v, &n("ffn_norm.weight"), N_EMBD, 1.0, 0.1);
         if il == 0 {
@@ -182,62 +200,127 @@ pub fn kimi_linear_gguf_bytes() -> Vec<u8> {
             matrix(&mut w, v, &n("ffn_up.weight"), f32_, N_EMBD, N_FF, 0.08);
             matrix(&mut w, v, &n("ffn_down.weight"), f32_, N_FF, N_EMBD, 0.06);
         } else {
-            matrix(
-                &mut w,
-                v,
-                &n("ffn_gate_inp.weight"),
-                f32_,
-                N_EMBD,
-                N_EXPERT,
-                0.1,
-            );
-            vector(&mut w, v, &n("exp_probs_b.bias"), N_EXPERT, 0.0, 0.05);
-            let (e, f, x) = (N_EMBD as u64, N_FF_EXP as u64, N_EXPERT as u64);
-            for (t, shape, std) in [
-                ("ffn_gate_exps", [e, f, x], 0.08),
-                ("ffn_up_exps", [e, f, x], 0.08),
-                ("ffn_down_exps", [f, e, x], 0.06),
-            ] {
-                let data = v.normals((e * f * x) as usize, 0.0, std);
-                add(&mut w, &n(&format!("{t}.weight")), f32_, &shape, &data);
-            }
-            let n_sh = N_FF_EXP * N_SHARED;
-            matrix(
-                &mut w,
-                v,
-                &n("ffn_gate_shexp.weight"),
-                f32_,
-                N_EMBD,
-                n_sh,
-                0.08,
-            );
-            matrix(
-                &mut w,
-                v,
-                &n("ffn_up_shexp.weight"),
-                f32_,
-                N_EMBD,
-                n_sh,
-                0.08,
-            );
-            matrix(
-                &mut w,
-                v,
-                &n("ffn_down_shexp.weight"),
-                f32_,
-                n_sh,
-                N_EMBD,
-                0.06,
-            );
+            let latent = s.k3.as_ref().and_then(|k| k.latent);
+            moe_layer(&mut w, v, il, latent);
         }
     }
     w.to_bytes()
 }
 
-/// `n` tokens of the model's reference sequence (BOS, then ids drawn from the regular
-/// tokens).
+/// A KDA layer: Kimi Linear's low-rank output gate, or Kimi-K3's full-rank one (and its
+/// 1-D `ssm_a`).
+fn kda_layer(w: &mut GgufWriter, v: &mut Values, il: usize, k3_spec: Option<&K3Spec>) {
+    let k3 = k3_spec.is_some();
+    let n = |t: &str| format!("blk.{il}.{t}");
+    let f32_ = GgmlType::F32;
+    let d_inner = N_HEAD * KDA_HEAD;
+    for t in ["attn_q", "attn_k", "attn_v"] {
+        let name = n(&format!("{t}.weight"));
+        matrix(w, v, &name, f32_, N_EMBD, d_inner, 0.08);
+    }
+    for t in ["ssm_conv1d_q", "ssm_conv1d_k", "ssm_conv1d_v"] {
+        let data = v.normals(D_CONV * d_inner, 0.0, 0.3);
+        let shape = [D_CONV as u64, 1, d_inner as u64];
+        add(w, &n(&format!("{t}.weight")), f32_, &shape, &data);
+    }
+    matrix(w, v, &n("ssm_f_a.weight"), f32_, N_EMBD, KDA_HEAD, 0.08);
+    matrix(w, v, &n("ssm_f_b.weight"), f32_, KDA_HEAD, d_inner, 0.1);
+    matrix(w, v, &n("ssm_beta.weight"), f32_, N_EMBD, N_HEAD, 0.1);
+    // -exp(A_log), as the converter stores it: negative decay rates.
+    let a_neg: Vec<f32> = (0..N_HEAD).map(|_| -(0.25 + v.uniform())).collect();
+    let a_shape: &[u64] = if k3 {
+        &[N_HEAD as u64]
+    } else {
+        &[1, N_HEAD as u64]
+    };
+    add(w, &n("ssm_a"), f32_, a_shape, &a_neg);
+    // With the lower bound, a bias that keeps most decays well above it (a longer memory).
+    let dt_mean = match k3_spec.and_then(|k| k.gate_lower_bound) {
+        Some(_) => DT_MEAN_LOWER_BOUND,
+        None => 0.0,
+    };
+    vector(w, v, &n("ssm_dt.bias"), d_inner, dt_mean, 0.5);
+    if k3 {
+        matrix(w, v, &n("ssm_g.weight"), f32_, N_EMBD, d_inner, 0.1);
+    } else {
+        matrix(w, v, &n("ssm_g_a.weight"), f32_, N_EMBD, KDA_HEAD, 0.08);
+        matrix(w, v, &n("ssm_g_b.weight"), f32_, KDA_HEAD, d_inner, 0.1);
+    }
+    vector(w, v, &n("ssm_norm.weight"), KDA_HEAD, 1.0, 0.1);
+    let wo = n("attn_output.weight");
+    matrix(w, v, &wo, f32_, d_inner, N_EMBD, 0.06);
+}
+
+/// A NoPE MLA layer, with Kimi-K3's optional query LoRA and output gate.
+fn mla_layer(w: &mut GgufWriter, v: &mut Values, il: usize, k3: Option<&K3Spec>) {
+    let n = |t: &str| format!("blk.{il}.{t}");
+    let f32_ = GgmlType::F32;
+    let dk = NOPE + ROPE;
+    match k3.and_then(|k| k.q_lora) {
+        Some(rank) => {
+            matrix(w, v, &n("attn_q_a.weight"), f32_, N_EMBD, rank, 0.08);
+            vector(w, v, &n("attn_q_a_norm.weight"), rank, 1.0, 0.1);
+            matrix(w, v, &n("attn_q_b.weight"), f32_, rank, N_HEAD * dk, 0.1);
+        }
+        None => matrix(w, v, &n("attn_q.weight"), f32_, N_EMBD, N_HEAD * dk, 0.08),
+    }
+    let kv_a = n("attn_kv_a_mqa.weight");
+    matrix(w, v, &kv_a, f32_, N_EMBD, KV_LORA + ROPE, 0.08);
+    vector(w, v, &n("attn_kv_a_norm.weight"), KV_LORA, 1.0, 0.1);
+    let data = v.normals(NOPE * KV_LORA * N_HEAD, 0.0, 0.1);
+    let shape = [NOPE as u64, KV_LORA as u64, N_HEAD as u64];
+    add(w, &n("attn_k_b.weight"), f32_, &shape, &data);
+    let data = v.normals(KV_LORA * V_HEAD * N_HEAD, 0.0, 0.1);
+    let shape = [KV_LORA as u64, V_HEAD as u64, N_HEAD as u64];
+    add(w, &n("attn_v_b.weight"), f32_, &shape, &data);
+    if k3.is_some_and(|k| k.attn_gate) {
+        let gate = n("attn_gate.weight");
+        matrix(w, v, &gate, f32_, N_EMBD, N_HEAD * V_HEAD, 0.1);
+    }
+    let wo = n("attn_output.weight");
+    matrix(w, v, &wo, f32_, N_HEAD * V_HEAD, N_EMBD, 0.06);
+}
+
+/// Routed experts (of `latent` inputs and outputs, with their projections, if set) and the
+/// shared expert.
+fn moe_layer(w: &mut GgufWriter, v: &mut Values, il: usize, latent: Option<(usize, bool)>) {
+    let n = |t: &str| format!("blk.{il}.{t}");
+    let f32_ = GgmlType::F32;
+    let gate_inp = n("ffn_gate_inp.weight");
+    matrix(w, v, &gate_inp, f32_, N_EMBD, N_EXPERT, 0.1);
+    vector(w, v, &n("exp_probs_b.bias"), N_EXPERT, 0.0, 0.05);
+    let width = latent.map_or(N_EMBD, |(l, _)| l);
+    let (e, f, x) = (width as u64, N_FF_EXP as u64, N_EXPERT as u64);
+    for (t, shape, std) in [
+        ("ffn_gate_exps", [e, f, x], 0.08),
+        ("ffn_up_exps", [e, f, x], 0.08),
+        ("ffn_down_exps", [f, e, x], 0.06),
+    ] {
+        let data = v.normals((e * f * x) as usize, 0.0, std);
+        add(w, &n(&format!("{t}.weight")), f32_, &shape, &data);
+    }
+    if let Some((lat, norm)) = latent {
+        matrix(w, v, &n("ffn_routed_down.weight"), f32_, N_EMBD, lat, 0.1);
+        matrix(w, v, &n("ffn_routed_up.weight"), f32_, lat, N_EMBD, 0.1);
+        if norm {
+            vector(w, v, &n("ffn_routed_norm.weight"), lat, 1.0, 0.1);
+        }
+    }
+    let n_sh = N_FF_EXP * N_SHARED;
+    matrix(w, v, &n("ffn_gate_shexp.weight"), f32_, N_EMBD, n_sh, 0.08);
+    matrix(w, v, &n("ffn_up_shexp.weight"), f32_, N_EMBD, n_sh, 0.08);
+    matrix(w, v, &n("ffn_down_shexp.weight"), f32_, n_sh, N_EMBD, 0.06);
+}
+
+/// `n` tokens of the `kimi-linear` model's reference sequence (BOS, then ids drawn from the
+/// regular tokens).
 pub fn token_ids(n: usize) -> Vec<u32> {
-    let mut rng = StdRng::seed_from_u64(SEED ^ 0x0070_15e4_5eed);
+    token_ids_of("kimi-linear", n)
+}
+
+/// `n` tokens of model `name`'s reference sequence.
+pub fn token_ids_of(name: &str, n: usize) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(spec(name).seed ^ 0x0070_15e4_5eed);
     let mut ids = vec![BOS_ID];
     ids.extend((1..n).map(|_| 3 + rng.next_u32() % (N_VOCAB as u32 - 3)));
     ids

@@ -9,6 +9,8 @@
 //!   `spm.rs` (`llama`), `bpe.rs` + `pretokenize.rs` (`gpt2`, and BPE-style kinds such as
 //!   `gemma4`), `unigram.rs` (`t5`), `wpm.rs` (`bert`).
 //! - `stream.rs`: `StreamDecoder`.
+//! - `tiktoken.rs`: tiktoken BPE files turned into the `tokenizer.ggml.*` metadata of a
+//!   byte-level BPE vocabulary.
 
 mod bpe;
 mod libstdcxx;
@@ -17,6 +19,7 @@ mod pretokenize;
 mod special;
 mod spm;
 mod stream;
+mod tiktoken;
 mod trie;
 mod unicode;
 mod unigram;
@@ -27,6 +30,7 @@ use ferrox_gguf::{Gguf, Metadata};
 
 use special::SpecialTokens;
 pub use stream::StreamDecoder;
+pub use tiktoken::{tiktoken_metadata, TiktokenRanks, MAX_TIKTOKEN_TOKENS};
 pub use vocab::{NormalizerOptions, TokenAttr, TokenId, TokenType, Vocab, VocabKind};
 
 /// A piece of the input after special-token splitting.
