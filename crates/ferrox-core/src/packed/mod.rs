@@ -386,7 +386,7 @@ impl PackedMatrix {
     }
 
     /// Groups `first..first + count` against every token: panels of groups small enough
-    /// to stay cached, each swept against the tokens eight (then four, two, one) at a time.
+    /// to stay cached, each swept against up to eight tokens at a time.
     ///
     /// # Safety
     /// The groups exist, `xq` holds `n_tokens` activation rows, and no other thread
@@ -405,7 +405,7 @@ impl PackedMatrix {
         let act = self.activation_row_bytes();
         // One sweep of the tokens streams the weights once: no panels needed (and the
         // kernels' prefetching runs on across the whole range).
-        let single_sweep = matches!(n_tokens, 1 | 2 | 4 | 8);
+        let single_sweep = n_tokens <= MAX_TOKENS_PER_SWEEP;
         let panel = if single_sweep {
             count
         } else {
@@ -418,11 +418,8 @@ impl PackedMatrix {
             let w = self.data[g * group_bytes..].as_ptr();
             let mut t = 0;
             while t < n_tokens {
-                let width = [8, 4, 2, 1]
-                    .into_iter()
-                    .find(|&w| t + w <= n_tokens)
-                    .unwrap_or(1);
-                let mut xs = [std::ptr::null::<u8>(); 8];
+                let width = (n_tokens - t).min(MAX_TOKENS_PER_SWEEP);
+                let mut xs = [std::ptr::null::<u8>(); MAX_TOKENS_PER_SWEEP];
                 for (i, x) in xs.iter_mut().take(width).enumerate() {
                     *x = xq[(t + i) * act..].as_ptr();
                 }
@@ -461,6 +458,9 @@ fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
         }
     }
 }
+
+/// Most tokens one sweep of the weights serves (their accumulators stay in registers).
+const MAX_TOKENS_PER_SWEEP: usize = 8;
 
 /// Weight bytes of a panel swept against all tokens while it stays in the L2 cache.
 const PANEL_BYTES: usize = 96 * 1024;
@@ -511,7 +511,7 @@ struct Plan<'a> {
 }
 
 /// `groups` consecutive groups at `w` (`blocks` blocks each) against the activation rows
-/// `xs` (1, 2, 4 or 8 of them); token `t`'s result for row `r` of the first group goes to
+/// `xs` (1 to [`MAX_TOKENS_PER_SWEEP`] of them); token `t`'s result for row `r` of the first group goes to
 /// `out[t * out_stride + r]`.
 ///
 /// # Safety
