@@ -3,11 +3,13 @@
 # on the same files and threads, for the default model (Q4_K_M) and its Q8_0 and Q4_0
 # requantizations (made with llama-quantize --allow-requantize when missing), and the files
 # people run: Qwen2.5-Coder-0.5B and 1.5B Instruct Q4_K_M (Q4_K/Q6_K matrices; fetched by
-# scripts/fetch-model.sh; QWEN=0 leaves them out).
+# scripts/fetch-model.sh) with the 1.5B's Q8_0 and Q4_0 requantizations; QWEN=0 leaves them out.
 #
 # Needs a llama.cpp build: LLAMA_CPP_BUILD (default /work/ref/build) with bin/llama-bench and
 # bin/llama-quantize. Run it on a quiet machine: the figures are only as good as the machine's
-# idleness. THREADS (default 2) and REPS (default 5) can be set.
+# idleness. THREADS (default 2) and REPS (default 5) can be set. IK_LLAMA_BENCH, the path of
+# an ik_llama.cpp llama-bench, adds a second table per file against it
+# (scripts/ik-llama-bench.sh: with its run-time repacking and flash attention).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,12 +31,26 @@ for q in Q8_0 Q4_0; do
     files+=("$out")
 done
 if [ "${QWEN:-1}" != 0 ]; then
-    files+=("$(scripts/fetch-model.sh qwen-0.5b)" "$(scripts/fetch-model.sh qwen-1.5b)")
+    QWEN15="$(scripts/fetch-model.sh qwen-1.5b)"
+    files+=("$(scripts/fetch-model.sh qwen-0.5b)" "$QWEN15")
+    for q in Q8_0 Q4_0; do
+        out="$DIR/qwen2.5-coder-1.5b-instruct-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
+        if [ ! -f "$out" ]; then
+            "$QUANTIZE" --allow-requantize "$QWEN15" "$out" "$q" >&2
+        fi
+        files+=("$out")
+    done
 fi
 
 cargo build --release -p ferrox-cli >&2
 FERROX=target/release/ferrox
 LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
+IK="${IK_LLAMA_BENCH:-}"
+if [ -n "$IK" ]; then
+    [ -x "$IK" ] || { echo "error: IK_LLAMA_BENCH=$IK is not executable" >&2; exit 1; }
+    export IK_LLAMA_BENCH="$IK"
+    IK_VERSION="$("$IK" --version 2>&1 | head -n1)" || true
+fi
 
 {
     echo "# Benchmarks"
@@ -48,11 +64,21 @@ LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
         "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
     echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)"
     echo "- llama.cpp: ${LLAMA_VERSION:-unknown} ($BENCH)"
+    if [ -n "$IK" ]; then
+        echo "- ik_llama.cpp: ${IK_VERSION:-unknown} ($IK, with \`-rtr 1 -fa 1\`)"
+    fi
     for f in "${files[@]}"; do
         echo
         echo "## $(basename "$f")"
         echo
         "$FERROX" bench -m "$f" -t "$THREADS" -r "$REPS" --compare "$BENCH" 2>/dev/null
+        if [ -n "$IK" ]; then
+            echo
+            echo "Against ik_llama.cpp (the column headed llama.cpp):"
+            echo
+            "$FERROX" bench -m "$f" -t "$THREADS" -r "$REPS" \
+                --compare scripts/ik-llama-bench.sh 2>/dev/null
+        fi
     done
 } > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md" >&2

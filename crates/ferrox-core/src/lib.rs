@@ -8,7 +8,7 @@
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
 //! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
 //! and [`block_manager`] hold cached rows in shared, reference-counted blocks with a prefix
-//! cache; [`memory`] puts them behind one model-agnostic sequence memory (paged stores and
+//! cache; [`relu_scores`] is the sparse-attention indexer's scoring loop; [`memory`] puts them behind one model-agnostic sequence memory (paged stores and
 //! recurrent states).
 
 pub mod bandwidth;
@@ -22,6 +22,7 @@ pub mod memory;
 pub mod packed;
 pub mod paged_kv;
 pub mod quant;
+pub mod relu_scores;
 
 pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;

@@ -208,7 +208,8 @@ impl MoeWeights {
     }
 
     /// The layer's MoE FFN of `xn` (`n × n_embd` normalized rows) into `out`: routing,
-    /// the routed experts, and the shared expert added.
+    /// the routed experts, and the shared expert added (its products riding in the routed
+    /// experts' passes).
     pub fn forward(
         &self,
         gguf: &Gguf,
@@ -223,18 +224,14 @@ impl MoeWeights {
             .map_err(moe_error)?;
         ferrox_moe::moe_ffn(
             router,
-            &self.experts(gguf)?,
+            &self.experts(gguf)?.with_shared(self.shared_expert(gguf)?),
             xn,
             router_logits,
             self.selection_bias.as_deref(),
             out,
             scratch,
         )
-        .map_err(moe_error)?;
-        if let Some(shared) = self.shared_expert(gguf)? {
-            shared.forward_add(xn, out, scratch).map_err(moe_error)?;
-        }
-        Ok(())
+        .map_err(moe_error)
     }
 
     pub fn shared_expert<'a>(

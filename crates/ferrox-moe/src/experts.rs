@@ -19,6 +19,7 @@ use smallvec::SmallVec;
 
 use crate::numerics;
 use crate::routing::RouterConfig;
+use crate::shared::{SharedExpert, SharedScratch};
 use crate::MoeError;
 
 /// The gated activation of the expert FFNs: `act(gate · x) * (up · x)`.
@@ -206,6 +207,7 @@ pub struct MoeExperts<'a> {
     up: ExpertTensor<'a>,
     down: ExpertTensor<'a>,
     activation: Activation,
+    shared: Option<SharedExpert<'a>>,
 }
 
 impl<'a> MoeExperts<'a> {
@@ -233,7 +235,15 @@ impl<'a> MoeExperts<'a> {
             up,
             down,
             activation,
+            shared: None,
         })
+    }
+
+    /// These experts with the layer's shared expert attached: [`moe_ffn`] and
+    /// [`moe_ffn_chosen`] then add its output too (after the routed sum, as llama.cpp
+    /// adds them), its products sharing the routed experts' passes over the pool.
+    pub fn with_shared(self, shared: Option<SharedExpert<'a>>) -> Self {
+        MoeExperts { shared, ..self }
     }
 
     pub fn n_embd(&self) -> usize {
@@ -266,8 +276,7 @@ impl<'a> MoeExperts<'a> {
 }
 
 /// Reusable buffers for [`moe_ffn`] and [`SharedExpert::forward_add`]; keep one per
-/// thread of inference so that steady-state decoding allocates nothing but the router's
-/// small vectors.
+/// thread of inference so that steady-state decoding allocates nothing.
 #[derive(Default, Debug)]
 pub struct MoeScratch {
     /// Per token, the selected `(expert, weight)` pairs of the last call, best first.
@@ -285,6 +294,7 @@ pub struct MoeScratch {
     u: Vec<f32>,
     y: Vec<f32>,
     contrib: Vec<f32>,
+    pub(crate) shared: SharedScratch,
 }
 
 /// Router logits for a batch: `ffn_gate_inp · x` per token, token-major
@@ -324,54 +334,6 @@ impl MoeScratch {
     }
 }
 
-/// One gated FFN over `m` tokens whose activations are already quantized for gate (`xg`)
-/// and up (`xu`): leaves `down · act(gate · x, up · x)` in `scratch.y` (`m × down.rows()`).
-#[allow(clippy::too_many_arguments)]
-fn gated_ffn(
-    gate: &WeightMatrix<'_>,
-    up: &WeightMatrix<'_>,
-    down: &WeightMatrix<'_>,
-    activation: Activation,
-    xg: &[u8],
-    xu: &[u8],
-    m: usize,
-    g: &mut Vec<f32>,
-    u: &mut Vec<f32>,
-    hq: &mut Vec<u8>,
-    y: &mut Vec<f32>,
-) -> Result<(), MoeError> {
-    let n_ff = gate.rows();
-    g.clear();
-    g.resize(m * n_ff, 0.0);
-    u.clear();
-    u.resize(m * n_ff, 0.0);
-    // Gate and up in one pass over the pool.
-    WeightMatrix::matmul_products(&mut [
-        MatrixProduct {
-            matrix: gate,
-            xq: xg,
-            n_tokens: m,
-            out: g,
-        },
-        MatrixProduct {
-            matrix: up,
-            xq: xu,
-            n_tokens: m,
-            out: u,
-        },
-    ])?;
-    if n_ff > 0 {
-        for (gr, ur) in g.chunks_exact_mut(n_ff).zip(u.chunks_exact(n_ff)) {
-            activation.apply(gr, ur);
-        }
-    }
-    down.quantize_activation(g, hq)?;
-    y.clear();
-    y.resize(m * down.rows(), 0.0);
-    down.matmul(hq, m, y)?;
-    Ok(())
-}
-
 /// Most experts whose products share one pass over the pool (two products each).
 const CHUNK_EXPERTS: usize = ferrox_core::packed::MAX_PRODUCTS / 2;
 /// Most rows (token-expert pairs) a multi-expert chunk holds: a decode step's, a small
@@ -382,12 +344,14 @@ const CHUNK_ROWS: usize = 64;
 /// on their tokens' quantized activations in `s.xq_gate` / `s.xq_up` (rows of
 /// `ag` / `au` bytes): their outputs in `s.y`, one row per triple. Every expert's gate and
 /// up products run in one pass over the pool, then every down product in another; each
-/// result is the one the expert alone gives.
+/// result is the one the expert alone gives. With `shared` (prepared in `s.shared`), the
+/// shared expert's products join the two passes, its output left in `s.shared`.
 fn experts_chunk(
     experts: &MoeExperts<'_>,
     range: std::ops::Range<usize>,
     shared_q: bool,
     (ag, au): (usize, usize),
+    shared: Option<&SharedExpert<'_>>,
     s: &mut MoeScratch,
 ) -> Result<(), MoeError> {
     let assign = &s.assign[range];
@@ -443,7 +407,13 @@ fn experts_chunk(
                 out: u,
             });
         }
+        if let Some(sh) = shared {
+            products.extend(sh.gate_up(&mut s.shared));
+        }
         WeightMatrix::matmul_products(&mut products)?;
+    }
+    if let Some(sh) = shared {
+        sh.activate(&mut s.shared)?;
     }
     if n_ff > 0 {
         for (gr, ur) in s.g.chunks_exact_mut(n_ff).zip(s.u.chunks_exact(n_ff)) {
@@ -467,6 +437,9 @@ fn experts_chunk(
             n_tokens: m,
             out: y,
         });
+    }
+    if let Some(sh) = shared {
+        products.push(sh.down(&mut s.shared));
     }
     WeightMatrix::matmul_products(&mut products)?;
     Ok(())
@@ -593,7 +566,7 @@ pub fn moe_ffn_chosen(
 }
 
 /// The experts of `scratch.routes` (`n_used` per token) over `x`, weighted and summed per
-/// token into `out`.
+/// token into `out`, and the shared expert's output added when one is attached.
 fn run_routes(
     experts: &MoeExperts<'_>,
     x: &[f32],
@@ -626,6 +599,15 @@ fn run_routes(
         first_up.activation_row_bytes(),
     );
 
+    let shared = experts.shared.as_ref();
+    if let Some(sh) = shared {
+        sh.check(x, out)?;
+        sh.prepare(x, &mut s.shared)?;
+    }
+    // The shared expert takes a place in a chunk's passes.
+    let max_experts = CHUNK_EXPERTS - usize::from(shared.is_some());
+    let mut shared_done = false;
+
     s.contrib.clear();
     s.contrib.resize(n_tokens * n_used * n_embd, 0.0);
     let mut start = 0;
@@ -634,7 +616,7 @@ fn run_routes(
         // rows stay few (a decode step's experts all at once), else one expert.
         let mut end = start;
         let mut experts_in_chunk = 0;
-        while end < s.assign.len() && experts_in_chunk < CHUNK_EXPERTS {
+        while end < s.assign.len() && experts_in_chunk < max_experts {
             let e = s.assign[end].0;
             let m = s.assign[end..].iter().take_while(|a| a.0 == e).count();
             if experts_in_chunk > 0 && end + m - start > CHUNK_ROWS {
@@ -643,7 +625,10 @@ fn run_routes(
             end += m;
             experts_in_chunk += 1;
         }
-        experts_chunk(experts, start..end, shared_q, (ag, au), s)?;
+        // When one chunk holds every expert, the shared expert rides in its passes.
+        let joined = shared.filter(|_| start == 0 && end == s.assign.len());
+        shared_done |= joined.is_some();
+        experts_chunk(experts, start..end, shared_q, (ag, au), joined, s)?;
         for (i, &(_, t, slot)) in s.assign[start..end].iter().enumerate() {
             let w = s.routes[t * n_used + slot].1;
             let y = &s.y[i * n_embd..(i + 1) * n_embd];
@@ -663,84 +648,11 @@ fn run_routes(
             o.iter_mut().zip(slot).for_each(|(a, &b)| *a += b);
         }
     }
-    Ok(())
-}
-
-/// Qwen2-MoE's shared-expert gate for one token: `silu(l) / l` (ggml computes the sigmoid
-/// that way), where `l = ffn_gate_inp_shexp · x`. NaN when `l == 0`, as in llama.cpp.
-pub fn shared_expert_gate(logit: f32) -> f32 {
-    numerics::silu(logit) / logit
-}
-
-/// A shared expert: a plain gated FFN every token goes through (`ffn_{gate,up,down}_shexp`),
-/// optionally scaled per token by [`shared_expert_gate`] of `ffn_gate_inp_shexp · x`
-/// (Qwen2-MoE). DeepSeek-style models have no gate.
-#[derive(Clone, Copy, Debug)]
-pub struct SharedExpert<'a> {
-    pub gate: WeightMatrix<'a>,
-    pub up: WeightMatrix<'a>,
-    pub down: WeightMatrix<'a>,
-    pub activation: Activation,
-    /// `ffn_gate_inp_shexp`: one row of `n_embd`.
-    pub gate_inp: Option<WeightMatrix<'a>>,
-}
-
-impl SharedExpert<'_> {
-    /// `out[t] += g_t · shared_ffn(x[t])` for every token (`g_t = 1` without a gate), the
-    /// order of llama.cpp's `moe_out + ffn_shexp_out`.
-    pub fn forward_add(
-        &self,
-        x: &[f32],
-        out: &mut [f32],
-        scratch: &mut MoeScratch,
-    ) -> Result<(), MoeError> {
-        let n_embd = self.gate.cols();
-        if self.up.cols() != n_embd
-            || self.up.rows() != self.gate.rows()
-            || self.down.cols() != self.gate.rows()
-            || self.down.rows() != n_embd
-            || self
-                .gate_inp
-                .is_some_and(|g| g.rows() != 1 || g.cols() != n_embd)
-            || out.len() != x.len()
-        {
-            return Err(MoeError::Shape("shared expert shapes disagree".into()));
+    if let Some(sh) = shared {
+        if !shared_done {
+            sh.run_alone(&mut s.shared)?;
         }
-        let s = scratch;
-        let m = self.gate.quantize_activation(x, &mut s.xq_gate)?;
-        let shared_q = self.up.vec_dot_type() == self.gate.vec_dot_type();
-        if !shared_q {
-            self.up.quantize_activation(x, &mut s.xq_up)?;
-        }
-        let xu: &[u8] = if shared_q { &s.xq_gate } else { &s.xq_up };
-        gated_ffn(
-            &self.gate,
-            &self.up,
-            &self.down,
-            self.activation,
-            &s.xq_gate,
-            xu,
-            m,
-            &mut s.g,
-            &mut s.u,
-            &mut s.hq,
-            &mut s.y,
-        )?;
-        let mut gates = Vec::new();
-        if let Some(gi) = &self.gate_inp {
-            router_logits(gi, x, &mut gates)?;
-            gates.iter_mut().for_each(|l| *l = shared_expert_gate(*l));
-        }
-        for (t, (o, y)) in out
-            .chunks_exact_mut(n_embd)
-            .zip(s.y.chunks_exact(n_embd))
-            .enumerate()
-        {
-            match gates.get(t) {
-                Some(&g) => o.iter_mut().zip(y).for_each(|(a, &b)| *a += b * g),
-                None => o.iter_mut().zip(y).for_each(|(a, &b)| *a += b),
-            }
-        }
-        Ok(())
+        sh.add_output(x, out, &mut s.shared)?;
     }
+    Ok(())
 }

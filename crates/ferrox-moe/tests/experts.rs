@@ -1,3 +1,4 @@
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{quantize_row, row_byte_len, GgmlType, WeightMatrix};
 use ferrox_moe::numerics::{self, swiglu};
 use ferrox_moe::{
@@ -337,4 +338,116 @@ fn shared_expert_with_sigmoid_gate() {
         }
     }
     assert!(shared_expert_gate(0.0).is_nan());
+}
+
+/// Each expert of `bytes` (`n` stacked `rows × cols` matrices of `ty`) packed.
+fn packed_experts(
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Vec<PackedMatrix> {
+    let per = bytes.len() / n;
+    bytes
+        .chunks_exact(per)
+        .map(|e| PackedMatrix::pack(ty, rows, cols, e, |_| {}).unwrap())
+        .collect()
+}
+
+#[test]
+fn attached_shared_expert_equals_adding_it_after() {
+    let m = Model::new(21);
+    let mut rng = StdRng::seed_from_u64(22);
+    let n_ff = 96;
+    // The shared expert quantizes its activations differently from the routed gate (Q8_0
+    // vs Q8_K), so both sets of buffers are exercised.
+    let sh_gate = stacked(&mut rng, GgmlType::Q8_0, N_EMBD, n_ff, 1);
+    let sh_up = stacked(&mut rng, GgmlType::Q4_0, N_EMBD, n_ff, 1);
+    let sh_down = stacked(&mut rng, GgmlType::Q8_0, n_ff, N_EMBD, 1);
+    let sh_gi = stacked(&mut rng, GgmlType::F32, N_EMBD, 1, 1);
+    let packs: &'static [Vec<PackedMatrix>; 6] = Box::leak(Box::new([
+        packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
+        packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
+        packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
+        packed_experts(GgmlType::Q8_0, &sh_gate, n_ff, N_EMBD, 1),
+        packed_experts(GgmlType::Q4_0, &sh_up, n_ff, N_EMBD, 1),
+        packed_experts(GgmlType::Q8_0, &sh_down, N_EMBD, n_ff, 1),
+    ]));
+    let c = &configs()[0];
+    for packed in [false, true] {
+        for gated in [false, true] {
+            let mat = |ty, b: &'static [u8], r, c, p: &'static PackedMatrix| {
+                let w = WeightMatrix::new(ty, r, c, b).unwrap();
+                if packed {
+                    w.with_packed(p).unwrap()
+                } else {
+                    w
+                }
+            };
+            let leak = |v: &Vec<u8>| -> &'static [u8] { Box::leak(v.clone().into_boxed_slice()) };
+            let sh = SharedExpert {
+                gate: mat(GgmlType::Q8_0, leak(&sh_gate), n_ff, N_EMBD, &packs[3][0]),
+                up: mat(GgmlType::Q4_0, leak(&sh_up), n_ff, N_EMBD, &packs[4][0]),
+                down: mat(GgmlType::Q8_0, leak(&sh_down), N_EMBD, n_ff, &packs[5][0]),
+                activation: Activation::SwiGlu,
+                gate_inp: gated
+                    .then(|| WeightMatrix::new(GgmlType::F32, 1, N_EMBD, leak(&sh_gi)).unwrap()),
+            };
+            let experts = if packed {
+                MoeExperts::new(
+                    ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &m.gate)
+                        .unwrap()
+                        .with_packed(&packs[0])
+                        .unwrap(),
+                    ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &m.up)
+                        .unwrap()
+                        .with_packed(&packs[1])
+                        .unwrap(),
+                    ExpertTensor::new(TY[2], [N_FF, N_EMBD, N_EXPERT], &m.down)
+                        .unwrap()
+                        .with_packed(&packs[2])
+                        .unwrap(),
+                    Activation::SwiGlu,
+                )
+                .unwrap()
+            } else {
+                m.experts(Activation::SwiGlu)
+            };
+            // One token (every expert in one chunk, the shared expert joining its passes),
+            // a few, and enough that the experts run in several chunks (the shared expert
+            // alone).
+            for n_tokens in [1, 3, 40] {
+                let x = inputs(23 + n_tokens as u64, n_tokens);
+                let mut logits = Vec::new();
+                router_logits(&m.gate_inp(), &x, &mut logits).unwrap();
+                let mut want = vec![0f32; x.len()];
+                let mut s = MoeScratch::default();
+                moe_ffn(c, &experts, &x, &logits, Some(&m.bias), &mut want, &mut s).unwrap();
+                sh.forward_add(&x, &mut want, &mut s).unwrap();
+                let mut got = vec![f32::NAN; x.len()];
+                let attached = experts.with_shared(Some(sh));
+                moe_ffn(
+                    c,
+                    &attached,
+                    &x,
+                    &logits,
+                    Some(&m.bias),
+                    &mut got,
+                    &mut MoeScratch::default(),
+                )
+                .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "packed {packed} gated {gated} n {n_tokens}"
+                );
+                // The shared expert did contribute.
+                let mut routed = vec![0f32; x.len()];
+                moe_ffn(c, &experts, &x, &logits, Some(&m.bias), &mut routed, &mut s).unwrap();
+                assert_ne!(bits(&routed), bits(&got));
+            }
+        }
+    }
 }

@@ -53,12 +53,9 @@ unsafe fn groups<const F: u8>(
             let out = out.add(4 * i * out_stride);
             match chunk.len() {
                 4 => run::<F, 4>(w, groups, blocks, chunk, out, out_stride),
+                3 => run::<F, 3>(w, groups, blocks, chunk, out, out_stride),
                 2 => run::<F, 2>(w, groups, blocks, chunk, out, out_stride),
-                _ => {
-                    for (t, &x) in chunk.iter().enumerate() {
-                        run::<F, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
-                    }
-                }
+                _ => run::<F, 1>(w, groups, blocks, chunk, out, out_stride),
             }
         }
     }

@@ -194,17 +194,17 @@ unsafe fn groups<B: Block>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    // SAFETY: forwarded contract; `xs` has 1, 2, 4 or 8 entries.
+    // SAFETY: forwarded contract; `xs` has 1 to 8 entries.
     unsafe {
         match xs.len() {
             8 => run::<B, 8>(w, groups, blocks, xs, out, out_stride),
+            7 => run::<B, 7>(w, groups, blocks, xs, out, out_stride),
+            6 => run::<B, 6>(w, groups, blocks, xs, out, out_stride),
+            5 => run::<B, 5>(w, groups, blocks, xs, out, out_stride),
             4 => run::<B, 4>(w, groups, blocks, xs, out, out_stride),
+            3 => run::<B, 3>(w, groups, blocks, xs, out, out_stride),
             2 => run::<B, 2>(w, groups, blocks, xs, out, out_stride),
-            _ => {
-                for (t, &x) in xs.iter().enumerate() {
-                    run::<B, 1>(w, groups, blocks, &[x], out.add(t * out_stride), out_stride);
-                }
-            }
+            _ => run::<B, 1>(w, groups, blocks, xs, out, out_stride),
         }
     }
 }

@@ -15,6 +15,7 @@
 
 use std::cell::RefCell;
 
+use ferrox_core::relu_scores::{self, IndexQuery};
 use ferrox_core::{KvRows, StepMemory};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
@@ -22,7 +23,6 @@ use rayon::prelude::*;
 use super::compressor::{self, read_row, CompressorScratch, CompressorStore};
 use super::config::{Compression, Deepseek4Config};
 use super::weights::{IndexerWeights, LayerWeights};
-use crate::dsa::indexer::Query;
 use crate::dsa::top_k::top_k;
 use crate::engine::EngineError;
 use crate::layers::attention::MAX_HEAD_DIM;
@@ -63,6 +63,8 @@ pub struct AttnScratch {
 
 /// Compressed rows the indexer scores per parallel task.
 const SCORE_CHUNK: usize = 64;
+/// Compressed rows gathered for one call of the scoring kernel.
+const KEYS_GATHERED: usize = 16;
 
 thread_local! {
     /// One head's scores over a token's keys.
@@ -309,7 +311,7 @@ fn select(
             s.selection.push_all();
             continue;
         }
-        let query = Query {
+        let query = IndexQuery {
             heads,
             weights: &iw[t * hi..(t + 1) * hi],
             head_dim: di,
@@ -319,12 +321,17 @@ fn select(
             .par_chunks_mut(SCORE_CHUNK)
             .enumerate()
             .for_each(|(chunk, scores)| {
-                let mut key = [0f32; MAX_HEAD_DIM];
-                let key = &mut key[..di];
-                for (i, score) in scores.iter_mut().enumerate() {
-                    let b = chunk * SCORE_CHUNK + i;
-                    read_row(memory, at.store, r.seq, at.layer, at.position_of(b), key);
-                    *score = query.score(key);
+                // The compressed rows are not contiguous in the store: gather a few at a
+                // time, then score them together.
+                let mut keys = [0f32; KEYS_GATHERED * MAX_HEAD_DIM];
+                for (part, scores) in scores.chunks_mut(KEYS_GATHERED).enumerate() {
+                    let first = chunk * SCORE_CHUNK + part * KEYS_GATHERED;
+                    let keys = &mut keys[..scores.len() * di];
+                    for (i, key) in keys.chunks_exact_mut(di).enumerate() {
+                        let b = first + i;
+                        read_row(memory, at.store, r.seq, at.layer, at.position_of(b), key);
+                    }
+                    relu_scores::scores(&query, KvRows::F32(keys), scores);
                 }
             });
         top_k(scores, c.indexer_top_k, &mut s.chosen);

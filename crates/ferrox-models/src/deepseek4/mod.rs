@@ -194,13 +194,20 @@ impl Deepseek4Engine {
             false => Activation::SwiGlu,
         };
         let m = &lw.moe;
+        let shared = m
+            .shared_expert(gguf)?
+            .map(|shared| ferrox_moe::SharedExpert {
+                activation: activation(c.clamp_shexp[il]),
+                ..shared
+            });
         let experts = MoeExperts::new(
             m.gate_exps.view(gguf)?,
             m.up_exps.view(gguf)?,
             m.down_exps.view(gguf)?,
             activation(c.clamp_exp[il]),
         )
-        .map_err(moe_error)?;
+        .map_err(moe_error)?
+        .with_shared(shared);
         s.moe
             .router_logits(&m.gate_inp.view(gguf)?, xn, s.router_logits)
             .map_err(moe_error)?;
@@ -233,13 +240,6 @@ impl Deepseek4Engine {
             ),
         }
         .map_err(moe_error)?;
-        if let Some(shared) = m.shared_expert(gguf)? {
-            let shared = ferrox_moe::SharedExpert {
-                activation: activation(c.clamp_shexp[il]),
-                ..shared
-            };
-            shared.forward_add(xn, out, s.moe).map_err(moe_error)?;
-        }
         Ok(())
     }
 }

@@ -12,14 +12,14 @@
 //! the sequence memory's indexer store, one row of Di per position and indexer layer, so they
 //! are paged, shared by prefix and rolled back with the latent rows.
 
-use ferrox_core::{KvRows, StepMemory};
+use ferrox_core::relu_scores::{self, IndexQuery};
+use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
 use super::config::{DsaConfig, IndexerConfig};
 use super::top_k::top_k;
 use crate::engine::EngineError;
-use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::linear::linear;
 use crate::layers::norm::layer_norm;
 use crate::mla::sparse::Selection;
@@ -146,7 +146,7 @@ pub(crate) fn select(
             continue;
         }
         let scores = grown(&mut s.scores, visible);
-        let query = Query {
+        let query = IndexQuery {
             heads: &q[t * hi * di..(t + 1) * hi * di],
             weights: &weights[t * hi..(t + 1) * hi],
             head_dim: di,
@@ -162,55 +162,15 @@ pub(crate) fn select(
 /// Positions scored per parallel task.
 const SCORE_CHUNK: usize = 128;
 
-/// One token's indexer query: its rotated heads and their weights.
-pub(crate) struct Query<'a> {
-    pub heads: &'a [f32],
-    pub weights: &'a [f32],
-    pub head_dim: usize,
-}
-
-impl Query<'_> {
-    /// `Σ_h w_h · relu(q_h · key)`, heads in order (as ggml's fused indexer sums them).
-    pub fn score(&self, key: &[f32]) -> f32 {
-        let mut score = 0.0f32;
-        for (head, &w) in self.heads.chunks_exact(self.head_dim).zip(self.weights) {
-            score += dot(head, key).max(0.0) * w;
-        }
-        score
-    }
-}
-
-/// Lanes of [`dot`]'s independent partial sums (a whole number of SIMD registers, so the
-/// compiler vectorizes the loop).
-const LANES: usize = 16;
-
-/// `a · b`, accumulated in [`LANES`] partial sums.
-///
-/// A score is a discontinuous function of its dot products: a product within rounding of 0
-/// is clipped or not by the ReLU depending on the order of summation, and where the
-/// selection's last places go to 0-scored positions that decides which position gets in.
-/// Changing this order can therefore move a selection (rarely), and with it the logits.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = xs
-        .remainder()
-        .iter()
-        .zip(ys.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in xs.zip(ys) {
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// Scores positions `0..scores.len()` of sequence `seq` in the indexer store, in parallel
 /// chunks of positions (each reading its stretch of the store).
-fn score(memory: &StepMemory<'_>, layer: usize, seq: usize, q: &Query<'_>, scores: &mut [f32]) {
-    let di = q.head_dim;
+fn score(
+    memory: &StepMemory<'_>,
+    layer: usize,
+    seq: usize,
+    q: &IndexQuery<'_>,
+    scores: &mut [f32],
+) {
     scores
         .par_chunks_mut(SCORE_CHUNK)
         .enumerate()
@@ -219,23 +179,8 @@ fn score(memory: &StepMemory<'_>, layer: usize, seq: usize, q: &Query<'_>, score
             let hi = lo + chunk.len();
             let mut at = 0;
             memory.for_each_run(INDEXER_STORE, seq, layer, lo, hi, |keys, _, len| {
-                let dst = &mut chunk[at..at + len];
+                relu_scores::scores(q, keys, &mut chunk[at..at + len]);
                 at += len;
-                match keys {
-                    KvRows::F32(k) => {
-                        for (o, key) in dst.iter_mut().zip(k.chunks_exact(di)) {
-                            *o = q.score(key);
-                        }
-                    }
-                    KvRows::F16(k) => {
-                        let mut row = [0f32; MAX_HEAD_DIM];
-                        let key = &mut row[..di];
-                        for (o, key16) in dst.iter_mut().zip(k.chunks_exact(di)) {
-                            key.iter_mut().zip(key16).for_each(|(o, v)| *o = v.to_f32());
-                            *o = q.score(key);
-                        }
-                    }
-                }
             });
         });
 }
