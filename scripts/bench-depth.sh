@@ -7,6 +7,13 @@
 #                     its lightning indexer (64 heads of 128), 2 layers, Q8_0 weights
 #                     (`write_synthetic --dsa-bench TOP_K`); top-k 2048 and 512, so that the cost
 #                     at depth can be set against top-k.
+#   kimi-linear       Kimi-Linear-48B-A3B's hybrid: 3 KDA layers (32 heads of 128, short conv
+#                     4) and 1 NoPE MLA layer (32 heads, latent 512, 64 rope dims), the model's
+#                     3:1 ratio, with small Q8_0 MoE layers (`write_synthetic --kimi-bench`). A
+#                     KDA layer's cost per token does not grow with depth (its recurrent state
+#                     has a fixed size); the MLA layer's does (it reads every cached latent).
+#                     The depth is prefilled again for each repetition: a recurrent state
+#                     cannot be rolled back.
 #
 # DEPTHS (default "0 4096 16384"), THREADS (2), REPS (3) and TG (32) can be set. The files are
 # written to $FERROX_BENCH_DIR (default ~/.cache/ferrox/bench-depth) when missing. Needs
@@ -40,7 +47,30 @@ for top_k in 2048 512; do
         runs+=("deepseek32 top-k $top_k|$d|$WORK/dsa-$top_k-$d.json")
     done
 done
+kimi_runs=()
+f="$DIR/kimi-linear-bench.gguf"
+[ -f "$f" ] || target/release/examples/write_synthetic "$DIR" --kimi-bench >&2
+for d in $DEPTHS; do
+    echo "bench: $f at depth $d" >&2
+    "$FERROX" bench -m "$f" -p 0 -n "$TG" -d "$d" -r "$REPS" -t "$THREADS" \
+        --compare "$BENCH" --json > "$WORK/kimi-$d.json"
+    kimi_runs+=("kimi-linear|$d|$WORK/kimi-$d.json")
+done
 LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
+
+# The table of runs NAME|DEPTH|JSON.
+table() {
+    python3 - "$@" <<'PY'
+import json, sys
+print("| file | depth | tg ferrox | tg llama.cpp | ratio | ferrox ms/token | llama.cpp ms/token |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for run in sys.argv[1:]:
+    name, depth, path = run.split("|")
+    tg = next(t for t in json.load(open(path)) if t["n_gen"] > 0)
+    print(f"| {name} | {depth} | {tg['avg_ts']:.1f} | {tg['llama_cpp_avg_ts']:.1f} | "
+          f"{tg['ratio']:.2f} | {1e3 / tg['avg_ts']:.2f} | {1e3 / tg['llama_cpp_avg_ts']:.2f} |")
+PY
+}
 
 {
     echo "# Decode at depth"
@@ -57,15 +87,31 @@ LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
     echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)"
     echo "- llama.cpp: ${LLAMA_VERSION:-unknown} ($BENCH)"
     echo
-    python3 - "${runs[@]}" <<'PY'
-import json, sys
-print("| file | depth | tg ferrox | tg llama.cpp | ratio | ferrox ms/token | llama.cpp ms/token |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-for run in sys.argv[1:]:
-    name, depth, path = run.split("|")
-    tg = next(t for t in json.load(open(path)) if t["n_gen"] > 0)
-    print(f"| {name} | {depth} | {tg['avg_ts']:.1f} | {tg['llama_cpp_avg_ts']:.1f} | "
-          f"{tg['ratio']:.2f} | {1e3 / tg['avg_ts']:.2f} | {1e3 / tg['llama_cpp_avg_ts']:.2f} |")
+    table "${runs[@]}"
+    echo
+    echo "## Kimi Linear: KDA and MLA layers at depth"
+    echo
+    echo "The kimi-linear file is Kimi-Linear-48B-A3B's hybrid in the model's 3:1 ratio: 3 KDA"
+    echo "layers (32 heads of 128, short convolution of 4) and 1 NoPE MLA layer (32 heads, latent"
+    echo "512, 64 rope dims), n_embd 2304, with small Q8_0 MoE layers. A KDA layer keeps a"
+    echo "recurrent state of fixed size per sequence, so its cost per token does not grow with"
+    echo "depth; the MLA layer reads every cached latent, so its cost does: the time per token"
+    echo "grows with depth by the MLA layer's share only. The depth is prefilled again for each"
+    echo "repetition (a recurrent state cannot be rolled back)."
+    echo
+    python3 - <<'PY'
+# The shapes of `write_synthetic --kimi-bench` (synthetic::kimi::bench_gguf).
+n_mla, kv_lora, rope = 1, 512, 64
+n_kda, n_head, head_dim, d_conv = 3, 32, 128, 4
+kv = n_mla * (kv_lora + rope) * 2  # one f16 latent row per MLA layer
+state = n_kda * (3 * (d_conv - 1) * n_head * head_dim + n_head * head_dim * head_dim) * 4
+print(f"- KV cache per token (the MLA layers only, f16): {n_mla} x ({kv_lora} + {rope}) x 2 = "
+      f"{kv} bytes, in both engines")
+print(f"- recurrent state per sequence (the KDA layers, f32, whatever the depth): {n_kda} x "
+      f"(3 x {d_conv - 1} x {n_head * head_dim} + {n_head} x {head_dim}^2) x 4 = {state} bytes "
+      f"({state / 2**20:.2f} MiB)")
 PY
+    echo
+    table "${kimi_runs[@]}"
 } > docs/BENCHMARKS-DEPTH.md
 echo "wrote docs/BENCHMARKS-DEPTH.md" >&2

@@ -14,6 +14,8 @@
 //! `synthetic::SWEEP_TOKENS`-token sequence; `--kimi-k3` the `kimi-k3` models
 //! (`synthetic::kimi::K3_MODELS`) likewise; `--dsa-bench TOP_K` a `deepseek32` file of
 //! DeepSeek-V3.2's attention shapes for speed at depth (`synthetic::dsa::bench_gguf`);
+//! `--kimi-bench` a `kimi-linear` file of Kimi-Linear-48B-A3B's attention shapes likewise
+//! (`synthetic::kimi::bench_gguf`);
 //! `--dsa` the DeepSeek Sparse Attention models
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
 //! likewise.
@@ -79,6 +81,15 @@ fn main() {
             let path = dir.join(format!("deepseek32-bench-topk{top_k}.gguf"));
             std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             println!("deepseek32-bench {} {}", path.display(), bytes.len());
+            return;
+        }
+        [dir, flag] if flag == "--kimi-bench" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let bytes = synthetic::kimi::bench_gguf();
+            let path = dir.join("kimi-linear-bench.gguf");
+            std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            println!("kimi-linear-bench {} {}", path.display(), bytes.len());
             return;
         }
         [dir, flag] if flag == "--deepseek4" => {

@@ -12,8 +12,8 @@ use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
+use super::delta_rule::{Run, SharedOut, CHUNK};
 use crate::engine::EngineError;
-use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
 use crate::step::{sized, Row};
@@ -72,7 +72,9 @@ pub struct KdaWeights {
     pub q: MatrixRef,
     pub k: MatrixRef,
     pub v: MatrixRef,
-    /// Per channel, `d_conv` taps, the last for the current token.
+    /// Tap by tap, every channel's weight (`d_conv × d_inner`, the file's layout
+    /// transposed, so that a tap runs over contiguous channels); the last tap is the
+    /// current token's.
     pub conv: [Vec<f32>; 3],
     pub f_a: MatrixRef,
     pub f_b: MatrixRef,
@@ -152,188 +154,9 @@ pub struct KdaScratch {
     g_a: Vec<f32>,
     gate: Vec<f32>,
     out: Vec<f32>,
+    /// One row's convolution sums.
+    conv: Vec<f32>,
     xq: Vec<u8>,
-}
-
-/// Positions per chunk of the chunked recurrence (llama.cpp's KDA chunk size).
-const CHUNK: usize = 16;
-
-/// Rows' inputs to the recurrence: q, k, v (`d_inner` per row), log-decays (`d_inner`),
-/// betas (`n_head`).
-type Inputs<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [f32], &'a [f32]);
-
-/// The output buffer, written by the heads of a run in parallel, each into its own columns.
-struct SharedOut(*mut f32);
-
-// SAFETY: the heads of a run write disjoint `Dh`-wide column slices of the output rows.
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// Row `t`'s slice for head `hd`.
-    ///
-    /// # Safety
-    /// No two callers may hold the same (row, head) slice at once.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn head(&self, t: usize, hd: usize, d_inner: usize, dh: usize) -> &mut [f32] {
-        // SAFETY: the caller's promise; the offsets stay inside the `n × d_inner` buffer the
-        // pointer was taken from.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(t * d_inner + hd * dh), dh) }
-    }
-}
-
-/// One run of a sequence's rows through the recurrence.
-struct Run {
-    rows: std::ops::Range<usize>,
-    d_inner: usize,
-    dh: usize,
-    scale: f32,
-}
-
-impl Run {
-    /// Token by token, as ggml's fused `gated_delta_net` op: decay, delta rule, output.
-    fn token(&self, hd: usize, h: usize, m: &mut [f32], x: Inputs<'_>, o: &SharedOut) {
-        let (q, k, v, g, beta) = x;
-        let (dh, d_inner) = (self.dh, self.d_inner);
-        let mut decay = [0f32; MAX_HEAD_DIM];
-        let mut delta = [0f32; MAX_HEAD_DIM];
-        let (decay, delta) = (&mut decay[..dh], &mut delta[..dh]);
-        for t in self.rows.clone() {
-            let at = t * d_inner + hd * dh;
-            let (qh, kh, vh) = (&q[at..at + dh], &k[at..at + dh], &v[at..at + dh]);
-            let b = beta[t * h + hd];
-            decay
-                .iter_mut()
-                .zip(&g[at..at + dh])
-                .for_each(|(d, &gi)| *d = gi.exp());
-            // The state is kept transposed: m[j·Dh + i] = S[i][j].
-            for row in m.chunks_exact_mut(dh) {
-                row.iter_mut().zip(decay.iter()).for_each(|(x, d)| *x *= d);
-            }
-            for (j, dj) in delta.iter_mut().enumerate() {
-                *dj = (vh[j] - dot(&m[j * dh..(j + 1) * dh], kh)) * b;
-            }
-            for (row, &dj) in m.chunks_exact_mut(dh).zip(delta.iter()) {
-                row.iter_mut().zip(kh).for_each(|(x, &ki)| *x += ki * dj);
-            }
-            // SAFETY: this head's slice of row t, written by this task only.
-            let oh = unsafe { o.head(t, hd, d_inner, dh) };
-            for (j, oj) in oh.iter_mut().enumerate() {
-                *oj = dot(&m[j * dh..(j + 1) * dh], qh) * self.scale;
-            }
-        }
-    }
-
-    /// The chunked form: with the cumulative log-decays G_t from the run's start and the
-    /// state S0 there, the pseudo-values u_t solve
-    /// `u_t = β_t (v_t − S0ᵀ(e^{G_t}⊙k_t)) − Σ_{s<t} β_t (k_t·(e^{G_t−G_s}⊙k_s)) u_s`,
-    /// the outputs are `o_t = S0ᵀ(e^{G_t}⊙q_t) + Σ_{s≤t} (k_s·(e^{G_t−G_s}⊙q_t)) u_s` and the
-    /// state becomes `e^{G_C}⊙S0 + Σ_s (e^{G_C−G_s}⊙k_s) u_sᵀ`: the token-by-token
-    /// recurrence unrolled over the run.
-    fn chunked(&self, hd: usize, h: usize, m: &mut [f32], x: Inputs<'_>, o: &SharedOut) {
-        CHUNK_SCRATCH.with_borrow_mut(|buf| self.chunked_in(hd, h, m, x, o, buf));
-    }
-
-    fn chunked_in(
-        &self,
-        hd: usize,
-        h: usize,
-        m: &mut [f32],
-        x: Inputs<'_>,
-        o: &SharedOut,
-        buf: &mut Vec<f32>,
-    ) {
-        let (q, k, v, g, beta) = x;
-        let (dh, d_inner) = (self.dh, self.d_inner);
-        let c = self.rows.len();
-        let t0 = self.rows.start;
-        // Row t's slice for this head.
-        let head = |t: usize| (t0 + t) * d_inner + hd * dh..(t0 + t) * d_inner + (hd + 1) * dh;
-        // Per position of the run (Dh each): cumulative log-decays, pseudo-values, and a
-        // key or query decayed from the run's start.
-        let (cum, rest) = sized(buf, 3 * c * dh).split_at_mut(c * dh);
-        let (u, tmp) = rest.split_at_mut(c * dh);
-        let tmp = &mut tmp[..dh];
-        for t in 0..c {
-            let gt = &g[head(t)];
-            for i in 0..dh {
-                let before = if t > 0 { cum[(t - 1) * dh + i] } else { 0.0 };
-                cum[t * dh + i] = gt[i] + before;
-            }
-        }
-        // For s <= t, with e = e^{G_t - G_s} per channel: a[t][s] = β_t k_t·(e⊙k_s) (s < t)
-        // and w[t][s] = k_s·(e⊙q_t), each decay computed once for both.
-        let (mut a, mut w) = ([[0f32; CHUNK]; CHUNK], [[0f32; CHUNK]; CHUNK]);
-        for t in 0..c {
-            let (kt, qt) = (&k[head(t)], &q[head(t)]);
-            let b = beta[(t0 + t) * h + hd];
-            for s in 0..=t {
-                let ks = &k[head(s)];
-                let (mut kk, mut kq) = (0.0f32, 0.0f32);
-                for i in 0..dh {
-                    let e = (cum[t * dh + i] - cum[s * dh + i]).exp();
-                    kk += kt[i] * ks[i] * e;
-                    kq += ks[i] * qt[i] * e;
-                }
-                a[t][s] = kk * b;
-                w[t][s] = kq;
-            }
-        }
-        for t in 0..c {
-            let (kt, vt) = (&k[head(t)], &v[head(t)]);
-            let b = beta[(t0 + t) * h + hd];
-            for i in 0..dh {
-                tmp[i] = cum[t * dh + i].exp() * kt[i];
-            }
-            let (done, ut) = u.split_at_mut(t * dh);
-            let ut = &mut ut[..dh];
-            for (j, uj) in ut.iter_mut().enumerate() {
-                *uj = b * (vt[j] - dot(&m[j * dh..(j + 1) * dh], tmp));
-            }
-            for s in 0..t {
-                let us = &done[s * dh..(s + 1) * dh];
-                ut.iter_mut().zip(us).for_each(|(x, &y)| *x -= a[t][s] * y);
-            }
-        }
-        for t in 0..c {
-            let qt = &q[head(t)];
-            for i in 0..dh {
-                tmp[i] = cum[t * dh + i].exp() * qt[i];
-            }
-            // SAFETY: this head's slice of the run's row t, written by this task only.
-            let oh = unsafe { o.head(t0 + t, hd, d_inner, dh) };
-            for (j, oj) in oh.iter_mut().enumerate() {
-                *oj = dot(&m[j * dh..(j + 1) * dh], tmp);
-            }
-            for s in 0..=t {
-                let us = &u[s * dh..(s + 1) * dh];
-                oh.iter_mut().zip(us).for_each(|(x, &y)| *x += w[t][s] * y);
-            }
-            oh.iter_mut().for_each(|x| *x *= self.scale);
-        }
-        // The new state; each key decayed to the run's end once (kept in `cum`, whose values
-        // are no longer needed once read).
-        for i in 0..dh {
-            let end = cum[(c - 1) * dh + i];
-            tmp[i] = end.exp();
-            for s in 0..c {
-                cum[s * dh + i] = (end - cum[s * dh + i]).exp() * k[head(s)][i];
-            }
-        }
-        for (j, row) in m.chunks_exact_mut(dh).enumerate() {
-            for i in 0..dh {
-                let mut x = tmp[i] * row[i];
-                for s in 0..c {
-                    x += cum[s * dh + i] * u[s * dh + j];
-                }
-                row[i] = x;
-            }
-        }
-    }
-}
-
-thread_local! {
-    /// Each worker's buffers for the chunked form (sized for the largest run once).
-    static CHUNK_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn silu(x: f32) -> f32 {
@@ -350,10 +173,6 @@ fn softplus(x: f32) -> f32 {
     } else {
         (1.0 + x.exp()).ln()
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The layer's output projection of `xn` (`rows.len()` normalized rows) into `out`; the
@@ -409,22 +228,28 @@ pub fn forward(
         {
             let x = &mut buf[t * d_inner..(t + 1) * d_inner];
             let taps = &w.conv[u];
-            for c in 0..d_inner {
-                let tap = &taps[c * d_conv..(c + 1) * d_conv];
-                let mut y = 0.0f32;
-                for j in 0..d_conv - 1 {
-                    y += tap[j] * conv_state[j * d_inner + c];
-                }
-                y += tap[d_conv - 1] * x[c];
-                // The window moves on: drop the oldest input, keep this one.
-                for j in 0..d_conv.saturating_sub(2) {
-                    conv_state[j * d_inner + c] = conv_state[(j + 1) * d_inner + c];
-                }
-                if d_conv > 1 {
-                    conv_state[(d_conv - 2) * d_inner + c] = x[c];
-                }
-                x[c] = silu(y);
+            let y = sized(&mut s.conv, d_inner);
+            y.fill(0.0);
+            // Tap j weighs the input d_conv - 1 - j positions back, each a contiguous row of
+            // the window (the oldest first).
+            for (tap, past) in taps
+                .chunks_exact(d_inner)
+                .zip(conv_state.chunks_exact(d_inner))
+            {
+                y.iter_mut()
+                    .zip(tap.iter().zip(past))
+                    .for_each(|(y, (&w, &p))| *y += w * p);
             }
+            let current = &taps[(d_conv - 1) * d_inner..];
+            y.iter_mut()
+                .zip(current.iter().zip(x.iter()))
+                .for_each(|(y, (&w, &x))| *y += w * x);
+            // The window moves on: drop the oldest input, keep this one.
+            if d_conv > 1 {
+                conv_state.copy_within(d_inner.., 0);
+                conv_state[(d_conv - 2) * d_inner..].copy_from_slice(x);
+            }
+            x.iter_mut().zip(y.iter()).for_each(|(x, &y)| *x = silu(y));
         }
         // L2 norms as ggml computes them: an RMS norm with eps/Dh, then 1/sqrt(Dh).
         let l2_scale = 1.0 / (dh as f32).sqrt();
@@ -457,6 +282,7 @@ pub fn forward(
             rows: start..start + len,
             d_inner,
             dh,
+            n_head: h,
             scale,
         };
         let state = &mut memory.state(seq)[state_at..state_at + shape.state_values()];
@@ -468,11 +294,7 @@ pub fn forward(
             .for_each(|(hd, m)| {
                 // Each head writes only its own slice of every row's output.
                 let o = SharedOut(o.as_ptr() as *mut f32);
-                if len == 1 {
-                    run.token(hd, h, m, inputs, &o);
-                } else {
-                    run.chunked(hd, h, m, inputs, &o);
-                }
+                run.head(hd, m, inputs, &o);
             });
         start += len;
     }

@@ -17,7 +17,9 @@
 //! that many tokens anywhere.
 
 mod config;
+mod delta_rule;
 pub mod kda;
+mod lanes;
 mod latent;
 mod residual;
 mod weights;

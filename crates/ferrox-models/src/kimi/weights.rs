@@ -7,6 +7,7 @@ use super::config::KimiConfig;
 use super::kda::{KdaWeights, OutputGate};
 use super::latent::{self, LatentProjection};
 use super::residual::ResidualScores;
+use crate::mla::weights::QueryWeights;
 use crate::mla::weights::{load_ffn, load_layer, load_layer_with};
 use crate::mla::{MlaFfn, MlaLayer};
 use crate::names::{Tensor, *};
@@ -97,7 +98,17 @@ fn load_kda(l: &Loader<'_>, c: &KimiConfig, il: usize) -> Result<KdaWeights, Mod
     let n_embd = c.mla.n_embd;
     let (h, dh, d_conv) = (c.kda.n_head, c.kda.head_dim, c.kda.d_conv);
     let d_inner = c.kda.d_inner();
-    let conv = |t: Tensor| l.vector(&t.layer(il), d_conv * d_inner);
+    // The file holds each channel's taps together; the engine runs tap by tap.
+    let conv = |t: Tensor| {
+        let by_channel = l.vector(&t.layer(il), d_conv * d_inner)?;
+        let mut by_tap = vec![0f32; d_conv * d_inner];
+        for (c, taps) in by_channel.chunks_exact(d_conv).enumerate() {
+            for (j, &w) in taps.iter().enumerate() {
+                by_tap[j * d_inner + c] = w;
+            }
+        }
+        Ok::<_, ModelError>(by_tap)
+    };
     let gate = match c.k3 {
         None => OutputGate::LowRank {
             a: l.matrix(&SSM_G_A.layer(il), n_embd, dh)?,
@@ -207,7 +218,11 @@ impl KimiWeights {
         })
     }
 
+    /// Packs what multiplies faster packed (see [`MatrixRef::pack`]), as the MLA engine
+    /// does: the output head, every layer's projections, the MLA layers' per-head matrices,
+    /// the FFNs and experts.
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        self.output.pack(gguf)?;
         for layer in &mut self.layers {
             match &mut layer.mixer {
                 Mixer::Kda { kda, ffn, .. } => {
@@ -215,8 +230,18 @@ impl KimiWeights {
                     pack_ffn(ffn, gguf)?;
                 }
                 Mixer::Mla { layer, .. } => {
+                    match &mut layer.q {
+                        QueryWeights::LoRa { a, b, .. } => {
+                            a.pack(gguf)?;
+                            b.pack(gguf)?;
+                        }
+                        QueryWeights::Plain(w) => w.pack(gguf)?,
+                    }
                     layer.kv_a.pack(gguf)?;
                     layer.wo.pack(gguf)?;
+                    for heads in [&mut layer.k_absorb, &mut layer.k_decompress, &mut layer.v] {
+                        heads.pack(gguf)?;
+                    }
                     pack_ffn(&mut layer.ffn, gguf)?;
                 }
             }
