@@ -49,6 +49,7 @@ fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::f
         Some("-hf" | "-hfr") => "--hf-repo".into(),
         Some("-np") => "--parallel".into(),
         Some("-sys") => "--system".into(),
+        Some("-md") => "--model-draft".into(),
         _ => a,
     })
     .collect()

@@ -626,3 +626,88 @@ fn serve_logs_json_lines_with_request_ids() {
         "{log}"
     );
 }
+
+/// `--spec-type ngram`: eight concurrent greedy streams with prompt-lookup drafts checked
+/// inside the batch give the same text as each request alone on a server without
+/// speculation, and `/metrics` counts the drafted and accepted tokens.
+#[test]
+fn serve_speculative_streams_equal_their_solo_outputs() {
+    let model = default_model();
+    let start = |extra: &[&str]| {
+        let mut args = vec![
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-size",
+            "1024",
+            "--parallel",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        let server = Server::start(&args, &[]);
+        server.wait_ready(Duration::from_secs(120));
+        server
+    };
+    let mut speculative = start(&["--spec-type", "ngram", "--draft-max", "8"]);
+    let mut plain = start(&[]);
+    // Prompts that repeat themselves (prompt lookup has something to propose) and one that
+    // does not.
+    let prompts: Vec<String> = (0..8)
+        .map(|i| match i % 3 {
+            0 => format!(
+                "def f{i}(x):\n    return x + {i}\n\ndef g{i}(x):\n    return x * {i}\n\n# The same two functions again:\ndef f{i}(x):"
+            ),
+            1 => format!("Count: {i}, {}, {}, {}, {}, {}, {},", i + 1, i + 2, i + 3, i + 4, i + 5, i + 6),
+            _ => format!("Story {i}: once upon a time"),
+        })
+        .collect();
+    let request = |port: u16, prompt: &str| {
+        let body = serde_json::json!({
+            "prompt": prompt,
+            "max_tokens": 64,
+            "temperature": 0,
+        })
+        .to_string();
+        let (status, body) = http(port, "POST", "/v1/completions", Some(&body), None);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(|| request(speculative.port, p)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let solo: Vec<String> = prompts.iter().map(|p| request(plain.port, p)).collect();
+    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(a, b, "prompt {i}: {:?}", prompts[i]);
+    }
+    let value = |metrics: &str, name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    };
+    let (_, metrics) = http(speculative.port, "GET", "/metrics", None, None);
+    let drafted = value(&metrics, "vllm:spec_decode_num_draft_tokens_total");
+    let accepted = value(&metrics, "vllm:spec_decode_num_accepted_tokens_total");
+    eprintln!("drafted {drafted} tokens, accepted {accepted}");
+    assert!(value(&metrics, "vllm:spec_decode_num_drafts_total") > 0.0);
+    assert!(accepted > 0.0 && drafted >= accepted, "{metrics}");
+    assert_eq!(
+        value(&metrics, "ferrox_spec_decode_accepted_tokens_total"),
+        accepted
+    );
+    let (_, metrics) = http(plain.port, "GET", "/metrics", None, None);
+    assert_eq!(
+        value(&metrics, "ferrox_spec_decode_draft_tokens_total"),
+        0.0
+    );
+    for server in [&mut speculative, &mut plain] {
+        server.terminate();
+        assert!(server.wait_exit(Duration::from_secs(20)).success());
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::draft_model::ModelDrafter;
 use crate::engine::{Engine, EngineError, EngineExt, LogitsFor, State};
 use crate::sampling::{logprob_of, top_logprobs, Sampler, SamplerParams};
 use crate::stop::StopMatcher;
@@ -76,11 +77,20 @@ pub enum Draft {
 }
 
 /// The n-gram lengths prompt lookup tries, longest first.
-const LOOKUP_NGRAMS: std::ops::RangeInclusive<usize> = 1..=4;
+const LOOKUP_NGRAMS: std::ops::RangeInclusive<usize> = 1..=LOOKUP_MAX_NGRAM;
 
 /// Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the
 /// last n tokens of `history` (the longest n with a match).
 pub fn lookup_draft(history: &[TokenId], max: usize, out: &mut Vec<TokenId>) {
+    lookup_draft_ngram(history, max, out);
+}
+
+/// [`lookup_draft`], returning the length of the n-gram that matched.
+pub fn lookup_draft_ngram(
+    history: &[TokenId],
+    max: usize,
+    out: &mut Vec<TokenId>,
+) -> Option<usize> {
     out.clear();
     for n in LOOKUP_NGRAMS.rev() {
         if history.len() <= n {
@@ -95,8 +105,70 @@ pub fn lookup_draft(history: &[TokenId], max: usize, out: &mut Vec<TokenId>) {
         {
             let from = i + n;
             out.extend(history[from..].iter().take(max));
-            return;
+            return Some(n);
         }
+    }
+    None
+}
+
+/// How many prompt-lookup tokens are worth checking: each drafted token costs a row of the
+/// step (on a CPU, with a large vocabulary's output head, not much less than a step of its
+/// own), so the draft is only as long as its tokens are likely to be kept. The pacer keeps a
+/// running per-token acceptance rate for each matched n-gram length (a long match predicts
+/// better than a one-token match) and drafts `k` tokens while rate^k >= 1/2; under a rate of
+/// 1/2 it drafts nothing, and the rate creeps back up with every step without a draft so
+/// that it is tried again now and then.
+#[derive(Clone, Debug)]
+pub struct DraftPacer {
+    /// Per-token acceptance, indexed by the n-gram length.
+    rate: [f32; LOOKUP_MAX_NGRAM + 1],
+}
+
+const LOOKUP_MAX_NGRAM: usize = 4;
+/// Weight of one checked token in the running rate.
+const PACER_STEP: f32 = 0.15;
+/// Recovery per step without a draft.
+const PACER_RECOVERY: f32 = 0.005;
+/// A drafted token must have at least this chance of being reached and kept.
+const PACER_KEEP: f32 = 0.5;
+
+impl Default for DraftPacer {
+    fn default() -> Self {
+        DraftPacer {
+            rate: [0.6; LOOKUP_MAX_NGRAM + 1],
+        }
+    }
+}
+
+impl DraftPacer {
+    /// Tokens worth drafting after a match of `n` tokens (at most `max`).
+    pub fn length(&self, n: usize, max: usize) -> usize {
+        let a = self.rate[n.min(LOOKUP_MAX_NGRAM)];
+        if a < PACER_KEEP {
+            return 0;
+        }
+        if a >= 0.999 {
+            return max;
+        }
+        ((PACER_KEEP.ln() / a.ln()).floor() as usize).clamp(1, max)
+    }
+
+    /// Records a checked draft of `drafted` tokens after an `n`-token match, of which the
+    /// first `accepted` were kept.
+    pub fn record(&mut self, n: usize, drafted: usize, accepted: usize) {
+        let a = &mut self.rate[n.min(LOOKUP_MAX_NGRAM)];
+        for _ in 0..accepted {
+            *a += PACER_STEP * (1.0 - *a);
+        }
+        if accepted < drafted {
+            *a -= PACER_STEP * *a;
+        }
+    }
+
+    /// A step went by without a draft after an `n`-token match.
+    pub fn idle(&mut self, n: usize) {
+        let a = &mut self.rate[n.min(LOOKUP_MAX_NGRAM)];
+        *a = (*a + PACER_RECOVERY).min(1.0);
     }
 }
 
@@ -244,17 +316,47 @@ impl<'t> Generation<'t> {
 
     /// Picks the next token from `logits` and advances the text.
     pub fn step(&mut self, logits: &[f32]) -> Step {
-        let token = match &mut self.constraint {
+        let token = self.pick(logits, |sampler, l| sampler.sample(l));
+        self.advance(token, logits)
+    }
+
+    /// Like [`Generation::step`] for a row whose token a draft model proposed, drawn from its
+    /// distribution `q`: speculative sampling keeps `proposed` or draws another token so that
+    /// the token follows the same distribution `step` draws from (see
+    /// [`Sampler::sample_speculative`]).
+    pub fn step_speculative(
+        &mut self,
+        logits: &[f32],
+        proposed: TokenId,
+        q: &[(TokenId, f32)],
+    ) -> Step {
+        let token = self.pick(logits, |sampler, l| {
+            sampler.sample_speculative(l, proposed, q).0
+        });
+        self.advance(token, logits)
+    }
+
+    /// Chooses a token with `choose` from the logits the constraint allows.
+    fn pick(
+        &mut self,
+        logits: &[f32],
+        choose: impl FnOnce(&mut Sampler, &[f32]) -> TokenId,
+    ) -> TokenId {
+        match &mut self.constraint {
             Some(c) => {
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
                 c.apply(&mut self.masked);
-                let token = self.sampler.sample(&self.masked);
+                let token = choose(&mut self.sampler, &self.masked);
                 c.accept(token);
                 token
             }
-            None => self.sampler.sample(logits),
-        };
+            None => choose(&mut self.sampler, logits),
+        }
+    }
+
+    /// Advances the text past `token`, chosen from `logits`.
+    fn advance(&mut self, token: TokenId, logits: &[f32]) -> Step {
         self.sampler.accept(token);
         self.generated += 1;
         let logprob = self.params.logprobs.then(|| logprob_of(logits, token));
@@ -366,6 +468,26 @@ pub fn generate<E: Engine + ?Sized>(
     tokenizer: &Tokenizer,
     prompt: &[TokenId],
     params: &GenerationParams,
+    on_step: impl FnMut(&Step) -> bool,
+) -> Result<Outcome, EngineError> {
+    generate_speculative(
+        engine, state, start_pos, tokenizer, prompt, params, None, on_step,
+    )
+}
+
+/// [`generate`], with a draft model proposing the tokens when `drafter` is given (it then
+/// takes the place of `params.draft`). Greedy output is the target's greedy output token for
+/// token; sampled output keeps the target's distribution through speculative sampling
+/// ([`Generation::step_speculative`]).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative<E: Engine + ?Sized>(
+    engine: &E,
+    state: &mut State,
+    start_pos: usize,
+    tokenizer: &Tokenizer,
+    prompt: &[TokenId],
+    params: &GenerationParams,
+    mut drafter: Option<&mut ModelDrafter<'_>>,
     mut on_step: impl FnMut(&Step) -> bool,
 ) -> Result<Outcome, EngineError> {
     let capacity = engine.context_size();
@@ -385,14 +507,28 @@ pub fn generate<E: Engine + ?Sized>(
         .to_vec();
     timings.prompt_time = started.elapsed();
 
+    let can_roll_back = engine.memory_spec().recurrent.is_none();
     let draft = match params.draft {
-        Draft::NGram { .. } if engine.memory_spec().recurrent.is_some() => Draft::None,
+        Draft::NGram { .. } if !can_roll_back => Draft::None,
         d => d,
     };
+    if !can_roll_back {
+        drafter = None;
+    }
     let n_vocab = logits.len();
     let mut generation = Generation::new(tokenizer, params.clone(), prompt);
-    let mut history: Vec<TokenId> = prompt.to_vec();
-    let (mut drafts, mut batch, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+    // The whole text for a draft model (its earlier turns included); the prompt and what
+    // follows for prompt lookup.
+    let mut history: Vec<TokenId> = match &drafter {
+        Some(d) => d.context().to_vec(),
+        None => Vec::new(),
+    };
+    history.extend_from_slice(prompt);
+    let (mut drafts, mut dists, mut batch, mut rows) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut pacer = DraftPacer::default();
+    // The n-gram length of the prompt-lookup match behind the current draft.
+    let mut matched = None;
     let mut tokens = Vec::new();
     let mut text = String::new();
     let mut pos = start_pos + prompt.len();
@@ -432,9 +568,18 @@ pub fn generate<E: Engine + ?Sized>(
         // Feed `token`, with what the draft proposes after it.
         'feed: loop {
             history.push(token);
-            if let Draft::NGram { min, max } = draft {
-                let room = (capacity - pos - 1).min(max);
-                lookup_draft(&history, room, &mut drafts);
+            let room = capacity - pos - 1;
+            if let Some(d) = drafter.as_deref_mut() {
+                let temperature = params.sampler.temperature;
+                d.propose(&history, room, temperature, &mut drafts, &mut dists)?;
+            } else if let Draft::NGram { min, max } = draft {
+                matched = lookup_draft_ngram(&history, room.min(max), &mut drafts);
+                if let Some(n) = matched {
+                    drafts.truncate(pacer.length(n, max));
+                    if drafts.is_empty() {
+                        pacer.idle(n);
+                    }
+                }
                 if drafts.len() < min.max(1) {
                     drafts.clear();
                 }
@@ -468,8 +613,19 @@ pub fn generate<E: Engine + ?Sized>(
             rows.extend_from_slice(engine.forward_batch(&batch, pos, state, LogitsFor::All)?);
             pos += 1;
             for (j, &proposed) in drafts.iter().enumerate() {
-                let step = generation.step(&rows[j * n_vocab..(j + 1) * n_vocab]);
+                let row = &rows[j * n_vocab..(j + 1) * n_vocab];
+                let step = match dists.get(j) {
+                    Some(q) if drafter.is_some() => generation.step_speculative(row, proposed, q),
+                    _ => generation.step(row),
+                };
                 let chosen = step.token;
+                if let Some(n) = matched {
+                    if chosen != proposed {
+                        pacer.record(n, j + 1, j);
+                    } else if j + 1 == drafts.len() {
+                        pacer.record(n, j + 1, j + 1);
+                    }
+                }
                 if let Some(reason) = emit(step, pos, &mut generation) {
                     state.truncate(pos)?;
                     break 'generate reason;
@@ -497,4 +653,34 @@ pub fn generate<E: Engine + ?Sized>(
         finish,
         timings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pacer_drafts_longer_as_drafts_are_kept_and_stops_when_they_are_not() {
+        let mut pacer = DraftPacer::default();
+        assert_eq!(pacer.length(4, 16), 1);
+        for _ in 0..4 {
+            pacer.record(4, 8, 8);
+        }
+        let long = pacer.length(4, 16);
+        assert!(long > 2, "{long}");
+        // Other match lengths keep their own record.
+        assert_eq!(pacer.length(1, 16), 1);
+        for _ in 0..6 {
+            pacer.record(1, 1, 0);
+        }
+        assert_eq!(pacer.length(1, 16), 0);
+        // Steps without a draft bring it back, slowly.
+        let mut steps = 0;
+        while pacer.length(1, 16) == 0 {
+            pacer.idle(1);
+            steps += 1;
+        }
+        assert!(steps > 10, "{steps}");
+        assert_eq!(pacer.length(4, 3), 3.min(long));
+    }
 }

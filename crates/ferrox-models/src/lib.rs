@@ -5,6 +5,7 @@
 pub mod any_engine;
 pub mod decoder;
 pub mod deepseek4;
+pub mod draft_model;
 pub mod dsa;
 pub mod engine;
 pub mod families;

@@ -126,12 +126,99 @@ impl Sampler {
 
     /// Picks the next token from raw logits.
     pub fn sample(&mut self, logits: &[f32]) -> TokenId {
+        let probs = match self.prepare(logits) {
+            Prepared::Chosen(token) => return token,
+            Prepared::Draw(probs) => probs,
+        };
+        let c = &self.candidates;
+        let r: f32 = self.rng.random();
+        let mut acc = 0.0;
+        for (i, pr) in probs.iter().enumerate() {
+            acc += pr;
+            if r < acc {
+                return c[i].0;
+            }
+        }
+        c[c.len() - 1].0
+    }
+
+    /// Speculative sampling (Leviathan et al., Chen et al.): `proposed` was drawn from the
+    /// draft's distribution `q` (token, probability; `q(proposed) > 0`). It is kept with
+    /// probability min(1, p/q), else a token is drawn from the normalized max(0, p - q):
+    /// either way the token returned follows `p`, what [`Sampler::sample`] draws from. Greedy
+    /// settings return their one choice. The second value says whether `proposed` was kept.
+    pub fn sample_speculative(
+        &mut self,
+        logits: &[f32],
+        proposed: TokenId,
+        q: &[(TokenId, f32)],
+    ) -> (TokenId, bool) {
+        let probs = match self.prepare(logits) {
+            Prepared::Chosen(token) => return (token, token == proposed),
+            Prepared::Draw(probs) => probs,
+        };
+        let c = &self.candidates;
+        let q_of = |id: TokenId| q.iter().find(|&&(t, _)| t == id).map_or(0.0, |&(_, pr)| pr);
+        let p_x = c
+            .iter()
+            .position(|&(t, _)| t == proposed)
+            .map_or(0.0, |i| probs[i]);
+        let q_x = q_of(proposed);
+        let r: f32 = self.rng.random();
+        if q_x > 0.0 && r * q_x < p_x {
+            return (proposed, true);
+        }
+        let mut residual: Vec<f32> = if q.len() > 1 {
+            let q_map: HashMap<TokenId, f32> = q.iter().copied().collect();
+            c.iter()
+                .zip(&probs)
+                .map(|(&(t, _), &pr)| (pr - q_map.get(&t).copied().unwrap_or(0.0)).max(0.0))
+                .collect()
+        } else {
+            c.iter()
+                .zip(&probs)
+                .map(|(&(t, _), &pr)| (pr - q_of(t)).max(0.0))
+                .collect()
+        };
+        let mut total: f32 = residual.iter().sum();
+        if total <= 0.0 {
+            // p and q agree up to rounding: any token but the rejected one, as p weighs it.
+            residual = c
+                .iter()
+                .zip(&probs)
+                .map(|(&(t, _), &pr)| if t == proposed { 0.0 } else { pr })
+                .collect();
+            total = residual.iter().sum();
+            if total <= 0.0 {
+                return (proposed, true);
+            }
+        }
+        let r: f32 = self.rng.random::<f32>() * total;
+        let mut acc = 0.0;
+        let mut last = None;
+        for (i, w) in residual.iter().enumerate() {
+            if *w <= 0.0 {
+                continue;
+            }
+            acc += w;
+            last = Some(i);
+            if r < acc {
+                return (c[i].0, false);
+            }
+        }
+        let i = last.expect("a positive residual weight");
+        (c[i].0, false)
+    }
+
+    /// Runs the chain: the token itself when the settings are greedy, else the probabilities
+    /// of `self.candidates` to draw from.
+    fn prepare(&mut self, logits: &[f32]) -> Prepared {
         let p = &self.params;
         let needs_penalties =
             p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if p.temperature <= 0.0 && !needs_penalties {
             if p.logit_bias.is_empty() {
-                return argmax(logits);
+                return Prepared::Chosen(argmax(logits));
             }
             let biased = &mut self.biased;
             biased.clear();
@@ -141,7 +228,7 @@ impl Sampler {
                     *v += bias;
                 }
             }
-            return argmax(biased);
+            return Prepared::Chosen(argmax(biased));
         }
         let c = &mut self.candidates;
         c.clear();
@@ -155,10 +242,11 @@ impl Sampler {
             apply_penalties(c, &self.recent, p);
         }
         if p.temperature <= 0.0 {
-            return c
-                .iter()
-                .fold(c[0], |best, &x| if x.1 > best.1 { x } else { best })
-                .0;
+            return Prepared::Chosen(
+                c.iter()
+                    .fold(c[0], |best, &x| if x.1 > best.1 { x } else { best })
+                    .0,
+            );
         }
         top_k(c, p.top_k);
         typical(c, p.typical_p);
@@ -167,17 +255,15 @@ impl Sampler {
         for entry in c.iter_mut() {
             entry.1 /= p.temperature;
         }
-        let probs = softmax(c);
-        let r: f32 = self.rng.random();
-        let mut acc = 0.0;
-        for (i, pr) in probs.iter().enumerate() {
-            acc += pr;
-            if r < acc {
-                return c[i].0;
-            }
-        }
-        c[c.len() - 1].0
+        Prepared::Draw(softmax(c))
     }
+}
+
+/// What the sampler chain leaves: one token, or candidates to draw from.
+enum Prepared {
+    Chosen(TokenId),
+    /// The probabilities of `Sampler::candidates`, in their order.
+    Draw(Vec<f32>),
 }
 
 /// The first index of the largest logit (0 for an empty or all-NaN row).

@@ -139,15 +139,29 @@ impl KvPool {
         engine: &E,
         work: &[Work<'_>],
     ) -> Result<(), EngineError> {
+        self.forward_checking(engine, work, &[])
+    }
+
+    /// [`KvPool::forward`], with the logits of every token (not only the last) for the
+    /// entries whose `check` is set: the rows that check drafted tokens.
+    pub fn forward_checking<E: Engine + ?Sized>(
+        &mut self,
+        engine: &E,
+        work: &[Work<'_>],
+        check: &[bool],
+    ) -> Result<(), EngineError> {
         if work.is_empty() {
             return Ok(());
         }
         let steps: SmallVec<[SeqWork<'_>; 16]> = work
             .iter()
-            .map(|w| SeqWork {
+            .enumerate()
+            .map(|(i, w)| SeqWork {
                 seq: w.slot,
                 tokens: w.tokens,
-                logits: if w.logits {
+                logits: if check.get(i).copied().unwrap_or(false) {
+                    LogitsFor::All
+                } else if w.logits {
                     LogitsFor::Last
                 } else {
                     LogitsFor::From(w.tokens.len())
@@ -174,7 +188,13 @@ impl KvPool {
         )
     }
 
-    /// The next-token logits of the sequence's last step (when it asked for them).
+    /// Forgets the sequence's positions from `len` on (drafted tokens that were rejected).
+    pub fn rollback(&mut self, id: SlotId, len: usize) -> Result<(), MemoryError> {
+        self.memory.rollback(id, len)
+    }
+
+    /// The next-token logits of the sequence's last step (when it asked for them; one row
+    /// per token after a checking step).
     pub fn logits(&self, id: SlotId) -> &[f32] {
         &self.logits[id.index()]
     }

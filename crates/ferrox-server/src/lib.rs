@@ -56,6 +56,7 @@ pub use ferrox_agent::ReasoningFormat;
 use ferrox_agent::{ConstraintCompiler, ToolFormat};
 use kv::KvPool;
 use metrics::{Metrics, ServedModel};
+pub use scheduler::Speculation;
 use scheduler::{Scheduler, SchedulerOptions};
 
 /// Reported as `system_fingerprint`.
@@ -110,6 +111,8 @@ pub struct ServerConfig {
     /// Where thinking goes (`--reasoning-format`): `reasoning_content`, or left in
     /// `content`.
     pub reasoning_format: ReasoningFormat,
+    /// Prompt-lookup speculation per sequence (`--spec-type ngram`), if on.
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for ServerConfig {
@@ -130,6 +133,7 @@ impl Default for ServerConfig {
             ping_interval: Duration::from_secs(15),
             log_format: LogFormat::Text,
             reasoning_format: ReasoningFormat::DeepSeek,
+            speculation: None,
         }
     }
 }
@@ -502,6 +506,12 @@ fn prepare(
         resolve_template(config.chat_template.as_deref(), &engine, &tokenizer)?;
     let n_ctx = engine.context_size();
     let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
+    if config.speculation.is_some() && engine.memory_spec().recurrent.is_some() {
+        bail!(
+            "--spec-type ngram: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
+            engine.architecture()
+        );
+    }
 
     let pool = kv_pool(config, &engine)?;
 
@@ -602,6 +612,7 @@ fn prepare(
             max_queue: config.max_queue,
             prefill_chunk: config.prefill_chunk.max(1),
             prefill_chunk_idle: config.prefill_chunk.max(512),
+            speculation: config.speculation,
         },
         metrics,
     );

@@ -152,6 +152,10 @@ pub struct Metrics {
     pub kv_bytes: AtomicU64,
     pub kv_bytes_per_position: AtomicU64,
     pub steps: AtomicU64,
+    /// Speculative decoding: drafts checked, the tokens they proposed, and those kept.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
     served: OnceLock<ServedModel>,
@@ -181,6 +185,9 @@ impl Default for Metrics {
             kv_bytes: AtomicU64::new(0),
             kv_bytes_per_position: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            spec_drafts: AtomicU64::new(0),
+            spec_draft_tokens: AtomicU64::new(0),
+            spec_accepted_tokens: AtomicU64::new(0),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             itl: Mutex::new(Histogram::new(ITL_BOUNDS)),
             served: OnceLock::new(),
@@ -301,6 +308,21 @@ impl Metrics {
                 "ferrox_scheduler_steps_total",
                 "Batched forward steps run by the scheduler.",
                 &self.steps,
+            ),
+            (
+                "ferrox_spec_decode_drafts_total",
+                "Speculative drafts checked (one per sequence and step that proposed tokens).",
+                &self.spec_drafts,
+            ),
+            (
+                "ferrox_spec_decode_draft_tokens_total",
+                "Tokens proposed by speculative drafts and checked.",
+                &self.spec_draft_tokens,
+            ),
+            (
+                "ferrox_spec_decode_accepted_tokens_total",
+                "Drafted tokens the model's own choice confirmed.",
+                &self.spec_accepted_tokens,
             ),
         ];
         for (name, help, v) in counters {
@@ -448,6 +470,21 @@ impl Metrics {
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed.",
                 get(&self.generated_tokens),
+            ),
+            (
+                "vllm:spec_decode_num_drafts_total",
+                "Number of spec decoding drafts.",
+                get(&self.spec_drafts),
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Number of draft tokens.",
+                get(&self.spec_draft_tokens),
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Number of accepted tokens.",
+                get(&self.spec_accepted_tokens),
             ),
         ];
         for (name, help, value) in counters {
@@ -609,6 +646,9 @@ mod tests {
             "vllm:num_preemptions_total",
             "vllm:prompt_tokens_total",
             "vllm:generation_tokens_total",
+            "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total",
             "vllm:request_success_total",
             "vllm:time_to_first_token_seconds",
             "vllm:inter_token_latency_seconds",

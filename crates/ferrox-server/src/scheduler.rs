@@ -12,9 +12,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferrox_models::generate::{FinishReason, Generation, GenerationParams, Step, TokenConstraint};
+use ferrox_models::generate::{
+    lookup_draft_ngram, DraftPacer, FinishReason, Generation, GenerationParams, Step,
+    TokenConstraint,
+};
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
-use ferrox_models::AnyEngine;
+use ferrox_models::{AnyEngine, Engine};
 use rayon::prelude::*;
 use tokio::sync::mpsc::error::SendError;
 use tokio::sync::mpsc::UnboundedSender;
@@ -98,6 +101,23 @@ pub struct SchedulerOptions {
     pub prefill_chunk: usize,
     /// Prompt tokens per step when nothing is decoding.
     pub prefill_chunk_idle: usize,
+    /// Prompt-lookup speculation per sequence, if on.
+    pub speculation: Option<Speculation>,
+}
+
+/// Prompt-lookup speculation inside the batch: a decoding sequence's drafted tokens ride in
+/// the same step as the other sequences' tokens, each checked by sampling its row exactly as
+/// a plain step would (the output is what it would be without), the rejected ones rolled
+/// back in the paged memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Speculation {
+    /// Most tokens drafted per sequence and step.
+    pub max: usize,
+    /// Fewer proposed tokens than this are not checked.
+    pub min: usize,
+    /// Drafted tokens join a step only while it has fewer rows than this: a large batch
+    /// already keeps the cores busy, and extra rows would slow every sequence in it.
+    pub max_rows: usize,
 }
 
 struct QueueState {
@@ -227,6 +247,33 @@ struct Seq<'t> {
     /// The sampled token to feed at the next step.
     next: Option<TokenId>,
     last_token_at: Option<Instant>,
+    /// The prompt and the generated tokens, for prompt lookup (empty without speculation).
+    history: Vec<TokenId>,
+    /// This step's tokens while it checks a draft: `next`, then the drafted tokens.
+    checking: Vec<TokenId>,
+    /// Tokens this sequence drafted and had accepted so far (drafting sequences with the
+    /// best record go first when a step has little room).
+    drafted: usize,
+    accepted: usize,
+    /// How long its drafts are, by their acceptance so far.
+    pacer: DraftPacer,
+    /// The n-gram length of the match behind the draft being checked.
+    matched: usize,
+}
+
+impl Seq<'_> {
+    /// How many tokens this sequence may draft now: `max`, within its token limit and the
+    /// context (so that every token a check may produce still fits).
+    fn draft_room(&self, max: usize, n_ctx: usize) -> usize {
+        let generated = self.generation.generated();
+        let by_limit = self
+            .job
+            .params
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(generated + 1));
+        let by_context = n_ctx.saturating_sub(self.job.prompt.len() + generated + 2);
+        max.min(by_limit).min(by_context)
+    }
 }
 
 impl Seq<'_> {
@@ -259,6 +306,26 @@ fn max_len(job: &Job) -> usize {
     job.prompt
         .len()
         .saturating_add(job.params.max_tokens.unwrap_or(usize::MAX))
+}
+
+/// Samples a sequence's rows of a step in order: one row, or, when the step checked a draft,
+/// the row of each drafted token until a sampled token differs from the drafted one (its
+/// successors were computed after a wrong token) or the generation ends.
+fn sample_rows(s: &mut Seq<'_>, logits: &[f32], n_vocab: usize) -> Vec<Step> {
+    if s.checking.is_empty() {
+        return vec![s.generation.step(logits)];
+    }
+    let drafted = &s.checking[1..];
+    let mut steps = Vec::with_capacity(s.checking.len());
+    for (j, row) in logits.chunks_exact(n_vocab).enumerate() {
+        let step = s.generation.step(row);
+        let ends = step.finish.is_some() || drafted.get(j).is_none_or(|&t| t != step.token);
+        steps.push(step);
+        if ends {
+            break;
+        }
+    }
+    steps
 }
 
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
@@ -396,6 +463,10 @@ impl<'t> Loop<'t> {
             cached_tokens: lease.reused,
         });
         let generation = Generation::new(self.tokenizer, job.params.clone(), &job.prompt);
+        let history = match self.options.speculation {
+            Some(_) => job.prompt.clone(),
+            None => Vec::new(),
+        };
         active.push(Seq {
             slot: lease.slot,
             cached: lease.reused,
@@ -403,6 +474,12 @@ impl<'t> Loop<'t> {
             generation,
             next: None,
             last_token_at: None,
+            history,
+            checking: Vec::new(),
+            drafted: 0,
+            accepted: 0,
+            pacer: DraftPacer::default(),
+            matched: 0,
             job,
         });
     }
@@ -434,6 +511,52 @@ impl<'t> Loop<'t> {
         }
     }
 
+    /// Adds prompt-lookup drafts to the decoding sequences of `plan` while the step has
+    /// fewer than `max_rows` rows, the sequences that have had the most drafted tokens
+    /// accepted first.
+    fn plan_drafts(&self, spec: Speculation, active: &mut [Seq<'t>], plan: &mut [Planned]) {
+        let mut rows: usize = plan.iter().map(|p| p.tokens).sum();
+        if rows >= spec.max_rows {
+            return;
+        }
+        let n_ctx = self.pool.capacity_per_sequence();
+        let mut order: Vec<usize> = (0..plan.len())
+            .filter(|&i| active[plan[i].index].next.is_some())
+            .collect();
+        let rate = |s: &Seq<'_>| (s.accepted + 1) as f64 / (s.drafted + 1) as f64;
+        order.sort_by(|&a, &b| {
+            rate(&active[plan[b].index]).total_cmp(&rate(&active[plan[a].index]))
+        });
+        let mut proposed = Vec::new();
+        for i in order {
+            let budget = spec.max_rows.saturating_sub(rows);
+            if budget == 0 {
+                break;
+            }
+            let s = &mut active[plan[i].index];
+            let room = s.draft_room(spec.max, n_ctx).min(budget);
+            if room == 0 {
+                continue;
+            }
+            let Some(n) = lookup_draft_ngram(&s.history, room, &mut proposed) else {
+                continue;
+            };
+            proposed.truncate(s.pacer.length(n, spec.max));
+            if proposed.is_empty() {
+                s.pacer.idle(n);
+            }
+            if proposed.len() < spec.min.max(1) {
+                continue;
+            }
+            s.matched = n;
+            s.checking.clear();
+            s.checking.push(s.next.expect("a decoding sequence"));
+            s.checking.extend_from_slice(&proposed);
+            plan[i].tokens += proposed.len();
+            rows += proposed.len();
+        }
+    }
+
     fn step(&mut self, active: &mut Vec<Seq<'t>>) {
         let decoding = active.iter().any(|s| s.next.is_some());
         let mut budget = if decoding {
@@ -462,6 +585,9 @@ impl<'t> Loop<'t> {
                 }
             }
         }
+        if let Some(spec) = self.options.speculation {
+            self.plan_drafts(spec, active, &mut plan);
+        }
         // Constrained sequences that get logits this step: their next masks are computed
         // on another thread while the forward pass runs (the mask depends only on the
         // tokens accepted so far, not on the logits).
@@ -480,6 +606,7 @@ impl<'t> Loop<'t> {
             .map(|p| {
                 let s = &active[p.index];
                 let tokens = match &s.next {
+                    Some(_) if !s.checking.is_empty() => &s.checking[..],
                     Some(t) => std::slice::from_ref(t),
                     None => &s.job.prompt[s.fed..s.fed + p.tokens],
                 };
@@ -490,9 +617,14 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
+        let check: Vec<bool> = plan
+            .iter()
+            .map(|p| !active[p.index].checking.is_empty())
+            .collect();
         let (pool, engine) = (&mut self.pool, &self.engine);
+        let forward = |pool: &mut KvPool| pool.forward_checking(engine, &work, &check);
         let result = if masks.is_empty() {
-            catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)))
+            catch_unwind(AssertUnwindSafe(|| forward(pool)))
         } else {
             std::thread::scope(|scope| {
                 let masking = scope.spawn(|| {
@@ -500,7 +632,7 @@ impl<'t> Loop<'t> {
                         c.prepare();
                     }
                 });
-                let result = catch_unwind(AssertUnwindSafe(|| pool.forward(engine, &work)));
+                let result = catch_unwind(AssertUnwindSafe(|| forward(pool)));
                 // A panic there leaves the masks to be computed (or fail) at sampling.
                 let _ = masking.join();
                 result
@@ -542,38 +674,84 @@ impl<'t> Loop<'t> {
         }
         // Sampling (and logprobs) cost O(vocab) per sequence: spread it over the cores.
         let pool = &self.pool;
+        let n_vocab = self.engine.vocab_size();
         let mut picked: Vec<(usize, &mut Seq<'t>)> = active
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| sampling[*i])
             .collect();
-        let steps: Vec<(usize, Step)> = if picked.len() > 1 {
+        let sample = |s: &mut Seq<'t>| sample_rows(s, pool.logits(s.slot), n_vocab);
+        let sampled: Vec<(usize, Vec<Step>)> = if picked.len() > 1 {
             picked
                 .par_iter_mut()
-                .map(|(i, s)| (*i, s.generation.step(pool.logits(s.slot))))
+                .map(|(i, s)| (*i, sample(s)))
                 .collect()
         } else {
-            picked
-                .iter_mut()
-                .map(|(i, s)| (*i, s.generation.step(pool.logits(s.slot))))
-                .collect()
+            picked.iter_mut().map(|(i, s)| (*i, sample(s))).collect()
         };
         drop(picked);
 
         let n_ctx = self.pool.capacity_per_sequence();
         let mut finished = Vec::new();
         let mut done: Vec<(usize, Summary)> = Vec::new();
-        for (index, step) in steps {
+        let mut steps: Vec<(usize, Step)> = Vec::with_capacity(sampled.len());
+        for (index, rows) in sampled {
             let s = &mut active[index];
-            let now = Instant::now();
+            if !s.checking.is_empty() {
+                // Keep the positions of `next` and of the drafted tokens that were accepted.
+                let drafted = s.checking.len() - 1;
+                let accepted = rows
+                    .iter()
+                    .zip(&s.checking[1..])
+                    .take_while(|(step, &t)| step.token == t)
+                    .count();
+                s.drafted += drafted;
+                s.accepted += accepted;
+                s.pacer.record(s.matched, drafted, accepted);
+                self.metrics.spec_drafts.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .spec_draft_tokens
+                    .fetch_add(drafted as u64, Ordering::Relaxed);
+                self.metrics
+                    .spec_accepted_tokens
+                    .fetch_add(accepted as u64, Ordering::Relaxed);
+                let keep = self.pool.len(s.slot) - drafted + (rows.len() - 1);
+                let ends = rows.last().is_some_and(|r| r.finish.is_some());
+                s.checking.clear();
+                if !ends {
+                    if let Err(e) = self.pool.rollback(s.slot, keep) {
+                        let message = format!("rolling back a draft failed: {e}");
+                        tracing::error!(parent: &s.job.span, "{message}");
+                        let _ = s.job.send(Event::Failed(ApiError::internal(message)));
+                        s.job.aborted(&self.metrics);
+                        finished.push(index);
+                        continue;
+                    }
+                }
+            }
+            steps.extend(rows.into_iter().map(|step| (index, step)));
+        }
+        // One time for the step's tokens: those a sequence had checked together arrive
+        // together.
+        let now = Instant::now();
+        for (index, step) in steps {
+            if finished.contains(&index) {
+                continue;
+            }
+            let s = &mut active[index];
             self.metrics
                 .generated_tokens
                 .fetch_add(1, Ordering::Relaxed);
             match s.last_token_at {
                 None => self.metrics.observe_ttft(now - s.job.submitted),
-                Some(t) => self.metrics.observe_itl(now - t),
+                // Tokens checked together: one gap, before the first of them.
+                Some(t) if t != now => self.metrics.observe_itl(now - t),
+                Some(_) => {}
             }
             s.last_token_at = Some(now);
+            if self.options.speculation.is_some() {
+                s.history.push(step.token);
+            }
             let mut text = step.text;
             let mut finish = step.finish;
             // Prompt and completion together never exceed the context (the last sampled

@@ -16,7 +16,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use super::model::{self, ModelArgs};
+use super::run::{SpecArgs, SpecType};
 use super::InputError;
+use ferrox_models::generate::{generate_speculative, GenerationParams, Outcome};
+use ferrox_models::sampling::SamplerParams;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,7 +56,59 @@ pub struct Args {
     /// `--compare`, llama-bench runs with `--repack 0` too).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// With --spec-type (alias --spec): instead of pp/tg, generate -n tokens greedily from a
+    /// prompt, plain and with speculation alternately, and report both speeds and the
+    /// acceptance rate.
+    #[command(flatten)]
+    pub speculation: SpecArgs,
+    /// The prompt file for --spec (default: a code file to give back with one change).
+    #[arg(long = "spec-prompt", value_name = "FILE")]
+    pub spec_prompt: Option<PathBuf>,
 }
+
+/// The default prompt of `bench --spec`: an edit-heavy request, where the answer repeats
+/// most of the prompt.
+const EDIT_PROMPT: &str = r#"Here is a Python file:
+
+```python
+import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int
+
+
+def load_items(path):
+    with open(path) as f:
+        return [Item(**row) for row in json.load(f)]
+
+
+def total(items):
+    return sum(item.price * item.quantity for item in items)
+
+
+def cheapest(items):
+    return min(items, key=lambda item: item.price)
+
+
+def main():
+    items = load_items("items.json")
+    print("total:", total(items))
+    print("cheapest:", cheapest(items).name)
+
+
+if __name__ == "__main__":
+    main()
+```
+
+The same file with the function `total` renamed to `order_total`:
+
+```python
+"#;
 
 /// One test's result.
 struct Measurement {
@@ -303,6 +358,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kv_f32: false,
         no_repack: args.no_repack,
     };
+    if args.speculation.kind()? != SpecType::None {
+        let model_args = ModelArgs {
+            ctx_size: None,
+            ..model_args
+        };
+        return run_spec(&args, &model_args);
+    }
     let loaded = model::load_engine(&model_args)?;
     let decoder = &loaded.engine;
     let vocab = loaded.tokenizer.vocab();
@@ -452,6 +514,136 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 None => println!(),
             }
         }
+    }
+    Ok(())
+}
+
+/// `bench --spec`: greedy generation from one prompt, plain and speculative alternately
+/// (one warm-up each, then `-r` repetitions), the outputs checked to be identical.
+fn run_spec(args: &Args, model_args: &ModelArgs) -> anyhow::Result<()> {
+    if args.n_gen == 0 {
+        return Err(InputError("--spec needs -n above 0".into()).into());
+    }
+    let text = match &args.spec_prompt {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| InputError(format!("{}: {e}", path.display())))?,
+        None => EDIT_PROMPT.to_string(),
+    };
+    let loaded = model::load_engine(model_args)?;
+    args.speculation.check_engine(&loaded.engine)?;
+    let draft = args.speculation.load_draft(model_args, &loaded.tokenizer)?;
+    let decoder = &loaded.engine;
+    let tokenizer = &loaded.tokenizer;
+    let prompt = tokenizer.encode(&text, true, true);
+    if prompt.len() + args.n_gen > decoder.context_size() {
+        return Err(InputError(format!(
+            "the prompt ({} tokens) and -n {} do not fit the context of {}",
+            prompt.len(),
+            args.n_gen,
+            decoder.context_size()
+        ))
+        .into());
+    }
+    let plain_params = GenerationParams {
+        max_tokens: Some(args.n_gen),
+        sampler: SamplerParams::greedy(),
+        ignore_eog: true,
+        ..GenerationParams::default()
+    };
+    let spec_params = GenerationParams {
+        draft: args.speculation.draft(),
+        ..plain_params.clone()
+    };
+    let mut drafter = match &draft {
+        Some(d) => Some(d.drafter(decoder.vocab_size(), &plain_params.sampler)?),
+        None => None,
+    };
+    let mut state = decoder.new_state()?;
+    let mut once = |speculative: bool| -> anyhow::Result<Outcome> {
+        state.reset();
+        let (params, drafter) = match speculative {
+            true => (&spec_params, drafter.as_mut()),
+            false => (&plain_params, None),
+        };
+        Ok(generate_speculative(
+            decoder,
+            &mut state,
+            0,
+            tokenizer,
+            &prompt,
+            params,
+            drafter,
+            |_| true,
+        )?)
+    };
+    once(false)?;
+    once(true)?;
+    let (mut plain, mut spec) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..args.repetitions {
+        let a = once(false)?;
+        let b = once(true)?;
+        identical &= a.tokens == b.tokens;
+        plain.push(a.timings);
+        spec.push(b.timings);
+    }
+    let ts = |t: &[ferrox_models::generate::Timings]| -> Vec<f64> {
+        t.iter().map(|t| t.generation_tokens_per_second()).collect()
+    };
+    let (plain_ts, spec_ts) = (ts(&plain), ts(&spec));
+    let drafted: usize = spec.iter().map(|t| t.drafted_tokens).sum();
+    let accepted: usize = spec.iter().map(|t| t.accepted_tokens).sum();
+    let acceptance = accepted as f64 / drafted.max(1) as f64;
+    let kind = match args.speculation.kind()? {
+        SpecType::Draft => "draft",
+        _ => "ngram",
+    };
+    if args.json {
+        let row = json!({
+            "engine": "ferrox",
+            "model_filename": loaded.path.to_string_lossy(),
+            "draft_filename": draft.as_ref().map(|d| d.loaded.path.to_string_lossy().into_owned()),
+            "spec_type": kind,
+            "n_threads": decoder.threads(),
+            "n_prompt": prompt.len(),
+            "n_gen": args.n_gen,
+            "plain_avg_ts": mean(&plain_ts),
+            "plain_stddev_ts": stddev(&plain_ts),
+            "spec_avg_ts": mean(&spec_ts),
+            "spec_stddev_ts": stddev(&spec_ts),
+            "speedup": mean(&spec_ts) / mean(&plain_ts),
+            "draft_n": drafted,
+            "draft_n_accepted": accepted,
+            "acceptance": acceptance,
+            "identical": identical,
+        });
+        println!("{}", serde_json::to_string_pretty(&row)?);
+    } else {
+        println!("| test | plain t/s | {kind} t/s | speedup | drafted | accepted | acceptance |");
+        println!("| ---- | --------: | ------: | ------: | ------: | -------: | ---------: |");
+        println!(
+            "| tg{} after {} prompt tokens | {:.2} ± {:.2} | {:.2} ± {:.2} | {:.2} | {drafted} | {accepted} | {:.1}% |",
+            args.n_gen,
+            prompt.len(),
+            mean(&plain_ts),
+            stddev(&plain_ts),
+            mean(&spec_ts),
+            stddev(&spec_ts),
+            mean(&spec_ts) / mean(&plain_ts),
+            100.0 * acceptance
+        );
+        println!(
+            "\nmodel: {}{}; outputs identical: {}",
+            loaded.path.display(),
+            draft
+                .as_ref()
+                .map(|d| format!(", draft: {}", d.loaded.path.display()))
+                .unwrap_or_default(),
+            if identical { "yes" } else { "NO" }
+        );
+    }
+    if !identical {
+        bail!("speculative output differs from plain greedy output");
     }
     Ok(())
 }

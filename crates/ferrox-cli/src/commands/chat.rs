@@ -7,7 +7,7 @@ use anyhow::Context;
 use ferrox_models::chat_template::{
     prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions,
 };
-use ferrox_models::generate::{generate, GenerationParams};
+use ferrox_models::generate::{generate_speculative, GenerationParams};
 use ferrox_models::Engine;
 use ferrox_models::EngineExt;
 
@@ -41,9 +41,18 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
+    args.speculation.kind()?;
     let loaded = model::load_engine(&args.model)?;
+    args.speculation.check_engine(&loaded.engine)?;
+    let draft_model = args
+        .speculation
+        .load_draft(&args.model, &loaded.tokenizer)?;
     let tokenizer = std::sync::Arc::new(loaded.tokenizer);
     let decoder = &loaded.engine;
+    let mut drafter = match &draft_model {
+        Some(d) => Some(d.drafter(decoder.vocab_size(), &sampler)?),
+        None => None,
+    };
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
     let chosen = match &args.chat_template {
@@ -122,13 +131,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             constraint: constraint.clone(),
             ..GenerationParams::default()
         };
-        let outcome = generate(
+        if let Some(d) = drafter.as_mut() {
+            d.set_context(&tokens[..reuse]);
+        }
+        let outcome = generate_speculative(
             decoder,
             &mut state,
             reuse,
             tokenizer,
             &tokens[reuse..],
             &params,
+            drafter.as_mut(),
             |step| {
                 let _ = stdout.write_all(step.text.as_bytes());
                 let _ = stdout.flush();

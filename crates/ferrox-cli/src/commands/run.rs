@@ -3,10 +3,12 @@
 use std::io::Write;
 
 use anyhow::Context;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferrox_agent::{ConstraintCompiler, GrammarSpec};
-use ferrox_models::generate::{generate, Constraint, Draft, GenerationParams, Outcome};
+use ferrox_models::draft_model::{check_vocab_compatible, DraftParams, ModelDrafter};
+use ferrox_models::generate::{generate_speculative, Constraint, Draft, GenerationParams, Outcome};
 use ferrox_models::sampling::SamplerParams;
 use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::Engine;
@@ -125,32 +127,160 @@ impl GrammarArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
     /// `ngram`: prompt lookup (the tokens that followed the latest earlier occurrence of the
-    /// text's last 1-4 tokens); `none`: plain decoding.
-    #[arg(long = "spec-type", value_enum, default_value_t = SpecType::None)]
-    pub spec_type: SpecType,
+    /// text's last 1-4 tokens); `draft`: a draft model (--model-draft); `none`: plain
+    /// decoding. Default: `draft` with --model-draft, else `none`.
+    #[arg(long = "spec-type", visible_alias = "spec", value_enum)]
+    pub spec_type: Option<SpecType>,
+    /// A draft model for speculative decoding (`-md`): a smaller GGUF with the target's
+    /// vocabulary, proposing tokens the target checks.
+    #[arg(
+        long = "model-draft",
+        visible_alias = "spec-draft-model",
+        value_name = "FILE"
+    )]
+    pub model_draft: Option<PathBuf>,
     /// Most tokens drafted per step.
-    #[arg(long = "draft-max", default_value_t = 16)]
+    #[arg(
+        long = "draft-max",
+        visible_alias = "spec-draft-n-max",
+        default_value_t = 16
+    )]
     pub draft_max: usize,
     /// Fewest tokens worth checking (shorter drafts are not checked).
-    #[arg(long = "draft-min", default_value_t = 1)]
+    #[arg(
+        long = "draft-min",
+        visible_alias = "spec-draft-n-min",
+        default_value_t = 1
+    )]
     pub draft_min: usize,
+    /// A draft model stops proposing at a token it gives less than this probability.
+    #[arg(
+        long = "draft-p-min",
+        visible_alias = "spec-draft-p-min",
+        default_value_t = 0.75
+    )]
+    pub draft_p_min: f32,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpecType {
     None,
     Ngram,
+    Draft,
+}
+
+/// A loaded draft model and how much it proposes.
+pub struct DraftModel {
+    pub loaded: model::LoadedEngine,
+    pub params: DraftParams,
+}
+
+impl DraftModel {
+    /// A drafter for a target with `target_vocab` logits per row.
+    pub fn drafter(
+        &self,
+        target_vocab: usize,
+        sampler: &SamplerParams,
+    ) -> anyhow::Result<ModelDrafter<'_>> {
+        Ok(ModelDrafter::new(
+            &self.loaded.engine,
+            self.params,
+            target_vocab,
+            sampler.seed,
+        )?)
+    }
 }
 
 impl SpecArgs {
+    /// The kind of speculation the flags ask for; contradictions and bad values are input
+    /// errors.
+    pub fn kind(&self) -> anyhow::Result<SpecType> {
+        let kind = match (self.spec_type, &self.model_draft) {
+            (None, Some(_)) => SpecType::Draft,
+            (None, None) => SpecType::None,
+            (Some(SpecType::Draft), None) => {
+                return Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
+            }
+            (Some(kind @ (SpecType::None | SpecType::Ngram)), Some(_)) => {
+                return Err(InputError(format!(
+                    "--model-draft is given but --spec-type is {}",
+                    if kind == SpecType::None {
+                        "none"
+                    } else {
+                        "ngram"
+                    }
+                ))
+                .into())
+            }
+            (Some(kind), _) => kind,
+        };
+        if kind != SpecType::None {
+            self.draft_params()
+                .validate()
+                .map_err(|e| InputError(e.to_string()))?;
+        }
+        Ok(kind)
+    }
+
+    fn draft_params(&self) -> DraftParams {
+        DraftParams {
+            max: self.draft_max,
+            min: self.draft_min,
+            p_min: self.draft_p_min,
+        }
+    }
+
+    /// Prompt lookup's settings, when the flags ask for it.
     pub fn draft(&self) -> Draft {
-        match self.spec_type {
-            SpecType::None => Draft::None,
-            SpecType::Ngram => Draft::NGram {
+        match self.kind() {
+            Ok(SpecType::Ngram) => Draft::NGram {
                 min: self.draft_min,
                 max: self.draft_max,
             },
+            _ => Draft::None,
         }
+    }
+
+    /// Refuses speculation on an engine whose memory cannot forget rejected draft tokens
+    /// (a recurrent state collapses its history).
+    pub fn check_engine(&self, engine: &impl Engine) -> anyhow::Result<()> {
+        if self.kind()? != SpecType::None && engine.memory_spec().recurrent.is_some() {
+            return Err(InputError(format!(
+                "speculative decoding needs a model whose memory rolls back; {} keeps a recurrent state that cannot forget rejected draft tokens",
+                engine.architecture()
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Loads the draft model the flags name, with the target's threads, context size and
+    /// cache settings, and checks its vocabulary against the target's tokenizer.
+    pub fn load_draft(
+        &self,
+        target: &ModelArgs,
+        target_tokenizer: &Tokenizer,
+    ) -> anyhow::Result<Option<DraftModel>> {
+        if self.kind()? != SpecType::Draft {
+            return Ok(None);
+        }
+        let path = self.model_draft.clone().expect("checked by kind()");
+        let args = ModelArgs {
+            model: Some(path.clone()),
+            hf_repo: None,
+            ..target.clone()
+        };
+        let loaded = model::load_engine(&args).context("loading the draft model")?;
+        check_vocab_compatible(target_tokenizer, &loaded.tokenizer).map_err(|e| {
+            InputError(format!(
+                "the draft model {} cannot draft for this model: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Some(DraftModel {
+            loaded,
+            params: self.draft_params(),
+        }))
     }
 }
 
@@ -205,9 +335,18 @@ impl SamplingArgs {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
+    args.speculation.kind()?;
     let loaded = model::load_engine(&args.model)?;
+    args.speculation.check_engine(&loaded.engine)?;
+    let draft_model = args
+        .speculation
+        .load_draft(&args.model, &loaded.tokenizer)?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let decoder = &loaded.engine;
+    let mut drafter = match &draft_model {
+        Some(d) => Some(d.drafter(decoder.vocab_size(), &sampler)?),
+        None => None,
+    };
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
     let text = prompt_text(&args)?;
@@ -240,13 +379,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut top_logprobs = Vec::new();
     let mut write_error = None;
-    let outcome = generate(
+    let outcome = generate_speculative(
         decoder,
         &mut state,
         0,
         tokenizer,
         &prompt,
         &params,
+        drafter.as_mut(),
         |step| {
             if args.json {
                 top_logprobs.push(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig};
+use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
 
 use super::model::{self, ModelArgs};
 use super::InputError;
@@ -63,6 +63,34 @@ pub struct Args {
     /// `reasoning_content`, `none` leaves it in `content`.
     #[arg(long = "reasoning-format", value_enum, default_value_t = ReasoningFormatArg::Deepseek)]
     pub reasoning_format: ReasoningFormatArg,
+    /// `ngram`: prompt-lookup speculation per sequence inside the batch (the output is the
+    /// same, faster on repetitive text); `none`: plain decoding.
+    #[arg(long = "spec-type", visible_alias = "spec", value_enum, default_value_t = ServeSpecType::None)]
+    pub spec_type: ServeSpecType,
+    /// Most tokens drafted per sequence and step.
+    #[arg(
+        long = "draft-max",
+        visible_alias = "spec-draft-n-max",
+        default_value_t = 16
+    )]
+    pub draft_max: usize,
+    /// Fewest tokens worth checking (shorter drafts are not checked).
+    #[arg(
+        long = "draft-min",
+        visible_alias = "spec-draft-n-min",
+        default_value_t = 1
+    )]
+    pub draft_min: usize,
+    /// Drafted tokens join a step only while it has fewer rows (tokens of all its sequences)
+    /// than this: a large batch already keeps the cores busy.
+    #[arg(long = "spec-max-rows", default_value_t = 16)]
+    pub spec_max_rows: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServeSpecType {
+    None,
+    Ngram,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -96,7 +124,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
+    let speculation = match args.spec_type {
+        ServeSpecType::None => None,
+        ServeSpecType::Ngram => {
+            if args.draft_max == 0 {
+                return Err(InputError("--draft-max must be at least 1".into()).into());
+            }
+            if args.draft_min > args.draft_max {
+                return Err(InputError(format!(
+                    "--draft-min ({}) exceeds --draft-max ({})",
+                    args.draft_min, args.draft_max
+                ))
+                .into());
+            }
+            Some(Speculation {
+                max: args.draft_max,
+                min: args.draft_min,
+                max_rows: args.spec_max_rows,
+            })
+        }
+    };
     let config = ServerConfig {
+        speculation,
         host: args.host,
         port: args.port,
         api_key,
