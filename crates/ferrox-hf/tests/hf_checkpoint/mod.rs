@@ -310,18 +310,8 @@ pub fn kimi_config(gguf: &Gguf) -> Value {
 }
 
 fn base64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for chunk in bytes.chunks(3) {
-        let mut b = [0u8; 3];
-        b[..chunk.len()].copy_from_slice(chunk);
-        let n = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-        for i in 0..=chunk.len() {
-            s.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-        s.extend(std::iter::repeat_n('=', 3 - chunk.len()));
-    }
-    s
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// `tiktoken.model`: every byte at its own value as rank, then [`MERGED`].
