@@ -388,3 +388,24 @@ pub fn write_kimi_linear_dir(dir: &Path, gguf: &Gguf) {
     let tc = serde_json::to_string_pretty(&tokenizer_config()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), tc).unwrap();
 }
+
+/// Every position's logits of `tokens` run as one batch (f32 cache).
+#[allow(dead_code)] // not every including test compares logits
+pub fn all_logits(gguf: Gguf, tokens: &[u32]) -> Vec<f32> {
+    use ferrox_core::KvStorage;
+    use ferrox_models::{AnyEngine, EngineExt, EngineOptions, LogitsFor};
+    use std::sync::Arc;
+
+    let options = EngineOptions {
+        n_ctx: 128,
+        threads: 2,
+        kv_storage: KvStorage::F32,
+        ..EngineOptions::default()
+    };
+    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let mut state = engine.new_state().unwrap();
+    engine
+        .forward_batch(tokens, 0, &mut state, LogitsFor::All)
+        .unwrap()
+        .to_vec()
+}
