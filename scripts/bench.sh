@@ -23,22 +23,21 @@ QUANTIZE="$BUILD/bin/llama-quantize"
 DEFAULT="$(scripts/fetch-model.sh)"
 DIR="$(dirname "$DEFAULT")"
 files=("$DEFAULT")
+# requantized SOURCE NAME TYPE: the path of SOURCE requantized to TYPE (made when missing).
+requantized() {
+    local out
+    out="$DIR/$2-$(echo "$3" | tr 'A-Z' 'a-z').gguf"
+    [ -f "$out" ] || "$QUANTIZE" --allow-requantize "$1" "$out" "$3" >&2
+    echo "$out"
+}
 for q in Q8_0 Q4_0; do
-    out="$DIR/gemma-3-270m-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
-    if [ ! -f "$out" ]; then
-        "$QUANTIZE" --allow-requantize "$DEFAULT" "$out" "$q" >&2
-    fi
-    files+=("$out")
+    files+=("$(requantized "$DEFAULT" gemma-3-270m "$q")")
 done
 if [ "${QWEN:-1}" != 0 ]; then
     QWEN15="$(scripts/fetch-model.sh qwen-1.5b)"
     files+=("$(scripts/fetch-model.sh qwen-0.5b)" "$QWEN15")
     for q in Q8_0 Q4_0; do
-        out="$DIR/qwen2.5-coder-1.5b-instruct-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
-        if [ ! -f "$out" ]; then
-            "$QUANTIZE" --allow-requantize "$QWEN15" "$out" "$q" >&2
-        fi
-        files+=("$out")
+        files+=("$(requantized "$QWEN15" qwen2.5-coder-1.5b-instruct "$q")")
     done
 fi
 

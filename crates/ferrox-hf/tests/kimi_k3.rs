@@ -6,26 +6,7 @@ mod hf_checkpoint;
 #[path = "../../ferrox-models/tests/synthetic/mod.rs"]
 mod synthetic;
 
-use std::sync::Arc;
-
-use ferrox_core::KvStorage;
 use ferrox_gguf::{GgmlType, Gguf};
-use ferrox_models::{AnyEngine, EngineExt, EngineOptions, LogitsFor};
-
-fn all_logits(gguf: Gguf, tokens: &[u32]) -> Vec<f32> {
-    let options = EngineOptions {
-        n_ctx: 128,
-        threads: 2,
-        kv_storage: KvStorage::F32,
-        ..EngineOptions::default()
-    };
-    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-    let mut state = engine.new_state().unwrap();
-    engine
-        .forward_batch(tokens, 0, &mut state, LogitsFor::All)
-        .unwrap()
-        .to_vec()
-}
 
 #[test]
 fn k3_directories_give_the_gguf_tensors_and_logits() {
@@ -61,7 +42,10 @@ fn k3_directories_give_the_gguf_tensors_and_logits() {
             }
         }
         let tokens = synthetic::kimi::token_ids_of(name, 40);
-        let (want, got) = (all_logits(gguf(), &tokens), all_logits(hf, &tokens));
+        let (want, got) = (
+            hf_checkpoint::all_logits(gguf(), &tokens),
+            hf_checkpoint::all_logits(hf, &tokens),
+        );
         let worst = want
             .iter()
             .zip(&got)

@@ -8,12 +8,9 @@ mod hf_checkpoint;
 mod synthetic;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use ferrox_core::KvStorage;
 use ferrox_gguf::{GgmlType, Gguf};
 use ferrox_models::tokenizer::Tokenizer;
-use ferrox_models::{AnyEngine, EngineExt, EngineOptions, LogitsFor};
 use hf_checkpoint::*;
 use safetensors::Dtype;
 
@@ -25,21 +22,6 @@ fn written_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     write_kimi_linear_dir(dir.path(), &fixture());
     dir
-}
-
-fn all_logits(gguf: Gguf, tokens: &[u32]) -> Vec<f32> {
-    let options = EngineOptions {
-        n_ctx: 128,
-        threads: 2,
-        kv_storage: KvStorage::F32,
-        ..EngineOptions::default()
-    };
-    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-    let mut state = engine.new_state().unwrap();
-    engine
-        .forward_batch(tokens, 0, &mut state, LogitsFor::All)
-        .unwrap()
-        .to_vec()
 }
 
 /// The largest difference between two tensors' values (F32).
@@ -84,8 +66,8 @@ fn every_tensor_is_the_gguf_tensor() {
 fn directory_gives_the_gguf_logits() {
     let dir = written_dir();
     let tokens = synthetic::kimi::token_ids(40);
-    let from_gguf = all_logits(fixture(), &tokens);
-    let from_dir = all_logits(ferrox_hf::open(dir.path()).unwrap(), &tokens);
+    let from_gguf = hf_checkpoint::all_logits(fixture(), &tokens);
+    let from_dir = hf_checkpoint::all_logits(ferrox_hf::open(dir.path()).unwrap(), &tokens);
     assert_eq!(from_gguf.len(), from_dir.len());
     let worst = from_gguf
         .iter()

@@ -310,18 +310,8 @@ pub fn kimi_config(gguf: &Gguf) -> Value {
 }
 
 fn base64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for chunk in bytes.chunks(3) {
-        let mut b = [0u8; 3];
-        b[..chunk.len()].copy_from_slice(chunk);
-        let n = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-        for i in 0..=chunk.len() {
-            s.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-        s.extend(std::iter::repeat_n('=', 3 - chunk.len()));
-    }
-    s
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// `tiktoken.model`: every byte at its own value as rank, then [`MERGED`].
@@ -397,4 +387,25 @@ pub fn write_kimi_linear_dir(dir: &Path, gguf: &Gguf) {
     std::fs::write(dir.join("tiktoken.model"), tiktoken_model()).unwrap();
     let tc = serde_json::to_string_pretty(&tokenizer_config()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), tc).unwrap();
+}
+
+/// Every position's logits of `tokens` run as one batch (f32 cache).
+#[allow(dead_code)] // not every including test compares logits
+pub fn all_logits(gguf: Gguf, tokens: &[u32]) -> Vec<f32> {
+    use ferrox_core::KvStorage;
+    use ferrox_models::{AnyEngine, EngineExt, EngineOptions, LogitsFor};
+    use std::sync::Arc;
+
+    let options = EngineOptions {
+        n_ctx: 128,
+        threads: 2,
+        kv_storage: KvStorage::F32,
+        ..EngineOptions::default()
+    };
+    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let mut state = engine.new_state().unwrap();
+    engine
+        .forward_batch(tokens, 0, &mut state, LogitsFor::All)
+        .unwrap()
+        .to_vec()
 }

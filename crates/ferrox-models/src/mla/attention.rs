@@ -27,10 +27,12 @@
 //! gets the same bits alone or batched.
 
 use ferrox_core::flash_attn::MAX_GROUP;
-use ferrox_core::{KvRows, KvStorage, StepMemory};
+use ferrox_core::packed::MAX_PRODUCTS;
+use ferrox_core::{KvRows, KvStorage, MatrixProduct, StepMemory, WeightMatrix};
 use ferrox_gguf::Gguf;
 use half::f16;
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 use super::config::MlaConfig;
 use super::sparse::{self, Selection};
@@ -298,6 +300,9 @@ fn per_head(
 ) -> Result<(), EngineError> {
     let m = heads.view(gguf)?;
     let (rows, cols, n_head) = (m.rows(), m.cols(), m.n_expert());
+    if n <= FEW_ROWS {
+        return per_head_few(&m, input, n, out, out_rows, out_stride, gather, result, xq);
+    }
     let result = grown(result, n * rows);
     for hd in 0..n_head {
         let x: &[f32] = match input {
@@ -313,6 +318,80 @@ fn per_head(
         };
         linear(&m.expert(hd), x, n, result, xq)?;
         for (j, r) in result.chunks_exact(rows).enumerate() {
+            let at = (out_rows.at(j) * n_head + hd) * out_stride;
+            out[at..at + rows].copy_from_slice(r);
+        }
+    }
+    Ok(())
+}
+
+/// Rows up to which [`per_head`] runs every head's product in one pass over the pool: a
+/// decode step's heads are many small products, each worth less than a pass of its own.
+const FEW_ROWS: usize = 8;
+
+/// [`per_head`] for a few rows: every head's input gathered and quantized at once, the
+/// heads' products in passes of up to [`MAX_PRODUCTS`] (each result the one the head's
+/// product alone gives), then scattered.
+#[allow(clippy::too_many_arguments)]
+fn per_head_few(
+    m: &ferrox_moe::ExpertTensor<'_>,
+    input: HeadInput<'_>,
+    n: usize,
+    out: &mut [f32],
+    out_rows: RowSet<'_>,
+    out_stride: usize,
+    gather: &mut Vec<f32>,
+    result: &mut Vec<f32>,
+    xq: &mut Vec<u8>,
+) -> Result<(), EngineError> {
+    let (rows, cols, n_head) = (m.rows(), m.cols(), m.n_expert());
+    let first = m.expert(0);
+    // Quantization is row by row: one call quantizes every head's rows.
+    let per_head_input = match input {
+        HeadInput::Shared(x) => {
+            first
+                .quantize_activation(&x[..n * cols], xq)
+                .map_err(crate::ModelError::from)?;
+            false
+        }
+        HeadInput::PerHead(x, stride, set) => {
+            let g = grown(gather, n_head * n * cols);
+            for (i, row) in g.chunks_exact_mut(cols).enumerate() {
+                let (hd, j) = (i / n, i % n);
+                let at = (set.at(j) * n_head + hd) * stride;
+                row.copy_from_slice(&x[at..at + cols]);
+            }
+            first
+                .quantize_activation(g, xq)
+                .map_err(crate::ModelError::from)?;
+            true
+        }
+    };
+    let act = first.activation_row_bytes();
+    let result = grown(result, n_head * n * rows);
+    for (pass, results) in result.chunks_mut(MAX_PRODUCTS * n * rows).enumerate() {
+        let matrices: SmallVec<[WeightMatrix<'_>; MAX_PRODUCTS]> = (0..results.len() / (n * rows))
+            .map(|i| m.expert(pass * MAX_PRODUCTS + i))
+            .collect();
+        let mut products: SmallVec<[MatrixProduct<'_, '_>; MAX_PRODUCTS]> = matrices
+            .iter()
+            .zip(results.chunks_mut(n * rows))
+            .enumerate()
+            .map(|(i, (matrix, out))| {
+                let hd = pass * MAX_PRODUCTS + i;
+                let at = if per_head_input { hd * n * act } else { 0 };
+                MatrixProduct {
+                    matrix,
+                    xq: &xq[at..at + n * act],
+                    n_tokens: n,
+                    out,
+                }
+            })
+            .collect();
+        WeightMatrix::matmul_products(&mut products).map_err(crate::ModelError::from)?;
+    }
+    for (hd, head) in result.chunks_exact(n * rows).enumerate() {
+        for (j, r) in head.chunks_exact(rows).enumerate() {
             let at = (out_rows.at(j) * n_head + hd) * out_stride;
             out[at..at + rows].copy_from_slice(r);
         }

@@ -204,33 +204,13 @@ pub fn tiktoken_metadata(
 
 /// Standard base64 (with or without `=` padding); `None` for anything else.
 fn decode_base64(text: &[u8]) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let body = text.strip_suffix(b"==").or(text.strip_suffix(b"="));
-    let body = body.unwrap_or(text);
-    if body.len() % 4 == 1 || (body.len() != text.len() && !text.len().is_multiple_of(4)) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(body.len() * 3 / 4);
-    for chunk in body.chunks(4) {
-        let mut acc = 0u32;
-        for &c in chunk {
-            acc = (acc << 6) | value(c)?;
-        }
-        let bits = chunk.len() * 6;
-        acc <<= 24 - bits;
-        let n = bits / 8;
-        out.extend_from_slice(&acc.to_be_bytes()[1..1 + n]);
-    }
-    Some(out)
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use base64::Engine;
+    const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    STANDARD_ANY_PADDING.decode(text).ok()
 }
 
 #[cfg(test)]
@@ -257,18 +237,8 @@ mod tests {
     }
 
     fn encode_base64(bytes: &[u8]) -> String {
-        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut s = String::new();
-        for chunk in bytes.chunks(3) {
-            let mut b = [0u8; 3];
-            b[..chunk.len()].copy_from_slice(chunk);
-            let n = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-            for i in 0..=chunk.len() {
-                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            }
-            s.extend(std::iter::repeat_n('=', 3 - chunk.len()));
-        }
-        s
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
     }
 
     #[test]
