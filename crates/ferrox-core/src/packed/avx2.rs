@@ -19,7 +19,7 @@ use super::layout::{
     Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
-    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
+    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, prefetch_ahead,
 };
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
@@ -180,7 +180,8 @@ unsafe fn run<const F: u8, const N: usize>(
     let format = PackedFormat::from_id(F);
     let gb = format.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
-    prefetch_lines(w, PREFETCH_AHEAD, end);
+    let ahead = prefetch_ahead(format);
+    prefetch_lines(w, ahead, end);
     for g in 0..groups {
         for half in 0..2 {
             let mut acc = [_mm256_setzero_ps(); N];
@@ -189,7 +190,7 @@ unsafe fn run<const F: u8, const N: usize>(
                 unsafe {
                     let block = w.add((g * blocks + b) * gb);
                     if half == 0 {
-                        prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
+                        prefetch_lines(block.wrapping_add(ahead), gb, end);
                     }
                     match F {
                         Q4K => q4k_block::<N, false>(block, half, b, xs, &mut acc),

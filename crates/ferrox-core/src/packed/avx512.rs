@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
 use super::{
-    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, PREFETCH_AHEAD,
+    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, prefetch_ahead,
 };
 
 use super::avx512_kquants::{AffineKBlock, Q6KBlock};
@@ -220,7 +220,8 @@ unsafe fn run<B: Block, const N: usize>(
 ) {
     let gb = B::FORMAT.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
-    prefetch_lines(w, PREFETCH_AHEAD, end);
+    let ahead = prefetch_ahead(B::FORMAT);
+    prefetch_lines(w, ahead, end);
     for g in 0..groups {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
@@ -228,7 +229,7 @@ unsafe fn run<B: Block, const N: usize>(
             // stop at the end of the groups.
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
-                prefetch_lines(block.wrapping_add(PREFETCH_AHEAD), gb, end);
+                prefetch_lines(block.wrapping_add(ahead), gb, end);
                 B::add::<N>(block, b, xs, &mut acc);
             }
         }

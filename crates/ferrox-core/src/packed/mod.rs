@@ -442,16 +442,25 @@ impl PackedMatrix {
     }
 }
 
-/// Bytes ahead of the current block that the kernels ask the memory system for. Streaming
-/// a stack of matrices far larger than the caches (`examples/decode_stack.rs`, one thread,
-/// Zen 4), 8 KiB beats 16 KiB by 5-17% on every format (Q4_K and Q5_K the most): further
-/// ahead, the lines asked for crowd the 48 KiB L1 before they are used.
+/// Bytes ahead of the current block that the kernels ask the memory system for, by format.
+/// Streaming a stack of matrices far larger than the caches (`examples/decode_stack.rs`,
+/// Zen 4, 1 and 2 threads): the K-quant group blocks (2.3-3.4 KiB, read in one pass)
+/// stream best 2 KiB ahead (Q4_K +25% at one thread and +15% at two over 8 KiB; further
+/// ahead, the lines asked for crowd the L1 before they are used, and with none the hardware
+/// prefetcher alone loses Q6_K's three streams per block); the 32-value formats' small group
+/// blocks want 8 KiB (Q8_0 loses a third at 2 KiB).
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_AHEAD: usize = 8192;
+fn prefetch_ahead(format: PackedFormat) -> usize {
+    if format.is_k() {
+        2048
+    } else {
+        8192
+    }
+}
 
 /// Asks for the cache lines of `[p, p + len)` that lie before `end` (a kernel's first
 /// bytes at its start, so that a small matrix does not begin at memory latency; then each
-/// block `PREFETCH_AHEAD` bytes on).
+/// block [`prefetch_ahead`] bytes on).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
