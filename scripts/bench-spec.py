@@ -231,6 +231,17 @@ def measure(engines, workloads, n, reps):
     return results
 
 
+def identical(results, plain, other):
+    """How many of `other`'s runs gave the same text as `plain` on the same prompt."""
+    same = total = 0
+    for by_engine in results.values():
+        texts = {r["prompt"]: r["text"] for r in by_engine[plain]}
+        for r in by_engine[other]:
+            total += 1
+            same += r["text"] == texts[r["prompt"]]
+    return f"{other}: the same text as {plain} in {same} of {total} runs"
+
+
 def table(title, results, baseline_of):
     lines = [f"### {title}", "",
              "| workload | engine | decode t/s (mean over prompts) | vs its plain | drafted | accepted | acceptance |",
@@ -279,6 +290,7 @@ def main():
     base = {"ferrox ngram": "ferrox plain", "llama.cpp ngram-simple": "llama.cpp plain",
             "llama.cpp ngram-map-k": "llama.cpp plain"}
     out.append(table("Prompt lookup, Gemma-3-270M Q4_K_M", res, base))
+    out.append("\n" + identical(res, "ferrox plain", "ferrox ngram"))
     for w in res:
         f, l = res[w]["ferrox ngram"], res[w]["llama.cpp ngram-simple"]
         lk = res[w]["llama.cpp ngram-map-k"]
@@ -306,8 +318,10 @@ def main():
             for e in engines:
                 e.stop()
         base = {"ferrox -md": "ferrox plain", "llama.cpp -md": "llama.cpp plain"}
+        same = identical(res, "ferrox plain", "ferrox -md")
         out.append(table("Draft model, Qwen2.5-Coder-1.5B-Instruct Q4_K_M with 0.5B Q4_K_M "
                          "(--draft-max 16, --draft-p-min 0.75)", res, base))
+        out.append("\n" + same)
         for w in res:
             ratio = statistics.mean(r["tps"] for r in res[w]["ferrox -md"]) / statistics.mean(
                 r["tps"] for r in res[w]["llama.cpp -md"])
