@@ -19,7 +19,7 @@ use super::layout::{
     Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
-    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, prefetch_ahead,
+    prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {

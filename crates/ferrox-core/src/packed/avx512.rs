@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
 use super::{
-    prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS, prefetch_ahead,
+    prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
 
 use super::avx512_kquants::{AffineKBlock, Q6KBlock};
