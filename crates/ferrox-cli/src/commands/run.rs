@@ -122,6 +122,38 @@ impl GrammarArgs {
     }
 }
 
+/// How long drafts may be (llama.cpp's names), for every kind of speculation and command.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DraftLengthArgs {
+    /// Most tokens drafted per step.
+    #[arg(
+        long = "draft-max",
+        visible_alias = "spec-draft-n-max",
+        default_value_t = 16
+    )]
+    pub draft_max: usize,
+    /// Fewest tokens worth checking (shorter drafts are not checked).
+    #[arg(
+        long = "draft-min",
+        visible_alias = "spec-draft-n-min",
+        default_value_t = 1
+    )]
+    pub draft_min: usize,
+}
+
+impl DraftLengthArgs {
+    /// The draft settings with a draft model's `p_min`, checked.
+    pub fn params(self, p_min: f32) -> anyhow::Result<DraftParams> {
+        let params = DraftParams {
+            max: self.draft_max,
+            min: self.draft_min,
+            p_min,
+        };
+        params.validate().map_err(|e| InputError(e.to_string()))?;
+        Ok(params)
+    }
+}
+
 /// Speculative decoding flags shared by `run` and `chat` (llama.cpp's names). The output is
 /// the same with or without: drafted tokens are checked, several per step.
 #[derive(clap::Args, Clone, Debug)]
@@ -139,20 +171,8 @@ pub struct SpecArgs {
         value_name = "FILE"
     )]
     pub model_draft: Option<PathBuf>,
-    /// Most tokens drafted per step.
-    #[arg(
-        long = "draft-max",
-        visible_alias = "spec-draft-n-max",
-        default_value_t = 16
-    )]
-    pub draft_max: usize,
-    /// Fewest tokens worth checking (shorter drafts are not checked).
-    #[arg(
-        long = "draft-min",
-        visible_alias = "spec-draft-n-min",
-        default_value_t = 1
-    )]
-    pub draft_min: usize,
+    #[command(flatten)]
+    pub lengths: DraftLengthArgs,
     /// A draft model stops proposing at a token it gives less than this probability.
     #[arg(
         long = "draft-p-min",
@@ -215,27 +235,21 @@ impl SpecArgs {
             (Some(kind), _) => kind,
         };
         if kind != SpecType::None {
-            self.draft_params()
-                .validate()
-                .map_err(|e| InputError(e.to_string()))?;
+            self.draft_params()?;
         }
         Ok(kind)
     }
 
-    fn draft_params(&self) -> DraftParams {
-        DraftParams {
-            max: self.draft_max,
-            min: self.draft_min,
-            p_min: self.draft_p_min,
-        }
+    fn draft_params(&self) -> anyhow::Result<DraftParams> {
+        self.lengths.params(self.draft_p_min)
     }
 
     /// Prompt lookup's settings, when the flags ask for it.
     pub fn draft(&self) -> Draft {
         match self.kind() {
             Ok(SpecType::Ngram) => Draft::NGram {
-                min: self.draft_min,
-                max: self.draft_max,
+                min: self.lengths.draft_min,
+                max: self.lengths.draft_max,
             },
             _ => Draft::None,
         }
@@ -279,7 +293,7 @@ impl SpecArgs {
         })?;
         Ok(Some(DraftModel {
             loaded,
-            params: self.draft_params(),
+            params: self.draft_params()?,
         }))
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
 
 use super::model::{self, ModelArgs};
+use super::run::DraftLengthArgs;
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -67,20 +68,8 @@ pub struct Args {
     /// same, faster on repetitive text); `none`: plain decoding.
     #[arg(long = "spec-type", visible_alias = "spec", value_enum, default_value_t = ServeSpecType::None)]
     pub spec_type: ServeSpecType,
-    /// Most tokens drafted per sequence and step.
-    #[arg(
-        long = "draft-max",
-        visible_alias = "spec-draft-n-max",
-        default_value_t = 16
-    )]
-    pub draft_max: usize,
-    /// Fewest tokens worth checking (shorter drafts are not checked).
-    #[arg(
-        long = "draft-min",
-        visible_alias = "spec-draft-n-min",
-        default_value_t = 1
-    )]
-    pub draft_min: usize,
+    #[command(flatten)]
+    pub draft_lengths: DraftLengthArgs,
     /// Drafted tokens join a step only while it has fewer rows (tokens of all its sequences)
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
@@ -127,19 +116,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let speculation = match args.spec_type {
         ServeSpecType::None => None,
         ServeSpecType::Ngram => {
-            if args.draft_max == 0 {
-                return Err(InputError("--draft-max must be at least 1".into()).into());
-            }
-            if args.draft_min > args.draft_max {
-                return Err(InputError(format!(
-                    "--draft-min ({}) exceeds --draft-max ({})",
-                    args.draft_min, args.draft_max
-                ))
-                .into());
-            }
+            // Prompt lookup has no draft probabilities: p_min does not apply.
+            let lengths = args.draft_lengths.params(0.0)?;
             Some(Speculation {
-                max: args.draft_max,
-                min: args.draft_min,
+                max: lengths.max,
+                min: lengths.min,
                 max_rows: args.spec_max_rows,
             })
         }
