@@ -32,9 +32,17 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn wait_healthy(port: u16) {
+/// Waits for `/health` to answer 200; a server that exits first (a port taken between
+/// `free_port` and its bind, say) fails at once with its log.
+fn wait_healthy(server: &mut Served, port: u16, log: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
+        if let Ok(Some(status)) = server.0.try_wait() {
+            panic!(
+                "ferrox serve exited ({status}) before it was healthy:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
         let ok = Command::new("curl")
             .args(["-sf", &format!("http://127.0.0.1:{port}/health")])
             .stdout(Stdio::null())
@@ -45,7 +53,10 @@ fn wait_healthy(port: u16) {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    panic!("ferrox serve did not become healthy");
+    panic!(
+        "ferrox serve did not become healthy in 120 s:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
 }
 
 #[test]
@@ -63,17 +74,19 @@ fn the_chat_page_works_in_a_headless_browser() {
     );
     let model = common::default_model();
     let port = free_port();
-    let _server = Served(
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("serve.log");
+    let mut server = Served(
         Command::new(env!("CARGO_BIN_EXE_ferrox"))
             .args(["serve", "-m"])
             .arg(&model)
             .args(["--port", &port.to_string(), "--api-key", "page-key"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap(),
     );
-    wait_healthy(port);
+    wait_healthy(&mut server, port, &log);
     let out = Command::new("node")
         .current_dir(&dir)
         .args([
