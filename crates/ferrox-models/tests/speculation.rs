@@ -1,6 +1,7 @@
 //! Prompt-lookup speculation changes nothing but speed: with drafting, `generate` gives the
 //! same tokens as without, greedy and sampled (the same seed), on the default model and on an
-//! MLA model, with prompts that make drafts right (repeated text) and wrong (free text).
+//! MLA model, with prompts that make drafts right (repeated text) and wrong (free text); and
+//! twenty prompts of 128 greedy tokens on the default model.
 
 mod common;
 mod synthetic;
@@ -14,8 +15,19 @@ use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions};
 
 fn run(engine: &impl Engine, tok: &Tokenizer, prompt: &[u32], draft: Draft, temp: f32) -> Outcome {
+    run_n(engine, tok, prompt, draft, temp, 64)
+}
+
+fn run_n(
+    engine: &impl Engine,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    draft: Draft,
+    temp: f32,
+    n: usize,
+) -> Outcome {
     let params = GenerationParams {
-        max_tokens: Some(64),
+        max_tokens: Some(n),
         sampler: SamplerParams {
             temperature: temp,
             seed: 7,
@@ -59,6 +71,52 @@ fn drafting_changes_no_token_on_the_default_model() {
         .map(|p| tok.encode(p, true, false))
         .collect();
     let (drafted, accepted) = check(&engine, tok, &prompts);
+    assert!(
+        accepted > 0 && drafted > accepted,
+        "{drafted} drafted, {accepted} accepted"
+    );
+}
+
+/// Twenty prompts of every kind (code to repeat, lists, dialogue, prose, questions), 128
+/// greedy tokens each: prompt lookup gives the tokens plain decoding gives.
+#[test]
+fn twenty_prompts_decode_the_same_with_prompt_lookup() {
+    let engine = common::gemma_decoder(512, 2);
+    let tok = common::gemma_tokenizer();
+    let prompts = [
+        "def add(a, b):\n    return a + b\n\n# Again, with a docstring:\ndef add(a, b):",
+        "fn main() {\n    let xs = vec![1, 2, 3];\n    for x in &xs {\n        println!(\"{x}\");\n    }\n}\n// The same in Python:\n",
+        "<ul>\n  <li>apples</li>\n  <li>pears</li>\n  <li>plums</li>\n</ul>\nThe same list with prices:\n<ul>\n",
+        "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,",
+        "1. Preheat the oven.\n2. Mix the flour and the eggs.\n3. Bake for 20 minutes.\nRepeat the steps:\n1.",
+        "Q: What is the capital of France?\nA: Paris.\nQ: What is the capital of Italy?\nA:",
+        "Alice: Hello, Bob!\nBob: Hello, Alice! How are you?\nAlice:",
+        "Once upon a time, in a small village by the sea,",
+        "The mitochondria is the powerhouse of the cell because",
+        "Write a haiku about the winter moon.\n",
+        "SELECT name, age FROM users WHERE age > 30 ORDER BY name;\n-- Now only the names:\nSELECT",
+        "{\"name\": \"Ada\", \"born\": 1815, \"field\": \"mathematics\"}\nThe same record for Alan Turing:\n{",
+        "To be, or not to be, that is the question:",
+        "The quick brown fox jumps over the lazy dog. The quick brown fox",
+        "Translate to French: Good morning, my friend.\n",
+        "Here is a story about a robot who learns to paint.",
+        "import numpy as np\n\ndef mean(xs):\n    return np.mean(xs)\n\ndef std(xs):",
+        "Dear team,\n\nThank you for your hard work this quarter.",
+        "a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p,",
+        "The three laws of thermodynamics are",
+    ];
+    let draft = Draft::NGram { min: 1, max: 16 };
+    let (mut drafted, mut accepted) = (0, 0);
+    for text in prompts {
+        let prompt = tok.encode(text, true, false);
+        let plain = run_n(&engine, tok, &prompt, Draft::None, 0.0, 128);
+        let with = run_n(&engine, tok, &prompt, draft, 0.0, 128);
+        assert_eq!(plain.tokens.len(), 128, "{text:?}");
+        assert_eq!(plain.tokens, with.tokens, "{text:?}");
+        drafted += with.timings.drafted_tokens;
+        accepted += with.timings.accepted_tokens;
+    }
+    eprintln!("drafted {drafted} tokens, accepted {accepted}");
     assert!(
         accepted > 0 && drafted > accepted,
         "{drafted} drafted, {accepted} accepted"
