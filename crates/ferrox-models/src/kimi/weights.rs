@@ -7,7 +7,6 @@ use super::config::KimiConfig;
 use super::kda::{KdaWeights, OutputGate};
 use super::latent::{self, LatentProjection};
 use super::residual::ResidualScores;
-use crate::mla::weights::QueryWeights;
 use crate::mla::weights::{load_ffn, load_layer, load_layer_with};
 use crate::mla::{MlaFfn, MlaLayer};
 use crate::names::{Tensor, *};
@@ -227,23 +226,9 @@ impl KimiWeights {
             match &mut layer.mixer {
                 Mixer::Kda { kda, ffn, .. } => {
                     kda.pack(gguf)?;
-                    pack_ffn(ffn, gguf)?;
+                    ffn.pack(gguf)?;
                 }
-                Mixer::Mla { layer, .. } => {
-                    match &mut layer.q {
-                        QueryWeights::LoRa { a, b, .. } => {
-                            a.pack(gguf)?;
-                            b.pack(gguf)?;
-                        }
-                        QueryWeights::Plain(w) => w.pack(gguf)?,
-                    }
-                    layer.kv_a.pack(gguf)?;
-                    layer.wo.pack(gguf)?;
-                    for heads in [&mut layer.k_absorb, &mut layer.k_decompress, &mut layer.v] {
-                        heads.pack(gguf)?;
-                    }
-                    pack_ffn(&mut layer.ffn, gguf)?;
-                }
+                Mixer::Mla { layer, .. } => layer.pack(gguf)?,
             }
             if let Some(gate) = &mut layer.mla_gate {
                 gate.pack(gguf)?;
@@ -276,12 +261,5 @@ impl KimiWeights {
                     + layer.latent.as_ref().map_or(0, LatentProjection::n_bytes);
         }
         total
-    }
-}
-
-fn pack_ffn(ffn: &mut MlaFfn, gguf: &Gguf) -> Result<(), ModelError> {
-    match ffn {
-        MlaFfn::Dense(d) => d.pack(gguf),
-        MlaFfn::Moe(m) => m.pack(gguf),
     }
 }

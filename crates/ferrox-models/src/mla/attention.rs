@@ -317,12 +317,25 @@ fn per_head(
             }
         };
         linear(&m.expert(hd), x, n, result, xq)?;
-        for (j, r) in result.chunks_exact(rows).enumerate() {
-            let at = (out_rows.at(j) * n_head + hd) * out_stride;
-            out[at..at + rows].copy_from_slice(r);
-        }
+        scatter_head(result, rows, hd, n_head, out, out_rows, out_stride);
     }
     Ok(())
+}
+
+/// Head `hd`'s results (`rows` values per input row) to their places in `out`.
+fn scatter_head(
+    result: &[f32],
+    rows: usize,
+    hd: usize,
+    n_head: usize,
+    out: &mut [f32],
+    out_rows: RowSet<'_>,
+    out_stride: usize,
+) {
+    for (j, r) in result.chunks_exact(rows).enumerate() {
+        let at = (out_rows.at(j) * n_head + hd) * out_stride;
+        out[at..at + rows].copy_from_slice(r);
+    }
 }
 
 /// Rows up to which [`per_head`] runs every head's product in one pass over the pool: a
@@ -391,10 +404,7 @@ fn per_head_few(
         WeightMatrix::matmul_products(&mut products).map_err(crate::ModelError::from)?;
     }
     for (hd, head) in result.chunks_exact(n * rows).enumerate() {
-        for (j, r) in head.chunks_exact(rows).enumerate() {
-            let at = (out_rows.at(j) * n_head + hd) * out_stride;
-            out[at..at + rows].copy_from_slice(r);
-        }
+        scatter_head(head, rows, hd, n_head, out, out_rows, out_stride);
     }
     Ok(())
 }

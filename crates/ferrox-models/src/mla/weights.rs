@@ -109,6 +109,15 @@ pub enum MlaFfn {
     Moe(MoeWeights),
 }
 
+impl MlaFfn {
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        match self {
+            MlaFfn::Dense(ffn) => ffn.pack(gguf),
+            MlaFfn::Moe(moe) => moe.pack(gguf),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct MlaLayer {
     pub attn_norm: Vec<f32>,
@@ -128,6 +137,25 @@ pub struct MlaLayer {
     pub ffn: MlaFfn,
 }
 
+impl MlaLayer {
+    /// Packs the layer's projections, per-head matrices and FFN or experts.
+    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+        match &mut self.q {
+            QueryWeights::LoRa { a, b, .. } => {
+                a.pack(gguf)?;
+                b.pack(gguf)?;
+            }
+            QueryWeights::Plain(w) => w.pack(gguf)?,
+        }
+        self.kv_a.pack(gguf)?;
+        self.wo.pack(gguf)?;
+        for heads in [&mut self.k_absorb, &mut self.k_decompress, &mut self.v] {
+            heads.pack(gguf)?;
+        }
+        self.ffn.pack(gguf)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct MlaWeights {
     pub token_embd: MatrixRef,
@@ -142,25 +170,9 @@ impl MlaWeights {
     /// file, the FFNs and experts.
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
-        for layer in &mut self.layers {
-            match &mut layer.q {
-                QueryWeights::LoRa { a, b, .. } => {
-                    a.pack(gguf)?;
-                    b.pack(gguf)?;
-                }
-                QueryWeights::Plain(w) => w.pack(gguf)?,
-            }
-            layer.kv_a.pack(gguf)?;
-            layer.wo.pack(gguf)?;
-            for heads in [&mut layer.k_absorb, &mut layer.k_decompress, &mut layer.v] {
-                heads.pack(gguf)?;
-            }
-            match &mut layer.ffn {
-                MlaFfn::Dense(ffn) => ffn.pack(gguf)?,
-                MlaFfn::Moe(moe) => moe.pack(gguf)?,
-            }
-        }
-        Ok(())
+        self.layers
+            .iter_mut()
+            .try_for_each(|layer| layer.pack(gguf))
     }
 
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
