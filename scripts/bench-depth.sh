@@ -36,26 +36,28 @@ mkdir -p "$DIR"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-runs=()
+# bench_at_depths LABEL FILE KEY: tg at every depth, side by side; one LABEL|DEPTH|JSON line
+# per depth on stdout.
+bench_at_depths() {
+    local d
+    for d in $DEPTHS; do
+        echo "bench: $2 at depth $d" >&2
+        "$FERROX" bench -m "$2" -p 0 -n "$TG" -d "$d" -r "$REPS" -t "$THREADS" \
+            --compare "$BENCH" --json > "$WORK/$3-$d.json"
+        echo "$1|$d|$WORK/$3-$d.json"
+    done
+}
+
 for top_k in 2048 512; do
     f="$DIR/deepseek32-bench-topk$top_k.gguf"
     [ -f "$f" ] || target/release/examples/write_synthetic "$DIR" --dsa-bench "$top_k" >&2
-    for d in $DEPTHS; do
-        echo "bench: $f at depth $d" >&2
-        "$FERROX" bench -m "$f" -p 0 -n "$TG" -d "$d" -r "$REPS" -t "$THREADS" \
-            --compare "$BENCH" --json > "$WORK/dsa-$top_k-$d.json"
-        runs+=("deepseek32 top-k $top_k|$d|$WORK/dsa-$top_k-$d.json")
-    done
+    bench_at_depths "deepseek32 top-k $top_k" "$f" "dsa-$top_k" >> "$WORK/dsa-runs"
 done
-kimi_runs=()
 f="$DIR/kimi-linear-bench.gguf"
 [ -f "$f" ] || target/release/examples/write_synthetic "$DIR" --kimi-bench >&2
-for d in $DEPTHS; do
-    echo "bench: $f at depth $d" >&2
-    "$FERROX" bench -m "$f" -p 0 -n "$TG" -d "$d" -r "$REPS" -t "$THREADS" \
-        --compare "$BENCH" --json > "$WORK/kimi-$d.json"
-    kimi_runs+=("kimi-linear|$d|$WORK/kimi-$d.json")
-done
+bench_at_depths "kimi-linear" "$f" kimi > "$WORK/kimi-runs"
+mapfile -t runs < "$WORK/dsa-runs"
+mapfile -t kimi_runs < "$WORK/kimi-runs"
 LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
 
 # The table of runs NAME|DEPTH|JSON.
