@@ -313,14 +313,16 @@ fn serve_runs_mla_and_kimi_models() {
                 0,
             ),
         ),
-        // deepseek4: per position, every layer's raw row (64), each 4x layer's compressor row
-        // 5·64 and indexer row 5·128, the 128x layer's row 3·64, in f16.
+        // deepseek4: per block of 16 positions, each 4x layer's 4 compressed rows (64) and
+        // indexer keys (128), the 128x layer's one row slot, in f16; per sequence, in f32,
+        // the rings: every layer's window (32) and slack (32) of raw rows, each 4x layer's
+        // 8 + 32 entries of 4·(64 + 128), the 128x layer's 128 + 32 entries of 2·64.
         (
             "deepseek4",
             (
                 synthetic::deepseek4::gguf_bytes(),
-                (4 * 64 + 2 * 5 * 64 + 3 * 64 + 2 * 5 * 128) * 2,
-                0,
+                (2 * 4 * (64 + 128) + 64) * 2 / 16,
+                (4 * 64 * 64 + 2 * 40 * 4 * 192 + 160 * 2 * 64) * 4,
             ),
         ),
         (

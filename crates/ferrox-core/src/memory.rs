@@ -4,13 +4,17 @@
 //! An engine describes what it stores with a [`MemorySpec`]:
 //!
 //! * **paged stores**: per-layer rows indexed by position (GQA keys and values, an MLA
-//!   latent row, an indexer's key row, compressed rows...). Every store shares one block
-//!   table per sequence: position `p` of every store lives in the same block, so a block is
-//!   allocated, shared by prefix, rolled back and freed for all stores at once.
+//!   latent row, an indexer's key row...). Every store shares one block table per
+//!   sequence: position `p` of every store lives in the same block, so a block is
+//!   allocated, shared by prefix, rolled back and freed for all stores at once. A
+//!   *strided* store keeps one row per `stride` positions (a compressor's pooled rows): the
+//!   row completed by position `p` (`(p + 1) % stride == 0`) lives in `p`'s block.
 //! * **a recurrent state**: a fixed number of f32 values per sequence (a convolution
-//!   window and a delta-rule matrix) that summarises the whole history. It cannot be
-//!   truncated; it can only be restored from a checkpoint taken at a block boundary, which
-//!   is also how a recurrent engine gets prefix reuse.
+//!   window and a delta-rule matrix, or rings of the latest rows) that summarises the
+//!   history. It can be restored from a checkpoint taken at a block boundary, which is also
+//!   how a recurrent engine gets prefix reuse. A state made of rings holding `ring_slack`
+//!   positions more than the engine reads can also drop up to that many positions anywhere,
+//!   without a checkpoint.
 //!
 //! [`SequenceMemory`] owns the stores, the block pool ([`BlockManager`]: reference counts,
 //! the prefix cache) and the sequences: admission reserves what a prompt plus its token
@@ -36,20 +40,60 @@ type Checkpoints = Vec<(usize, Arc<[f32]>)>;
 /// Checkpoints of its recurrent state a sequence keeps for rolling back (the latest ones).
 const CHECKPOINTS_PER_SEQUENCE: usize = 4;
 
-/// One paged store: `n_layers` layers of `key_width + value_width` values per position.
-/// A store whose heads read their values out of the key row (MLA's latent) has
-/// `value_width` 0.
+/// Block-end checkpoints kept for prefix reuse, per sequence slot (the least recently
+/// published go first): a whole state each, so they are counted in states, not in blocks
+/// (llama-server keeps 8 per slot, `--ctx-checkpoints`).
+const SHARED_CHECKPOINTS_PER_SEQUENCE: usize = 8;
+
+/// One paged store: `n_layers` layers of `key_width + value_width` values per row, one row
+/// per `stride` positions. A store whose heads read their values out of the key row (MLA's
+/// latent) has `value_width` 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedStoreSpec {
     pub n_layers: usize,
     pub key_width: usize,
     pub value_width: usize,
+    pub stride: usize,
 }
 
-/// A recurrent state: `values` f32 values per sequence.
+impl PagedStoreSpec {
+    /// A store with a row per position.
+    pub fn per_position(n_layers: usize, key_width: usize, value_width: usize) -> Self {
+        PagedStoreSpec {
+            n_layers,
+            key_width,
+            value_width,
+            stride: 1,
+        }
+    }
+
+    /// Rows completed before position `pos` (by positions `< pos`).
+    pub fn rows_before(&self, pos: usize) -> usize {
+        pos / self.stride.max(1)
+    }
+
+    /// Row slots a block of `block_tokens` positions needs: the most rows completed inside
+    /// any block.
+    pub fn rows_per_block(&self, block_tokens: usize) -> usize {
+        block_tokens.div_ceil(self.stride.max(1))
+    }
+
+    /// Bytes of one block's rows, every layer.
+    fn block_bytes(&self, block_tokens: usize, element_bytes: usize) -> usize {
+        self.n_layers
+            * (self.key_width + self.value_width)
+            * self.rows_per_block(block_tokens)
+            * element_bytes
+    }
+}
+
+/// A recurrent state: `values` f32 values per sequence. `ring_slack` is how many positions
+/// it can drop at any length without a checkpoint (0 for a state that collapses its
+/// history).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecurrentSpec {
     pub values: usize,
+    pub ring_slack: usize,
 }
 
 /// What an engine stores per sequence.
@@ -70,23 +114,40 @@ impl MemorySpec {
         storage: KvStorage,
     ) -> MemorySpec {
         MemorySpec {
-            paged: vec![PagedStoreSpec {
+            paged: vec![PagedStoreSpec::per_position(
                 n_layers,
                 key_width,
                 value_width,
-            }],
+            )],
             recurrent: None,
             storage,
         }
     }
 
-    /// Bytes the paged stores take per position.
-    pub fn bytes_per_position(&self) -> usize {
+    /// Bytes the paged stores take per block of `block_tokens` positions.
+    pub fn bytes_per_block(&self, block_tokens: usize) -> usize {
+        let element = self.storage.element_bytes();
         self.paged
             .iter()
-            .map(|s| s.n_layers * (s.key_width + s.value_width))
-            .sum::<usize>()
-            * self.storage.element_bytes()
+            .map(|s| s.block_bytes(block_tokens, element))
+            .sum()
+    }
+
+    /// Bytes the paged stores take per position, over a long sequence (a strided store's
+    /// row counted as `1 / stride` of a position's).
+    pub fn bytes_per_position(&self) -> f64 {
+        let element = self.storage.element_bytes() as f64;
+        self.paged
+            .iter()
+            .map(|s| (s.n_layers * (s.key_width + s.value_width)) as f64 / s.stride.max(1) as f64)
+            .sum::<f64>()
+            * element
+    }
+
+    /// Positions a sequence can roll back by at any length (unbounded without a recurrent
+    /// state; a recurrent state's ring slack otherwise).
+    pub fn rollback_reach(&self) -> usize {
+        self.recurrent.map_or(usize::MAX, |r| r.ring_slack)
     }
 
     /// Bytes of one sequence's recurrent state.
@@ -161,6 +222,9 @@ struct Sequence {
     promised: usize,
     /// Recurrent checkpoints.
     checkpoints: Checkpoints,
+    /// The most positions the recurrent state has held since it was last restored: its
+    /// rings were last written up to there, whatever the sequence rolled back since.
+    ring_top: usize,
 }
 
 impl Sequence {
@@ -173,6 +237,7 @@ impl Sequence {
 /// hash of the block they end (for prefix reuse).
 struct RecurrentStore {
     values: usize,
+    ring_slack: usize,
     slots: Vec<f32>,
     shared: HashMap<u64, (Arc<[f32]>, u64)>,
     max_shared: usize,
@@ -227,6 +292,8 @@ pub struct SequenceMemory {
     /// Blocks promised to admitted sequences and not yet allocated; never more than
     /// `blocks.available()`, so growth during a step cannot fail.
     promised: usize,
+    /// Checkpoint buffers no longer referenced, for the next checkpoints to reuse.
+    spare_states: Vec<Arc<[f32]>>,
 }
 
 impl SequenceMemory {
@@ -235,7 +302,7 @@ impl SequenceMemory {
     pub fn new(spec: MemorySpec, shape: MemoryShape) -> Result<SequenceMemory, MemoryError> {
         let max_sequences = shape.max_sequences.max(1);
         let positions = shape.n_blocks as u128 * shape.block_tokens as u128;
-        let bytes = positions * spec.bytes_per_position() as u128
+        let bytes = shape.n_blocks as u128 * spec.bytes_per_block(shape.block_tokens) as u128
             + max_sequences as u128 * spec.recurrent_bytes() as u128;
         let too_large = || MemoryError::Allocation { positions, bytes };
         if shape.block_tokens == 0 || shape.n_blocks > BlockId::MAX as usize {
@@ -259,7 +326,7 @@ impl SequenceMemory {
                 PagedKv::try_new(
                     s.n_layers,
                     shape.n_blocks,
-                    shape.block_tokens,
+                    s.rows_per_block(shape.block_tokens),
                     s.key_width,
                     s.value_width,
                     spec.storage,
@@ -275,10 +342,13 @@ impl SequenceMemory {
                 slots.resize(len, 0.0);
                 Some(RecurrentStore {
                     values: r.values,
+                    ring_slack: r.ring_slack,
                     slots,
                     shared: HashMap::new(),
                     max_shared: if shape.prefix_cache {
-                        shape.n_blocks
+                        shape
+                            .n_blocks
+                            .min(SHARED_CHECKPOINTS_PER_SEQUENCE * max_sequences)
                     } else {
                         0
                     },
@@ -298,6 +368,7 @@ impl SequenceMemory {
             stores,
             recurrent,
             promised: 0,
+            spare_states: Vec::new(),
         })
     }
 
@@ -337,14 +408,15 @@ impl SequenceMemory {
         self.shape.n_ctx
     }
 
-    /// Bytes the paged stores take per position (every store, every layer).
-    pub fn bytes_per_position(&self) -> usize {
-        self.spec.bytes_per_position()
+    /// Bytes the paged stores take per position (every store, every layer; a strided
+    /// store's rows as they fill a block).
+    pub fn bytes_per_position(&self) -> f64 {
+        self.spec.bytes_per_block(self.shape.block_tokens) as f64 / self.shape.block_tokens as f64
     }
 
     /// Bytes reserved: the paged arenas and the recurrent slots.
     pub fn reserved_bytes(&self) -> usize {
-        self.bytes_per_position() * self.shape.block_tokens * self.n_blocks()
+        self.spec.bytes_per_block(self.shape.block_tokens) * self.n_blocks()
             + self.spec.recurrent_bytes() * self.max_sequences()
     }
 
@@ -451,6 +523,7 @@ impl SequenceMemory {
             hashes,
             promised: fresh,
             checkpoints,
+            ring_top: n_reused,
         });
         Ok(Admission {
             seq: SeqId(index),
@@ -531,8 +604,8 @@ impl SequenceMemory {
     }
 
     /// Forgets every position from `len` on. A paged-only sequence can roll back anywhere;
-    /// a recurrent state only to the positions of one of its checkpoints (or nowhere: to its
-    /// own length). Blocks shared with other sequences or kept in the prefix cache are never
+    /// a recurrent state by up to its ring slack, or else only to the positions of one of
+    /// its checkpoints (or nowhere: to its own length). Blocks shared with other sequences or kept in the prefix cache are never
     /// written again: the partly kept one is copied first, those wholly past `len` are
     /// released (and promised back, so the sequence can grow again).
     pub fn rollback(&mut self, seq: SeqId, len: usize) -> Result<(), MemoryError> {
@@ -546,11 +619,18 @@ impl SequenceMemory {
         }
         if let Some(rec) = &mut self.recurrent {
             let s = self.seqs[seq.0].as_mut().expect("checked above");
-            let Some(i) = s.checkpoints.iter().rposition(|(p, _)| *p == len) else {
-                return Err(MemoryError::CannotRollBack { len: cur, to: len });
-            };
-            rec.slot(seq.0).copy_from_slice(&s.checkpoints[i].1);
-            s.checkpoints.truncate(i + 1);
+            s.ring_top = s.ring_top.max(cur);
+            if s.ring_top - len <= rec.ring_slack {
+                // The rings still hold what the kept positions need.
+                s.checkpoints.retain(|(p, _)| *p <= len);
+            } else {
+                let Some(i) = s.checkpoints.iter().rposition(|(p, _)| *p == len) else {
+                    return Err(MemoryError::CannotRollBack { len: cur, to: len });
+                };
+                rec.slot(seq.0).copy_from_slice(&s.checkpoints[i].1);
+                s.checkpoints.truncate(i + 1);
+                s.ring_top = len;
+            }
         }
         let keep_blocks = len.div_ceil(bt);
         // The last kept block, if partly kept and not this sequence's alone (shared, or
@@ -578,8 +658,10 @@ impl SequenceMemory {
         }
         if let (true, Some(block)) = (needs_copy, partial) {
             let fresh = self.blocks.allocate().expect("checked above");
-            for store in &mut self.stores {
-                store.copy_block(block, fresh, len % bt);
+            let start = (keep_blocks - 1) * bt;
+            for (store, spec) in self.stores.iter_mut().zip(&self.spec.paged) {
+                let rows = spec.rows_before(len) - spec.rows_before(start);
+                store.copy_block(block, fresh, rows);
             }
             self.blocks.release(block);
             let s = self.seqs[seq.0].as_mut().expect("checked above");
@@ -624,6 +706,7 @@ impl SequenceMemory {
         }
         Ok(StepMemory {
             stores: &mut self.stores,
+            specs: &self.spec.paged,
             block_tokens: self.shape.block_tokens,
             tables: tables.into_iter().map(|t| t.expect("checked")).collect(),
             states: states.into_iter().map(|s| s.unwrap_or_default()).collect(),
@@ -631,21 +714,21 @@ impl SequenceMemory {
                 .into_iter()
                 .map(|c| c.expect("checked"))
                 .collect(),
+            spare_states: &mut self.spare_states,
         })
     }
 
     /// Notes the tokens a step added to a sequence: full blocks go to the prefix cache, and
-    /// a recurrent checkpoint taken at a block's end is published with it.
+    /// a recurrent checkpoint taken at a block's end is published with it (the sequence then
+    /// keeps its latest checkpoints only).
     pub fn record(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), MemoryError> {
         let bt = self.shape.block_tokens;
         let prefix_cache = self.shape.prefix_cache;
         let s = self.seqs.get_mut(seq.0).and_then(Option::as_mut);
         let s = s.ok_or(MemoryError::UnknownSequence(seq.0))?;
         s.tokens.extend_from_slice(tokens);
-        if !prefix_cache {
-            return Ok(());
-        }
-        while (s.hashes.len() + 1) * bt <= s.tokens.len() {
+        s.ring_top = s.ring_top.max(s.tokens.len());
+        while prefix_cache && (s.hashes.len() + 1) * bt <= s.tokens.len() {
             let i = s.hashes.len();
             let block = s.table.blocks()[i];
             let chunk = &s.tokens[i * bt..(i + 1) * bt];
@@ -657,7 +740,24 @@ impl SequenceMemory {
                 }
             }
         }
+        // The step's checkpoints were all kept until now, so the block ends among them
+        // could be published; a sequence keeps only its latest ones.
+        let extra = s.checkpoints.len().saturating_sub(CHECKPOINTS_PER_SEQUENCE);
+        for (_, state) in s.checkpoints.drain(..extra) {
+            recycle(&mut self.spare_states, state);
+        }
         Ok(())
+    }
+}
+
+/// Spare checkpoint buffers kept for reuse: enough for a step's block ends.
+const MAX_SPARE_STATES: usize = 2 * INLINE_SEQS;
+
+/// Keeps a checkpoint buffer nobody else references for the next checkpoint, so that
+/// checkpointing in steady state allocates nothing.
+fn recycle(spare: &mut Vec<Arc<[f32]>>, mut state: Arc<[f32]>) {
+    if spare.len() < MAX_SPARE_STATES && Arc::get_mut(&mut state).is_some() {
+        spare.push(state);
     }
 }
 
@@ -665,10 +765,12 @@ impl SequenceMemory {
 /// recurrent states of the step's sequences (indexed by their order in the step).
 pub struct StepMemory<'a> {
     stores: &'a mut [PagedKv],
+    specs: &'a [PagedStoreSpec],
     block_tokens: usize,
     tables: SmallVec<[&'a mut BlockTable; INLINE_SEQS]>,
     states: SmallVec<[&'a mut [f32]; INLINE_SEQS]>,
     checkpoints: SmallVec<[&'a mut Checkpoints; INLINE_SEQS]>,
+    spare_states: &'a mut Vec<Arc<[f32]>>,
 }
 
 impl StepMemory<'_> {
@@ -705,7 +807,22 @@ impl StepMemory<'_> {
         (s.key_width(), s.value_width())
     }
 
-    /// Writes one position's rows of `layer` in `store`.
+    /// Where the row of `store` that position `pos` of sequence `seq` writes lives: the
+    /// block of `pos`, and the row's slot in it (for a strided store, `pos` completes the
+    /// row: `(pos + 1) % stride == 0`).
+    fn slot(&self, store: usize, seq: usize, pos: usize) -> (BlockId, usize) {
+        let (block, offset) = self.tables[seq].locate(pos, self.block_tokens);
+        let spec = &self.specs[store];
+        if spec.stride <= 1 {
+            return (block, offset);
+        }
+        debug_assert_eq!((pos + 1) % spec.stride, 0, "a strided row ends its stride");
+        let row = spec.rows_before(pos + 1) - 1;
+        (block, row - spec.rows_before(pos - offset))
+    }
+
+    /// Writes the rows of `layer` in `store` at position `pos` (for a strided store, the row
+    /// that `pos` completes).
     pub fn write(
         &mut self,
         store: usize,
@@ -715,13 +832,20 @@ impl StepMemory<'_> {
         keys: &[f32],
         values: &[f32],
     ) {
-        let (block, offset) = self.tables[seq].locate(pos, self.block_tokens);
-        self.stores[store].write(layer, block, offset, keys, values);
+        let (block, slot) = self.slot(store, seq, pos);
+        self.stores[store].write(layer, block, slot, keys, values);
+    }
+
+    /// The key row of `layer` in `store` at position `pos` (for a strided store, the row
+    /// that `pos` completed).
+    pub fn key_row(&self, store: usize, seq: usize, layer: usize, pos: usize) -> KvRows<'_> {
+        let (block, slot) = self.slot(store, seq, pos);
+        self.stores[store].keys(layer, block, slot, slot + 1)
     }
 
     /// Calls `f(keys, values, n)` for each stretch of positions `lo..hi` of sequence `seq`
-    /// that lies contiguously in `store`, in order (rows position-major from the stretch's
-    /// first position).
+    /// that lies contiguously in `store` (a store with a row per position), in order (rows
+    /// position-major from the stretch's first position).
     pub fn for_each_run<'s>(
         &'s self,
         store: usize,
@@ -731,6 +855,7 @@ impl StepMemory<'_> {
         hi: usize,
         mut f: impl FnMut(KvRows<'s>, KvRows<'s>, usize),
     ) {
+        debug_assert_eq!(self.specs[store].stride, 1, "runs of a per-position store");
         let arena = &self.stores[store];
         self.tables[seq].for_each_run(lo, hi, self.block_tokens, |block, start, end| {
             f(
@@ -746,6 +871,11 @@ impl StepMemory<'_> {
         self.states[seq]
     }
 
+    /// Sequence `seq`'s recurrent state, to read (empty without one).
+    pub fn state_ref(&self, seq: usize) -> &[f32] {
+        self.states[seq]
+    }
+
     /// Positions per block: a recurrent engine checkpoints its state when a sequence's
     /// length reaches a multiple of this.
     pub fn block_tokens(&self) -> usize {
@@ -756,12 +886,19 @@ impl StepMemory<'_> {
     /// sequence can roll back to `pos` and, when `pos` ends a block, later prompts sharing
     /// the prefix can start from it.
     pub fn checkpoint(&mut self, seq: usize, pos: usize) {
-        let state: Arc<[f32]> = Arc::from(&*self.states[seq]);
         let list = &mut *self.checkpoints[seq];
-        list.retain(|(p, _)| *p < pos);
-        if list.len() >= CHECKPOINTS_PER_SEQUENCE {
-            list.remove(0);
+        while let Some(i) = list.iter().position(|(p, _)| *p >= pos) {
+            recycle(self.spare_states, list.remove(i).1);
         }
+        let state = match self.spare_states.pop() {
+            Some(mut buffer) => {
+                Arc::get_mut(&mut buffer)
+                    .expect("spare states are unshared")
+                    .copy_from_slice(self.states[seq]);
+                buffer
+            }
+            None => Arc::from(&*self.states[seq]),
+        };
         list.push((pos, state));
     }
 }
@@ -772,14 +909,25 @@ mod tests {
 
     fn spec(recurrent: Option<usize>) -> MemorySpec {
         MemorySpec {
-            paged: vec![PagedStoreSpec {
-                n_layers: 2,
-                key_width: 3,
-                value_width: 1,
-            }],
-            recurrent: recurrent.map(|values| RecurrentSpec { values }),
+            paged: vec![PagedStoreSpec::per_position(2, 3, 1)],
+            recurrent: recurrent.map(|values| RecurrentSpec {
+                values,
+                ring_slack: 0,
+            }),
             storage: KvStorage::F32,
         }
+    }
+
+    /// The per-position store and a strided one: one row of 2 values per 3 positions.
+    fn strided_spec() -> MemorySpec {
+        let mut s = spec(None);
+        s.paged.push(PagedStoreSpec {
+            n_layers: 1,
+            key_width: 2,
+            value_width: 0,
+            stride: 3,
+        });
+        s
     }
 
     fn shape(n_blocks: usize, max_sequences: usize) -> MemoryShape {
@@ -808,6 +956,10 @@ mod tests {
                     &[2.0],
                 );
             }
+            let pos = start + i;
+            if v.n_stores() > 1 && (pos + 1).is_multiple_of(3) {
+                v.write(1, 0, 0, pos, &[t as f32, pos as f32], &[]);
+            }
         }
         v.advance(0, start + tokens.len());
         drop(v);
@@ -825,16 +977,104 @@ mod tests {
         out
     }
 
+    /// Sequence `seq`'s strided rows, one per completed stride.
+    fn strided_rows(m: &mut SequenceMemory, seq: SeqId) -> Vec<f32> {
+        let len = m.len(seq);
+        let v = m.view(&[seq]).unwrap();
+        let mut out = Vec::new();
+        for pos in (2..len).step_by(3) {
+            match v.key_row(1, 0, 0, pos) {
+                KvRows::F32(k) => out.extend_from_slice(k),
+                KvRows::F16(_) => unreachable!(),
+            }
+        }
+        out
+    }
+
     #[test]
-    fn bytes_per_position_count_every_store() {
+    fn bytes_count_every_store_and_a_strided_store_by_its_rows() {
         let mut s = spec(Some(10));
-        s.paged.push(PagedStoreSpec {
-            n_layers: 1,
-            key_width: 5,
-            value_width: 0,
-        });
-        assert_eq!(s.bytes_per_position(), (2 * 4 + 5) * 4);
+        s.paged.push(PagedStoreSpec::per_position(1, 5, 0));
+        assert_eq!(s.bytes_per_position(), ((2 * 4 + 5) * 4) as f64);
+        assert_eq!(s.bytes_per_block(4), (2 * 4 + 5) * 4 * 4);
         assert_eq!(s.recurrent_bytes(), 40);
+        // A block of 4 positions completes at most 2 rows of stride 3.
+        let s = strided_spec();
+        assert_eq!(s.bytes_per_block(4), (2 * 4 * 4 + 2 * 2) * 4);
+        assert_eq!(s.bytes_per_position(), (2.0 * 4.0 + 2.0 / 3.0) * 4.0);
+        let m = SequenceMemory::new(s, shape(16, 2)).unwrap();
+        assert_eq!(m.reserved_bytes(), 16 * (2 * 4 * 4 + 2 * 2) * 4);
+    }
+
+    #[test]
+    fn strided_rows_are_shared_by_prefix_and_copied_on_rollback() {
+        let mut m = SequenceMemory::new(strided_spec(), shape(16, 4)).unwrap();
+        let prompt: Vec<u32> = (10..20).collect();
+        let a = m.admit(&prompt, 16).unwrap();
+        step(&mut m, a.seq, &prompt);
+        // Rows completed at positions 2, 5 and 8 (the last in the third block).
+        let a_rows = strided_rows(&mut m, a.seq);
+        assert_eq!(a_rows, [12.0, 2.0, 15.0, 5.0, 18.0, 8.0]);
+        let b = m.admit(&prompt, 16).unwrap();
+        assert_eq!(b.reused, 8);
+        step(&mut m, b.seq, &prompt[8..]);
+        assert_eq!(strided_rows(&mut m, b.seq), a_rows);
+        // b keeps position 5's row through a rollback into the shared second block, and
+        // rewrites the row of position 8: a's rows stay as they were.
+        m.rollback(b.seq, 6).unwrap();
+        step(&mut m, b.seq, &[99, 98, 97]);
+        assert_eq!(strided_rows(&mut m, a.seq), a_rows);
+        assert_eq!(
+            strided_rows(&mut m, b.seq),
+            [12.0, 2.0, 15.0, 5.0, 97.0, 8.0]
+        );
+    }
+
+    /// Grows a sequence to `len` positions without touching its state.
+    fn step_state(m: &mut SequenceMemory, seq: SeqId, len: usize) {
+        let start = m.len(seq);
+        m.grow(seq, len).unwrap();
+        m.view(&[seq]).unwrap().advance(0, len);
+        m.record(seq, &vec![1; len - start]).unwrap();
+    }
+
+    #[test]
+    fn a_ring_state_drops_its_slack_anywhere_and_more_only_to_a_checkpoint() {
+        let mut s = spec(Some(3));
+        s.recurrent = Some(RecurrentSpec {
+            values: 3,
+            ring_slack: 2,
+        });
+        let mut m = SequenceMemory::new(s, shape(16, 2)).unwrap();
+        let a = m.admit(&[1; 9], 16).unwrap();
+        m.grow(a.seq, 9).unwrap();
+        {
+            let mut v = m.view(&[a.seq]).unwrap();
+            v.state(0).copy_from_slice(&[1.0, 2.0, 3.0]);
+            v.advance(0, 4);
+            v.checkpoint(0, 4);
+            v.state(0).copy_from_slice(&[4.0, 5.0, 6.0]);
+            v.advance(0, 9);
+        }
+        m.record(a.seq, &[1; 9]).unwrap();
+        // Within the slack the state is kept as it is (its rings still hold what is needed).
+        m.rollback(a.seq, 7).unwrap();
+        assert_eq!(m.view(&[a.seq]).unwrap().state(0), &[4.0, 5.0, 6.0]);
+        // The slack counts from the furthest position the rings were written to (9), not
+        // from the current length.
+        step_state(&mut m, a.seq, 8);
+        assert_eq!(
+            m.rollback(a.seq, 6),
+            Err(MemoryError::CannotRollBack { len: 8, to: 6 })
+        );
+        m.rollback(a.seq, 7).unwrap();
+        m.rollback(a.seq, 4).unwrap();
+        assert_eq!(m.view(&[a.seq]).unwrap().state(0), &[1.0, 2.0, 3.0]);
+        // Restored, the rings were last written up to the checkpoint.
+        step_state(&mut m, a.seq, 6);
+        m.rollback(a.seq, 4).unwrap();
+        assert_eq!(m.spec().rollback_reach(), 2);
+        assert_eq!(spec(None).rollback_reach(), usize::MAX);
     }
 
     #[test]

@@ -16,7 +16,7 @@ struct LayerBlocks {
     values: Rows,
 }
 
-/// Keys and values for `n_blocks` blocks of `block_tokens` positions, every layer.
+/// Keys and values for `n_blocks` blocks of `block_tokens` rows, every layer.
 /// Inside a block, rows are position-major: position `p` of a layer holds `key_width` keys at
 /// `p * key_width`.
 #[derive(Debug)]

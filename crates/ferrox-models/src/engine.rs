@@ -213,7 +213,7 @@ impl State {
     }
 
     /// Bytes of memory one position takes.
-    pub fn bytes_per_position(&self) -> usize {
+    pub fn bytes_per_position(&self) -> f64 {
         self.memory.bytes_per_position()
     }
 

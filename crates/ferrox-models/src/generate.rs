@@ -507,12 +507,13 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         .to_vec();
     timings.prompt_time = started.elapsed();
 
-    let can_roll_back = engine.memory_spec().recurrent.is_none();
+    // Rejected draft tokens are rolled back: never more than the memory can drop.
+    let reach = engine.memory_spec().rollback_reach();
     let draft = match params.draft {
-        Draft::NGram { .. } if !can_roll_back => Draft::None,
+        Draft::NGram { .. } if reach == 0 => Draft::None,
         d => d,
     };
-    if !can_roll_back {
+    if reach == 0 {
         drafter = None;
     }
     let n_vocab = logits.len();
@@ -568,7 +569,7 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         // Feed `token`, with what the draft proposes after it.
         'feed: loop {
             history.push(token);
-            let room = capacity - pos - 1;
+            let room = (capacity - pos - 1).min(reach);
             if let Some(d) = drafter.as_deref_mut() {
                 let temperature = params.sampler.temperature;
                 d.propose(&history, room, temperature, &mut drafts, &mut dists)?;

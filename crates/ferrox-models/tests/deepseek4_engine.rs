@@ -3,9 +3,11 @@
 //!
 //! - a prompt prefilled as one batch gives the logits of the same tokens decoded one by one;
 //! - sequences stepped together, and a prompt whose prefix comes from the prefix cache, give
-//!   the logits of a cold solo run (compressor rows are paged and shared like the rest);
-//! - a sequence rolled back to any length continues as if it had never gone further;
-//! - the memory holds per position exactly what the formula says;
+//!   the logits of a cold solo run (compressed rows are paged and shared, the rings start
+//!   from the block-end checkpoint of the shared prefix);
+//! - a sequence rolled back by up to the rings' slack continues as if it had never gone
+//!   further, and a longer rollback is refused;
+//! - the memory holds exactly what the formula says;
 //! - bad metadata and tensors are clear errors, and absurd counts never panic.
 
 mod synthetic;
@@ -77,36 +79,43 @@ fn prefill_equals_token_by_token() {
     }
 }
 
-/// Per position: every layer's raw row (D), each compressed layer's compressor row (the
-/// compressed row, then its projections and scores: D·(1 + 2·2) for ratio 4, D·(1 + 2) for
-/// ratio 128), and each ratio-4 layer's indexer compressor row (Di·5).
+/// Paged, one row per compressor block: per ratio-4 layer a compressed row (D) and an
+/// indexer key (Di) every 4 positions, per ratio-128 layer a compressed row every 128. Per
+/// sequence, in f32: every layer's raw ring (W + slack rows of D), each ratio-4 layer's two
+/// compressor rings ((8 + slack) entries of 4·D and of 4·Di) and each ratio-128 layer's
+/// ((128 + slack) entries of 2·D).
 #[test]
-fn memory_per_position_follows_the_formula() {
-    let (d, di) = (ds4::HEAD_DIM, ds4::INDEXER_DIM);
+fn memory_follows_the_formula() {
+    let (d, di, w) = (ds4::HEAD_DIM, ds4::INDEXER_DIM, ds4::WINDOW);
+    let slack = ferrox_models::deepseek4::RING_SLACK;
     let n_layer = ds4::RATIOS.len();
     let csa = ds4::RATIOS.iter().filter(|&&r| r == 4).count();
     let hca = ds4::RATIOS.iter().filter(|&&r| r == 128).count();
-    let values = n_layer * d + csa * 5 * d + hca * 3 * d + csa * 5 * di;
+    let state =
+        n_layer * (w + slack) * d + csa * (8 + slack) * 4 * (d + di) + hca * (128 + slack) * 2 * d;
     for (storage, bytes) in [(KvStorage::F32, 4), (KvStorage::F16, 2)] {
         let spec = engine(storage).memory_spec();
-        assert_eq!(spec.bytes_per_position(), values * bytes, "{storage:?}");
-        assert!(spec.recurrent.is_none());
+        let long_run = (csa * (d + di)) as f64 / 4.0 + (hca * d) as f64 / 128.0;
+        assert_eq!(spec.bytes_per_position(), long_run * bytes as f64);
+        // A block of 16 positions: 4 rows of each ratio-4 store, one slot of the 128x one.
+        assert_eq!(
+            spec.bytes_per_block(16),
+            (csa * 4 * (d + di) + hca * d) * bytes
+        );
+        assert_eq!(spec.recurrent_bytes(), state * 4, "{storage:?}");
+        assert_eq!(spec.rollback_reach(), slack);
         let shapes: Vec<_> = spec
             .paged
             .iter()
-            .map(|s| (s.n_layers, s.key_width, s.value_width))
+            .map(|s| (s.n_layers, s.key_width, s.value_width, s.stride))
             .collect();
+        assert_eq!(shapes, [(csa, d, 0, 4), (hca, d, 0, 128), (csa, di, 0, 4)]);
+        // A solo sequence of 256 positions: 64 rows of each ratio-4 store, 2 of the 128x.
+        let memory = SequenceMemory::solo(spec, 256).unwrap();
         assert_eq!(
-            shapes,
-            [
-                (n_layer, d, 0),
-                (csa, 5 * d, 0),
-                (hca, 3 * d, 0),
-                (csa, 5 * di, 0)
-            ]
+            memory.reserved_bytes(),
+            (csa * 64 * (d + di) + hca * 2 * d) * bytes + state * 4
         );
-        let state = engine(storage).new_state().unwrap();
-        assert_eq!(state.bytes_per_position(), values * bytes);
     }
 }
 
@@ -204,16 +213,22 @@ fn batched_and_prefix_cached_sequences_match_solo_runs() {
     }
 }
 
-/// Rolled back to any length (inside a compressor block, at a block's end, before the first
-/// 128x row), a sequence continues exactly as a fresh run of the kept prefix.
+/// Rolled back by up to the rings' slack from the furthest position they were written to
+/// (inside a compressor block, at a block's end, across a 128x row), a sequence continues
+/// exactly as a fresh run of the kept prefix; a longer rollback with no checkpoint there is
+/// refused and changes nothing.
 #[test]
-fn rolls_back_to_any_length() {
+fn rolls_back_within_the_ring_slack() {
     let e = engine(KvStorage::F32);
+    let slack = e.memory_spec().rollback_reach();
     let tokens = ds4::token_ids(150);
     let mut state = e.new_state().unwrap();
     e.forward_batch(&tokens, 0, &mut state, LogitsFor::Last)
         .unwrap();
-    for keep in [149, 131, 128, 127, 126, 64, 33, 5, 1] {
+    // The furthest position the rings were written to.
+    let (mut len, mut top) = (tokens.len(), tokens.len());
+    for keep in [149, 131, 128, 127, 126, 125, 120] {
+        assert!(top - keep <= slack);
         state.truncate(keep).unwrap();
         assert_eq!(state.len(), keep);
         let next = [tokens[keep], 11, 40];
@@ -221,17 +236,23 @@ fn rolls_back_to_any_length() {
             .forward_batch(&next, keep, &mut state, LogitsFor::All)
             .unwrap()
             .to_vec();
+        len = keep + next.len();
+        top = top.max(len);
         let mut fresh = e.new_state().unwrap();
         e.forward_batch(&tokens[..keep], 0, &mut fresh, LogitsFor::Last)
             .unwrap();
         let expected = e
             .forward_batch(&next, keep, &mut fresh, LogitsFor::All)
             .unwrap();
-        assert!(
-            relative_difference(&rolled, expected) <= 1e-5,
-            "kept {keep}"
-        );
+        let d = relative_difference(&rolled, expected);
+        assert!(d <= 1e-5, "kept {keep}: {d}");
     }
+    // The rings were written up to position 152 (149 + 3): 119 is out of reach, though only
+    // 4 positions back from here.
+    assert_eq!((len, top), (123, 152));
+    let err = state.truncate(top - slack - 1).unwrap_err();
+    assert!(err.to_string().contains("cannot roll back"), "{err}");
+    assert_eq!(state.len(), len);
 }
 
 /// The file with one key set to `value` (added if absent).
@@ -377,7 +398,8 @@ fn declared_mtp_layers_count_only_when_present() {
     };
     let whole = logits(engine(KvStorage::F32));
     let declared = load(with("deepseek4.nextn_predict_layers", OwnedValue::U32(1))).unwrap();
-    assert_eq!(declared.memory_spec().paged[0].n_layers, 4);
+    // The ratio-4 layers' store: blocks 0 and 3.
+    assert_eq!(declared.memory_spec().paged[0].n_layers, 2);
     assert_eq!(logits(declared), whole);
     let mut with_mtp = ferrox_gguf::GgufWriter::new();
     let original = Gguf::from_bytes(ds4::gguf_bytes()).unwrap();
@@ -401,6 +423,6 @@ fn declared_mtp_layers_count_only_when_present() {
         )
         .unwrap();
     let trunk = load(with_mtp.to_bytes()).unwrap();
-    assert_eq!(trunk.memory_spec().paged[0].n_layers, 3);
+    assert_eq!(trunk.memory_spec().paged[0].n_layers, 1);
     assert_ne!(logits(trunk), whole);
 }

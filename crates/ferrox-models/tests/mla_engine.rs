@@ -32,7 +32,7 @@ fn cache_holds_only_the_latent_and_the_rope_part() {
             assert_eq!((c.kv_lora_rank, c.n_rot), (mla.kv_lora_rank, mla.qk_rope));
             let state = e.new_state().unwrap();
             let per_token = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * elem;
-            assert_eq!(state.bytes_per_position(), per_token, "{name}");
+            assert_eq!(state.bytes_per_position(), per_token as f64, "{name}");
             // What a per-head key and value cache would need instead.
             let per_head = spec.n_head * (mla.qk_nope + mla.qk_rope + mla.v_head);
             assert!(per_token * 3 < per_head * spec.n_layer * elem, "{name}");

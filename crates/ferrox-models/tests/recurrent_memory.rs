@@ -46,7 +46,10 @@ impl Engine for Toy {
     fn memory_spec(&self) -> MemorySpec {
         MemorySpec {
             paged: Vec::new(),
-            recurrent: Some(RecurrentSpec { values: DIM }),
+            recurrent: Some(RecurrentSpec {
+                values: DIM,
+                ring_slack: 0,
+            }),
             storage: KvStorage::F32,
         }
     }

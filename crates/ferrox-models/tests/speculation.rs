@@ -141,6 +141,28 @@ fn drafting_changes_no_token_on_an_mla_model() {
     assert!(drafted > 0);
 }
 
+/// DeepSeek-V4 keeps its window and compressor inputs in rings that drop rejected draft
+/// tokens; decoding past the first 128x row (position 127) with drafts of up to 8 tokens.
+#[test]
+fn drafting_changes_no_token_on_deepseek4() {
+    let gguf = Gguf::from_bytes(synthetic::deepseek4::gguf_bytes()).unwrap();
+    let options = EngineOptions {
+        n_ctx: 256,
+        threads: 2,
+        ..EngineOptions::default()
+    };
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let ids = synthetic::deepseek4::token_ids(100);
+    let mut repeated = ids[..50].to_vec();
+    repeated.extend_from_slice(&ids[1..50]);
+    let (drafted, accepted) = check(&engine, &tok, &[repeated, ids.clone()]);
+    assert!(
+        drafted > 0 && accepted > 0,
+        "{drafted} drafted, {accepted} accepted"
+    );
+}
+
 #[test]
 fn lookup_proposes_what_followed_the_latest_match() {
     let mut out = Vec::new();

@@ -87,7 +87,7 @@ impl KvPool {
     }
 
     /// Bytes one position takes (every layer and store of the engine's memory).
-    pub fn bytes_per_position(&self) -> usize {
+    pub fn bytes_per_position(&self) -> f64 {
         self.memory.bytes_per_position()
     }
 

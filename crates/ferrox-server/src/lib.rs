@@ -416,15 +416,18 @@ async fn shutdown_signal() -> &'static str {
 fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> {
     let n_ctx = engine.context_size();
     let parallel = config.parallel.max(1);
-    let block_bytes = engine.memory_spec().bytes_per_position() * kv::BLOCK_TOKENS;
+    let spec = engine.memory_spec();
+    let block_bytes = spec.bytes_per_block(kv::BLOCK_TOKENS);
+    // Recurrent states are reserved per sequence slot.
+    let state_bytes = spec.recurrent_bytes() * parallel;
     let context_blocks = n_ctx.div_ceil(kv::BLOCK_TOKENS);
     let n_blocks = match config.kv_memory_mib {
         Some(mib) => {
-            let fit = (mib << 20) / block_bytes.max(1);
+            let fit = (mib << 20).saturating_sub(state_bytes) / block_bytes.max(1);
             if fit < context_blocks {
                 bail!(
                     "--kv-memory {mib} MiB cannot hold one sequence of {n_ctx} positions ({} MiB); lower --ctx-size or raise --kv-memory",
-                    (context_blocks * block_bytes).div_ceil(1 << 20)
+                    (context_blocks * block_bytes + state_bytes).div_ceil(1 << 20)
                 );
             }
             fit
@@ -433,7 +436,7 @@ fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> 
     };
     let pool = KvPool::new(engine, n_blocks, parallel).context("the KV pool")?;
     tracing::info!(
-        "KV pool: {n_blocks} blocks of {} positions ({} MiB, {} bytes per position), up to {parallel} sequences of {n_ctx} positions",
+        "KV pool: {n_blocks} blocks of {} positions ({} MiB, {:.0} bytes per position), up to {parallel} sequences of {n_ctx} positions",
         kv::BLOCK_TOKENS,
         pool.reserved_bytes().div_ceil(1 << 20),
         pool.bytes_per_position()
@@ -506,11 +509,18 @@ fn prepare(
         resolve_template(config.chat_template.as_deref(), &engine, &tokenizer)?;
     let n_ctx = engine.context_size();
     let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
-    if config.speculation.is_some() && engine.memory_spec().recurrent.is_some() {
-        bail!(
-            "--spec-type ngram: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
-            engine.architecture()
-        );
+    if let Some(spec) = &config.speculation {
+        match engine.memory_spec().rollback_reach() {
+            0 => bail!(
+                "--spec-type ngram: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
+                engine.architecture()
+            ),
+            reach if reach < spec.max => bail!(
+                "--spec-type ngram: {} can forget at most {reach} rejected draft tokens; use --draft-max {reach} or less",
+                engine.architecture()
+            ),
+            _ => {}
+        }
     }
 
     let pool = kv_pool(config, &engine)?;

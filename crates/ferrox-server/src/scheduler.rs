@@ -352,9 +352,10 @@ impl<'t> Loop<'t> {
         self.metrics
             .kv_bytes
             .store(self.pool.reserved_bytes() as u64, Ordering::Relaxed);
-        self.metrics
-            .kv_bytes_per_position
-            .store(self.pool.bytes_per_position() as u64, Ordering::Relaxed);
+        self.metrics.kv_bytes_per_position.store(
+            self.pool.bytes_per_position().round() as u64,
+            Ordering::Relaxed,
+        );
         let shared = self.shared.clone();
         loop {
             {

@@ -255,17 +255,25 @@ impl SpecArgs {
         }
     }
 
-    /// Refuses speculation on an engine whose memory cannot forget rejected draft tokens
-    /// (a recurrent state collapses its history).
+    /// Refuses speculation on an engine whose memory cannot forget as many rejected draft
+    /// tokens as a draft may hold (a recurrent state collapses its history; rings hold a
+    /// few positions more than they need).
     pub fn check_engine(&self, engine: &impl Engine) -> anyhow::Result<()> {
-        if self.kind()? != SpecType::None && engine.memory_spec().recurrent.is_some() {
-            return Err(InputError(format!(
-                "speculative decoding needs a model whose memory rolls back; {} keeps a recurrent state that cannot forget rejected draft tokens",
-                engine.architecture()
-            ))
-            .into());
+        if self.kind()? == SpecType::None {
+            return Ok(());
         }
-        Ok(())
+        let arch = engine.architecture();
+        match engine.memory_spec().rollback_reach() {
+            0 => Err(InputError(format!(
+                "speculative decoding needs a model whose memory rolls back; {arch} keeps a recurrent state that cannot forget rejected draft tokens"
+            ))
+            .into()),
+            reach if reach < self.lengths.draft_max => Err(InputError(format!(
+                "{arch} can forget at most {reach} rejected draft tokens; use --draft-max {reach} or less"
+            ))
+            .into()),
+            _ => Ok(()),
+        }
     }
 
     /// Loads the draft model the flags name, with the target's threads, context size and

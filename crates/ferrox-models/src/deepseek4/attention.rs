@@ -2,8 +2,8 @@
 //! (each key row is also its value), per head a learned sink logit in the softmax
 //! denominator.
 //!
-//! A token's keys are the raw rows of its sliding window (positions `pos − W + 1 ..= pos`)
-//! and, in compressed layers, compressed rows ([`super::compressor`]): every visible one
+//! A token's keys are the raw rows of its sliding window (positions `pos − W + 1 ..= pos`,
+//! kept in a ring in the sequence's state) and, in compressed layers, compressed rows ([`super::compressor`]): every visible one
 //! (ratio 128), or the `top_k` of them the lightning indexer scores highest (ratio 4). The
 //! rotated tail of the output is rotated back at the query's position, then heads are
 //! projected in groups through a low rank (`attn_output_a`) and together to the model width
@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use super::compressor::{self, read_row, CompressorScratch, CompressorStore};
 use super::config::{Compression, Deepseek4Config};
 use super::weights::{IndexerWeights, LayerWeights};
+use super::RING_SLACK;
 use crate::dsa::top_k::top_k;
 use crate::engine::EngineError;
 use crate::layers::attention::MAX_HEAD_DIM;
@@ -31,12 +32,42 @@ use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
 use crate::mla::sparse::Selection;
 use crate::step::{sized, Row};
 
-/// The memory's first store: every layer's raw key-value row per position.
-pub const RAW_STORE: usize = 0;
+/// A layer's raw key-value rows in a sequence's state: a ring of the latest `len` positions
+/// (the window and [`RING_SLACK`]), position `p` at slot `p % len`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawRing {
+    pub offset: usize,
+    pub len: usize,
+    pub width: usize,
+    /// Rows are kept at f16 precision (the cache type asked for, as llama.cpp's cache).
+    pub half: bool,
+}
 
-/// Where one layer keeps its rows beyond the raw store.
+impl RawRing {
+    fn slot(&self, pos: usize) -> usize {
+        self.offset + (pos % self.len) * self.width
+    }
+
+    fn row<'s>(&self, state: &'s [f32], pos: usize) -> &'s [f32] {
+        &state[self.slot(pos)..][..self.width]
+    }
+
+    fn write(&self, state: &mut [f32], pos: usize, row: &[f32]) {
+        let dst = &mut state[self.slot(pos)..][..self.width];
+        match self.half {
+            true => dst
+                .iter_mut()
+                .zip(row)
+                .for_each(|(d, &v)| *d = half::f16::from_f32(v).to_f32()),
+            false => dst.copy_from_slice(row),
+        }
+    }
+}
+
+/// Where one layer keeps its rows: the raw ring, and its compressors' rings and stores.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LayerStores {
+    pub raw: RawRing,
     pub compressor: Option<CompressorStore>,
     pub indexer: Option<CompressorStore>,
 }
@@ -81,7 +112,8 @@ pub struct Bounds {
 }
 
 /// One layer's attention of the micro-batch's normed inputs `xn` into `out` (`n × n_embd`):
-/// its rows (raw, compressed, indexer keys) written to the memory first.
+/// its compressors' rows written to the memory first, then the raw rows and the attention
+/// of at most [`RING_SLACK`] rows at a time, so the raw ring keeps every row a chunk reads.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     c: &Deepseek4Config,
@@ -115,7 +147,6 @@ pub fn attention(
         rope.angles(r.pos, &mut s.angles);
         rope.apply_tail(row, d, &s.angles);
         rope.apply_tail(&mut q[t * h * d..(t + 1) * h * d], d, &s.angles);
-        memory.write(RAW_STORE, r.seq, il, r.pos, row, &[]);
     }
     let compressed = (&c.rope_compressed, eps);
     if let (Some(at), Some(w)) = (stores.compressor, &lw.compressor) {
@@ -137,33 +168,73 @@ pub fn attention(
 
     // Every (token, head) on its own: scores over the token's keys, then their weighted sum.
     let scale = 1.0 / (d as f32).sqrt();
-    let memory = &*memory;
-    let (q, selection) = (&s.q, &s.selection);
     let o = sized(&mut s.o, n * h * d);
-    o.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
-        let (t, head) = (i / h, i % h);
-        let r = &rows[t];
-        let keys = KeySet {
-            seq: r.seq,
-            layer: il,
-            raw: r.pos.saturating_sub(c.window - 1)..r.pos + 1,
-            compressed: match (stores.compressor, c.compression[il]) {
-                (Some(at), Compression::Heavy) => Compressed::All(at, at.visible(r.pos)),
-                (Some(at), Compression::Sparse) => match selection.of(t) {
-                    None => Compressed::All(at, at.visible(r.pos)),
-                    Some(list) => Compressed::Listed(at, list),
-                },
-                _ => Compressed::None,
-            },
-        };
-        let query = &q[i * d..(i + 1) * d];
-        attend_head(memory, &keys, query, lw.sinks[head], scale, max_keys, o);
-    });
+    for first in (0..n).step_by(RING_SLACK) {
+        let chunk = first..n.min(first + RING_SLACK);
+        for t in chunk.clone() {
+            let r = &rows[t];
+            stores
+                .raw
+                .write(memory.state(r.seq), r.pos, &s.kv[t * d..(t + 1) * d]);
+        }
+        let memory = &*memory;
+        let (q, selection) = (&s.q, &s.selection);
+        let o = &mut o[first * h * d..chunk.end * h * d];
+        o.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+            let (t, head) = (first + i / h, i % h);
+            attend_token_head(
+                c,
+                il,
+                stores,
+                rows,
+                t,
+                head,
+                (q, selection),
+                memory,
+                o,
+                (lw.sinks[head], scale, max_keys),
+            );
+        });
+    }
     for (t, r) in rows.iter().enumerate() {
         rope.angles(r.pos, &mut s.angles);
         rope.unapply_tail(&mut o[t * h * d..(t + 1) * h * d], d, &mut s.angles);
     }
     grouped_output(c, lw, gguf, n, s, out)
+}
+
+/// Head `head` of row `t`'s attention into `o`.
+#[allow(clippy::too_many_arguments)]
+fn attend_token_head(
+    c: &Deepseek4Config,
+    il: usize,
+    stores: LayerStores,
+    rows: &[Row],
+    t: usize,
+    head: usize,
+    (q, selection): (&[f32], &Selection),
+    memory: &StepMemory<'_>,
+    o: &mut [f32],
+    (sink, scale, max_keys): (f32, f32, usize),
+) {
+    let (h, d) = (c.n_head, c.head_dim);
+    let i = t * h + head;
+    let r = &rows[t];
+    let keys = KeySet {
+        seq: r.seq,
+        raw_ring: stores.raw,
+        raw: r.pos.saturating_sub(c.window - 1)..r.pos + 1,
+        compressed: match (stores.compressor, c.compression[il]) {
+            (Some(at), Compression::Heavy) => Compressed::All(at, at.visible(r.pos)),
+            (Some(at), Compression::Sparse) => match selection.of(t) {
+                None => Compressed::All(at, at.visible(r.pos)),
+                Some(list) => Compressed::Listed(at, list),
+            },
+            _ => Compressed::None,
+        },
+    };
+    let query = &q[i * d..(i + 1) * d];
+    attend_head(memory, &keys, query, sink, scale, max_keys, o);
 }
 
 /// The compressed rows a token attends to.
@@ -178,7 +249,7 @@ enum Compressed<'a> {
 /// A token's keys: its window of raw rows, then compressed rows.
 struct KeySet<'a> {
     seq: usize,
-    layer: usize,
+    raw_ring: RawRing,
     raw: std::ops::Range<usize>,
     compressed: Compressed<'a>,
 }
@@ -195,27 +266,14 @@ impl KeySet<'_> {
 
     /// Calls `f` with each key (`width` values) in order.
     fn for_each(&self, memory: &StepMemory<'_>, width: usize, mut f: impl FnMut(&[f32])) {
+        let state = memory.state_ref(self.seq);
+        for pos in self.raw.clone() {
+            f(self.raw_ring.row(state, pos));
+        }
         let mut row = [0f32; MAX_HEAD_DIM];
         let row = &mut row[..width];
-        let (lo, hi) = (self.raw.start, self.raw.end);
-        memory.for_each_run(
-            RAW_STORE,
-            self.seq,
-            self.layer,
-            lo,
-            hi,
-            |keys, _, _| match keys {
-                KvRows::F32(k) => k.chunks_exact(width).for_each(&mut f),
-                KvRows::F16(k) => {
-                    for key in k.chunks_exact(width) {
-                        row.iter_mut().zip(key).for_each(|(o, v)| *o = v.to_f32());
-                        f(row);
-                    }
-                }
-            },
-        );
         let mut compressed = |at: CompressorStore, b: usize| {
-            read_row(memory, at.store, self.seq, at.layer, at.position_of(b), row);
+            read_row(memory, at, self.seq, b, row);
             f(row);
         };
         match &self.compressed {
@@ -328,8 +386,7 @@ fn select(
                     let first = chunk * SCORE_CHUNK + part * KEYS_GATHERED;
                     let keys = &mut keys[..scores.len() * di];
                     for (i, key) in keys.chunks_exact_mut(di).enumerate() {
-                        let b = first + i;
-                        read_row(memory, at.store, r.seq, at.layer, at.position_of(b), key);
+                        read_row(memory, at, r.seq, first + i, key);
                     }
                     relu_scores::scores(&query, KvRows::F32(keys), scores);
                 }

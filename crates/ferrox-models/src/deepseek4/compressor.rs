@@ -1,14 +1,14 @@
 //! Compressors: one key row every `ratio` positions, pooled from the tokens of its block.
 //!
 //! Every token projects its normed input into key-value values and gate scores (plus a
-//! learned score for its place in the block). They are kept in the sequence memory, one row
-//! per position and compressed layer laid out `[compressed row (w) | kv (overlap·w) | score
-//! (overlap·w)]`, so the "compressor ring" of llama.cpp is simply the last block's rows: it is
-//! paged, shared by prefix and rolled back with everything else. When a token completes block
-//! `b` (its position is `b·ratio + ratio − 1`), the block is pooled per channel with a softmax
-//! over the scores, RMS-normed, rotated at position `b·ratio` and written into that token's
-//! row: it becomes visible to that token and every later one, as in llama.cpp
-//! (`n_visible = (pos + 1) / ratio`).
+//! learned score for its place in the block). They go into the compressor's ring in the
+//! sequence's state (llama.cpp's compressor ring), an entry `[kv (overlap·w) | score
+//! (overlap·w)]` at slot `pos % ring_len`; the ring holds [`super::RING_SLACK`] entries more
+//! than a block reads, so a sequence can drop that many positions anywhere. When a token
+//! completes block `b` (its position is `b·ratio + ratio − 1`), the block is pooled per
+//! channel with a softmax over the scores, RMS-normed, rotated at position `b·ratio` and
+//! written to the compressor's strided store at that token's position: it becomes visible to
+//! that token and every later one, as in llama.cpp (`n_visible = (pos + 1) / ratio`).
 //!
 //! The overlapping compressor (ratio 4) pools 8 tokens: the previous block's with the first
 //! half of their projections, then this block's with the second half; block 0 has no previous
@@ -20,26 +20,46 @@ use ferrox_moe::numerics::softmax;
 
 use super::config::Compression;
 use super::weights::CompressorWeights;
+use super::RING_SLACK;
 use crate::engine::EngineError;
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::rope::Rope;
 use crate::step::{sized, Row};
 
-/// Where one layer's compressor keeps its rows.
+/// Where one layer's compressor keeps its rows and its ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompressorStore {
+    /// The strided store of compressed rows, and the layer's place in it.
     pub store: usize,
     pub layer: usize,
     /// Width of a compressed row.
     pub width: usize,
     pub kind: Compression,
+    /// Offset of the ring in a sequence's state.
+    pub ring: usize,
 }
 
 impl CompressorStore {
-    /// Values per position: the compressed row, then the projections and the scores.
-    pub fn row_width(&self) -> usize {
-        self.width * (1 + 2 * self.kind.overlap())
+    /// Values of one ring entry: the projections, then the scores.
+    pub fn entry_width(&self) -> usize {
+        2 * self.kind.overlap() * self.width
+    }
+
+    /// Entries in the ring: the tokens one compressed row pools, and the slack.
+    pub fn ring_len(&self) -> usize {
+        self.kind.overlap() * self.kind.ratio() + RING_SLACK
+    }
+
+    /// Values of the ring.
+    pub fn ring_values(&self) -> usize {
+        self.ring_len() * self.entry_width()
+    }
+
+    /// The ring entry of position `pos` in a sequence's state.
+    fn entry<'s>(&self, state: &'s [f32], pos: usize) -> &'s [f32] {
+        let w = self.entry_width();
+        &state[self.ring + (pos % self.ring_len()) * w..][..w]
     }
 
     /// Compressed rows visible to a token at `pos`.
@@ -47,29 +67,24 @@ impl CompressorStore {
         (pos + 1) / self.kind.ratio()
     }
 
-    /// The position whose row holds compressed row `b`.
+    /// The position that completes compressed row `b`.
     pub fn position_of(&self, b: usize) -> usize {
         b * self.kind.ratio() + self.kind.ratio() - 1
     }
 }
 
-/// Copies the first `out.len()` values of sequence `seq`'s row at `pos` in `store` into `out`.
+/// Copies compressed row `b` of sequence `seq` into `out` (`width` values).
 pub fn read_row(
     memory: &StepMemory<'_>,
-    store: usize,
+    at: CompressorStore,
     seq: usize,
-    layer: usize,
-    pos: usize,
+    b: usize,
     out: &mut [f32],
 ) {
-    let len = out.len();
-    memory.for_each_run(store, seq, layer, pos, pos + 1, |keys, _, _| match keys {
-        KvRows::F32(k) => out.copy_from_slice(&k[..len]),
-        KvRows::F16(k) => out
-            .iter_mut()
-            .zip(&k[..len])
-            .for_each(|(o, v)| *o = v.to_f32()),
-    });
+    match memory.key_row(at.store, seq, at.layer, at.position_of(b)) {
+        KvRows::F32(k) => out.copy_from_slice(k),
+        KvRows::F16(k) => out.iter_mut().zip(k).for_each(|(o, v)| *o = v.to_f32()),
+    }
 }
 
 /// Buffers of the compressors, reused across layers and steps.
@@ -78,7 +93,6 @@ pub struct CompressorScratch {
     kv: Vec<f32>,
     score: Vec<f32>,
     row: Vec<f32>,
-    block: Vec<f32>,
     entries_kv: Vec<f32>,
     entries_score: Vec<f32>,
     weights: Vec<f32>,
@@ -86,8 +100,8 @@ pub struct CompressorScratch {
     xq: Vec<u8>,
 }
 
-/// Projects the micro-batch's normed inputs `xn` into the compressor's rows, written to the
-/// memory in row order, and compresses each block a row completes.
+/// Projects the micro-batch's normed inputs `xn` into the compressor's ring entries, in row
+/// order, and compresses each block a row completes into the strided store.
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     at: CompressorStore,
@@ -108,65 +122,58 @@ pub fn record(
     sized(&mut s.entries_kv, entries);
     sized(&mut s.entries_score, entries);
     sized(&mut s.weights, at.kind.overlap() * ratio);
-    sized(&mut s.block, at.row_width());
-    sized(&mut s.row, at.row_width());
-    // Taken out of the scratch while the block compressions use the rest of it.
-    let (mut kv_buf, mut score_buf) = (std::mem::take(&mut s.kv), std::mem::take(&mut s.score));
-    let kv = sized(&mut kv_buf, n * projected);
+    sized(&mut s.row, width);
+    let kv = sized(&mut s.kv, n * projected);
     linear(&w.kv.view(gguf)?, xn, n, kv, &mut s.xq)?;
-    let score = sized(&mut score_buf, n * projected);
+    let score = sized(&mut s.score, n * projected);
     linear(&w.gate.view(gguf)?, xn, n, score, &mut s.xq)?;
+    let entry_width = at.entry_width();
     for (t, r) in rows.iter().enumerate() {
         let ape = &w.ape[(r.pos % ratio) * projected..][..projected];
-        let row = sized(&mut s.row, at.row_width());
-        row[..width].fill(0.0);
-        row[width..width + projected].copy_from_slice(&kv[t * projected..][..projected]);
-        let scores = &mut row[width + projected..];
-        scores.copy_from_slice(&score[t * projected..][..projected]);
+        let state = memory.state(r.seq);
+        let slot = at.ring + (r.pos % at.ring_len()) * entry_width;
+        let entry = &mut state[slot..slot + entry_width];
+        entry[..projected].copy_from_slice(&s.kv[t * projected..][..projected]);
+        let scores = &mut entry[projected..];
+        scores.copy_from_slice(&s.score[t * projected..][..projected]);
         scores.iter_mut().zip(ape).for_each(|(s, a)| *s += a);
-        memory.write(at.store, r.seq, at.layer, r.pos, row, &[]);
         if (r.pos + 1) % ratio == 0 {
-            compress(at, w, memory, r.seq, r.pos / ratio, (rope, eps), s);
-            memory.write(
-                at.store,
-                r.seq,
-                at.layer,
-                r.pos,
-                &s.row[..at.row_width()],
-                &[],
+            compress(
+                at,
+                w,
+                memory.state_ref(r.seq),
+                r.pos / ratio,
+                (rope, eps),
+                s,
             );
+            memory.write(at.store, r.seq, at.layer, r.pos, &s.row[..width], &[]);
         }
     }
-    (s.kv, s.score) = (kv_buf, score_buf);
     Ok(())
 }
 
-/// Compressed row `b` of sequence `seq` into `s.row[..width]` (the rest of `s.row` keeps the
-/// completing token's own row): the block's rows read back from the memory, pooled, normed
-/// and rotated.
+/// Compressed row `b` into `s.row[..width]`: the block's ring entries (in `state`) pooled,
+/// normed and rotated.
 fn compress(
     at: CompressorStore,
     w: &CompressorWeights,
-    memory: &StepMemory<'_>,
-    seq: usize,
+    state: &[f32],
     b: usize,
     (rope, eps): (&Rope, f32),
     s: &mut CompressorScratch,
 ) {
     let (width, ratio, overlap) = (at.width, at.kind.ratio(), at.kind.overlap());
-    let row_width = at.row_width();
     let n_entries = overlap * ratio;
     // Entries channel-major, as llama.cpp lays them out for its softmax over tokens.
     let entries_kv = sized(&mut s.entries_kv, width * n_entries);
     let entries_score = sized(&mut s.entries_score, width * n_entries);
-    let block = sized(&mut s.block, row_width);
     let first = b * ratio;
     // (entry index, source position, which half of its projections)
     let mut put = |entry: usize, pos: Option<usize>, half: usize| match pos {
         Some(pos) => {
-            read_row(memory, at.store, seq, at.layer, pos, block);
-            let kv = &block[width + half * width..][..width];
-            let score = &block[width + overlap * width + half * width..][..width];
+            let e = at.entry(state, pos);
+            let kv = &e[half * width..][..width];
+            let score = &e[overlap * width + half * width..][..width];
             for c in 0..width {
                 entries_kv[c * n_entries + entry] = kv[c];
                 entries_score[c * n_entries + entry] = score[c];
@@ -192,7 +199,7 @@ fn compress(
         }
     }
     let weights = sized(&mut s.weights, n_entries);
-    let row = sized(&mut s.row, row_width);
+    let row = sized(&mut s.row, width);
     for c in 0..width {
         softmax(&entries_score[c * n_entries..][..n_entries], weights);
         // ggml multiplies in f32 and sums the products in f64.
@@ -203,8 +210,7 @@ fn compress(
             .sum();
         row[c] = sum as f32;
     }
-    let comp = &mut row[..width];
-    rms_norm_in_place(comp, &w.norm, eps);
+    rms_norm_in_place(row, &w.norm, eps);
     rope.angles(first, &mut s.angles);
-    rope.apply_tail(comp, width, &s.angles);
+    rope.apply_tail(row, width, &s.angles);
 }

@@ -4,18 +4,17 @@
 //! leading ones routed by token id.
 //!
 //! # Memory
-//! Everything a sequence keeps is paged by position, in stores sharing one block table:
+//! As llama.cpp's DeepSeek-V4 cache, a sequence keeps:
 //!
-//! * the raw store: every layer's key-value row (`D`) per position; a token reads the last
-//!   `W` of them;
-//! * one store per compressor kind (4x attention, 128x attention, 4x indexer keys): per
-//!   position of each such layer, the compressor's projections and scores of that token
-//!   (llama.cpp's compressor rings are the last block of these rows) and, at a position that
-//!   completes a block, the compressed row.
+//! * in its state, rings of the latest rows: every layer's raw key-value rows (`D`) of the
+//!   window, and each compressor's projections and scores of the tokens its next row pools;
+//! * paged, in strided stores (one per compressor kind: 4x attention, 128x attention, 4x
+//!   indexer keys), the compressed rows: one per `ratio` positions, in the block of the
+//!   position that completes it.
 //!
-//! So a sequence rolls back to any length, and shares prefixes, exactly: nothing summarises
-//! the history outside the pages. This costs more memory per position than llama.cpp's rings
-//! and window (see [`Deepseek4Engine::memory_spec`]).
+//! Every ring holds [`RING_SLACK`] positions more than attention reads, which is how far a
+//! sequence can roll back anywhere (llama.cpp's rollback snapshots); further only to a
+//! block-end checkpoint of the state, which is also what prefix reuse starts from.
 //!
 //! Multi-token-prediction layers at the end of a file are not part of the trunk and are not
 //! loaded.
@@ -28,7 +27,7 @@ pub mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, PagedStoreSpec, StepMemory};
+use ferrox_core::{KvStorage, MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
 use ferrox_gguf::Gguf;
 use ferrox_moe::{Activation, MoeExperts};
 
@@ -39,7 +38,7 @@ use crate::engine::{EngineError, EngineOptions};
 use crate::hparams::moe_error;
 use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
-use attention::{AttnScratch, LayerStores};
+use attention::{AttnScratch, LayerStores, RawRing};
 use compressor::CompressorStore;
 use config::HC_STREAMS as HC;
 use hyper::{HcScratch, HyperConnection};
@@ -48,6 +47,10 @@ use weights::LayerWeights;
 /// Clamps at or below this are no clamp (llama.cpp's threshold).
 const NO_CLAMP: f32 = 1e-6;
 
+/// Positions every ring of a sequence's state holds beyond what attention reads: the most a
+/// sequence rolls back by anywhere, and the rows one pass of attention writes.
+pub const RING_SLACK: usize = 32;
+
 /// A DeepSeek-V4 model over a memory-mapped GGUF checkpoint.
 pub struct Deepseek4Engine {
     rt: Runtime,
@@ -55,6 +58,8 @@ pub struct Deepseek4Engine {
     weights: Deepseek4Weights,
     stores: Vec<LayerStores>,
     specs: Vec<PagedStoreSpec>,
+    /// Values of a sequence's state: the raw rings, then the compressors' rings.
+    state_values: usize,
     bounds: attention::Bounds,
 }
 
@@ -74,15 +79,27 @@ pub struct Scratch {
     head: HeadScratch,
 }
 
-/// Each layer's stores, and the stores' shapes: the raw store, then one store per compressor
-/// kind that some layer has.
-fn lay_out_stores(c: &Deepseek4Config) -> (Vec<LayerStores>, Vec<PagedStoreSpec>) {
-    let mut specs = vec![PagedStoreSpec {
-        n_layers: c.n_layer,
-        key_width: c.head_dim,
-        value_width: 0,
-    }];
-    let mut stores = vec![LayerStores::default(); c.n_layer];
+/// Each layer's rings and stores, the strided stores' shapes (one per compressor kind that
+/// some layer has) and the values of a sequence's state.
+fn lay_out_memory(
+    c: &Deepseek4Config,
+    n_ctx: usize,
+    storage: KvStorage,
+) -> (Vec<LayerStores>, Vec<PagedStoreSpec>, usize) {
+    let raw_len = c.window.min(n_ctx) + RING_SLACK;
+    let mut stores: Vec<LayerStores> = (0..c.n_layer)
+        .map(|il| LayerStores {
+            raw: RawRing {
+                offset: il * raw_len * c.head_dim,
+                len: raw_len,
+                width: c.head_dim,
+                half: storage == KvStorage::F16,
+            },
+            ..LayerStores::default()
+        })
+        .collect();
+    let mut state_values = c.n_layer * raw_len * c.head_dim;
+    let mut specs = Vec::new();
     // (kind, width, is the indexer's): one store each.
     let kinds = [
         (Compression::Sparse, c.head_dim, false),
@@ -103,25 +120,22 @@ fn lay_out_stores(c: &Deepseek4Config) -> (Vec<LayerStores>, Vec<PagedStoreSpec>
                 layer,
                 width,
                 kind,
+                ring: state_values,
             };
+            state_values += at.ring_values();
             match indexer {
                 true => stores[il].indexer = Some(at),
                 false => stores[il].compressor = Some(at),
             }
         }
-        let row = CompressorStore {
-            store,
-            layer: 0,
-            width,
-            kind,
-        };
         specs.push(PagedStoreSpec {
             n_layers: layers.len(),
-            key_width: row.row_width(),
+            key_width: width,
             value_width: 0,
+            stride: kind.ratio(),
         });
     }
-    (stores, specs)
+    (stores, specs, state_values)
 }
 
 impl Deepseek4Engine {
@@ -135,8 +149,8 @@ impl Deepseek4Engine {
         let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-ds4")?;
         rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(c);
-        let (stores, specs) = lay_out_stores(c);
         let n_ctx = rt.n_ctx;
+        let (stores, specs, state_values) = lay_out_memory(c, n_ctx, rt.kv_storage);
         let compressed = c
             .compression
             .iter()
@@ -157,6 +171,7 @@ impl Deepseek4Engine {
             weights,
             stores,
             specs,
+            state_values,
             bounds,
         })
     }
@@ -258,16 +273,23 @@ impl step::Layers for Deepseek4Engine {
         &self.rt
     }
 
-    /// Per position: every layer's raw row (`D`); per compressed layer its compressor's row
-    /// (`D · (1 + 2·overlap)`: the compressed row, projections and scores; overlap 2 for
-    /// ratio 4, 1 for ratio 128); per ratio-4 layer the indexer compressor's row
-    /// (`Di · 5`).
+    /// Paged: per ratio-4 layer a compressed row (`D`) and an indexer key (`Di`) every 4
+    /// positions, per ratio-128 layer a compressed row every 128. Per sequence: every
+    /// layer's raw ring (`(W + slack) · D`), each ratio-4 compressor's ring (`(8 + slack) ·
+    /// 4w`) and each ratio-128 one's (`(128 + slack) · 2D`), f32.
     fn memory_spec(&self) -> MemorySpec {
         MemorySpec {
             paged: self.specs.clone(),
-            recurrent: None,
+            recurrent: Some(RecurrentSpec {
+                values: self.state_values,
+                ring_slack: RING_SLACK,
+            }),
             storage: self.rt.kv_storage,
         }
+    }
+
+    fn checkpoints(&self) -> bool {
+        true
     }
 
     fn micro_batch(

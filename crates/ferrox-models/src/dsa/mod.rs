@@ -119,16 +119,8 @@ impl step::Layers for DsaEngine {
     /// The latent row of every layer, and the indexer key of every full layer, per position.
     fn memory_spec(&self) -> MemorySpec {
         let c = &self.config;
-        let latent = PagedStoreSpec {
-            n_layers: c.mla.n_layer(),
-            key_width: c.mla.cache_width(),
-            value_width: 0,
-        };
-        let indexer = PagedStoreSpec {
-            n_layers: c.n_indexer_layers(),
-            key_width: c.indexer.head_dim,
-            value_width: 0,
-        };
+        let latent = PagedStoreSpec::per_position(c.mla.n_layer(), c.mla.cache_width(), 0);
+        let indexer = PagedStoreSpec::per_position(c.n_indexer_layers(), c.indexer.head_dim, 0);
         // In store order.
         const _: () = assert!(LATENT_STORE == 0 && INDEXER_STORE == 1);
         MemorySpec {

@@ -248,13 +248,14 @@ impl step::Layers for KimiEngine {
     fn memory_spec(&self) -> MemorySpec {
         let c = &self.config;
         MemorySpec {
-            paged: vec![PagedStoreSpec {
-                n_layers: c.n_mla(),
-                key_width: c.mla.cache_width(),
-                value_width: 0,
-            }],
+            paged: vec![PagedStoreSpec::per_position(
+                c.n_mla(),
+                c.mla.cache_width(),
+                0,
+            )],
             recurrent: Some(RecurrentSpec {
                 values: c.n_kda() * c.kda.state_values(),
+                ring_slack: 0,
             }),
             storage: self.rt.kv_storage,
         }
