@@ -1,5 +1,6 @@
 //! The commands on a Multi-head Latent Attention model (a tiny synthetic `deepseek2` file):
-//! run, bench and perplexity work (serve: tests/serve.rs).
+//! run, bench and perplexity work, and a file's multi-token-prediction block drafts
+//! (serve: tests/serve.rs).
 
 mod common;
 #[path = "../../ferrox-models/tests/synthetic/mod.rs"]
@@ -85,4 +86,49 @@ fn run_bench_and_perplexity_work() {
         s("1"),
     ]);
     assert!(ppl.contains("Final estimate: PPL = "), "{ppl}");
+}
+
+/// `ferrox run --spec-type draft-mtp` on a file with a multi-token-prediction block: the
+/// same tokens as plain decoding, with drafted tokens; on a file without one, a clear error.
+#[test]
+fn run_drafts_with_the_mtp_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deepseek2-mtp.gguf");
+    std::fs::write(&path, synthetic::gguf_bytes("deepseek2-mtp")).unwrap();
+    let s = OsStr::new;
+    let run = |m: &OsStr, spec: &[&str]| {
+        let mut args = vec![s("run"), s("-m"), m, s("-p"), s("ba ce di fo")];
+        args.extend([
+            s("-n"),
+            s("16"),
+            s("--temp"),
+            s("0"),
+            s("--json"),
+            s("-t"),
+            s("1"),
+        ]);
+        args.extend(spec.iter().map(|a| s(a)));
+        ferrox(&args)
+    };
+    let parse = |out: std::process::Output| -> Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = parse(run(path.as_os_str(), &[]));
+    let mtp = parse(run(
+        path.as_os_str(),
+        &["--spec-type", "draft-mtp", "--draft-max", "3"],
+    ));
+    assert_eq!(plain["tokens"], mtp["tokens"], "{plain}\n{mtp}");
+    assert!(mtp["timings"]["draft_n"].as_u64().unwrap() > 0, "{mtp}");
+
+    let without = model(dir.path());
+    let out = run(without.as_os_str(), &["--spec-type", "mtp"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nextn_predict_layers"), "{err}");
 }

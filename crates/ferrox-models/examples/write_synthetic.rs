@@ -16,6 +16,7 @@
 //! DeepSeek-V3.2's attention shapes for speed at depth (`synthetic::dsa::bench_gguf`);
 //! `--kimi-bench` a `kimi-linear` file of Kimi-Linear-48B-A3B's attention shapes likewise
 //! (`synthetic::kimi::bench_gguf`);
+//! `--mtp` the `deepseek2-mtp` model (deepseek2-v3 with a multi-token-prediction block);
 //! `--dsa` the DeepSeek Sparse Attention models
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
 //! likewise.
@@ -100,6 +101,15 @@ fn main() {
             let ids = synthetic::deepseek4::token_ids(synthetic::SWEEP_TOKENS);
             let path = write_model(&dir, name, &bytes, &ids);
             println!("{name} {} {}", path.display(), bytes.len());
+            return;
+        }
+        [dir, flag] if flag == "--mtp" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let name = "deepseek2-mtp";
+            let bytes = synthetic::gguf_bytes(name);
+            let path = write_model(&dir, name, &bytes, &synthetic::token_ids(name));
+            println!("{name} {} {} mla", path.display(), bytes.len());
             return;
         }
         [dir] => (PathBuf::from(dir), None),

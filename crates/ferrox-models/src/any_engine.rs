@@ -9,6 +9,7 @@ use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
+use crate::tokenizer::TokenId;
 use crate::{EngineOptions, ModelError};
 
 /// The engine for a checkpoint.
@@ -77,5 +78,22 @@ impl Engine for AnyEngine {
         logits: &mut [&mut Vec<f32>],
     ) -> Result<(), EngineError> {
         self.0.step(memory, scratch, seqs, logits)
+    }
+
+    fn has_mtp(&self) -> bool {
+        self.0.has_mtp()
+    }
+
+    fn draft_mtp(
+        &self,
+        memory: &mut StepMemory<'_>,
+        scratch: &mut StepScratch,
+        seq: usize,
+        token: TokenId,
+        pos: usize,
+        max: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        self.0.draft_mtp(memory, scratch, seq, token, pos, max, out)
     }
 }

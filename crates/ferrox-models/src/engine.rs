@@ -30,6 +30,9 @@ pub struct EngineOptions {
     /// Repack the matrices that multiply faster in an interleaved layout at load (see
     /// `ferrox_core::packed`; llama.cpp's `--no-repack` turns its counterpart off).
     pub repack: bool,
+    /// Load the file's multi-token-prediction block and keep what it drafts from (see
+    /// [`Engine::draft_mtp`]); an engine without one refuses.
+    pub mtp: bool,
 }
 
 impl Default for EngineOptions {
@@ -39,6 +42,7 @@ impl Default for EngineOptions {
             threads: 0,
             kv_storage: KvStorage::F16,
             repack: true,
+            mtp: false,
         }
     }
 }
@@ -152,6 +156,34 @@ pub trait Engine: Send + Sync + Any {
         seqs: &[SeqInput<'_>],
         logits: &mut [&mut Vec<f32>],
     ) -> Result<(), EngineError>;
+
+    /// Whether [`draft_mtp`](Self::draft_mtp) drafts: the file's multi-token-prediction
+    /// block was loaded ([`EngineOptions::mtp`]).
+    fn has_mtp(&self) -> bool {
+        false
+    }
+
+    /// Drafts up to `max` tokens (greedily) to follow `token`, the token to be fed next at
+    /// position `pos` of sequence `seq` (its index in `memory`), with the engine's
+    /// multi-token-prediction block. The block's rows it writes past the sequence's length
+    /// (its table must cover `pos + max - 1` positions) are written again by the step that
+    /// checks the draft.
+    #[allow(clippy::too_many_arguments)]
+    fn draft_mtp(
+        &self,
+        _memory: &mut StepMemory<'_>,
+        _scratch: &mut StepScratch,
+        _seq: usize,
+        _token: TokenId,
+        _pos: usize,
+        _max: usize,
+        _out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        Err(EngineError::State(format!(
+            "{}: no multi-token-prediction block is loaded",
+            self.architecture()
+        )))
+    }
 }
 
 /// One sequence's part of a [`step_sequences`] call.
@@ -304,6 +336,32 @@ pub trait EngineExt: Engine {
         };
         step_sequences(self, memory, scratch, &[work], &mut [out])?;
         Ok(&state.logits)
+    }
+
+    /// Drafts up to `max` tokens to follow `token`, which is to be fed at the state's next
+    /// position, with the engine's multi-token-prediction block ([`Engine::draft_mtp`]).
+    fn draft_mtp_next(
+        &self,
+        state: &mut State,
+        token: TokenId,
+        max: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        out.clear();
+        let pos = state.len();
+        let max = max.min(self.context_size().saturating_sub(pos + 1));
+        if max == 0 || pos == 0 {
+            return Ok(());
+        }
+        let State {
+            memory,
+            seq,
+            scratch,
+            ..
+        } = state;
+        memory.grow(*seq, pos + max - 1)?;
+        let mut view = memory.view(&[*seq])?;
+        self.draft_mtp(&mut view, scratch, 0, token, pos, max, out)
     }
 
     /// Runs one token at position `pos` and returns the next-token logits.

@@ -74,6 +74,9 @@ pub enum Draft {
     /// last n-gram (longest n first), up to `max` of them, none when fewer than `min` would
     /// be proposed.
     NGram { min: usize, max: usize },
+    /// The engine's multi-token-prediction block ([`Engine::draft_mtp`]): up to `max` of
+    /// its greedy tokens, none when fewer than `min`.
+    Mtp { min: usize, max: usize },
 }
 
 /// The n-gram lengths prompt lookup tries, longest first.
@@ -510,7 +513,7 @@ pub fn generate_speculative<E: Engine + ?Sized>(
     // Rejected draft tokens are rolled back: never more than the memory can drop.
     let reach = engine.memory_spec().rollback_reach();
     let draft = match params.draft {
-        Draft::NGram { .. } if reach == 0 => Draft::None,
+        Draft::NGram { .. } | Draft::Mtp { .. } if reach == 0 => Draft::None,
         d => d,
     };
     if reach == 0 {
@@ -581,6 +584,12 @@ pub fn generate_speculative<E: Engine + ?Sized>(
                         pacer.idle(n);
                     }
                 }
+                if drafts.len() < min.max(1) {
+                    drafts.clear();
+                }
+            } else if let Draft::Mtp { min, max } = draft {
+                dists.clear();
+                engine.draft_mtp_next(state, token, room.min(max), &mut drafts)?;
                 if drafts.len() < min.max(1) {
                     drafts.clear();
                 }

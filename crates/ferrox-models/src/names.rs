@@ -78,6 +78,14 @@ pub const ATTN_K_NORM: Tensor = Tensor::new("attn_k_norm", QK_NORM);
 pub const ATTN_POST_NORM: Tensor = Tensor::new("post_attention_norm", &[]);
 
 pub const ATTN_Q_A: Tensor = Tensor::new("attn_q_a", Q_LORA);
+
+/// The multi-token-prediction block's own tensors (`blk.{n_layer}.nextn.*`).
+pub const NEXTN_EH_PROJ: Tensor = Tensor::new("nextn.eh_proj", &[]);
+pub const NEXTN_ENORM: Tensor = Tensor::new("nextn.enorm", &[]);
+pub const NEXTN_HNORM: Tensor = Tensor::new("nextn.hnorm", &[]);
+pub const NEXTN_EMBED_TOKENS: Tensor = Tensor::new("nextn.embed_tokens", VOCAB);
+pub const NEXTN_SHARED_HEAD_HEAD: Tensor = Tensor::new("nextn.shared_head_head", VOCAB);
+pub const NEXTN_SHARED_HEAD_NORM: Tensor = Tensor::new("nextn.shared_head_norm", &[]);
 pub const ATTN_Q_A_NORM: Tensor = Tensor::new("attn_q_a_norm", Q_LORA);
 pub const ATTN_Q_B: Tensor = Tensor::new("attn_q_b", Q_LORA);
 pub const ATTN_KV_A_MQA: Tensor = Tensor::new("attn_kv_a_mqa", KV_LORA);

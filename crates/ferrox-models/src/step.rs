@@ -166,6 +166,27 @@ pub trait Layers: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`draft_mtp`](Self::draft_mtp) drafts (see [`Engine::has_mtp`]).
+    fn has_mtp(&self) -> bool {
+        false
+    }
+
+    /// [`Engine::draft_mtp`] on the engine's buffers; only called when
+    /// [`has_mtp`](Self::has_mtp).
+    #[allow(clippy::too_many_arguments)]
+    fn draft_mtp(
+        &self,
+        _memory: &mut StepMemory<'_>,
+        _buffers: &mut Self::Buffers,
+        _seq: usize,
+        _token: TokenId,
+        _pos: usize,
+        _max: usize,
+        _out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        unreachable!("only engines with a multi-token-prediction block draft")
+    }
+
     /// One micro-batch of rows (each sequence's rows contiguous, in position order) through
     /// every layer, its memory rows written and its sequences advanced, and the logits of the
     /// rows that want them into their sequences' buffers.
@@ -209,6 +230,33 @@ impl<L: Layers> Engine for L {
 
     fn new_scratch(&self) -> StepScratch {
         StepScratch::new(StepBuffers::<L::Buffers>::default())
+    }
+
+    fn has_mtp(&self) -> bool {
+        Layers::has_mtp(self)
+    }
+
+    fn draft_mtp(
+        &self,
+        memory: &mut StepMemory<'_>,
+        scratch: &mut StepScratch,
+        seq: usize,
+        token: TokenId,
+        pos: usize,
+        max: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        if !Layers::has_mtp(self) {
+            return Err(EngineError::State(format!(
+                "{}: no multi-token-prediction block is loaded",
+                self.runtime().arch
+            )));
+        }
+        out.clear();
+        let StepBuffers { engine, .. } = scratch.get::<StepBuffers<L::Buffers>>();
+        self.runtime()
+            .pool
+            .install(|| Layers::draft_mtp(self, memory, engine, seq, token, pos, max, out))
     }
 
     fn step(
@@ -346,6 +394,11 @@ impl Residual {
     /// The stream (`n × n_embd` rows).
     pub fn x(&self) -> &[f32] {
         &self.x
+    }
+
+    /// The stream's first `len` values, to start it from rows computed elsewhere.
+    pub fn start(&mut self, len: usize) -> &mut [f32] {
+        sized(&mut self.x, len)
     }
 }
 

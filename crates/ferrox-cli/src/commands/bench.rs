@@ -357,6 +357,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx_size: Some(args.n_depth + args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
         no_repack: args.no_repack,
+        mtp: false,
     };
     if args.speculation.kind()? != SpecType::None {
         let model_args = ModelArgs {
@@ -529,7 +530,7 @@ fn run_spec(args: &Args, model_args: &ModelArgs) -> anyhow::Result<()> {
             .map_err(|e| InputError(format!("{}: {e}", path.display())))?,
         None => EDIT_PROMPT.to_string(),
     };
-    let loaded = model::load_engine(model_args)?;
+    let loaded = model::load_engine(&args.speculation.target_args(model_args)?)?;
     args.speculation.check_engine(&loaded.engine)?;
     let draft = args.speculation.load_draft(model_args, &loaded.tokenizer)?;
     let decoder = &loaded.engine;

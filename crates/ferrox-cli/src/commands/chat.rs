@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let loaded = model::load_engine(&args.model)?;
+    let loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
     args.speculation.check_engine(&loaded.engine)?;
     let draft_model = args
         .speculation

@@ -49,6 +49,9 @@ pub struct ModelArgs {
     /// as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Load the file's multi-token-prediction block (set by `--spec-type draft-mtp`).
+    #[arg(skip)]
+    pub mtp: bool,
 }
 
 impl ModelArgs {
@@ -108,6 +111,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
             KvStorage::F16
         },
         repack: !args.no_repack,
+        mtp: args.mtp,
     };
     Ok((path, gguf, tokenizer, options))
 }

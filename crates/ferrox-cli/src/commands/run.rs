@@ -159,8 +159,9 @@ impl DraftLengthArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
     /// `ngram`: prompt lookup (the tokens that followed the latest earlier occurrence of the
-    /// text's last 1-4 tokens); `draft`: a draft model (--model-draft); `none`: plain
-    /// decoding. Default: `draft` with --model-draft, else `none`.
+    /// text's last 1-4 tokens); `draft`: a draft model (--model-draft); `draft-mtp` (or
+    /// `mtp`): the model's own multi-token-prediction block (`nextn_predict_layers`);
+    /// `none`: plain decoding. Default: `draft` with --model-draft, else `none`.
     #[arg(long = "spec-type", visible_alias = "spec", value_enum)]
     pub spec_type: Option<SpecType>,
     /// A draft model for speculative decoding (`-md`): a smaller GGUF with the target's
@@ -187,6 +188,8 @@ pub enum SpecType {
     None,
     Ngram,
     Draft,
+    #[value(alias = "mtp")]
+    DraftMtp,
 }
 
 /// A loaded draft model and how much it proposes.
@@ -221,16 +224,16 @@ impl SpecArgs {
             (Some(SpecType::Draft), None) => {
                 return Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
             }
-            (Some(kind @ (SpecType::None | SpecType::Ngram)), Some(_)) => {
+            (Some(kind @ (SpecType::None | SpecType::Ngram | SpecType::DraftMtp)), Some(_)) => {
+                let name = match kind {
+                    SpecType::None => "none",
+                    SpecType::Ngram => "ngram",
+                    _ => "draft-mtp",
+                };
                 return Err(InputError(format!(
-                    "--model-draft is given but --spec-type is {}",
-                    if kind == SpecType::None {
-                        "none"
-                    } else {
-                        "ngram"
-                    }
+                    "--model-draft is given but --spec-type is {name}"
                 ))
-                .into())
+                .into());
             }
             (Some(kind), _) => kind,
         };
@@ -244,15 +247,24 @@ impl SpecArgs {
         self.lengths.params(self.draft_p_min)
     }
 
-    /// Prompt lookup's settings, when the flags ask for it.
+    /// Prompt lookup's or the multi-token-prediction block's settings, when the flags ask
+    /// for them.
     pub fn draft(&self) -> Draft {
+        let (min, max) = (self.lengths.draft_min, self.lengths.draft_max);
         match self.kind() {
-            Ok(SpecType::Ngram) => Draft::NGram {
-                min: self.lengths.draft_min,
-                max: self.lengths.draft_max,
-            },
+            Ok(SpecType::Ngram) => Draft::NGram { min, max },
+            Ok(SpecType::DraftMtp) => Draft::Mtp { min, max },
             _ => Draft::None,
         }
+    }
+
+    /// The target's model flags, asking for its multi-token-prediction block when the
+    /// flags draft with it.
+    pub fn target_args(&self, model: &ModelArgs) -> anyhow::Result<ModelArgs> {
+        Ok(ModelArgs {
+            mtp: self.kind()? == SpecType::DraftMtp,
+            ..model.clone()
+        })
     }
 
     /// Refuses speculation on an engine whose memory cannot forget as many rejected draft
@@ -263,6 +275,12 @@ impl SpecArgs {
             return Ok(());
         }
         let arch = engine.architecture();
+        if self.kind()? == SpecType::DraftMtp && !engine.has_mtp() {
+            return Err(InputError(format!(
+                "--spec-type draft-mtp: {arch} has no multi-token-prediction block to draft with"
+            ))
+            .into());
+        }
         match engine.memory_spec().rollback_reach() {
             0 => Err(InputError(format!(
                 "speculative decoding needs a model whose memory rolls back; {arch} keeps a recurrent state that cannot forget rejected draft tokens"
@@ -290,6 +308,7 @@ impl SpecArgs {
         let args = ModelArgs {
             model: Some(path.clone()),
             hf_repo: None,
+            mtp: false,
             ..target.clone()
         };
         let loaded = model::load_engine(&args).context("loading the draft model")?;
@@ -358,7 +377,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let loaded = model::load_engine(&args.model)?;
+    let loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
     args.speculation.check_engine(&loaded.engine)?;
     let draft_model = args
         .speculation

@@ -193,6 +193,7 @@ fn read_common(
         temperature: None,
         n_ff,
         ffn,
+        mtp_ffn: None,
     };
     Ok(KimiConfig {
         mla,

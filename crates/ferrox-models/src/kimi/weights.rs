@@ -142,7 +142,7 @@ fn load_layer_ffn(
     il: usize,
 ) -> Result<(MlaFfn, Option<LatentProjection>), ModelError> {
     match c.k3 {
-        None => Ok((load_ffn(l, &c.mla, il)?, None)),
+        None => Ok((load_ffn(l, &c.mla, &c.mla.ffn[il], il)?, None)),
         Some(k3) => {
             let (m, kind) = (&c.mla, &c.mla.ffn[il]);
             latent::load(l, m.n_embd, m.n_ff, kind, k3.expert_latent, il)

@@ -63,6 +63,9 @@ pub struct MlaConfig {
     pub n_ff: usize,
     /// Per layer: dense FFN, or routed experts plus the shared expert(s).
     pub ffn: Vec<FfnKind>,
+    /// The FFN of the first multi-token-prediction block, when the file declares one
+    /// (`nextn_predict_layers`).
+    pub mtp_ffn: Option<FfnKind>,
 }
 
 impl MlaConfig {
@@ -320,15 +323,16 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         },
         shexp_gate: false,
     };
-    let ffn = (0..n_layer)
-        .map(|il| {
-            if il < n_dense {
-                FfnKind::Dense
-            } else {
-                FfnKind::Moe(moe.clone())
-            }
-        })
-        .collect();
+    let kind = |il: usize| {
+        if il < n_dense {
+            FfnKind::Dense
+        } else {
+            FfnKind::Moe(moe.clone())
+        }
+    };
+    let ffn = (0..n_layer).map(kind).collect();
+    // The first multi-token-prediction block follows the trunk's layers.
+    let mtp_ffn = (nextn > 0).then(|| kind(n_layer));
 
     Ok(MlaConfig {
         arch: arch.to_string(),
@@ -348,6 +352,7 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         temperature,
         n_ff,
         ffn,
+        mtp_ffn,
     })
 }
 

@@ -4,6 +4,15 @@
 //! SwiGLU for the leading layers and routed experts plus shared experts after them
 //! (`ferrox-moe`). Attention can also be sparse ([`sparse`]): the DeepSeek Sparse Attention
 //! engine ([`crate::dsa`]) runs these layers over the positions its indexer selects.
+//!
+//! # Multi-token prediction
+//! With [`EngineOptions::mtp`](crate::EngineOptions) the file's NextN block
+//! ([`MtpBlock`]) is loaded and drafts tokens for speculative decoding. The block reads, for
+//! position `p`, the trunk's normed final state at `p` and the token at `p + 1`, and writes
+//! its own latent row at `p`: so every step also keeps each position's final state (one
+//! more store) and runs the block one position behind the trunk, over the pairs the step
+//! completes. A draft ([`Engine::draft_mtp`](crate::Engine::draft_mtp)) then continues from
+//! the last position: the block's normed output and its greedy token are its next input.
 
 pub(crate) mod attention;
 mod config;
@@ -16,17 +25,24 @@ use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
-pub use weights::{MlaFfn, MlaLayer, MlaWeights};
+pub use weights::{MlaFfn, MlaLayer, MlaWeights, MtpBlock};
 
 use crate::engine::EngineError;
 use crate::engine::EngineOptions;
 use crate::hparams::FfnKind;
-use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
+use crate::layers::linear::linear;
+use crate::sampling::argmax;
+use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::tokenizer::TokenId;
 use crate::ModelError;
 use attention::AttnScratch;
 
-/// The memory's one store: the latent row `[c | k_pe]` per position and layer.
+/// The memory's first store: the latent row `[c | k_pe]` per position and layer (the
+/// multi-token-prediction block's, when loaded, as one more layer).
 pub(crate) const LATENT_STORE: usize = 0;
+
+/// With a multi-token-prediction block: each position's normed final state.
+const HIDDEN_STORE: usize = 1;
 
 /// Most per-head key and value entries a decompressed step may rebuild (256 MiB as f32);
 /// beyond that a batch attends in the latent space instead.
@@ -67,6 +83,22 @@ pub struct Scratch {
     head: HeadScratch,
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
+    mtp: MtpScratch,
+}
+
+/// Buffers of the multi-token-prediction block.
+#[derive(Default)]
+struct MtpScratch {
+    rows: Vec<Row>,
+    /// The final states the block reads, and the trunk's normed ones.
+    h: Vec<f32>,
+    hidden: Vec<f32>,
+    /// `[RMSNorm(embedding) | RMSNorm(h)]` per row, and the embeddings.
+    joined: Vec<f32>,
+    embedded: Vec<f32>,
+    residual: step::Residual,
+    logits: Vec<f32>,
+    xq: Vec<u8>,
 }
 
 impl MlaEngine {
@@ -76,7 +108,10 @@ impl MlaEngine {
         options: &EngineOptions,
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
-        let mut weights = MlaWeights::load(&gguf, &config)?;
+        let mut weights = match options.mtp {
+            true => MlaWeights::load_with_mtp(&gguf, &config)?,
+            false => MlaWeights::load(&gguf, &config)?,
+        };
         let mut rt = Runtime::new(
             gguf,
             options,
@@ -154,6 +189,9 @@ impl MlaEngine {
                 Ok(ffn(gguf, &lw.ffn, &c.ffn[il], xn, out, logits, moe)?)
             })?;
         }
+        if let Some(mtp) = &self.weights.mtp {
+            self.mtp_follow(mtp, rows, memory, s)?;
+        }
         step::advance(memory, rows);
         let head = OutputHead {
             norm: &self.weights.output_norm,
@@ -162,6 +200,98 @@ impl MlaEngine {
             softcap: None,
         };
         head.run(rows, s.residual.x(), seq_logits, &mut s.head)
+    }
+}
+
+impl MlaEngine {
+    /// Keeps the micro-batch's final states, then runs the multi-token-prediction block
+    /// over the pairs they complete: (state at `p − 1`, token at `p`) at position `p − 1`.
+    fn mtp_follow(
+        &self,
+        mtp: &MtpBlock,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let (e, eps) = (self.config.n_embd, self.config.norm_eps);
+        let n = rows.len();
+        let hidden = sized(&mut s.mtp.hidden, n * e);
+        step::norm_rows(
+            &s.residual.x()[..n * e],
+            &self.weights.output_norm,
+            eps,
+            hidden,
+        );
+        for (t, r) in rows.iter().enumerate() {
+            memory.write(
+                HIDDEN_STORE,
+                r.seq,
+                0,
+                r.pos,
+                &hidden[t * e..(t + 1) * e],
+                &[],
+            );
+        }
+        let mut pairs = std::mem::take(&mut s.mtp.rows);
+        pairs.clear();
+        pairs.extend(rows.iter().filter(|r| r.pos > 0).map(|r| Row {
+            pos: r.pos - 1,
+            logits_row: None,
+            ..*r
+        }));
+        let h = sized(&mut s.mtp.h, pairs.len() * e);
+        for (t, r) in pairs.iter().enumerate() {
+            read_hidden(memory, r.seq, r.pos, &mut h[t * e..(t + 1) * e]);
+        }
+        let result = self.mtp_rows(mtp, &pairs, memory, s);
+        s.mtp.rows = pairs;
+        result
+    }
+
+    /// The multi-token-prediction block over `rows` (each the token after its position)
+    /// with the final states in `s.mtp.h`: its latent rows written, its output in
+    /// `s.mtp.residual`.
+    fn mtp_rows(
+        &self,
+        mtp: &MtpBlock,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let c = &self.config;
+        let (n, e, eps, gguf) = (rows.len(), c.n_embd, c.norm_eps, &*self.rt.gguf);
+        if n == 0 {
+            return Ok(());
+        }
+        let embd = mtp.embd.as_ref().unwrap_or(&self.weights.token_embd);
+        let embedded = sized(&mut s.mtp.embedded, n * e);
+        step::embed(rows, &embd.view(gguf)?, None, embedded)?;
+        let joined = sized(&mut s.mtp.joined, 2 * n * e);
+        for t in 0..n {
+            let (en, hn) = joined[2 * t * e..2 * (t + 1) * e].split_at_mut(e);
+            crate::layers::norm::rms_norm(&embedded[t * e..(t + 1) * e], &mtp.enorm, eps, en);
+            crate::layers::norm::rms_norm(&s.mtp.h[t * e..(t + 1) * e], &mtp.hnorm, eps, hn);
+        }
+        let x = s.mtp.residual.start(n * e);
+        linear(&mtp.eh_proj.view(gguf)?, joined, n, x, &mut s.mtp.xq)?;
+        let (lw, il) = (&mtp.layer, c.n_layer());
+        let kind = c.mtp_ffn.as_ref().expect("a loaded block has its FFN kind");
+        s.mtp.residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
+            let path = |n, end| self.path_for(n, end);
+            attention::attention(c, lw, gguf, il, rows, xn, memory, path, &mut s.attn, out)
+        })?;
+        s.mtp.residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
+            let (logits, moe) = (&mut s.router_logits, &mut s.moe);
+            Ok(ffn(gguf, &lw.ffn, kind, xn, out, logits, moe)?)
+        })
+    }
+}
+
+/// Copies sequence `seq`'s final state at `pos` into `out`.
+fn read_hidden(memory: &StepMemory<'_>, seq: usize, pos: usize, out: &mut [f32]) {
+    match memory.key_row(HIDDEN_STORE, seq, 0, pos) {
+        ferrox_core::KvRows::F32(k) => out.copy_from_slice(k),
+        ferrox_core::KvRows::F16(k) => out.iter_mut().zip(k).for_each(|(o, v)| *o = v.to_f32()),
     }
 }
 
@@ -174,9 +304,79 @@ impl step::Layers for MlaEngine {
 
     /// One row of `kv_lora_rank + n_rot` values per position and layer, nothing per head:
     /// a head reads its values from the row's first `kv_lora_rank` entries.
+    /// With a multi-token-prediction block, its latent rows as one more layer, and each
+    /// position's final state (`n_embd`).
     fn memory_spec(&self) -> MemorySpec {
         let c = &self.config;
-        MemorySpec::one_store(c.n_layer(), c.cache_width(), 0, self.rt.kv_storage)
+        let mtp = usize::from(self.weights.mtp.is_some());
+        let mut spec =
+            MemorySpec::one_store(c.n_layer() + mtp, c.cache_width(), 0, self.rt.kv_storage);
+        if mtp == 1 {
+            spec.paged
+                .push(ferrox_core::PagedStoreSpec::per_position(1, c.n_embd, 0));
+        }
+        spec
+    }
+
+    fn has_mtp(&self) -> bool {
+        self.weights.mtp.is_some()
+    }
+
+    /// Step `i` runs the block at position `pos − 1 + i` on the previous step's output (at
+    /// first the trunk's final state at `pos − 1`) and token (at first `token`), and drafts
+    /// the block's greedy token.
+    fn draft_mtp(
+        &self,
+        memory: &mut StepMemory<'_>,
+        s: &mut Scratch,
+        seq: usize,
+        token: TokenId,
+        pos: usize,
+        max: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        let mtp = self.weights.mtp.as_ref().expect("checked by the caller");
+        let (e, gguf) = (self.config.n_embd, &*self.rt.gguf);
+        if pos == 0 || pos > memory.len(seq) || token as usize >= self.rt.n_vocab {
+            return Ok(());
+        }
+        let h = sized(&mut s.mtp.h, e);
+        read_hidden(memory, seq, pos - 1, h);
+        let head = OutputHead {
+            norm: &mtp.head_norm,
+            eps: self.config.norm_eps,
+            output: mtp
+                .head
+                .as_ref()
+                .unwrap_or(&self.weights.output)
+                .view(gguf)?,
+            softcap: None,
+        };
+        let mut logits = std::mem::take(&mut s.mtp.logits);
+        let mut next = token;
+        let result = (|| {
+            for i in 0..max {
+                let row = [Row {
+                    seq,
+                    pos: pos - 1 + i,
+                    token: next,
+                    logits_row: Some(0),
+                }];
+                self.mtp_rows(mtp, &row, memory, s)?;
+                let x = &s.mtp.residual.x()[..e];
+                // The next input is the block's normed output.
+                crate::layers::norm::rms_norm(x, &mtp.head_norm, head.eps, &mut s.mtp.h[..e]);
+                sized(&mut logits, head.output.rows());
+                let mut outs = [&mut logits];
+                let head_row = [Row { seq: 0, ..row[0] }];
+                head.run(&head_row, x, &mut outs, &mut s.head)?;
+                next = argmax(&logits);
+                out.push(next);
+            }
+            Ok(())
+        })();
+        s.mtp.logits = logits;
+        result
     }
 
     fn micro_batch(

@@ -156,12 +156,31 @@ impl MlaLayer {
     }
 }
 
+/// A multi-token-prediction block (DeepSeek-V3's NextN, `blk.{n_layer}`): a position's
+/// normed final hidden state and the embedding of the token after it, projected together
+/// (`eh_proj`) into one more MLA layer, whose normed output gives the logits of the token
+/// after that.
+#[derive(Clone, Debug)]
+pub struct MtpBlock {
+    pub layer: MlaLayer,
+    pub eh_proj: MatrixRef,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    /// `shared_head_norm`, or the model's output norm.
+    pub head_norm: Vec<f32>,
+    /// `shared_head_head` and `embed_tokens`, when the block has its own.
+    pub head: Option<MatrixRef>,
+    pub embd: Option<MatrixRef>,
+}
+
 #[derive(Clone, Debug)]
 pub struct MlaWeights {
     pub token_embd: MatrixRef,
     pub output_norm: Vec<f32>,
     pub output: MatrixRef,
     pub layers: Vec<MlaLayer>,
+    /// Loaded when asked for and the file has one.
+    pub mtp: Option<MtpBlock>,
 }
 
 impl MlaWeights {
@@ -170,6 +189,10 @@ impl MlaWeights {
     /// file, the FFNs and experts.
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
+        if let Some(mtp) = &mut self.mtp {
+            mtp.layer.pack(gguf)?;
+            mtp.eh_proj.pack(gguf)?;
+        }
         self.layers
             .iter_mut()
             .try_for_each(|layer| layer.pack(gguf))
@@ -178,6 +201,16 @@ impl MlaWeights {
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
         check_block_count(gguf, &c.arch, c.n_layer())?;
         Self::load_checked(gguf, c).map_err(|e| name_keys(e, &c.arch))
+    }
+
+    /// The weights with the file's multi-token-prediction block: an error naming what is
+    /// missing when the file has none.
+    pub fn load_with_mtp(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
+        let mut weights = Self::load(gguf, c)?;
+        let l = Loader { gguf };
+        weights.mtp =
+            Some(load_mtp(&l, c, &weights.output_norm).map_err(|e| name_keys(e, &c.arch))?);
+        Ok(weights)
     }
 
     fn load_checked(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
@@ -195,6 +228,7 @@ impl MlaWeights {
             output_norm: l.vector(&OUTPUT_NORM.weight(), n_embd)?,
             output,
             layers,
+            mtp: None,
         })
     }
 
@@ -218,7 +252,31 @@ impl MlaWeights {
 }
 
 pub(crate) fn load_layer(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaLayer, ModelError> {
-    load_layer_with(l, c, il, load_ffn(l, c, il)?)
+    load_layer_with(l, c, il, load_ffn(l, c, &c.ffn[il], il)?)
+}
+
+/// The multi-token-prediction block after the trunk's layers.
+fn load_mtp(l: &Loader<'_>, c: &MlaConfig, output_norm: &[f32]) -> Result<MtpBlock, ModelError> {
+    let il = c.n_layer();
+    let Some(kind) = &c.mtp_ffn else {
+        return Err(ModelError::Config(format!(
+            "the file declares no multi-token-prediction layer ({}.nextn_predict_layers)",
+            c.arch
+        )));
+    };
+    let n_embd = c.n_embd;
+    let layer = load_layer_with(l, c, il, load_ffn(l, c, kind, il)?)?;
+    Ok(MtpBlock {
+        layer,
+        eh_proj: l.matrix(&NEXTN_EH_PROJ.layer(il), 2 * n_embd, n_embd)?,
+        enorm: l.vector(&NEXTN_ENORM.layer(il), n_embd)?,
+        hnorm: l.vector(&NEXTN_HNORM.layer(il), n_embd)?,
+        head_norm: l
+            .opt_vector(&NEXTN_SHARED_HEAD_NORM.layer(il), n_embd)?
+            .unwrap_or_else(|| output_norm.to_vec()),
+        head: l.opt_matrix(&NEXTN_SHARED_HEAD_HEAD.layer(il), n_embd, c.n_vocab)?,
+        embd: l.opt_matrix(&NEXTN_EMBED_TOKENS.layer(il), n_embd, c.n_vocab)?,
+    })
 }
 
 /// Layer `il` with an FFN its family loaded itself (Kimi-K3's latent experts).
@@ -265,10 +323,16 @@ pub(crate) fn load_layer_with(
     })
 }
 
-/// Layer `il`'s FFN: dense SwiGLU for the leading layers, routed and shared experts after.
-pub(crate) fn load_ffn(l: &Loader<'_>, c: &MlaConfig, il: usize) -> Result<MlaFfn, ModelError> {
+/// Layer `il`'s FFN of kind `kind`: dense SwiGLU for the leading layers, routed and shared
+/// experts after.
+pub(crate) fn load_ffn(
+    l: &Loader<'_>,
+    c: &MlaConfig,
+    kind: &FfnKind,
+    il: usize,
+) -> Result<MlaFfn, ModelError> {
     let n_embd = c.n_embd;
-    Ok(match &c.ffn[il] {
+    Ok(match kind {
         FfnKind::Dense => MlaFfn::Dense(SharedExpertWeights {
             gate: l.matrix(&FFN_GATE.layer(il), n_embd, c.n_ff)?,
             up: l.matrix(&FFN_UP.layer(il), n_embd, c.n_ff)?,

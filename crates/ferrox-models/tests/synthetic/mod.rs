@@ -171,6 +171,7 @@ impl MlaSpec {
             yarn: None,
             temperature: None,
             dsa: None,
+            mtp: false,
         }
     }
 }
@@ -207,6 +208,8 @@ pub struct MlaSpec {
     pub temperature: Option<(f32, u32)>,
     /// DeepSeek Sparse Attention's indexer (`deepseek32`, `glm-dsa`).
     pub dsa: Option<dsa::DsaSpec>,
+    /// One multi-token-prediction block (`blk.{n_layer}`, `nextn_predict_layers` 1).
+    pub mtp: bool,
 }
 
 /// The experts of an MoE family's layers.
@@ -448,6 +451,13 @@ pub fn spec(arch: &str) -> Spec {
             },
         },
         name if MLA_MODELS.contains(&name) || SWEEP_MODELS.contains(&name) => mla_spec(name),
+        // deepseek2-v3 with a multi-token-prediction block after its layers (the trunk's
+        // tensors are the same).
+        "deepseek2-mtp" => {
+            let s = spec("deepseek2-v3");
+            let mla = s.mla.clone().map(|m| MlaSpec { mtp: true, ..m });
+            Spec { mla, ..s }
+        }
         name if dsa::DSA_MODELS.contains(&name) => dsa::spec(name),
         other => panic!("no synthetic model for `{other}`"),
     }
@@ -1031,6 +1041,11 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
     if let Some(d) = &m.dsa {
         d.keys(&mut w, a, s.n_layer);
     }
+    let n_blocks = s.n_layer + usize::from(m.mtp);
+    if m.mtp {
+        w.set(key("block_count"), n_blocks as u32);
+        w.set(key("nextn_predict_layers"), 1u32);
+    }
     vocab(&mut w, s.n_vocab);
 
     let mut vals = Values(StdRng::seed_from_u64(s.seed));
@@ -1049,8 +1064,16 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
     if let Some(ty) = t.output {
         matrix(&mut w, v, "output.weight", ty, m.n_embd, s.n_vocab, 0.1);
     }
-    for il in 0..s.n_layer {
+    for il in 0..n_blocks {
         let n = |t: &str| format!("blk.{il}.{t}");
+        if il == s.n_layer {
+            // The block's own tensors; its layer tensors follow as any layer's.
+            let e = m.n_embd;
+            matrix(&mut w, v, &n("nextn.eh_proj.weight"), t.o, 2 * e, e, 0.06);
+            vector(&mut w, v, &n("nextn.enorm.weight"), e, 1.0, 0.1);
+            vector(&mut w, v, &n("nextn.hnorm.weight"), e, 1.0, 0.1);
+            vector(&mut w, v, &n("nextn.shared_head_norm.weight"), e, 1.0, 0.1);
+        }
         vector(&mut w, v, &n("attn_norm.weight"), m.n_embd, 1.0, 0.1);
         match m.q_lora_rank {
             Some(r) => {
