@@ -69,14 +69,32 @@ unsafe fn groups<const F: u8>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot8(acc: __m256i, c0: __m256i, c1: __m256i, x: *const u8) -> __m256i {
     // SAFETY: the caller passes eight readable bytes.
+    let pairs = unsafe { pairs8(c0, c1, x) };
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// The products of [`dot8`] summed in each lane's two i16 halves (four products each), not
+/// yet widened: codes below 16 let four such results be added before widening (at most
+/// 16·15·128 in an i16), codes below 32 two.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pairs8(c0: __m256i, c1: __m256i, x: *const u8) -> __m256i {
+    // SAFETY: the caller passes eight readable bytes.
     let (x0, x1) = unsafe {
         (
             _mm256_set1_epi32(x.cast::<i32>().read_unaligned()),
             _mm256_set1_epi32(x.add(4).cast::<i32>().read_unaligned()),
         )
     };
-    let pairs = _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
-    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1))
+}
+
+/// Each lane's i32 `v` as the same i16 in both halves, so that `_mm256_madd_epi16` by it
+/// multiplies a lane's two partial sums by `v` and adds them (widening exactly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn both_halves(v: __m256i) -> __m256i {
+    _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
 }
 
 /// `acc + Σ` over four values of eight rows: signed `codes` (each row's four bytes in its
@@ -289,14 +307,20 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
                     *code = _mm256_or_si256(*code, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
                 }
             }
-            let scale = u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half));
+            let scale = both_halves(u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half)));
             for t in 0..N {
                 let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
-                let mut sum = zero;
-                for k in (0..8).step_by(2) {
-                    sum = dot8(sum, codes[k], codes[k + 1], x.add(4 * k));
+                // Four-bit codes: all 32 products in i16 halves, then one widening multiply
+                // by the scale; five-bit codes: two halves of 16.
+                let run = if FIFTH { 4 } else { 8 };
+                for first in (0..8).step_by(run) {
+                    let mut pairs = zero;
+                    for k in (first..first + run).step_by(2) {
+                        let p = pairs8(codes[k], codes[k + 1], x.add(4 * k));
+                        pairs = _mm256_add_epi16(pairs, p);
+                    }
+                    scaled[t] = _mm256_add_epi32(scaled[t], _mm256_madd_epi16(pairs, scale));
                 }
-                scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(scale, sum));
             }
         }
         let mut mins = [zero; N];
@@ -339,9 +363,13 @@ unsafe fn q6k_block<const N: usize>(
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
                 block.add(Q6K_SCALES_AT + 32 * p + 16 * half).cast(),
             ));
+            // Each scale in both i16 halves of its lane.
             let scales = [
-                _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair)),
-                _mm256_srai_epi32::<16>(pair),
+                both_halves(_mm256_srli_epi32::<16>(_mm256_slli_epi32::<16>(pair))),
+                _mm256_or_si256(
+                    _mm256_srli_epi32::<16>(pair),
+                    _mm256_and_si256(pair, _mm256_set1_epi32(0xFFFF_0000u32 as i32)),
+                ),
             ];
             for (h, scale) in scales.iter().enumerate() {
                 let s = 2 * p + h;
@@ -355,10 +383,11 @@ unsafe fn q6k_block<const N: usize>(
                     six_bits(_mm256_srli_epi16::<4>(n1), _mm256_srli_epi16::<2>(hb)),
                 ];
                 for t in 0..N {
+                    // Six-bit codes: one widening multiply by the scale per eight products.
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let sum = dot8(zero, codes[0], codes[1], x);
-                    let sum = dot8(sum, codes[2], codes[3], x.add(8));
-                    scaled[t] = _mm256_add_epi32(scaled[t], _mm256_mullo_epi32(*scale, sum));
+                    let p0 = _mm256_madd_epi16(pairs8(codes[0], codes[1], x), *scale);
+                    let p1 = _mm256_madd_epi16(pairs8(codes[2], codes[3], x.add(8)), *scale);
+                    scaled[t] = _mm256_add_epi32(scaled[t], _mm256_add_epi32(p0, p1));
                 }
             }
             for t in 0..N {
