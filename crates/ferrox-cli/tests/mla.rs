@@ -132,3 +132,37 @@ fn run_drafts_with_the_mtp_block() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nextn_predict_layers"), "{err}");
 }
+
+/// DeepSeek-V4 drops rejected draft tokens from rings 32 positions deep: longer drafts are
+/// refused with a clear error, shorter ones run.
+#[test]
+fn deepseek4_drafts_at_most_its_rings_slack() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deepseek4.gguf");
+    std::fs::write(&path, synthetic::deepseek4::gguf_bytes()).unwrap();
+    let s = OsStr::new;
+    let run = |draft_max: &str| {
+        ferrox(&[
+            s("run"),
+            s("-m"),
+            path.as_os_str(),
+            s("-p"),
+            s("ba ce di fo ba ce di fo"),
+            s("-n"),
+            s("8"),
+            s("--temp"),
+            s("0"),
+            s("-t"),
+            s("1"),
+            s("--spec-type"),
+            s("ngram"),
+            s("--draft-max"),
+            s(draft_max),
+        ])
+    };
+    let out = run("40");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at most 32"), "{err}");
+    assert!(run("32").status.success());
+}
