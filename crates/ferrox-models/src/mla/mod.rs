@@ -86,6 +86,23 @@ pub struct Scratch {
     mtp: MtpScratch,
 }
 
+impl Scratch {
+    /// The trunk's residual stream (or the multi-token-prediction block's), and the buffers
+    /// a layer works in.
+    fn layer_buffers(&mut self, mtp: bool) -> (&mut step::Residual, LayerBuffers<'_>) {
+        let residual = match mtp {
+            true => &mut self.mtp.residual,
+            false => &mut self.residual,
+        };
+        let buffers = LayerBuffers {
+            attn: &mut self.attn,
+            router_logits: &mut self.router_logits,
+            moe: &mut self.moe,
+        };
+        (residual, buffers)
+    }
+}
+
 /// Buffers of the multi-token-prediction block.
 #[derive(Default)]
 struct MtpScratch {
@@ -176,18 +193,12 @@ impl MlaEngine {
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
         let c = &self.config;
-        let (n, eps, gguf) = (rows.len(), c.norm_eps, &*self.rt.gguf);
+        let gguf = &*self.rt.gguf;
         s.residual
             .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
         for (il, lw) in self.weights.layers.iter().enumerate() {
-            s.residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
-                let path = |n, end| self.path_for(n, end);
-                attention::attention(c, lw, gguf, il, rows, xn, memory, path, &mut s.attn, out)
-            })?;
-            s.residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
-                let (logits, moe) = (&mut s.router_logits, &mut s.moe);
-                Ok(ffn(gguf, &lw.ffn, &c.ffn[il], xn, out, logits, moe)?)
-            })?;
+            let (residual, mut buffers) = s.layer_buffers(false);
+            self.layer(lw, &c.ffn[il], il, rows, memory, residual, &mut buffers)?;
         }
         if let Some(mtp) = &self.weights.mtp {
             self.mtp_follow(mtp, rows, memory, s)?;
@@ -276,15 +287,39 @@ impl MlaEngine {
         linear(&mtp.eh_proj.view(gguf)?, joined, n, x, &mut s.mtp.xq)?;
         let (lw, il) = (&mtp.layer, c.n_layer());
         let kind = c.mtp_ffn.as_ref().expect("a loaded block has its FFN kind");
-        s.mtp.residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
+        let (residual, mut buffers) = s.layer_buffers(true);
+        self.layer(lw, kind, il, rows, memory, residual, &mut buffers)
+    }
+
+    /// Layer `il` (attention, then its FFN of kind `kind`) over the rows of `residual`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        lw: &MlaLayer,
+        kind: &FfnKind,
+        il: usize,
+        rows: &[Row],
+        memory: &mut StepMemory<'_>,
+        residual: &mut step::Residual,
+        b: &mut LayerBuffers<'_>,
+    ) -> Result<(), EngineError> {
+        let (c, gguf) = (&self.config, &*self.rt.gguf);
+        let (n, eps) = (rows.len(), c.norm_eps);
+        residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
             let path = |n, end| self.path_for(n, end);
-            attention::attention(c, lw, gguf, il, rows, xn, memory, path, &mut s.attn, out)
+            attention::attention(c, lw, gguf, il, rows, xn, memory, path, b.attn, out)
         })?;
-        s.mtp.residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
-            let (logits, moe) = (&mut s.router_logits, &mut s.moe);
-            Ok(ffn(gguf, &lw.ffn, kind, xn, out, logits, moe)?)
+        residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
+            Ok(ffn(gguf, &lw.ffn, kind, xn, out, b.router_logits, b.moe)?)
         })
     }
+}
+
+/// The buffers one layer works in, besides its residual stream.
+struct LayerBuffers<'a> {
+    attn: &'a mut AttnScratch,
+    router_logits: &'a mut Vec<f32>,
+    moe: &'a mut ferrox_moe::MoeScratch,
 }
 
 /// Copies sequence `seq`'s final state at `pos` into `out`.
