@@ -646,8 +646,49 @@ fn serve_speculative_streams_equal_their_solo_outputs() {
             _ => format!("Story {i}: once upon a time"),
         })
         .collect();
-    let (drafted, accepted) = speculative_streams_equal_solo(&default_model(), "1024", &prompts);
+    let lookup = ["--spec-type", "ngram", "--draft-max", "8"];
+    let model = default_model();
+    let (drafted, accepted) = speculative_streams_equal_solo(&model, "1024", &lookup, &prompts);
     assert!(accepted > 0.0 && drafted >= accepted);
+    // The model as its own draft model: its greedy drafts are kept.
+    let draft = ["-md", model.to_str().unwrap(), "--draft-max", "4"];
+    let (drafted, accepted) = speculative_streams_equal_solo(&model, "1024", &draft, &prompts);
+    assert!(accepted > 0.0 && drafted >= accepted);
+}
+
+/// A draft model that is often wrong (two unrelated synthetic models with one vocabulary):
+/// eight concurrent streams still equal their solo runs, the rejected drafts rolled back in
+/// both models' memories.
+#[test]
+fn serve_draft_model_streams_equal_their_solo_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str| {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, synthetic::gguf_bytes(name)).unwrap();
+        path
+    };
+    let (target, draft) = (write("deepseek2"), write("qwen2moe"));
+    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
+    let prompts: Vec<String> = (0..8)
+        .map(|i| {
+            (0..6 + i)
+                .map(|k| syllables[(i * k + k) % 8])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let args = [
+        "--spec-type",
+        "draft",
+        "-md",
+        draft.to_str().unwrap(),
+        "--draft-max",
+        "4",
+        "--draft-p-min",
+        "0",
+    ];
+    let (drafted, accepted) = speculative_streams_equal_solo(&target, "256", &args, &prompts);
+    assert!(drafted > accepted, "{drafted} drafted, {accepted} accepted");
 }
 
 /// The same on DeepSeek-V4, whose window and compressor inputs live in rings that drop the
@@ -666,14 +707,20 @@ fn serve_speculative_deepseek4_streams_equal_their_solo_outputs() {
             vec![phrase; 7 + (i * 5) / 7].join(" ")
         })
         .collect();
-    let (drafted, _) = speculative_streams_equal_solo(&path, "512", &prompts);
+    let lookup = ["--spec-type", "ngram", "--draft-max", "8"];
+    let (drafted, _) = speculative_streams_equal_solo(&path, "512", &lookup, &prompts);
     assert!(drafted > 0.0);
 }
 
-/// Eight concurrent greedy streams of 64 tokens on a server with `--spec-type ngram`, each
+/// Eight concurrent greedy streams of 64 tokens on a server speculating as `spec` says, each
 /// equal to the request alone on a server without; returns the drafted and accepted tokens
 /// `/metrics` counted (checked against each other and the plain server's zero).
-fn speculative_streams_equal_solo(model: &Path, ctx: &str, prompts: &[String]) -> (f64, f64) {
+fn speculative_streams_equal_solo(
+    model: &Path,
+    ctx: &str,
+    spec: &[&str],
+    prompts: &[String],
+) -> (f64, f64) {
     let start = |extra: &[&str]| {
         let mut args = vec![
             "-m",
@@ -688,7 +735,7 @@ fn speculative_streams_equal_solo(model: &Path, ctx: &str, prompts: &[String]) -
         server.wait_ready(Duration::from_secs(120));
         server
     };
-    let mut speculative = start(&["--spec-type", "ngram", "--draft-max", "8"]);
+    let mut speculative = start(spec);
     let mut plain = start(&[]);
     let request = |port: u16, prompt: &str| {
         let body = serde_json::json!({

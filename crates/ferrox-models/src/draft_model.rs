@@ -262,12 +262,7 @@ impl<'e> ModelDrafter<'e> {
     /// The draft's next token from its logits, or `None` when its most likely token is less
     /// likely than `p_min` or outside the target's vocabulary.
     fn pick(&mut self, logits: &[f32], temperature: f32) -> Option<(TokenId, DraftDistribution)> {
-        let best = argmax(logits);
-        let max = logits[best as usize];
-        let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-        if ((1.0 / sum) as f32) < self.params.p_min {
-            return None;
-        }
+        let best = greedy_draft(logits, self.params.p_min, self.target_vocab)?;
         let (token, dist) = if temperature <= 0.0 {
             (best, vec![(best, 1.0)])
         } else {
@@ -286,6 +281,15 @@ impl<'e> ModelDrafter<'e> {
         };
         ((token as usize) < self.target_vocab).then_some((token, dist))
     }
+}
+
+/// A draft's most likely token from its logits, or `None` when its probability is below
+/// `p_min` or it lies outside the target's vocabulary (`target_vocab` tokens).
+pub fn greedy_draft(logits: &[f32], p_min: f32, target_vocab: usize) -> Option<TokenId> {
+    let best = argmax(logits);
+    let max = logits[best as usize];
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    (((1.0 / sum) as f32) >= p_min && (best as usize) < target_vocab).then_some(best)
 }
 
 /// The softmax at `temperature` over the `k` largest logits (most likely first).

@@ -24,6 +24,7 @@
 
 mod anthropic;
 pub mod api;
+pub mod draft;
 mod error;
 pub mod kv;
 mod metrics;
@@ -51,6 +52,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tracing::Instrument;
 
+use draft::DraftModel;
 pub use error::ApiError;
 pub use ferrox_agent::ReasoningFormat;
 use ferrox_agent::{ConstraintCompiler, ToolFormat};
@@ -143,6 +145,8 @@ pub struct LoadedModel {
     pub path: PathBuf,
     pub engine: AnyEngine,
     pub tokenizer: Tokenizer,
+    /// A draft model with the same vocabulary (`--model-draft`), for speculation.
+    pub draft: Option<AnyEngine>,
 }
 
 /// Everything that exists once the model is loaded.
@@ -504,6 +508,7 @@ fn prepare(
         path,
         engine,
         tokenizer,
+        draft,
     } = model;
     let (template, template_source) =
         resolve_template(config.chat_template.as_deref(), &engine, &tokenizer)?;
@@ -614,6 +619,20 @@ fn prepare(
             }
         );
     }
+    let draft = match (draft, &config.speculation) {
+        (Some(draft), Some(spec)) => {
+            tracing::info!(
+                "draft model: {} (drafts of up to {} tokens)",
+                draft.architecture(),
+                spec.max
+            );
+            let model = DraftModel::new(draft, config.parallel.max(1), spec.p_min, n_vocab)
+                .context("the draft model's memory")?;
+            Some(model)
+        }
+        (Some(_), None) => bail!("a draft model is given but speculation is off"),
+        (None, _) => None,
+    };
     let scheduler = Scheduler::start(
         engine,
         pool,
@@ -625,6 +644,7 @@ fn prepare(
             speculation: config.speculation,
         },
         metrics,
+        draft,
     );
     Ok(Ready {
         model_id,

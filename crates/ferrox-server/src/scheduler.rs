@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::error::SendError;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::draft::{DraftModel, DraftRequest};
 use crate::error::ApiError;
 use crate::kv::{KvPool, Lease, Refusal, SlotId, Work};
 use crate::metrics::{Finished, Metrics};
@@ -105,14 +106,16 @@ pub struct SchedulerOptions {
     pub speculation: Option<Speculation>,
 }
 
-/// Prompt-lookup speculation inside the batch: a decoding sequence's drafted tokens ride in
-/// the same step as the other sequences' tokens, each checked by sampling its row exactly as
-/// a plain step would (the output is what it would be without), the rejected ones rolled
-/// back in the paged memory.
+/// Speculation inside the batch: a decoding sequence's drafted tokens (from prompt lookup,
+/// or from a draft model when the scheduler has one) ride in the same step as the other
+/// sequences' tokens, each checked by sampling its row exactly as a plain step would (the
+/// output is what it would be without), the rejected ones rolled back in the paged memory.
 #[derive(Clone, Copy, Debug)]
 pub struct Speculation {
     /// Most tokens drafted per sequence and step.
     pub max: usize,
+    /// A draft model stops proposing at a token it gives less than this probability.
+    pub p_min: f32,
     /// Fewer proposed tokens than this are not checked.
     pub min: usize,
     /// Drafted tokens join a step only while it has fewer rows than this: a large batch
@@ -146,13 +149,15 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the scheduler thread, which owns `engine` and `pool`.
+    /// Starts the scheduler thread, which owns `engine`, `pool` and the draft model, if any
+    /// (it drafts when `options.speculation` is on).
     pub fn start(
         engine: AnyEngine,
         pool: KvPool,
         tokenizer: Arc<Tokenizer>,
         options: SchedulerOptions,
         metrics: Arc<Metrics>,
+        draft: Option<DraftModel>,
     ) -> Scheduler {
         let shared = Arc::new(Shared {
             queue: Mutex::new(QueueState {
@@ -177,6 +182,8 @@ impl Scheduler {
                         options,
                         metrics,
                         shared,
+                        draft,
+                        admitted: 0,
                     };
                     looper.run();
                 })
@@ -239,6 +246,8 @@ impl Scheduler {
 /// One admitted sequence.
 struct Seq<'t> {
     job: Job,
+    /// Unique among the sequences the scheduler ever ran.
+    id: u64,
     slot: SlotId,
     cached: usize,
     /// Prompt tokens in the cache.
@@ -291,6 +300,9 @@ struct Loop<'t> {
     options: SchedulerOptions,
     metrics: Arc<Metrics>,
     shared: Arc<Shared>,
+    draft: Option<DraftModel>,
+    /// Sequences admitted so far (each one's id).
+    admitted: u64,
 }
 
 /// One sequence's share of a step.
@@ -468,7 +480,9 @@ impl<'t> Loop<'t> {
             Some(_) => job.prompt.clone(),
             None => Vec::new(),
         };
+        self.admitted += 1;
         active.push(Seq {
+            id: self.admitted,
             slot: lease.slot,
             cached: lease.reused,
             fed: lease.reused,
@@ -515,8 +529,11 @@ impl<'t> Loop<'t> {
     /// Adds prompt-lookup drafts to the decoding sequences of `plan` while the step has
     /// fewer than `max_rows` rows, the sequences that have had the most drafted tokens
     /// accepted first.
-    fn plan_drafts(&self, spec: Speculation, active: &mut [Seq<'t>], plan: &mut [Planned]) {
+    fn plan_drafts(&mut self, spec: Speculation, active: &mut [Seq<'t>], plan: &mut [Planned]) {
         let mut rows: usize = plan.iter().map(|p| p.tokens).sum();
+        if let Some(draft) = &mut self.draft {
+            draft.retain(|id| active.iter().any(|s| s.id == id));
+        }
         if rows >= spec.max_rows {
             return;
         }
@@ -528,6 +545,9 @@ impl<'t> Loop<'t> {
         order.sort_by(|&a, &b| {
             rate(&active[plan[b].index]).total_cmp(&rate(&active[plan[a].index]))
         });
+        if self.draft.is_some() {
+            return self.plan_model_drafts(spec, active, plan, &order, rows);
+        }
         let mut proposed = Vec::new();
         for i in order {
             let budget = spec.max_rows.saturating_sub(rows);
@@ -555,6 +575,66 @@ impl<'t> Loop<'t> {
             s.checking.extend_from_slice(&proposed);
             plan[i].tokens += proposed.len();
             rows += proposed.len();
+        }
+    }
+
+    /// [`plan_drafts`](Self::plan_drafts) with the draft model: the rows left in the step
+    /// shared among the sequences in `order`, as long as each one's drafts have been kept
+    /// (its pacer), then all of them drafted together.
+    fn plan_model_drafts(
+        &mut self,
+        spec: Speculation,
+        active: &mut [Seq<'t>],
+        plan: &mut [Planned],
+        order: &[usize],
+        rows: usize,
+    ) {
+        let n_ctx = self.pool.capacity_per_sequence();
+        let mut chosen = Vec::new();
+        let mut budget = spec.max_rows.saturating_sub(rows);
+        for &i in order {
+            let s = &mut active[plan[i].index];
+            let room = s.draft_room(spec.max, n_ctx).min(budget);
+            let room = room.min(s.pacer.length(0, spec.max));
+            if room == 0 {
+                s.pacer.idle(0);
+                continue;
+            }
+            budget -= room;
+            chosen.push((i, room));
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        let requests: Vec<DraftRequest<'_>> = chosen
+            .iter()
+            .map(|&(i, room)| {
+                let s = &active[plan[i].index];
+                DraftRequest {
+                    id: s.id,
+                    text: &s.history,
+                    room,
+                }
+            })
+            .collect();
+        let draft = self.draft.as_mut().expect("checked by the caller");
+        let mut proposed = Vec::new();
+        if let Err(e) = draft.propose(&requests, &mut proposed) {
+            // Decoding goes on without drafts.
+            tracing::warn!("the draft model failed: {e}");
+            return;
+        }
+        drop(requests);
+        for (&(i, _), drafts) in chosen.iter().zip(&proposed) {
+            if drafts.len() < spec.min.max(1) {
+                continue;
+            }
+            let s = &mut active[plan[i].index];
+            s.matched = 0;
+            s.checking.clear();
+            s.checking.push(s.next.expect("a decoding sequence"));
+            s.checking.extend_from_slice(drafts);
+            plan[i].tokens += drafts.len();
         }
     }
 

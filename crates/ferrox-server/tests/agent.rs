@@ -75,6 +75,7 @@ fn server(api_key: Option<&str>) -> u16 {
                     path,
                     engine,
                     tokenizer,
+                    draft: None,
                 })
             });
             if let Err(e) = result {

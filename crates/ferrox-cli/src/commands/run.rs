@@ -305,24 +305,43 @@ impl SpecArgs {
             return Ok(None);
         }
         let path = self.model_draft.clone().expect("checked by kind()");
-        let args = ModelArgs {
-            model: Some(path.clone()),
-            hf_repo: None,
-            mtp: false,
-            ..target.clone()
-        };
-        let loaded = model::load_engine(&args).context("loading the draft model")?;
-        check_vocab_compatible(target_tokenizer, &loaded.tokenizer).map_err(|e| {
-            InputError(format!(
-                "the draft model {} cannot draft for this model: {e}",
-                path.display()
-            ))
-        })?;
         Ok(Some(DraftModel {
-            loaded,
+            loaded: load_draft_model(target, path, target_tokenizer)?,
             params: self.draft_params()?,
         }))
     }
+}
+
+/// Loads a draft model with the target's threads, context size and cache settings, and
+/// checks its vocabulary against the target's tokenizer.
+fn load_draft_model(
+    target: &ModelArgs,
+    path: PathBuf,
+    target_tokenizer: &Tokenizer,
+) -> anyhow::Result<model::LoadedEngine> {
+    let args = ModelArgs {
+        model: Some(path.clone()),
+        hf_repo: None,
+        mtp: false,
+        ..target.clone()
+    };
+    let loaded = model::load_engine(&args).context("loading the draft model")?;
+    check_vocab_compatible(target_tokenizer, &loaded.tokenizer).map_err(|e| {
+        InputError(format!(
+            "the draft model {} cannot draft for this model: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(loaded)
+}
+
+/// [`load_draft_model`]'s engine (what `serve` needs).
+pub fn load_draft_engine(
+    target: &ModelArgs,
+    path: PathBuf,
+    target_tokenizer: &Tokenizer,
+) -> anyhow::Result<ferrox_models::AnyEngine> {
+    Ok(load_draft_model(target, path, target_tokenizer)?.engine)
 }
 
 /// Sampler flags shared by `run` and `chat` (llama.cpp's names and defaults).

@@ -65,11 +65,28 @@ pub struct Args {
     #[arg(long = "reasoning-format", value_enum, default_value_t = ReasoningFormatArg::Deepseek)]
     pub reasoning_format: ReasoningFormatArg,
     /// `ngram`: prompt-lookup speculation per sequence inside the batch (the output is the
-    /// same, faster on repetitive text); `none`: plain decoding.
-    #[arg(long = "spec-type", visible_alias = "spec", value_enum, default_value_t = ServeSpecType::None)]
-    pub spec_type: ServeSpecType,
+    /// same, faster on repetitive text); `draft`: a draft model (--model-draft) proposes for
+    /// every sequence; `none`: plain decoding. Default: `draft` with --model-draft, else
+    /// `none`.
+    #[arg(long = "spec-type", visible_alias = "spec", value_enum)]
+    pub spec_type: Option<ServeSpecType>,
+    /// A draft model for speculative decoding (`-md`): a smaller GGUF with the served
+    /// model's vocabulary, proposing tokens the model checks inside its batch.
+    #[arg(
+        long = "model-draft",
+        visible_alias = "spec-draft-model",
+        value_name = "FILE"
+    )]
+    pub model_draft: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub draft_lengths: DraftLengthArgs,
+    /// A draft model stops proposing at a token it gives less than this probability.
+    #[arg(
+        long = "draft-p-min",
+        visible_alias = "spec-draft-p-min",
+        default_value_t = 0.75
+    )]
+    pub draft_p_min: f32,
     /// Drafted tokens join a step only while it has fewer rows (tokens of all its sequences)
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
@@ -80,6 +97,7 @@ pub struct Args {
 pub enum ServeSpecType {
     None,
     Ngram,
+    Draft,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -113,14 +131,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
-    let speculation = match args.spec_type {
+    let spec_type = match (args.spec_type, &args.model_draft) {
+        (None, Some(_)) => ServeSpecType::Draft,
+        (None, None) => ServeSpecType::None,
+        (Some(ServeSpecType::Draft), None) => {
+            return Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
+        }
+        (Some(kind @ (ServeSpecType::None | ServeSpecType::Ngram)), Some(_)) => {
+            return Err(InputError(format!(
+                "--model-draft is given but --spec-type is {}",
+                if kind == ServeSpecType::None {
+                    "none"
+                } else {
+                    "ngram"
+                }
+            ))
+            .into())
+        }
+        (Some(kind), _) => kind,
+    };
+    let speculation = match spec_type {
         ServeSpecType::None => None,
-        ServeSpecType::Ngram => {
-            // Prompt lookup has no draft probabilities: p_min does not apply.
-            let lengths = args.draft_lengths.params(0.0)?;
+        ServeSpecType::Ngram | ServeSpecType::Draft => {
+            let lengths = args.draft_lengths.params(args.draft_p_min)?;
             Some(Speculation {
                 max: lengths.max,
                 min: lengths.min,
+                p_min: lengths.p_min,
                 max_rows: args.spec_max_rows,
             })
         }
@@ -150,12 +187,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     let model_args = args.model;
+    let draft_path = args.model_draft;
     ferrox_server::run(config, move || {
         let loaded = model::load_engine(&model_args)?;
+        let draft = match draft_path {
+            Some(path) => Some(super::run::load_draft_engine(
+                &model_args,
+                path,
+                &loaded.tokenizer,
+            )?),
+            None => None,
+        };
         Ok(LoadedModel {
             path: loaded.path,
             engine: loaded.engine,
             tokenizer: loaded.tokenizer,
+            draft,
         })
     })
 }
