@@ -712,6 +712,27 @@ fn serve_speculative_deepseek4_streams_equal_their_solo_outputs() {
     assert!(drafted > 0.0);
 }
 
+/// The synthetic MLA model with a multi-token-prediction block, drafting with it
+/// (`--spec-type draft-mtp`): eight concurrent streams whose prompts share a prefix (its
+/// blocks shared, the block's rows behind them kept) equal their solo runs.
+#[test]
+fn serve_mtp_streams_equal_their_solo_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deepseek2-mtp.gguf");
+    std::fs::write(&path, synthetic::gguf_bytes("deepseek2-mtp")).unwrap();
+    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
+    let shared: Vec<&str> = (0..30).map(|k| syllables[(3 * k) % 8]).collect();
+    let prompts: Vec<String> = (0..8)
+        .map(|i| {
+            let tail: Vec<&str> = (0..2 + i).map(|k| syllables[(i + k) % 8]).collect();
+            format!("{} {}", shared.join(" "), tail.join(" "))
+        })
+        .collect();
+    let args = ["--spec-type", "draft-mtp", "--draft-max", "3"];
+    let (drafted, _) = speculative_streams_equal_solo(&path, "256", &args, &prompts);
+    assert!(drafted > 0.0);
+}
+
 /// Eight concurrent greedy streams of 64 tokens on a server speculating as `spec` says, each
 /// equal to the request alone on a server without; returns the drafted and accepted tokens
 /// `/metrics` counted (checked against each other and the plain server's zero).

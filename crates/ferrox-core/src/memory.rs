@@ -103,6 +103,11 @@ pub struct MemorySpec {
     pub recurrent: Option<RecurrentSpec>,
     /// Element type of the paged stores (recurrent states are f32).
     pub storage: KvStorage,
+    /// Positions a row lags behind its sequence: a row at `p` written only once position
+    /// `p + row_lag` is known (a multi-token-prediction block reads the token after `p`). A
+    /// full block enters the prefix cache only once its rows are all written, and a
+    /// sequence writes no such row into a block it shares ([`StepMemory::writable_from`]).
+    pub row_lag: usize,
 }
 
 impl MemorySpec {
@@ -121,6 +126,7 @@ impl MemorySpec {
             )],
             recurrent: None,
             storage,
+            row_lag: 0,
         }
     }
 
@@ -684,12 +690,21 @@ impl SequenceMemory {
             .map(|r| r.slots.chunks_mut(values.max(1)));
         let mut checkpoints: SmallVec<[Option<&mut Checkpoints>; INLINE_SEQS]> =
             seqs.iter().map(|_| None).collect();
+        let mut writable_from: SmallVec<[usize; INLINE_SEQS]> = seqs.iter().map(|_| 0).collect();
         for (i, s) in self.seqs.iter_mut().enumerate() {
             let slot = slots.as_mut().and_then(Iterator::next);
             let Some(s) = s else { continue };
             let Some(k) = seqs.iter().position(|id| id.0 == i) else {
                 continue;
             };
+            let blocks = &self.blocks;
+            let shared = s
+                .table
+                .blocks()
+                .iter()
+                .take_while(|&&b| blocks.ref_count(b) > 1 || blocks.is_registered(b))
+                .count();
+            writable_from[k] = shared * self.shape.block_tokens;
             tables[k] = Some(&mut s.table);
             checkpoints[k] = Some(&mut s.checkpoints);
             states[k] = slot;
@@ -715,6 +730,7 @@ impl SequenceMemory {
                 .map(|c| c.expect("checked"))
                 .collect(),
             spare_states: &mut self.spare_states,
+            writable_from,
         })
     }
 
@@ -724,11 +740,12 @@ impl SequenceMemory {
     pub fn record(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), MemoryError> {
         let bt = self.shape.block_tokens;
         let prefix_cache = self.shape.prefix_cache;
+        let lag = self.spec.row_lag;
         let s = self.seqs.get_mut(seq.0).and_then(Option::as_mut);
         let s = s.ok_or(MemoryError::UnknownSequence(seq.0))?;
         s.tokens.extend_from_slice(tokens);
         s.ring_top = s.ring_top.max(s.tokens.len());
-        while prefix_cache && (s.hashes.len() + 1) * bt <= s.tokens.len() {
+        while prefix_cache && (s.hashes.len() + 1) * bt + lag <= s.tokens.len() {
             let i = s.hashes.len();
             let block = s.table.blocks()[i];
             let chunk = &s.tokens[i * bt..(i + 1) * bt];
@@ -771,6 +788,7 @@ pub struct StepMemory<'a> {
     states: SmallVec<[&'a mut [f32]; INLINE_SEQS]>,
     checkpoints: SmallVec<[&'a mut Checkpoints; INLINE_SEQS]>,
     spare_states: &'a mut Vec<Arc<[f32]>>,
+    writable_from: SmallVec<[usize; INLINE_SEQS]>,
 }
 
 impl StepMemory<'_> {
@@ -781,6 +799,12 @@ impl StepMemory<'_> {
     /// Positions sequence `seq` holds.
     pub fn len(&self, seq: usize) -> usize {
         self.tables[seq].len()
+    }
+
+    /// The first position of sequence `seq` whose block is its own: the blocks before are
+    /// shared with other sequences or kept in the prefix cache, and must not be written.
+    pub fn writable_from(&self, seq: usize) -> usize {
+        self.writable_from[seq]
     }
 
     /// Positions sequence `seq` can hold without more blocks.
@@ -915,6 +939,7 @@ mod tests {
                 ring_slack: 0,
             }),
             storage: KvStorage::F32,
+            row_lag: 0,
         }
     }
 
@@ -989,6 +1014,27 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn rows_that_lag_enter_the_prefix_cache_late_and_shared_blocks_are_read_only() {
+        let mut lagging = spec(None);
+        lagging.row_lag = 1;
+        let mut m = SequenceMemory::new(lagging, shape(16, 4)).unwrap();
+        let prompt: Vec<u32> = (10..18).collect();
+        let a = m.admit(&prompt, 16).unwrap();
+        step(&mut m, a.seq, &prompt);
+        // Eight positions: the second block's last row is not written yet, so only the
+        // first block is registered, and `a` may still write from position 4.
+        assert_eq!(m.view(&[a.seq]).unwrap().writable_from(0), 4);
+        step(&mut m, a.seq, &[18]);
+        assert_eq!(m.view(&[a.seq]).unwrap().writable_from(0), 8);
+        // A sequence sharing both blocks may write only after them.
+        let b = m.admit(&(10..20).collect::<Vec<_>>(), 16).unwrap();
+        assert_eq!(b.reused, 8);
+        assert_eq!(m.view(&[b.seq]).unwrap().writable_from(0), 8);
+        let c = m.admit(&[1, 2, 3], 16).unwrap();
+        assert_eq!(m.view(&[c.seq]).unwrap().writable_from(0), 0);
     }
 
     #[test]

@@ -51,6 +51,7 @@ impl Engine for Toy {
                 ring_slack: 0,
             }),
             storage: KvStorage::F32,
+            row_lag: 0,
         }
     }
 

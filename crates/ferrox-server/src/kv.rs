@@ -188,6 +188,27 @@ impl KvPool {
         )
     }
 
+    /// Drafts up to `max` tokens to follow `token` (to be fed next) with the engine's
+    /// multi-token-prediction block ([`Engine::draft_mtp`]), within the sequence's promise
+    /// of blocks.
+    pub fn draft_mtp<E: Engine + ?Sized>(
+        &mut self,
+        engine: &E,
+        id: SlotId,
+        token: TokenId,
+        max: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), EngineError> {
+        out.clear();
+        let pos = self.memory.len(id);
+        if max == 0 || pos == 0 {
+            return Ok(());
+        }
+        self.memory.grow(id, pos + max - 1)?;
+        let mut view = self.memory.view(&[id])?;
+        engine.draft_mtp(&mut view, &mut self.scratch, 0, token, pos, max, out)
+    }
+
     /// Forgets the sequence's positions from `len` on (drafted tokens that were rejected).
     pub fn rollback(&mut self, id: SlotId, len: usize) -> Result<(), MemoryError> {
         self.memory.rollback(id, len)

@@ -515,6 +515,12 @@ fn prepare(
     let n_ctx = engine.context_size();
     let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
     if let Some(spec) = &config.speculation {
+        if spec.mtp && !engine.has_mtp() {
+            bail!(
+                "--spec-type draft-mtp: {} has no multi-token-prediction block to draft with",
+                engine.architecture()
+            );
+        }
         match engine.memory_spec().rollback_reach() {
             0 => bail!(
                 "--spec-type ngram: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",

@@ -116,6 +116,8 @@ pub struct Speculation {
     pub max: usize,
     /// A draft model stops proposing at a token it gives less than this probability.
     pub p_min: f32,
+    /// Draft with the served model's multi-token-prediction block (it must have one).
+    pub mtp: bool,
     /// Fewer proposed tokens than this are not checked.
     pub min: usize,
     /// Drafted tokens join a step only while it has fewer rows than this: a large batch
@@ -545,7 +547,7 @@ impl<'t> Loop<'t> {
         order.sort_by(|&a, &b| {
             rate(&active[plan[b].index]).total_cmp(&rate(&active[plan[a].index]))
         });
-        if self.draft.is_some() {
+        if self.draft.is_some() || spec.mtp {
             return self.plan_model_drafts(spec, active, plan, &order, rows);
         }
         let mut proposed = Vec::new();
@@ -578,9 +580,10 @@ impl<'t> Loop<'t> {
         }
     }
 
-    /// [`plan_drafts`](Self::plan_drafts) with the draft model: the rows left in the step
-    /// shared among the sequences in `order`, as long as each one's drafts have been kept
-    /// (its pacer), then all of them drafted together.
+    /// [`plan_drafts`](Self::plan_drafts) with the draft model (all sequences drafted
+    /// together) or the served model's multi-token-prediction block (one after the other):
+    /// the rows left in the step shared among the sequences in `order`, as long as each
+    /// one's drafts have been kept (its pacer).
     fn plan_model_drafts(
         &mut self,
         spec: Speculation,
@@ -617,11 +620,24 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
-        let draft = self.draft.as_mut().expect("checked by the caller");
         let mut proposed = Vec::new();
-        if let Err(e) = draft.propose(&requests, &mut proposed) {
+        let drafted = match self.draft.as_mut() {
+            Some(draft) => draft.propose(&requests, &mut proposed),
+            None => {
+                proposed.resize(chosen.len(), Vec::new());
+                chosen
+                    .iter()
+                    .zip(proposed.iter_mut())
+                    .try_for_each(|(&(i, room), out)| {
+                        let s = &active[plan[i].index];
+                        let next = s.next.expect("a decoding sequence");
+                        self.pool.draft_mtp(&self.engine, s.slot, next, room, out)
+                    })
+            }
+        };
+        if let Err(e) = drafted {
             // Decoding goes on without drafts.
-            tracing::warn!("the draft model failed: {e}");
+            tracing::warn!("drafting failed: {e}");
             return;
         }
         drop(requests);

@@ -192,6 +192,28 @@ pub enum SpecType {
     DraftMtp,
 }
 
+/// The kind of speculation `--spec-type` and `--model-draft` ask for together: `draft`
+/// when only a draft model is given; contradictions are input errors.
+pub fn spec_kind(spec_type: Option<SpecType>, model_draft: bool) -> anyhow::Result<SpecType> {
+    match (spec_type, model_draft) {
+        (None, true) => Ok(SpecType::Draft),
+        (None, false) => Ok(SpecType::None),
+        (Some(SpecType::Draft), false) => {
+            Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
+        }
+        (Some(SpecType::Draft), true) => Ok(SpecType::Draft),
+        (Some(kind), true) => {
+            let name = match kind {
+                SpecType::None => "none",
+                SpecType::Ngram => "ngram",
+                _ => "draft-mtp",
+            };
+            Err(InputError(format!("--model-draft is given but --spec-type is {name}")).into())
+        }
+        (Some(kind), false) => Ok(kind),
+    }
+}
+
 /// A loaded draft model and how much it proposes.
 pub struct DraftModel {
     pub loaded: model::LoadedEngine,
@@ -218,25 +240,7 @@ impl SpecArgs {
     /// The kind of speculation the flags ask for; contradictions and bad values are input
     /// errors.
     pub fn kind(&self) -> anyhow::Result<SpecType> {
-        let kind = match (self.spec_type, &self.model_draft) {
-            (None, Some(_)) => SpecType::Draft,
-            (None, None) => SpecType::None,
-            (Some(SpecType::Draft), None) => {
-                return Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
-            }
-            (Some(kind @ (SpecType::None | SpecType::Ngram | SpecType::DraftMtp)), Some(_)) => {
-                let name = match kind {
-                    SpecType::None => "none",
-                    SpecType::Ngram => "ngram",
-                    _ => "draft-mtp",
-                };
-                return Err(InputError(format!(
-                    "--model-draft is given but --spec-type is {name}"
-                ))
-                .into());
-            }
-            (Some(kind), _) => kind,
-        };
+        let kind = spec_kind(self.spec_type, self.model_draft.is_some())?;
         if kind != SpecType::None {
             self.draft_params()?;
         }

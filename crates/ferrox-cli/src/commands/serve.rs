@@ -5,7 +5,7 @@ use std::time::Duration;
 use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
 
 use super::model::{self, ModelArgs};
-use super::run::DraftLengthArgs;
+use super::run::{spec_kind, DraftLengthArgs, SpecType};
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -66,10 +66,11 @@ pub struct Args {
     pub reasoning_format: ReasoningFormatArg,
     /// `ngram`: prompt-lookup speculation per sequence inside the batch (the output is the
     /// same, faster on repetitive text); `draft`: a draft model (--model-draft) proposes for
-    /// every sequence; `none`: plain decoding. Default: `draft` with --model-draft, else
-    /// `none`.
+    /// every sequence; `draft-mtp` (or `mtp`): the model's own multi-token-prediction block
+    /// (`nextn_predict_layers`); `none`: plain decoding. Default: `draft` with
+    /// --model-draft, else `none`.
     #[arg(long = "spec-type", visible_alias = "spec", value_enum)]
-    pub spec_type: Option<ServeSpecType>,
+    pub spec_type: Option<SpecType>,
     /// A draft model for speculative decoding (`-md`): a smaller GGUF with the served
     /// model's vocabulary, proposing tokens the model checks inside its batch.
     #[arg(
@@ -91,13 +92,6 @@ pub struct Args {
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
     pub spec_max_rows: usize,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ServeSpecType {
-    None,
-    Ngram,
-    Draft,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,33 +125,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
-    let spec_type = match (args.spec_type, &args.model_draft) {
-        (None, Some(_)) => ServeSpecType::Draft,
-        (None, None) => ServeSpecType::None,
-        (Some(ServeSpecType::Draft), None) => {
-            return Err(InputError("--spec-type draft needs --model-draft FILE".into()).into())
-        }
-        (Some(kind @ (ServeSpecType::None | ServeSpecType::Ngram)), Some(_)) => {
-            return Err(InputError(format!(
-                "--model-draft is given but --spec-type is {}",
-                if kind == ServeSpecType::None {
-                    "none"
-                } else {
-                    "ngram"
-                }
-            ))
-            .into())
-        }
-        (Some(kind), _) => kind,
-    };
+    let spec_type = spec_kind(args.spec_type, args.model_draft.is_some())?;
     let speculation = match spec_type {
-        ServeSpecType::None => None,
-        ServeSpecType::Ngram | ServeSpecType::Draft => {
+        SpecType::None => None,
+        SpecType::Ngram | SpecType::Draft | SpecType::DraftMtp => {
             let lengths = args.draft_lengths.params(args.draft_p_min)?;
             Some(Speculation {
                 max: lengths.max,
                 min: lengths.min,
                 p_min: lengths.p_min,
+                mtp: spec_type == SpecType::DraftMtp,
                 max_rows: args.spec_max_rows,
             })
         }
@@ -186,7 +163,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ReasoningFormatArg::Deepseek | ReasoningFormatArg::Auto => ReasoningFormat::DeepSeek,
         },
     };
-    let model_args = args.model;
+    let model_args = ModelArgs {
+        mtp: spec_type == SpecType::DraftMtp,
+        ..args.model
+    };
     let draft_path = args.model_draft;
     ferrox_server::run(config, move || {
         let loaded = model::load_engine(&model_args)?;

@@ -285,6 +285,7 @@ impl step::Layers for Deepseek4Engine {
                 ring_slack: RING_SLACK,
             }),
             storage: self.rt.kv_storage,
+            row_lag: 0,
         }
     }
 

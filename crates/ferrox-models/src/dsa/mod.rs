@@ -127,6 +127,7 @@ impl step::Layers for DsaEngine {
             paged: vec![latent, indexer],
             recurrent: None,
             storage: self.rt.kv_storage,
+            row_lag: 0,
         }
     }
 

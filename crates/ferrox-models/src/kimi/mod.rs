@@ -258,6 +258,7 @@ impl step::Layers for KimiEngine {
                 ring_slack: 0,
             }),
             storage: self.rt.kv_storage,
+            row_lag: 0,
         }
     }
 

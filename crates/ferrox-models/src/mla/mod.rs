@@ -245,7 +245,10 @@ impl MlaEngine {
         }
         let mut pairs = std::mem::take(&mut s.mtp.rows);
         pairs.clear();
-        pairs.extend(rows.iter().filter(|r| r.pos > 0).map(|r| Row {
+        // A position in a block shared with other sequences keeps the row it has (whoever
+        // wrote it first read their own next token: only drafts can differ).
+        let writable = |r: &&Row| r.pos > memory.writable_from(r.seq);
+        pairs.extend(rows.iter().filter(writable).map(|r| Row {
             pos: r.pos - 1,
             logits_row: None,
             ..*r
@@ -349,6 +352,8 @@ impl step::Layers for MlaEngine {
         if mtp == 1 {
             spec.paged
                 .push(ferrox_core::PagedStoreSpec::per_position(1, c.n_embd, 0));
+            // The block's row at `p` is written once the token at `p + 1` is known.
+            spec.row_lag = 1;
         }
         spec
     }
@@ -372,7 +377,8 @@ impl step::Layers for MlaEngine {
     ) -> Result<(), EngineError> {
         let mtp = self.weights.mtp.as_ref().expect("checked by the caller");
         let (e, gguf) = (self.config.n_embd, &*self.rt.gguf);
-        if pos == 0 || pos > memory.len(seq) || token as usize >= self.rt.n_vocab {
+        let shared = pos <= memory.writable_from(seq);
+        if pos == 0 || shared || pos > memory.len(seq) || token as usize >= self.rt.n_vocab {
             return Ok(());
         }
         let h = sized(&mut s.mtp.h, e);
