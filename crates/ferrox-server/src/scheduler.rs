@@ -593,12 +593,18 @@ impl<'t> Loop<'t> {
         rows: usize,
     ) {
         let n_ctx = self.pool.capacity_per_sequence();
+        let with_model = self.draft.is_some();
         let mut chosen = Vec::new();
         let mut budget = spec.max_rows.saturating_sub(rows);
         for &i in order {
             let s = &mut active[plan[i].index];
             let room = s.draft_room(spec.max, n_ctx).min(budget);
-            let room = room.min(s.pacer.length(0, spec.max));
+            // A draft model stops where it is unsure (`p_min`); the block's greedy drafts
+            // have no such measure, so their length follows their acceptance.
+            let room = match with_model {
+                true => room,
+                false => room.min(s.pacer.length(0, spec.max)),
+            };
             if room == 0 {
                 s.pacer.idle(0);
                 continue;
