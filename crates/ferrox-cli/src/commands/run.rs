@@ -194,7 +194,7 @@ pub enum SpecType {
 
 /// The kind of speculation `--spec-type` and `--model-draft` ask for together: `draft`
 /// when only a draft model is given; contradictions are input errors.
-pub fn spec_kind(spec_type: Option<SpecType>, model_draft: bool) -> anyhow::Result<SpecType> {
+fn spec_kind(spec_type: Option<SpecType>, model_draft: bool) -> anyhow::Result<SpecType> {
     match (spec_type, model_draft) {
         (None, true) => Ok(SpecType::Draft),
         (None, false) => Ok(SpecType::None),

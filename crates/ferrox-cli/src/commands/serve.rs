@@ -5,7 +5,7 @@ use std::time::Duration;
 use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
 
 use super::model::{self, ModelArgs};
-use super::run::{spec_kind, DraftLengthArgs, SpecType};
+use super::run::{SpecArgs, SpecType};
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -64,30 +64,10 @@ pub struct Args {
     /// `reasoning_content`, `none` leaves it in `content`.
     #[arg(long = "reasoning-format", value_enum, default_value_t = ReasoningFormatArg::Deepseek)]
     pub reasoning_format: ReasoningFormatArg,
-    /// `ngram`: prompt-lookup speculation per sequence inside the batch (the output is the
-    /// same, faster on repetitive text); `draft`: a draft model (--model-draft) proposes for
-    /// every sequence; `draft-mtp` (or `mtp`): the model's own multi-token-prediction block
-    /// (`nextn_predict_layers`); `none`: plain decoding. Default: `draft` with
-    /// --model-draft, else `none`.
-    #[arg(long = "spec-type", visible_alias = "spec", value_enum)]
-    pub spec_type: Option<SpecType>,
-    /// A draft model for speculative decoding (`-md`): a smaller GGUF with the served
-    /// model's vocabulary, proposing tokens the model checks inside its batch.
-    #[arg(
-        long = "model-draft",
-        visible_alias = "spec-draft-model",
-        value_name = "FILE"
-    )]
-    pub model_draft: Option<std::path::PathBuf>,
+    /// Speculation per sequence inside the batch (the output is the same): prompt lookup,
+    /// a draft model or the model's multi-token-prediction block, as `run` takes them.
     #[command(flatten)]
-    pub draft_lengths: DraftLengthArgs,
-    /// A draft model stops proposing at a token it gives less than this probability.
-    #[arg(
-        long = "draft-p-min",
-        visible_alias = "spec-draft-p-min",
-        default_value_t = 0.75
-    )]
-    pub draft_p_min: f32,
+    pub speculation: SpecArgs,
     /// Drafted tokens join a step only while it has fewer rows (tokens of all its sequences)
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
@@ -125,11 +105,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
-    let spec_type = spec_kind(args.spec_type, args.model_draft.is_some())?;
+    let spec = &args.speculation;
+    let spec_type = spec.kind()?;
     let speculation = match spec_type {
         SpecType::None => None,
         SpecType::Ngram | SpecType::Draft | SpecType::DraftMtp => {
-            let lengths = args.draft_lengths.params(args.draft_p_min)?;
+            let lengths = spec.lengths.params(spec.draft_p_min)?;
             Some(Speculation {
                 max: lengths.max,
                 min: lengths.min,
@@ -167,7 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mtp: spec_type == SpecType::DraftMtp,
         ..args.model
     };
-    let draft_path = args.model_draft;
+    let draft_path = args.speculation.model_draft;
     ferrox_server::run(config, move || {
         let loaded = model::load_engine(&model_args)?;
         let draft = match draft_path {
