@@ -87,6 +87,16 @@ pub enum KvRows<'a> {
     F16(&'a [f16]),
 }
 
+impl KvRows<'_> {
+    /// The rows as f32 into `out` (of the same length).
+    pub fn copy_to(self, out: &mut [f32]) {
+        match self {
+            KvRows::F32(r) => out.copy_from_slice(r),
+            KvRows::F16(r) => out.iter_mut().zip(r).for_each(|(o, v)| *o = v.to_f32()),
+        }
+    }
+}
+
 /// The memory the system can give without swapping (`MemAvailable` of `/proc/meminfo`), when
 /// it says.
 pub fn available_memory() -> Option<usize> {

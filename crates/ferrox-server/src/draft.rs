@@ -71,10 +71,6 @@ impl DraftModel {
         })
     }
 
-    pub fn engine(&self) -> &AnyEngine {
-        &self.engine
-    }
-
     /// Forgets the sequences of requests that are no longer running.
     pub fn retain(&mut self, running: impl Fn(u64) -> bool) {
         let memory = &mut self.memory;

@@ -14,7 +14,7 @@
 //! half of their projections, then this block's with the second half; block 0 has no previous
 //! block (those entries count as zero values with −inf scores).
 
-use ferrox_core::{KvRows, StepMemory};
+use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
 use ferrox_moe::numerics::softmax;
 
@@ -81,10 +81,9 @@ pub fn read_row(
     b: usize,
     out: &mut [f32],
 ) {
-    match memory.key_row(at.store, seq, at.layer, at.position_of(b)) {
-        KvRows::F32(k) => out.copy_from_slice(k),
-        KvRows::F16(k) => out.iter_mut().zip(k).for_each(|(o, v)| *o = v.to_f32()),
-    }
+    memory
+        .key_row(at.store, seq, at.layer, at.position_of(b))
+        .copy_to(out);
 }
 
 /// Buffers of the compressors, reused across layers and steps.

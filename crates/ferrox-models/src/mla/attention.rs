@@ -523,11 +523,7 @@ fn decompressed(
     let cached = grown(&mut s.latents, n_keys * width);
     let mut at = 0;
     memory.for_each_run(LATENT_STORE, seq, il, 0, n_keys, |keys, _, len| {
-        let dst = &mut cached[at * width..(at + len) * width];
-        match keys {
-            KvRows::F32(r) => dst.copy_from_slice(r),
-            KvRows::F16(r) => dst.iter_mut().zip(r).for_each(|(o, v)| *o = v.to_f32()),
-        }
+        keys.copy_to(&mut cached[at * width..(at + len) * width]);
         at += len;
     });
     // The latents, packed, as the decompression's input.

@@ -327,10 +327,7 @@ struct LayerBuffers<'a> {
 
 /// Copies sequence `seq`'s final state at `pos` into `out`.
 fn read_hidden(memory: &StepMemory<'_>, seq: usize, pos: usize, out: &mut [f32]) {
-    match memory.key_row(HIDDEN_STORE, seq, 0, pos) {
-        ferrox_core::KvRows::F32(k) => out.copy_from_slice(k),
-        ferrox_core::KvRows::F16(k) => out.iter_mut().zip(k).for_each(|(o, v)| *o = v.to_f32()),
-    }
+    memory.key_row(HIDDEN_STORE, seq, 0, pos).copy_to(out);
 }
 
 impl step::Layers for MlaEngine {
