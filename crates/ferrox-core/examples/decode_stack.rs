@@ -3,15 +3,22 @@
 //! the other, across the rayon pool. Prints the weight bytes streamed per second and the
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
-//! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS]`
+//! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [MODE]`
 //! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q8_0; the shapes are Qwen2.5-1.5B's FFN and
 //! attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536). `FERROX_ISA` caps the
-//! kernels as everywhere.
+//! kernels as everywhere. MODE:
+//!
+//! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling;
+//! * `prefetch=D1,D2,...`: the stack streamed with each prefetch distance (bytes), the
+//!   distances alternated sweep by sweep so that other processes slow them alike; prints
+//!   each one's median against the first's and how often it was faster;
+//! * `moe` or `moe,prefetch=...`: an MoE decode step's products instead (per layer, 16
+//!   expert matrices of 1408 x 2048 in one pass over the pool, then 8 of 2048 x 1408).
 
 use std::time::Instant;
 
 use ferrox_core::bandwidth::read_bandwidth;
-use ferrox_core::packed::PackedMatrix;
+use ferrox_core::packed::{tuning, PackedMatrix, Product};
 use ferrox_core::{row_byte_len, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -73,6 +80,49 @@ fn cached(ty: GgmlType, threads: usize, sweeps: usize) {
     );
 }
 
+/// A matrix, its quantized input and its output.
+type Operand = (PackedMatrix, Vec<u8>, Vec<f32>);
+
+/// A variant's set-up, run before each of its sweeps.
+type Setting = Box<dyn Fn() + Send + Sync>;
+
+/// Sweeps `variants` (a name and what to set before the sweep) alternately, `rounds`
+/// times each, starting each round at the next variant; prints each one's median sweep
+/// time against the first's and the share of rounds in which it beat the first.
+fn paired(bytes: usize, rounds: usize, variants: &[(String, Setting)], sweep: &mut dyn FnMut()) {
+    let n = variants.len();
+    let mut times = vec![Vec::with_capacity(rounds); n];
+    for round in 0..rounds {
+        for k in 0..n {
+            let v = (round + k) % n;
+            (variants[v].1)();
+            let start = Instant::now();
+            sweep();
+            times[v].push(start.elapsed().as_secs_f64());
+        }
+    }
+    let median = |t: &[f64]| {
+        let mut t = t.to_vec();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let base = median(&times[0]);
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let m = median(&times[v]);
+        let wins = times[v]
+            .iter()
+            .zip(&times[0])
+            .filter(|(a, b)| a < b)
+            .count();
+        println!(
+            "  {name:>16}: median {:.2} ms, {:.1} GB/s, {:.3}x the first, faster in {wins}/{rounds} rounds",
+            m * 1e3,
+            bytes as f64 / m / 1e9,
+            base / m
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ty = match args.first().map(String::as_str).unwrap_or("q4_k") {
@@ -85,9 +135,10 @@ fn main() {
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());
     let layers: usize = args.get(2).map_or(16, |s| s.parse().unwrap());
+    let mode = args.get(3).map(String::as_str).unwrap_or("");
     // `cached`: one 512 x 1536 matrix swept again and again from the cache: the kernels'
     // compute ceiling, without memory in the way.
-    if args.get(3).map(String::as_str) == Some("cached") {
+    if mode == "cached" {
         return cached(ty, threads, layers);
     }
     let pool = rayon::ThreadPoolBuilder::new()
@@ -95,40 +146,88 @@ fn main() {
         .build()
         .unwrap();
     let mut rng = StdRng::seed_from_u64(7);
-    let stack: Vec<PackedMatrix> = pool.install(|| {
+    let (moe, mode) = match mode.strip_prefix("moe") {
+        Some(rest) => (true, rest.trim_start_matches(',')),
+        None => (false, mode),
+    };
+    // Passes of products, each pass one `matmul_products` (a dense layer's matrices one
+    // by one; an MoE layer's experts together).
+    let shapes: Vec<Vec<(usize, usize)>> = if moe {
+        let (n_ff, n_embd) = (1408, 2048);
         (0..layers)
-            .flat_map(|_| SHAPES)
-            .map(|(rows, cols)| random_matrix(ty, rows, cols, &mut rng))
+            .flat_map(|_| [vec![(n_ff, n_embd); 16], vec![(n_embd, n_ff); 8]])
+            .collect()
+    } else {
+        (0..layers)
+            .flat_map(|_| SHAPES.map(|shape| vec![shape]))
+            .collect()
+    };
+    let mut passes: Vec<Vec<Operand>> = pool.install(|| {
+        shapes
+            .iter()
+            .map(|pass| {
+                pass.iter()
+                    .map(|&(rows, cols)| {
+                        let m = random_matrix(ty, rows, cols, &mut rng);
+                        let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+                        let mut xq = vec![0u8; m.activation_row_bytes()];
+                        m.quantize_activation(&x, &mut xq).unwrap();
+                        (m, xq, vec![0f32; rows])
+                    })
+                    .collect()
+            })
             .collect()
     });
-    let bytes: usize = stack
+    let bytes: usize = shapes
         .iter()
-        .map(|m| m.rows() * row_byte_len(ty, m.cols()).unwrap())
+        .flatten()
+        .map(|&(rows, cols)| rows * row_byte_len(ty, cols).unwrap())
         .sum();
-    let inputs: Vec<(Vec<u8>, Vec<f32>)> = stack
-        .iter()
-        .map(|m| {
-            let x: Vec<f32> = (0..m.cols()).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let mut xq = vec![0u8; m.activation_row_bytes()];
-            m.quantize_activation(&x, &mut xq).unwrap();
-            (xq, vec![0f32; m.rows()])
-        })
-        .collect();
-    let mut inputs = inputs;
+    let mut sweep = || {
+        for pass in passes.iter_mut() {
+            let mut products: Vec<Product<'_>> = pass
+                .iter_mut()
+                .map(|(m, xq, y)| Product {
+                    matrix: m,
+                    xq,
+                    n_tokens: 1,
+                    out: y,
+                })
+                .collect();
+            PackedMatrix::matmul_products(&mut products).unwrap();
+        }
+    };
+    let what = format!("{ty:?} {threads}t{}", if moe { " MoE" } else { "" });
+    if let Some(distances) = mode.strip_prefix("prefetch=") {
+        let variants: Vec<(String, Setting)> = distances
+            .split(',')
+            .map(|d| {
+                let set: Setting = match d {
+                    "none" => Box::new(tuning::set_no_prefetch),
+                    d => {
+                        let d: usize = d.parse().unwrap();
+                        Box::new(move || tuning::set_prefetch_bytes(Some(d)))
+                    }
+                };
+                (format!("prefetch {d}"), set)
+            })
+            .collect();
+        println!("{what}, {:.0} MB per sweep:", bytes as f64 / 1e6);
+        pool.install(|| paired(bytes, 60, &variants, &mut sweep));
+        return;
+    }
     let mut best = f64::MAX;
     pool.install(|| {
         for _ in 0..12 {
             let start = Instant::now();
-            for (m, (xq, y)) in stack.iter().zip(&mut inputs) {
-                m.matmul(xq, 1, y).unwrap();
-            }
+            sweep();
             best = best.min(start.elapsed().as_secs_f64());
         }
     });
     let bandwidth = read_bandwidth(threads, 5);
     let rate = bytes as f64 / best;
     println!(
-        "{ty:?} {threads}t: {:.0} MB in {:.2} ms: {:.1} GB/s; read bandwidth {:.1} GB/s ({:.0}%)",
+        "{what}: {:.0} MB in {:.2} ms: {:.1} GB/s; read bandwidth {:.1} GB/s ({:.0}%)",
         bytes as f64 / 1e6,
         best * 1e3,
         rate / 1e9,

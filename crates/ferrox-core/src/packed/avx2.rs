@@ -199,7 +199,9 @@ unsafe fn run<const F: u8, const N: usize>(
     let gb = format.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
     let ahead = prefetch_ahead(format);
-    prefetch_lines(w, ahead, end);
+    if let Some(ahead) = ahead {
+        prefetch_lines(w, ahead, end);
+    }
     for g in 0..groups {
         for half in 0..2 {
             let mut acc = [_mm256_setzero_ps(); N];
@@ -208,7 +210,9 @@ unsafe fn run<const F: u8, const N: usize>(
                 unsafe {
                     let block = w.add((g * blocks + b) * gb);
                     if half == 0 {
-                        prefetch_lines(block.wrapping_add(ahead), gb, end);
+                        if let Some(ahead) = ahead {
+                            prefetch_lines(block.wrapping_add(ahead), gb, end);
+                        }
                     }
                     match F {
                         Q4K => q4k_block::<N, false>(block, half, b, xs, &mut acc),

@@ -221,7 +221,9 @@ unsafe fn run<B: Block, const N: usize>(
     let gb = B::FORMAT.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
     let ahead = prefetch_ahead(B::FORMAT);
-    prefetch_lines(w, ahead, end);
+    if let Some(ahead) = ahead {
+        prefetch_lines(w, ahead, end);
+    }
     for g in 0..groups {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
@@ -229,7 +231,9 @@ unsafe fn run<B: Block, const N: usize>(
             // stop at the end of the groups.
             unsafe {
                 let block = w.add((g * blocks + b) * gb);
-                prefetch_lines(block.wrapping_add(ahead), gb, end);
+                if let Some(ahead) = ahead {
+                    prefetch_lines(block.wrapping_add(ahead), gb, end);
+                }
                 B::add::<N>(block, b, xs, &mut acc);
             }
         }

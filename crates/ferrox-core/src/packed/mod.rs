@@ -310,6 +310,7 @@ impl PackedMatrix {
         }
         let mut plans: smallvec::SmallVec<[Plan<'_>; MAX_PRODUCTS]> = smallvec::SmallVec::new();
         let mut total = 0;
+
         for product in products.iter_mut() {
             let part = product.matrix;
             let n_tokens = product.n_tokens;
@@ -442,19 +443,21 @@ impl PackedMatrix {
     }
 }
 
-/// Bytes ahead of the current block that the kernels ask the memory system for, by format.
-/// Streaming a stack of matrices far larger than the caches (`examples/decode_stack.rs`,
-/// Zen 4, 1 and 2 threads): the K-quant group blocks (2.3-3.4 KiB, read in one pass)
-/// stream best 2 KiB ahead (Q4_K +25% at one thread and +15% at two over 8 KiB; further
-/// ahead, the lines asked for crowd the L1 before they are used, and with none the hardware
-/// prefetcher alone loses Q6_K's three streams per block); the 32-value formats' small group
-/// blocks want 8 KiB (Q8_0 loses a third at 2 KiB).
+/// Bytes ahead of the current block at which the kernels ask for a group block's cache
+/// lines (`None`: no software prefetch). Zero: each block's lines are all asked for just
+/// before the block is read, so the memory system has the whole block in flight at once
+/// rather than the loads one by one, and the hardware prefetchers keep the streams ahead.
+/// Measured with `examples/decode_stack.rs ... prefetch=0,none,256,512,2048` (sweeps
+/// alternated; AMD EPYC Zen 4, AVX-512, 1 and 2 threads), against 2 KiB ahead: Q4_K 1.06-1.13x,
+/// Q5_K 1.5-2.2x, Q6_K 1.23x, Q8_0 1.26-1.5x, Q4_0 1.07-1.19x; with none at all, Q4_K
+/// gains 4-6% more but Q5_K, Q6_K and Q8_0 lose 30-60% (their several streams per block
+/// outrun the hardware prefetchers).
 #[cfg(target_arch = "x86_64")]
-fn prefetch_ahead(format: PackedFormat) -> usize {
-    if format.is_k() {
-        2048
-    } else {
-        8192
+fn prefetch_ahead(_format: PackedFormat) -> Option<usize> {
+    match tuning::PREFETCH_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
+        tuning::NO_PREFETCH => None,
+        tuning::BUILT_IN => Some(0),
+        set => Some(set),
     }
 }
 
@@ -468,6 +471,28 @@ fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
         if p.wrapping_add(line) < end {
             crate::kernels::x86::prefetch_ahead(p, line);
         }
+    }
+}
+
+/// Run-time overrides of the kernels' streaming choices, for measuring alternatives side
+/// by side in one process (`examples/decode_stack.rs`); products give the same bits
+/// whatever they are set to.
+#[doc(hidden)]
+pub mod tuning {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub(super) const BUILT_IN: usize = usize::MAX;
+    pub(super) const NO_PREFETCH: usize = usize::MAX - 1;
+    pub(super) static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(BUILT_IN);
+
+    /// Prefetch this many bytes ahead in every format (`None`: the built-in distances).
+    pub fn set_prefetch_bytes(bytes: Option<usize>) {
+        PREFETCH_BYTES.store(bytes.unwrap_or(BUILT_IN), Ordering::Relaxed);
+    }
+
+    /// No software prefetching at all.
+    pub fn set_no_prefetch() {
+        PREFETCH_BYTES.store(NO_PREFETCH, Ordering::Relaxed);
     }
 }
 
