@@ -3,17 +3,19 @@
 //! the other, across the rayon pool. Prints the weight bytes streamed per second and the
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
-//! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [MODE]`
+//! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
 //! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q8_0; the shapes are Qwen2.5-1.5B's FFN and
 //! attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536). `FERROX_ISA` caps the
-//! kernels as everywhere. MODE:
+//! kernels as everywhere. OPTIONs:
 //!
 //! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling;
-//! * `prefetch=D1,D2,...`: the stack streamed with each prefetch distance (bytes), the
-//!   distances alternated sweep by sweep so that other processes slow them alike; prints
-//!   each one's median against the first's and how often it was faster;
-//! * `moe` or `moe,prefetch=...`: an MoE decode step's products instead (per layer, 16
-//!   expert matrices of 1408 x 2048 in one pass over the pool, then 8 of 2048 x 1408).
+//! * `moe`: an MoE decode step's products instead (per layer, 16 expert matrices of
+//!   1408 x 2048 in one pass over the pool, then 8 of 2048 x 1408);
+//! * `tokens=N`: products against N activation rows at once (speculation's and batched
+//!   serving's steps), 1 by default;
+//! * `prefetch=D1,D2,...`: the stack streamed with each prefetch distance (bytes, or
+//!   `none`), the distances alternated sweep by sweep so that other processes slow them
+//!   alike; prints each one's median against the first's and how often it was faster.
 
 use std::time::Instant;
 
@@ -135,21 +137,24 @@ fn main() {
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());
     let layers: usize = args.get(2).map_or(16, |s| s.parse().unwrap());
-    let mode = args.get(3).map(String::as_str).unwrap_or("");
+    let options = &args[args.len().min(3)..];
+    let option = |name: &str| {
+        options
+            .iter()
+            .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
+    };
     // `cached`: one 512 x 1536 matrix swept again and again from the cache: the kernels'
     // compute ceiling, without memory in the way.
-    if mode == "cached" {
+    if options.iter().any(|o| o == "cached") {
         return cached(ty, threads, layers);
     }
+    let moe = options.iter().any(|o| o == "moe");
+    let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().unwrap());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
     let mut rng = StdRng::seed_from_u64(7);
-    let (moe, mode) = match mode.strip_prefix("moe") {
-        Some(rest) => (true, rest.trim_start_matches(',')),
-        None => (false, mode),
-    };
     // Passes of products, each pass one `matmul_products` (a dense layer's matrices one
     // by one; an MoE layer's experts together).
     let shapes: Vec<Vec<(usize, usize)>> = if moe {
@@ -169,10 +174,15 @@ fn main() {
                 pass.iter()
                     .map(|&(rows, cols)| {
                         let m = random_matrix(ty, rows, cols, &mut rng);
-                        let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-                        let mut xq = vec![0u8; m.activation_row_bytes()];
-                        m.quantize_activation(&x, &mut xq).unwrap();
-                        (m, xq, vec![0f32; rows])
+                        let x: Vec<f32> = (0..cols * n_tokens)
+                            .map(|_| rng.random_range(-1.0..1.0))
+                            .collect();
+                        let mut xq = vec![0u8; m.activation_row_bytes() * n_tokens];
+                        let act = m.activation_row_bytes();
+                        for (x, xq) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(act)) {
+                            m.quantize_activation(x, xq).unwrap();
+                        }
+                        (m, xq, vec![0f32; rows * n_tokens])
                     })
                     .collect()
             })
@@ -190,15 +200,18 @@ fn main() {
                 .map(|(m, xq, y)| Product {
                     matrix: m,
                     xq,
-                    n_tokens: 1,
+                    n_tokens,
                     out: y,
                 })
                 .collect();
             PackedMatrix::matmul_products(&mut products).unwrap();
         }
     };
-    let what = format!("{ty:?} {threads}t{}", if moe { " MoE" } else { "" });
-    if let Some(distances) = mode.strip_prefix("prefetch=") {
+    let what = format!(
+        "{ty:?} {threads}t{}, {n_tokens} token(s)",
+        if moe { " MoE" } else { "" }
+    );
+    if let Some(distances) = option("prefetch") {
         let variants: Vec<(String, Setting)> = distances
             .split(',')
             .map(|d| {
