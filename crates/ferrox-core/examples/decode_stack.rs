@@ -4,13 +4,14 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q8_0; the shapes are Qwen2.5-1.5B's FFN and
+//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0; the shapes are Qwen2.5-1.5B's FFN and
 //! attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536). `FERROX_ISA` caps the
 //! kernels as everywhere. OPTIONs:
 //!
 //! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling;
 //! * `moe`: an MoE decode step's products instead (per layer, 16 expert matrices of
 //!   1408 x 2048 in one pass over the pool, then 8 of 2048 x 1408);
+//! * `shape=ROWSxCOLS`: every matrix of the stack of that shape;
 //! * `tokens=N`: products against N activation rows at once (speculation's and batched
 //!   serving's steps), 1 by default;
 //! * `prefetch=D1,D2,...`: the stack streamed with each prefetch distance (bytes, or
@@ -132,6 +133,7 @@ fn main() {
         "q5_k" => GgmlType::Q5K,
         "q6_k" => GgmlType::Q6K,
         "q4_0" => GgmlType::Q4_0,
+        "q5_0" => GgmlType::Q5_0,
         "q8_0" => GgmlType::Q8_0,
         other => panic!("unknown type {other}"),
     };
@@ -162,6 +164,10 @@ fn main() {
         (0..layers)
             .flat_map(|_| [vec![(n_ff, n_embd); 16], vec![(n_embd, n_ff); 8]])
             .collect()
+    } else if let Some(shape) = option("shape") {
+        let (rows, cols) = shape.split_once('x').expect("shape=ROWSxCOLS");
+        let shape = (rows.parse().unwrap(), cols.parse().unwrap());
+        (0..layers * SHAPES.len()).map(|_| vec![shape]).collect()
     } else {
         (0..layers)
             .flat_map(|_| SHAPES.map(|shape| vec![shape]))

@@ -15,8 +15,9 @@ use std::arch::x86_64::*;
 
 use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
-    Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
+    affine_k_codes_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
+    Q5K_PLANES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
@@ -132,21 +133,19 @@ unsafe fn u8x8(p: *const u8) -> __m256i {
     _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) })
 }
 
-/// Bytes 0xFF where the bits of `mask` are set (bit `i` for byte `i`).
+/// Bit `s` of every byte of a fifth-bit plane (Q5_0, Q5_1, Q5_K) moved to bit 4 (the
+/// fifth bit's place), the other bits clear. The shifts are by 16-bit lanes: the bits a byte takes
+/// from its neighbour land below bit 4 (left shifts of at most 4) or above it (right
+/// shifts of at most 3), where the mask clears them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn expand_bits(mask: u32) -> __m256i {
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(mask as i32),
-        _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        ),
-    );
-    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits)
+fn fifth_bits(plane: __m256i, s: usize) -> __m256i {
+    let moved = if s <= 4 {
+        _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s as i32))
+    } else {
+        _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s as i32 - 4))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(16))
 }
 
 /// The eight code vectors (half `half`) of a 32-value format's group block: unsigned,
@@ -174,10 +173,9 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
                     codes[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                 }
                 if format.has_fifth_bit() {
+                    let plane = half_of(p, half);
                     for (g, c) in codes.iter_mut().enumerate() {
-                        let masks = p.add(8 * g + 4 * half).cast::<u32>().read_unaligned();
-                        let fifth = _mm256_and_si256(expand_bits(masks), _mm256_set1_epi8(16));
-                        *c = _mm256_or_si256(*c, fifth);
+                        *c = _mm256_or_si256(*c, fifth_bits(plane, g));
                     }
                 }
             }
@@ -295,7 +293,7 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
     unsafe {
         let mut scaled = [zero; N];
         for s in 0..8 {
-            let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
+            let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
             let mut codes = [zero; 8];
             for (k, code) in codes.iter_mut().enumerate() {
                 let v = half_of(raw.add(64 * k), half);
@@ -306,9 +304,8 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
                 };
                 *code = _mm256_and_si256(v, low);
                 if FIFTH {
-                    let at = Q5K_MASKS_AT + 8 * (8 * s + k) + 4 * half;
-                    let fifth = expand_bits(block.add(at).cast::<u32>().read_unaligned());
-                    *code = _mm256_or_si256(*code, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
+                    let plane = half_of(block.add(Q5K_PLANES_AT + 64 * k), half);
+                    *code = _mm256_or_si256(*code, fifth_bits(plane, s));
                 }
             }
             let scale = both_halves(u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half)));

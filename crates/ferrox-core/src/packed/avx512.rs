@@ -110,10 +110,11 @@ impl<const MIN: bool> Codes for FiveBitCodes<MIN> {
         let sixteen = _mm512_set1_epi8(16);
         // SAFETY: the caller's contract.
         unsafe {
-            let masks = block.add(Self::FORMAT.codes_at());
-            let mut codes = nibbles(masks.add(64));
+            let planes = block.add(Self::FORMAT.codes_at());
+            let plane = _mm512_loadu_si512(planes.cast());
+            let mut codes = nibbles(planes.add(64));
             for (g, c) in codes.iter_mut().enumerate() {
-                let fifth: __mmask64 = masks.add(8 * g).cast::<u64>().read_unaligned();
+                let fifth = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(1 << g));
                 *c = _mm512_mask_add_epi8(*c, fifth, *c, sixteen);
             }
             codes

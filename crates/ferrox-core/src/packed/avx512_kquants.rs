@@ -12,8 +12,8 @@ use std::arch::x86_64::*;
 
 use super::avx512::{broadcast_i32, Block};
 use super::layout::{
-    Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT, Q6K_HIGH_AT, Q6K_LOW_AT,
-    Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    affine_k_codes_at, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_HIGH_AT,
+    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -58,7 +58,7 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
         unsafe {
             let mut scaled = [zero; N];
             for s in 0..8 {
-                let raw = block.add(Q4K_CODES_AT + 64 * 8 * (s / 2));
+                let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
                 let mut codes = [zero; 8];
                 for (k, code) in codes.iter_mut().enumerate() {
                     let v = _mm512_loadu_si512(raw.add(64 * k).cast());
@@ -69,8 +69,9 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
                     };
                     *code = _mm512_and_si512(v, low);
                     if FIFTH {
-                        let at = Q5K_MASKS_AT + 8 * (8 * s + k);
-                        let fifth: __mmask64 = block.add(at).cast::<u64>().read_unaligned();
+                        let plane = _mm512_loadu_si512(block.add(Q5K_PLANES_AT + 64 * k).cast());
+                        let bit = _mm512_set1_epi8((1u8 << s) as i8);
+                        let fifth = _mm512_test_epi8_mask(plane, bit);
                         *code = _mm512_mask_add_epi8(*code, fifth, *code, _mm512_set1_epi8(16));
                     }
                 }

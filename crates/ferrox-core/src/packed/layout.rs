@@ -41,10 +41,21 @@ pub(super) const Q4K_DMIN_AT: usize = 32;
 pub(super) const Q4K_SCALES_AT: usize = 64;
 pub(super) const Q4K_MINS_AT: usize = 192;
 pub(super) const Q4K_CODES_AT: usize = 320;
-/// Q5_K's group blocks are Q4_K's followed by the fifth bits as 64 masks of 64 bits:
-/// mask `8s + k` for the code vector of sub-block `s`, quad `k` (bit `4r + j`: value
-/// `32s + 4k + j` of row `r`).
-pub(super) const Q5K_MASKS_AT: usize = 2368;
+/// Q5_K's group blocks are Q4_K's with the fifth bits between the minimums and the codes,
+/// as eight planes of 64 bytes: bit `s` of byte `4r + j` of plane `k` is the fifth bit of
+/// value `32s + 4k + j` of row `r`, so one plane serves the code vectors of quad `k` in
+/// all eight sub-blocks (a shift and a mask each), and a block is read front to back.
+pub(super) const Q5K_PLANES_AT: usize = Q4K_CODES_AT;
+pub(super) const Q5K_CODES_AT: usize = Q5K_PLANES_AT + 8 * 64;
+
+/// Where a Q4_K (or, `fifth`, Q5_K) group block's code vectors start.
+pub(super) const fn affine_k_codes_at(fifth: bool) -> usize {
+    if fifth {
+        Q5K_CODES_AT
+    } else {
+        Q4K_CODES_AT
+    }
+}
 /// Offsets inside a Q6_K group block.
 pub(super) const Q6K_SCALES_AT: usize = 32;
 pub(super) const Q6K_LOW_AT: usize = 288;
@@ -181,7 +192,7 @@ impl PackedFormat {
         matches!(self, PackedFormat::Q4_1 | PackedFormat::Q5_1)
     }
 
-    /// Whether codes have a fifth bit, kept as 64-bit masks before the nibbles.
+    /// Whether codes have a fifth bit, kept as a plane of 64 bytes before the nibbles.
     pub(super) const fn has_fifth_bit(self) -> bool {
         matches!(self, PackedFormat::Q5_0 | PackedFormat::Q5_1)
     }
@@ -219,7 +230,7 @@ pub(super) fn pack_group(
     let (sb, gb) = (format.file_block_bytes(), format.group_block_bytes());
     for b in 0..blocks {
         let dst = &mut dst[b * gb..(b + 1) * gb];
-        let mut masks = [0u64; 8];
+        let mut plane = [0u8; 64];
         for r in 0..GROUP_ROWS {
             let block = &src[r * row_bytes + b * sb..][..sb];
             // Four bytes of row `r` into the vector at `at`.
@@ -243,8 +254,9 @@ pub(super) fn pack_group(
                     let mut nibbles_at = format.codes_at();
                     if format.has_fifth_bit() {
                         let fifth = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
-                        for (g, mask) in masks.iter_mut().enumerate() {
-                            *mask |= u64::from(fifth >> (4 * g) & 0xF) << (4 * r);
+                        for i in 0..QK {
+                            let (g, j) = (i / 4, i % 4);
+                            plane[4 * r + j] |= ((fifth >> i & 1) as u8) << g;
                         }
                         at += 4;
                         nibbles_at += 64;
@@ -254,9 +266,10 @@ pub(super) fn pack_group(
                     }
                 }
                 PackedFormat::Q4K | PackedFormat::Q5K => {
-                    let codes_at = if format == PackedFormat::Q5K { 48 } else { 16 };
+                    let fifth = format == PackedFormat::Q5K;
+                    let codes_at = if fifth { 48 } else { 16 };
                     for (q, quad) in block[codes_at..codes_at + 128].chunks_exact(4).enumerate() {
-                        put(Q4K_CODES_AT + 64 * q, quad, 0);
+                        put(affine_k_codes_at(fifth) + 64 * q, quad, 0);
                     }
                     for s in 0..8 {
                         let (scale, min) = scale_min_k4(s, &block[4..16]);
@@ -269,8 +282,7 @@ pub(super) fn pack_group(
                         for e in 0..QK_K {
                             if block[16 + e % 32] >> (e / 32) & 1 == 1 {
                                 let (s, k, j) = (e / 32, e % 32 / 4, e % 4);
-                                let at = Q5K_MASKS_AT + 8 * (8 * s + k) + (4 * r + j) / 8;
-                                dst[at] |= 1 << ((4 * r + j) % 8);
+                                dst[Q5K_PLANES_AT + 64 * k + 4 * r + j] |= 1 << s;
                             }
                         }
                     }
@@ -295,9 +307,7 @@ pub(super) fn pack_group(
         }
         if format.has_fifth_bit() {
             let at = format.codes_at();
-            for (g, mask) in masks.iter().enumerate() {
-                dst[at + 8 * g..at + 8 * g + 8].copy_from_slice(&mask.to_le_bytes());
-            }
+            dst[at..at + 64].copy_from_slice(&plane);
         }
     }
 }

@@ -22,8 +22,9 @@
 //!   `4r..4r+4`, as unsigned `w + 128`;
 //! - Q4_0: four 64-byte vectors of the original nibble bytes `4k..4k+4` per row: the low
 //!   nibbles are values `4k..4k+4`, the high ones `16+4k..16+4k+4` (unsigned `w + 8`);
-//! - Q5_0: eight 64-bit masks (mask `g`, bit `4r + j`: the fifth bit of value `4g + j` of
-//!   row `r`), then the nibbles as for Q4_0 (unsigned `w + 16`);
+//! - Q5_0: a 64-byte plane of fifth bits (bit `g` of byte `4r + j`: the fifth bit of value
+//!   `4g + j` of row `r`; a shift and a mask put code vector `g`'s in place), then the
+//!   nibbles as for Q4_0 (unsigned `w + 16`);
 //! - Q4_1 and Q5_1: as Q4_0 and Q5_0, the codes unsigned as they are (`d·code + m`).
 //!
 //! The group takes exactly the bytes of its sixteen rows in the file (Q4_K and Q5_K four
@@ -448,14 +449,15 @@ impl PackedMatrix {
 /// before the block is read, so the memory system has the whole block in flight at once
 /// rather than the loads one by one, and the hardware prefetchers keep the streams ahead.
 /// Measured with `examples/decode_stack.rs ... prefetch=0,none,256,512,2048` (sweeps
-/// alternated; AMD EPYC Zen 4, AVX-512, 1 and 2 threads), against 2 KiB ahead: Q4_K 1.06-1.13x,
-/// Q5_K 1.5-2.2x, Q6_K 1.23x, Q8_0 1.26-1.5x, Q4_0 1.07-1.19x; with none at all, Q4_K
-/// gains 4-6% more but Q5_K, Q6_K and Q8_0 lose 30-60% (their several streams per block
-/// outrun the hardware prefetchers).
+/// alternated; AMD EPYC Zen 4, 1 and 2 threads), zero against 2 KiB ahead: Q5_K 1.75-2.45x,
+/// Q6_K 1.0-1.23x, Q8_0 1.03-1.5x, Q4_0 1.02-1.19x (AVX-512 and AVX2). Q4_K streams best
+/// with no software prefetch at all (1.03-1.12x over zero, 1.2-1.29x over 2 KiB); without
+/// it Q5_K loses 10-20%, Q6_K and Q8_0 30-60%, Q4_0 a few percent.
 #[cfg(target_arch = "x86_64")]
-fn prefetch_ahead(_format: PackedFormat) -> Option<usize> {
+fn prefetch_ahead(format: PackedFormat) -> Option<usize> {
     match tuning::PREFETCH_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
         tuning::NO_PREFETCH => None,
+        tuning::BUILT_IN if format == PackedFormat::Q4K => None,
         tuning::BUILT_IN => Some(0),
         set => Some(set),
     }

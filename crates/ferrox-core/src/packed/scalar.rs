@@ -4,8 +4,9 @@
 
 use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    ACT_SCALE_AT, ACT_SUM_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_MASKS_AT,
-    Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    affine_k_codes_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
+    Q5K_PLANES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K,
+    SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -29,8 +30,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
         PackedFormat::Q5_0 | PackedFormat::Q5_1 => {
-            let mask = u64::from_le_bytes(codes[8 * (i / 4)..8 * (i / 4) + 8].try_into().unwrap());
-            let fifth = (mask >> (4 * r + i % 4) & 1) as u8;
+            let fifth = codes[4 * r + i % 4] >> (i / 4) & 1;
             nibble(&codes[64..], r, i) | fifth << 4
         }
         PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => {
@@ -113,14 +113,16 @@ fn i16_at(bytes: &[u8], at: usize) -> i32 {
 pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> u8 {
     if format.is_affine_k() {
         let (j, i) = (e / 64, e % 64);
-        let byte = block[Q4K_CODES_AT + 64 * (8 * j + i % 32 / 4) + 4 * r + i % 4];
+        let fifth = format == PackedFormat::Q5K;
+        let codes_at = affine_k_codes_at(fifth);
+        let byte = block[codes_at + 64 * (8 * j + i % 32 / 4) + 4 * r + i % 4];
         let nibble = byte >> (4 * (i / 32)) & 15;
-        if format != PackedFormat::Q5K {
+        if !fifth {
             return nibble;
         }
         let (s, k, j) = (e / 32, e % 32 / 4, e % 4);
-        let mask = block[Q5K_MASKS_AT + 8 * (8 * s + k) + (4 * r + j) / 8];
-        nibble | (mask >> ((4 * r + j) % 8) & 1) << 4
+        let plane = block[Q5K_PLANES_AT + 64 * k + 4 * r + j];
+        nibble | (plane >> s & 1) << 4
     } else {
         let (q, j) = (e / 4, e % 4);
         let low = block[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] >> (4 * (q % 2)) & 15;
