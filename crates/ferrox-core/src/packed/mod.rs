@@ -74,7 +74,7 @@ pub struct PackedMatrix {
 /// where the system allows: the kernels stream these bytes, and 2 MiB pages spare them a
 /// TLB miss and a prefetch stop every 4 KiB (and make the copy at load fault 512 times
 /// less often).
-fn packed_bytes(len: usize) -> Result<memmap2::MmapMut, QuantError> {
+pub(crate) fn huge_page_bytes(len: usize) -> Result<memmap2::MmapMut, QuantError> {
     let map = memmap2::MmapMut::map_anon(len).map_err(|e| QuantError::PackedAllocation {
         bytes: len,
         reason: e.to_string(),
@@ -132,7 +132,7 @@ impl PackedMatrix {
         }
         let blocks = cols / format.values();
         let group_bytes = blocks * format.group_block_bytes();
-        let mut data = packed_bytes(rows / GROUP_ROWS * group_bytes)?;
+        let mut data = huge_page_bytes(rows / GROUP_ROWS * group_bytes)?;
         data.par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
             .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
             .for_each(|(dst, src)| {
