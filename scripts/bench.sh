@@ -9,7 +9,8 @@
 # bin/llama-quantize. Run it on a quiet machine: the figures are only as good as the machine's
 # idleness. THREADS (default 2) and REPS (default 5) can be set. IK_LLAMA_BENCH, the path of
 # an ik_llama.cpp llama-bench, adds a second table per file against it
-# (scripts/ik-llama-bench.sh: with its run-time repacking and flash attention).
+# (scripts/ik-llama-bench.sh: with its run-time repacking and flash attention); IK_VERSION names
+# its build where its llama-bench has no --version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +49,10 @@ IK="${IK_LLAMA_BENCH:-}"
 if [ -n "$IK" ]; then
     [ -x "$IK" ] || { echo "error: IK_LLAMA_BENCH=$IK is not executable" >&2; exit 1; }
     export IK_LLAMA_BENCH="$IK"
-    IK_VERSION="$("$IK" --version 2>&1 | head -n1)" || true
+    # Its llama-bench may have no --version: IK_VERSION can name the build instead.
+    if [ -z "${IK_VERSION:-}" ]; then
+        IK_VERSION="$("$IK" --version 2>&1 | head -n1 | grep -iv '^error')" || true
+    fi
 fi
 
 {
