@@ -43,6 +43,8 @@ if [ "${QWEN:-1}" != 0 ]; then
 fi
 
 cargo build --release -p ferrox-cli >&2
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
 FERROX=target/release/ferrox
 LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
 IK="${IK_LLAMA_BENCH:-}"
@@ -74,13 +76,15 @@ fi
         echo
         echo "## $(basename "$f")"
         echo
-        "$FERROX" bench -m "$f" -t "$THREADS" -r "$REPS" --compare "$BENCH" 2>/dev/null
+        "$FERROX" bench -m "$f" -t "$THREADS" -r "$REPS" --compare "$BENCH" 2>"$WORK/err" ||
+            { cat "$WORK/err" >&2; exit 1; }
         if [ -n "$IK" ]; then
             echo
             echo "Against ik_llama.cpp (the column headed llama.cpp):"
             echo
             "$FERROX" bench -m "$f" -t "$THREADS" -r "$REPS" \
-                --compare scripts/ik-llama-bench.sh 2>/dev/null
+                --compare scripts/ik-llama-bench.sh 2>"$WORK/err" ||
+                { cat "$WORK/err" >&2; exit 1; }
         fi
     done
 } > docs/BENCHMARKS.md

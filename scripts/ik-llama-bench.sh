@@ -4,7 +4,7 @@
 # flash attention). IK_LLAMA_BENCH names its binary. A depth of 0 is left out, for builds
 # whose llama-bench has no `-d`.
 set -euo pipefail
-BIN="${IK_LLAMA_BENCH:?set IK_LLAMA_BENCH to ik_llama.cpp's llama-bench}"
+BIN="${IK_LLAMA_BENCH:?set IK_LLAMA_BENCH to the llama-bench of ik_llama.cpp}"
 args=()
 while [ $# -gt 0 ]; do
     if [ "$1" = "-d" ] && [ "${2:-}" = 0 ]; then
