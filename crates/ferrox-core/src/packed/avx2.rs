@@ -15,8 +15,8 @@ use std::arch::x86_64::*;
 
 use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    affine_k_codes_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
-    Q5K_PLANES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    affine_k_codes_at, q6k_high_at, q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
     SCALES_BYTES,
 };
 use super::{
@@ -374,9 +374,9 @@ unsafe fn q6k_block<const N: usize>(
             ];
             for (h, scale) in scales.iter().enumerate() {
                 let s = 2 * p + h;
-                let n0 = half_of(block.add(Q6K_LOW_AT + 128 * s), half);
-                let n1 = half_of(block.add(Q6K_LOW_AT + 128 * s + 64), half);
-                let hb = half_of(block.add(Q6K_HIGH_AT + 64 * s), half);
+                let n0 = half_of(block.add(q6k_low_at(2 * s)), half);
+                let n1 = half_of(block.add(q6k_low_at(2 * s + 1)), half);
+                let hb = half_of(block.add(q6k_high_at(s)), half);
                 let codes = [
                     six_bits(n0, _mm256_slli_epi16::<4>(hb)),
                     six_bits(_mm256_srli_epi16::<4>(n0), _mm256_slli_epi16::<2>(hb)),

@@ -12,8 +12,8 @@ use std::arch::x86_64::*;
 
 use super::avx512::{broadcast_i32, Block};
 use super::layout::{
-    affine_k_codes_at, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_HIGH_AT,
-    Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    affine_k_codes_at, q6k_high_at, q6k_low_at, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
+    Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -152,9 +152,9 @@ impl Block for Q6KBlock {
                 ];
                 for (h, scale) in scales.iter().enumerate() {
                     let s = 2 * p + h;
-                    let n0 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s).cast());
-                    let n1 = _mm512_loadu_si512(block.add(Q6K_LOW_AT + 128 * s + 64).cast());
-                    let hb = _mm512_loadu_si512(block.add(Q6K_HIGH_AT + 64 * s).cast());
+                    let n0 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s)).cast());
+                    let n1 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s + 1)).cast());
+                    let hb = _mm512_loadu_si512(block.add(q6k_high_at(s)).cast());
                     let codes = [
                         six_bits(n0, _mm512_slli_epi16::<4>(hb)),
                         six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),

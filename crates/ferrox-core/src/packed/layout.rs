@@ -12,7 +12,8 @@
 //! value plus 32) split as the file splits them, four low bits and two high bits, laid out
 //! by quads of values (`q` = values `4q..4q+4`): vector `m` of the low bits holds quad
 //! `2m` in its low nibbles and quad `2m + 1` in its high ones; vector `n` of the high bits
-//! holds quads `4n..4n+4` in bit pairs 0-1, 2-3, 4-5, 6-7. Same size as the file.
+//! holds quads `4n..4n+4` in bit pairs 0-1, 2-3, 4-5, 6-7; high vector `n` follows low
+//! vectors `2n` and `2n + 1`, whose values it completes. Same size as the file.
 
 use ferrox_gguf::GgmlType;
 
@@ -58,8 +59,19 @@ pub(super) const fn affine_k_codes_at(fifth: bool) -> usize {
 }
 /// Offsets inside a Q6_K group block.
 pub(super) const Q6K_SCALES_AT: usize = 32;
-pub(super) const Q6K_LOW_AT: usize = 288;
-pub(super) const Q6K_HIGH_AT: usize = 288 + 2048;
+pub(super) const Q6K_CODES_AT: usize = 288;
+
+/// Where a Q6_K group block's low-bit vector `m` lies: with the high-bit vector of the
+/// same sixteen values, sub-block by sub-block (`[low 2s][low 2s + 1][high s]`, 192 bytes
+/// each), so that a block is read front to back in one stream.
+pub(super) const fn q6k_low_at(m: usize) -> usize {
+    Q6K_CODES_AT + 192 * (m / 2) + 64 * (m % 2)
+}
+
+/// Where a Q6_K group block's high-bit vector `n` lies (see [`q6k_low_at`]).
+pub(super) const fn q6k_high_at(n: usize) -> usize {
+    Q6K_CODES_AT + 192 * n + 128
+}
 
 /// The packed formats as numbers, for kernels generic over their format (const generic
 /// parameters take no enums): see [`PackedFormat::from_id`].
@@ -294,8 +306,8 @@ pub(super) fn pack_group(
                     for e in 0..QK_K {
                         let code = q6k_code(block, e);
                         let (q, j) = (e / 4, e % 4);
-                        dst[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] |= (code & 15) << (4 * (q % 2));
-                        dst[Q6K_HIGH_AT + 64 * (q / 4) + 4 * r + j] |= (code >> 4) << (2 * (q % 4));
+                        dst[q6k_low_at(q / 2) + 4 * r + j] |= (code & 15) << (4 * (q % 2));
+                        dst[q6k_high_at(q / 4) + 4 * r + j] |= (code >> 4) << (2 * (q % 4));
                     }
                 }
             }

@@ -4,9 +4,8 @@
 
 use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    affine_k_codes_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
-    Q5K_PLANES_AT, Q6K_HIGH_AT, Q6K_LOW_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K,
-    SCALES_BYTES,
+    affine_k_codes_at, q6k_high_at, q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -125,8 +124,8 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
         nibble | (plane >> s & 1) << 4
     } else {
         let (q, j) = (e / 4, e % 4);
-        let low = block[Q6K_LOW_AT + 64 * (q / 2) + 4 * r + j] >> (4 * (q % 2)) & 15;
-        let high = block[Q6K_HIGH_AT + 64 * (q / 4) + 4 * r + j] >> (2 * (q % 4)) & 3;
+        let low = block[q6k_low_at(q / 2) + 4 * r + j] >> (4 * (q % 2)) & 15;
+        let high = block[q6k_high_at(q / 4) + 4 * r + j] >> (2 * (q % 4)) & 3;
         low | high << 4
     }
 }
