@@ -311,7 +311,6 @@ impl PackedMatrix {
         }
         let mut plans: smallvec::SmallVec<[Plan<'_>; MAX_PRODUCTS]> = smallvec::SmallVec::new();
         let mut total = 0;
-
         for product in products.iter_mut() {
             let part = product.matrix;
             let n_tokens = product.n_tokens;
@@ -452,7 +451,8 @@ impl PackedMatrix {
 /// alternated; AMD EPYC Zen 4, 1 and 2 threads), zero against 2 KiB ahead: Q5_K 1.75-2.45x,
 /// Q6_K 1.0-1.23x, Q8_0 1.03-1.5x, Q4_0 1.02-1.19x (AVX-512 and AVX2). Q4_K streams best
 /// with no software prefetch at all (1.03-1.12x over zero, 1.2-1.29x over 2 KiB); without
-/// it Q5_K loses 10-20%, Q6_K and Q8_0 30-60%, Q4_0 a few percent.
+/// it Q5_K loses 10-20%, Q8_0 30-60%, Q4_0 a few percent, and Q6_K (since its blocks are
+/// read front to back) nothing measurable.
 #[cfg(target_arch = "x86_64")]
 fn prefetch_ahead(format: PackedFormat) -> Option<usize> {
     match tuning::PREFETCH_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
