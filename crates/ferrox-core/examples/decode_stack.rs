@@ -21,7 +21,8 @@
 use std::time::Instant;
 
 use ferrox_core::bandwidth::read_bandwidth;
-use ferrox_core::packed::{tuning, PackedMatrix, Product};
+use ferrox_core::packed::tuning::{self, Prefetch};
+use ferrox_core::packed::{PackedMatrix, Product};
 use ferrox_core::{row_byte_len, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -151,7 +152,7 @@ fn main() {
         return cached(ty, threads, layers);
     }
     let moe = options.iter().any(|o| o == "moe");
-    let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().unwrap());
+    let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().expect("tokens=N"));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -166,7 +167,10 @@ fn main() {
             .collect()
     } else if let Some(shape) = option("shape") {
         let (rows, cols) = shape.split_once('x').expect("shape=ROWSxCOLS");
-        let shape = (rows.parse().unwrap(), cols.parse().unwrap());
+        let shape = (
+            rows.parse().expect("shape=ROWSxCOLS"),
+            cols.parse().expect("shape=ROWSxCOLS"),
+        );
         (0..layers * SHAPES.len()).map(|_| vec![shape]).collect()
     } else {
         (0..layers)
@@ -221,13 +225,11 @@ fn main() {
         let variants: Vec<(String, Setting)> = distances
             .split(',')
             .map(|d| {
-                let set: Setting = match d {
-                    "none" => Box::new(tuning::set_no_prefetch),
-                    d => {
-                        let d: usize = d.parse().unwrap();
-                        Box::new(move || tuning::set_prefetch_bytes(Some(d)))
-                    }
+                let prefetch = match d {
+                    "none" => Prefetch::Off,
+                    d => Prefetch::Ahead(d.parse().expect("prefetch=BYTES,...|none")),
                 };
+                let set: Setting = Box::new(move || tuning::set_prefetch(prefetch));
                 (format!("prefetch {d}"), set)
             })
             .collect();

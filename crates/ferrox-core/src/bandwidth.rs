@@ -24,46 +24,41 @@ pub fn read_bandwidth(threads: usize, passes: usize) -> f64 {
     let Ok(mut map) = crate::packed::huge_page_bytes(BUFFER_BYTES) else {
         return 0.0;
     };
-    let buffer: &mut [u64] = bytemuck_words(&mut map);
+    let buffer: &mut [u64] = as_words(&mut map);
     for (i, w) in buffer.iter_mut().enumerate() {
         *w = i as u64;
     }
     let buffer: &[u64] = buffer;
     let chunk = buffer.len().div_ceil(threads.max(1) * 4);
+    let plain = |words: &[u64]| sum_words(words);
+    let asked_first = |words: &[u64]| {
+        words
+            .chunks(PIECE_WORDS)
+            .map(|piece| {
+                ask_for_lines(piece);
+                sum_words(piece)
+            })
+            .fold(0, u64::wrapping_add)
+    };
     let mut best = 0.0f64;
     pool.install(|| {
         for _ in 0..passes.max(1) {
-            let start = Instant::now();
-            let total: u64 = buffer
-                .par_chunks(chunk)
-                .map(sum_words)
-                .reduce(|| 0, u64::wrapping_add);
-            black_box(total);
-            let secs = start.elapsed().as_secs_f64();
-            best = best.max(BUFFER_BYTES as f64 / secs);
-            let start = Instant::now();
-            let total: u64 = buffer
-                .par_chunks(chunk)
-                .map(|words| {
-                    words
-                        .chunks(PIECE_WORDS)
-                        .map(|piece| {
-                            ask_for_lines(piece);
-                            sum_words(piece)
-                        })
-                        .fold(0, u64::wrapping_add)
-                })
-                .reduce(|| 0, u64::wrapping_add);
-            black_box(total);
-            let secs = start.elapsed().as_secs_f64();
-            best = best.max(BUFFER_BYTES as f64 / secs);
+            for sweep in [&plain as &(dyn Fn(&[u64]) -> u64 + Sync), &asked_first] {
+                let start = Instant::now();
+                let total: u64 = buffer
+                    .par_chunks(chunk)
+                    .map(sweep)
+                    .reduce(|| 0, u64::wrapping_add);
+                black_box(total);
+                best = best.max(BUFFER_BYTES as f64 / start.elapsed().as_secs_f64());
+            }
         }
     });
     best
 }
 
 /// The mapping's bytes as words (the mapping is page-aligned and a whole number of words).
-fn bytemuck_words(map: &mut memmap2::MmapMut) -> &mut [u64] {
+fn as_words(map: &mut memmap2::MmapMut) -> &mut [u64] {
     let len = map.len() / 8;
     // SAFETY: the mapping is page-aligned (so aligned for u64), `len` words fit in it, any
     // bit pattern is a valid u64, and the borrow of `map` covers the slice's lifetime.
@@ -73,17 +68,12 @@ fn bytemuck_words(map: &mut memmap2::MmapMut) -> &mut [u64] {
 /// Words per piece whose lines are asked for at once (2 KiB).
 const PIECE_WORDS: usize = 256;
 
-/// Asks the memory system for every cache line of `words` (a prefetch, which never faults).
+/// Asks the memory system for every cache line of `words`.
 #[inline(always)]
 fn ask_for_lines(words: &[u64]) {
     #[cfg(target_arch = "x86_64")]
-    for line in words.chunks(8) {
-        // SAFETY: SSE is part of x86-64; the address lies inside `words`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        }
+    for line in (0..std::mem::size_of_val(words)).step_by(64) {
+        crate::kernels::x86::prefetch_ahead(words.as_ptr().cast(), line);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = words;

@@ -487,14 +487,25 @@ pub mod tuning {
     pub(super) const NO_PREFETCH: usize = usize::MAX - 1;
     pub(super) static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(BUILT_IN);
 
-    /// Prefetch this many bytes ahead in every format (`None`: the built-in distances).
-    pub fn set_prefetch_bytes(bytes: Option<usize>) {
-        PREFETCH_BYTES.store(bytes.unwrap_or(BUILT_IN), Ordering::Relaxed);
+    /// How far ahead the kernels prefetch.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Prefetch {
+        /// Each format's built-in choice.
+        BuiltIn,
+        /// No software prefetch.
+        Off,
+        /// This many bytes ahead of the current block, in every format.
+        Ahead(usize),
     }
 
-    /// No software prefetching at all.
-    pub fn set_no_prefetch() {
-        PREFETCH_BYTES.store(NO_PREFETCH, Ordering::Relaxed);
+    /// Makes every later product prefetch as `prefetch` says.
+    pub fn set_prefetch(prefetch: Prefetch) {
+        let value = match prefetch {
+            Prefetch::BuiltIn => BUILT_IN,
+            Prefetch::Off => NO_PREFETCH,
+            Prefetch::Ahead(bytes) => bytes.min(NO_PREFETCH - 1),
+        };
+        PREFETCH_BYTES.store(value, Ordering::Relaxed);
     }
 }
 
