@@ -451,10 +451,7 @@ impl<'t> Loop<'t> {
                     }
                 }
             }
-            self.metrics.set_kv_usage(self.pool.usage());
-            self.metrics
-                .active_sequences
-                .store(active.len() as u64, Ordering::Relaxed);
+            self.publish_occupancy(active.len());
         }
     }
 
@@ -913,13 +910,27 @@ impl<'t> Loop<'t> {
             }
         }
         finished.sort_unstable();
+        let mut ended = Vec::with_capacity(finished.len());
         for &i in finished.iter().rev() {
             let s = active.remove(i);
             self.pool.release(s.slot);
+            ended.push((i, s.job));
+        }
+        // The gauges first: a client that saw its reply end and then reads /metrics sees
+        // its memory free and its sequence gone.
+        self.publish_occupancy(active.len());
+        for (i, job) in ended {
             if let Some(at) = done.iter().position(|(index, _)| *index == i) {
                 let (_, summary) = done.swap_remove(at);
-                let _ = s.job.send(Event::Done(summary));
+                let _ = job.send(Event::Done(summary));
             }
         }
+    }
+
+    fn publish_occupancy(&self, active: usize) {
+        self.metrics.set_kv_usage(self.pool.usage());
+        self.metrics
+            .active_sequences
+            .store(active as u64, Ordering::Relaxed);
     }
 }
