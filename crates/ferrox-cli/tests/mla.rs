@@ -88,6 +88,95 @@ fn run_bench_and_perplexity_work() {
     assert!(ppl.contains("Final estimate: PPL = "), "{ppl}");
 }
 
+/// `bench --compare`: the peer's result beside ferrox's, and each engine's share of the
+/// decode bound that the read bandwidth measured beside its runs sets.
+#[cfg(unix)]
+#[test]
+fn bench_compares_with_a_peer_and_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    // A llama-bench that answers 50 t/s to whatever test it is asked for. Written here,
+    // made executable by a child process: a file this process held open for writing could
+    // be inherited by another test's child for a moment, and not be executable then.
+    let script = dir.path().join("llama-bench.sh");
+    let peer = dir.path().join("llama-bench");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+while [ $# -gt 0 ]; do case $1 in -p) p=$2;; -n) n=$2;; esac; shift; done
+echo "[{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": 50.0}]"
+"#,
+    )
+    .unwrap();
+    let installed = std::process::Command::new("install")
+        .arg("-m755")
+        .args([&script, &peer])
+        .status()
+        .unwrap();
+    assert!(installed.success());
+    let s = OsStr::new;
+    let args = |json: bool| {
+        let mut a = vec![
+            s("bench"),
+            s("-m"),
+            m.as_os_str(),
+            s("-p"),
+            s("8"),
+            s("-n"),
+            s("4"),
+            s("-r"),
+            s("2"),
+            s("-t"),
+            s("1"),
+            s("--compare"),
+            peer.as_os_str(),
+        ];
+        if json {
+            a.push(s("--json"));
+        }
+        a
+    };
+    let rows: Value = serde_json::from_str(&ok(&args(true))).unwrap();
+    let (pp, tg) = (&rows[0], &rows[1]);
+    for row in [pp, tg] {
+        let ratio = row["avg_ts"].as_f64().unwrap() / 50.0;
+        assert_eq!(row["llama_cpp_avg_ts"], 50.0, "{row}");
+        assert!(
+            (row["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9 * ratio,
+            "{row}"
+        );
+    }
+    assert!(
+        pp.get("bound_share").is_none(),
+        "prefill has no bound: {pp}"
+    );
+    let bytes = tg["weight_bytes_per_token"].as_f64().unwrap();
+    assert!(bytes > 0.0, "{tg}");
+    for (share, bandwidth) in [
+        ("bound_share", "read_bandwidth_gbs"),
+        ("llama_cpp_bound_share", "llama_cpp_read_bandwidth_gbs"),
+    ] {
+        assert!(tg[bandwidth].as_f64().unwrap() > 0.1, "{tg}");
+        let share = tg[share].as_f64().unwrap();
+        assert!(share > 0.0 && share.is_finite(), "{tg}");
+    }
+    // The peer's share: its speed over the mean bandwidth measured beside its run.
+    let peer_bw = tg["llama_cpp_read_bandwidth_gbs"].as_f64().unwrap() * 1e9;
+    let share = tg["llama_cpp_bound_share"].as_f64().unwrap();
+    assert!(
+        (share - 50.0 * bytes / peer_bw).abs() < 1e-6 * share,
+        "{tg}"
+    );
+    let text = ok(&args(false));
+    assert!(text.contains("| tg4 | "), "{text}");
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("tg4: ferrox at ") && l.contains("% of the bound, llama.cpp at ")
+        ),
+        "{text}"
+    );
+}
+
 /// `ferrox run --spec-type draft-mtp` on a file with a multi-token-prediction block: the
 /// same tokens as plain decoding, with drafted tokens; on a file without one, a clear error.
 #[test]

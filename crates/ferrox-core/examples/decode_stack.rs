@@ -20,7 +20,7 @@
 
 use std::time::Instant;
 
-use ferrox_core::bandwidth::read_bandwidth;
+use ferrox_core::bandwidth::ReadSweep;
 use ferrox_core::packed::tuning::{self, Prefetch};
 use ferrox_core::packed::{PackedMatrix, Product};
 use ferrox_core::{row_byte_len, GgmlType};
@@ -105,11 +105,7 @@ fn paired(bytes: usize, rounds: usize, variants: &[(String, Setting)], sweep: &m
             times[v].push(start.elapsed().as_secs_f64());
         }
     }
-    let median = |t: &[f64]| {
-        let mut t = t.to_vec();
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
-    };
+    let median = |t: &[f64]| quantile(t, 0.5);
     let base = median(&times[0]);
     for (v, (name, _)) in variants.iter().enumerate() {
         let m = median(&times[v]);
@@ -237,22 +233,40 @@ fn main() {
         pool.install(|| paired(bytes, 60, &variants, &mut sweep));
         return;
     }
-    let mut best = f64::MAX;
+    // Each sweep of the stack is followed by one of the read-bandwidth buffer, so that
+    // each share compares two measurements a moment apart (the bandwidth of a shared host
+    // drifts by tens of percent within a minute).
+    let Some(reader) = ReadSweep::new(threads) else {
+        panic!("no memory for the read-bandwidth buffer");
+    };
+    let rounds = 15;
+    let mut rates = Vec::with_capacity(rounds);
+    let mut bounds = Vec::with_capacity(rounds);
     pool.install(|| {
-        for _ in 0..12 {
+        sweep();
+        for _ in 0..rounds {
             let start = Instant::now();
             sweep();
-            best = best.min(start.elapsed().as_secs_f64());
+            rates.push(bytes as f64 / start.elapsed().as_secs_f64());
+            bounds.push(reader.measure());
         }
     });
-    let bandwidth = read_bandwidth(threads, 5);
-    let rate = bytes as f64 / best;
+    let shares: Vec<f64> = rates.iter().zip(&bounds).map(|(r, b)| r / b).collect();
     println!(
-        "{what}: {:.0} MB in {:.2} ms: {:.1} GB/s; read bandwidth {:.1} GB/s ({:.0}%)",
+        "{what}: {:.0} MB per sweep, {rounds} rounds: median {:.1} GB/s (best {:.1}); read bandwidth median {:.1} GB/s; share of the bound, round by round: median {:.0}% (quartiles {:.0}-{:.0}%)",
         bytes as f64 / 1e6,
-        best * 1e3,
-        rate / 1e9,
-        bandwidth / 1e9,
-        100.0 * rate / bandwidth
+        quantile(&rates, 0.5) / 1e9,
+        rates.iter().copied().fold(0.0, f64::max) / 1e9,
+        quantile(&bounds, 0.5) / 1e9,
+        100.0 * quantile(&shares, 0.5),
+        100.0 * quantile(&shares, 0.25),
+        100.0 * quantile(&shares, 0.75),
     );
+}
+
+/// The `q`-quantile of `values` (nearest rank).
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }

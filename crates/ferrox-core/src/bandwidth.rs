@@ -6,43 +6,67 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-/// Bytes each pass reads: far beyond any cache.
+/// Bytes each sweep reads: far beyond any cache.
 const BUFFER_BYTES: usize = 512 << 20;
 
 /// Sustained read bandwidth in bytes per second with `threads` threads: the best of
-/// `passes` sweeps over a buffer much larger than the last-level cache, each sweep made
-/// both as plain loads and with every 2 KiB piece's cache lines asked for before it is
-/// read (as the packed kernels stream; on some machines that is the faster of the two,
-/// and the bound must not be lower than what a kernel reaches).
+/// `passes` measurements of a [`ReadSweep`].
 pub fn read_bandwidth(threads: usize, passes: usize) -> f64 {
-    let pool = match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
-        Ok(pool) => pool,
-        Err(_) => return 0.0,
-    };
-    // Backed as the packed weights are (huge pages where the system gives them), and
-    // written so that every page is resident before timing.
-    let Ok(mut map) = crate::packed::huge_page_bytes(BUFFER_BYTES) else {
-        return 0.0;
-    };
-    let buffer: &mut [u64] = as_words(&mut map);
-    for (i, w) in buffer.iter_mut().enumerate() {
-        *w = i as u64;
+    ReadSweep::new(threads).map_or(0.0, |sweep| {
+        (0..passes.max(1))
+            .map(|_| sweep.measure())
+            .fold(0.0, f64::max)
+    })
+}
+
+/// A buffer much larger than the last-level cache and a pool to read it with. On a
+/// machine whose bandwidth drifts (shared hosts), measure it right beside what is compared
+/// with it, as often as that is run.
+pub struct ReadSweep {
+    pool: rayon::ThreadPool,
+    map: memmap2::MmapMut,
+    threads: usize,
+}
+
+impl ReadSweep {
+    /// The buffer, resident, and `threads` threads; `None` where either cannot be had.
+    pub fn new(threads: usize) -> Option<ReadSweep> {
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .ok()?;
+        // Backed as the packed weights are (huge pages where the system gives them), and
+        // written so that every page is resident before timing.
+        let mut map = crate::packed::huge_page_bytes(BUFFER_BYTES).ok()?;
+        for (i, w) in as_words(&mut map).iter_mut().enumerate() {
+            *w = i as u64;
+        }
+        Some(ReadSweep { pool, map, threads })
     }
-    let buffer: &[u64] = buffer;
-    let chunk = buffer.len().div_ceil(threads.max(1) * 4);
-    let plain = |words: &[u64]| sum_words(words);
-    let asked_first = |words: &[u64]| {
-        words
-            .chunks(PIECE_WORDS)
-            .map(|piece| {
-                ask_for_lines(piece);
-                sum_words(piece)
-            })
-            .fold(0, u64::wrapping_add)
-    };
-    let mut best = 0.0f64;
-    pool.install(|| {
-        for _ in 0..passes.max(1) {
+
+    /// Bytes per second of one sweep made as plain loads and one with every 2 KiB piece's
+    /// cache lines asked for before it is read (as the packed kernels stream; on some
+    /// machines that is the faster of the two, and the bound must not be lower than what
+    /// a kernel reaches): the better of the two.
+    pub fn measure(&self) -> f64 {
+        let len = self.map.len() / 8;
+        // SAFETY: the mapping is page-aligned (so aligned for u64), `len` words fit in it,
+        // and any bit pattern is a valid u64.
+        let buffer: &[u64] = unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast(), len) };
+        let chunk = buffer.len().div_ceil(self.threads * 4);
+        let plain = |words: &[u64]| sum_words(words);
+        let asked_first = |words: &[u64]| {
+            words
+                .chunks(PIECE_WORDS)
+                .map(|piece| {
+                    ask_for_lines(piece);
+                    sum_words(piece)
+                })
+                .fold(0, u64::wrapping_add)
+        };
+        let mut best = 0.0f64;
+        self.pool.install(|| {
             for sweep in [&plain as &(dyn Fn(&[u64]) -> u64 + Sync), &asked_first] {
                 let start = Instant::now();
                 let total: u64 = buffer
@@ -52,9 +76,9 @@ pub fn read_bandwidth(threads: usize, passes: usize) -> f64 {
                 black_box(total);
                 best = best.max(BUFFER_BYTES as f64 / start.elapsed().as_secs_f64());
             }
-        }
-    });
-    best
+        });
+        best
+    }
 }
 
 /// The mapping's bytes as words (the mapping is page-aligned and a whole number of words).

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use ferrox_core::bandwidth::ReadSweep;
 use ferrox_models::tokenizer::TokenId;
 use ferrox_models::EngineExt;
 use ferrox_models::{AnyEngine, Engine, LogitsFor, State};
@@ -117,6 +118,9 @@ struct Measurement {
     n_gen: usize,
     n_depth: usize,
     samples_ns: Vec<u64>,
+    /// The machine's read bandwidth (bytes/s) measured just before each repetition, where
+    /// it is measured (decode tests with `--compare`).
+    bandwidth: Vec<f64>,
 }
 
 impl Measurement {
@@ -137,6 +141,32 @@ impl Measurement {
 
     fn stddev_ts(&self) -> f64 {
         stddev(&self.samples_ts())
+    }
+
+    /// The mean, over repetitions, of the speed's share of the decode bound that the read
+    /// bandwidth measured beside the repetition sets.
+    fn bound_share(&self, bytes_per_token: u64) -> Option<f64> {
+        let shares: Vec<f64> = self
+            .samples_ts()
+            .iter()
+            .zip(&self.bandwidth)
+            .map(|(ts, bw)| ts * bytes_per_token as f64 / bw)
+            .collect();
+        (!shares.is_empty()).then(|| mean(&shares))
+    }
+}
+
+/// llama-bench's result for one test, with the read bandwidth measured just before and
+/// just after it (where measured).
+struct PeerMeasurement {
+    avg_ts: f64,
+    bandwidth: Vec<f64>,
+}
+
+impl PeerMeasurement {
+    fn bound_share(&self, bytes_per_token: u64) -> Option<f64> {
+        (!self.bandwidth.is_empty())
+            .then(|| self.avg_ts * bytes_per_token as f64 / mean(&self.bandwidth))
     }
 }
 
@@ -159,6 +189,9 @@ struct Bench<'a> {
     rng: rand::rngs::StdRng,
     /// Tokens in the context before each test.
     depth: usize,
+    /// Measures the read bandwidth beside each decode repetition (a shared host's drifts
+    /// by tens of percent within a minute, so a bound measured once says little).
+    reader: Option<&'a ReadSweep>,
 }
 
 impl Bench<'_> {
@@ -222,15 +255,21 @@ impl Bench<'_> {
     ) -> anyhow::Result<Measurement> {
         // Warm-up: one full run of the test.
         self.timed(state, n_prompt, n_gen)?;
-        let samples_ns = (0..reps)
-            .map(|_| self.timed(state, n_prompt, n_gen))
-            .collect::<anyhow::Result<_>>()?;
+        let mut samples_ns = Vec::with_capacity(reps);
+        let mut bandwidth = Vec::new();
+        for _ in 0..reps {
+            if let Some(reader) = self.reader.filter(|_| n_prompt == 0) {
+                bandwidth.push(reader.measure());
+            }
+            samples_ns.push(self.timed(state, n_prompt, n_gen)?);
+        }
         Ok(Measurement {
             name: test_name(n_prompt, n_gen, self.depth),
             n_prompt,
             n_gen,
             n_depth: self.depth,
             samples_ns,
+            bandwidth,
         })
     }
 
@@ -369,11 +408,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = model::load_engine(&model_args)?;
     let decoder = &loaded.engine;
     let vocab = loaded.tokenizer.vocab();
+    let reader = args.compare.as_ref().and_then(|_| ReadSweep::new(threads));
     let mut bench = Bench {
         decoder,
         bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
         rng: rand::rngs::StdRng::seed_from_u64(1234),
         depth: args.n_depth,
+        reader: reader.as_ref(),
     };
     let mut state = decoder.new_state()?;
     let mut results = Vec::new();
@@ -396,14 +437,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(binary) = &args.compare {
             bar.set_message(format!("{name} llama-bench"));
             // Alternate the engines test by test so both see the same machine conditions.
-            llama.push(llama_bench(
+            let beside = || {
+                reader
+                    .as_ref()
+                    .filter(|_| m.n_gen > 0)
+                    .map(ReadSweep::measure)
+            };
+            let before = beside();
+            let avg_ts = llama_bench(
                 binary,
                 &loaded.path,
                 &m,
                 threads,
                 args.repetitions,
                 !args.no_repack,
-            )?);
+            )?;
+            let bandwidth = before.into_iter().chain(beside()).collect();
+            llama.push(PeerMeasurement { avg_ts, bandwidth });
             bar.inc(1);
         }
         results.push(m);
@@ -418,10 +468,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let bandwidth = args
-        .compare
-        .as_ref()
-        .map(|_| ferrox_core::bandwidth::read_bandwidth(threads, 5));
     let bytes_per_token = decoder.weight_bytes_per_token();
 
     if args.json {
@@ -453,14 +499,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "samples_ns": samples_ns,
                     "samples_ts": m.samples_ts(),
                 });
-                if let Some(&other) = llama.get(i) {
-                    row["llama_cpp_avg_ts"] = json!(other);
-                    row["ratio"] = json!(m.avg_ts() / other);
+                if let Some(other) = llama.get(i) {
+                    row["llama_cpp_avg_ts"] = json!(other.avg_ts);
+                    row["ratio"] = json!(m.avg_ts() / other.avg_ts);
+                    if let Some(share) = other.bound_share(bytes_per_token) {
+                        row["llama_cpp_read_bandwidth_gbs"] = json!(mean(&other.bandwidth) / 1e9);
+                        row["llama_cpp_bound_share"] = json!(share);
+                    }
                 }
-                if let (Some(bw), true) = (bandwidth, m.n_gen > 0) {
+                if let Some(share) = m.bound_share(bytes_per_token) {
+                    let bw = mean(&m.bandwidth);
                     row["read_bandwidth_gbs"] = json!(bw / 1e9);
                     row["weight_bytes_per_token"] = json!(bytes_per_token);
                     row["bandwidth_bound_ts"] = json!(bw / bytes_per_token as f64);
+                    row["bound_share"] = json!(share);
                 }
                 row
             })
@@ -492,28 +544,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "| {} | {:.2} | {:.2} | {:.3} |",
                 m.name,
                 m.avg_ts(),
-                other,
-                m.avg_ts() / other
+                other.avg_ts,
+                m.avg_ts() / other.avg_ts
             );
         }
     }
-    if let Some(bw) = bandwidth {
-        let bound = bw / bytes_per_token as f64;
+    for (i, m) in results.iter().enumerate() {
+        let Some(share) = m.bound_share(bytes_per_token) else {
+            continue;
+        };
+        let bw = mean(&m.bandwidth);
         println!(
-            "\nread bandwidth ({threads} threads): {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {bound:.1} t/s",
+            "\n{}: read bandwidth ({threads} threads) measured before each repetition: {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {:.1} t/s",
+            m.name,
             bw / 1e9,
-            bytes_per_token as f64 / 1e6
+            bytes_per_token as f64 / 1e6,
+            bw / bytes_per_token as f64
         );
-        for (i, m) in results.iter().enumerate().filter(|(_, m)| m.n_gen > 0) {
-            print!(
-                "{}: ferrox at {:.0}% of the bound",
-                m.name,
-                100.0 * m.avg_ts() / bound
-            );
-            match llama.get(i) {
-                Some(other) => println!(", llama.cpp at {:.0}%", 100.0 * other / bound),
-                None => println!(),
-            }
+        print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * share);
+        match llama
+            .get(i)
+            .and_then(|o| Some((o, o.bound_share(bytes_per_token)?)))
+        {
+            Some((other, share)) => println!(
+                ", llama.cpp at {:.0}% (bandwidth measured before and after its run: {:.1} GB/s)",
+                100.0 * share,
+                mean(&other.bandwidth) / 1e9
+            ),
+            None => println!(),
         }
     }
     Ok(())
