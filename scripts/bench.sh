@@ -64,6 +64,10 @@ fi
     echo "Each table is \`ferrox bench -t $THREADS -r $REPS --compare llama-bench\`: llama-bench's"
     echo "tests (pp512 = one batched prefill of 512 tokens, tg128 = 128 single-token decode steps),"
     echo "the two engines alternated test by test, mean ± sample standard deviation of t/s."
+    echo "Under each table, each engine's decode speed as a share of the bound that the machine's"
+    echo "read bandwidth sets (weights read per token over bytes per second), the bandwidth measured"
+    echo "just before each ferrox repetition and just before and after the peer's run: on a shared"
+    echo "host it drifts by tens of percent within a minute."
     echo
     echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
         "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
