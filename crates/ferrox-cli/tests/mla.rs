@@ -255,3 +255,61 @@ fn deepseek4_drafts_at_most_its_rings_slack() {
     assert!(err.contains("at most 32"), "{err}");
     assert!(run("32").status.success());
 }
+
+/// Kimi-K3 checkpoints its recurrent state after each of a step's last positions when asked
+/// to speculate, so drafts of up to 3 tokens run (greedy tokens unchanged) and longer ones
+/// are refused with a clear error; Kimi Linear, which rolls back only to block ends, refuses
+/// speculation.
+#[test]
+fn kimi_drafts_only_as_far_as_its_state_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = OsStr::new;
+    let write = |name: &str, bytes: Vec<u8>| {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let k3 = write("kimi-k3", synthetic::kimi::gguf_bytes("kimi-k3"));
+    let linear = write("kimi-linear", synthetic::kimi::kimi_linear_gguf_bytes());
+    let run = |path: &Path, spec: &[&str]| {
+        let mut args = vec![
+            s("run"),
+            s("-m"),
+            path.as_os_str(),
+            s("-p"),
+            s("ba ce di fo ba ce di fo ba ce di fo ba ce"),
+            s("-n"),
+            s("24"),
+            s("--temp"),
+            s("0"),
+            s("-t"),
+            s("1"),
+            s("--json"),
+        ];
+        args.extend(spec.iter().map(|a| s(a)));
+        ferrox(&args)
+    };
+    let json = |out: std::process::Output| -> Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = json(run(&k3, &[]));
+    let drafted = json(run(&k3, &["--spec-type", "ngram", "--draft-max", "3"]));
+    assert_eq!(plain["tokens"], drafted["tokens"], "{plain}\n{drafted}");
+    assert!(
+        drafted["timings"]["draft_n"].as_u64().unwrap() > 0,
+        "{drafted}"
+    );
+    let out = run(&k3, &["--spec-type", "ngram", "--draft-max", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at most 3"), "{err}");
+    let out = run(&linear, &["--spec-type", "ngram", "--draft-max", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot forget"), "{err}");
+}

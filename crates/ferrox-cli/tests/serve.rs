@@ -712,6 +712,25 @@ fn serve_speculative_deepseek4_streams_equal_their_solo_outputs() {
     assert!(drafted > 0.0);
 }
 
+/// The same on Kimi-K3, whose recurrent state is checkpointed after each of a step's last
+/// three positions when the server speculates, so that rejected draft tokens roll back.
+#[test]
+fn serve_speculative_kimi_k3_streams_equal_their_solo_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kimi-k3.gguf");
+    std::fs::write(&path, synthetic::kimi::gguf_bytes("kimi-k3")).unwrap();
+    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
+    let prompts: Vec<String> = (0..8)
+        .map(|i| {
+            let phrase: Vec<&str> = (0..4).map(|k| syllables[(i + 3 * k) % 8]).collect();
+            vec![phrase.join(" "); 3 + i % 4].join(" ")
+        })
+        .collect();
+    let lookup = ["--spec-type", "ngram", "--draft-max", "3"];
+    let (drafted, _) = speculative_streams_equal_solo(&path, "256", &lookup, &prompts);
+    assert!(drafted > 0.0);
+}
+
 /// The synthetic MLA model with a multi-token-prediction block, drafting with it
 /// (`--spec-type draft-mtp`): eight concurrent streams whose prompts share a prefix (its
 /// blocks shared, the block's rows behind them kept) equal their solo runs.

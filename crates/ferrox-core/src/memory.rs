@@ -89,11 +89,14 @@ impl PagedStoreSpec {
 
 /// A recurrent state: `values` f32 values per sequence. `ring_slack` is how many positions
 /// it can drop at any length without a checkpoint (0 for a state that collapses its
-/// history).
+/// history); `step_checkpoints` how many positions before the end of every step the engine
+/// checkpoints the state at (besides the end itself), so that a sequence rolls back that far
+/// after any step (speculative decoding's rejected draft tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecurrentSpec {
     pub values: usize,
     pub ring_slack: usize,
+    pub step_checkpoints: usize,
 }
 
 /// What an engine stores per sequence.
@@ -151,9 +154,10 @@ impl MemorySpec {
     }
 
     /// Positions a sequence can roll back by at any length (unbounded without a recurrent
-    /// state; a recurrent state's ring slack otherwise).
+    /// state; a recurrent state's ring slack or its step checkpoints otherwise).
     pub fn rollback_reach(&self) -> usize {
-        self.recurrent.map_or(usize::MAX, |r| r.ring_slack)
+        self.recurrent
+            .map_or(usize::MAX, |r| r.ring_slack.max(r.step_checkpoints))
     }
 
     /// Bytes of one sequence's recurrent state.
@@ -937,6 +941,7 @@ mod tests {
             recurrent: recurrent.map(|values| RecurrentSpec {
                 values,
                 ring_slack: 0,
+                step_checkpoints: 0,
             }),
             storage: KvStorage::F32,
             row_lag: 0,
@@ -1090,6 +1095,7 @@ mod tests {
         s.recurrent = Some(RecurrentSpec {
             values: 3,
             ring_slack: 2,
+            step_checkpoints: 0,
         });
         let mut m = SequenceMemory::new(s, shape(16, 2)).unwrap();
         let a = m.admit(&[1; 9], 16).unwrap();

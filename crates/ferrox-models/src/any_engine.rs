@@ -84,6 +84,10 @@ impl Engine for AnyEngine {
         self.0.has_mtp()
     }
 
+    fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
+        self.0.enable_rollback(tokens)
+    }
+
     fn draft_mtp(
         &self,
         memory: &mut StepMemory<'_>,

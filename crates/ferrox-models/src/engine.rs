@@ -163,6 +163,15 @@ pub trait Engine: Send + Sync + Any {
         false
     }
 
+    /// Prepares the memory for sequences to roll back `tokens` positions after any step, as
+    /// speculative decoding forgets rejected draft tokens, where the engine can (a Kimi-K3
+    /// then checkpoints its recurrent state after each of a step's last positions, which
+    /// costs a copy of the state per position). Returns the positions a sequence can now
+    /// roll back by ([`MemorySpec::rollback_reach`]), which may be fewer than `tokens`.
+    fn enable_rollback(&mut self, _tokens: usize) -> Result<usize, EngineError> {
+        Ok(self.memory_spec().rollback_reach())
+    }
+
     /// Drafts up to `max` tokens (greedily) to follow `token`, the token to be fed next at
     /// position `pos` of sequence `seq` (its index in `memory`), with the engine's
     /// multi-token-prediction block. The block's rows it writes past the sequence's length

@@ -171,6 +171,11 @@ pub trait Layers: Send + Sync + 'static {
         false
     }
 
+    /// [`Engine::enable_rollback`]'s preparation, for an engine whose memory needs one.
+    fn enable_rollback(&mut self, _tokens: usize) -> Result<(), EngineError> {
+        Ok(())
+    }
+
     /// [`Engine::draft_mtp`] on the engine's buffers; only called when
     /// [`has_mtp`](Self::has_mtp).
     #[allow(clippy::too_many_arguments)]
@@ -234,6 +239,11 @@ impl<L: Layers> Engine for L {
 
     fn has_mtp(&self) -> bool {
         Layers::has_mtp(self)
+    }
+
+    fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
+        Layers::enable_rollback(self, tokens)?;
+        Ok(Layers::memory_spec(self).rollback_reach())
     }
 
     fn draft_mtp(

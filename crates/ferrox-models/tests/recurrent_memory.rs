@@ -49,6 +49,7 @@ impl Engine for Toy {
             recurrent: Some(RecurrentSpec {
                 values: DIM,
                 ring_slack: 0,
+                step_checkpoints: 0,
             }),
             storage: KvStorage::F32,
             row_lag: 0,

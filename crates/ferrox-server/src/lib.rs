@@ -523,11 +523,11 @@ fn prepare(
         }
         match engine.memory_spec().rollback_reach() {
             0 => bail!(
-                "--spec-type ngram: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
+                "speculative decoding: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
                 engine.architecture()
             ),
             reach if reach < spec.max => bail!(
-                "--spec-type ngram: {} can forget at most {reach} rejected draft tokens; use --draft-max {reach} or less",
+                "speculative decoding: {} can forget at most {reach} rejected draft tokens; use --draft-max {reach} or less",
                 engine.architecture()
             ),
             _ => {}

@@ -588,8 +588,8 @@ fn run_spec(args: &Args, model_args: &ModelArgs) -> anyhow::Result<()> {
             .map_err(|e| InputError(format!("{}: {e}", path.display())))?,
         None => EDIT_PROMPT.to_string(),
     };
-    let loaded = model::load_engine(&args.speculation.target_args(model_args)?)?;
-    args.speculation.check_engine(&loaded.engine)?;
+    let mut loaded = model::load_engine(&args.speculation.target_args(model_args)?)?;
+    args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft = args.speculation.load_draft(model_args, &loaded.tokenizer)?;
     let decoder = &loaded.engine;
     let tokenizer = &loaded.tokenizer;

@@ -42,8 +42,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
-    args.speculation.check_engine(&loaded.engine)?;
+    let mut loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
+    args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft_model = args
         .speculation
         .load_draft(&args.model, &loaded.tokenizer)?;

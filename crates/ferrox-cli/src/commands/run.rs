@@ -271,13 +271,15 @@ impl SpecArgs {
         })
     }
 
-    /// Refuses speculation on an engine whose memory cannot forget as many rejected draft
-    /// tokens as a draft may hold (a recurrent state collapses its history; rings hold a
-    /// few positions more than they need).
-    pub fn check_engine(&self, engine: &impl Engine) -> anyhow::Result<()> {
+    /// Readies the engine's memory to forget as many rejected draft tokens as a draft may
+    /// hold ([`Engine::enable_rollback`]), and refuses speculation where it cannot (a
+    /// recurrent state collapses its history; rings hold a few positions more than they
+    /// need; Kimi-K3 checkpoints a step's last few positions).
+    pub fn prepare_engine(&self, engine: &mut impl Engine) -> anyhow::Result<()> {
         if self.kind()? == SpecType::None {
             return Ok(());
         }
+        let reach = engine.enable_rollback(self.lengths.draft_max)?;
         let arch = engine.architecture();
         if self.kind()? == SpecType::DraftMtp && !engine.has_mtp() {
             return Err(InputError(format!(
@@ -285,7 +287,7 @@ impl SpecArgs {
             ))
             .into());
         }
-        match engine.memory_spec().rollback_reach() {
+        match reach {
             0 => Err(InputError(format!(
                 "speculative decoding needs a model whose memory rolls back; {arch} keeps a recurrent state that cannot forget rejected draft tokens"
             ))
@@ -400,8 +402,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
-    args.speculation.check_engine(&loaded.engine)?;
+    let mut loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
+    args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft_model = args
         .speculation
         .load_draft(&args.model, &loaded.tokenizer)?;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use ferrox_models::Engine;
 use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
 
 use super::model::{self, ModelArgs};
@@ -149,8 +150,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..args.model
     };
     let draft_path = args.speculation.model_draft;
+    // Speculation forgets rejected draft tokens: the memory is readied for as many as a
+    // draft holds (the server refuses to start where it cannot be).
+    let rollback = config.speculation.as_ref().map(|s| s.max);
     ferrox_server::run(config, move || {
-        let loaded = model::load_engine(&model_args)?;
+        let mut loaded = model::load_engine(&model_args)?;
+        if let Some(tokens) = rollback {
+            loaded.engine.enable_rollback(tokens)?;
+        }
         let draft = match draft_path {
             Some(path) => Some(super::run::load_draft_engine(
                 &model_args,

@@ -283,6 +283,7 @@ impl step::Layers for Deepseek4Engine {
             recurrent: Some(RecurrentSpec {
                 values: self.state_values,
                 ring_slack: RING_SLACK,
+                step_checkpoints: 0,
             }),
             storage: self.rt.kv_storage,
             row_lag: 0,

@@ -256,6 +256,7 @@ impl step::Layers for KimiEngine {
             recurrent: Some(RecurrentSpec {
                 values: c.n_kda() * c.kda.state_values(),
                 ring_slack: 0,
+                step_checkpoints: self.rollback_depth,
             }),
             storage: self.rt.kv_storage,
             row_lag: 0,
@@ -264,6 +265,15 @@ impl step::Layers for KimiEngine {
 
     fn checkpoints(&self) -> bool {
         true
+    }
+
+    /// Kimi-K3 checkpoints the last `tokens` positions of every step (up to
+    /// [`MAX_ROLLBACK_DEPTH`]); Kimi Linear rolls back to block ends only.
+    fn enable_rollback(&mut self, tokens: usize) -> Result<(), EngineError> {
+        if self.config.k3.is_some() {
+            self.set_rollback_depth(tokens.min(MAX_ROLLBACK_DEPTH))?;
+        }
+        Ok(())
     }
 
     /// With a rollback depth `d`, each sequence's last `d + 1` rows run one position per
