@@ -731,6 +731,39 @@ fn serve_speculative_kimi_k3_streams_equal_their_solo_outputs() {
     assert!(drafted > 0.0);
 }
 
+/// Kimi-K3 drafted for by Kimi Linear, whose recurrent state rolls back only to block ends:
+/// the draft's sequences start again from the whole text where they cannot roll back, and
+/// the streams still equal their solo runs.
+#[test]
+fn serve_recurrent_draft_model_streams_equal_their_solo_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("kimi-k3.gguf");
+    std::fs::write(&target, synthetic::kimi::gguf_bytes("kimi-k3")).unwrap();
+    let draft = dir.path().join("kimi-linear.gguf");
+    std::fs::write(&draft, synthetic::kimi::kimi_linear_gguf_bytes()).unwrap();
+    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
+    let prompts: Vec<String> = (0..8)
+        .map(|i| {
+            (0..6 + i)
+                .map(|k| syllables[(i * k + k) % 8])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let args = [
+        "--spec-type",
+        "draft",
+        "-md",
+        draft.to_str().unwrap(),
+        "--draft-max",
+        "3",
+        "--draft-p-min",
+        "0",
+    ];
+    let (drafted, _) = speculative_streams_equal_solo(&target, "256", &args, &prompts);
+    assert!(drafted > 0.0);
+}
+
 /// The synthetic MLA model with a multi-token-prediction block, drafting with it
 /// (`--spec-type draft-mtp`): eight concurrent streams whose prompts share a prefix (its
 /// blocks shared, the block's rows behind them kept) equal their solo runs.
@@ -826,6 +859,9 @@ fn speculative_streams_equal_solo(
         value(&metrics, "ferrox_spec_decode_draft_tokens_total"),
         0.0
     );
+    // Drafting never failed (which would leave the step without drafts).
+    let log = speculative.log();
+    assert!(!log.contains("drafting failed"), "{log}");
     for server in [&mut speculative, &mut plain] {
         server.terminate();
         assert!(server.wait_exit(Duration::from_secs(20)).success());

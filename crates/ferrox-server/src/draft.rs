@@ -4,7 +4,8 @@
 //!
 //! The draft keeps its own sequence memory, one sequence per drafting request, holding the
 //! request's text up to its last token; what the served model rejected is rolled back there
-//! at the next proposal (the longest prefix its memory shares with the text is kept). All
+//! at the next proposal (the longest prefix its memory shares with the text is kept; a
+//! recurrent state that cannot roll back that far starts again from the whole text). All
 //! drafting sequences of a step go through the draft model together: one step for what each
 //! has to catch up on, then one step per drafted token.
 
@@ -104,15 +105,23 @@ impl DraftModel {
             let Some((seq, held)) = self.sequence(r.id) else {
                 continue;
             };
-            let keep = held
+            let mut keep = held
                 .iter()
                 .zip(r.text)
                 .take_while(|(a, b)| a == b)
                 .count()
                 .min(r.text.len() - 1);
-            let seq = *seq;
-            if keep < self.memory.len(seq) {
-                self.memory.rollback(seq, keep)?;
+            let mut seq = *seq;
+            if keep < self.memory.len(seq) && self.memory.rollback(seq, keep).is_err() {
+                // A recurrent state with no checkpoint there: the sequence starts afresh
+                // and is fed the whole text again.
+                self.memory.release(seq);
+                self.sequences.remove(&r.id);
+                let Some((fresh, _)) = self.sequence(r.id) else {
+                    continue;
+                };
+                seq = *fresh;
+                keep = 0;
             }
             let held = &mut self.sequences.get_mut(&r.id).expect("just found").1;
             held.truncate(keep);

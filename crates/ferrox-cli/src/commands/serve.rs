@@ -159,11 +159,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             loaded.engine.enable_rollback(tokens)?;
         }
         let draft = match draft_path {
-            Some(path) => Some(super::run::load_draft_engine(
-                &model_args,
-                path,
-                &loaded.tokenizer,
-            )?),
+            Some(path) => {
+                let mut draft =
+                    super::run::load_draft_engine(&model_args, path, &loaded.tokenizer)?;
+                // The draft forgets the same rejected tokens (where it cannot, its
+                // sequence is fed again from the start).
+                if let Some(tokens) = rollback {
+                    draft.enable_rollback(tokens)?;
+                }
+                Some(draft)
+            }
             None => None,
         };
         Ok(LoadedModel {
