@@ -10,7 +10,9 @@
 # idleness. THREADS (default 2) and REPS (default 5) can be set. IK_LLAMA_BENCH, the path of
 # an ik_llama.cpp llama-bench, adds a second table per file against it
 # (scripts/ik-llama-bench.sh: with its run-time repacking and flash attention); IK_VERSION names
-# its build where its llama-bench has no --version.
+# its build where its llama-bench has no --version. OUT (default docs/BENCHMARKS.md) names the
+# document; FERROX_ISA (caps ferrox's kernels, e.g. avx2) and NOTE (one more line about the
+# builds, e.g. how llama.cpp was configured) go into its header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,10 +73,13 @@ fi
     echo
     echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
         "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
-    echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)"
+    echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)${FERROX_ISA:+, kernels capped by FERROX_ISA=$FERROX_ISA}"
     echo "- llama.cpp: ${LLAMA_VERSION:-unknown} ($BENCH)"
     if [ -n "$IK" ]; then
         echo "- ik_llama.cpp: ${IK_VERSION:-unknown} ($IK, with \`-rtr 1 -fa 1\`)"
+    fi
+    if [ -n "${NOTE:-}" ]; then
+        echo "- $NOTE"
     fi
     for f in "${files[@]}"; do
         echo
@@ -91,5 +96,7 @@ fi
                 { cat "$WORK/err" >&2; exit 1; }
         fi
     done
-} > docs/BENCHMARKS.md
-echo "wrote docs/BENCHMARKS.md" >&2
+} > "$WORK/doc.md"
+OUT="${OUT:-docs/BENCHMARKS.md}"
+mv "$WORK/doc.md" "$OUT"
+echo "wrote $OUT" >&2
