@@ -62,20 +62,10 @@ unsafe fn groups<const F: u8>(
     }
 }
 
-/// `acc + Σ` over eight values of eight rows: unsigned codes below 64 (`c0`: each row's
-/// values 0..4 in its lane, `c1`: values 4..8) times the eight signed activation bytes at
-/// `x`. The two pairs of products per lane fit an i16 (at most 4·63·127), so they are
-/// added before widening.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot8(acc: __m256i, c0: __m256i, c1: __m256i, x: *const u8) -> __m256i {
-    // SAFETY: the caller passes eight readable bytes.
-    let pairs = unsafe { pairs8(c0, c1, x) };
-    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-}
-
-/// The products of [`dot8`] summed in each lane's two i16 halves (four products each), not
-/// yet widened: codes below 16 let four such results be added before widening (at most
+/// Products of eight values of eight rows, unsigned codes below 64 (`c0`: each row's values
+/// 0..4 in its lane, `c1`: values 4..8) times the eight signed activation bytes at `x`,
+/// summed in each lane's two i16 halves (four products each, at most 4·63·128) and not yet
+/// widened: codes below 16 let four such results be added before widening (at most
 /// 16·15·128 in an i16), codes below 32 two.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -255,13 +245,22 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
                 let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
                 _mm256_set1_epi32(bias * -x_sum)
             };
-            for k in (0..8).step_by(2) {
-                sum = if F == Q8_0 {
-                    let sum = dot4_signed(sum, codes[k], a.add(4 * k));
-                    dot4_signed(sum, codes[k + 1], a.add(4 * k + 4))
-                } else {
-                    dot8(sum, codes[k], codes[k + 1], a.add(4 * k))
-                };
+            if F == Q8_0 {
+                for (k, &code) in codes.iter().enumerate() {
+                    sum = dot4_signed(sum, code, a.add(4 * k));
+                }
+            } else {
+                // Four-bit codes: all 32 products in i16 halves before one widening; five-bit
+                // codes: two runs of 16 (see `pairs8`).
+                let run = if matches!(F, Q4_0 | Q4_1) { 8 } else { 4 };
+                for first in (0..8).step_by(run) {
+                    let mut pairs = _mm256_setzero_si256();
+                    for k in (first..first + run).step_by(2) {
+                        let p = pairs8(codes[k], codes[k + 1], a.add(4 * k));
+                        pairs = _mm256_add_epi16(pairs, p);
+                    }
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                }
             }
             let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), acc[t]);
