@@ -668,6 +668,14 @@ fn serve_draft_model_streams_equal_their_solo_outputs() {
         path
     };
     let (target, draft) = (write("deepseek2"), write("qwen2moe"));
+    let (drafted, accepted) = draft_model_streams_equal_solo(&target, &draft, "4");
+    assert!(drafted > accepted, "{drafted} drafted, {accepted} accepted");
+}
+
+/// [`speculative_streams_equal_solo`] with `draft` as the draft model (`--draft-max
+/// draft_max`, every draft token kept until the target rejects it), on eight short prompts
+/// of the synthetic vocabulary.
+fn draft_model_streams_equal_solo(target: &Path, draft: &Path, draft_max: &str) -> (f64, f64) {
     let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
     let prompts: Vec<String> = (0..8)
         .map(|i| {
@@ -683,12 +691,11 @@ fn serve_draft_model_streams_equal_their_solo_outputs() {
         "-md",
         draft.to_str().unwrap(),
         "--draft-max",
-        "4",
+        draft_max,
         "--draft-p-min",
         "0",
     ];
-    let (drafted, accepted) = speculative_streams_equal_solo(&target, "256", &args, &prompts);
-    assert!(drafted > accepted, "{drafted} drafted, {accepted} accepted");
+    speculative_streams_equal_solo(target, "256", &args, &prompts)
 }
 
 /// The same on DeepSeek-V4, whose window and compressor inputs live in rings that drop the
@@ -741,26 +748,7 @@ fn serve_recurrent_draft_model_streams_equal_their_solo_outputs() {
     std::fs::write(&target, synthetic::kimi::gguf_bytes("kimi-k3")).unwrap();
     let draft = dir.path().join("kimi-linear.gguf");
     std::fs::write(&draft, synthetic::kimi::kimi_linear_gguf_bytes()).unwrap();
-    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
-    let prompts: Vec<String> = (0..8)
-        .map(|i| {
-            (0..6 + i)
-                .map(|k| syllables[(i * k + k) % 8])
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    let args = [
-        "--spec-type",
-        "draft",
-        "-md",
-        draft.to_str().unwrap(),
-        "--draft-max",
-        "3",
-        "--draft-p-min",
-        "0",
-    ];
-    let (drafted, _) = speculative_streams_equal_solo(&target, "256", &args, &prompts);
+    let (drafted, _) = draft_model_streams_equal_solo(&target, &draft, "3");
     assert!(drafted > 0.0);
 }
 
