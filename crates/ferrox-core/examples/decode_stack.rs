@@ -236,9 +236,7 @@ fn main() {
     // Each sweep of the stack is followed by one of the read-bandwidth buffer, so that
     // each share compares two measurements a moment apart (the bandwidth of a shared host
     // drifts by tens of percent within a minute).
-    let Some(reader) = ReadSweep::new(threads) else {
-        panic!("no memory for the read-bandwidth buffer");
-    };
+    let reader = ReadSweep::new(threads).expect("memory for the read-bandwidth buffer");
     let rounds = 15;
     let mut rates = Vec::with_capacity(rounds);
     let mut bounds = Vec::with_capacity(rounds);

@@ -9,16 +9,6 @@ use rayon::prelude::*;
 /// Bytes each sweep reads: far beyond any cache.
 const BUFFER_BYTES: usize = 512 << 20;
 
-/// Sustained read bandwidth in bytes per second with `threads` threads: the best of
-/// `passes` measurements of a [`ReadSweep`].
-pub fn read_bandwidth(threads: usize, passes: usize) -> f64 {
-    ReadSweep::new(threads).map_or(0.0, |sweep| {
-        (0..passes.max(1))
-            .map(|_| sweep.measure())
-            .fold(0.0, f64::max)
-    })
-}
-
 /// A buffer much larger than the last-level cache and a pool to read it with. On a
 /// machine whose bandwidth drifts (shared hosts), measure it right beside what is compared
 /// with it, as often as that is run.
@@ -39,8 +29,8 @@ impl ReadSweep {
         // Backed as the packed weights are (huge pages where the system gives them), and
         // written so that every page is resident before timing.
         let mut map = crate::packed::huge_page_bytes(BUFFER_BYTES).ok()?;
-        for (i, w) in as_words(&mut map).iter_mut().enumerate() {
-            *w = i as u64;
+        for (i, word) in map.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&(i as u64).to_ne_bytes());
         }
         Some(ReadSweep { pool, map, threads })
     }
@@ -79,14 +69,6 @@ impl ReadSweep {
         });
         best
     }
-}
-
-/// The mapping's bytes as words (the mapping is page-aligned and a whole number of words).
-fn as_words(map: &mut memmap2::MmapMut) -> &mut [u64] {
-    let len = map.len() / 8;
-    // SAFETY: the mapping is page-aligned (so aligned for u64), `len` words fit in it, any
-    // bit pattern is a valid u64, and the borrow of `map` covers the slice's lifetime.
-    unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<u64>(), len) }
 }
 
 /// Words per piece whose lines are asked for at once (2 KiB).

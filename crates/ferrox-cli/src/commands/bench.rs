@@ -258,7 +258,7 @@ impl Bench<'_> {
         let mut samples_ns = Vec::with_capacity(reps);
         let mut bandwidth = Vec::new();
         for _ in 0..reps {
-            if let Some(reader) = self.reader.filter(|_| n_prompt == 0) {
+            if let Some(reader) = self.reader.filter(|_| n_gen > 0) {
                 bandwidth.push(reader.measure());
             }
             samples_ns.push(self.timed(state, n_prompt, n_gen)?);
