@@ -2,7 +2,8 @@
 //! sums and float steps as the scalar reference, so the same bits.
 //!
 //! A group's 64-byte vectors are two halves of eight rows each (AVX2 has sixteen 256-bit
-//! registers): one half runs over all of the group's blocks, then the other from cache.
+//! registers): both halves of a block run one after the other, the second from cache, so
+//! that the weights stream at an even pace.
 //! `vpmaddubsw` multiplies the unsigned codes by the signed activation bytes in pairs,
 //! `vpmaddwd` by ones widens the pairs to one i32 per four values, as `vpdpbusd` does at
 //! once. A pair of products fits an i16 for codes below 128; Q8_0's codes go back to
@@ -191,25 +192,27 @@ unsafe fn run<const F: u8, const N: usize>(
         prefetch_lines(w, ahead, end);
     }
     for g in 0..groups {
-        for half in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); N];
-            for b in 0..blocks {
-                // SAFETY: the caller's contract: whole groups and activation rows.
-                unsafe {
-                    let block = w.add((g * blocks + b) * gb);
-                    if half == 0 {
-                        if let Some(ahead) = ahead {
-                            prefetch_lines(block.wrapping_add(ahead), gb, end);
-                        }
-                    }
+        // Both halves block by block, so that the weights stream at an even pace (a
+        // half's pass over all blocks would read the memory only on its first pass).
+        let mut acc = [[_mm256_setzero_ps(); N]; 2];
+        for b in 0..blocks {
+            // SAFETY: the caller's contract: whole groups and activation rows.
+            unsafe {
+                let block = w.add((g * blocks + b) * gb);
+                if let Some(ahead) = ahead {
+                    prefetch_lines(block.wrapping_add(ahead), gb, end);
+                }
+                for (half, acc) in acc.iter_mut().enumerate() {
                     match F {
-                        Q4K => q4k_block::<N, false>(block, half, b, xs, &mut acc),
-                        Q5K => q4k_block::<N, true>(block, half, b, xs, &mut acc),
-                        Q6K => q6k_block::<N>(block, half, b, xs, &mut acc),
-                        _ => legacy_block::<F, N>(block, half, b, xs, &mut acc),
+                        Q4K => q4k_block::<N, false>(block, half, b, xs, acc),
+                        Q5K => q4k_block::<N, true>(block, half, b, xs, acc),
+                        Q6K => q6k_block::<N>(block, half, b, xs, acc),
+                        _ => legacy_block::<F, N>(block, half, b, xs, acc),
                     }
                 }
             }
+        }
+        for (half, acc) in acc.iter().enumerate() {
             for (t, acc) in acc.iter().enumerate() {
                 // SAFETY: the caller's contract: sixteen outputs per group and token.
                 unsafe {
