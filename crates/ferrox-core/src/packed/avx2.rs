@@ -12,6 +12,7 @@
 //! Only [`kernel`] hands these functions out, and the packed products ask for it only
 //! after detecting AVX2, FMA and F16C, so the `unsafe` calls are sound.
 
+use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
@@ -187,7 +188,7 @@ unsafe fn run<const F: u8, const N: usize>(
     let format = PackedFormat::from_id(F);
     let gb = format.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
-    let ahead = prefetch_ahead(format);
+    let ahead = prefetch_ahead(format, Isa::Avx2);
     if let Some(ahead) = ahead {
         prefetch_lines(w, ahead, end);
     }

@@ -9,6 +9,7 @@
 //! after checking that the CPU has AVX-512 VNNI (`Isa::is_available`), so the `unsafe`
 //! calls are sound.
 
+use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
@@ -221,7 +222,7 @@ unsafe fn run<B: Block, const N: usize>(
 ) {
     let gb = B::FORMAT.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
-    let ahead = prefetch_ahead(B::FORMAT);
+    let ahead = prefetch_ahead(B::FORMAT, Isa::Avx512Vnni);
     if let Some(ahead) = ahead {
         prefetch_lines(w, ahead, end);
     }
