@@ -14,7 +14,8 @@
 # and TG (32) can be set. Needs LLAMA_CPP_BUILD (default /work/ref/build) with bin/llama-bench.
 # The figures are only as good as the machine's idleness: run it on a quiet machine, or set
 # WAIT_IDLE=SECONDS to wait (up to that long) before each file until the CPUs have been at
-# least 90% idle for 5 s.
+# least 90% idle for 5 s. OUT (default docs/BENCHMARKS-MOE.md) names the document; FERROX_ISA
+# (caps ferrox's kernels, e.g. avx2) and NOTE (one more line about the builds) go into its header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,9 +74,13 @@ LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
     echo "$LAYERS layers: one dense, then MoE layers of 1408-wide experts plus two shared experts;"
     echo "random Q4_0 weights): the engines alternated test by test, mean t/s."
     echo
-    echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
-    echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)"
+    echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
+        "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
+    echo "- ferrox: $(git rev-parse --short HEAD), $(rustc --version)${FERROX_ISA:+, kernels capped by FERROX_ISA=$FERROX_ISA}"
     echo "- llama.cpp: ${LLAMA_VERSION:-unknown} ($BENCH)"
+    if [ -n "${NOTE:-}" ]; then
+        echo "- $NOTE"
+    fi
     echo
     python3 - "$WORK" "${names[@]}" <<'PY'
 import json, sys
@@ -106,5 +111,7 @@ for n, (pp, tg) in rows.items():
           f"{rel(1e3 / tg['avg_ts'], 1e3 / base['avg_ts'])} | "
           f"{rel(1e3 / tg['llama_cpp_avg_ts'], 1e3 / base['llama_cpp_avg_ts'])} |")
 PY
-} > docs/BENCHMARKS-MOE.md
-echo "wrote docs/BENCHMARKS-MOE.md" >&2
+} > "$WORK/doc.md"
+OUT="${OUT:-docs/BENCHMARKS-MOE.md}"
+mv "$WORK/doc.md" "$OUT"
+echo "wrote $OUT" >&2

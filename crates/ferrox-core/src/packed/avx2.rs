@@ -193,35 +193,80 @@ unsafe fn run<const F: u8, const N: usize>(
         prefetch_lines(w, ahead, end);
     }
     for g in 0..groups {
-        // Both halves block by block, so that the weights stream at an even pace (a
-        // half's pass over all blocks would read the memory only on its first pass).
-        let mut acc = [[_mm256_setzero_ps(); N]; 2];
-        for b in 0..blocks {
-            // SAFETY: the caller's contract: whole groups and activation rows.
-            unsafe {
-                let block = w.add((g * blocks + b) * gb);
+        let group = w.wrapping_add(g * blocks * gb);
+        // SAFETY (both branches): the caller's contract: whole groups and activation rows,
+        // sixteen outputs per group and token.
+        if N <= BLOCK_BY_BLOCK_TOKENS {
+            // Both halves block by block, so that the weights stream at an even pace: a
+            // half's pass over all blocks would read the memory only while on the first half.
+            let mut acc = [[_mm256_setzero_ps(); N]; 2];
+            for b in 0..blocks {
+                let block = group.wrapping_add(b * gb);
                 if let Some(ahead) = ahead {
                     prefetch_lines(block.wrapping_add(ahead), gb, end);
                 }
                 for (half, acc) in acc.iter_mut().enumerate() {
-                    match F {
-                        Q4K => q4k_block::<N, false>(block, half, b, xs, acc),
-                        Q5K => q4k_block::<N, true>(block, half, b, xs, acc),
-                        Q6K => q6k_block::<N>(block, half, b, xs, acc),
-                        _ => legacy_block::<F, N>(block, half, b, xs, acc),
+                    unsafe { half_block::<F, N>(block, half, b, xs, acc) };
+                }
+            }
+            for (half, acc) in acc.iter().enumerate() {
+                unsafe { store(acc, out.add(g * GROUP_ROWS + 8 * half), out_stride) };
+            }
+        } else {
+            // Several tokens: the products, not the memory, set the pace, and one half's
+            // sums stay in registers while it runs over all blocks; the other half then
+            // reads the group from cache.
+            for half in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); N];
+                for b in 0..blocks {
+                    let block = group.wrapping_add(b * gb);
+                    if half == 0 {
+                        if let Some(ahead) = ahead {
+                            prefetch_lines(block.wrapping_add(ahead), gb, end);
+                        }
                     }
+                    unsafe { half_block::<F, N>(block, half, b, xs, &mut acc) };
                 }
+                unsafe { store(&acc, out.add(g * GROUP_ROWS + 8 * half), out_stride) };
             }
         }
-        for (half, acc) in acc.iter().enumerate() {
-            for (t, acc) in acc.iter().enumerate() {
-                // SAFETY: the caller's contract: sixteen outputs per group and token.
-                unsafe {
-                    let at = t * out_stride + g * GROUP_ROWS + 8 * half;
-                    _mm256_storeu_ps(out.add(at), *acc);
-                }
-            }
+    }
+}
+
+/// Up to this many tokens, [`run`] takes a group's two halves block by block; above, one
+/// half after the other over all of the group's blocks. Measured under `FERROX_ISA=avx2`
+/// (AMD EPYC Zen 4, 2 threads): one token streams the 1.5B Q4_K_M's decode 20% faster block
+/// by block, while prompt chunks (four tokens per pass) run 10% slower that way on Q8_0.
+const BLOCK_BY_BLOCK_TOKENS: usize = 2;
+
+/// One group block's half `half` into the tokens' sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_block<const F: u8, const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match F {
+            Q4K => q4k_block::<N, false>(block, half, b, xs, acc),
+            Q5K => q4k_block::<N, true>(block, half, b, xs, acc),
+            Q6K => q6k_block::<N>(block, half, b, xs, acc),
+            _ => legacy_block::<F, N>(block, half, b, xs, acc),
         }
+    }
+}
+
+/// The tokens' eight sums at `out`, token `t`'s `t · out_stride` further.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store<const N: usize>(acc: &[__m256; N], out: *mut f32, out_stride: usize) {
+    for (t, acc) in acc.iter().enumerate() {
+        // SAFETY: the caller passes room for eight outputs per token.
+        unsafe { _mm256_storeu_ps(out.add(t * out_stride), *acc) };
     }
 }
 
