@@ -2,8 +2,10 @@
 //! sums and float steps as the scalar reference, so the same bits.
 //!
 //! A group's 64-byte vectors are two halves of eight rows each (AVX2 has sixteen 256-bit
-//! registers): both halves of a block run one after the other, the second from cache, so
-//! that the weights stream at an even pace.
+//! registers). For a decode step's one or two tokens both halves of a block run one after
+//! the other, the second from cache, so that the weights stream at an even pace; for more
+//! tokens one half runs over all of the group's blocks, then the other from cache (see
+//! [`BLOCK_BY_BLOCK_TOKENS`]).
 //! `vpmaddubsw` multiplies the unsigned codes by the signed activation bytes in pairs,
 //! `vpmaddwd` by ones widens the pairs to one i32 per four values, as `vpdpbusd` does at
 //! once. A pair of products fits an i16 for codes below 128; Q8_0's codes go back to
