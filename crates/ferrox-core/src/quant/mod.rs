@@ -1,7 +1,7 @@
 //! ggml's quantized block formats: conversion of rows of values between f32 and the
 //! on-disk bytes, bit-identical to llama.cpp's reference C code (`ggml-quants.c`).
 //!
-//! Each format is a type implementing [`BlockFormat`] (and [`QuantizeBlock`] when we can
+//! Each format is a type implementing `BlockFormat` (and `QuantizeBlock` when we can
 //! produce it); the public functions here validate lengths once and then walk the blocks,
 //! so the per-format code never sees a short block.
 
