@@ -8,7 +8,8 @@
 //! attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536). `FERROX_ISA` caps the
 //! kernels as everywhere. OPTIONs:
 //!
-//! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling;
+//! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling (with
+//!   `tokens=N`, against N activation rows);
 //! * `moe`: an MoE decode step's products instead (per layer, 16 expert matrices of
 //!   1408 x 2048 in one pass over the pool, then 8 of 2048 x 1408);
 //! * `shape=ROWSxCOLS`: every matrix of the stack of that shape;
@@ -54,7 +55,7 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Pa
     PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap()
 }
 
-fn cached(ty: GgmlType, threads: usize, sweeps: usize) {
+fn cached(ty: GgmlType, threads: usize, sweeps: usize, n_tokens: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -62,23 +63,30 @@ fn cached(ty: GgmlType, threads: usize, sweeps: usize) {
     let mut rng = StdRng::seed_from_u64(7);
     let (rows, cols) = (512 * threads, 1536);
     let m = random_matrix(ty, rows, cols, &mut rng);
-    let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let mut xq = vec![0u8; m.activation_row_bytes()];
-    m.quantize_activation(&x, &mut xq).unwrap();
-    let mut y = vec![0f32; rows];
+    let x: Vec<f32> = (0..cols * n_tokens)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let mut xq = vec![0u8; m.activation_row_bytes() * n_tokens];
+    for (x, xq) in x
+        .chunks_exact(cols)
+        .zip(xq.chunks_exact_mut(m.activation_row_bytes()))
+    {
+        m.quantize_activation(x, xq).unwrap();
+    }
+    let mut y = vec![0f32; rows * n_tokens];
     let bytes = rows * row_byte_len(ty, cols).unwrap();
     let mut best = f64::MAX;
     pool.install(|| {
         for _ in 0..5 {
             let start = Instant::now();
             for _ in 0..sweeps * 100 {
-                m.matmul(&xq, 1, &mut y).unwrap();
+                m.matmul(&xq, n_tokens, &mut y).unwrap();
             }
             best = best.min(start.elapsed().as_secs_f64());
         }
     });
     println!(
-        "{ty:?} {threads}t cached ({} KB): {:.1} GB/s",
+        "{ty:?} {threads}t cached ({} KB), {n_tokens} token(s): {:.1} GB/s of weights",
         bytes / 1024,
         (bytes * sweeps * 100) as f64 / best / 1e9
     );
@@ -144,11 +152,11 @@ fn main() {
     };
     // `cached`: one 512 x 1536 matrix swept again and again from the cache: the kernels'
     // compute ceiling, without memory in the way.
+    let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().expect("tokens=N"));
     if options.iter().any(|o| o == "cached") {
-        return cached(ty, threads, layers);
+        return cached(ty, threads, layers, n_tokens);
     }
     let moe = options.iter().any(|o| o == "moe");
-    let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().expect("tokens=N"));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
