@@ -184,39 +184,17 @@ fn run_drafts_with_the_mtp_block() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("deepseek2-mtp.gguf");
     std::fs::write(&path, synthetic::gguf_bytes("deepseek2-mtp")).unwrap();
-    let s = OsStr::new;
-    let run = |m: &OsStr, spec: &[&str]| {
-        let mut args = vec![s("run"), s("-m"), m, s("-p"), s("ba ce di fo")];
-        args.extend([
-            s("-n"),
-            s("16"),
-            s("--temp"),
-            s("0"),
-            s("--json"),
-            s("-t"),
-            s("1"),
-        ]);
-        args.extend(spec.iter().map(|a| s(a)));
-        ferrox(&args)
-    };
-    let parse = |out: std::process::Output| -> Value {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let plain = parse(run(path.as_os_str(), &[]));
-    let mtp = parse(run(
-        path.as_os_str(),
+    let run = |m: &Path, spec: &[&str]| greedy_run(m, "ba ce di fo", "16", spec);
+    let plain = json_of(run(&path, &[]));
+    let mtp = json_of(run(
+        &path,
         &["--spec-type", "draft-mtp", "--draft-max", "3"],
     ));
     assert_eq!(plain["tokens"], mtp["tokens"], "{plain}\n{mtp}");
     assert!(mtp["timings"]["draft_n"].as_u64().unwrap() > 0, "{mtp}");
 
     let without = model(dir.path());
-    let out = run(without.as_os_str(), &["--spec-type", "mtp"]);
+    let out = run(&without, &["--spec-type", "mtp"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nextn_predict_layers"), "{err}");
@@ -263,7 +241,6 @@ fn deepseek4_drafts_at_most_its_rings_slack() {
 #[test]
 fn kimi_drafts_only_as_far_as_its_state_rolls_back() {
     let dir = tempfile::tempdir().unwrap();
-    let s = OsStr::new;
     let write = |name: &str, bytes: Vec<u8>| {
         let path = dir.path().join(format!("{name}.gguf"));
         std::fs::write(&path, bytes).unwrap();
@@ -272,33 +249,15 @@ fn kimi_drafts_only_as_far_as_its_state_rolls_back() {
     let k3 = write("kimi-k3", synthetic::kimi::gguf_bytes("kimi-k3"));
     let linear = write("kimi-linear", synthetic::kimi::kimi_linear_gguf_bytes());
     let run = |path: &Path, spec: &[&str]| {
-        let mut args = vec![
-            s("run"),
-            s("-m"),
-            path.as_os_str(),
-            s("-p"),
-            s("ba ce di fo ba ce di fo ba ce di fo ba ce"),
-            s("-n"),
-            s("24"),
-            s("--temp"),
-            s("0"),
-            s("-t"),
-            s("1"),
-            s("--json"),
-        ];
-        args.extend(spec.iter().map(|a| s(a)));
-        ferrox(&args)
+        greedy_run(
+            path,
+            "ba ce di fo ba ce di fo ba ce di fo ba ce",
+            "24",
+            spec,
+        )
     };
-    let json = |out: std::process::Output| -> Value {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let plain = json(run(&k3, &[]));
-    let drafted = json(run(&k3, &["--spec-type", "ngram", "--draft-max", "3"]));
+    let plain = json_of(run(&k3, &[]));
+    let drafted = json_of(run(&k3, &["--spec-type", "ngram", "--draft-max", "3"]));
     assert_eq!(plain["tokens"], drafted["tokens"], "{plain}\n{drafted}");
     assert!(
         drafted["timings"]["draft_n"].as_u64().unwrap() > 0,
@@ -312,4 +271,23 @@ fn kimi_drafts_only_as_far_as_its_state_rolls_back() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot forget"), "{err}");
+}
+
+/// `ferrox run -m model -p prompt -n n --temp 0 -t 1 --json` plus `extra`.
+fn greedy_run(model: &Path, prompt: &str, n: &str, extra: &[&str]) -> std::process::Output {
+    let s = OsStr::new;
+    let mut args = vec![s("run"), s("-m"), model.as_os_str(), s("-p"), s(prompt)];
+    args.extend(["-n", n, "--temp", "0", "-t", "1", "--json"].map(s));
+    args.extend(extra.iter().map(|a| s(a)));
+    ferrox(&args)
+}
+
+/// The JSON a successful `ferrox run --json` printed.
+fn json_of(out: std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

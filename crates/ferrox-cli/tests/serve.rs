@@ -706,14 +706,7 @@ fn serve_speculative_deepseek4_streams_equal_their_solo_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("deepseek4.gguf");
     std::fs::write(&path, synthetic::deepseek4::gguf_bytes()).unwrap();
-    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
-    let prompts: Vec<String> = (0..8)
-        .map(|i| {
-            let phrase: Vec<&str> = (0..5).map(|k| syllables[(i + 3 * k) % 8]).collect();
-            let phrase = phrase.join(" ");
-            vec![phrase; 7 + (i * 5) / 7].join(" ")
-        })
-        .collect();
+    let prompts = repeated_phrases(5, |i| 7 + (i * 5) / 7);
     let lookup = ["--spec-type", "ngram", "--draft-max", "8"];
     let (drafted, _) = speculative_streams_equal_solo(&path, "512", &lookup, &prompts);
     assert!(drafted > 0.0);
@@ -726,16 +719,22 @@ fn serve_speculative_kimi_k3_streams_equal_their_solo_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kimi-k3.gguf");
     std::fs::write(&path, synthetic::kimi::gguf_bytes("kimi-k3")).unwrap();
-    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
-    let prompts: Vec<String> = (0..8)
-        .map(|i| {
-            let phrase: Vec<&str> = (0..4).map(|k| syllables[(i + 3 * k) % 8]).collect();
-            vec![phrase.join(" "); 3 + i % 4].join(" ")
-        })
-        .collect();
+    let prompts = repeated_phrases(4, |i| 3 + i % 4);
     let lookup = ["--spec-type", "ngram", "--draft-max", "3"];
     let (drafted, _) = speculative_streams_equal_solo(&path, "256", &lookup, &prompts);
     assert!(drafted > 0.0);
+}
+
+/// Eight prompts of the synthetic vocabulary for n-gram lookup: prompt `i` is a phrase of
+/// `words` syllables of its own, said `repeats(i)` times.
+fn repeated_phrases(words: usize, repeats: impl Fn(usize) -> usize) -> Vec<String> {
+    let syllables = ["ba", "ce", "di", "fo", "gu", "ha", "ki", "lo"];
+    (0..8)
+        .map(|i| {
+            let phrase: Vec<&str> = (0..words).map(|k| syllables[(i + 3 * k) % 8]).collect();
+            vec![phrase.join(" "); repeats(i)].join(" ")
+        })
+        .collect()
 }
 
 /// Kimi-K3 drafted for by Kimi Linear, whose recurrent state rolls back only to block ends:
