@@ -1,14 +1,14 @@
 //! Constrained decoding over llguidance: grammars (JSON schema, GBNF, Lark, regular
 //! expressions) compiled against the model's vocabulary into per-sequence token matchers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrox_models::generate::{Constraint, ConstraintSource, TokenConstraint};
 use ferrox_models::tokenizer::{TokenId, Tokenizer};
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{self, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use serde_json::Value;
 
 /// What a generation is constrained to.
@@ -89,12 +89,107 @@ impl TokenizerEnv for Env {
 pub struct ConstraintCompiler {
     factory: Arc<ParserFactory>,
     n_vocab: usize,
-    /// Longest a compilation may take.
+    /// Longest a compilation may take, waiting for a compiling thread included.
     pub timeout: Duration,
 }
 
 /// Grammars and schemas are limited to this size (bytes of source).
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// Most compilations that run at once in the process (those past their timeout, until they
+/// end, included): hostile grammars beyond that wait, then fail as busy, rather than taking
+/// the cores generation runs on.
+pub const MAX_CONCURRENT_COMPILES: usize = 2;
+
+/// A compiling thread's stack. Compilation recurses over the grammar's nesting (bounded by
+/// [`crate::gbnf::MAX_NESTING`] and [`crate::schema_depth::MAX_SCHEMA_DEPTH`]); this leaves
+/// a wide margin over what those bounds need. Only the pages touched are committed.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
+/// Why a grammar was not compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompileError {
+    /// The grammar or schema is invalid, too large, or too costly (HTTP 400).
+    Invalid(String),
+    /// Other compilations hold every compiling thread (HTTP 503: try again).
+    Busy(String),
+}
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompileError::Invalid(m) | CompileError::Busy(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+/// A counting semaphore over the compiling threads.
+struct Slots {
+    running: Mutex<usize>,
+    freed: Condvar,
+}
+
+static SLOTS: Slots = Slots {
+    running: Mutex::new(0),
+    freed: Condvar::new(),
+};
+
+/// One compiling thread's slot, given back when dropped (when the thread ends).
+struct Slot(&'static Slots);
+
+impl Slots {
+    fn acquire(&'static self, deadline: Instant) -> Option<Slot> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let (mut running, _) = self
+            .freed
+            .wait_timeout_while(running, wait, |n| *n >= MAX_CONCURRENT_COMPILES)
+            .unwrap_or_else(|e| e.into_inner());
+        if *running >= MAX_CONCURRENT_COMPILES {
+            return None;
+        }
+        *running += 1;
+        Some(Slot(self))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *self.0.running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// Compiling threads yield to generation: a grammar compiled while the batch decodes
+/// takes little of the cores the decode step's threads run on.
+fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain system calls on the calling thread; no memory is shared.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
+fn rename_thread(name: &std::ffi::CStr) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = name;
+}
+
+/// Where a timed-out compilation is told to stop: the matcher's cancellation handle once
+/// it exists, and whether the caller gave up.
+#[derive(Default)]
+struct Abandon {
+    handle: Option<CancellationHandle>,
+    abandoned: bool,
+}
 
 impl ConstraintCompiler {
     /// Builds the vocabulary's byte trie; `n_vocab` is the logits row's length (it may be
@@ -155,13 +250,14 @@ impl ConstraintCompiler {
     }
 
     /// The llguidance grammar for a spec: GBNF is translated to Lark, JSON gets ferrox's
-    /// layout unless it states one.
+    /// layout unless it states one; a schema that would compile too deeply is refused.
     pub fn to_grammar(spec: &GrammarSpec) -> Result<TopLevelGrammar, String> {
         Ok(match spec {
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err("the JSON schema must be an object".into());
                 }
+                crate::schema_depth::check(schema)?;
                 TopLevelGrammar::from_json_schema(schema_with_layout(schema.clone()))
             }
             GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(schema_with_layout(
@@ -175,53 +271,96 @@ impl ConstraintCompiler {
         })
     }
 
-    /// Compiles a spec; the error names the problem. A compilation that takes longer than
-    /// [`ConstraintCompiler::timeout`] fails (it goes on in the background, bounded by
-    /// llguidance's own limits, and its result is dropped).
-    pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, String> {
+    /// Compiles a spec; the error names the problem. Everything (translation included)
+    /// runs on a compiling thread of its own, at most [`MAX_CONCURRENT_COMPILES`] at once,
+    /// within [`ConstraintCompiler::timeout`]: past it the compilation is cancelled (the
+    /// parser's construction, bounded by llguidance's limits, finishes first, still holding
+    /// its slot) and this fails.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, CompileError> {
         let size = match spec {
             GrammarSpec::JsonSchema(v) => v.to_string().len(),
             GrammarSpec::JsonObject => 0,
             GrammarSpec::Gbnf(s) | GrammarSpec::Lark(s) => s.len(),
         };
-        if size > MAX_GRAMMAR_BYTES {
-            return Err(format!(
-                "the {} is {size} bytes long; the limit is {MAX_GRAMMAR_BYTES}",
-                spec.kind()
-            ));
-        }
-        let grammar = Self::to_grammar(spec)?;
         let kind = spec.kind();
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(CompileError::Invalid(format!(
+                "the {kind} is {size} bytes long; the limit is {MAX_GRAMMAR_BYTES}"
+            )));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let slot = SLOTS.acquire(deadline).ok_or_else(|| {
+            CompileError::Busy(format!(
+                "the server is busy compiling other grammars; the {kind} waited {:.1} s \
+                 (try again)",
+                self.timeout.as_secs_f64()
+            ))
+        })?;
         let factory = self.factory.clone();
+        let spec = spec.clone();
+        let abandon: Arc<Mutex<Abandon>> = Arc::default();
         let (tx, rx) = std::sync::mpsc::channel();
-        let started = Instant::now();
-        std::thread::Builder::new()
-            .name("ferrox-grammar".into())
-            .spawn(move || {
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mut matcher = Matcher::new(factory.create_parser(grammar));
-                    // The first mask builds the lexer's start: part of compiling.
-                    matcher.compute_mask().map(|_| matcher)
-                }));
-                let _ = tx.send(result);
-            })
-            .map_err(|e| format!("cannot start compiling the {kind}: {e}"))?;
-        let matcher = match rx.recv_timeout(self.timeout) {
+        {
+            let abandon = abandon.clone();
+            std::thread::Builder::new()
+                .name("ferrox-grammar".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn(move || {
+                    let _slot = slot;
+                    lower_thread_priority();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let grammar = Self::to_grammar(&spec).map_err(CompileError::Invalid)?;
+                        let mut matcher =
+                            Matcher::new(factory.create_parser(grammar)).into_cancellable();
+                        {
+                            let mut abandon = abandon.lock().unwrap_or_else(|e| e.into_inner());
+                            if abandon.abandoned {
+                                return Err(CompileError::Invalid("abandoned".into()));
+                            }
+                            abandon.handle = matcher.cancellation_handle();
+                        }
+                        // The first mask builds the lexer's start: part of compiling.
+                        match matcher.compute_mask() {
+                            Ok(_) => Ok(matcher),
+                            Err(e) => Err(CompileError::Invalid(format!(
+                                "invalid {kind}: {}",
+                                clean_error(&e)
+                            ))),
+                        }
+                    }));
+                    let _ = tx.send(result);
+                    // The slot is given back as the closure returns; from here the thread
+                    // only exits, and its name says so to whoever lists threads.
+                    rename_thread(c"ferrox-grammar-");
+                })
+                .map_err(|e| {
+                    CompileError::Busy(format!("cannot start compiling the {kind}: {e}"))
+                })?;
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let matcher = match rx.recv_timeout(wait) {
             Ok(Ok(Ok(m))) => m,
-            Ok(Ok(Err(e))) => return Err(format!("invalid {kind}: {}", clean_error(&e))),
-            Ok(Err(_)) => return Err(format!("invalid {kind}: the compiler failed on it")),
+            Ok(Ok(Err(e))) => return Err(e),
+            Ok(Err(_)) => {
+                return Err(CompileError::Invalid(format!(
+                    "invalid {kind}: the compiler failed on it"
+                )))
+            }
             Err(_) => {
-                return Err(format!(
+                let mut abandon = abandon.lock().unwrap_or_else(|e| e.into_inner());
+                abandon.abandoned = true;
+                if let Some(handle) = &abandon.handle {
+                    handle.cancel();
+                }
+                return Err(CompileError::Invalid(format!(
                     "the {kind} did not compile within {:.1} s",
                     self.timeout.as_secs_f64()
-                ))
+                )));
             }
         };
-        let matcher = match &matcher.get_error() {
-            Some(e) => return Err(format!("invalid {kind}: {e}")),
-            None => matcher,
-        };
-        let _ = started;
+        if let Some(e) = matcher.get_error() {
+            return Err(CompileError::Invalid(format!("invalid {kind}: {e}")));
+        }
         let eos: Vec<TokenId> = self.factory.tok_env().tok_trie().eos_tokens().to_vec();
         Ok(Constraint(Arc::new(Compiled {
             matcher: Mutex::new(matcher),

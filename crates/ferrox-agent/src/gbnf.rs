@@ -8,7 +8,7 @@
 //! grammar (reporting errors with their line and column) and writes it out as Lark: rules
 //! become lowercase Lark rules, literals JSON strings, classes regular expressions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// A GBNF grammar could not be read.
@@ -39,7 +39,18 @@ enum Item {
     Any,
     Ref(String, usize),
     Token(String),
-    Group(Vec<Vec<Element>>),
+    /// Alternatives, and how deeply groups nest inside (1: no group inside).
+    Group(Vec<Vec<Element>>, usize),
+}
+
+impl Item {
+    /// Groups nested in this item, itself included.
+    fn depth(&self) -> usize {
+        match self {
+            Item::Group(_, depth) => *depth,
+            _ => 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -52,6 +63,8 @@ struct Element {
 struct Parser<'s> {
     src: &'s str,
     pos: usize,
+    /// Groups open around the current position.
+    depth: usize,
 }
 
 type Alternatives = Vec<Vec<Element>>;
@@ -59,6 +72,21 @@ type Alternatives = Vec<Vec<Element>>;
 /// The most repetitions a `{m,n}` may ask for (a guard against grammars that would expand
 /// to millions of rules).
 const MAX_REPEAT: u32 = 10_000;
+
+/// The deepest groups may nest (parentheses, and stacked repetition operators, which
+/// wrap what they repeat in a group). The grammar is read, checked and written by recursion
+/// over groups, so this bounds the stack a hostile grammar can take; llguidance itself
+/// refuses Lark nested about 30 deep.
+pub const MAX_NESTING: usize = 64;
+
+fn group_depth(alts: &Alternatives) -> usize {
+    1 + alts
+        .iter()
+        .flatten()
+        .map(|e| e.item.depth())
+        .max()
+        .unwrap_or(0)
+}
 
 impl<'s> Parser<'s> {
     fn error(&self, message: impl Into<String>) -> GbnfError {
@@ -241,14 +269,23 @@ impl<'s> Parser<'s> {
                     Item::Any
                 }
                 Some('(') => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(
+                            self.error(format!("groups are nested more than {MAX_NESTING} deep"))
+                        );
+                    }
                     self.pos += 1;
                     self.space(true);
-                    let alts = self.alternatives(true)?;
+                    self.depth += 1;
+                    let alts = self.alternatives(true);
+                    self.depth -= 1;
+                    let alts = alts?;
                     if self.peek() != Some(')') {
                         return Err(self.error("expected ')'"));
                     }
                     self.pos += 1;
-                    Item::Group(alts)
+                    let depth = group_depth(&alts);
+                    Item::Group(alts, depth)
                 }
                 Some('<') => {
                     let end = self.rest().find('>').filter(|&e| e > 1).ok_or_else(|| {
@@ -268,6 +305,13 @@ impl<'s> Parser<'s> {
                     let repeat = self.repetition()?;
                     if last.repeat != (1, Some(1)) {
                         // `x*+`: apply the second to a group holding the first.
+                        let depth = last.item.depth() + 1;
+                        if depth + self.depth > MAX_NESTING {
+                            return Err(self.error_at(
+                                start,
+                                format!("groups are nested more than {MAX_NESTING} deep"),
+                            ));
+                        }
                         let inner = std::mem::replace(
                             last,
                             Element {
@@ -276,7 +320,7 @@ impl<'s> Parser<'s> {
                             },
                         );
                         *last = Element {
-                            item: Item::Group(vec![vec![inner]]),
+                            item: Item::Group(vec![vec![inner]], depth),
                             repeat,
                         };
                     } else {
@@ -355,28 +399,45 @@ impl<'s> Parser<'s> {
     }
 }
 
-/// The Lark rule name for a GBNF rule name (Lark rule names are lowercase).
-fn lark_name(gbnf: &str, taken: &mut HashMap<String, String>, used: &mut Vec<String>) -> String {
-    if let Some(n) = taken.get(gbnf) {
-        return n.clone();
+/// Lark names given so far: GBNF name to Lark name, the names taken, and per lowercased
+/// base the next suffix to try (so that many names sharing a base, `a`, `A`, ..., cost
+/// linear time, not quadratic).
+#[derive(Default)]
+struct LarkNames {
+    of: HashMap<String, String>,
+    used: HashSet<String>,
+    next_suffix: HashMap<String, usize>,
+}
+
+impl LarkNames {
+    /// The Lark rule name for a GBNF rule name (Lark rule names are lowercase).
+    fn name(&mut self, gbnf: &str) -> String {
+        if let Some(n) = self.of.get(gbnf) {
+            return n.clone();
+        }
+        let base: String = gbnf
+            .chars()
+            .map(|c| match c {
+                'A'..='Z' => c.to_ascii_lowercase(),
+                '-' => '_',
+                c => c,
+            })
+            .collect();
+        let mut name = format!("r_{base}");
+        if self.used.contains(&name) {
+            let k = self.next_suffix.entry(base.clone()).or_insert(2);
+            loop {
+                name = format!("r_{base}_{k}");
+                *k += 1;
+                if !self.used.contains(&name) {
+                    break;
+                }
+            }
+        }
+        self.used.insert(name.clone());
+        self.of.insert(gbnf.to_string(), name.clone());
+        name
     }
-    let base: String = gbnf
-        .chars()
-        .map(|c| match c {
-            'A'..='Z' => c.to_ascii_lowercase(),
-            '-' => '_',
-            c => c,
-        })
-        .collect();
-    let mut name = format!("r_{base}");
-    let mut k = 2;
-    while used.contains(&name) {
-        name = format!("r_{base}_{k}");
-        k += 1;
-    }
-    used.push(name.clone());
-    taken.insert(gbnf.to_string(), name.clone());
-    name
 }
 
 /// A Lark (JSON) string literal.
@@ -467,7 +528,7 @@ impl Writer<'_> {
             Item::Any => out.push_str("/(?s:.)/"),
             Item::Ref(name, _) => out.push_str(&self.names[name]),
             Item::Token(t) => out.push_str(t),
-            Item::Group(alts) => {
+            Item::Group(alts, _) => {
                 out.push('(');
                 self.alternatives(alts, out);
                 out.push(')');
@@ -477,7 +538,7 @@ impl Writer<'_> {
 
     fn element(&self, e: &Element, out: &mut String) {
         let group = |out: &mut String| {
-            if matches!(e.item, Item::Group(_)) {
+            if matches!(e.item, Item::Group(..)) {
                 self.item(&e.item, out);
             } else {
                 out.push('(');
@@ -522,8 +583,10 @@ pub fn gbnf_to_lark(source: &str) -> Result<String, GbnfError> {
     let mut p = Parser {
         src: source,
         pos: 0,
+        depth: 0,
     };
     let mut rules: Vec<(String, usize, Alternatives)> = Vec::new();
+    let mut defined: HashSet<&str> = HashSet::new();
     p.space(true);
     while p.pos < source.len() {
         let start = p.pos;
@@ -540,31 +603,31 @@ pub fn gbnf_to_lark(source: &str) -> Result<String, GbnfError> {
             Some('\r' | '\n') => {}
             Some(c) => return Err(p.error(format!("expected the end of the line, found {c:?}"))),
         }
-        if rules.iter().any(|(n, _, _)| n == name) {
+        if !defined.insert(name) {
             return Err(p.error_at(start, format!("rule `{name}` is defined twice")));
         }
         rules.push((name.to_string(), start, alts));
         p.space(true);
     }
-    if !rules.iter().any(|(n, _, _)| n == "root") {
+    if !defined.contains("root") {
         return Err(GbnfError {
             message: "the grammar has no `root` rule".into(),
             line: 1,
             column: 1,
         });
     }
-    let mut names = HashMap::new();
-    let mut used = Vec::new();
+    let mut lark_names = LarkNames::default();
     for (name, _, _) in &rules {
-        lark_name(name, &mut names, &mut used);
+        lark_names.name(name);
     }
+    let names = lark_names.of;
     // Every reference must name a rule.
     fn check(alts: &Alternatives, names: &HashMap<String, String>) -> Result<(), (String, usize)> {
         for seq in alts {
             for e in seq {
                 match &e.item {
                     Item::Ref(n, at) if !names.contains_key(n) => return Err((n.clone(), *at)),
-                    Item::Group(inner) => check(inner, names)?,
+                    Item::Group(inner, _) => check(inner, names)?,
                     _ => {}
                 }
             }

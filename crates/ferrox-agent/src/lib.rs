@@ -7,9 +7,10 @@ pub mod constraint;
 pub mod gbnf;
 pub mod output;
 pub mod reasoning;
+pub mod schema_depth;
 pub mod tools;
 
-pub use constraint::{ConstraintCompiler, GrammarSpec};
+pub use constraint::{CompileError, ConstraintCompiler, GrammarSpec};
 pub use output::{Delta, OutputParser};
 pub use reasoning::{ReasoningFormat, ReasoningSplitter};
 pub use tools::{Tool, ToolChoice, ToolFormat, ToolSpec};

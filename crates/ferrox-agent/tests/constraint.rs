@@ -111,22 +111,29 @@ fn llama_cpp_grammars_compile_and_constrain() {
 fn bad_grammars_are_errors_naming_the_problem() {
     let e = compiler()
         .compile(&GrammarSpec::Gbnf("root ::= item\n".into()))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("undefined rule `item`"), "{e}");
     let e = compiler()
         .compile(&GrammarSpec::JsonSchema(json!({"type": "nonsense"})))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("JSON schema") && e.contains("nonsense"), "{e}");
     let e = compiler()
         .compile(&GrammarSpec::JsonSchema(json!([1, 2])))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("must be an object"), "{e}");
     let e = compiler()
         .compile(&GrammarSpec::Lark("start: missing_rule".into()))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Lark grammar"), "{e}");
     let huge = format!("root ::= \"{}\"\n", "a".repeat(2 << 20));
-    let e = compiler().compile(&GrammarSpec::Gbnf(huge)).unwrap_err();
+    let e = compiler()
+        .compile(&GrammarSpec::Gbnf(huge))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("limit"), "{e}");
     // A grammar whose lexer explodes is refused (by llguidance's limits or the timeout),
     // never a hang.
@@ -218,4 +225,73 @@ fn tool_call_grammars_compile_and_accept_template_text() {
     assert!(accepts(&xml, "<tool_call>\n<function=search>\n<parameter=q>\nrust\n</parameter>\n</function>\n</tool_call>"));
     let kimi = ToolFormat::Kimi.call_grammar(&refs, false, &|_| false);
     assert!(accepts(&kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{\"q\": \"rust\"}<|tool_call_end|><|tool_calls_section_end|>"));
+}
+
+/// Grammars built to exhaust the compiler: each is answered, quickly, with an error that
+/// names the problem; none overflows a stack (which would abort the whole process).
+#[test]
+fn hostile_grammars_are_refused_quickly() {
+    let time = |spec: &GrammarSpec| {
+        let started = std::time::Instant::now();
+        let result = compiler()
+            .compile(spec)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        (result, started.elapsed())
+    };
+    let nested = format!(
+        "root ::= {}\"a\"{}",
+        "(".repeat(200_000),
+        ")".repeat(200_000)
+    );
+    let (result, took) = time(&GrammarSpec::Gbnf(nested));
+    let e = result.unwrap_err();
+    assert!(e.contains("nested more than"), "{e}");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+
+    let stacked = format!("root ::= \"a\"{}", "*".repeat(200_000));
+    let e = time(&GrammarSpec::Gbnf(stacked)).0.unwrap_err();
+    assert!(e.contains("nested more than"), "{e}");
+
+    // A `$ref` chain: 250 long compiles (within the depth limit, on the compiling thread's
+    // stack), 20,000 long is refused.
+    let ref_chain = |n: usize| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            let next = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+            let def = if n < 1000 {
+                json!({"type": "object", "properties": {"x": next}})
+            } else {
+                next
+            };
+            defs.insert(format!("d{i}"), def);
+        }
+        defs.insert(format!("d{n}"), json!({"type": "string"}));
+        GrammarSpec::JsonSchema(json!({"$defs": defs, "$ref": "#/$defs/d0"}))
+    };
+    let (result, _) = time(&ref_chain(120));
+    result.unwrap();
+    let (result, took) = time(&ref_chain(20_000));
+    let e = result.unwrap_err();
+    assert!(e.contains("levels deep"), "{e}");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+
+    // 65,000 rules: a chain, and names that all share one Lark base name.
+    let chain: String = (0..65_000)
+        .map(|i| format!("r{i} ::= \"x\" r{}\n", i + 1))
+        .collect::<String>()
+        + "r65000 ::= \"y\"\nroot ::= r0\n";
+    let (_, took) = time(&GrammarSpec::Gbnf(chain));
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    let variants: String = (0u32..65_000)
+        .map(|i| {
+            let name: String = (0..17)
+                .map(|b| if i >> b & 1 == 1 { 'A' } else { 'a' })
+                .collect();
+            format!("{name} ::= \"x\"\n")
+        })
+        .collect::<String>()
+        + "root ::= aaaaaaaaaaaaaaaaa\n";
+    let (_, took) = time(&GrammarSpec::Gbnf(variants));
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
 }

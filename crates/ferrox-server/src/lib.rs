@@ -693,7 +693,7 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/get_server_info", get(routes::server_info))
         .route("/model_info", get(routes::model_info))
         .route("/server_info", get(routes::server_info))
-        .route("/", get(web::chat_page))
+        .merge(web::routes())
         .fallback(routes::fallback)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -722,10 +722,8 @@ async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next)
         // gateway's endpoint picker scrape without credentials, and the metrics carry counts
         // and the model's name, no request content.
         // The chat page itself is static; its requests carry the key the user enters.
-        let open = matches!(
-            req.uri().path(),
-            "/" | "/health" | "/v1/health" | "/metrics"
-        );
+        let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/metrics")
+            || web::is_page_path(req.uri().path());
         if !open {
             let headers = req.headers();
             let given = headers

@@ -405,7 +405,14 @@ pub(crate) async fn compile(
     };
     blocking(move || compiler.compile(&spec))
         .await?
-        .map_err(|message| ApiError::param(param, message).with_code("invalid_grammar"))
+        .map_err(|e| match e {
+            ferrox_agent::CompileError::Invalid(message) => {
+                ApiError::param(param, message).with_code("invalid_grammar")
+            }
+            ferrox_agent::CompileError::Busy(message) => {
+                ApiError::unavailable("grammar_compiler_busy", message)
+            }
+        })
 }
 
 pub async fn completions(

@@ -117,7 +117,9 @@ impl GrammarArgs {
         };
         let compiler = ConstraintCompiler::new(tokenizer.clone(), n_vocab)
             .context("preparing the vocabulary for constrained output")?;
-        let constraint = compiler.compile(&spec).map_err(InputError)?;
+        let constraint = compiler
+            .compile(&spec)
+            .map_err(|e| InputError(e.to_string()))?;
         Ok(Some(constraint))
     }
 }
