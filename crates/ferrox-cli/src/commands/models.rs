@@ -122,11 +122,14 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes from the cache only: a link is unlinked (what it points at stays), a directory
+/// reached through a link that leads out of the cache is not entered, and a blob is deleted
+/// only where it lies inside the repository's directory (see [`cache::remove_file`]).
 pub fn rm(args: RmArgs) -> anyhow::Result<()> {
     let model = ModelRef::parse(&args.model).map_err(hub_error)?;
     let hub = Hub::from_env();
     let dir = cache::repo_dir(&hub.cache_dir, &model.repo);
-    if !dir.is_dir() {
+    if !cache::has_repo(&hub.cache_dir, &model.repo) {
         return Err(InputError(format!(
             "{} is not in {}",
             model.repo,
@@ -135,7 +138,8 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
         .into());
     }
     let Some(quant) = &model.quant else {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
+        cache::remove_repo(&hub.cache_dir, &model.repo)
+            .with_context(|| format!("{}", dir.display()))?;
         eprintln!("removed {}", model.repo);
         return Ok(());
     };

@@ -2,14 +2,27 @@
 directory: ROOT/ORG/NAME/FILE. Enough of the API for `ferrox pull` and `-hf`:
 
   GET /api/models/ORG/NAME/revision/main?blobs=true   model info: sha, siblings with LFS sha256
-  GET /ORG/NAME/resolve/main/FILE                      302 to /cdn/... with x-repo-commit and
+  HEAD|GET /ORG/NAME/resolve/main/FILE                 302 to /cdn/... with x-repo-commit and
                                                        x-linked-etag / x-linked-size, as the Hub
-  GET /cdn/ORG/NAME/FILE                               the bytes, honouring Range
+  HEAD|GET /cdn/ORG/NAME/FILE                          the bytes, honouring Range
+
+A second listener (another origin: the same address, another port) serves the same routes,
+as a CDN on another host would.
 
 ROOT/_config.json tunes repositories: {"ORG/NAME": {"gated": true}} wants the bearer token
-"secret"; {"corrupt": [FILE]} lists a sha256 the bytes do not have; {"interrupt": [FILE]}
-cuts the first full transfer of FILE in the middle. Every request is appended to ROOT/_log
-as "METHOD PATH RANGE". Prints the port it listens on, then serves until killed.
+"secret"; {"corrupt": [FILE]} gives a sha256 the bytes do not have (listing and ETag); {"interrupt": [FILE]}
+cuts the first full transfer of FILE in the middle. Hostile behaviour, for the checks a
+client must make:
+  "etag": S           sends S as x-linked-etag and ETag (a path such as ../../x, say)
+  "nolfs": true       lists the GGUFs without their LFS sha256
+  "commit": S         sends S as x-repo-commit
+  "other_host": true  redirects to the second listener (an absolute Location)
+  "redirect_loop": true  redirects the file to itself, forever
+  "ignore_range": true   answers a Range request with 200 and the whole file
+  "bad_range": true      answers a Range request with 206 from another offset than asked
+  "extra": [NAME]     lists NAME as a file too (a name such as ../x.gguf)
+Every request is appended to ROOT/_log as "METHOD PATH RANGE auth=yes|no port=PORT".
+Prints the port it listens on, then the other listener's, then serves until killed.
 """
 import hashlib
 import json
@@ -40,6 +53,13 @@ def sha256(path):
     return h.hexdigest()
 
 
+def listed_sha256(repo, name, path):
+    """The sha256 the Hub gives for a file (listing and ETag): a wrong one for "corrupt"."""
+    if name in config(repo).get("corrupt", []):
+        return hashlib.sha256(b"other bytes").hexdigest()
+    return sha256(path)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -52,17 +72,26 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.body(data)
 
     def authorized(self, repo):
         if not config(repo).get("gated"):
             return True
         return self.headers.get("Authorization") == "Bearer secret"
 
+    def do_HEAD(self):
+        self.route("HEAD")
+
     def do_GET(self):
+        self.route("GET")
+
+    def route(self, method):
+        self.head = method == "HEAD"
         path = unquote(urlsplit(self.path).path)
+        auth = "yes" if self.headers.get("Authorization") else "no"
+        port = self.server.server_address[1]
         with LOCK, open(os.path.join(ROOT, "_log"), "a") as log:
-            log.write(f"GET {path} {self.headers.get('Range', '-')}\n")
+            log.write(f"{method} {path} {self.headers.get('Range', '-')} auth={auth} port={port}\n")
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and parts[-2:] == ["revision", "main"]:
             return self.info("/".join(parts[2:-2]))
@@ -71,6 +100,10 @@ class Handler(BaseHTTPRequestHandler):
         if parts[0] == "cdn" and len(parts) >= 4:
             return self.content("/".join(parts[1:3]), "/".join(parts[3:]))
         self.send_json(404, {"error": "no such route"})
+
+    def body(self, data):
+        if not self.head:
+            self.wfile.write(data)
 
     def repo_dir(self, repo):
         d = os.path.join(ROOT, repo)
@@ -82,17 +115,16 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(404, {"error": "Repository not found"})
         if not self.authorized(repo):
             return self.send_json(401, {"error": "Access to this repository is restricted"})
-        corrupt = config(repo).get("corrupt", [])
         siblings = []
         for name in sorted(os.listdir(d)):
             p = os.path.join(d, name)
-            sha = sha256(p)
-            if name in corrupt:
-                sha = hashlib.sha256(b"other bytes").hexdigest()
+            sha = listed_sha256(repo, name, p)
             entry = {"rfilename": name, "size": os.path.getsize(p)}
-            if name.endswith(".gguf"):
+            if name.endswith(".gguf") and not config(repo).get("nolfs"):
                 entry["lfs"] = {"sha256": sha, "size": os.path.getsize(p), "pointerSize": 134}
             siblings.append(entry)
+        for name in config(repo).get("extra", []):
+            siblings.append({"rfilename": name, "size": 4})
         self.send_json(200, {"id": repo, "modelId": repo, "sha": COMMIT, "siblings": siblings})
 
     def resolve(self, repo, name):
@@ -104,11 +136,18 @@ class Handler(BaseHTTPRequestHandler):
         p = os.path.join(d, name)
         if not os.path.isfile(p):
             return self.send_json(404, {"error": "Entry not found"})
+        conf = config(repo)
         host = self.headers.get("Host")
+        if conf.get("other_host"):
+            host = f"127.0.0.1:{OTHER.server_address[1]}"
+        location = f"http://{host}/cdn/{repo}/{name}"
+        if conf.get("redirect_loop"):
+            location = f"/{repo}/resolve/main/{name}"
+        etag = conf.get("etag", listed_sha256(repo, name, p))
         self.send_response(302)
-        self.send_header("Location", f"http://{host}/cdn/{repo}/{name}")
-        self.send_header("x-repo-commit", COMMIT)
-        self.send_header("x-linked-etag", f'"{sha256(p)}"')
+        self.send_header("Location", location)
+        self.send_header("x-repo-commit", conf.get("commit", COMMIT))
+        self.send_header("x-linked-etag", f'"{etag}"')
         self.send_header("x-linked-size", str(os.path.getsize(p)))
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -119,20 +158,27 @@ class Handler(BaseHTTPRequestHandler):
         if p is None or not os.path.isfile(p):
             return self.send_json(404, {"error": "Entry not found"})
         data = open(p, "rb").read()
+        conf = config(repo)
         start, end = 0, len(data) - 1
         ranged = self.headers.get("Range")
+        if ranged and conf.get("ignore_range"):
+            ranged = None
         if ranged and ranged.startswith("bytes="):
             a, _, b = ranged[6:].partition("-")
             start = int(a)
             end = int(b) if b else len(data) - 1
+            if conf.get("bad_range"):
+                start = start // 2
         body = data[start:end + 1]
         self.send_response(206 if ranged else 200)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        self.send_header("ETag", f'"{sha256(p)}"')
+        self.send_header("ETag", f'"{conf.get("etag", listed_sha256(repo, name, p))}"')
         self.end_headers()
+        if self.head:
+            return
         key = (repo, name)
-        cut = name in config(repo).get("interrupt", []) and len(body) > 1
+        cut = name in conf.get("interrupt", []) and len(body) > 1
         with LOCK:
             cut = cut and key not in INTERRUPTED
             if cut:
@@ -144,9 +190,16 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client stopped reading (an answer it refused): nothing to report.
+            self.close_connection = True
 
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+OTHER = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=OTHER.serve_forever, daemon=True).start()
 print(server.server_address[1], flush=True)
+print(OTHER.server_address[1], flush=True)
 server.serve_forever()

@@ -4,22 +4,28 @@
 //! Files land in the cache as `huggingface_hub` lays it out
 //! (`models--ORG--NAME/{blobs,refs,snapshots}` under `HF_HUB_CACHE`, else `HF_HOME/hub`, else
 //! `~/.cache/huggingface/hub`), so what another tool downloaded is reused and the other way
-//! round. Downloads go through the `hf-hub` crate (resumable from the partial file, a progress
-//! bar on a terminal), then each file is checked against the sha256 the Hub lists for it.
-//! `HF_TOKEN` (or the token file `huggingface-cli login` writes) opens gated repositories,
-//! `HF_ENDPOINT` points at a mirror, `HF_HUB_OFFLINE=1` uses only what is cached.
+//! round. Downloads are our own (see [`download`]): resumable from the partial file, a
+//! progress bar on a terminal, each file checked against the sha256 the Hub lists before it
+//! appears in a snapshot. `HF_TOKEN` (or the token file `huggingface-cli login` writes) opens
+//! gated repositories, `HF_ENDPOINT` points at a mirror, `HF_HUB_OFFLINE=1` uses only what is
+//! cached.
+//!
+//! Neither the Hub (or a mirror) nor the cache's own files are trusted to name paths: a
+//! commit must be 40 hex digits, a blob a hex digest (the listed sha256, which the file's
+//! ETag must equal), a file name a relative path without `..`; the token goes only to the
+//! endpoint's own origin; nothing is written or removed where a link leads out of the cache.
 
 pub mod cache;
+pub mod download;
+pub mod http;
 pub mod select;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use hf_hub::api::sync::{ApiBuilder, ApiError};
-use hf_hub::{Cache, Repo};
-use indicatif::ProgressBar;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use url::Url;
+
+use http::{Client, Failure, Follow};
 
 pub use select::ModelRef;
 
@@ -62,6 +68,9 @@ pub enum HubError {
     Status { status: u16, url: String },
     #[error("downloading {file}: {reason} (run the command again to resume)")]
     Download { file: String, reason: String },
+    /// The Hub (or a mirror) sent what cannot be used safely.
+    #[error("refused: {0}")]
+    Refused(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -75,6 +84,7 @@ impl HubError {
             HubError::Unreachable { .. }
                 | HubError::Download { .. }
                 | HubError::Status { .. }
+                | HubError::Refused(_)
                 | HubError::Io(_)
         )
     }
@@ -133,8 +143,9 @@ impl Hub {
         if self.offline {
             return self.cached(model);
         }
-        let files = match self.list_files(&model.repo) {
-            Ok(files) => files,
+        let client = Client::new(self.endpoint_url()?, self.token.clone());
+        let info = match self.list_files(&client, &model.repo) {
+            Ok(info) => info,
             Err(HubError::Unreachable { endpoint, reason }) => {
                 return self
                     .cached(model)
@@ -142,12 +153,16 @@ impl Hub {
             }
             Err(e) => return Err(e),
         };
-        let names: Vec<String> = files.iter().map(|f| f.rfilename.clone()).collect();
+        let names: Vec<String> = info.siblings.iter().map(|f| f.rfilename.clone()).collect();
         let chosen = select::select(&names, model.quant.as_deref())?;
         let mut paths = Vec::new();
         for name in &chosen {
-            let listed = files.iter().find(|f| &f.rfilename == name);
-            paths.push(self.fetch(&model.repo, name, listed.and_then(RepoFile::sha256))?);
+            let listed = info
+                .siblings
+                .iter()
+                .find(|f| &f.rfilename == name)
+                .expect("chosen among the listed files");
+            paths.push(self.fetch(&client, &model.repo, listed, info.sha.as_deref())?);
         }
         Ok(paths.swap_remove(0))
     }
@@ -162,50 +177,101 @@ impl Hub {
         Ok(snapshot.join(&chosen[0]))
     }
 
-    fn get(&self, url: &str) -> ureq::Request {
-        let request = ureq::get(url);
-        match &self.token {
-            Some(token) => request.set("Authorization", &format!("Bearer {token}")),
-            None => request,
+    fn endpoint_url(&self) -> Result<Url, HubError> {
+        let bad =
+            |why: String| HubError::BadReference(format!("HF_ENDPOINT `{}`: {why}", self.endpoint));
+        let url = Url::parse(&self.endpoint).map_err(|e| bad(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(bad("not an http(s) URL".to_string()));
         }
+        Ok(url)
     }
 
-    /// The repository's files with their LFS sha256 (`?blobs=true`).
-    fn list_files(&self, repo: &str) -> Result<Vec<RepoFile>, HubError> {
-        let url = format!("{}/api/models/{repo}/revision/main", self.endpoint);
-        let response = self
-            .get(&url)
-            .query("blobs", "true")
-            .call()
-            .map_err(|e| self.request_error(repo, &url, e))?;
+    /// The endpoint's URL with `parts` appended as path segments (each percent-encoded).
+    fn url(client: &Client, parts: &[&str]) -> Url {
+        let mut url = client.endpoint().clone();
+        url.path_segments_mut()
+            .expect("an http(s) URL has a path")
+            .pop_if_empty()
+            .extend(parts);
+        url
+    }
+
+    /// The repository's files with their LFS sha256 (`?blobs=true`), and its commit. A file
+    /// name that would lead out of a snapshot directory is refused.
+    fn list_files(&self, client: &Client, repo: &str) -> Result<RepoInfo, HubError> {
+        let (org, name) = repo.split_once('/').expect("a checked reference");
+        let mut url = Self::url(client, &["api", "models", org, name, "revision", "main"]);
+        url.query_pairs_mut().append_pair("blobs", "true");
+        let shown = url.to_string();
+        let (_, response) = client
+            .send("GET", url, None, Follow::All)
+            .map_err(|f| self.request_error(repo, &shown, f, None))?;
+        if response.status() != 200 {
+            return Err(HubError::Status {
+                status: response.status(),
+                url: shown,
+            });
+        }
         let info: RepoInfo = response.into_json().map_err(|e| HubError::Status {
             status: 200,
-            url: format!("{url} (unreadable answer: {e})"),
+            url: format!("{shown} (unreadable answer: {e})"),
         })?;
-        Ok(info.siblings)
+        if let Some(bad) = info
+            .siblings
+            .iter()
+            .find(|f| !cache::is_safe_file_name(&f.rfilename))
+        {
+            return Err(HubError::Refused(format!(
+                "{} lists a file named {:?} in {repo}: not a plain relative path, it would \
+                 lead out of the repository's directory",
+                self.endpoint, bad.rfilename
+            )));
+        }
+        Ok(info)
     }
 
-    fn request_error(&self, repo: &str, url: &str, e: ureq::Error) -> HubError {
-        match e {
-            ureq::Error::Status(401, _) => HubError::Unauthorized(repo.to_string()),
-            ureq::Error::Status(403, _) => HubError::Forbidden(repo.to_string()),
-            ureq::Error::Status(404, _) => {
-                HubError::NotFound(repo.to_string(), self.endpoint.clone())
-            }
-            ureq::Error::Status(status, _) => HubError::Status {
+    /// The error for a failed request to `url`; a broken connection while fetching `file`
+    /// is a download to resume.
+    fn request_error(&self, repo: &str, url: &str, f: Failure, file: Option<&str>) -> HubError {
+        match f {
+            Failure::Status(401) => HubError::Unauthorized(repo.to_string()),
+            Failure::Status(403) => HubError::Forbidden(repo.to_string()),
+            Failure::Status(404) => HubError::NotFound(repo.to_string(), self.endpoint.clone()),
+            Failure::Status(status) => HubError::Status {
                 status,
                 url: url.to_string(),
             },
-            ureq::Error::Transport(t) => HubError::Unreachable {
-                endpoint: self.endpoint.clone(),
-                reason: t.to_string(),
+            Failure::Transport(reason) => match file {
+                Some(file) => HubError::Download {
+                    file: file.to_string(),
+                    reason,
+                },
+                None => HubError::Unreachable {
+                    endpoint: self.endpoint.clone(),
+                    reason,
+                },
             },
+            Failure::Redirect(what) => HubError::Refused(format!("{url}: {what}")),
         }
     }
 
     /// One file of `repo` in the cache: reused when the cached blob is the one the Hub
-    /// lists, else downloaded (resuming a partial download) and checked against `sha256`.
-    fn fetch(&self, repo: &str, file: &str, sha256: Option<String>) -> Result<PathBuf, HubError> {
+    /// lists, else downloaded (resuming a partial download) and checked against its sha256.
+    fn fetch(
+        &self,
+        client: &Client,
+        repo: &str,
+        listed: &RepoFile,
+        listed_commit: Option<&str>,
+    ) -> Result<PathBuf, HubError> {
+        let file = listed.rfilename.as_str();
+        let endpoint = &self.endpoint;
+        let sha256 = listed.sha256().map_err(|sha| {
+            HubError::Refused(format!(
+                "{endpoint} lists `{sha}` as the sha256 of {file}, not 64 hex digits"
+            ))
+        })?;
         if let (Some(sha), Some(snapshot)) = (&sha256, cache::snapshot_dir(&self.cache_dir, repo)) {
             let path = snapshot.join(file);
             let blob = cache::blob_path(&self.cache_dir, repo, sha);
@@ -213,46 +279,99 @@ impl Hub {
                 return Ok(path);
             }
         }
-        let api = ApiBuilder::from_cache(Cache::new(self.cache_dir.clone()))
-            .with_endpoint(self.endpoint.clone())
-            .with_token(self.token.clone())
-            .with_progress(false)
-            .build()
-            .map_err(|e| self.api_error(repo, file, e))?;
-        let bar = ProgressBar::new(0);
-        let path = api
-            .repo(Repo::model(repo.to_string()))
-            .download_with_progress(file, bar)
-            .map_err(|e| self.api_error(repo, file, e))?;
-        if let Some(expected) = sha256 {
-            let actual = sha256_of(&path)?;
-            if actual != expected {
-                cache::remove_file(&self.cache_dir, repo, file)?;
-                return Err(HubError::Checksum {
-                    file: file.to_string(),
-                    expected,
-                    actual,
-                });
+        let (org, name) = repo.split_once('/').expect("a checked reference");
+        let mut parts = vec![org, name, "resolve", "main"];
+        parts.extend(file.split('/'));
+        let url = Self::url(client, &parts);
+        let shown = url.to_string();
+        let fail = |f: Failure| self.request_error(repo, &shown, f, Some(file));
+        let meta = file_meta(client, url).map_err(fail)?;
+        let commit = match (&meta.commit, listed_commit) {
+            (Some(c), _) if cache::is_commit(c) => c.clone(),
+            (Some(c), _) => {
+                return Err(HubError::Refused(format!(
+                    "{endpoint} gives `{c}` as the commit of {repo}, not a 40-digit hex hash"
+                )))
             }
-        }
-        Ok(path)
+            (None, Some(c)) if cache::is_commit(c) => c.to_string(),
+            (None, _) => {
+                return Err(HubError::Refused(format!(
+                    "{endpoint} gives no commit hash for {repo}"
+                )))
+            }
+        };
+        let etag = meta.etag.as_deref().map(bare_etag);
+        let (blob, expected) = match (sha256, etag) {
+            (Some(sha), Some(etag)) if !etag.eq_ignore_ascii_case(&sha) => {
+                return Err(HubError::Refused(format!(
+                    "{endpoint} gives `{etag}` as the ETag of {file}, not the sha256 its \
+                     listing gives ({sha})"
+                )))
+            }
+            (Some(sha), _) => (sha.clone(), Some(sha)),
+            (None, Some(etag)) if cache::is_blob_name(etag) => {
+                let etag = etag.to_ascii_lowercase();
+                let sha = cache::is_sha256(&etag).then(|| etag.clone());
+                (etag, sha)
+            }
+            (None, Some(etag)) => {
+                return Err(HubError::Refused(format!(
+                    "{endpoint} gives `{etag}` as the ETag of {file}, not a sha256 or git hash"
+                )))
+            }
+            (None, None) => {
+                return Err(HubError::Refused(format!(
+                    "{endpoint} gives neither a sha256 nor an ETag for {file}"
+                )))
+            }
+        };
+        let target = download::Blob {
+            cache: &self.cache_dir,
+            repo,
+            file,
+            commit: &commit,
+            name: &blob,
+            sha256: expected.as_deref(),
+            size: listed.size().or(meta.size),
+        };
+        download::store(client, &meta.location, &target, &fail)
     }
+}
 
-    fn api_error(&self, repo: &str, file: &str, e: ApiError) -> HubError {
-        match e {
-            ApiError::RequestError(e) => match *e {
-                ureq::Error::Transport(t) => HubError::Download {
-                    file: file.to_string(),
-                    reason: t.to_string(),
-                },
-                e => self.request_error(repo, &format!("{repo}/{file}"), e),
-            },
-            e => HubError::Download {
-                file: file.to_string(),
-                reason: e.to_string(),
-            },
-        }
-    }
+/// What the Hub says of a file before sending it (`huggingface_hub` reads the same).
+struct FileMeta {
+    commit: Option<String>,
+    etag: Option<String>,
+    size: Option<u64>,
+    /// Where the bytes are: the CDN link the Hub redirects to, else the file's own URL.
+    location: Url,
+}
+
+/// A `HEAD` of the file's URL, following only redirects on the same server: the answer
+/// that redirects elsewhere carries the metadata.
+fn file_meta(client: &Client, url: Url) -> Result<FileMeta, Failure> {
+    let (at, response) = client.send("HEAD", url, None, Follow::Relative)?;
+    let header = |name: &str| response.header(name).map(str::to_string);
+    let redirected = (300..400).contains(&response.status());
+    let location = match response.header("Location") {
+        Some(location) if redirected => http::next_url(&at, location)?,
+        _ => at,
+    };
+    let size = header("X-Linked-Size")
+        .or_else(|| header("Content-Length").filter(|_| !redirected))
+        .and_then(|s| s.trim().parse().ok());
+    Ok(FileMeta {
+        commit: header("X-Repo-Commit"),
+        etag: header("X-Linked-Etag").or_else(|| header("ETag")),
+        size,
+        location,
+    })
+}
+
+/// An ETag without its weak marker and quotes.
+fn bare_etag(etag: &str) -> &str {
+    let etag = etag.trim();
+    etag.strip_prefix("W/").unwrap_or(etag).trim_matches('"')
 }
 
 /// Whether two paths name the same contents (a snapshot entry is a link to its blob).
@@ -263,23 +382,12 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn sha256_of(path: &Path) -> Result<String, HubError> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buffer)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buffer[..n]);
-    }
-    Ok(format!("{:x}", hasher.finalize()))
-}
-
 /// The Hub's model info, as far as it is read here.
 #[derive(Deserialize)]
 struct RepoInfo {
+    /// The commit `main` is at.
+    #[serde(default)]
+    sha: Option<String>,
     #[serde(default)]
     siblings: Vec<RepoFile>,
 }
@@ -287,6 +395,8 @@ struct RepoInfo {
 #[derive(Deserialize)]
 struct RepoFile {
     rfilename: String,
+    #[serde(default)]
+    size: Option<u64>,
     #[serde(default)]
     lfs: Option<LfsInfo>,
 }
@@ -297,12 +407,40 @@ struct LfsInfo {
     sha256: Option<String>,
     #[serde(default)]
     oid: Option<String>,
+    #[serde(default)]
+    size: Option<u64>,
 }
 
 impl RepoFile {
-    fn sha256(&self) -> Option<String> {
-        let lfs = self.lfs.as_ref()?;
-        let sha = lfs.sha256.as_deref().or(lfs.oid.as_deref())?;
-        Some(sha.trim_start_matches("sha256:").to_ascii_lowercase())
+    /// The listed sha256 (lower case), if any; `Err` with it if it is not 64 hex digits.
+    fn sha256(&self) -> Result<Option<String>, String> {
+        let Some(lfs) = self.lfs.as_ref() else {
+            return Ok(None);
+        };
+        let Some(sha) = lfs.sha256.as_deref().or(lfs.oid.as_deref()) else {
+            return Ok(None);
+        };
+        let sha = sha.trim_start_matches("sha256:").to_ascii_lowercase();
+        if cache::is_sha256(&sha) {
+            Ok(Some(sha))
+        } else {
+            Err(sha)
+        }
+    }
+
+    fn size(&self) -> Option<u64> {
+        self.lfs.as_ref().and_then(|l| l.size).or(self.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags_are_read_bare() {
+        assert_eq!(bare_etag("\"abc\""), "abc");
+        assert_eq!(bare_etag("W/\"abc\""), "abc");
+        assert_eq!(bare_etag(" abc "), "abc");
     }
 }
