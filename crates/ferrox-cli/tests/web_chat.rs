@@ -1,7 +1,9 @@
 //! The chat page `ferrox serve` serves at `/`, in a real headless browser (Debian's chromium
-//! driven by playwright-core; scripts/test.sh installs both): it loads from the binary,
-//! names the model, streams a reply, keeps the conversation across a reload, stops on
-//! Stop, and shows a server error (crates/ferrox-server/web/tests/browser.mjs). Also: the
+//! driven by playwright-core; scripts/test.sh installs both): it loads from the binary under
+//! its Content-Security-Policy, names the model, streams a reply, keeps the conversation
+//! across a reload, stops on Stop, and shows a server error; a reply with remote images
+//! shows them as links and fetches nothing from another origin, and what gets past the
+//! renderer is blocked by the policy (crates/ferrox-server/web/tests/browser.mjs). Also: the
 //! embedded page is what its sources build to.
 
 mod common;
@@ -109,6 +111,28 @@ fn the_chat_page_works_in_a_headless_browser() {
         report["model"].as_str(),
         model.file_name().and_then(|n| n.to_str())
     );
+    // The markdown image, the raw <img> and the scheme-relative one became links; nothing
+    // reached the other port or left the page's origin.
+    assert_eq!(report["remote_image_links"], 3, "{stdout}");
+    assert_eq!(report["leaked"], 0, "{stdout}");
+    assert_eq!(report["offsite"], 0, "{stdout}");
+    let csp = report["csp"].as_str().unwrap_or_default();
+    for directive in [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data: blob:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(
+            csp.split(';').any(|d| d.trim() == directive),
+            "{directive} missing from the CSP: {csp}"
+        );
+    }
     eprintln!("{stdout}");
 }
 
@@ -132,10 +156,45 @@ fn the_embedded_page_is_built_from_its_sources() {
         "{}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let fresh = std::fs::read(out_dir.path().join("index.html")).unwrap();
-    let committed = std::fs::read(dir.join("dist/index.html")).unwrap();
-    assert!(
-        fresh == committed,
-        "crates/ferrox-server/web/dist/index.html differs from a fresh build: run scripts/build-web.sh"
+    let fresh = files_under(out_dir.path());
+    let committed = files_under(&dir.join("dist"));
+    let names =
+        |files: &[(PathBuf, Vec<u8>)]| files.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&fresh),
+        names(&committed),
+        "the build writes other files than crates/ferrox-server/web/dist/ holds: run scripts/build-web.sh"
     );
+    assert!(
+        fresh
+            .iter()
+            .any(|(name, _)| name == std::path::Path::new("index.html")),
+        "the build wrote no index.html"
+    );
+    for ((name, fresh), (_, committed)) in fresh.iter().zip(&committed) {
+        assert!(
+            fresh == committed,
+            "crates/ferrox-server/web/dist/{} differs from a fresh build: run scripts/build-web.sh",
+            name.display()
+        );
+    }
+}
+
+/// Every file under `root` (relative path, contents), sorted by path.
+fn files_under(root: &std::path::Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.push((path.strip_prefix(root).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    files.sort();
+    files
 }

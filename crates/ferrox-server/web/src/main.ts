@@ -93,8 +93,72 @@ $<HTMLButtonElement>("toggle-settings").addEventListener("click", (e) => {
 
 // --- rendering ------------------------------------------------------------------------
 
+// Model output is untrusted (a prompt can make it say anything): nothing in it may make the
+// browser fetch from elsewhere, which would carry conversation text to any host (an image
+// whose URL holds it, say). DOMPurify parses in an inert document, where nothing loads; what
+// it returns holds no element that fetches on its own. The page's Content-Security-Policy
+// (web.rs) is the second wall.
+
+/** Tags that load something (or submit somewhere) by themselves. */
+const FORBID_TAGS = [
+  "style", "link", "meta", "base", "audio", "video", "source", "track", "picture",
+  "iframe", "frame", "frameset", "object", "embed", "form", "button", "select", "textarea",
+];
+/** Attributes that load something: CSS (url()), candidate image lists, posters, form targets. */
+const FORBID_ATTR = [
+  "style", "srcset", "sizes", "poster", "background", "action", "formaction", "ping",
+  "lowsrc", "dynsrc", "longdesc",
+];
+
+/** Whether an image URL loads nothing from another origin: data:, or this page's origin. */
+function localImage(src: string): boolean {
+  try {
+    const url = new URL(src, document.baseURI);
+    return url.protocol === "data:" || url.origin === location.origin;
+  } catch {
+    return false;
+  }
+}
+
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (!(node instanceof Element)) return;
+  const tag = node.tagName;
+  if (tag === "IMG") {
+    const src = node.getAttribute("src");
+    if (src !== null && !localImage(src)) {
+      // A remote image becomes a link to it, never fetched unless followed.
+      const link = node.ownerDocument.createElement("a");
+      link.className = "remote-image";
+      link.href = src;
+      link.title = `image not loaded: ${src}`;
+      link.textContent = node.getAttribute("alt")?.trim() || src;
+      node.replaceWith(link);
+      setLinkTarget(link);
+    }
+    return;
+  }
+  // Only local images keep a src (an <input type="image"> would fetch its own).
+  node.removeAttribute("src");
+  if (tag === "INPUT" && node.getAttribute("type") !== "checkbox") {
+    node.remove(); // marked writes only the disabled checkboxes of task lists
+    return;
+  }
+  if (tag === "A" && node.hasAttribute("href")) setLinkTarget(node);
+});
+
+/** Links in replies open in a new tab and tell the other site nothing of this page. */
+function setLinkTarget(link: Element) {
+  link.setAttribute("target", "_blank");
+  link.setAttribute("rel", "noopener noreferrer nofollow");
+}
+
 function markdown(text: string): string {
-  return DOMPurify.sanitize(marked.parse(text, { async: false, gfm: true, breaks: true }) as string);
+  const html = marked.parse(text, { async: false, gfm: true, breaks: true }) as string;
+  return DOMPurify.sanitize(html, {
+    USE_PROFILES: { html: true }, // no SVG or MathML: their <image>, <use>, <feImage> fetch
+    FORBID_TAGS,
+    FORBID_ATTR,
+  });
 }
 
 function messageElement(m: Message): HTMLElement {
