@@ -246,7 +246,7 @@ fn serve_end_to_end_through_the_openai_client() {
     let body = r#"{"prompt": "Tell me a long story.", "max_tokens": 1800, "temperature": 0, "stream": true}"#;
     write!(
         stream,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

@@ -60,6 +60,22 @@ pub struct BlockManager {
     tick: u64,
 }
 
+/// The chain root of a cache namespace (vLLM's `cache_salt`): prefixes computed under one
+/// salt are found only by requests with the same salt, so whether a prompt is cached tells
+/// nothing about another tenant's prompts. No salt is [`ROOT_HASH`].
+pub fn salted_root(salt: Option<&str>) -> u64 {
+    match salt {
+        None => ROOT_HASH,
+        Some(salt) => {
+            let mut h = std::hash::DefaultHasher::new();
+            ROOT_HASH.hash(&mut h);
+            "cache_salt".hash(&mut h);
+            salt.hash(&mut h);
+            h.finish()
+        }
+    }
+}
+
 /// The hash naming `tokens` as the block after the prefix named `parent`.
 pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
     // SipHash with fixed keys: stable within a process, which is all the cache needs.
@@ -115,9 +131,15 @@ impl BlockManager {
     /// `tokens` (at most `max_blocks`), without taking them. Evictable blocks among them
     /// stop being available once [`acquire`](Self::acquire)d.
     pub fn lookup_prefix(&self, tokens: &[u32], max_blocks: usize) -> CachedPrefix {
+        self.lookup_prefix_from(ROOT_HASH, tokens, max_blocks)
+    }
+
+    /// [`lookup_prefix`](Self::lookup_prefix) in the namespace whose chain starts at `root`
+    /// ([`salted_root`]).
+    pub fn lookup_prefix_from(&self, root: u64, tokens: &[u32], max_blocks: usize) -> CachedPrefix {
         let mut found = CachedPrefix {
             blocks: Vec::new(),
-            hash: ROOT_HASH,
+            hash: root,
             hashes: Vec::new(),
         };
         for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {

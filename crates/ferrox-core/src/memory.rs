@@ -228,6 +228,8 @@ struct Sequence {
     tokens: Vec<u32>,
     /// Chain hashes of the leading blocks registered in the prefix cache.
     hashes: Vec<u64>,
+    /// The chain hash before the first block: its cache namespace (`salted_root`).
+    root: u64,
     /// Blocks promised at admission and not yet allocated.
     promised: usize,
     /// Recurrent checkpoints.
@@ -239,7 +241,7 @@ struct Sequence {
 
 impl Sequence {
     fn last_hash(&self) -> u64 {
-        self.hashes.last().copied().unwrap_or(ROOT_HASH)
+        self.hashes.last().copied().unwrap_or(self.root)
     }
 }
 
@@ -443,11 +445,11 @@ impl SequenceMemory {
     /// block whose end has a published checkpoint), with the chain hash after each, and
     /// how many fresh blocks it needs to reach `max_len` positions. At least one prompt
     /// token is always left to compute, since the next-token logits come from it.
-    fn plan(&self, prompt: &[u32], max_len: usize) -> (Vec<BlockId>, Vec<u64>, usize) {
+    fn plan(&self, prompt: &[u32], max_len: usize, root: u64) -> (Vec<BlockId>, Vec<u64>, usize) {
         let (mut reused, mut hashes) = (Vec::new(), Vec::new());
         if self.shape.prefix_cache {
             let max_reused = prompt.len().saturating_sub(1) / self.shape.block_tokens;
-            let found = self.blocks.lookup_prefix(prompt, max_reused);
+            let found = self.blocks.lookup_prefix_from(root, prompt, max_reused);
             reused = found.blocks;
             hashes = found.hashes;
             if let Some(rec) = &self.recurrent {
@@ -488,7 +490,14 @@ impl SequenceMemory {
 
     /// Whether [`admit`](Self::admit) would take the prompt now.
     pub fn check(&self, prompt: &[u32], max_len: usize) -> Result<(), Refusal> {
-        let (reused, _, fresh) = self.plan(prompt, max_len);
+        self.check_in(ROOT_HASH, prompt, max_len)
+    }
+
+    /// [`check`](Self::check) in the cache namespace `root` ([`salted_root`]).
+    ///
+    /// [`salted_root`]: crate::block_manager::salted_root
+    pub fn check_in(&self, root: u64, prompt: &[u32], max_len: usize) -> Result<(), Refusal> {
+        let (reused, _, fresh) = self.plan(prompt, max_len, root);
         self.refusal(&reused, fresh).map_or(Ok(()), Err)
     }
 
@@ -496,7 +505,20 @@ impl SequenceMemory {
     /// context size), sharing the cached blocks (and recurrent checkpoint) of its longest
     /// cached prefix. A refusal changes nothing.
     pub fn admit(&mut self, prompt: &[u32], max_len: usize) -> Result<Admission, Refusal> {
-        let (reused, hashes, fresh) = self.plan(prompt, max_len);
+        self.admit_in(ROOT_HASH, prompt, max_len)
+    }
+
+    /// [`admit`](Self::admit) in the cache namespace `root` ([`salted_root`]): it reuses,
+    /// and later shares, only blocks computed in the same namespace.
+    ///
+    /// [`salted_root`]: crate::block_manager::salted_root
+    pub fn admit_in(
+        &mut self,
+        root: u64,
+        prompt: &[u32],
+        max_len: usize,
+    ) -> Result<Admission, Refusal> {
+        let (reused, hashes, fresh) = self.plan(prompt, max_len, root);
         if let Some(refusal) = self.refusal(&reused, fresh) {
             return Err(refusal);
         }
@@ -531,6 +553,7 @@ impl SequenceMemory {
             table,
             tokens,
             hashes,
+            root,
             promised: fresh,
             checkpoints,
             ring_top: n_reused,

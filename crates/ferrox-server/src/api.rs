@@ -38,7 +38,13 @@ pub struct GenRequest {
     pub grammar: Option<GrammarSpec>,
     /// llama-server's per-request `reasoning_format`.
     pub reasoning_format: Option<ferrox_agent::ReasoningFormat>,
+    /// vLLM's `cache_salt`: cached prompt prefixes are shared only between requests with
+    /// the same salt (tenants that must not learn what others' prompts hold).
+    pub cache_salt: Option<String>,
 }
+
+/// The longest `cache_salt` taken.
+pub const MAX_CACHE_SALT_BYTES: usize = 1024;
 
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 16;
@@ -193,6 +199,21 @@ fn parse_common(
 ) -> Result<GenRequest, ApiError> {
     let model = f.string("model")?.map(str::to_string);
     f.string("user")?;
+    let cache_salt = match f.string("cache_salt")? {
+        Some("") => {
+            return Err(ApiError::param(
+                "cache_salt",
+                "'cache_salt' must be a non-empty string if provided",
+            ))
+        }
+        Some(salt) if salt.len() > MAX_CACHE_SALT_BYTES => {
+            return Err(ApiError::param(
+                "cache_salt",
+                format!("'cache_salt' is longer than {MAX_CACHE_SALT_BYTES} bytes"),
+            ))
+        }
+        salt => salt.map(str::to_string),
+    };
 
     // `n` choices are separate sequences sharing the prompt's cached blocks.
     let mut n_choices = 1;
@@ -376,6 +397,7 @@ fn parse_common(
         stream,
         include_usage,
         grammar,
+        cache_salt,
         reasoning_format: match f.string("reasoning_format")? {
             None => None,
             Some(r) => Some(ferrox_agent::ReasoningFormat::parse(r).ok_or_else(|| {
@@ -486,6 +508,9 @@ fn parse_tools(f: &Fields<'_>) -> Result<Option<ToolSpec>, ApiError> {
     }))
 }
 
+/// The most bytes all of a request's stop sequences may take together.
+pub const MAX_STOP_BYTES: usize = 4096;
+
 fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
     const MAX_STOPS: usize = 16;
     let stops: Vec<String> = match f.get("stop") {
@@ -523,6 +548,17 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
         return Err(ApiError::param(
             "stop",
             format!("at most {MAX_STOPS} stop sequences, got {}", stops.len()),
+        ));
+    }
+    // Each generated token is checked against every stop string, and text is held back
+    // while it may begin one: their total length bounds both.
+    let total: usize = stops.iter().map(String::len).sum();
+    if total > MAX_STOP_BYTES {
+        return Err(ApiError::param(
+            "stop",
+            format!(
+                "the stop sequences are {total} bytes long in all; the limit is {MAX_STOP_BYTES}"
+            ),
         ));
     }
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())

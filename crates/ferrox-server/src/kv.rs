@@ -11,7 +11,7 @@
 //! sequences leave their blocks in the cache until fresh blocks run out, least recently
 //! released first.
 
-use ferrox_core::block_manager::BlockUsage;
+use ferrox_core::block_manager::{salted_root, BlockUsage};
 use ferrox_core::{MemoryError, MemoryShape, SeqId, SequenceMemory};
 use ferrox_models::tokenizer::TokenId;
 use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
@@ -106,15 +106,29 @@ impl KvPool {
     }
 
     /// Whether [`acquire`](Self::acquire) would admit the prompt now.
-    pub fn check(&self, prompt: &[TokenId], max_len: usize) -> Result<(), Refusal> {
-        self.memory.check(prompt, max_len)
+    pub fn check(
+        &self,
+        prompt: &[TokenId],
+        max_len: usize,
+        cache_salt: Option<&str>,
+    ) -> Result<(), Refusal> {
+        self.memory
+            .check_in(salted_root(cache_salt), prompt, max_len)
     }
 
     /// Admits a sequence for `prompt` that may grow to `max_len` positions (capped at the
-    /// context size), sharing the cached blocks of its longest cached prefix. A refusal
-    /// changes nothing.
-    pub fn acquire(&mut self, prompt: &[TokenId], max_len: usize) -> Result<Lease, Refusal> {
-        let admission = self.memory.admit(prompt, max_len)?;
+    /// context size), sharing the cached blocks of its longest cached prefix computed
+    /// under the same `cache_salt` (vLLM's: requests with different salts share nothing).
+    /// A refusal changes nothing.
+    pub fn acquire(
+        &mut self,
+        prompt: &[TokenId],
+        max_len: usize,
+        cache_salt: Option<&str>,
+    ) -> Result<Lease, Refusal> {
+        let admission = self
+            .memory
+            .admit_in(salted_root(cache_salt), prompt, max_len)?;
         self.logits[admission.seq.index()].clear();
         Ok(Lease {
             slot: admission.seq,

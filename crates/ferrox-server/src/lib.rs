@@ -26,6 +26,7 @@ mod anthropic;
 pub mod api;
 pub mod draft;
 mod error;
+mod guard;
 pub mod kv;
 mod metrics;
 mod routes;
@@ -56,6 +57,7 @@ use draft::DraftModel;
 pub use error::ApiError;
 pub use ferrox_agent::ReasoningFormat;
 use ferrox_agent::{ConstraintCompiler, ToolFormat};
+pub use guard::AllowedOrigins;
 use kv::KvPool;
 use metrics::{Metrics, ServedModel};
 pub use scheduler::Speculation;
@@ -115,6 +117,9 @@ pub struct ServerConfig {
     pub reasoning_format: ReasoningFormat,
     /// Prompt-lookup speculation per sequence (`--spec-type ngram`), if on.
     pub speculation: Option<Speculation>,
+    /// Browser origins whose pages may call the API (`--cors-origins`); the server's own
+    /// page always may.
+    pub cors_origins: AllowedOrigins,
 }
 
 impl Default for ServerConfig {
@@ -136,6 +141,7 @@ impl Default for ServerConfig {
             log_format: LogFormat::Text,
             reasoning_format: ReasoningFormat::DeepSeek,
             speculation: None,
+            cors_origins: AllowedOrigins::default(),
         }
     }
 }
@@ -200,6 +206,8 @@ pub(crate) struct AppState {
     pub ready: OnceLock<Arc<Ready>>,
     pub metrics: Arc<Metrics>,
     pub shutting_down: AtomicBool,
+    /// Listening on loopback only: requests must name a loopback host (DNS rebinding).
+    pub loopback: bool,
 }
 
 impl AppState {
@@ -303,6 +311,7 @@ async fn serve(
         ready: OnceLock::new(),
         metrics: Arc::new(Metrics::default()),
         shutting_down: AtomicBool::new(false),
+        loopback: local.ip().is_loopback(),
     });
     tracing::info!(
         "listening on http://{local} (API key {}); loading the model",
@@ -674,6 +683,7 @@ fn prepare(
 }
 
 fn app(state: Arc<AppState>) -> Router {
+    let cors = guard::cors_layer(&state.config.cors_origins);
     Router::new()
         .route("/health", get(routes::health))
         .route("/v1/health", get(routes::health))
@@ -697,6 +707,12 @@ fn app(state: Arc<AppState>) -> Router {
         .fallback(routes::fallback)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        // Preflights from listed origins are answered here, before the key is asked for.
+        .layer(cors)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::browser_guard,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         // Outermost last: a client's id is checked, kept or replaced, then echoed on
         // whatever the inner layers answer (errors and streams included).
@@ -793,7 +809,12 @@ async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let span = tracing::info_span!("request", request_id = %request_id);
+    // Text lines show the id quoted (escaped), so that one with spaces or `}` cannot pass
+    // for other fields; JSON lines carry it as a plain string.
+    let span = match state.config.log_format {
+        LogFormat::Text => tracing::info_span!("request", request_id = ?request_id),
+        LogFormat::Json => tracing::info_span!("request", request_id = %request_id),
+    };
     observed(state, req, next).instrument(span).await
 }
 
@@ -838,6 +859,7 @@ mod tests {
             ready: OnceLock::new(),
             metrics: Arc::new(Metrics::default()),
             shutting_down: AtomicBool::new(false),
+            loopback: true,
         }))
     }
 

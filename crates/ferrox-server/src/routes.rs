@@ -35,6 +35,14 @@ impl FromRequest<Arc<AppState>> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        if !crate::guard::is_json_content_type(req.headers()) {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                "the request body must be JSON sent with 'Content-Type: application/json'",
+            )
+            .with_code("unsupported_media_type"));
+        }
         let limit = state.config.body_limit;
         let too_large = |n: usize| {
             ApiError::new(
@@ -718,22 +726,25 @@ pub(crate) fn submit(
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let submitted = Instant::now();
-    for choice in 0..gen.n {
-        let mut params = gen.params.clone();
-        params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
-        let job = Job {
-            prompt: prompt.to_vec(),
-            params,
-            choice,
-            events: tx.clone(),
-            submitted,
-            span: tracing::Span::current(),
-        };
-        ready
-            .scheduler
-            .submit(job)
-            .map_err(|e| submit_error(state, e))?;
-    }
+    let jobs = (0..gen.n)
+        .map(|choice| {
+            let mut params = gen.params.clone();
+            params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
+            Job {
+                prompt: prompt.to_vec(),
+                params,
+                choice,
+                cache_salt: gen.cache_salt.clone(),
+                events: tx.clone(),
+                submitted,
+                span: tracing::Span::current(),
+            }
+        })
+        .collect();
+    ready
+        .scheduler
+        .submit(jobs)
+        .map_err(|e| submit_error(state, e))?;
     Ok(rx)
 }
 

@@ -33,6 +33,8 @@ pub struct Job {
     pub params: GenerationParams,
     /// Which choice of its request this job generates (`n` > 1 shares one channel).
     pub choice: usize,
+    /// The prefix cache's namespace (vLLM's `cache_salt`; `None`: the shared one).
+    pub cache_salt: Option<String>,
     pub events: UnboundedSender<(usize, Event)>,
     /// When the request reached the scheduler: queue time, TTFT and end-to-end latency
     /// count from here.
@@ -199,19 +201,25 @@ impl Scheduler {
         }
     }
 
-    /// Queues a request; refused when the queue is full or the server is shutting down.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+    /// Queues a request's jobs (one per choice), all or none: refused when the queue has
+    /// no room for all of them or the server is shutting down. Jobs whose client went away
+    /// leave the queue first.
+    pub fn submit(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
         let mut q = lock(&self.shared);
         if !q.accepting {
             return Err(SubmitError::ShuttingDown);
         }
-        if q.jobs.len() >= self.max_queue {
+        drop_abandoned(&mut q.jobs, &self.metrics);
+        if q.jobs.len() + jobs.len() > self.max_queue {
             self.metrics
                 .rejected_queue_full
                 .fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .queue_depth
+                .store(q.jobs.len() as u64, Ordering::Relaxed);
             return Err(SubmitError::QueueFull);
         }
-        q.jobs.push_back(job);
+        q.jobs.extend(jobs);
         self.metrics
             .queue_depth
             .store(q.jobs.len() as u64, Ordering::Relaxed);
@@ -316,6 +324,19 @@ struct Planned {
 
 /// The most positions a job's sequence can reach: its prompt plus its token limit (the
 /// pool caps it at the context size).
+/// Removes the queued jobs whose client went away.
+fn drop_abandoned(jobs: &mut VecDeque<Job>, metrics: &Metrics) {
+    jobs.retain(|job| {
+        if !job.events.is_closed() {
+            return true;
+        }
+        tracing::debug!(parent: &job.span, "client went away while queued");
+        job.aborted(metrics);
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        false
+    });
+}
+
 fn max_len(job: &Job) -> usize {
     job.prompt
         .len()
@@ -401,26 +422,27 @@ impl<'t> Loop<'t> {
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
+                // Wherever they wait, jobs whose client left go at once (they would hold
+                // queue places until they reached the front).
+                drop_abandoned(&mut q.jobs, &self.metrics);
                 // First come, first served: a request waiting for memory holds back those
                 // behind it, so a large one is not starved by a stream of small ones.
                 while let Some(job) = q.jobs.front() {
-                    if job.events.is_closed() {
-                        tracing::debug!(parent: &job.span, "client went away while queued");
-                        job.aborted(&self.metrics);
-                        q.jobs.pop_front();
-                        self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
                     // A prompt being prefilled right now (another choice of the same
                     // request, usually) is worth waiting for: once its blocks are cached,
                     // this one reuses them instead of computing them again.
-                    let sibling_prefilling = active
-                        .iter()
-                        .any(|s| s.fed < s.job.prompt.len() && s.job.prompt == job.prompt);
+                    let sibling_prefilling = active.iter().any(|s| {
+                        s.fed < s.job.prompt.len()
+                            && s.job.prompt == job.prompt
+                            && s.job.cache_salt == job.cache_salt
+                    });
                     if sibling_prefilling {
                         break;
                     }
-                    match self.pool.acquire(&job.prompt, max_len(job)) {
+                    match self
+                        .pool
+                        .acquire(&job.prompt, max_len(job), job.cache_salt.as_deref())
+                    {
                         Err(Refusal::Busy) => break,
                         Err(Refusal::TooLarge { needed, capacity }) => {
                             let job = q.jobs.pop_front().expect("the front job");

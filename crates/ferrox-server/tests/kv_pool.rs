@@ -37,7 +37,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
 
     // 40 prompt tokens that may grow to 48 positions: three blocks promised, none used yet.
     let a = tokens(1, 40);
-    let lease = pool.acquire(&a, 48).unwrap();
+    let lease = pool.acquire(&a, 48, None).unwrap();
     assert_eq!(lease.reused, 0);
     assert_eq!(pool.usage().used, 0);
     let work = [Work {
@@ -66,7 +66,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
     // equal a full recomputation.
     let mut b = a[..35].to_vec();
     b.extend(tokens(2, 10));
-    let lease = pool.acquire(&b, 45).unwrap();
+    let lease = pool.acquire(&b, 45, None).unwrap();
     assert_eq!(lease.reused, 2 * BLOCK_TOKENS);
     let rest = &b[lease.reused..];
     pool.forward(
@@ -88,19 +88,48 @@ fn blocks_are_promised_allocated_cached_and_reused() {
     // The other slot: this prompt may need four blocks but only three are left while b
     // runs; it waits (Busy) until b is released.
     let c = tokens(3, 20);
-    assert_eq!(pool.check(&c, 64), Err(Refusal::Busy));
+    assert_eq!(pool.check(&c, 64, None), Err(Refusal::Busy));
     pool.release(lease.slot);
-    assert_eq!(pool.check(&c, 64), Ok(()));
+    assert_eq!(pool.check(&c, 64, None), Ok(()));
 
     // More than the whole pool can hold is refused for good; no free slot means Busy.
     let small = KvPool::new(&d, 3, 1).unwrap();
     assert!(matches!(
-        small.check(&tokens(4, 60), 64),
+        small.check(&tokens(4, 60), 64, None),
         Err(Refusal::TooLarge { .. })
     ));
     let mut one = KvPool::new(&d, 8, 1).unwrap();
-    let held = one.acquire(&tokens(5, 4), 8).unwrap();
-    assert_eq!(one.check(&tokens(6, 4), 8), Err(Refusal::Busy));
+    let held = one.acquire(&tokens(5, 4), 8, None).unwrap();
+    assert_eq!(one.check(&tokens(6, 4), 8, None), Err(Refusal::Busy));
     one.release(held.slot);
-    assert_eq!(one.check(&tokens(6, 4), 8), Ok(()));
+    assert_eq!(one.check(&tokens(6, 4), 8, None), Ok(()));
+}
+
+/// vLLM's `cache_salt`: a prefix computed under one salt is reused only by requests with
+/// the same salt (so cached tokens tell one tenant nothing about another's prompts).
+#[test]
+fn prefixes_are_shared_only_within_one_cache_salt() {
+    let d = decoder(64);
+    let mut pool = KvPool::new(&d, 8, 2).unwrap();
+    let a = tokens(7, 40);
+    let lease = pool.acquire(&a, 48, Some("alice")).unwrap();
+    pool.forward(
+        &d,
+        &[Work {
+            slot: lease.slot,
+            tokens: &a,
+            logits: true,
+        }],
+    )
+    .unwrap();
+    pool.release(lease.slot);
+    for (salt, reused) in [
+        (Some("bob"), 0),
+        (None, 0),
+        (Some("alice"), 2 * BLOCK_TOKENS),
+    ] {
+        let lease = pool.acquire(&a, 48, salt).unwrap();
+        assert_eq!(lease.reused, reused, "{salt:?}");
+        pool.release(lease.slot);
+    }
 }

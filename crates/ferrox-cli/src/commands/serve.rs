@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use ferrox_models::Engine;
-use ferrox_server::{LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation};
+use ferrox_server::{
+    AllowedOrigins, LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation,
+};
 
 use super::model::{self, ModelArgs};
 use super::run::{SpecArgs, SpecType};
@@ -69,6 +71,11 @@ pub struct Args {
     /// a draft model or the model's multi-token-prediction block, as `run` takes them.
     #[command(flatten)]
     pub speculation: SpecArgs,
+    /// Browser origins (comma-separated, `scheme://host[:port]`, or `*`) whose pages may call
+    /// the API; other pages are refused and get no CORS headers (the server's own chat page
+    /// always may). Default: $FERROX_ORIGINS.
+    #[arg(long = "cors-origins", value_name = "ORIGINS")]
+    pub cors_origins: Option<String>,
     /// Drafted tokens join a step only while it has fewer rows (tokens of all its sequences)
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
@@ -106,6 +113,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(InputError("--parallel must be at least 1".into()).into());
     }
+    let cors_origins = args
+        .cors_origins
+        .clone()
+        .or_else(|| std::env::var("FERROX_ORIGINS").ok())
+        .map(|list| AllowedOrigins::parse(&list))
+        .transpose()
+        .map_err(InputError)?
+        .unwrap_or_default();
     let spec = &args.speculation;
     let spec_type = spec.kind()?;
     let speculation = match spec_type {
@@ -123,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let config = ServerConfig {
         speculation,
+        cors_origins,
         host: args.host,
         port: args.port,
         api_key,
