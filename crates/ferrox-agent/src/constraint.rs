@@ -4,8 +4,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ferrox_models::generate::{Constraint, ConstraintSource, TokenConstraint};
-use ferrox_models::tokenizer::{TokenId, Tokenizer};
+use ferrox_generate::generate::{Constraint, ConstraintSource, TokenConstraint};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{self, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{CancellationHandle, Matcher, ParserFactory};

@@ -4,7 +4,7 @@
 //! every character.
 
 use ferrox_agent::tools::{parse_all, ParseEvent, Parsed, ToolFormat};
-use ferrox_models::chat_template::{ChatTemplate, RenderOptions};
+use ferrox_tokenizer::chat_template::{ChatTemplate, RenderOptions};
 use serde_json::{json, Value};
 
 fn template(name: &str) -> ChatTemplate {

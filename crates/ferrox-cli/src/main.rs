@@ -89,7 +89,7 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     let is_input = err.chain().any(|e| {
         e.is::<ferrox_gguf::GgufError>()
             || e.is::<ferrox_models::ModelError>()
-            || e.is::<ferrox_models::tokenizer::TokenizerError>()
+            || e.is::<ferrox_tokenizer::tokenizer::TokenizerError>()
             || e.is::<std::io::Error>()
             || e.is::<commands::InputError>()
     });

@@ -8,8 +8,9 @@
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
 //! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
 //! and [`block_manager`] hold cached rows in shared, reference-counted blocks with a prefix
-//! cache; [`relu_scores`] is the sparse-attention indexer's scoring loop; [`memory`] puts them behind one model-agnostic sequence memory (paged stores and
-//! recurrent states).
+//! cache; [`relu_scores`] is the sparse-attention indexer's scoring loop and [`select`] its
+//! top-k (with the greedy argmax); [`memory`] puts them behind one model-agnostic sequence
+//! memory (paged stores and recurrent states).
 
 pub mod bandwidth;
 pub mod block_manager;
@@ -23,6 +24,7 @@ pub mod packed;
 pub mod paged_kv;
 pub mod quant;
 pub mod relu_scores;
+pub mod select;
 
 pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;

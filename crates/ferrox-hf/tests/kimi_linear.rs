@@ -10,7 +10,7 @@ mod synthetic;
 use std::path::Path;
 
 use ferrox_gguf::{GgmlType, Gguf};
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use hf_checkpoint::*;
 use safetensors::Dtype;
 

@@ -9,7 +9,7 @@ use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
 use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
-use crate::tokenizer::TokenId;
+use crate::TokenId;
 use crate::{EngineOptions, ModelError};
 
 /// The engine for a checkpoint.

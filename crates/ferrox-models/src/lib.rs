@@ -1,36 +1,33 @@
-//! The engines behind one interface ([`Engine`]): the dense decoder, the Multi-head
-//! Latent Attention engine and the engines built on it (DeepSeek Sparse Attention, Kimi
-//! Linear), the architecture registry ([`families`]), sampling and the generation loop.
+//! The engines behind one interface ([`Engine`], from `ferrox-engine`): the dense decoder,
+//! the Multi-head Latent Attention engine and the engines built on its layers (DeepSeek
+//! Sparse Attention, Kimi, DeepSeek-V4), the layers they share ([`layers`]) and the
+//! architecture registry ([`families`]). Sampling and the generation loop are
+//! `ferrox-generate`'s; tokenizers are `ferrox-tokenizer`'s.
 
 pub mod any_engine;
 pub mod decoder;
 pub mod deepseek4;
-pub mod draft_model;
 pub mod dsa;
-pub mod engine;
 pub mod families;
-pub mod generate;
 pub mod hparams;
 pub mod kimi;
 pub mod layers;
 pub mod mla;
 pub mod names;
-pub mod sampling;
 pub mod step;
 pub(crate) mod tensors;
-
-/// The tokenizers, chat templates and stop strings (the `ferrox-tokenizer` crate).
-pub use ferrox_tokenizer::{chat_template, stop, tokenizer};
 
 pub use any_engine::AnyEngine;
 pub use decoder::Decoder;
 pub use deepseek4::Deepseek4Engine;
 pub use dsa::DsaEngine;
-pub use engine::{
-    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, SeqInput, SeqWork,
-    State, StepScratch,
-};
 pub use families::load_as;
+/// The interface the engines implement (the `ferrox-engine` crate).
+pub use ferrox_engine as engine;
+pub use ferrox_engine::{
+    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, ModelError, SeqInput,
+    SeqWork, State, StepScratch, TokenId,
+};
 pub use mla::{AttentionPath, MlaEngine};
 
 /// The default model's file name (Gemma-3-270M Q4_K_M, as `scripts/fetch-model.sh` stores it).
@@ -45,27 +42,4 @@ pub fn default_model_path() -> std::path::PathBuf {
                 .join(".cache/ferrox/models")
         });
     dir.join(DEFAULT_MODEL_FILE)
-}
-
-/// Errors loading or running a model.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Gguf(#[from] ferrox_gguf::GgufError),
-    #[error(transparent)]
-    Quant(#[from] ferrox_core::QuantError),
-    #[error("architecture `{0}` is not supported")]
-    UnsupportedArchitecture(String),
-    #[error("tensor `{0}` is missing")]
-    MissingTensor(String),
-    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        expected: Vec<u64>,
-        found: Vec<u64>,
-    },
-    #[error("tensor `{name}` has type {ty}, which is not supported")]
-    UnsupportedTensorType { name: String, ty: String },
-    #[error("invalid model configuration: {0}")]
-    Config(String),
 }

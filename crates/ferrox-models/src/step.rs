@@ -9,12 +9,14 @@ use ferrox_core::{KvStorage, MemorySpec, StepMemory, WeightMatrix};
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-use crate::engine::{Engine, EngineError, EngineOptions, SeqInput, StepScratch};
+use crate::engine::{EngineError, EngineOptions, SeqInput};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
-use crate::tokenizer::TokenId;
+#[cfg(doc)]
+use crate::Engine;
 use crate::ModelError;
+use crate::TokenId;
 
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
 pub const MAX_MICRO_BATCH: usize = 512;
@@ -204,111 +206,131 @@ pub trait Layers: Send + Sync + 'static {
     ) -> Result<(), EngineError>;
 }
 
-impl<L: Layers> Engine for L {
-    fn architecture(&self) -> &str {
-        &self.runtime().arch
-    }
+/// The [`Engine`] implementation of a [`Layers`] type: checking the step, micro-batching,
+/// the thread pool. Each engine invokes it once beside its `Layers` impl (a blanket impl
+/// cannot cross from `ferrox-engine`, where the trait lives).
+macro_rules! engine_from_layers {
+    ($engine:ty) => {
+        const _: () = {
+            use ferrox_core::{MemorySpec, StepMemory};
+            use ferrox_gguf::Gguf;
+            use $crate::engine::{Engine, EngineError, SeqInput, StepScratch};
+            use $crate::step::{layout, Layers, StepBuffers, MAX_MICRO_BATCH};
+            use $crate::TokenId;
 
-    fn gguf(&self) -> &Gguf {
-        &self.runtime().gguf
-    }
-
-    fn memory_spec(&self) -> MemorySpec {
-        Layers::memory_spec(self)
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.runtime().n_vocab
-    }
-
-    fn context_size(&self) -> usize {
-        self.runtime().n_ctx
-    }
-
-    fn threads(&self) -> usize {
-        self.runtime().pool.current_num_threads()
-    }
-
-    fn weight_bytes_per_token(&self) -> u64 {
-        self.runtime().weight_bytes_per_token
-    }
-
-    fn new_scratch(&self) -> StepScratch {
-        StepScratch::new(StepBuffers::<L::Buffers>::default())
-    }
-
-    fn has_mtp(&self) -> bool {
-        Layers::has_mtp(self)
-    }
-
-    fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
-        Layers::enable_rollback(self, tokens)?;
-        Ok(Layers::memory_spec(self).rollback_reach())
-    }
-
-    fn draft_mtp(
-        &self,
-        memory: &mut StepMemory<'_>,
-        scratch: &mut StepScratch,
-        seq: usize,
-        token: TokenId,
-        pos: usize,
-        max: usize,
-        out: &mut Vec<TokenId>,
-    ) -> Result<(), EngineError> {
-        if !Layers::has_mtp(self) {
-            return Err(EngineError::State(format!(
-                "{}: no multi-token-prediction block is loaded",
-                self.runtime().arch
-            )));
-        }
-        out.clear();
-        let StepBuffers { engine, .. } = scratch.get::<StepBuffers<L::Buffers>>();
-        self.runtime()
-            .pool
-            .install(|| Layers::draft_mtp(self, memory, engine, seq, token, pos, max, out))
-    }
-
-    fn step(
-        &self,
-        memory: &mut StepMemory<'_>,
-        scratch: &mut StepScratch,
-        seqs: &[SeqInput<'_>],
-        logits: &mut [&mut Vec<f32>],
-    ) -> Result<(), EngineError> {
-        let StepBuffers { rows, engine } = scratch.get::<StepBuffers<L::Buffers>>();
-        layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
-        let checkpoints = self.checkpoints();
-        let block = memory.block_tokens();
-        self.runtime().pool.install(|| {
-            let mut rest = &rows[..];
-            while !rest.is_empty() {
-                let mut len = rest.len().min(MAX_MICRO_BATCH);
-                if checkpoints {
-                    // End the micro-batch where some sequence completes a block.
-                    if let Some(i) = rest[..len].iter().position(|r| (r.pos + 1) % block == 0) {
-                        len = i + 1;
-                    }
+            impl Engine for $engine {
+                fn architecture(&self) -> &str {
+                    &self.runtime().arch
                 }
-                let (chunk, tail) = rest.split_at(len);
-                self.micro_batch(chunk, memory, logits, engine)?;
-                if checkpoints {
-                    if let Some(r) = chunk.last().filter(|r| (r.pos + 1) % block == 0) {
-                        memory.checkpoint(r.seq, r.pos + 1);
-                    }
+
+                fn gguf(&self) -> &Gguf {
+                    &self.runtime().gguf
                 }
-                rest = tail;
+
+                fn memory_spec(&self) -> MemorySpec {
+                    Layers::memory_spec(self)
+                }
+
+                fn vocab_size(&self) -> usize {
+                    self.runtime().n_vocab
+                }
+
+                fn context_size(&self) -> usize {
+                    self.runtime().n_ctx
+                }
+
+                fn threads(&self) -> usize {
+                    self.runtime().pool.current_num_threads()
+                }
+
+                fn weight_bytes_per_token(&self) -> u64 {
+                    self.runtime().weight_bytes_per_token
+                }
+
+                fn new_scratch(&self) -> StepScratch {
+                    StepScratch::new(StepBuffers::<<$engine as Layers>::Buffers>::default())
+                }
+
+                fn has_mtp(&self) -> bool {
+                    Layers::has_mtp(self)
+                }
+
+                fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
+                    Layers::enable_rollback(self, tokens)?;
+                    Ok(Layers::memory_spec(self).rollback_reach())
+                }
+
+                fn draft_mtp(
+                    &self,
+                    memory: &mut StepMemory<'_>,
+                    scratch: &mut StepScratch,
+                    seq: usize,
+                    token: TokenId,
+                    pos: usize,
+                    max: usize,
+                    out: &mut Vec<TokenId>,
+                ) -> Result<(), EngineError> {
+                    if !Layers::has_mtp(self) {
+                        return Err(EngineError::State(format!(
+                            "{}: no multi-token-prediction block is loaded",
+                            self.runtime().arch
+                        )));
+                    }
+                    out.clear();
+                    let StepBuffers { engine, .. } =
+                        scratch.get::<StepBuffers<<$engine as Layers>::Buffers>>();
+                    self.runtime().pool.install(|| {
+                        Layers::draft_mtp(self, memory, engine, seq, token, pos, max, out)
+                    })
+                }
+
+                fn step(
+                    &self,
+                    memory: &mut StepMemory<'_>,
+                    scratch: &mut StepScratch,
+                    seqs: &[SeqInput<'_>],
+                    logits: &mut [&mut Vec<f32>],
+                ) -> Result<(), EngineError> {
+                    let StepBuffers { rows, engine } =
+                        scratch.get::<StepBuffers<<$engine as Layers>::Buffers>>();
+                    layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
+                    let checkpoints = self.checkpoints();
+                    let block = memory.block_tokens();
+                    self.runtime().pool.install(|| {
+                        let mut rest = &rows[..];
+                        while !rest.is_empty() {
+                            let mut len = rest.len().min(MAX_MICRO_BATCH);
+                            if checkpoints {
+                                // End the micro-batch where some sequence completes a block.
+                                if let Some(i) =
+                                    rest[..len].iter().position(|r| (r.pos + 1) % block == 0)
+                                {
+                                    len = i + 1;
+                                }
+                            }
+                            let (chunk, tail) = rest.split_at(len);
+                            self.micro_batch(chunk, memory, logits, engine)?;
+                            if checkpoints {
+                                if let Some(r) = chunk.last().filter(|r| (r.pos + 1) % block == 0) {
+                                    memory.checkpoint(r.seq, r.pos + 1);
+                                }
+                            }
+                            rest = tail;
+                        }
+                        Ok(())
+                    })
+                }
             }
-            Ok(())
-        })
-    }
+        };
+    };
 }
+pub(crate) use engine_from_layers;
 
 /// What a step keeps between steps: its rows and the engine's own buffers.
 #[derive(Default)]
-struct StepBuffers<B> {
-    rows: Vec<Row>,
-    engine: B,
+pub(crate) struct StepBuffers<B> {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) engine: B,
 }
 
 /// Marks each sequence of a finished micro-batch filled up to its last row.

@@ -8,14 +8,14 @@ mod synthetic;
 
 use std::sync::Arc;
 
-use ferrox_gguf::Gguf;
-use ferrox_models::draft_model::{check_vocab_compatible, DraftParams, ModelDrafter};
-use ferrox_models::generate::{
+use ferrox_generate::draft_model::{check_vocab_compatible, DraftParams, ModelDrafter};
+use ferrox_generate::generate::{
     generate, generate_speculative, Generation, GenerationParams, Outcome,
 };
-use ferrox_models::sampling::SamplerParams;
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_generate::sampling::SamplerParams;
+use ferrox_gguf::Gguf;
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

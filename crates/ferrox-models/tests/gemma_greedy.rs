@@ -16,10 +16,10 @@
 
 mod common;
 
-use ferrox_models::sampling::argmax;
-use ferrox_models::tokenizer::TokenId;
+use ferrox_generate::sampling::argmax;
 use ferrox_models::EngineExt;
 use ferrox_models::LogitsFor;
+use ferrox_tokenizer::tokenizer::TokenId;
 
 /// llama.cpp's own spread, from the fixture: the largest and the 99th-percentile absolute
 /// difference between its default and its repacking-off top-5 logits over the steps where

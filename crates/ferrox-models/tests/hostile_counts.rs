@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrox_gguf::{Gguf, OwnedValue};
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::EngineExt;
 use ferrox_models::{AnyEngine, Engine, EngineOptions};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 /// Keys whose value sizes nothing: a huge one may load and run.
 const HARMLESS: &[&str] = &[

@@ -8,11 +8,11 @@ mod synthetic;
 
 use std::sync::Arc;
 
+use ferrox_generate::generate::{generate, lookup_draft, Draft, GenerationParams, Outcome};
+use ferrox_generate::sampling::SamplerParams;
 use ferrox_gguf::Gguf;
-use ferrox_models::generate::{generate, lookup_draft, Draft, GenerationParams, Outcome};
-use ferrox_models::sampling::SamplerParams;
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 fn run(engine: &impl Engine, tok: &Tokenizer, prompt: &[u32], draft: Draft, temp: f32) -> Outcome {
     run_n(engine, tok, prompt, draft, temp, 64)
@@ -269,7 +269,7 @@ fn a_pass_through_mtp_block_drafts_the_chosen_token() {
     let logits = engine
         .forward_batch(&ids[..20], 0, &mut state, ferrox_models::LogitsFor::Last)
         .unwrap();
-    let chosen = ferrox_models::sampling::argmax(logits);
+    let chosen = ferrox_generate::sampling::argmax(logits);
     let mut drafts = Vec::new();
     engine
         .draft_mtp_next(&mut state, chosen, 3, &mut drafts)

@@ -20,7 +20,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrox_agent::Delta;
-use ferrox_models::generate::FinishReason;
+use ferrox_generate::generate::FinishReason;
 use serde_json::{json, Map, Value};
 
 use crate::api;
@@ -324,6 +324,16 @@ fn random_id(prefix: &str) -> String {
     )
 }
 
+/// Parses a Messages API body (`counting`: a `count_tokens` body, which has no `max_tokens`)
+/// into the request the chat route serves.
+pub fn parse_messages(
+    body: &Value,
+    n_vocab: usize,
+    counting: bool,
+) -> Result<api::ChatRequest, AnthropicError> {
+    Ok(api::parse_chat(&to_chat(body, counting)?, n_vocab)?)
+}
+
 /// Reads the body as the OpenAI routes do, errors in Anthropic's shape.
 async fn body(req: Request, state: &Arc<AppState>) -> Result<Value, AnthropicError> {
     Ok(JsonBody::from_request(req, state).await?.0)
@@ -334,8 +344,7 @@ async fn prepare(
     body: &Value,
 ) -> Result<(Arc<crate::Ready>, PreparedChat), AnthropicError> {
     let ready = state.ready()?.clone();
-    let chat = to_chat(body, false)?;
-    let mut req = api::parse_chat(&chat, ready.n_vocab)?;
+    let mut req = parse_messages(body, ready.n_vocab, false)?;
     req.gen.model = None;
     let prepared = routes::prepare_chat(state, &ready, req).await?;
     routes::check_context(
@@ -348,14 +357,13 @@ async fn prepare(
 }
 
 /// `POST /v1/messages/count_tokens`.
-pub async fn count_tokens(
+pub(crate) async fn count_tokens(
     State(state): State<Arc<AppState>>,
     req: Request,
 ) -> Result<Json<Value>, AnthropicError> {
     let body = body(req, &state).await?;
     let ready = state.ready()?.clone();
-    let chat = to_chat(&body, true)?;
-    let req = api::parse_chat(&chat, ready.n_vocab)?;
+    let req = parse_messages(&body, ready.n_vocab, true)?;
     let prepared = routes::prepare_chat(&state, &ready, req).await?;
     Ok(Json(json!({"input_tokens": prepared.prompt.len()})))
 }
@@ -378,7 +386,7 @@ fn tool_input(arguments: &str) -> Value {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(
+pub(crate) async fn messages(
     State(state): State<Arc<AppState>>,
     req: Request,
 ) -> Result<Response, AnthropicError> {

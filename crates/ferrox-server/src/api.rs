@@ -18,9 +18,9 @@
 //! context.
 
 use ferrox_agent::{GrammarSpec, Tool, ToolChoice, ToolSpec};
-use ferrox_models::generate::GenerationParams;
-use ferrox_models::sampling::SamplerParams;
-use ferrox_models::tokenizer::TokenId;
+use ferrox_generate::generate::GenerationParams;
+use ferrox_generate::sampling::SamplerParams;
+use ferrox_tokenizer::tokenizer::TokenId;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -389,7 +389,7 @@ fn parse_common(
             top_logprobs,
             logprobs,
             ignore_eog: false,
-            draft: ferrox_models::generate::Draft::None,
+            draft: ferrox_generate::generate::Draft::None,
             constraint: None,
             preserve: Vec::new(),
         },

@@ -12,10 +12,10 @@
 use std::collections::HashMap;
 
 use ferrox_core::{MemoryShape, SeqId, SequenceMemory};
-use ferrox_models::draft_model::greedy_draft;
-use ferrox_models::tokenizer::TokenId;
+use ferrox_generate::draft_model::greedy_draft;
 use ferrox_models::StepScratch;
 use ferrox_models::{step_sequences, AnyEngine, Engine, EngineError, LogitsFor, SeqWork};
+use ferrox_tokenizer::tokenizer::TokenId;
 
 /// Positions per block of the draft's memory.
 const BLOCK_TOKENS: usize = 16;

@@ -13,8 +13,8 @@
 
 use ferrox_core::block_manager::{salted_root, BlockUsage};
 use ferrox_core::{MemoryError, MemoryShape, SeqId, SequenceMemory};
-use ferrox_models::tokenizer::TokenId;
 use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
+use ferrox_tokenizer::tokenizer::TokenId;
 use smallvec::SmallVec;
 
 pub use ferrox_core::Refusal;

@@ -22,7 +22,7 @@
 //!   GBNF grammars), tool calls and reasoning separation come from `ferrox-agent`; each
 //!   sequence of the batch carries its own matcher and output parser.
 
-mod anthropic;
+pub mod anthropic;
 pub mod api;
 pub mod draft;
 mod error;
@@ -46,9 +46,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ferrox_models::chat_template::{ChatTemplate, RenderOptions};
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, Engine};
+use ferrox_tokenizer::chat_template::{ChatTemplate, RenderOptions};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tracing::Instrument;
@@ -183,7 +183,7 @@ pub(crate) struct Ready {
     /// How the model writes tool calls (from its template).
     pub tool_format: ToolFormat,
     /// The control tokens among the format's markers (rendered in tool-call output).
-    pub tool_markers: Vec<ferrox_models::tokenizer::TokenId>,
+    pub tool_markers: Vec<ferrox_tokenizer::tokenizer::TokenId>,
 }
 
 impl Ready {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use ferrox_models::generate::FinishReason;
+use ferrox_generate::generate::FinishReason;
 
 /// A cumulative histogram with fixed bucket bounds (seconds).
 struct Histogram {

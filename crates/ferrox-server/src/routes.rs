@@ -11,9 +11,9 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ferrox_models::chat_template::{prompt_for_tokenizer, ChatTemplateError};
-use ferrox_models::generate::FinishReason;
-use ferrox_models::tokenizer::TokenId;
+use ferrox_generate::generate::FinishReason;
+use ferrox_tokenizer::chat_template::{prompt_for_tokenizer, ChatTemplateError};
+use ferrox_tokenizer::tokenizer::TokenId;
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -404,7 +404,7 @@ pub(crate) async fn compile(
     ready: &Arc<Ready>,
     spec: ferrox_agent::GrammarSpec,
     param: &str,
-) -> Result<ferrox_models::generate::Constraint, ApiError> {
+) -> Result<ferrox_generate::generate::Constraint, ApiError> {
     let Some(compiler) = ready.compiler.clone() else {
         return Err(ApiError::unsupported(
             param,

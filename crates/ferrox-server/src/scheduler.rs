@@ -12,12 +12,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferrox_models::generate::{
+use ferrox_generate::generate::{
     lookup_draft_ngram, DraftPacer, FinishReason, Generation, GenerationParams, Step,
     TokenConstraint,
 };
-use ferrox_models::tokenizer::{TokenId, Tokenizer};
 use ferrox_models::{AnyEngine, Engine};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 use rayon::prelude::*;
 use tokio::sync::mpsc::error::SendError;
 use tokio::sync::mpsc::UnboundedSender;

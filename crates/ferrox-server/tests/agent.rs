@@ -10,9 +10,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, EngineOptions};
 use ferrox_server::{LoadedModel, ServerConfig};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 const QWEN_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 pub const API_KEY: &str = "agent-test-key";

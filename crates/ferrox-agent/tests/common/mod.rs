@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use ferrox_agent::ConstraintCompiler;
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 /// Qwen2.5-Coder-0.5B-Instruct, fetched by `scripts/fetch-model.sh qwen-0.5b` (which
 /// `scripts/test.sh` runs).

@@ -10,17 +10,17 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_core::bandwidth::ReadSweep;
-use ferrox_models::tokenizer::TokenId;
 use ferrox_models::EngineExt;
 use ferrox_models::{AnyEngine, Engine, LogitsFor, State};
+use ferrox_tokenizer::tokenizer::TokenId;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use super::model::{self, ModelArgs};
 use super::run::{SpecArgs, SpecType};
 use super::InputError;
-use ferrox_models::generate::{generate_speculative, GenerationParams, Outcome};
-use ferrox_models::sampling::SamplerParams;
+use ferrox_generate::generate::{generate_speculative, GenerationParams, Outcome};
+use ferrox_generate::sampling::SamplerParams;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -646,7 +646,7 @@ fn run_spec(args: &Args, model_args: &ModelArgs) -> anyhow::Result<()> {
         plain.push(a.timings);
         spec.push(b.timings);
     }
-    let ts = |t: &[ferrox_models::generate::Timings]| -> Vec<f64> {
+    let ts = |t: &[ferrox_generate::generate::Timings]| -> Vec<f64> {
         t.iter().map(|t| t.generation_tokens_per_second()).collect()
     };
     let (plain_ts, spec_ts) = (ts(&plain), ts(&spec));

@@ -4,12 +4,12 @@
 use std::io::{BufRead, Write};
 
 use anyhow::Context;
-use ferrox_models::chat_template::{
-    prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions,
-};
-use ferrox_models::generate::{generate_speculative, GenerationParams};
+use ferrox_generate::generate::{generate_speculative, GenerationParams};
 use ferrox_models::Engine;
 use ferrox_models::EngineExt;
+use ferrox_tokenizer::chat_template::{
+    prompt_for_tokenizer, ChatMessage, ChatTemplate, RenderOptions,
+};
 
 use super::model::{self, ModelArgs};
 use super::run::{GrammarArgs, SamplingArgs, SpecArgs};

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The script that fetches the default model (the same one the README and tests use).

@@ -11,7 +11,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use ferrox_models::sampling::logprob_of;
+use ferrox_generate::sampling::logprob_of;
 use ferrox_models::EngineExt;
 use ferrox_models::{Engine, LogitsFor};
 use indicatif::{ProgressBar, ProgressStyle};

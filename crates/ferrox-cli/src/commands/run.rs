@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferrox_agent::{ConstraintCompiler, GrammarSpec};
-use ferrox_models::draft_model::{check_vocab_compatible, DraftParams, ModelDrafter};
-use ferrox_models::generate::{generate_speculative, Constraint, Draft, GenerationParams, Outcome};
-use ferrox_models::sampling::SamplerParams;
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_generate::draft_model::{check_vocab_compatible, DraftParams, ModelDrafter};
+use ferrox_generate::generate::{
+    generate_speculative, Constraint, Draft, GenerationParams, Outcome,
+};
+use ferrox_generate::sampling::SamplerParams;
 use ferrox_models::Engine;
 use ferrox_models::EngineExt;
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use serde_json::json;
 
 use super::model::{self, ModelArgs};

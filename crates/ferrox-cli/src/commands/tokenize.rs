@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use ferrox_models::tokenizer::{DetokenizeOptions, TokenId, Tokenizer};
+use ferrox_tokenizer::tokenizer::{DetokenizeOptions, TokenId, Tokenizer};
 
 use super::InputError;
 

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use ferrox_gguf::{Gguf, OwnedValue, Value};
-use ferrox_models::tokenizer::Tokenizer;
+use ferrox_tokenizer::tokenizer::Tokenizer;
 use ferrox_models::{AnyEngine, EngineOptions, Engine, EngineExt};
 use libfuzzer_sys::{fuzz_mutator, fuzz_target, fuzzer_mutate};
 

@@ -331,6 +331,8 @@ thread_local! {
     static ROPE_ANGLES: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+crate::step::engine_from_layers!(Decoder);
+
 impl step::Layers for Decoder {
     type Buffers = Scratch;
 

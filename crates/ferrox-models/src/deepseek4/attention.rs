@@ -24,13 +24,13 @@ use super::compressor::{self, read_row, CompressorScratch, CompressorStore};
 use super::config::{Compression, Deepseek4Config};
 use super::weights::{IndexerWeights, LayerWeights};
 use super::RING_SLACK;
-use crate::dsa::top_k::top_k;
 use crate::engine::EngineError;
 use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::linear::linear;
+use crate::layers::mla::sparse::Selection;
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
-use crate::mla::sparse::Selection;
 use crate::step::{sized, Row};
+use ferrox_core::select::top_k;
 
 /// A layer's raw key-value rows in a sequence's state: a ring of the latest `len` positions
 /// (the window and [`RING_SLACK`]), position `p` at slot `p % len`.

@@ -266,6 +266,8 @@ struct MoeBuffers<'a> {
     moe: &'a mut ferrox_moe::MoeScratch,
 }
 
+crate::step::engine_from_layers!(Deepseek4Engine);
+
 impl step::Layers for Deepseek4Engine {
     type Buffers = Scratch;
 

@@ -6,8 +6,8 @@ use ferrox_moe::Gating;
 
 use crate::hparams::{FfnKind, Keys};
 use crate::layers::attention::MAX_HEAD_DIM;
+use crate::layers::mla::{config_for, KvB, MlaConfig, MscaleRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::mla::{config_for, KvB, MlaConfig, MscaleRule};
 use crate::ModelError;
 
 /// Most indexer heads a file may declare (DeepSeek-V3.2 and GLM-5 have 64 and 32).

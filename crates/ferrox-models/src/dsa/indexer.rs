@@ -5,7 +5,7 @@
 //! LayerNorm), both rotated on their first R dims, and one weight per head
 //! (`indexer.proj · x̂ / sqrt(Di·Hi)`). A cached position `j` scores
 //! `Σ_h w_h · relu(q_h · k_j)`, and the token attends to the `top_k` best-scoring positions
-//! up to its own ([`super::top_k`]); to all of them while there are no more than `top_k`.
+//! up to its own ([`ferrox_core::select`]); to all of them while there are no more than `top_k`.
 //!
 //! llama.cpp also multiplies queries and keys by an orthonormal Hadamard matrix, which
 //! leaves every `q · k` unchanged up to rounding; it is left out here. The keys are kept in
@@ -18,15 +18,15 @@ use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
 use super::config::{DsaConfig, IndexerConfig};
-use super::top_k::top_k;
 use crate::engine::EngineError;
 use crate::layers::linear::linear;
+use crate::layers::mla::sparse::Selection;
 use crate::layers::norm::layer_norm;
-use crate::mla::sparse::Selection;
 use crate::names::*;
 use crate::step::{sized as grown, Row};
 use crate::tensors::{Loader, MatrixRef};
 use crate::ModelError;
+use ferrox_core::select::top_k;
 
 /// The memory's second store: the indexer's key rows.
 pub(crate) const INDEXER_STORE: usize = 1;

@@ -3,7 +3,7 @@
 //! The layers are the MLA engine's ([`crate::mla`]: the same weights, latent cache and
 //! feed-forward blocks), except that each token attends only to the `top_k` cached positions
 //! a lightning indexer ([`indexer`]) selects for it, through the absorbed form of MLA
-//! attention over exactly those positions ([`crate::mla::sparse`]). While a sequence holds
+//! attention over exactly those positions ([`crate::layers::mla::sparse`]). While a sequence holds
 //! no more than `top_k` positions every one is selected, so short contexts are dense.
 //!
 //! GLM-5.2 computes selections only in some layers ("full"); the others reuse the last full
@@ -15,7 +15,6 @@
 
 pub mod config;
 pub mod indexer;
-pub(crate) mod top_k;
 
 use std::sync::Arc;
 
@@ -26,9 +25,9 @@ pub use config::{DsaConfig, DsaRules, IndexerConfig};
 pub use indexer::IndexerWeights;
 
 use crate::engine::{EngineError, EngineOptions};
-use crate::mla::attention::{self, AttnScratch, KeySet};
-use crate::mla::sparse::Selection;
-use crate::mla::{ffn, MlaWeights, Path, LATENT_STORE};
+use crate::layers::mla::attention::{self, AttnScratch, KeySet};
+use crate::layers::mla::sparse::Selection;
+use crate::layers::mla::{ffn, MlaWeights, Path, LATENT_STORE};
 use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
 use crate::tensors::{name_keys, Loader};
 use crate::ModelError;
@@ -108,6 +107,8 @@ impl DsaEngine {
         &self.config
     }
 }
+
+crate::step::engine_from_layers!(DsaEngine);
 
 impl step::Layers for DsaEngine {
     type Buffers = Scratch;

@@ -5,7 +5,7 @@
 
 use ferrox_gguf::Metadata;
 
-use crate::mla::{config_for, MlaConfig, MscaleRule};
+use crate::layers::mla::{config_for, MlaConfig, MscaleRule};
 use crate::ModelError;
 
 /// `deepseek2`, run by the Multi-head Latent Attention engine.

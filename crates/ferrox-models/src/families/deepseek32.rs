@@ -5,8 +5,8 @@
 use ferrox_gguf::Metadata;
 
 use crate::dsa::{DsaConfig, DsaRules};
+use crate::layers::mla::MscaleRule;
 use crate::layers::rope::RopeStyle;
-use crate::mla::MscaleRule;
 use crate::ModelError;
 
 /// How llama.cpp loads `deepseek32`: the indexer rotates NeoX-style, its key LayerNorm

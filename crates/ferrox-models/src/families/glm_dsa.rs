@@ -6,8 +6,8 @@
 use ferrox_gguf::Metadata;
 
 use crate::dsa::{DsaConfig, DsaRules};
+use crate::layers::mla::MscaleRule;
 use crate::layers::rope::RopeStyle;
-use crate::mla::MscaleRule;
 use crate::ModelError;
 
 /// How llama.cpp loads `glm-dsa`: the indexer rotates interleaved pairs; the key LayerNorm's

@@ -4,7 +4,7 @@
 
 use ferrox_gguf::Metadata;
 
-use crate::mla::{config_for, MlaConfig, MscaleRule};
+use crate::layers::mla::{config_for, MlaConfig, MscaleRule};
 use crate::ModelError;
 
 /// `mistral4`, run by the Multi-head Latent Attention engine.

@@ -28,7 +28,8 @@ use crate::decoder::{Decoder, DecoderConfig};
 use crate::dsa::{DsaConfig, DsaEngine};
 use crate::engine::Engine;
 use crate::engine::EngineOptions;
-use crate::mla::{MlaConfig, MlaEngine};
+use crate::layers::mla::MlaConfig;
+use crate::mla::MlaEngine;
 use crate::ModelError;
 
 /// Loads a checkpoint into its engine.

@@ -5,8 +5,8 @@ use ferrox_gguf::{GgufError, Metadata};
 
 use super::kda::{Decay, KdaShape};
 use crate::hparams::{FfnKind, Keys, MoeFfnConfig};
+use crate::layers::mla::{KvB, MlaConfig};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::mla::{KvB, MlaConfig};
 use crate::ModelError;
 
 /// Everything the engine needs to know about a checkpoint.

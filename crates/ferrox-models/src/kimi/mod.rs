@@ -33,8 +33,8 @@ pub use config::{K3Config, KimiConfig, Situ};
 
 use crate::engine::{EngineError, EngineOptions};
 use crate::layers::linear::linear;
-use crate::mla::attention::{attend_heads, attention, project, AttnScratch, KeySet};
-use crate::mla::{ffn, MlaLayer, Path};
+use crate::layers::mla::attention::{attend_heads, attention, project, AttnScratch, KeySet};
+use crate::layers::mla::{ffn, MlaLayer, Path};
 use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use kda::KdaScratch;
@@ -236,6 +236,8 @@ impl KimiEngine {
         }
     }
 }
+
+crate::step::engine_from_layers!(KimiEngine);
 
 impl step::Layers for KimiEngine {
     type Buffers = Scratch;

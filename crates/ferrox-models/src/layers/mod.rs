@@ -5,6 +5,7 @@
 pub mod activation;
 pub mod attention;
 pub mod linear;
+pub mod mla;
 pub mod norm;
 pub mod paged_attention;
 pub mod rope;

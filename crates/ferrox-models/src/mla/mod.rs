@@ -1,9 +1,8 @@
 //! The Multi-head Latent Attention engine: DeepSeek-V2/V3-style models (`deepseek2`) and
 //! Mistral-4 (`mistral4`, the same graph under another name). Attention caches one
-//! compressed row per token and layer ([`attention`]); the feed-forward blocks are dense
-//! SwiGLU for the leading layers and routed experts plus shared experts after them
-//! (`ferrox-moe`). Attention can also be sparse ([`sparse`]): the DeepSeek Sparse Attention
-//! engine ([`crate::dsa`]) runs these layers over the positions its indexer selects.
+//! compressed row per token and layer; the feed-forward blocks are dense SwiGLU for the
+//! leading layers and routed experts plus shared experts after them (`ferrox-moe`). The
+//! layers themselves are [`crate::layers::mla`], shared with the engines built on them.
 //!
 //! # Multi-token prediction
 //! With [`EngineOptions::mtp`](crate::EngineOptions) the file's NextN block
@@ -14,32 +13,24 @@
 //! completes. A draft ([`Engine::draft_mtp`](crate::Engine::draft_mtp)) then continues from
 //! the last position: the block's normed output and its greedy token are its next input.
 
-pub(crate) mod attention;
-mod config;
-pub(crate) mod sparse;
-pub(crate) mod weights;
-
 use std::sync::Arc;
 
 use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
 
-pub use config::{read as config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
-pub use weights::{MlaFfn, MlaLayer, MlaWeights, MtpBlock};
+pub use crate::layers::mla::{config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
+pub use crate::layers::mla::{MlaFfn, MlaLayer, MlaWeights, MtpBlock};
 
 use crate::engine::EngineError;
 use crate::engine::EngineOptions;
 use crate::hparams::FfnKind;
 use crate::layers::linear::linear;
-use crate::sampling::argmax;
+use crate::layers::mla::attention::{self, AttnScratch};
+use crate::layers::mla::{ffn, Path};
 use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
-use crate::tokenizer::TokenId;
 use crate::ModelError;
-use attention::AttnScratch;
-
-/// The memory's first store: the latent row `[c | k_pe]` per position and layer (the
-/// multi-token-prediction block's, when loaded, as one more layer).
-pub(crate) const LATENT_STORE: usize = 0;
+use crate::TokenId;
+use ferrox_core::select::argmax;
 
 /// With a multi-token-prediction block: each position's normed final state.
 const HIDDEN_STORE: usize = 1;
@@ -57,13 +48,6 @@ pub enum AttentionPath {
     /// absorbed for single tokens and for a sequence's batch whichever costs fewer operations.
     #[default]
     Auto,
-    Absorbed,
-    Decompressed,
-}
-
-/// The form one sequence's rows take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Path {
     Absorbed,
     Decompressed,
 }
@@ -330,6 +314,8 @@ fn read_hidden(memory: &StepMemory<'_>, seq: usize, pos: usize, out: &mut [f32])
     memory.key_row(HIDDEN_STORE, seq, 0, pos).copy_to(out);
 }
 
+crate::step::engine_from_layers!(MlaEngine);
+
 impl step::Layers for MlaEngine {
     type Buffers = Scratch;
 
@@ -425,33 +411,5 @@ impl step::Layers for MlaEngine {
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
         self.layers(rows, memory, logits, buffers)
-    }
-}
-
-/// A layer's FFN of `xn` into `out` (`n × n_embd`): dense SwiGLU, or routed experts plus the
-/// shared expert.
-pub(crate) fn ffn(
-    gguf: &Gguf,
-    weights: &MlaFfn,
-    kind: &FfnKind,
-    xn: &[f32],
-    out: &mut [f32],
-    router_logits: &mut Vec<f32>,
-    moe: &mut ferrox_moe::MoeScratch,
-) -> Result<(), ModelError> {
-    match (weights, kind) {
-        (MlaFfn::Dense(dense), _) => {
-            out.fill(0.0);
-            dense
-                .view(gguf)?
-                .forward_add(xn, out, moe)
-                .map_err(crate::hparams::moe_error)
-        }
-        (MlaFfn::Moe(mw), FfnKind::Moe(mc)) => {
-            mw.forward(gguf, &mc.router, xn, out, router_logits, moe)
-        }
-        (MlaFfn::Moe(_), FfnKind::Dense) => {
-            Err(ModelError::Config("MoE weights on a dense layer".into()))
-        }
     }
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use ferrox_gguf::Gguf;
-use ferrox_models::tokenizer::Tokenizer;
 use ferrox_models::{Decoder, EngineOptions};
+use ferrox_tokenizer::tokenizer::Tokenizer;
 
 /// The default model as `scripts/fetch-model.sh` stores it (the README's path).
 pub fn default_model_path() -> PathBuf {

@@ -12,9 +12,9 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine::{Engine, EngineError, EngineExt, LogitsFor, State};
-use crate::sampling::argmax;
-use crate::tokenizer::{TokenId, Tokenizer};
+use ferrox_core::select::argmax;
+use ferrox_engine::{Engine, EngineError, EngineExt, LogitsFor, State};
+use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
 /// The largest difference in vocabulary size a draft may have (llama.cpp's limit: the
 /// trailing tokens of a padded vocabulary may differ).

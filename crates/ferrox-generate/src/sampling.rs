@@ -6,7 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tokenizer::TokenId;
+pub use ferrox_core::select::argmax;
+use ferrox_tokenizer::tokenizer::TokenId;
 
 /// Sampling settings, with llama.cpp's defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -266,24 +267,6 @@ enum Prepared {
     Draw(Vec<f32>),
 }
 
-/// The first index of the largest logit (0 for an empty or all-NaN row).
-pub fn argmax(logits: &[f32]) -> TokenId {
-    // The maximum lane by lane (a vector max), then its first position.
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = logits.chunks_exact(16);
-    for chunk in &mut chunks {
-        for (m, &l) in lanes.iter_mut().zip(chunk) {
-            *m = if l > *m { l } else { *m };
-        }
-    }
-    let max = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-    logits.iter().position(|&l| l == max).unwrap_or(0) as TokenId
-}
-
 fn apply_penalties(c: &mut [(TokenId, f32)], recent: &VecDeque<TokenId>, p: &SamplerParams) {
     let mut counts: HashMap<TokenId, u32> = HashMap::new();
     for &t in recent {
@@ -410,23 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn argmax_is_the_first_largest_and_biases_apply_to_greedy() {
-        let reference = |l: &[f32]| {
-            let mut best = 0;
-            for (i, &x) in l.iter().enumerate() {
-                if x > l[best] {
-                    best = i;
-                }
-            }
-            best as TokenId
-        };
-        for n in [1usize, 5, 16, 17, 100, 1000] {
-            // Coarse values: many ties, the first must win.
-            let l: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32).collect();
-            assert_eq!(argmax(&l), reference(&l), "n = {n}");
-        }
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
-        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
+    fn biases_apply_to_greedy() {
         let l: Vec<f32> = (0..40).map(|i| (i % 9) as f32).collect();
         let mut s = Sampler::new(SamplerParams {
             temperature: 0.0,

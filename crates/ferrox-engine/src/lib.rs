@@ -16,8 +16,31 @@ use ferrox_core::{KvStorage, MemoryError, MemorySpec, SeqId, SequenceMemory, Ste
 use ferrox_gguf::Gguf;
 use smallvec::SmallVec;
 
-use crate::tokenizer::TokenId;
-use crate::ModelError;
+/// A token's index in the vocabulary (the same type as `ferrox_tokenizer`'s).
+pub type TokenId = u32;
+
+/// Errors loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] ferrox_gguf::GgufError),
+    #[error(transparent)]
+    Quant(#[from] ferrox_core::QuantError),
+    #[error("architecture `{0}` is not supported")]
+    UnsupportedArchitecture(String),
+    #[error("tensor `{0}` is missing")]
+    MissingTensor(String),
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor `{name}` has type {ty}, which is not supported")]
+    UnsupportedTensorType { name: String, ty: String },
+    #[error("invalid model configuration: {0}")]
+    Config(String),
+}
 
 /// How to run an engine.
 #[derive(Clone, Debug)]

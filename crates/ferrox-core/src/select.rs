@@ -1,4 +1,6 @@
-//! The indexer's top-k, choosing among tied scores exactly as llama.cpp's CPU `top_k` does.
+//! Selecting the largest scores: [`argmax`] (greedy decoding, drafts) and [`top_k`] for sparse
+//! attention's indexers, which chooses among tied scores exactly as llama.cpp's CPU `top_k`
+//! does.
 //!
 //! Ties are common: a position whose every indexer head scores it negatively scores exactly 0
 //! after the ReLU, so which of several 0-scored positions fill the last places decides what
@@ -72,9 +74,47 @@ pub fn top_k(scores: &[f32], k: usize, out: &mut Vec<u32>) {
     }
 }
 
+/// The first index of the largest logit (0 for an empty or all-NaN row).
+pub fn argmax(logits: &[f32]) -> u32 {
+    // The maximum lane by lane (a vector max), then its first position.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    logits.iter().position(|&l| l == max).unwrap_or(0) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_is_the_first_largest() {
+        let reference = |l: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in l.iter().enumerate() {
+                if x > l[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        for n in [1usize, 5, 16, 17, 100, 1000] {
+            // Coarse values: many ties, the first must win.
+            let l: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32).collect();
+            assert_eq!(argmax(&l), reference(&l), "n = {n}");
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
+    }
 
     fn sorted(mut v: Vec<u32>) -> Vec<u32> {
         v.sort_unstable();

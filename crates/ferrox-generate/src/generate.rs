@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use crate::draft_model::ModelDrafter;
-use crate::engine::{Engine, EngineError, EngineExt, LogitsFor, State};
 use crate::sampling::{logprob_of, top_logprobs, Sampler, SamplerParams};
-use crate::stop::StopMatcher;
-use crate::tokenizer::{StreamDecoder, TokenId, Tokenizer};
+use ferrox_engine::{Engine, EngineError, EngineExt, LogitsFor, State};
+use ferrox_tokenizer::stop::StopMatcher;
+use ferrox_tokenizer::tokenizer::{StreamDecoder, TokenId, Tokenizer};
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
