@@ -1,10 +1,11 @@
 //! DeepSeek Sparse Attention: DeepSeek-V3.2 (`deepseek32`) and GLM-5 / GLM-5.2 (`glm-dsa`).
 //!
-//! The layers are the MLA engine's ([`crate::mla`]: the same weights, latent cache and
-//! feed-forward blocks), except that each token attends only to the `top_k` cached positions
-//! a lightning indexer ([`indexer`]) selects for it, through the absorbed form of MLA
-//! attention over exactly those positions ([`crate::layers::mla::sparse`]). While a sequence holds
-//! no more than `top_k` positions every one is selected, so short contexts are dense.
+//! The layers are the MLA block's ([`crate::layers::mla`]: the same weights, latent cache
+//! and feed-forward blocks), except that each token attends only to the `top_k` cached
+//! positions a lightning indexer ([`indexer`]) selects for it, through the absorbed form of
+//! MLA attention over exactly those positions ([`crate::layers::mla::sparse`]).
+//! While a sequence holds no more than `top_k` positions every one is selected, so short
+//! contexts are dense.
 //!
 //! GLM-5.2 computes selections only in some layers ("full"); the others reuse the last full
 //! layer's. Multi-token-prediction layers at the end of a file are not part of the trunk and
