@@ -9,11 +9,14 @@
 //! speculative sampling ([`crate::sampling::Sampler::sample_speculative`]), so the output
 //! follows the target's distribution either way.
 
+use std::collections::HashMap;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use ferrox_core::select::argmax;
-use ferrox_engine::{Engine, EngineError, EngineExt, LogitsFor, State};
+use ferrox_core::{MemoryShape, SeqId, SequenceMemory};
+use ferrox_engine::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
 /// The largest difference in vocabulary size a draft may have (llama.cpp's limit: the
@@ -148,18 +151,220 @@ impl DraftParams {
 /// One proposed token and the draft distribution it was drawn from (token, probability).
 pub type DraftDistribution = Vec<(TokenId, f32)>;
 
-/// A draft model running one sequence beside the target's.
+/// One sequence's drafting request: an id that names its sequence from one proposal to the
+/// next, its whole text (prompt, then every generated token, the last of them not yet fed),
+/// how many tokens it may draft, and the temperature it drafts at (greedy at `<= 0`).
+pub struct DraftRequest<'a> {
+    pub id: u64,
+    pub text: &'a [TokenId],
+    pub room: usize,
+    pub temperature: f32,
+}
+
+/// The draft model's side of speculative decoding, for any number of sequences: each
+/// drafting sequence has its own sequence in the draft's memory, holding its text up to the
+/// last token; what the target rejected is rolled back there at the next proposal (the
+/// longest prefix the memory shares with the text is kept; a recurrent state that cannot
+/// roll back that far starts again from the whole text). All sequences of a proposal go
+/// through the draft model together: one step for what each has to catch up on, then one
+/// step per drafted token. The CLI drafts one sequence through it ([`ModelDrafter`]), the
+/// server every drafting sequence of a batch.
+pub struct DraftSequences {
+    memory: SequenceMemory,
+    scratch: StepScratch,
+    /// Drafting stops at a token the draft gives less than this probability.
+    p_min: f32,
+    /// Drafted tokens must be below this (the target's vocabulary size).
+    target_vocab: usize,
+    /// Each drafting request's sequence and the tokens its memory holds.
+    sequences: HashMap<u64, (SeqId, Vec<TokenId>)>,
+    logits: Vec<Vec<f32>>,
+    rng: StdRng,
+}
+
+impl DraftSequences {
+    /// Drafts for a target with `target_vocab` logits per row, in a memory of `shape`;
+    /// `seed` seeds the draws of sampled drafts.
+    pub fn new(
+        engine: &dyn Engine,
+        shape: MemoryShape,
+        p_min: f32,
+        target_vocab: usize,
+        seed: u64,
+    ) -> Result<DraftSequences, EngineError> {
+        Ok(DraftSequences {
+            memory: SequenceMemory::new(engine.memory_spec(), shape)?,
+            scratch: engine.new_scratch(),
+            p_min,
+            target_vocab,
+            sequences: HashMap::new(),
+            logits: Vec::new(),
+            rng: StdRng::seed_from_u64(seed ^ 0x5eed_d4af),
+        })
+    }
+
+    /// Forgets the sequences of requests that are no longer running.
+    pub fn retain(&mut self, running: impl Fn(u64) -> bool) {
+        let memory = &mut self.memory;
+        self.sequences.retain(|id, (seq, _)| {
+            let keep = running(*id);
+            if !keep {
+                memory.release(*seq);
+            }
+            keep
+        });
+    }
+
+    /// Each request's drafted tokens into `out`, and the distribution each was drawn from
+    /// into `dists` (one list per request, in order; empty for a request the draft cannot
+    /// serve now).
+    pub fn propose(
+        &mut self,
+        engine: &dyn Engine,
+        requests: &[DraftRequest<'_>],
+        out: &mut Vec<Vec<TokenId>>,
+        dists: &mut Vec<Vec<DraftDistribution>>,
+    ) -> Result<(), EngineError> {
+        out.clear();
+        out.resize(requests.len(), Vec::new());
+        dists.clear();
+        dists.resize(requests.len(), Vec::new());
+        let n_ctx = engine.context_size();
+        let n_vocab = engine.vocab_size();
+        // (request, sequence, tokens to feed first, room)
+        let mut live: Vec<(usize, SeqId, usize, usize)> = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            // The draft's memory holds the text but its last token, then the drafted tokens
+            // but the last one.
+            let room = r.room.min((n_ctx + 1).saturating_sub(r.text.len()));
+            let readable = r.text.iter().all(|&t| (t as usize) < n_vocab);
+            if room == 0 || r.text.is_empty() || !readable {
+                continue;
+            }
+            let Some((seq, held)) = self.sequence(r.id, n_ctx) else {
+                continue;
+            };
+            let mut keep = held
+                .iter()
+                .zip(r.text)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(r.text.len() - 1);
+            let mut seq = *seq;
+            if keep < self.memory.len(seq)
+                && (keep == 0 || self.memory.rollback(seq, keep).is_err())
+            {
+                // A recurrent state with no checkpoint there: the sequence starts afresh
+                // and is fed the whole text again.
+                self.memory.release(seq);
+                self.sequences.remove(&r.id);
+                let Some((fresh, _)) = self.sequence(r.id, n_ctx) else {
+                    continue;
+                };
+                seq = *fresh;
+                keep = 0;
+            }
+            let held = &mut self.sequences.get_mut(&r.id).expect("just found").1;
+            held.truncate(keep);
+            held.extend_from_slice(&r.text[keep..]);
+            live.push((i, seq, keep, room));
+        }
+        // The text each sequence lacks, then one drafted token per step.
+        let mut first = true;
+        while !live.is_empty() {
+            let feeds: Vec<&[TokenId]> = live
+                .iter()
+                .map(|&(i, _, keep, _)| match first {
+                    true => &requests[i].text[keep..],
+                    false => std::slice::from_ref(out[i].last().expect("drafted")),
+                })
+                .collect();
+            let work: Vec<SeqWork<'_>> = live
+                .iter()
+                .zip(&feeds)
+                .map(|(&(_, seq, _, _), tokens)| SeqWork {
+                    seq,
+                    tokens,
+                    logits: LogitsFor::Last,
+                })
+                .collect();
+            if self.logits.len() < work.len() {
+                self.logits.resize(work.len(), Vec::new());
+            }
+            let mut logits: Vec<&mut Vec<f32>> = self.logits.iter_mut().take(work.len()).collect();
+            step_sequences(
+                engine,
+                &mut self.memory,
+                &mut self.scratch,
+                &work,
+                &mut logits,
+            )?;
+            let mut still = Vec::with_capacity(live.len());
+            for (k, &(i, seq, keep, room)) in live.iter().enumerate() {
+                if !first {
+                    let fed = *out[i].last().expect("drafted");
+                    let held = &mut self.sequences.get_mut(&requests[i].id).expect("live").1;
+                    held.push(fed);
+                }
+                let Some((token, dist)) = self.pick(k, requests[i].temperature) else {
+                    continue;
+                };
+                out[i].push(token);
+                dists[i].push(dist);
+                if out[i].len() < room {
+                    still.push((i, seq, keep, room));
+                }
+            }
+            live = still;
+            first = false;
+        }
+        Ok(())
+    }
+
+    /// The request's sequence, admitted now if it has none (`None` when every slot is
+    /// taken).
+    fn sequence(&mut self, id: u64, n_ctx: usize) -> Option<&mut (SeqId, Vec<TokenId>)> {
+        if !self.sequences.contains_key(&id) {
+            let admission = self.memory.admit(&[], n_ctx).ok()?;
+            self.sequences.insert(id, (admission.seq, Vec::new()));
+        }
+        self.sequences.get_mut(&id)
+    }
+
+    /// The next token from the `k`-th logits row, or `None` when the draft's most likely
+    /// token is less likely than `p_min` or outside the target's vocabulary.
+    fn pick(&mut self, k: usize, temperature: f32) -> Option<(TokenId, DraftDistribution)> {
+        let logits = &self.logits[k];
+        let best = greedy_draft(logits, self.p_min, self.target_vocab)?;
+        let (token, dist) = if temperature <= 0.0 {
+            (best, vec![(best, 1.0)])
+        } else {
+            let dist = top_distribution(logits, temperature, SAMPLED_CANDIDATES);
+            let r: f32 = self.rng.random();
+            let mut acc = 0.0;
+            let token = dist
+                .iter()
+                .find(|&&(_, p)| {
+                    acc += p;
+                    r < acc
+                })
+                .unwrap_or(&dist[dist.len() - 1])
+                .0;
+            (token, dist)
+        };
+        ((token as usize) < self.target_vocab).then_some((token, dist))
+    }
+}
+
+/// A draft model running one sequence beside the target's (the CLI's).
 pub struct ModelDrafter<'e> {
     engine: &'e dyn Engine,
-    state: State,
-    /// The tokens in the draft's memory, in order.
-    held: Vec<TokenId>,
+    sequences: DraftSequences,
     /// What came before the generation's prompt (a conversation's earlier turns).
     context: Vec<TokenId>,
     params: DraftParams,
-    /// Drafted tokens must be below this (the target's vocabulary size).
-    target_vocab: usize,
-    rng: StdRng,
+    proposed: Vec<Vec<TokenId>>,
+    distributions: Vec<Vec<DraftDistribution>>,
 }
 
 impl<'e> ModelDrafter<'e> {
@@ -172,14 +377,23 @@ impl<'e> ModelDrafter<'e> {
         seed: u64,
     ) -> Result<ModelDrafter<'e>, DraftError> {
         params.validate()?;
+        let n_ctx = engine.context_size();
+        // One block of the whole context, as a single-sequence state has.
+        let shape = MemoryShape {
+            n_blocks: 1,
+            block_tokens: n_ctx.max(1),
+            max_sequences: 1,
+            n_ctx,
+            prefix_cache: false,
+        };
+        let sequences = DraftSequences::new(engine, shape, params.p_min, target_vocab, seed)?;
         Ok(ModelDrafter {
-            state: engine.new_state()?,
             engine,
-            held: Vec::new(),
+            sequences,
             context: Vec::new(),
             params,
-            target_vocab,
-            rng: StdRng::seed_from_u64(seed ^ 0x5eed_d4af),
+            proposed: Vec::new(),
+            distributions: Vec::new(),
         })
     }
 
@@ -210,76 +424,25 @@ impl<'e> ModelDrafter<'e> {
         out: &mut Vec<TokenId>,
         dists: &mut Vec<DraftDistribution>,
     ) -> Result<(), EngineError> {
+        let request = DraftRequest {
+            id: 0,
+            text,
+            room: room.min(self.params.max),
+            temperature,
+        };
+        self.sequences.propose(
+            self.engine,
+            std::slice::from_ref(&request),
+            &mut self.proposed,
+            &mut self.distributions,
+        )?;
         out.clear();
         dists.clear();
-        let capacity = self.engine.context_size();
-        let n_vocab = self.engine.vocab_size();
-        // The draft's memory holds the text but its last token, then the drafted tokens but
-        // the last one.
-        let room = room
-            .min(self.params.max)
-            .min((capacity + 1).saturating_sub(text.len()));
-        if room == 0 || text.is_empty() {
-            return Ok(());
-        }
-        let mut keep = self
-            .held
-            .iter()
-            .zip(text)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(text.len() - 1);
-        if text[keep..].iter().any(|&t| t as usize >= n_vocab) {
-            // A token the draft cannot read: nothing to propose.
-            return Ok(());
-        }
-        if keep < self.held.len() {
-            keep = self.state.truncate_or_reset(keep);
-            self.held.truncate(keep);
-        }
-        let mut logits = self
-            .engine
-            .forward_batch(&text[keep..], keep, &mut self.state, LogitsFor::Last)?
-            .to_vec();
-        self.held.extend_from_slice(&text[keep..]);
-        while let Some((token, dist)) = self.pick(&logits, temperature) {
-            out.push(token);
-            dists.push(dist);
-            if out.len() >= room {
-                break;
-            }
-            let pos = self.held.len();
-            logits.copy_from_slice(self.engine.forward_token(token, pos, &mut self.state)?);
-            self.held.push(token);
-        }
-        if out.len() < self.params.min.max(1) {
-            out.clear();
-            dists.clear();
+        if self.proposed[0].len() >= self.params.min.max(1) {
+            out.append(&mut self.proposed[0]);
+            dists.append(&mut self.distributions[0]);
         }
         Ok(())
-    }
-
-    /// The draft's next token from its logits, or `None` when its most likely token is less
-    /// likely than `p_min` or outside the target's vocabulary.
-    fn pick(&mut self, logits: &[f32], temperature: f32) -> Option<(TokenId, DraftDistribution)> {
-        let best = greedy_draft(logits, self.params.p_min, self.target_vocab)?;
-        let (token, dist) = if temperature <= 0.0 {
-            (best, vec![(best, 1.0)])
-        } else {
-            let dist = top_distribution(logits, temperature, SAMPLED_CANDIDATES);
-            let r: f32 = self.rng.random();
-            let mut acc = 0.0;
-            let token = dist
-                .iter()
-                .find(|&&(_, p)| {
-                    acc += p;
-                    r < acc
-                })
-                .unwrap_or(&dist[dist.len() - 1])
-                .0;
-            (token, dist)
-        };
-        ((token as usize) < self.target_vocab).then_some((token, dist))
     }
 }
 

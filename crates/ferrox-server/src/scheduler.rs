@@ -642,6 +642,7 @@ impl<'t> Loop<'t> {
                     id: s.id,
                     text: &s.history,
                     room,
+                    temperature: 0.0,
                 }
             })
             .collect();

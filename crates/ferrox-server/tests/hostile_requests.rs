@@ -10,13 +10,56 @@ const N_VOCAB: usize = 262_144;
 
 /// Field names the OpenAI and Anthropic parsers look at, and a few they do not.
 const KEYS: &[&str] = &[
-    "model", "prompt", "messages", "role", "content", "type", "text", "max_tokens",
-    "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
-    "stream", "stream_options", "include_usage", "logprobs", "top_logprobs", "logit_bias",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "response_format", "json_schema",
-    "schema", "grammar", "tools", "tool_choice", "function", "name", "parameters", "arguments",
-    "tool_calls", "tool_call_id", "system", "stop_sequences", "thinking", "tokens", "add_special",
-    "with_pieces", "cache_salt", "speculative", "image_url", "url", "input", "id", "extra",
+    "model",
+    "prompt",
+    "messages",
+    "role",
+    "content",
+    "type",
+    "text",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "include_usage",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "response_format",
+    "json_schema",
+    "schema",
+    "grammar",
+    "tools",
+    "tool_choice",
+    "function",
+    "name",
+    "parameters",
+    "arguments",
+    "tool_calls",
+    "tool_call_id",
+    "system",
+    "stop_sequences",
+    "thinking",
+    "tokens",
+    "add_special",
+    "with_pieces",
+    "cache_salt",
+    "speculative",
+    "image_url",
+    "url",
+    "input",
+    "id",
+    "extra",
 ];
 
 fn json() -> impl Strategy<Value = Value> {
@@ -29,8 +72,19 @@ fn json() -> impl Strategy<Value = Value> {
             .prop_map(Value::from),
         ".{0,12}".prop_map(Value::String),
         prop::sample::select(vec![
-            "user", "assistant", "system", "tool", "developer", "text", "json_schema",
-            "json_object", "function", "auto", "none", "required", "root ::= \"a\"",
+            "user",
+            "assistant",
+            "system",
+            "tool",
+            "developer",
+            "text",
+            "json_schema",
+            "json_object",
+            "function",
+            "auto",
+            "none",
+            "required",
+            "root ::= \"a\"",
         ])
         .prop_map(|s| Value::String(s.into())),
     ];
@@ -38,7 +92,11 @@ fn json() -> impl Strategy<Value = Value> {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
             prop::collection::vec((prop::sample::select(KEYS), inner), 0..8).prop_map(|kv| {
-                Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map<_, _>>())
+                Value::Object(
+                    kv.into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect::<Map<_, _>>(),
+                )
             }),
         ]
     })
@@ -46,9 +104,8 @@ fn json() -> impl Strategy<Value = Value> {
 
 /// A body: an object whose top-level fields are the parsers' own.
 fn body() -> impl Strategy<Value = Value> {
-    prop::collection::vec((prop::sample::select(KEYS), json()), 0..10).prop_map(|kv| {
-        Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-    })
+    prop::collection::vec((prop::sample::select(KEYS), json()), 0..10)
+        .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
 }
 
 proptest! {
