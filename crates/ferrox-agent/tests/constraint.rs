@@ -231,6 +231,10 @@ fn tool_call_grammars_compile_and_accept_template_text() {
 /// names the problem; none overflows a stack (which would abort the whole process).
 #[test]
 fn hostile_grammars_are_refused_quickly() {
+    // The bound the design gives (a slot within the timeout, then the compile within it),
+    // with slack for a loaded machine: a guard against hangs and stack walks, not a speed
+    // target (every request here fails in milliseconds on an idle machine).
+    let bound = compiler().timeout * 2 + std::time::Duration::from_secs(3);
     let time = |spec: &GrammarSpec| {
         let started = std::time::Instant::now();
         let result = compiler()
@@ -247,7 +251,7 @@ fn hostile_grammars_are_refused_quickly() {
     let (result, took) = time(&GrammarSpec::Gbnf(nested));
     let e = result.unwrap_err();
     assert!(e.contains("nested more than"), "{e}");
-    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    assert!(took < bound, "{took:?}");
 
     let stacked = format!("root ::= \"a\"{}", "*".repeat(200_000));
     let e = time(&GrammarSpec::Gbnf(stacked)).0.unwrap_err();
@@ -274,7 +278,7 @@ fn hostile_grammars_are_refused_quickly() {
     let (result, took) = time(&ref_chain(20_000));
     let e = result.unwrap_err();
     assert!(e.contains("levels deep"), "{e}");
-    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    assert!(took < bound, "{took:?}");
 
     // 65,000 rules: a chain, and names that all share one Lark base name.
     let chain: String = (0..65_000)
@@ -282,7 +286,7 @@ fn hostile_grammars_are_refused_quickly() {
         .collect::<String>()
         + "r65000 ::= \"y\"\nroot ::= r0\n";
     let (_, took) = time(&GrammarSpec::Gbnf(chain));
-    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    assert!(took < bound, "{took:?}");
     let variants: String = (0u32..65_000)
         .map(|i| {
             let name: String = (0..17)
@@ -293,5 +297,5 @@ fn hostile_grammars_are_refused_quickly() {
         .collect::<String>()
         + "root ::= aaaaaaaaaaaaaaaaa\n";
     let (_, took) = time(&GrammarSpec::Gbnf(variants));
-    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    assert!(took < bound, "{took:?}");
 }
