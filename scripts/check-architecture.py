@@ -4,7 +4,7 @@
 1. Each crate's [dependencies] name only the ferrox crates its row of the `crate-deps` block
    allows (dev-dependencies are free: tests may load real engines).
 2. In ferrox-models, an engine folder names no other engine (`crate::<engine>`), and the
-   shared modules (layers/, step.rs, hparams.rs, names.rs, tensors.rs) name no engine.
+   shared modules (layers/, scaffold.rs, hparams.rs, names.rs, tensors.rs) name no engine.
 Exits 1 listing every breach.
 """
 import pathlib
@@ -45,7 +45,7 @@ def main():
     engines = fenced("engine-folders")["engines"]
     src = ROOT / "crates/ferrox-models/src"
     pattern = re.compile(r"crate::(" + "|".join(engines) + r")\b")
-    shared = [src / "layers", src / "step.rs", src / "hparams.rs", src / "names.rs", src / "tensors.rs"]
+    shared = [src / "layers", src / "scaffold.rs", src / "hparams.rs", src / "names.rs", src / "tensors.rs"]
     for path in sorted(src.rglob("*.rs")):
         rel = path.relative_to(src)
         own = rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in engines else None

@@ -994,7 +994,7 @@ mod tests {
     }
 
     /// Runs a fake step: every new position's row holds (token, position) in each layer.
-    fn step(m: &mut SequenceMemory, seq: SeqId, tokens: &[u32]) {
+    fn fake_step(m: &mut SequenceMemory, seq: SeqId, tokens: &[u32]) {
         let start = m.len(seq);
         m.grow(seq, start + tokens.len()).unwrap();
         let mut v = m.view(&[seq]).unwrap();
@@ -1051,11 +1051,11 @@ mod tests {
         let mut m = SequenceMemory::new(lagging, shape(16, 4)).unwrap();
         let prompt: Vec<u32> = (10..18).collect();
         let a = m.admit(&prompt, 16).unwrap();
-        step(&mut m, a.seq, &prompt);
+        fake_step(&mut m, a.seq, &prompt);
         // Eight positions: the second block's last row is not written yet, so only the
         // first block is registered, and `a` may still write from position 4.
         assert_eq!(m.view(&[a.seq]).unwrap().writable_from(0), 4);
-        step(&mut m, a.seq, &[18]);
+        fake_step(&mut m, a.seq, &[18]);
         assert_eq!(m.view(&[a.seq]).unwrap().writable_from(0), 8);
         // A sequence sharing both blocks may write only after them.
         let b = m.admit(&(10..20).collect::<Vec<_>>(), 16).unwrap();
@@ -1085,18 +1085,18 @@ mod tests {
         let mut m = SequenceMemory::new(strided_spec(), shape(16, 4)).unwrap();
         let prompt: Vec<u32> = (10..20).collect();
         let a = m.admit(&prompt, 16).unwrap();
-        step(&mut m, a.seq, &prompt);
+        fake_step(&mut m, a.seq, &prompt);
         // Rows completed at positions 2, 5 and 8 (the last in the third block).
         let a_rows = strided_rows(&mut m, a.seq);
         assert_eq!(a_rows, [12.0, 2.0, 15.0, 5.0, 18.0, 8.0]);
         let b = m.admit(&prompt, 16).unwrap();
         assert_eq!(b.reused, 8);
-        step(&mut m, b.seq, &prompt[8..]);
+        fake_step(&mut m, b.seq, &prompt[8..]);
         assert_eq!(strided_rows(&mut m, b.seq), a_rows);
         // b keeps position 5's row through a rollback into the shared second block, and
         // rewrites the row of position 8: a's rows stay as they were.
         m.rollback(b.seq, 6).unwrap();
-        step(&mut m, b.seq, &[99, 98, 97]);
+        fake_step(&mut m, b.seq, &[99, 98, 97]);
         assert_eq!(strided_rows(&mut m, a.seq), a_rows);
         assert_eq!(
             strided_rows(&mut m, b.seq),
@@ -1158,17 +1158,17 @@ mod tests {
         let prompt: Vec<u32> = (10..20).collect();
         let a = m.admit(&prompt, 16).unwrap();
         assert_eq!(a.reused, 0);
-        step(&mut m, a.seq, &prompt);
+        fake_step(&mut m, a.seq, &prompt);
         // A second sequence with the same prompt shares the two full blocks.
         let b = m.admit(&prompt, 16).unwrap();
         assert_eq!(b.reused, 8);
-        step(&mut m, b.seq, &prompt[8..]);
+        fake_step(&mut m, b.seq, &prompt[8..]);
         assert_eq!(rows(&mut m, a.seq), rows(&mut m, b.seq));
         // b rolls back into the shared second block and writes other tokens there: a's
         // rows must not change, and b gets its own copy of the kept positions.
         let before = rows(&mut m, a.seq);
         m.rollback(b.seq, 6).unwrap();
-        step(&mut m, b.seq, &[99, 98]);
+        fake_step(&mut m, b.seq, &[99, 98]);
         assert_eq!(rows(&mut m, a.seq), before);
         let b_rows = rows(&mut m, b.seq);
         assert_eq!(&b_rows[..6 * 3], &before[..6 * 3]);
@@ -1196,8 +1196,8 @@ mod tests {
         // 3 blocks promised to a: a 2-block request must wait.
         assert_eq!(m.check(&[5, 6, 7], 8), Err(Refusal::Busy));
         assert!(m.check(&[5, 6, 7], 4).is_ok());
-        step(&mut m, a.seq, &[1, 2, 3]);
-        step(&mut m, a.seq, &(0..9).collect::<Vec<_>>());
+        fake_step(&mut m, a.seq, &[1, 2, 3]);
+        fake_step(&mut m, a.seq, &(0..9).collect::<Vec<_>>());
         assert_eq!(m.len(a.seq), 12);
         m.release(a.seq);
         assert!(m.check(&[5, 6, 7], 16).is_ok());

@@ -1,7 +1,7 @@
 //! The generation loop every front end shares (CLI and server): prefill the prompt, then
 //! sample, detokenize and check for the end until a limit, an end-of-generation token or a
 //! stop string. The text side ([`Generation`]) is separate from the engine driver
-//! ([`generate`]) so a scheduler that batches many sequences can step each one itself.
+//! ([`generate`]) so a scheduler that batches many sequences can sample each one itself.
 
 use std::time::{Duration, Instant};
 
@@ -194,7 +194,7 @@ impl FinishReason {
 
 /// One generated token and the text it released.
 #[derive(Clone, Debug)]
-pub struct Step {
+pub struct Sampled {
     pub token: TokenId,
     /// Complete UTF-8 text now safe to show (may be empty while a character or a possible
     /// stop string is incomplete).
@@ -288,7 +288,7 @@ impl<'t> Generation<'t> {
     }
 
     /// Takes the constraint out (to compute its next mask on another thread); give it back
-    /// with [`Generation::restore_constraint`] before the next [`Generation::step`].
+    /// with [`Generation::restore_constraint`] before the next [`Generation::sample`].
     pub fn take_constraint(&mut self) -> Option<Box<dyn TokenConstraint>> {
         self.constraint.take()
     }
@@ -318,21 +318,21 @@ impl<'t> Generation<'t> {
     }
 
     /// Picks the next token from `logits` and advances the text.
-    pub fn step(&mut self, logits: &[f32]) -> Step {
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let token = self.pick(logits, |sampler, l| sampler.sample(l));
         self.advance(token, logits)
     }
 
-    /// Like [`Generation::step`] for a row whose token a draft model proposed, drawn from its
+    /// Like [`Generation::sample`] for a row whose token a draft model proposed, drawn from its
     /// distribution `q`: speculative sampling keeps `proposed` or draws another token so that
-    /// the token follows the same distribution `step` draws from (see
+    /// the token follows the same distribution `sample` draws from (see
     /// [`Sampler::sample_speculative`]).
-    pub fn step_speculative(
+    pub fn sample_speculative(
         &mut self,
         logits: &[f32],
         proposed: TokenId,
         q: &[(TokenId, f32)],
-    ) -> Step {
+    ) -> Sampled {
         let token = self.pick(logits, |sampler, l| {
             sampler.sample_speculative(l, proposed, q).0
         });
@@ -359,7 +359,7 @@ impl<'t> Generation<'t> {
     }
 
     /// Advances the text past `token`, chosen from `logits`.
-    fn advance(&mut self, token: TokenId, logits: &[f32]) -> Step {
+    fn advance(&mut self, token: TokenId, logits: &[f32]) -> Sampled {
         self.sampler.accept(token);
         self.generated += 1;
         let logprob = self.params.logprobs.then(|| logprob_of(logits, token));
@@ -390,7 +390,7 @@ impl<'t> Generation<'t> {
                 self.end(FinishReason::Length, &mut text);
             }
         }
-        Step {
+        Sampled {
             token,
             text,
             finish: self.finish,
@@ -456,7 +456,7 @@ pub struct Outcome {
 }
 
 /// Generates after `prompt` on a fresh or truncated `state` whose length is where the
-/// prompt starts. `on_step` sees every step as it happens and may return `false` to stop
+/// prompt starts. `on_token` sees every token as it comes and may return `false` to stop
 /// early (the outcome then says `Stop`).
 ///
 /// With a [`Draft`], the tokens it proposes are checked together with the token just chosen
@@ -471,17 +471,17 @@ pub fn generate<E: Engine + ?Sized>(
     tokenizer: &Tokenizer,
     prompt: &[TokenId],
     params: &GenerationParams,
-    on_step: impl FnMut(&Step) -> bool,
+    on_token: impl FnMut(&Sampled) -> bool,
 ) -> Result<Outcome, EngineError> {
     generate_speculative(
-        engine, state, start_pos, tokenizer, prompt, params, None, on_step,
+        engine, state, start_pos, tokenizer, prompt, params, None, on_token,
     )
 }
 
 /// [`generate`], with a draft model proposing the tokens when `drafter` is given (it then
 /// takes the place of `params.draft`). Greedy output is the target's greedy output token for
 /// token; sampled output keeps the target's distribution through speculative sampling
-/// ([`Generation::step_speculative`]).
+/// ([`Generation::sample_speculative`]).
 #[allow(clippy::too_many_arguments)]
 pub fn generate_speculative<E: Engine + ?Sized>(
     engine: &E,
@@ -491,7 +491,7 @@ pub fn generate_speculative<E: Engine + ?Sized>(
     prompt: &[TokenId],
     params: &GenerationParams,
     mut drafter: Option<&mut ModelDrafter<'_>>,
-    mut on_step: impl FnMut(&Step) -> bool,
+    mut on_token: impl FnMut(&Sampled) -> bool,
 ) -> Result<Outcome, EngineError> {
     let capacity = engine.context_size();
     if start_pos + prompt.len() > capacity {
@@ -538,10 +538,10 @@ pub fn generate_speculative<E: Engine + ?Sized>(
     let mut pos = start_pos + prompt.len();
     let started = Instant::now();
     // Takes a chosen token: Some(reason) when the generation ends with it.
-    let mut emit = |step: Step, pos: usize, generation: &mut Generation<'_>| {
+    let mut emit = |step: Sampled, pos: usize, generation: &mut Generation<'_>| {
         tokens.push(step.token);
         text.push_str(&step.text);
-        let go_on = on_step(&step);
+        let go_on = on_token(&step);
         if let Some(reason) = step.finish {
             return Some(reason);
         }
@@ -551,20 +551,20 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         if pos >= capacity {
             let tail = generation.end_for_length();
             if !tail.is_empty() {
-                let last = Step {
+                let last = Sampled {
                     text: tail,
                     finish: Some(FinishReason::Length),
                     ..step
                 };
                 text.push_str(&last.text);
-                on_step(&last);
+                on_token(&last);
             }
             return Some(FinishReason::Length);
         }
         None
     };
     let finish = 'generate: loop {
-        let step = generation.step(&logits);
+        let step = generation.sample(&logits);
         let mut token = step.token;
         if let Some(reason) = emit(step, pos, &mut generation) {
             break reason;
@@ -625,8 +625,8 @@ pub fn generate_speculative<E: Engine + ?Sized>(
             for (j, &proposed) in drafts.iter().enumerate() {
                 let row = &rows[j * n_vocab..(j + 1) * n_vocab];
                 let step = match dists.get(j) {
-                    Some(q) if drafter.is_some() => generation.step_speculative(row, proposed, q),
-                    _ => generation.step(row),
+                    Some(q) if drafter.is_some() => generation.sample_speculative(row, proposed, q),
+                    _ => generation.sample(row),
                 };
                 let chosen = step.token;
                 if let Some(n) = matched {

@@ -14,7 +14,7 @@ pub mod kimi;
 pub mod layers;
 pub mod mla;
 pub mod names;
-pub mod step;
+pub mod scaffold;
 pub(crate) mod tensors;
 
 pub use any_engine::AnyEngine;

@@ -261,7 +261,7 @@ fn speculative_sampling_keeps_the_targets_distribution() {
     let mut plain = vec![0u64; n_vocab];
     for seed in 0..DRAWS {
         let mut g = Generation::new(&tok, params(temperature, seed, 1), &context);
-        plain[g.step(&logits).token as usize] += 1;
+        plain[g.sample(&logits).token as usize] += 1;
     }
     for draft_name in [DRAFT, TARGET] {
         let (draft, _) = synthetic_model(draft_name);
@@ -289,7 +289,7 @@ fn speculative_sampling_keeps_the_targets_distribution() {
                 .0;
             let p = params(temperature, seed + DRAWS, 1);
             let mut g = Generation::new(&tok, p, &context);
-            let token = g.step_speculative(&logits, x, &q).token;
+            let token = g.sample_speculative(&logits, x, &q).token;
             kept += usize::from(token == x);
             speculative[token as usize] += 1;
         }

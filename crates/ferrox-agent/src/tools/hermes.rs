@@ -60,7 +60,7 @@ impl Parser {
         self.blank.clear();
     }
 
-    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool {
+    fn parse_next(&mut self, out: &mut Vec<ParseEvent>) -> bool {
         match self.state {
             State::Text => {
                 if !self.in_content {
@@ -220,7 +220,7 @@ impl Parser {
 impl ToolCallParser for Parser {
     fn push(&mut self, text: &str, out: &mut Vec<ParseEvent>) {
         self.buf.push_str(text);
-        while self.step(out) {}
+        while self.parse_next(out) {}
     }
 
     fn finish(&mut self, out: &mut Vec<ParseEvent>) {

@@ -73,7 +73,7 @@ impl Parser {
         }
     }
 
-    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool {
+    fn parse_next(&mut self, out: &mut Vec<ParseEvent>) -> bool {
         let m = self.markers;
         match self.state {
             State::Text => {
@@ -121,7 +121,7 @@ impl Parser {
 impl ToolCallParser for Parser {
     fn push(&mut self, text: &str, out: &mut Vec<ParseEvent>) {
         self.buf.push_str(text);
-        while self.step(out) {}
+        while self.parse_next(out) {}
     }
 
     fn finish(&mut self, out: &mut Vec<ParseEvent>) {

@@ -23,7 +23,7 @@ use crate::layers::attention::AttentionParams;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::paged_attention::{attend, HeadGroup};
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::scaffold::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use weights::{FfnWeights, GateUpWeights, QkvWeights};
 
@@ -105,7 +105,7 @@ impl Decoder {
     /// One micro-batch of rows (from one or more sequences, each sequence's rows in
     /// position order) through every layer, then the output head for the rows that want
     /// logits.
-    fn layers(
+    fn run_layers(
         &self,
         rows: &[Row],
         kv: &mut StepMemory<'_>,
@@ -115,12 +115,12 @@ impl Decoder {
         let c = &self.config;
         let x = sized(&mut s.x, rows.len() * c.n_embd);
         let embd = self.weights.token_embd.view(&self.rt.gguf)?;
-        step::embed(rows, &embd, c.embedding_scale, x)?;
+        scaffold::embed(rows, &embd, c.embedding_scale, x)?;
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
             self.ffn_block(lc, lw, rows.len(), s)?;
         }
-        step::advance(kv, rows);
+        scaffold::advance(kv, rows);
         let head = OutputHead {
             norm: &self.weights.output_norm,
             eps: c.norm_eps,
@@ -145,7 +145,7 @@ impl Decoder {
         let (hd_k, hd_v) = (lc.head_dim_k, lc.head_dim_v);
         let (q_w, k_w, v_w) = (lc.n_head * hd_k, lc.n_head_kv * hd_k, lc.n_head_kv * hd_v);
         let xn = sized(&mut s.xn, n * n_embd);
-        step::norm_rows(&s.x[..n * n_embd], &lw.attn_norm, c.norm_eps, xn);
+        scaffold::norm_rows(&s.x[..n * n_embd], &lw.attn_norm, c.norm_eps, xn);
         let q = sized(&mut s.q, n * q_w);
         let k = sized(&mut s.k, n * k_w);
         let v = sized(&mut s.v, n * v_w);
@@ -267,7 +267,7 @@ impl Decoder {
         let c = &self.config;
         let n_embd = c.n_embd;
         let xn = sized(&mut s.xn, n * n_embd);
-        step::norm_rows(&s.x[..n * n_embd], &lw.ffn_norm, c.norm_eps, xn);
+        scaffold::norm_rows(&s.x[..n * n_embd], &lw.ffn_norm, c.norm_eps, xn);
         let (gate_up, down) = match &lw.ffn {
             FfnWeights::Dense { gate_up, down } => (gate_up, down),
             FfnWeights::Moe(mw) => {
@@ -316,7 +316,7 @@ impl Decoder {
     /// `x += post_norm(proj)` (or `x += proj` without a post norm).
     fn residual_add(&self, post_norm: &Option<Vec<f32>>, n: usize, s: &mut Scratch) {
         let n_embd = self.config.n_embd;
-        step::residual_add(
+        scaffold::residual_add(
             &mut s.x[..n * n_embd],
             &mut s.proj[..n * n_embd],
             n_embd,
@@ -331,9 +331,9 @@ thread_local! {
     static ROPE_ANGLES: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-crate::step::engine_from_layers!(Decoder);
+crate::scaffold::engine_from_body!(Decoder);
 
-impl step::Layers for Decoder {
+impl scaffold::EngineBody for Decoder {
     type Buffers = Scratch;
 
     fn runtime(&self) -> &Runtime {
@@ -355,6 +355,6 @@ impl step::Layers for Decoder {
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        self.layers(rows, memory, logits, buffers)
+        self.run_layers(rows, memory, logits, buffers)
     }
 }

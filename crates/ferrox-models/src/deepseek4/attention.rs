@@ -29,7 +29,7 @@ use crate::layers::attention::MAX_HEAD_DIM;
 use crate::layers::linear::linear;
 use crate::layers::mla::sparse::Selection;
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
-use crate::step::{sized, Row};
+use crate::scaffold::{sized, Row};
 use ferrox_core::select::top_k;
 
 /// A layer's raw key-value rows in a sequence's state: a ring of the latest `len` positions

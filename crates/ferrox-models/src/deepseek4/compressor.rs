@@ -25,7 +25,7 @@ use crate::engine::EngineError;
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::rope::Rope;
-use crate::step::{sized, Row};
+use crate::scaffold::{sized, Row};
 
 /// Where one layer's compressor keeps its rows and its ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::config::HC_STREAMS as HC;
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_normalize_in_place;
-use crate::step::sized;
+use crate::scaffold::sized;
 use crate::tensors::MatrixRef;
 use crate::ModelError;
 

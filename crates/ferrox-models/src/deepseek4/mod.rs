@@ -36,7 +36,7 @@ pub use weights::Deepseek4Weights;
 
 use crate::engine::{EngineError, EngineOptions};
 use crate::hparams::moe_error;
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::scaffold::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use attention::{AttnScratch, LayerStores, RawRing};
 use compressor::CompressorStore;
@@ -266,9 +266,9 @@ struct MoeBuffers<'a> {
     moe: &'a mut ferrox_moe::MoeScratch,
 }
 
-crate::step::engine_from_layers!(Deepseek4Engine);
+crate::scaffold::engine_from_body!(Deepseek4Engine);
 
-impl step::Layers for Deepseek4Engine {
+impl scaffold::EngineBody for Deepseek4Engine {
     type Buffers = Scratch;
 
     fn runtime(&self) -> &Runtime {
@@ -306,7 +306,7 @@ impl step::Layers for Deepseek4Engine {
         let c = &self.config;
         let (n, e, gguf) = (rows.len(), c.n_embd, &*self.rt.gguf);
         let x_in = sized(&mut s.x_in, n * e);
-        step::embed(rows, &self.weights.token_embd.view(gguf)?, None, x_in)?;
+        scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, x_in)?;
         let streams = sized(&mut s.streams, n * HC * e);
         for (t, stream) in streams.chunks_exact_mut(HC * e).enumerate() {
             for copy in stream.chunks_exact_mut(e) {
@@ -329,7 +329,7 @@ impl step::Layers for Deepseek4Engine {
             let (x_in, xn, y) = (sized(x_in, n * e), sized(xn, n * e), sized(y, n * e));
             let mix = self.hyper(&lw.hc_attn);
             mix.pre(gguf, streams, n, x_in, hs)?;
-            step::norm_rows(x_in, &lw.attn_norm, c.norm_eps, xn);
+            scaffold::norm_rows(x_in, &lw.attn_norm, c.norm_eps, xn);
             let stores = self.stores[il];
             attention::attention(
                 c,
@@ -348,7 +348,7 @@ impl step::Layers for Deepseek4Engine {
 
             let mix = self.hyper(&lw.hc_ffn);
             mix.pre(gguf, streams, n, x_in, hs)?;
-            step::norm_rows(x_in, &lw.ffn_norm, c.norm_eps, xn);
+            scaffold::norm_rows(x_in, &lw.ffn_norm, c.norm_eps, xn);
             let mut buffers = MoeBuffers {
                 router_logits,
                 chosen,
@@ -357,7 +357,7 @@ impl step::Layers for Deepseek4Engine {
             self.moe(il, lw, rows, xn, y, &mut buffers)?;
             mix.post(streams, y, n, hs);
         }
-        step::advance(memory, rows);
+        scaffold::advance(memory, rows);
         let x_in = sized(&mut s.x_in, n * e);
         hyper::collapse(
             gguf,

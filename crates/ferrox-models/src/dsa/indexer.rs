@@ -23,7 +23,7 @@ use crate::layers::linear::linear;
 use crate::layers::mla::sparse::Selection;
 use crate::layers::norm::layer_norm;
 use crate::names::*;
-use crate::step::{sized as grown, Row};
+use crate::scaffold::{sized as grown, Row};
 use crate::tensors::{Loader, MatrixRef};
 use crate::ModelError;
 use ferrox_core::select::top_k;

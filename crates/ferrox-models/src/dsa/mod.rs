@@ -29,7 +29,7 @@ use crate::engine::{EngineError, EngineOptions};
 use crate::layers::mla::attention::{self, AttnScratch, KeySet};
 use crate::layers::mla::sparse::Selection;
 use crate::layers::mla::{ffn, MlaWeights, Path, LATENT_STORE};
-use crate::step::{self, HeadScratch, OutputHead, Row, Runtime};
+use crate::scaffold::{self, HeadScratch, OutputHead, Row, Runtime};
 use crate::tensors::{name_keys, Loader};
 use crate::ModelError;
 use indexer::{IndexerScratch, LayerIndexer, INDEXER_STORE};
@@ -45,7 +45,7 @@ pub struct DsaEngine {
 
 #[derive(Default)]
 pub struct Scratch {
-    residual: step::Residual,
+    residual: scaffold::Residual,
     attn: AttnScratch,
     indexer: IndexerScratch,
     selection: Selection,
@@ -109,9 +109,9 @@ impl DsaEngine {
     }
 }
 
-crate::step::engine_from_layers!(DsaEngine);
+crate::scaffold::engine_from_body!(DsaEngine);
 
-impl step::Layers for DsaEngine {
+impl scaffold::EngineBody for DsaEngine {
     type Buffers = Scratch;
 
     fn runtime(&self) -> &Runtime {
@@ -176,7 +176,7 @@ impl step::Layers for DsaEngine {
                 Ok(ffn(gguf, &lw.ffn, &c.mla.ffn[il], xn, out, logits, moe)?)
             })?;
         }
-        step::advance(memory, rows);
+        scaffold::advance(memory, rows);
         let head = OutputHead {
             norm: &self.weights.output_norm,
             eps,

@@ -5,7 +5,7 @@
 
 use super::lanes::{add_scaled, product, scale, Portable, Sums};
 use crate::layers::attention::MAX_HEAD_DIM;
-use crate::step::sized;
+use crate::scaffold::sized;
 
 /// Positions per chunk of the chunked recurrence (llama.cpp's KDA chunk size).
 pub const CHUNK: usize = 16;

@@ -16,7 +16,7 @@ use super::delta_rule::{Run, SharedOut, CHUNK};
 use crate::engine::EngineError;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
-use crate::step::{sized, Row};
+use crate::scaffold::{sized, Row};
 use crate::tensors::MatrixRef;
 
 /// A KDA layer's geometry and decay form.

@@ -12,7 +12,7 @@ use crate::layers::linear::linear;
 use crate::layers::mla::MlaFfn;
 use crate::layers::norm::rms_norm_in_place;
 use crate::names::{Tensor, *};
-use crate::step::sized;
+use crate::scaffold::sized;
 use crate::tensors::{Loader, MatrixRef, MoeWeights, SharedExpertWeights};
 use crate::ModelError;
 

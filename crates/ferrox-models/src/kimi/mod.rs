@@ -35,7 +35,7 @@ use crate::engine::{EngineError, EngineOptions};
 use crate::layers::linear::linear;
 use crate::layers::mla::attention::{attend_heads, attention, project, AttnScratch, KeySet};
 use crate::layers::mla::{ffn, MlaLayer, Path};
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::scaffold::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use kda::KdaScratch;
 use latent::LatentScratch;
@@ -237,9 +237,9 @@ impl KimiEngine {
     }
 }
 
-crate::step::engine_from_layers!(KimiEngine);
+crate::scaffold::engine_from_body!(KimiEngine);
 
-impl step::Layers for KimiEngine {
+impl scaffold::EngineBody for KimiEngine {
     type Buffers = Scratch;
 
     fn runtime(&self) -> &Runtime {
@@ -290,7 +290,7 @@ impl step::Layers for KimiEngine {
     ) -> Result<(), EngineError> {
         let depth = self.rollback_depth;
         if depth == 0 {
-            return self.pass(rows, memory, logits, s);
+            return self.run_layers(rows, memory, logits, s);
         }
         let mut pass_rows = std::mem::take(&mut s.pass_rows);
         let result = (|| {
@@ -301,7 +301,7 @@ impl step::Layers for KimiEngine {
                 pass_rows.extend_from_slice(&rows[run.start..run.end - run.len().min(depth + 1)]);
             }
             if !pass_rows.is_empty() {
-                self.pass(&pass_rows, memory, logits, s)?;
+                self.run_layers(&pass_rows, memory, logits, s)?;
             }
             for back in (0..=depth).rev() {
                 pass_rows.clear();
@@ -310,7 +310,7 @@ impl step::Layers for KimiEngine {
                 if pass_rows.is_empty() {
                     continue;
                 }
-                self.pass(&pass_rows, memory, logits, s)?;
+                self.run_layers(&pass_rows, memory, logits, s)?;
                 for r in &pass_rows {
                     memory.checkpoint(r.seq, r.pos + 1);
                 }
@@ -337,7 +337,7 @@ fn sequence_runs(rows: &[Row]) -> impl Iterator<Item = std::ops::Range<usize>> +
 impl KimiEngine {
     /// One pass of rows (each sequence's contiguous, in position order) through every layer
     /// and the output head.
-    fn pass(
+    fn run_layers(
         &self,
         rows: &[Row],
         memory: &mut StepMemory<'_>,
@@ -355,13 +355,13 @@ impl KimiEngine {
             let x = sized(&mut x, n * n_embd);
             let xn = sized(&mut xn, n * n_embd);
             let proj = sized(&mut proj, n * n_embd);
-            step::embed(rows, &self.weights.token_embd.view(gguf)?, None, x)?;
+            scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, x)?;
             s.stream.checkpoints.reset(n, n_embd);
             for (il, layer) in self.weights.layers.iter().enumerate() {
                 let (attn_norm, ffn_norm, _) = layer.norms_and_ffn();
                 let scores = layer.res.as_ref();
                 let input = s.stream.input(x, scores.map(|r| &r.attn[..]), eps);
-                step::norm_rows(input, attn_norm, eps, xn);
+                scaffold::norm_rows(input, attn_norm, eps, xn);
                 // A block's first layer banks its raw input and restarts the stream from
                 // its attention output.
                 let banked = res_block > 0 && il % res_block == 0;
@@ -371,14 +371,14 @@ impl KimiEngine {
                 self.attention(layer, rows, xn, memory, proj, s)?;
                 match banked {
                     true => x.copy_from_slice(proj),
-                    false => step::residual_add(x, proj, n_embd, None, eps),
+                    false => scaffold::residual_add(x, proj, n_embd, None, eps),
                 }
                 let input = s.stream.input(x, scores.map(|r| &r.ffn[..]), eps);
-                step::norm_rows(input, ffn_norm, eps, xn);
+                scaffold::norm_rows(input, ffn_norm, eps, xn);
                 self.ffn(il, layer, xn, proj, s)?;
-                step::residual_add(x, proj, n_embd, None, eps);
+                scaffold::residual_add(x, proj, n_embd, None, eps);
             }
-            step::advance(memory, rows);
+            scaffold::advance(memory, rows);
             let w = self.weights.output_res_score.as_deref();
             let last = s.stream.input(x, w, eps);
             let head = OutputHead {

@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::step::sized;
+use crate::scaffold::sized;
 
 /// Checkpoints a mix scores without allocating (Kimi-K3 has 8).
 const INLINE_CHECKPOINTS: usize = 16;

@@ -27,7 +27,7 @@ use crate::hparams::FfnKind;
 use crate::layers::linear::linear;
 use crate::layers::mla::attention::{self, AttnScratch};
 use crate::layers::mla::{ffn, Path};
-use crate::step::{self, sized, HeadScratch, OutputHead, Row, Runtime};
+use crate::scaffold::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
 use crate::TokenId;
 use ferrox_core::select::argmax;
@@ -62,7 +62,7 @@ pub struct MlaEngine {
 
 #[derive(Default)]
 pub struct Scratch {
-    residual: step::Residual,
+    residual: scaffold::Residual,
     attn: AttnScratch,
     head: HeadScratch,
     router_logits: Vec<f32>,
@@ -73,7 +73,7 @@ pub struct Scratch {
 impl Scratch {
     /// The trunk's residual stream (or the multi-token-prediction block's), and the buffers
     /// a layer works in.
-    fn layer_buffers(&mut self, mtp: bool) -> (&mut step::Residual, LayerBuffers<'_>) {
+    fn layer_buffers(&mut self, mtp: bool) -> (&mut scaffold::Residual, LayerBuffers<'_>) {
         let residual = match mtp {
             true => &mut self.mtp.residual,
             false => &mut self.residual,
@@ -97,7 +97,7 @@ struct MtpScratch {
     /// `[RMSNorm(embedding) | RMSNorm(h)]` per row, and the embeddings.
     joined: Vec<f32>,
     embedded: Vec<f32>,
-    residual: step::Residual,
+    residual: scaffold::Residual,
     logits: Vec<f32>,
     xq: Vec<u8>,
 }
@@ -169,7 +169,7 @@ impl MlaEngine {
     }
 
     /// One micro-batch of rows through every layer, then the output head.
-    fn layers(
+    fn run_layers(
         &self,
         rows: &[Row],
         memory: &mut StepMemory<'_>,
@@ -187,7 +187,7 @@ impl MlaEngine {
         if let Some(mtp) = &self.weights.mtp {
             self.mtp_follow(mtp, rows, memory, s)?;
         }
-        step::advance(memory, rows);
+        scaffold::advance(memory, rows);
         let head = OutputHead {
             norm: &self.weights.output_norm,
             eps: c.norm_eps,
@@ -211,7 +211,7 @@ impl MlaEngine {
         let (e, eps) = (self.config.n_embd, self.config.norm_eps);
         let n = rows.len();
         let hidden = sized(&mut s.mtp.hidden, n * e);
-        step::norm_rows(
+        scaffold::norm_rows(
             &s.residual.x()[..n * e],
             &self.weights.output_norm,
             eps,
@@ -263,7 +263,7 @@ impl MlaEngine {
         }
         let embd = mtp.embd.as_ref().unwrap_or(&self.weights.token_embd);
         let embedded = sized(&mut s.mtp.embedded, n * e);
-        step::embed(rows, &embd.view(gguf)?, None, embedded)?;
+        scaffold::embed(rows, &embd.view(gguf)?, None, embedded)?;
         let joined = sized(&mut s.mtp.joined, 2 * n * e);
         for t in 0..n {
             let (en, hn) = joined[2 * t * e..2 * (t + 1) * e].split_at_mut(e);
@@ -287,7 +287,7 @@ impl MlaEngine {
         il: usize,
         rows: &[Row],
         memory: &mut StepMemory<'_>,
-        residual: &mut step::Residual,
+        residual: &mut scaffold::Residual,
         b: &mut LayerBuffers<'_>,
     ) -> Result<(), EngineError> {
         let (c, gguf) = (&self.config, &*self.rt.gguf);
@@ -314,9 +314,9 @@ fn read_hidden(memory: &StepMemory<'_>, seq: usize, pos: usize, out: &mut [f32])
     memory.key_row(HIDDEN_STORE, seq, 0, pos).copy_to(out);
 }
 
-crate::step::engine_from_layers!(MlaEngine);
+crate::scaffold::engine_from_body!(MlaEngine);
 
-impl step::Layers for MlaEngine {
+impl scaffold::EngineBody for MlaEngine {
     type Buffers = Scratch;
 
     fn runtime(&self) -> &Runtime {
@@ -410,6 +410,6 @@ impl step::Layers for MlaEngine {
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        self.layers(rows, memory, logits, buffers)
+        self.run_layers(rows, memory, logits, buffers)
     }
 }

@@ -43,7 +43,7 @@ use crate::layers::attention::{attend, AttentionParams, KvView};
 use crate::layers::linear::linear;
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::paged_attention::{self, HeadGroup};
-use crate::step::{sized as grown, Row};
+use crate::scaffold::{sized as grown, Row};
 
 /// Buffers of one layer's attention, reused across layers and steps.
 #[derive(Default)]

@@ -154,7 +154,7 @@ impl Runtime {
 /// An engine's own part: its layers over a micro-batch of rows. The rest of [`Engine`]
 /// (checking the step, micro-batching, the thread pool) is the same for every engine and
 /// comes with it.
-pub trait Layers: Send + Sync + 'static {
+pub trait EngineBody: Send + Sync + 'static {
     /// The engine's activation buffers, kept between steps.
     type Buffers: Any + Default + Send + Sync;
 
@@ -206,16 +206,16 @@ pub trait Layers: Send + Sync + 'static {
     ) -> Result<(), EngineError>;
 }
 
-/// The [`Engine`] implementation of a [`Layers`] type: checking the step, micro-batching,
-/// the thread pool. Each engine invokes it once beside its `Layers` impl (a blanket impl
+/// The [`Engine`] implementation of a [`EngineBody`] type: checking the step, micro-batching,
+/// the thread pool. Each engine invokes it once beside its `EngineBody` impl (a blanket impl
 /// cannot cross from `ferrox-engine`, where the trait lives).
-macro_rules! engine_from_layers {
+macro_rules! engine_from_body {
     ($engine:ty) => {
         const _: () = {
             use ferrox_core::{MemorySpec, StepMemory};
             use ferrox_gguf::Gguf;
             use $crate::engine::{Engine, EngineError, SeqInput, StepScratch};
-            use $crate::step::{layout, Layers, StepBuffers, MAX_MICRO_BATCH};
+            use $crate::scaffold::{layout, EngineBody, StepBuffers, MAX_MICRO_BATCH};
             use $crate::TokenId;
 
             impl Engine for $engine {
@@ -228,7 +228,7 @@ macro_rules! engine_from_layers {
                 }
 
                 fn memory_spec(&self) -> MemorySpec {
-                    Layers::memory_spec(self)
+                    EngineBody::memory_spec(self)
                 }
 
                 fn vocab_size(&self) -> usize {
@@ -248,16 +248,16 @@ macro_rules! engine_from_layers {
                 }
 
                 fn new_scratch(&self) -> StepScratch {
-                    StepScratch::new(StepBuffers::<<$engine as Layers>::Buffers>::default())
+                    StepScratch::new(StepBuffers::<<$engine as EngineBody>::Buffers>::default())
                 }
 
                 fn has_mtp(&self) -> bool {
-                    Layers::has_mtp(self)
+                    EngineBody::has_mtp(self)
                 }
 
                 fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
-                    Layers::enable_rollback(self, tokens)?;
-                    Ok(Layers::memory_spec(self).rollback_reach())
+                    EngineBody::enable_rollback(self, tokens)?;
+                    Ok(EngineBody::memory_spec(self).rollback_reach())
                 }
 
                 fn draft_mtp(
@@ -270,7 +270,7 @@ macro_rules! engine_from_layers {
                     max: usize,
                     out: &mut Vec<TokenId>,
                 ) -> Result<(), EngineError> {
-                    if !Layers::has_mtp(self) {
+                    if !EngineBody::has_mtp(self) {
                         return Err(EngineError::State(format!(
                             "{}: no multi-token-prediction block is loaded",
                             self.runtime().arch
@@ -278,9 +278,9 @@ macro_rules! engine_from_layers {
                     }
                     out.clear();
                     let StepBuffers { engine, .. } =
-                        scratch.get::<StepBuffers<<$engine as Layers>::Buffers>>();
+                        scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
                     self.runtime().pool.install(|| {
-                        Layers::draft_mtp(self, memory, engine, seq, token, pos, max, out)
+                        EngineBody::draft_mtp(self, memory, engine, seq, token, pos, max, out)
                     })
                 }
 
@@ -292,7 +292,7 @@ macro_rules! engine_from_layers {
                     logits: &mut [&mut Vec<f32>],
                 ) -> Result<(), EngineError> {
                     let StepBuffers { rows, engine } =
-                        scratch.get::<StepBuffers<<$engine as Layers>::Buffers>>();
+                        scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
                     layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
                     let checkpoints = self.checkpoints();
                     let block = memory.block_tokens();
@@ -324,7 +324,7 @@ macro_rules! engine_from_layers {
         };
     };
 }
-pub(crate) use engine_from_layers;
+pub(crate) use engine_from_body;
 
 /// What a step keeps between steps: its rows and the engine's own buffers.
 #[derive(Default)]
