@@ -85,18 +85,8 @@ impl ToolSpec {
             let Some(name) = f.get("name").and_then(Value::as_str) else {
                 return err("needs 'function.name'");
             };
-            if name.is_empty()
-                || name.len() > 128
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
-            {
-                return err(&format!(
-                    "has an invalid function name {name:?} (letters, digits, '_', '-', '.', ':'; at most 128)"
-                ));
-            }
-            if out.iter().any(|t: &Tool| t.name == name) {
-                return err(&format!("repeats the function name '{name}'"));
+            if let Err(m) = Self::check_name(name, &out) {
+                return err(&m);
             }
             let parameters = match f.get("parameters") {
                 None | Some(Value::Null) => json!({"type": "object"}),
@@ -140,6 +130,30 @@ impl ToolSpec {
             }
             Some(_) => return Err("'tool_choice' must be a string or an object".into()),
         };
+        Self::check_choice(choice, tools)
+    }
+
+    /// Checks a tool name (letters, digits, `_`, `-`, `.`, `:`; at most 128) and that no
+    /// tool in `earlier` has it; the error completes "the tool ...".
+    pub fn check_name(name: &str, earlier: &[Tool]) -> Result<(), String> {
+        if name.is_empty()
+            || name.len() > 128
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+        {
+            return Err(format!(
+                "has an invalid function name {name:?} (letters, digits, '_', '-', '.', ':'; at most 128)"
+            ));
+        }
+        if earlier.iter().any(|t| t.name == name) {
+            return Err(format!("repeats the function name '{name}'"));
+        }
+        Ok(())
+    }
+
+    /// Checks a choice against the tools: `Required` needs some, `Named` one of them.
+    pub fn check_choice(choice: ToolChoice, tools: &[Tool]) -> Result<ToolChoice, String> {
         match &choice {
             ToolChoice::Required if tools.is_empty() => {
                 Err("'tool_choice' is 'required' but no 'tools' were given".into())

@@ -76,14 +76,14 @@ pub struct CompletionRequest {
 }
 
 /// Typed access to a request object's fields; a `null` field counts as absent.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(crate) struct Fields<'a>(pub(crate) &'a Map<String, Value>);
 
 impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    fn number(&self, key: &str) -> Result<Option<f64>, ApiError> {
+    pub(crate) fn number(&self, key: &str) -> Result<Option<f64>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| {
@@ -93,7 +93,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A number within `lo..=hi`.
-    fn ranged(&self, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    pub(crate) fn ranged(&self, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
         match self.number(key)? {
             None => Ok(None),
             Some(x) if (lo..=hi).contains(&x) => Ok(Some(x as f32)),
@@ -104,7 +104,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
+    pub(crate) fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => match (v.as_i64(), v.as_u64()) {
@@ -119,7 +119,7 @@ impl<'a> Fields<'a> {
     }
 
     /// An integer of at least `min`.
-    fn at_least(&self, key: &str, min: i64) -> Result<Option<u64>, ApiError> {
+    pub(crate) fn at_least(&self, key: &str, min: i64) -> Result<Option<u64>, ApiError> {
         match self.integer(key)? {
             None => Ok(None),
             Some(i) if i >= min => Ok(Some(i as u64)),
@@ -130,7 +130,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+    pub(crate) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -141,7 +141,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn string(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+    pub(crate) fn string(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -152,7 +152,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
+    pub(crate) fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Object(o)) => Ok(Some(o)),
@@ -165,7 +165,7 @@ impl<'a> Fields<'a> {
 }
 
 /// A JSON value's type, as error messages name it.
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -176,7 +176,7 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-fn as_object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
+pub(crate) fn as_object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
     body.as_object().ok_or_else(|| {
         ApiError::invalid(format!(
             "the request body must be a JSON object, got {}",
@@ -197,38 +197,30 @@ fn parse_common(
     endpoint: Endpoint,
     n_vocab: usize,
 ) -> Result<GenRequest, ApiError> {
-    let model = f.string("model")?.map(str::to_string);
-    f.string("user")?;
-    let cache_salt = match f.string("cache_salt")? {
-        Some("") => {
-            return Err(ApiError::param(
-                "cache_salt",
-                "'cache_salt' must be a non-empty string if provided",
-            ))
-        }
-        Some(salt) if salt.len() > MAX_CACHE_SALT_BYTES => {
-            return Err(ApiError::param(
-                "cache_salt",
-                format!("'cache_salt' is longer than {MAX_CACHE_SALT_BYTES} bytes"),
-            ))
-        }
-        salt => salt.map(str::to_string),
-    };
+    refuse_unsupported(f, endpoint)?;
+    let (logprobs, top_logprobs) = parse_logprobs(f, endpoint)?;
+    Ok(GenRequest {
+        model: f.string("model")?.map(str::to_string),
+        params: GenerationParams {
+            max_tokens: parse_max_tokens(f)?,
+            stop: parse_stop(f, "stop")?,
+            sampler: parse_sampler(f, n_vocab, SamplerParams::default())?,
+            top_logprobs,
+            logprobs,
+            ..GenerationParams::default()
+        },
+        n: parse_choices(f)?,
+        stream: f.boolean("stream")?.unwrap_or(false),
+        include_usage: parse_include_usage(f)?,
+        grammar: parse_grammar(f)?,
+        cache_salt: parse_cache_salt(f)?,
+        reasoning_format: parse_reasoning_format(f)?,
+    })
+}
 
-    // `n` choices are separate sequences sharing the prompt's cached blocks.
-    let mut n_choices = 1;
-    for key in ["n", "n_cmpl"] {
-        if let Some(n) = f.integer(key)? {
-            if n < 1 || n > MAX_CHOICES as i64 {
-                return Err(ApiError::param(
-                    key,
-                    format!("'{key}' must be between 1 and {MAX_CHOICES}, got {n}"),
-                ));
-            }
-            n_choices = n as usize;
-        }
-    }
-    // Fields that would change the meaning of the request: refuse, never ignore.
+/// Fields that would change the meaning of the request: refused, never ignored.
+fn refuse_unsupported(f: &Fields<'_>, endpoint: Endpoint) -> Result<(), ApiError> {
+    f.string("user")?;
     if let Some(n) = f.integer("best_of")? {
         if n < 1 {
             return Err(ApiError::param(
@@ -249,7 +241,6 @@ fn parse_common(
             "the legacy 'functions' / 'function_call' fields are not supported; use 'tools' and 'tool_choice'",
         ));
     }
-    let grammar = parse_grammar(f)?;
     for key in ["prediction", "audio"] {
         if f.get(key).is_some() {
             return Err(ApiError::unsupported(
@@ -280,13 +271,58 @@ fn parse_common(
             ));
         }
     }
+    Ok(())
+}
 
-    let max_tokens = match f.at_least("max_completion_tokens", 1)? {
+/// vLLM's `cache_salt`.
+fn parse_cache_salt(f: &Fields<'_>) -> Result<Option<String>, ApiError> {
+    match f.string("cache_salt")? {
+        Some("") => Err(ApiError::param(
+            "cache_salt",
+            "'cache_salt' must be a non-empty string if provided",
+        )),
+        Some(salt) if salt.len() > MAX_CACHE_SALT_BYTES => Err(ApiError::param(
+            "cache_salt",
+            format!("'cache_salt' is longer than {MAX_CACHE_SALT_BYTES} bytes"),
+        )),
+        salt => Ok(salt.map(str::to_string)),
+    }
+}
+
+/// `n` (or llama-server's `n_cmpl`): choices are separate sequences sharing the prompt's
+/// cached blocks.
+fn parse_choices(f: &Fields<'_>) -> Result<usize, ApiError> {
+    let mut n_choices = 1;
+    for key in ["n", "n_cmpl"] {
+        if let Some(n) = f.integer(key)? {
+            if n < 1 || n > MAX_CHOICES as i64 {
+                return Err(ApiError::param(
+                    key,
+                    format!("'{key}' must be between 1 and {MAX_CHOICES}, got {n}"),
+                ));
+            }
+            n_choices = n as usize;
+        }
+    }
+    Ok(n_choices)
+}
+
+/// `max_completion_tokens`, else `max_tokens`.
+fn parse_max_tokens(f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
+    let max = match f.at_least("max_completion_tokens", 1)? {
         Some(m) => Some(m),
         None => f.at_least("max_tokens", 1)?,
     };
+    Ok(max.map(|m| m as usize))
+}
 
-    let defaults = SamplerParams::default();
+/// The sampler's fields, each absent one taken from `defaults`; `seed` drawn at random
+/// when absent.
+pub(crate) fn parse_sampler(
+    f: &Fields<'_>,
+    n_vocab: usize,
+    defaults: SamplerParams,
+) -> Result<SamplerParams, ApiError> {
     let repeat_penalty = match f.ranged("repeat_penalty", 0.0, 10.0)? {
         Some(r) => Some(r),
         None => f.ranged("repetition_penalty", 0.0, 10.0)?,
@@ -336,8 +372,13 @@ fn parse_common(
         ));
     }
     sampler.validate().map_err(ApiError::invalid)?;
+    Ok(sampler)
+}
 
-    let (logprobs, top_logprobs) = match endpoint {
+/// Whether to report the chosen tokens' log-probabilities, and how many alternatives:
+/// chat's `logprobs` + `top_logprobs`, or the legacy API's `logprobs` count.
+fn parse_logprobs(f: &Fields<'_>, endpoint: Endpoint) -> Result<(bool, usize), ApiError> {
+    match endpoint {
         Endpoint::Chat => {
             let logprobs = f.boolean("logprobs")?.unwrap_or(false);
             let top = f.at_least("top_logprobs", 0)?.unwrap_or(0);
@@ -353,65 +394,60 @@ fn parse_common(
                     "'top_logprobs' needs 'logprobs' set to true",
                 ));
             }
-            (logprobs, top as usize)
+            Ok((logprobs, top as usize))
         }
         Endpoint::Completion => match f.get("logprobs") {
-            // The legacy API's `logprobs` is the number of alternatives.
-            Some(Value::Bool(b)) => (*b, 0),
+            Some(Value::Bool(b)) => Ok((*b, 0)),
             _ => match f.at_least("logprobs", 0)? {
-                None => (false, 0),
-                Some(n) if n <= 20 => (true, n as usize),
-                Some(n) => {
-                    return Err(ApiError::param(
-                        "logprobs",
-                        format!("'logprobs' must be at most 20, got {n}"),
-                    ))
-                }
+                None => Ok((false, 0)),
+                Some(n) if n <= 20 => Ok((true, n as usize)),
+                Some(n) => Err(ApiError::param(
+                    "logprobs",
+                    format!("'logprobs' must be at most 20, got {n}"),
+                )),
             },
         },
-    };
+    }
+}
 
-    let stream = f.boolean("stream")?.unwrap_or(false);
-    let include_usage = match f.object("stream_options")? {
-        None => false,
-        Some(o) => Fields(o)
+fn parse_include_usage(f: &Fields<'_>) -> Result<bool, ApiError> {
+    match f.object("stream_options")? {
+        None => Ok(false),
+        Some(o) => Ok(Fields(o)
             .boolean("include_usage")
             .map_err(|e| e.with_param("stream_options.include_usage"))?
-            .unwrap_or(false),
-    };
+            .unwrap_or(false)),
+    }
+}
 
-    Ok(GenRequest {
-        model,
-        params: GenerationParams {
-            max_tokens: max_tokens.map(|m| m as usize),
-            stop: parse_stop(f)?,
-            sampler,
-            top_logprobs,
-            logprobs,
-            ignore_eog: false,
-            draft: ferrox_generate::generate::Draft::None,
-            constraint: None,
-            preserve: Vec::new(),
-        },
-        n: n_choices,
-        stream,
-        include_usage,
-        grammar,
-        cache_salt,
-        reasoning_format: match f.string("reasoning_format")? {
-            None => None,
-            Some(r) => Some(ferrox_agent::ReasoningFormat::parse(r).ok_or_else(|| {
-                ApiError::param(
-                    "reasoning_format",
-                    format!("'reasoning_format' must be 'none', 'auto' or 'deepseek', got '{r}'"),
-                )
-            })?),
-        },
-    })
+fn parse_reasoning_format(
+    f: &Fields<'_>,
+) -> Result<Option<ferrox_agent::ReasoningFormat>, ApiError> {
+    let Some(r) = f.string("reasoning_format")? else {
+        return Ok(None);
+    };
+    ferrox_agent::ReasoningFormat::parse(r)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::param(
+                "reasoning_format",
+                format!("'reasoning_format' must be 'none', 'auto' or 'deepseek', got '{r}'"),
+            )
+        })
 }
 
 /// `response_format`, `json_schema` and `grammar`: the constraint they ask for.
 fn parse_grammar(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
+    let mut found = parse_response_format(f)?
+        .map(|g| ("response_format", g))
+        .into_iter()
+        .collect();
+    extension_constraints(f, &mut found)?;
+    one_constraint(found)
+}
+
+/// OpenAI's `response_format`.
+fn parse_response_format(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
     let mut found: Vec<(&str, GrammarSpec)> = Vec::new();
     if let Some(format) = f.get("response_format") {
         let Some(obj) = format.as_object() else {
@@ -465,6 +501,14 @@ fn parse_grammar(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
             }
         }
     }
+    Ok(found.pop().map(|(_, g)| g))
+}
+
+/// llama-server's `json_schema` (a schema) and `grammar` (GBNF), added to `found`.
+pub(crate) fn extension_constraints(
+    f: &Fields<'_>,
+    found: &mut Vec<(&'static str, GrammarSpec)>,
+) -> Result<(), ApiError> {
     if let Some(schema) = f.get("json_schema") {
         found.push(("json_schema", GrammarSpec::JsonSchema(schema.clone())));
     }
@@ -474,6 +518,14 @@ fn parse_grammar(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
         }
         found.push(("grammar", GrammarSpec::Gbnf(grammar.to_string())));
     }
+    Ok(())
+}
+
+/// The one constraint among the fields that ask for one (named by field); two are an
+/// error naming both.
+pub(crate) fn one_constraint(
+    mut found: Vec<(&'static str, GrammarSpec)>,
+) -> Result<Option<GrammarSpec>, ApiError> {
     match found.len() {
         0 => Ok(None),
         1 => Ok(found.pop().map(|(_, g)| g)),
@@ -511,9 +563,10 @@ fn parse_tools(f: &Fields<'_>) -> Result<Option<ToolSpec>, ApiError> {
 /// The most bytes all of a request's stop sequences may take together.
 pub const MAX_STOP_BYTES: usize = 4096;
 
-fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
+/// Stop strings from `key` (a string or an array of strings), empty ones dropped.
+pub(crate) fn parse_stop(f: &Fields<'_>, key: &str) -> Result<Vec<String>, ApiError> {
     const MAX_STOPS: usize = 16;
-    let stops: Vec<String> = match f.get("stop") {
+    let stops: Vec<String> = match f.get(key) {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => {
@@ -523,9 +576,9 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
                     Value::String(s) => out.push(s.clone()),
                     other => {
                         return Err(ApiError::param(
-                            "stop",
+                            key,
                             format!(
-                            "'stop' must be a string or an array of strings; found {} in the array",
+                            "'{key}' must be a string or an array of strings; found {} in the array",
                             kind(other)
                         ),
                         ))
@@ -536,9 +589,9 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
         }
         Some(other) => {
             return Err(ApiError::param(
-                "stop",
+                key,
                 format!(
-                    "'stop' must be a string or an array of strings, got {}",
+                    "'{key}' must be a string or an array of strings, got {}",
                     kind(other)
                 ),
             ))
@@ -546,7 +599,7 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
     };
     if stops.len() > MAX_STOPS {
         return Err(ApiError::param(
-            "stop",
+            key,
             format!("at most {MAX_STOPS} stop sequences, got {}", stops.len()),
         ));
     }
@@ -555,7 +608,7 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ApiError> {
     let total: usize = stops.iter().map(String::len).sum();
     if total > MAX_STOP_BYTES {
         return Err(ApiError::param(
-            "stop",
+            key,
             format!(
                 "the stop sequences are {total} bytes long in all; the limit is {MAX_STOP_BYTES}"
             ),
@@ -621,22 +674,29 @@ pub fn parse_chat(body: &Value, n_vocab: usize) -> Result<ChatRequest, ApiError>
         .cloned()
         .unwrap_or_default();
     let tools = parse_tools(&f)?;
-    if gen.grammar.is_some()
-        && tools
-            .as_ref()
-            .is_some_and(|t| t.choice != ToolChoice::None && t.choice != ToolChoice::Auto)
-    {
-        return Err(ApiError::param(
-            "tool_choice",
-            "a forced 'tool_choice' cannot be combined with 'response_format', 'json_schema' or 'grammar'",
-        ));
-    }
+    check_forced_tools(&gen, tools.as_ref())?;
     Ok(ChatRequest {
         gen,
         messages: Value::Array(normalized),
         template_kwargs,
         tools,
     })
+}
+
+/// A forced tool call is a constraint of its own: refused beside another.
+pub(crate) fn check_forced_tools(
+    gen: &GenRequest,
+    tools: Option<&ToolSpec>,
+) -> Result<(), ApiError> {
+    let forced =
+        tools.is_some_and(|t| t.choice != ToolChoice::None && t.choice != ToolChoice::Auto);
+    if gen.grammar.is_some() && forced {
+        return Err(ApiError::param(
+            "tool_choice",
+            "a forced 'tool_choice' cannot be combined with 'response_format', 'json_schema' or 'grammar'",
+        ));
+    }
+    Ok(())
 }
 
 /// Checks one message and flattens content parts to text.

@@ -29,6 +29,7 @@ mod error;
 mod guard;
 pub mod kv;
 mod metrics;
+mod ready;
 mod routes;
 pub mod scheduler;
 mod web;
@@ -46,22 +47,19 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ferrox_models::{AnyEngine, Engine};
-use ferrox_tokenizer::chat_template::{ChatTemplate, RenderOptions};
+use ferrox_models::AnyEngine;
 use ferrox_tokenizer::tokenizer::Tokenizer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tracing::Instrument;
 
-use draft::DraftModel;
 pub use error::ApiError;
 pub use ferrox_agent::ReasoningFormat;
-use ferrox_agent::{ConstraintCompiler, ToolFormat};
 pub use guard::AllowedOrigins;
-use kv::KvPool;
-use metrics::{Metrics, ServedModel};
+use metrics::Metrics;
+pub use ready::resolve_template;
+use ready::{prepare, Ready};
 pub use scheduler::Speculation;
-use scheduler::{Scheduler, SchedulerOptions};
 
 /// Reported as `system_fingerprint`.
 pub const SYSTEM_FINGERPRINT: &str = concat!("ferrox-", env!("CARGO_PKG_VERSION"));
@@ -153,52 +151,6 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     /// A draft model with the same vocabulary (`--model-draft`), for speculation.
     pub draft: Option<AnyEngine>,
-}
-
-/// Everything that exists once the model is loaded.
-pub(crate) struct Ready {
-    pub model_id: String,
-    pub model_path: String,
-    /// Names a request's `model` may use.
-    pub accepted_ids: Vec<String>,
-    pub created: u64,
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
-    pub render_options: RenderOptions,
-    /// Stop strings chat requests get from the template: end-of-turn markers it prints that
-    /// the vocabulary does not know as end-of-generation tokens (ChatML on a model without
-    /// `<|im_end|>`).
-    pub template_stops: Vec<String>,
-    pub n_ctx: usize,
-    pub n_vocab: usize,
-    pub slots: usize,
-    /// Blocks of [`kv::BLOCK_TOKENS`] positions in the sequence memory.
-    pub kv_blocks: usize,
-    /// The KV cache's element type, as vLLM and SGLang spell it.
-    pub cache_dtype: &'static str,
-    pub scheduler: Scheduler,
-    /// Compiles grammars and schemas against the vocabulary (`None` if that failed at
-    /// load: constrained requests are then refused).
-    pub compiler: Option<Arc<ConstraintCompiler>>,
-    /// How the model writes tool calls (from its template).
-    pub tool_format: ToolFormat,
-    /// The control tokens among the format's markers (rendered in tool-call output).
-    pub tool_markers: Vec<ferrox_tokenizer::tokenizer::TokenId>,
-}
-
-impl Ready {
-    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
-        match model {
-            None => Ok(()),
-            Some(m) if self.accepted_ids.iter().any(|id| id == m) => Ok(()),
-            Some(m) => Err(ApiError::not_found(format!(
-                "The model `{m}` does not exist; this server serves `{}`",
-                self.model_id
-            ))
-            .with_param("model")
-            .with_code("model_not_found")),
-        }
-    }
 }
 
 pub(crate) struct AppState {
@@ -423,263 +375,6 @@ async fn shutdown_signal() -> &'static str {
         () = interrupt => "SIGINT",
         () = terminate => "SIGTERM",
     }
-}
-
-/// The KV block pool: `--kv-memory` MiB, or room for `--parallel` full contexts.
-fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> {
-    let n_ctx = engine.context_size();
-    let parallel = config.parallel.max(1);
-    let spec = engine.memory_spec();
-    let block_bytes = spec.bytes_per_block(kv::BLOCK_TOKENS);
-    // Recurrent states are reserved per sequence slot.
-    let state_bytes = spec.recurrent_bytes() * parallel;
-    let context_blocks = n_ctx.div_ceil(kv::BLOCK_TOKENS);
-    let n_blocks = match config.kv_memory_mib {
-        Some(mib) => {
-            let fit = (mib << 20).saturating_sub(state_bytes) / block_bytes.max(1);
-            if fit < context_blocks {
-                bail!(
-                    "--kv-memory {mib} MiB cannot hold one sequence of {n_ctx} positions ({} MiB); lower --ctx-size or raise --kv-memory",
-                    (context_blocks * block_bytes + state_bytes).div_ceil(1 << 20)
-                );
-            }
-            fit
-        }
-        None => context_blocks * parallel,
-    };
-    let pool = KvPool::new(engine, n_blocks, parallel).context("the KV pool")?;
-    tracing::info!(
-        "KV pool: {n_blocks} blocks of {} positions ({} MiB, {:.0} bytes per position), up to {parallel} sequences of {n_ctx} positions",
-        kv::BLOCK_TOKENS,
-        pool.reserved_bytes().div_ceil(1 << 20),
-        pool.bytes_per_position()
-    );
-    Ok(pool)
-}
-
-/// The chat template to use and where it came from: `choice` is `chatml`, a template name
-/// stored in the model or a Jinja file; none means the model's own (or, without one, the
-/// built-in format its vocabulary's turn markers call for).
-pub fn resolve_template(
-    choice: Option<&str>,
-    engine: &AnyEngine,
-    tokenizer: &Tokenizer,
-) -> anyhow::Result<(ChatTemplate, String)> {
-    let meta = engine.gguf().metadata();
-    match choice {
-        None => match ChatTemplate::from_metadata(&meta).context("the model's chat template")? {
-            Some(t) => Ok((t, "the model's tokenizer.chat_template".into())),
-            None => {
-                let vocab = tokenizer.vocab();
-                let (t, name) = ChatTemplate::for_vocabulary(|m| vocab.id(m).is_some());
-                tracing::warn!(
-                    "the model has no chat template; using the built-in {name} format (its vocabulary's turn markers) for /v1/chat/completions"
-                );
-                Ok((t, format!("built-in {name} (the model has no template)")))
-            }
-        },
-        Some("chatml") => Ok((
-            ChatTemplate::chatml(),
-            "ChatML (--chat-template chatml)".into(),
-        )),
-        Some(name) => {
-            let path = std::path::Path::new(name);
-            if path.is_file() {
-                let source = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading --chat-template {name}"))?;
-                let t = ChatTemplate::new(&source)
-                    .with_context(|| format!("--chat-template {name}"))?;
-                return Ok((t, format!("the file {name}")));
-            }
-            match ChatTemplate::from_metadata_named(&meta, name)
-                .context("the model's chat templates")?
-            {
-                Some(t) => Ok((t, format!("the model's tokenizer.chat_template.{name}"))),
-                None => {
-                    let names = ChatTemplate::metadata_names(&meta);
-                    bail!(
-                        "--chat-template {name}: no such file, and the model has no template of that name (it has: {})",
-                        if names.is_empty() { "none".to_string() } else { names.join(", ") }
-                    )
-                }
-            }
-        }
-    }
-}
-
-/// Builds what serving needs from a loaded model: template, KV pool, the scheduler.
-fn prepare(
-    config: &ServerConfig,
-    model: LoadedModel,
-    metrics: Arc<Metrics>,
-) -> anyhow::Result<Ready> {
-    let LoadedModel {
-        path,
-        engine,
-        tokenizer,
-        draft,
-    } = model;
-    let (template, template_source) =
-        resolve_template(config.chat_template.as_deref(), &engine, &tokenizer)?;
-    let n_ctx = engine.context_size();
-    let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
-    if let Some(spec) = &config.speculation {
-        if spec.mtp && !engine.has_mtp() {
-            bail!(
-                "--spec-type draft-mtp: {} has no multi-token-prediction block to draft with",
-                engine.architecture()
-            );
-        }
-        match engine.memory_spec().rollback_reach() {
-            0 => bail!(
-                "speculative decoding: {} keeps a recurrent state that cannot forget rejected draft tokens; serve it without speculation",
-                engine.architecture()
-            ),
-            reach if reach < spec.max => bail!(
-                "speculative decoding: {} can forget at most {reach} rejected draft tokens; use --draft-max {reach} or less",
-                engine.architecture()
-            ),
-            _ => {}
-        }
-    }
-
-    let pool = kv_pool(config, &engine)?;
-
-    let vocab = tokenizer.vocab();
-    let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
-    let render_options = RenderOptions {
-        bos_token: token_text(vocab.bos()),
-        eos_token: token_text(vocab.eos()),
-        ..Default::default()
-    };
-    let template_stops: Vec<String> = ["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>"]
-        .into_iter()
-        .filter(|marker| template.source().contains(marker))
-        .filter(|marker| !matches!(tokenizer.encode(marker, false, true).as_slice(), [id] if vocab.is_eog(*id)))
-        .map(str::to_string)
-        .collect();
-    if !template_stops.is_empty() {
-        tracing::info!("chat stop strings from the template: {template_stops:?}");
-    }
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let model_id = config.alias.clone().unwrap_or_else(|| file_name.clone());
-    let mut accepted_ids = vec![model_id.clone(), file_name, path.display().to_string()];
-    if let Some(stem) = path.file_stem() {
-        accepted_ids.push(stem.to_string_lossy().into_owned());
-    }
-
-    tracing::info!(
-        "loaded {} ({}, {} vocab, {} threads)",
-        path.display(),
-        engine.architecture(),
-        n_vocab,
-        engine.threads()
-    );
-    tracing::info!("chat template: {template_source}");
-    let slots = pool.max_sequences();
-    let kv_blocks = pool.n_blocks();
-    let cache_dtype = match engine.memory_spec().storage {
-        ferrox_core::KvStorage::F16 => "float16",
-        ferrox_core::KvStorage::F32 => "float32",
-    };
-    metrics.set_served(ServedModel {
-        name: model_id.clone(),
-        cache_dtype,
-    });
-
-    let tokenizer = Arc::new(tokenizer);
-    let started = Instant::now();
-    let compiler = match ConstraintCompiler::new(tokenizer.clone(), engine.vocab_size()) {
-        Ok(c) => {
-            tracing::info!(
-                "grammar engine ready in {:.0} ms",
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            Some(Arc::new(c))
-        }
-        Err(e) => {
-            tracing::warn!("constrained decoding is unavailable: {e:#}");
-            None
-        }
-    };
-    let detected = ToolFormat::detect(template.source());
-    let tool_format = detected.unwrap_or(ToolFormat::Hermes);
-    tracing::info!(
-        "tool-call format: {}{}",
-        tool_format.name(),
-        if detected.is_none() {
-            " (the template shows none; the default)"
-        } else {
-            ""
-        }
-    );
-    let tool_markers: Vec<_> = tool_format
-        .markers()
-        .iter()
-        .filter_map(|m| match tokenizer.encode(m, false, true).as_slice() {
-            [id] if tokenizer.piece(*id, false).is_empty() => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let thinks = ferrox_agent::reasoning::template_thinks(template.source());
-    if thinks {
-        tracing::info!(
-            "the template has thinking blocks; reasoning goes to {}",
-            match config.reasoning_format {
-                ReasoningFormat::DeepSeek => "reasoning_content",
-                ReasoningFormat::None => "content",
-            }
-        );
-    }
-    let draft = match (draft, &config.speculation) {
-        (Some(draft), Some(spec)) => {
-            tracing::info!(
-                "draft model: {} (drafts of up to {} tokens)",
-                draft.architecture(),
-                spec.max
-            );
-            let model = DraftModel::new(draft, config.parallel.max(1), spec.p_min, n_vocab)
-                .context("the draft model's memory")?;
-            Some(model)
-        }
-        (Some(_), None) => bail!("a draft model is given but speculation is off"),
-        (None, _) => None,
-    };
-    let scheduler = Scheduler::start(
-        engine,
-        pool,
-        tokenizer.clone(),
-        SchedulerOptions {
-            max_queue: config.max_queue,
-            prefill_chunk: config.prefill_chunk.max(1),
-            prefill_chunk_idle: config.prefill_chunk.max(512),
-            speculation: config.speculation,
-        },
-        metrics,
-        draft,
-    );
-    Ok(Ready {
-        model_id,
-        model_path: path.display().to_string(),
-        accepted_ids,
-        created: unix_time(),
-        tokenizer,
-        template,
-        render_options,
-        template_stops,
-        n_ctx,
-        n_vocab,
-        slots,
-        kv_blocks,
-        cache_dtype,
-        scheduler,
-        compiler,
-        tool_format,
-        tool_markers,
-    })
 }
 
 fn app(state: Arc<AppState>) -> Router {

@@ -160,16 +160,8 @@ pub fn yarn_scales(
 /// Reads an MLA model of architecture `arch` (`deepseek2` and `mistral4` share the loader).
 pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConfig, ModelError> {
     let k = Keys { meta, arch };
-    let n_layer_all = k.count("block_count", Keys::MAX_LAYERS)?;
-    let nextn = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
-    if n_layer_all > 0 && nextn >= n_layer_all {
-        return Err(k.bad_count(
-            "nextn_predict_layers",
-            nextn,
-            &format!("leaves none of the {n_layer_all} layers"),
-        ));
-    }
-    let n_layer = n_layer_all - nextn.min(n_layer_all);
+    let (n_layer_all, nextn) = read_layer_counts(&k)?;
+    let n_layer = n_layer_all - nextn;
     let n_embd = k.usize("embedding_length")?;
     let n_ctx_train = k.usize("context_length")?;
     if n_layer == 0 || n_embd == 0 {
@@ -182,9 +174,65 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         .filter(|&h| h > 0)
         .ok_or_else(|| missing(k.key("attention.head_count")))?;
     let norm_eps = k.f32("attention.layer_norm_rms_epsilon")?;
-
     // llama.cpp's "lite" files (DeepSeek-V2-Lite and relatives) may omit the query rank.
     let lite = n_layer == 26 || n_layer == 27 || (n_layer == 48 && n_vocab == 128_256);
+    let shape = read_latent_shape(&k, n_embd / n_head, lite)?;
+    let (rope, kq_scale) = read_rope(&k, rule, &shape, n_ctx_train)?;
+    let (n_ff, ffn, mtp_ffn) = read_ffn(&k, n_layer_all, nextn)?;
+    Ok(MlaConfig {
+        arch: arch.to_string(),
+        n_embd,
+        n_vocab,
+        n_ctx_train,
+        norm_eps,
+        n_head,
+        q_lora_rank: shape.q_lora_rank,
+        kv_lora_rank: shape.kv_lora_rank,
+        head_dim_k: shape.head_dim_k,
+        head_dim_v: shape.head_dim_v,
+        n_rot: shape.n_rot,
+        kv_b: shape.kv_b,
+        rope,
+        kq_scale,
+        temperature: read_temperature(&k)?,
+        n_ff,
+        ffn,
+        mtp_ffn,
+    })
+}
+
+/// All layers in the file, and how many of them are multi-token-prediction blocks (the
+/// last ones); at least one trunk layer remains.
+fn read_layer_counts(k: &Keys<'_, '_>) -> Result<(usize, usize), ModelError> {
+    let n_layer_all = k.count("block_count", Keys::MAX_LAYERS)?;
+    let nextn = k.opt_usize("nextn_predict_layers")?.unwrap_or(0);
+    if n_layer_all > 0 && nextn >= n_layer_all {
+        return Err(k.bad_count(
+            "nextn_predict_layers",
+            nextn,
+            &format!("leaves none of the {n_layer_all} layers"),
+        ));
+    }
+    Ok((n_layer_all, nextn.min(n_layer_all)))
+}
+
+/// The attention's shapes: ranks, head sizes, the rotated part, the latent's storage.
+struct LatentShape {
+    q_lora_rank: Option<usize>,
+    kv_lora_rank: usize,
+    head_dim_k: usize,
+    head_dim_v: usize,
+    n_rot: usize,
+    kv_b: KvB,
+}
+
+/// Reads the [`LatentShape`]; `default_head` is the embedding split over the heads, the
+/// head size where the file states none.
+fn read_latent_shape(
+    k: &Keys<'_, '_>,
+    default_head: usize,
+    lite: bool,
+) -> Result<LatentShape, ModelError> {
     let q_lora_rank = match k.opt_usize("attention.q_lora_rank")? {
         Some(r) => r,
         None if lite => 0,
@@ -210,10 +258,9 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
             )))
         }
     };
-    // A head size the file states, else the embedding split over the heads; the
-    // decompressed path attends with whole key and value heads.
+    // The decompressed path attends with whole key and value heads.
     let head_dim = |name: &str| -> Result<usize, ModelError> {
-        let dim = k.opt_usize(name)?.unwrap_or(n_embd / n_head);
+        let dim = k.opt_usize(name)?.unwrap_or(default_head);
         if dim == 0 || dim > MAX_HEAD_DIM {
             return Err(k.bad_count(
                 name,
@@ -225,9 +272,7 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
     };
     let head_dim_k = head_dim(key_k)?;
     let head_dim_v = head_dim(key_v)?;
-    let full_k = k
-        .opt_usize("attention.key_length")?
-        .unwrap_or(n_embd / n_head);
+    let full_k = k.opt_usize("attention.key_length")?.unwrap_or(default_head);
     let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(full_k);
     if n_rot == 0 || n_rot % 2 != 0 || n_rot >= head_dim_k {
         return Err(k.bad_count(
@@ -246,12 +291,28 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
             ),
         ));
     }
+    Ok(LatentShape {
+        q_lora_rank: (q_lora_rank > 0).then_some(q_lora_rank),
+        kv_lora_rank,
+        head_dim_k,
+        head_dim_v,
+        n_rot,
+        kv_b,
+    })
+}
 
-    let mut rope = k.rope(RopeStyle::Normal, n_rot, n_ctx_train)?;
+/// RoPE with YaRN's corrections as llama.cpp applies them to MLA models, and the q·k scale.
+fn read_rope(
+    k: &Keys<'_, '_>,
+    rule: MscaleRule,
+    shape: &LatentShape,
+    n_ctx_train: usize,
+) -> Result<(Rope, f32), ModelError> {
+    let mut rope = k.rope(RopeStyle::Normal, shape.n_rot, n_ctx_train)?;
     // llama.cpp reads no YaRN beta keys for these architectures.
     rope.beta_fast = 32.0;
     rope.beta_slow = 1.0;
-    let scaling = meta.opt_str(&k.key("rope.scaling.type"))?;
+    let scaling = k.meta.opt_str(&k.key("rope.scaling.type"))?;
     if scaling == Some("none") {
         rope.freq_scale = 1.0;
     }
@@ -271,25 +332,36 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
         rope.freq_scale,
         log_mul,
         rope_attn_factor,
-        head_dim_k,
+        shape.head_dim_k,
     );
     rope.attn_factor = attn_factor;
+    Ok((rope, kq_scale))
+}
 
-    let temperature = match k.opt_f32("attention.temperature_scale")? {
+/// Llama-4 style attention temperature (`attention.temperature_scale` and `_length`).
+fn read_temperature(k: &Keys<'_, '_>) -> Result<Option<(f32, usize)>, ModelError> {
+    match k.opt_f32("attention.temperature_scale")? {
         Some(scale) if scale != 0.0 => match k.opt_usize("attention.temperature_length")? {
-            Some(length) if length > 0 => Some((scale, length)),
-            _ => {
-                return Err(ModelError::Config(format!(
-                    "`{}` is set but `{}` is missing or 0",
-                    k.key("attention.temperature_scale"),
-                    k.key("attention.temperature_length")
-                )))
-            }
+            Some(length) if length > 0 => Ok(Some((scale, length))),
+            _ => Err(ModelError::Config(format!(
+                "`{}` is set but `{}` is missing or 0",
+                k.key("attention.temperature_scale"),
+                k.key("attention.temperature_length")
+            ))),
         },
-        _ => None,
-    };
+        _ => Ok(None),
+    }
+}
 
-    let hp = MoeHparams::from_metadata(meta, arch).map_err(moe_error)?;
+/// The dense FFN's width, each trunk layer's FFN (dense leading layers, then routed experts
+/// with the shared ones) and the first multi-token-prediction block's.
+fn read_ffn(
+    k: &Keys<'_, '_>,
+    n_layer_all: usize,
+    nextn: usize,
+) -> Result<(usize, Vec<FfnKind>, Option<FfnKind>), ModelError> {
+    let n_layer = n_layer_all - nextn;
+    let hp = MoeHparams::from_metadata(k.meta, k.arch).map_err(moe_error)?;
     let n_ff_exp = hp
         .n_ff_exp
         .filter(|&n| n > 0)
@@ -333,27 +405,7 @@ pub fn read(meta: &Metadata<'_>, arch: &str, rule: MscaleRule) -> Result<MlaConf
     let ffn = (0..n_layer).map(kind).collect();
     // The first multi-token-prediction block follows the trunk's layers.
     let mtp_ffn = (nextn > 0).then(|| kind(n_layer));
-
-    Ok(MlaConfig {
-        arch: arch.to_string(),
-        n_embd,
-        n_vocab,
-        n_ctx_train,
-        norm_eps,
-        n_head,
-        q_lora_rank: (q_lora_rank > 0).then_some(q_lora_rank),
-        kv_lora_rank,
-        head_dim_k,
-        head_dim_v,
-        n_rot,
-        kv_b,
-        rope,
-        kq_scale,
-        temperature,
-        n_ff,
-        ffn,
-        mtp_ffn,
-    })
+    Ok((n_ff, ffn, mtp_ffn))
 }
 
 #[cfg(test)]

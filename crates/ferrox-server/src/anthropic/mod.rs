@@ -2,8 +2,8 @@
 //!
 //! A request (`system`, `messages` with `text` / `tool_use` / `tool_result` / `thinking`
 //! blocks, `tools`, `tool_choice`, `stop_sequences`, `max_tokens`, `temperature`, `top_p`,
-//! `top_k`, `thinking`) is translated to its chat-completions equivalent and runs through
-//! the same template, constraint and scheduler; the reply comes back as content blocks
+//! `top_k`, `thinking`) is parsed into the chat route's request ([`request`]) and runs
+//! through the same template, constraint and scheduler; the reply comes back as content blocks
 //! (`thinking`, `text`, `tool_use`) with Anthropic's `stop_reason`, or, streaming, as
 //! Anthropic's event sequence (`message_start`, `content_block_start`,
 //! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`, `ping`).
@@ -21,9 +21,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrox_agent::Delta;
 use ferrox_generate::generate::FinishReason;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::api;
+mod request;
+
+pub use request::parse_messages;
+
 use crate::error::ApiError;
 use crate::routes::{self, Choice, JsonBody, OutputConfig, PreparedChat};
 use crate::scheduler::{Event, Summary};
@@ -72,266 +75,12 @@ fn invalid(message: impl Into<String>) -> AnthropicError {
     AnthropicError(ApiError::invalid(message))
 }
 
-/// Text of a `content` that is a string or an array of `text` blocks.
-fn text_of(content: &Value, at: &str) -> Result<String, AnthropicError> {
-    match content {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut text = String::new();
-            for (i, b) in blocks.iter().enumerate() {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => {
-                        text.push_str(b.get("text").and_then(Value::as_str).ok_or_else(|| {
-                            invalid(format!("{at}[{i}].text: a string is required"))
-                        })?)
-                    }
-                    Some(other) => {
-                        return Err(invalid(format!(
-                            "{at}[{i}]: blocks of type '{other}' are not supported here (text only)"
-                        )))
-                    }
-                    None => return Err(invalid(format!("{at}[{i}].type: Field required"))),
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(invalid(format!(
-            "{at}: a string or an array of blocks is required"
-        ))),
-    }
-}
-
-/// The chat-completions request equivalent to a Messages request.
-fn to_chat(body: &Value, counting: bool) -> Result<Value, AnthropicError> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| invalid("the request body must be a JSON object"))?;
-    let mut messages: Vec<Value> = Vec::new();
-    if let Some(system) = obj.get("system").filter(|v| !v.is_null()) {
-        messages.push(json!({"role": "system", "content": text_of(system, "system")?}));
-    }
-    let given = match obj.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) => return Err(invalid("messages: at least one message is required")),
-        _ => return Err(invalid("messages: Field required")),
-    };
-    for (i, m) in given.iter().enumerate() {
-        let at = format!("messages.{i}");
-        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-        if role != "user" && role != "assistant" {
-            return Err(invalid(format!(
-                "{at}.role: Input should be 'user' or 'assistant'"
-            )));
-        }
-        let content = m.get("content").unwrap_or(&Value::Null);
-        let blocks: Vec<Value> = match content {
-            Value::String(s) => vec![json!({"type": "text", "text": s})],
-            Value::Array(b) => b.clone(),
-            _ => {
-                return Err(invalid(format!(
-                    "{at}.content: a string or an array of blocks is required"
-                )))
-            }
-        };
-        let mut text = String::new();
-        let mut reasoning = String::new();
-        let mut calls = Vec::new();
-        for (j, b) in blocks.iter().enumerate() {
-            let bat = format!("{at}.content.{j}");
-            match b.get("type").and_then(Value::as_str) {
-                Some("text") => text.push_str(
-                    b.get("text")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid(format!("{bat}.text: Field required")))?,
-                ),
-                Some("thinking") if role == "assistant" => reasoning.push_str(
-                    b.get("thinking")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default(),
-                ),
-                Some("redacted_thinking") => {}
-                Some("tool_use") if role == "assistant" => {
-                    let id = b
-                        .get("id")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid(format!("{bat}.id: Field required")))?;
-                    let name = b
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid(format!("{bat}.name: Field required")))?;
-                    let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                    calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
-                }
-                Some("tool_result") if role == "user" => {
-                    let id = b
-                        .get("tool_use_id")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid(format!("{bat}.tool_use_id: Field required")))?;
-                    let result = text_of(
-                        b.get("content").unwrap_or(&Value::Null),
-                        &format!("{bat}.content"),
-                    )?;
-                    // A tool's result is its own message, before the user's text.
-                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
-                }
-                Some(other) => {
-                    return Err(invalid(format!(
-                        "{bat}: blocks of type '{other}' are not supported in {role} messages"
-                    )))
-                }
-                None => return Err(invalid(format!("{bat}.type: Field required"))),
-            }
-        }
-        if role == "assistant" {
-            let mut msg = json!({"role": "assistant", "content": text});
-            if !calls.is_empty() {
-                msg["tool_calls"] = Value::Array(calls);
-            }
-            if !reasoning.is_empty() {
-                msg["reasoning_content"] = json!(reasoning);
-            }
-            messages.push(msg);
-        } else if !text.is_empty()
-            || !blocks
-                .iter()
-                .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
-        {
-            messages.push(json!({"role": "user", "content": text}));
-        }
-    }
-    let mut chat = Map::new();
-    chat.insert("messages".into(), Value::Array(messages));
-    match obj.get("max_tokens") {
-        Some(v) if v.as_u64().is_some_and(|n| n >= 1) => {
-            chat.insert("max_tokens".into(), v.clone());
-        }
-        Some(_) => {
-            return Err(invalid(
-                "max_tokens: Input should be an integer of at least 1",
-            ))
-        }
-        None if counting => {}
-        None => return Err(invalid("max_tokens: Field required")),
-    }
-    if let Some(t) = obj.get("temperature").filter(|v| !v.is_null()) {
-        match t.as_f64() {
-            Some(x) if (0.0..=1.0).contains(&x) => {
-                chat.insert("temperature".into(), t.clone());
-            }
-            _ => {
-                return Err(invalid(
-                    "temperature: Input should be a number between 0 and 1",
-                ))
-            }
-        }
-    } else {
-        // Anthropic's default.
-        chat.insert("temperature".into(), json!(1.0));
-    }
-    // llama-server's extensions pass through (`grammar`, `json_schema`).
-    for key in ["top_p", "top_k", "stream", "grammar", "json_schema"] {
-        if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
-            chat.insert(key.into(), v.clone());
-        }
-    }
-    if let Some(stops) = obj.get("stop_sequences").filter(|v| !v.is_null()) {
-        chat.insert("stop".into(), stops.clone());
-    }
-    if let Some(Value::Array(tools)) = obj.get("tools") {
-        let mut out = Vec::new();
-        for (i, t) in tools.iter().enumerate() {
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("tools.{i}.name: Field required")))?;
-            if t.get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|ty| ty != "custom")
-            {
-                return Err(invalid(format!(
-                    "tools.{i}: server tools ('{}') are not supported",
-                    t["type"].as_str().unwrap_or_default()
-                )));
-            }
-            let mut f = json!({"name": name, "parameters": t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"}))});
-            if let Some(d) = t.get("description") {
-                f["description"] = d.clone();
-            }
-            out.push(json!({"type": "function", "function": f}));
-        }
-        chat.insert("tools".into(), Value::Array(out));
-    }
-    if let Some(choice) = obj.get("tool_choice").filter(|v| !v.is_null()) {
-        let mapped = match choice.get("type").and_then(Value::as_str) {
-            Some("auto") => json!("auto"),
-            Some("any") => json!("required"),
-            Some("none") => json!("none"),
-            Some("tool") => {
-                json!({"type": "function", "function": {"name": choice.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice.name: Field required"))?}})
-            }
-            _ => {
-                return Err(invalid(
-                    "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'",
-                ))
-            }
-        };
-        chat.insert("tool_choice".into(), mapped);
-        if choice
-            .get("disable_parallel_tool_use")
-            .and_then(Value::as_bool)
-            == Some(true)
-        {
-            chat.insert("parallel_tool_calls".into(), json!(false));
-        }
-    }
-    // Structured output (`output_config.format`): a JSON schema.
-    if let Some(format) = obj
-        .get("output_config")
-        .and_then(|c| c.get("format"))
-        .filter(|v| !v.is_null())
-    {
-        match format.get("type").and_then(Value::as_str) {
-            Some("json_schema") => {
-                let schema = format.get("schema").cloned().unwrap_or_else(|| json!({}));
-                chat.insert(
-                    "response_format".into(),
-                    json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
-                );
-            }
-            _ => {
-                return Err(invalid(
-                    "output_config.format.type: Input should be 'json_schema'",
-                ))
-            }
-        }
-    }
-    if let Some(thinking) = obj.get("thinking").filter(|v| !v.is_null()) {
-        let enabled = thinking.get("type").and_then(Value::as_str) == Some("enabled");
-        chat.insert(
-            "chat_template_kwargs".into(),
-            json!({"enable_thinking": enabled}),
-        );
-    }
-    Ok(Value::Object(chat))
-}
-
 fn random_id(prefix: &str) -> String {
     use rand::distr::{Alphanumeric, SampleString};
     format!(
         "{prefix}{}",
         Alphanumeric.sample_string(&mut rand::rng(), 24)
     )
-}
-
-/// Parses a Messages API body (`counting`: a `count_tokens` body, which has no `max_tokens`)
-/// into the request the chat route serves.
-pub fn parse_messages(
-    body: &Value,
-    n_vocab: usize,
-    counting: bool,
-) -> Result<api::ChatRequest, AnthropicError> {
-    Ok(api::parse_chat(&to_chat(body, counting)?, n_vocab)?)
 }
 
 /// Reads the body as the OpenAI routes do, errors in Anthropic's shape.
@@ -582,54 +331,4 @@ fn stream_messages(
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(ping).text("ping"))
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_translate_to_chat() {
-        let chat = to_chat(
-            &json!({
-                "model": "claude-x", "max_tokens": 20, "system": [{"type": "text", "text": "Be brief."}],
-                "messages": [
-                    {"role": "user", "content": "Weather?"},
-                    {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Oslo"}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]}]}
-                ],
-                "tools": [{"name": "w", "input_schema": {"type": "object"}}],
-                "tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": true},
-                "stop_sequences": ["END"], "thinking": {"type": "enabled", "budget_tokens": 100}
-            }),
-            false,
-        )
-        .ok()
-        .unwrap();
-        assert_eq!(
-            chat["messages"][0],
-            json!({"role": "system", "content": "Be brief."})
-        );
-        assert_eq!(
-            chat["messages"][2]["tool_calls"][0]["function"]["arguments"],
-            "{\"city\":\"Oslo\"}"
-        );
-        assert_eq!(
-            chat["messages"][3],
-            json!({"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"})
-        );
-        assert_eq!(chat["messages"].as_array().unwrap().len(), 4);
-        assert_eq!(chat["tool_choice"]["function"]["name"], "w");
-        assert_eq!(chat["parallel_tool_calls"], false);
-        assert_eq!(chat["stop"], json!(["END"]));
-        assert_eq!(chat["temperature"], 1.0);
-        assert_eq!(chat["chat_template_kwargs"]["enable_thinking"], true);
-        assert!(to_chat(
-            &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
-            false
-        )
-        .is_err());
-        assert!(to_chat(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}), false).is_err());
-        assert!(to_chat(&json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}), false).is_err());
-    }
 }
