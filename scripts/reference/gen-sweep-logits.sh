@@ -22,6 +22,8 @@
 #   gen-sweep-logits.sh deepseek4  likewise for the DeepSeek-V4 model of
 #                              tests/synthetic/deepseek4.rs into
 #                              crates/ferrox-models/tests/fixtures/deepseek4/.
+#
+#   ONLY="exaone.f32 ..." regenerates just those models' files.
 set -euo pipefail
 SET="${1:-sweep}"
 MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
@@ -47,6 +49,7 @@ mkdir -p "$OUT_DIR"
     "$WORK/models" "$WRITE_FLAG") > "$WORK/models.txt"
 llama_cpp_meta > "$WORK/meta.json"
 while read -r name path _; do
+    if [ -n "${ONLY:-}" ]; then case " $ONLY " in *" $name "*) ;; *) continue ;; esac; fi
     case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac
     echo "sweep: $name" >&2
     LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \

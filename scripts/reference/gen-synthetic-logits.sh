@@ -16,6 +16,10 @@
 #
 # The GGUFs themselves are not stored: the parity test rebuilds them in memory and checks
 # their sha256 against the manifest. Takes well under a minute after the build.
+#
+# ONLY="exaone ..." runs just those families and replaces (or adds) their entries in the
+# existing manifest, keeping the others'; an entry run with other llama.cpp settings than
+# the manifest's (another host's CPU features) records its own under "settings".
 set -euo pipefail
 MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
 source "$(dirname "$0")/common.sh"
@@ -28,8 +32,15 @@ mkdir -p "$OUT_DIR"
 
 (cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- "$WORK/models") \
     > "$WORK/models.txt"
+ALL_FAMILIES="$(cut -d' ' -f1 "$WORK/models.txt" | tr '\n' ' ')"
 FAMILIES="$(cut -d' ' -f1 "$WORK/models.txt")"
 EXACT="$(awk '$4 == "mla" { print $1 }' "$WORK/models.txt")"
+if [ -n "${ONLY:-}" ]; then
+    keep() { for f in $1; do case " $ONLY " in *" $f "*) echo "$f" ;; esac; done; }
+    FAMILIES="$(keep "$FAMILIES")"
+    EXACT="$(keep "$EXACT")"
+    [ -n "$FAMILIES" ] || { echo "error: ONLY=$ONLY names no family" >&2; exit 2; }
+fi
 (cd "$REPO_ROOT" && cargo run --release --quiet -p ferrox-models --example write_synthetic -- \
     "$WORK/f32" --all F32) > /dev/null
 
@@ -49,7 +60,8 @@ for arch in $EXACT; do
 done
 llama_cpp_meta > "$WORK/meta.json"
 
-CTX="$CTX" REF_DIR="$REF_DIR" EXACT="$EXACT" "$PYTHON" - "$WORK" "$OUT_DIR" $FAMILIES <<'PY'
+CTX="$CTX" REF_DIR="$REF_DIR" EXACT="$EXACT" ONLY="${ONLY:-}" ALL_FAMILIES="$ALL_FAMILIES" \
+    "$PYTHON" - "$WORK" "$OUT_DIR" $FAMILIES <<'PY'
 import array, hashlib, json, os, sys
 sys.path.insert(0, os.environ["REF_DIR"])
 import refjson
@@ -77,8 +89,10 @@ def top2_gap(row):
     return a - b
 
 meta = json.load(open(f"{work}/meta.json"))
-settings = None
-exact_settings = None
+only = os.environ.get("ONLY", "").split()
+previous = json.load(open(f"{out_dir}/manifest.json", encoding="utf-8")) if only else None
+settings = previous["settings"] if only else None
+exact_settings = previous["settings_f32_exact"] if only else None
 entries = []
 for arch in families:
     gguf = f"{work}/models/{arch}.gguf"
@@ -88,7 +102,10 @@ for arch in families:
     common = {k: v for k, v in s.items() if k not in ("n_vocab", "model_desc")}
     if settings is None:
         settings = common
-    assert common == settings, f"{arch}: llama.cpp settings differ from the other families'"
+    own_settings = None
+    if common != settings:
+        assert only, f"{arch}: llama.cpp settings differ from the other families'"
+        own_settings = common
     assert json.load(open(f"{work}/{arch}.fa_off.json"))["flash_attn_resolved"] == "disabled"
     ref = rows(f"{work}/{arch}.default.bin", len(ids), n_vocab)
     off = rows(f"{work}/{arch}.fa_off.bin", len(ids), n_vocab)
@@ -111,6 +128,9 @@ for arch in families:
         "top2_gap_min": float(f"{min(gaps):.6g}"),
         "llama_cpp_fa_off": {"max_abs_diff": float(f"{spread:.6g}"), "argmax_flips": flips},
     })
+    if own_settings is not None:
+        entries[-1]["settings"] = own_settings
+        entries[-1]["llama_cpp"] = meta["llama_cpp"]
     if arch in exact:
         e = json.load(open(f"{work}/{arch}.f32.json"))
         assert e["n_vocab"] == n_vocab
@@ -118,7 +138,9 @@ for arch in families:
         assert common["flash_attn_resolved"] == "disabled" and common["type_k"] == "f32", common
         if exact_settings is None:
             exact_settings = common
-        assert common == exact_settings, f"{arch}: exact-run settings differ"
+        if common != exact_settings:
+            assert only, f"{arch}: exact-run settings differ"
+            entries[-1]["settings_f32_exact"] = common
         name = f"{arch}.f32.logits.bin"
         with open(f"{work}/{arch}.f32.bin", "rb") as src, open(f"{out_dir}/{name}", "wb") as dst:
             dst.write(src.read())
@@ -128,6 +150,14 @@ for arch in families:
             "logits_sha256": sha256(f"{out_dir}/{name}"),
         }
 
+if only:
+    # The other families' entries stay as they were, every family in the generator's order.
+    kept = {e["arch"]: e for e in previous["families"]}
+    kept.update({e["arch"]: e for e in entries})
+    order = os.environ["ALL_FAMILIES"].split()
+    missing = [a for a in order if a not in kept]
+    assert not missing, f"no entry for {missing}: run without ONLY"
+    entries = [kept[a] for a in order]
 manifest = {
     "description": (
         "llama.cpp's logits for Ferrox's synthetic models (crates/ferrox-models/tests/synthetic/mod.rs): "
@@ -140,10 +170,11 @@ manifest = {
         "between two legitimate configurations ([position, top-2 gap of the stored row] where the argmax "
         "differs). f32_exact (the Multi-head Latent Attention models): the same model with every matrix "
         "stored as F32, run with flash attention off and an f32 K/V cache (settings_f32_exact), so that "
-        "no activation or cache rounding blurs the comparison. "
+        "no activation or cache rounding blurs the comparison. A family's own settings (and llama_cpp), "
+        "where present, replace the manifest's for it: it was run later, on another host. "
         "Made by scripts/reference/gen-synthetic-logits.sh."),
     "generator": "scripts/reference/gen-synthetic-logits.sh (scripts/reference/llama-ref.c logits)",
-    "llama_cpp": meta["llama_cpp"],
+    "llama_cpp": previous["llama_cpp"] if only else meta["llama_cpp"],
     "n_ctx_requested": int(os.environ["CTX"]),
     "settings": settings,
     "settings_f32_exact": exact_settings,

@@ -6,35 +6,25 @@
 //! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
 //! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products,
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
-//! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`], [`paged_kv`]
-//! and [`block_manager`] hold cached rows in shared, reference-counted blocks with a prefix
-//! cache; [`relu_scores`] is the sparse-attention indexer's scoring loop and [`select`] its
-//! top-k (with the greedy argmax); [`memory`] puts them behind one model-agnostic sequence
-//! memory (paged stores and recurrent states).
+//! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`] names the element
+//! types of cached rows; [`relu_scores`] is the sparse-attention indexer's scoring loop and
+//! [`select`] its top-k (with the greedy argmax). The sequence memory that holds cached rows
+//! is `ferrox-memory`.
 
 pub mod bandwidth;
-pub mod block_manager;
 pub mod flash_attn;
 pub mod glu;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
-pub mod memory;
 pub mod packed;
-pub mod paged_kv;
 pub mod quant;
 pub mod relu_scores;
 pub mod select;
 
-pub use block_manager::{BlockManager, BlockUsage, CachedPrefix};
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{available_memory, KvRows, KvStorage};
 pub use matrix::{MatrixProduct, WeightMatrix};
-pub use memory::{
-    Admission, MemoryError, MemoryShape, MemorySpec, PagedStoreSpec, RecurrentSpec, Refusal, SeqId,
-    SequenceMemory, StepMemory,
-};
-pub use paged_kv::{BlockId, BlockTable, PagedKv};
 pub use quant::{
     can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,
 };

@@ -4,7 +4,7 @@
 //! An engine runs one **step** over several sequences at once: all their new tokens go
 //! through the weights together, each token attending only to its own sequence's memory.
 //! What an engine keeps per sequence lives in a model-agnostic
-//! [`SequenceMemory`](ferrox_core::SequenceMemory), laid out by the engine's
+//! [`SequenceMemory`](ferrox_memory::SequenceMemory), laid out by the engine's
 //! [`MemorySpec`]: the server shares one paged memory among all its sequences, a
 //! single-stream front end gets a [`State`] holding a memory of one sequence. Rolling a
 //! sequence back is the memory's business and is refused where the state cannot
@@ -12,8 +12,9 @@
 
 use std::any::Any;
 
-use ferrox_core::{KvStorage, MemoryError, MemorySpec, SeqId, SequenceMemory, StepMemory};
+use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemoryError, MemorySpec, SeqId, SequenceMemory, StepMemory};
 use smallvec::SmallVec;
 
 /// A token's index in the vocabulary (the same type as `ferrox_tokenizer`'s).

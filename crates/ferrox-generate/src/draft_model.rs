@@ -15,8 +15,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use ferrox_core::select::argmax;
-use ferrox_core::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_engine::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
+use ferrox_memory::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
 /// The largest difference in vocabulary size a draft may have (llama.cpp's limit: the

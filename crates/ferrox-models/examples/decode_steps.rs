@@ -5,7 +5,7 @@
 //!     cargo run --release -p ferrox-models --example decode_steps -- [-m MODEL] [N] [P] [STEPS]
 use std::time::Instant;
 
-use ferrox_core::{MemoryShape, SequenceMemory};
+use ferrox_memory::{MemoryShape, SequenceMemory};
 use ferrox_models::{step_sequences, AnyEngine, Engine, EngineOptions, LogitsFor, SeqWork};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

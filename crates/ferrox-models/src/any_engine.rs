@@ -5,8 +5,8 @@ use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, StepMemory};
 
 use crate::engine::{Engine, EngineError, SeqInput, StepScratch};
 use crate::TokenId;

@@ -5,8 +5,9 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemorySpec, StepMemory, WeightMatrix};
+use ferrox_core::{KvStorage, WeightMatrix};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, StepMemory};
 use rayon::prelude::*;
 
 use crate::engine::{EngineError, EngineOptions, SeqInput};
@@ -212,8 +213,8 @@ pub trait EngineBody: Send + Sync + 'static {
 macro_rules! engine_from_body {
     ($engine:ty) => {
         const _: () = {
-            use ferrox_core::{MemorySpec, StepMemory};
             use ferrox_gguf::Gguf;
+            use ferrox_memory::{MemorySpec, StepMemory};
             use $crate::engine::{Engine, EngineError, SeqInput, StepScratch};
             use $crate::scaffold::{layout, EngineBody, StepBuffers, MAX_MICRO_BATCH};
             use $crate::TokenId;

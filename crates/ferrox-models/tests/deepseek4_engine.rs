@@ -19,8 +19,9 @@ mod hostile;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemoryShape, SequenceMemory};
+use ferrox_core::KvStorage;
 use ferrox_gguf::{GgmlType, Gguf, OwnedArray, OwnedValue};
+use ferrox_memory::{MemoryShape, SequenceMemory};
 use ferrox_models::{
     step_sequences, AnyEngine, Deepseek4Engine, Engine, EngineExt, EngineOptions, LogitsFor,
     ModelError, SeqWork,
@@ -124,7 +125,12 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// Logits of `tokens` after `seq`'s positions, run alone.
-fn run(e: &AnyEngine, m: &mut SequenceMemory, seq: ferrox_core::SeqId, tokens: &[u32]) -> Vec<f32> {
+fn run(
+    e: &AnyEngine,
+    m: &mut SequenceMemory,
+    seq: ferrox_memory::SeqId,
+    tokens: &[u32],
+) -> Vec<f32> {
     let mut out = Vec::new();
     let work = [SeqWork {
         seq,

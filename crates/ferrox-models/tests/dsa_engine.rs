@@ -17,8 +17,9 @@ mod hostile;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemoryShape, SequenceMemory};
+use ferrox_core::KvStorage;
 use ferrox_gguf::{Gguf, OwnedArray, OwnedValue};
+use ferrox_memory::{MemoryShape, SequenceMemory};
 use ferrox_models::{
     step_sequences, AnyEngine, DsaEngine, Engine, EngineExt, EngineOptions, LogitsFor, ModelError,
     SeqWork,
@@ -99,7 +100,12 @@ fn indexer_keys_live_beside_the_latents() {
 }
 
 /// Logits of `tokens` after `seq`'s positions, run alone.
-fn run(e: &AnyEngine, m: &mut SequenceMemory, seq: ferrox_core::SeqId, tokens: &[u32]) -> Vec<f32> {
+fn run(
+    e: &AnyEngine,
+    m: &mut SequenceMemory,
+    seq: ferrox_memory::SeqId,
+    tokens: &[u32],
+) -> Vec<f32> {
     let mut out = Vec::new();
     let work = [SeqWork {
         seq,

@@ -5,9 +5,9 @@
 
 mod common;
 
-use ferrox_core::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_generate::generate::{generate, GenerationParams};
 use ferrox_generate::sampling::{argmax, SamplerParams};
+use ferrox_memory::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_models::{step_sequences, Engine, EngineError, EngineExt, LogitsFor, SeqInput, SeqWork};
 use ferrox_tokenizer::tokenizer::TokenId;
 use rayon::prelude::*;

@@ -9,8 +9,9 @@
 
 use std::sync::OnceLock;
 
-use ferrox_core::{KvStorage, MemoryShape, MemorySpec, RecurrentSpec, SequenceMemory, StepMemory};
+use ferrox_core::KvStorage;
 use ferrox_gguf::{Gguf, GgufWriter};
+use ferrox_memory::{MemoryShape, MemorySpec, RecurrentSpec, SequenceMemory, StepMemory};
 use ferrox_models::{
     step_sequences, Engine, EngineError, LogitsFor, SeqInput, SeqWork, StepScratch,
 };
@@ -128,7 +129,7 @@ fn memory() -> SequenceMemory {
     .unwrap()
 }
 
-fn run(m: &mut SequenceMemory, seq: ferrox_core::SeqId, tokens: &[u32]) -> Vec<f32> {
+fn run(m: &mut SequenceMemory, seq: ferrox_memory::SeqId, tokens: &[u32]) -> Vec<f32> {
     let mut out = Vec::new();
     let work = [SeqWork {
         seq,

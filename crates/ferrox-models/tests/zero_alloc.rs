@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use std::sync::Arc;
 
-use ferrox_core::{MemoryShape, SequenceMemory};
 use ferrox_generate::sampling::argmax;
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemoryShape, SequenceMemory};
 use ferrox_models::{
     step_sequences, AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor, SeqWork,
 };

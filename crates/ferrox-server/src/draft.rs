@@ -4,8 +4,8 @@
 //! `ferrox-generate`'s ([`DraftSequences`], the CLI's too); this holds the draft engine and
 //! a paged memory for every sequence the server may run.
 
-use ferrox_core::MemoryShape;
 use ferrox_generate::draft_model::{DraftDistribution, DraftSequences};
+use ferrox_memory::MemoryShape;
 use ferrox_models::{AnyEngine, Engine, EngineError};
 use ferrox_tokenizer::tokenizer::TokenId;
 

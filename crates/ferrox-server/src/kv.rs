@@ -11,13 +11,13 @@
 //! sequences leave their blocks in the cache until fresh blocks run out, least recently
 //! released first.
 
-use ferrox_core::block_manager::{salted_root, BlockUsage};
-use ferrox_core::{MemoryError, MemoryShape, SeqId, SequenceMemory};
+use ferrox_memory::block_manager::{salted_root, BlockUsage};
+use ferrox_memory::{MemoryError, MemoryShape, SeqId, SequenceMemory};
 use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
 use ferrox_tokenizer::tokenizer::TokenId;
 use smallvec::SmallVec;
 
-pub use ferrox_core::Refusal;
+pub use ferrox_memory::Refusal;
 
 /// Positions per block: small enough that a shared prefix is reused to within a few
 /// tokens, large enough that attention reads long runs.

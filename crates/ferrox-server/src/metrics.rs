@@ -213,7 +213,7 @@ fn family(out: &mut String, kind: &str, name: &str, help: &str, labels: &str, va
 }
 
 impl Metrics {
-    pub fn set_kv_usage(&self, usage: ferrox_core::BlockUsage) {
+    pub fn set_kv_usage(&self, usage: ferrox_memory::BlockUsage) {
         self.kv_blocks_used
             .store(usage.used as u64, Ordering::Relaxed);
         self.kv_blocks_cached

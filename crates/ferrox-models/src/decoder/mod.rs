@@ -7,8 +7,8 @@ mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, StepMemory};
 use rayon::prelude::*;
 
 pub use config::{

@@ -16,8 +16,9 @@
 use std::cell::RefCell;
 
 use ferrox_core::relu_scores::{self, IndexQuery};
-use ferrox_core::{KvRows, StepMemory};
+use ferrox_core::KvRows;
 use ferrox_gguf::Gguf;
+use ferrox_memory::StepMemory;
 use rayon::prelude::*;
 
 use super::compressor::{self, read_row, CompressorScratch, CompressorStore};

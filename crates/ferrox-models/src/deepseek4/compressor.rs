@@ -14,8 +14,8 @@
 //! half of their projections, then this block's with the second half; block 0 has no previous
 //! block (those entries count as zero values with −inf scores).
 
-use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
+use ferrox_memory::StepMemory;
 use ferrox_moe::numerics::softmax;
 
 use super::config::Compression;

@@ -27,8 +27,9 @@ pub mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{KvStorage, MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
+use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
 use ferrox_moe::{Activation, MoeExperts};
 
 pub use config::{Compression, Deepseek4Config};

@@ -13,8 +13,8 @@
 //! are paged, shared by prefix and rolled back with the latent rows.
 
 use ferrox_core::relu_scores::{self, IndexQuery};
-use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
+use ferrox_memory::StepMemory;
 use rayon::prelude::*;
 
 use super::config::{DsaConfig, IndexerConfig};

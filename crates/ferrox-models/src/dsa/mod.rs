@@ -19,8 +19,8 @@ pub mod indexer;
 
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, PagedStoreSpec, StepMemory};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, PagedStoreSpec, StepMemory};
 
 pub use config::{DsaConfig, DsaRules, IndexerConfig};
 pub use indexer::IndexerWeights;

@@ -5,6 +5,7 @@
 mod deepseek2;
 mod deepseek32;
 mod deepseek4;
+mod exaone;
 mod gemma;
 mod gemma2;
 mod gemma3;
@@ -50,6 +51,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     gemma2::ARCH,
     gemma3::ARCH,
     phi3::ARCH,
+    exaone::ARCH,
     qwen2moe::ARCH,
     qwen3moe::ARCH,
     olmoe::ARCH,

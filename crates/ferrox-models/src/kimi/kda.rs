@@ -8,8 +8,8 @@
 //! computes it); the output is RMS-normalised per head and gated by the sigmoid of
 //! [`OutputGate`] (low rank in Kimi Linear, full rank in Kimi-K3).
 
-use ferrox_core::StepMemory;
 use ferrox_gguf::Gguf;
+use ferrox_memory::StepMemory;
 use rayon::prelude::*;
 
 use super::delta_rule::{Run, SharedOut, CHUNK};

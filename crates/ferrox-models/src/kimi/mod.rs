@@ -26,8 +26,8 @@ mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, PagedStoreSpec, RecurrentSpec, StepMemory};
 
 pub use config::{K3Config, KimiConfig, Situ};
 

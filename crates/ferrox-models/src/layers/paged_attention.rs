@@ -3,7 +3,8 @@
 //! the positions are split. Every engine's attention goes through here.
 
 use ferrox_core::flash_attn::GroupShape;
-use ferrox_core::{KvStorage, StepMemory};
+use ferrox_core::KvStorage;
+use ferrox_memory::StepMemory;
 
 use crate::layers::attention::{
     f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,

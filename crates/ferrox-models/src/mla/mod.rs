@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use ferrox_core::{MemorySpec, StepMemory};
 use ferrox_gguf::Gguf;
+use ferrox_memory::{MemorySpec, StepMemory};
 
 pub use crate::layers::mla::{config_for, yarn_scales, KvB, MlaConfig, MscaleRule};
 pub use crate::layers::mla::{MlaFfn, MlaLayer, MlaWeights, MtpBlock};
@@ -334,7 +334,7 @@ impl scaffold::EngineBody for MlaEngine {
             MemorySpec::one_store(c.n_layer() + mtp, c.cache_width(), 0, self.rt.kv_storage);
         if mtp == 1 {
             spec.paged
-                .push(ferrox_core::PagedStoreSpec::per_position(1, c.n_embd, 0));
+                .push(ferrox_memory::PagedStoreSpec::per_position(1, c.n_embd, 0));
             // The block's row at `p` is written once the token at `p + 1` is known.
             spec.row_lag = 1;
         }

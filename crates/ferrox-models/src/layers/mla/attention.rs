@@ -28,8 +28,9 @@
 
 use ferrox_core::flash_attn::MAX_GROUP;
 use ferrox_core::packed::MAX_PRODUCTS;
-use ferrox_core::{KvRows, KvStorage, MatrixProduct, StepMemory, WeightMatrix};
+use ferrox_core::{KvRows, KvStorage, MatrixProduct, WeightMatrix};
 use ferrox_gguf::Gguf;
+use ferrox_memory::StepMemory;
 use half::f16;
 use rayon::prelude::*;
 use smallvec::SmallVec;

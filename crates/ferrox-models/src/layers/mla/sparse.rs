@@ -9,7 +9,8 @@
 use std::ops::Range;
 
 use ferrox_core::flash_attn::GroupShape;
-use ferrox_core::{KvStorage, StepMemory};
+use ferrox_core::KvStorage;
+use ferrox_memory::StepMemory;
 
 use crate::layers::attention::{
     f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,

@@ -4,8 +4,9 @@
 //! the prefix is stored and computed once. Which block is free, shared or cached is
 //! [`crate::block_manager`]'s business; this module only stores rows.
 
-use crate::kv_cache::Rows;
-use crate::{KvRows, KvStorage};
+use ferrox_core::{KvRows, KvStorage};
+
+use crate::rows::Rows;
 
 /// Index of a block in a [`PagedKv`] arena.
 pub type BlockId = u32;

@@ -29,7 +29,9 @@ use smallvec::SmallVec;
 
 use crate::block_manager::{BlockUsage, ROOT_HASH};
 use crate::paged_kv::{BlockId, BlockTable, PagedKv};
-use crate::{BlockManager, KvRows, KvStorage};
+use ferrox_core::{KvRows, KvStorage};
+
+use crate::BlockManager;
 
 /// Sequences of one step whose references are kept without a heap allocation.
 const INLINE_SEQS: usize = 16;
@@ -322,7 +324,7 @@ impl SequenceMemory {
         }
         // Zeroed pages are only promised by the kernel; more than the machine has would fail
         // later, when touched.
-        if let Some(available) = crate::available_memory() {
+        if let Some(available) = ferrox_core::available_memory() {
             if bytes > available as u128 {
                 return Err(MemoryError::ExceedsMemory {
                     positions,
