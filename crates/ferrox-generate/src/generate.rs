@@ -528,11 +528,16 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         None => Vec::new(),
     };
     history.extend_from_slice(prompt);
-    let (mut drafts, mut dists, mut batch, mut rows) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut pacer = DraftPacer::default();
-    // The n-gram length of the prompt-lookup match behind the current draft.
-    let mut matched = None;
+    let mut proposer = Proposer {
+        drafter,
+        draft,
+        temperature: params.sampler.temperature,
+        pacer: DraftPacer::default(),
+        matched: None,
+        drafts: Vec::new(),
+        dists: Vec::new(),
+    };
+    let (mut batch, mut rows) = (Vec::new(), Vec::new());
     let mut tokens = Vec::new();
     let mut text = String::new();
     let mut pos = start_pos + prompt.len();
@@ -573,67 +578,34 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         'feed: loop {
             history.push(token);
             let room = (capacity - pos - 1).min(reach);
-            if let Some(d) = drafter.as_deref_mut() {
-                let temperature = params.sampler.temperature;
-                d.propose(&history, room, temperature, &mut drafts, &mut dists)?;
-            } else if let Draft::NGram { min, max } = draft {
-                matched = lookup_draft_ngram(&history, room.min(max), &mut drafts);
-                if let Some(n) = matched {
-                    drafts.truncate(pacer.length(n, max));
-                    if drafts.is_empty() {
-                        pacer.idle(n);
-                    }
-                }
-                if drafts.len() < min.max(1) {
-                    drafts.clear();
-                }
-            } else if let Draft::Mtp { min, max } = draft {
-                dists.clear();
-                engine.draft_mtp_next(state, token, room.min(max), &mut drafts)?;
-                if drafts.len() < min.max(1) {
-                    drafts.clear();
-                }
-            }
-            if drafts.is_empty() {
-                if generation.is_constrained() {
-                    // The next mask depends only on the tokens so far: compute it while the
-                    // forward pass computes the logits it will filter.
-                    let forward = std::thread::scope(|scope| {
-                        let mask = scope.spawn(|| generation.prepare_constraint());
-                        let result = engine
-                            .forward_token(token, pos, state)
-                            .map(|l| logits.copy_from_slice(l));
-                        if let Err(panic) = mask.join() {
-                            std::panic::resume_unwind(panic);
-                        }
-                        result
-                    });
-                    forward?;
-                } else {
-                    logits.copy_from_slice(engine.forward_token(token, pos, state)?);
-                }
+            proposer.propose(engine, state, &history, token, room)?;
+            if proposer.drafts.is_empty() {
+                forward_token(engine, state, token, pos, &mut generation, &mut logits)?;
                 pos += 1;
                 continue 'generate;
             }
+            let (drafts, dists) = (&proposer.drafts, &proposer.dists);
             timings.drafted_tokens += drafts.len();
             batch.clear();
             batch.push(token);
-            batch.extend_from_slice(&drafts);
+            batch.extend_from_slice(drafts);
             rows.clear();
             rows.extend_from_slice(engine.forward_batch(&batch, pos, state, LogitsFor::All)?);
             pos += 1;
             for (j, &proposed) in drafts.iter().enumerate() {
                 let row = &rows[j * n_vocab..(j + 1) * n_vocab];
                 let step = match dists.get(j) {
-                    Some(q) if drafter.is_some() => generation.sample_speculative(row, proposed, q),
+                    Some(q) if proposer.drafter.is_some() => {
+                        generation.sample_speculative(row, proposed, q)
+                    }
                     _ => generation.sample(row),
                 };
                 let chosen = step.token;
-                if let Some(n) = matched {
+                if let Some(n) = proposer.matched {
                     if chosen != proposed {
-                        pacer.record(n, j + 1, j);
+                        proposer.pacer.record(n, j + 1, j);
                     } else if j + 1 == drafts.len() {
-                        pacer.record(n, j + 1, j + 1);
+                        proposer.pacer.record(n, j + 1, j + 1);
                     }
                 }
                 if let Some(reason) = emit(step, pos, &mut generation) {
@@ -662,6 +634,89 @@ pub fn generate_speculative<E: Engine + ?Sized>(
         text,
         finish,
         timings,
+    })
+}
+
+/// What proposes the tokens [`generate_speculative`] checks: a draft model, prompt lookup
+/// or the model's multi-token-prediction block (`draft`).
+struct Proposer<'a, 'd> {
+    drafter: Option<&'a mut ModelDrafter<'d>>,
+    draft: Draft,
+    temperature: f32,
+    pacer: DraftPacer,
+    /// The n-gram length of the prompt-lookup match behind the current draft.
+    matched: Option<usize>,
+    drafts: Vec<TokenId>,
+    /// A draft model's distribution behind each drafted token.
+    dists: Vec<crate::draft_model::DraftDistribution>,
+}
+
+impl Proposer<'_, '_> {
+    /// Fills `drafts` with at most `room` tokens to follow `history` (whose last token,
+    /// `token`, is about to be fed); empty when there is nothing worth checking.
+    fn propose<E: Engine + ?Sized>(
+        &mut self,
+        engine: &E,
+        state: &mut State,
+        history: &[TokenId],
+        token: TokenId,
+        room: usize,
+    ) -> Result<(), EngineError> {
+        let (drafts, dists) = (&mut self.drafts, &mut self.dists);
+        if let Some(d) = self.drafter.as_deref_mut() {
+            return d.propose(history, room, self.temperature, drafts, dists);
+        }
+        drafts.clear();
+        dists.clear();
+        match self.draft {
+            Draft::NGram { min, max } => {
+                self.matched = lookup_draft_ngram(history, room.min(max), drafts);
+                if let Some(n) = self.matched {
+                    drafts.truncate(self.pacer.length(n, max));
+                    if drafts.is_empty() {
+                        self.pacer.idle(n);
+                    }
+                }
+                if drafts.len() < min.max(1) {
+                    drafts.clear();
+                }
+            }
+            Draft::Mtp { min, max } => {
+                engine.draft_mtp_next(state, token, room.min(max), drafts)?;
+                if drafts.len() < min.max(1) {
+                    drafts.clear();
+                }
+            }
+            Draft::None => {}
+        }
+        Ok(())
+    }
+}
+
+/// Feeds one token and puts its logits in `logits`. A constrained generation's next mask
+/// depends only on the tokens so far: it is computed while the forward pass computes the
+/// logits it will filter.
+fn forward_token<E: Engine + ?Sized>(
+    engine: &E,
+    state: &mut State,
+    token: TokenId,
+    pos: usize,
+    generation: &mut Generation<'_>,
+    logits: &mut [f32],
+) -> Result<(), EngineError> {
+    if !generation.is_constrained() {
+        logits.copy_from_slice(engine.forward_token(token, pos, state)?);
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        let mask = scope.spawn(|| generation.prepare_constraint());
+        let result = engine
+            .forward_token(token, pos, state)
+            .map(|l| logits.copy_from_slice(l));
+        if let Err(panic) = mask.join() {
+            std::panic::resume_unwind(panic);
+        }
+        result
     })
 }
 

@@ -401,6 +401,7 @@ sweep_tests! {
     qwen2moe => "qwen2moe.f32",
     qwen3moe => "qwen3moe.f32",
     olmoe => "olmoe.f32",
+    exaone => "exaone.f32",
     deepseek2 => "deepseek2.f32",
     deepseek2_lite => "deepseek2-lite.f32",
     deepseek2_v3 => "deepseek2-v3.f32",

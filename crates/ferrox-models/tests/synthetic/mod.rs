@@ -25,6 +25,7 @@
 //! | qwen2moe | 2 | 4/2 x 64 | Q8_0, F32 routers | Q/K/V biases, 8 experts (2 used, n_ff_exp 128), shared expert (n_ff 256) with sigmoid gate |
 //! | qwen3moe | 2 | 8/2 x 64 (q width 512) | F16 embd, Q5_0, Q4_0 experts, Q8_0 down/output, F32 router | Q/K norms, 8 experts (2 used, n_ff_exp 128, weights renormalised) |
 //! | olmoe | 2 | 4/4 x 64 | Q4_K, Q8_0 expert down, Q6_K output, F32 router | Q/K norms over the whole projections, 8 experts (2 used, 128 wide: `feed_forward_length`, as llama.cpp reads it) |
+//! | exaone | 2 | 4/2 x 64 | Q8_0 embd, Q4_K, Q6_K down | NeoX RoPE (base 1e6) with `rope_freqs`, tied output |
 //!
 //! The MoE families store their experts as stacked `blk.N.ffn_{gate,up,down}_exps.weight`
 //! (ggml shapes `{n_embd, n_ff_exp, n_expert}` / `{n_ff_exp, n_embd, n_expert}`) with an F32
@@ -65,6 +66,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen2moe",
     "qwen3moe",
     "olmoe",
+    "exaone",
     "deepseek2",
     "deepseek2-lite",
     "deepseek2-v3",
@@ -447,6 +449,26 @@ pub fn spec(arch: &str) -> Spec {
             types: Types {
                 output: Some(T::Q6K),
                 down: T::Q8_0,
+                ..same(T::Q4K)
+            },
+        },
+        "exaone" => Spec {
+            arch: "exaone",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 344,
+            seed: 0x011a_000a,
+            moe: None,
+            mla: None,
+            rms_eps: 1e-5,
+            rope_base: 1000000.0,
+            // Tied output (EXAONE 3.5's small models tie it).
+            types: Types {
+                embd: T::Q8_0,
+                output: None,
+                down: T::Q6K,
                 ..same(T::Q4K)
             },
         },
@@ -853,7 +875,7 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
     if let Some(ty) = t.output {
         matrix(&mut w, v, "output.weight", ty, N_EMBD, s.n_vocab, 0.1);
     }
-    if a == "llama" {
+    if a == "llama" || a == "exaone" {
         // Llama 3.1 style frequency divisors: 1 for the fastest pairs, rising to 8 for the
         // slow ones. The ramp starts early so that the divisors change angles a lot within 64
         // positions (with base 5e5, pair 4 turns by ~0.19 rad per position).
