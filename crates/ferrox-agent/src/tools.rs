@@ -59,7 +59,33 @@ pub struct ToolSpec {
     pub parallel: bool,
 }
 
+impl Tool {
+    /// A tool from its name, description and arguments' schema as a request gives them:
+    /// no schema (or null) is `{"type": "object"}`; `None` when the schema is not an object.
+    pub fn new(name: &str, description: Option<&Value>, schema: Option<&Value>) -> Option<Tool> {
+        let parameters = match schema {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return None,
+        };
+        Some(Tool {
+            name: name.to_string(),
+            description: description.and_then(Value::as_str).map(str::to_string),
+            parameters,
+        })
+    }
+}
+
 impl ToolSpec {
+    /// The spec of a request that gave `tools` (`None` when it gave none).
+    pub fn given(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> Option<ToolSpec> {
+        (!tools.is_empty()).then_some(ToolSpec {
+            tools,
+            choice,
+            parallel,
+        })
+    }
+
     /// Parses OpenAI's `tools` array (`[{"type": "function", "function": {"name",
     /// "description", "parameters"}}]`); the error names the offending entry.
     pub fn parse_tools(tools: &Value) -> Result<Vec<Tool>, (String, String)> {
@@ -88,19 +114,10 @@ impl ToolSpec {
             if let Err(m) = Self::check_name(name, &out) {
                 return err(&m);
             }
-            let parameters = match f.get("parameters") {
-                None | Some(Value::Null) => json!({"type": "object"}),
-                Some(p @ Value::Object(_)) => p.clone(),
-                Some(_) => return err("has 'function.parameters' that is not an object"),
+            let Some(tool) = Tool::new(name, f.get("description"), f.get("parameters")) else {
+                return err("has 'function.parameters' that is not an object");
             };
-            out.push(Tool {
-                name: name.to_string(),
-                description: f
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                parameters,
-            });
+            out.push(tool);
         }
         Ok(out)
     }

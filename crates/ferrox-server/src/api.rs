@@ -448,60 +448,52 @@ fn parse_grammar(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
 
 /// OpenAI's `response_format`.
 fn parse_response_format(f: &Fields<'_>) -> Result<Option<GrammarSpec>, ApiError> {
-    let mut found: Vec<(&str, GrammarSpec)> = Vec::new();
-    if let Some(format) = f.get("response_format") {
-        let Some(obj) = format.as_object() else {
-            return Err(ApiError::param(
-                "response_format",
-                format!("'response_format' must be an object, got {}", kind(format)),
-            ));
-        };
-        match obj.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some("json_object") => {
-                // llama-server also takes a schema here.
-                let spec = match obj.get("schema").filter(|v| !v.is_null()) {
-                    Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
-                    None => GrammarSpec::JsonObject,
-                };
-                found.push(("response_format", spec));
-            }
-            Some("json_schema") => {
-                let inner = obj.get("json_schema").unwrap_or(&Value::Null);
-                let schema = match inner {
-                    Value::Object(o) => o
-                        .get("schema")
-                        .filter(|v| !v.is_null())
-                        .cloned()
-                        .unwrap_or_else(|| serde_json::json!({})),
-                    Value::Null => obj
-                        .get("schema")
-                        .cloned()
-                        .ok_or_else(|| ApiError::param("response_format.json_schema", "'response_format.json_schema' is required"))?,
-                    v => {
-                        return Err(ApiError::param(
-                            "response_format.json_schema",
-                            format!("'response_format.json_schema' must be an object, got {}", kind(v)),
-                        ))
-                    }
-                };
-                found.push(("response_format", GrammarSpec::JsonSchema(schema)));
-            }
-            Some(other) => {
-                return Err(ApiError::param(
-                    "response_format",
-                    format!("'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"),
-                ))
-            }
-            None => {
-                return Err(ApiError::param(
-                    "response_format.type",
-                    "'response_format.type' is required",
-                ))
-            }
+    let Some(format) = f.get("response_format") else {
+        return Ok(None);
+    };
+    let Some(obj) = format.as_object() else {
+        return Err(ApiError::param(
+            "response_format",
+            format!("'response_format' must be an object, got {}", kind(format)),
+        ));
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        // llama-server also takes a schema here.
+        Some("json_object") => Ok(Some(match obj.get("schema").filter(|v| !v.is_null()) {
+            Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
+            None => GrammarSpec::JsonObject,
+        })),
+        Some("json_schema") => {
+            let inner = obj.get("json_schema").unwrap_or(&Value::Null);
+            let schema = match inner {
+                Value::Object(o) => o
+                    .get("schema")
+                    .filter(|v| !v.is_null())
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({})),
+                Value::Null => obj
+                    .get("schema")
+                    .cloned()
+                    .ok_or_else(|| ApiError::param("response_format.json_schema", "'response_format.json_schema' is required"))?,
+                v => {
+                    return Err(ApiError::param(
+                        "response_format.json_schema",
+                        format!("'response_format.json_schema' must be an object, got {}", kind(v)),
+                    ))
+                }
+            };
+            Ok(Some(GrammarSpec::JsonSchema(schema)))
         }
+        Some(other) => Err(ApiError::param(
+            "response_format",
+            format!("'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"),
+        )),
+        None => Err(ApiError::param(
+            "response_format.type",
+            "'response_format.type' is required",
+        )),
     }
-    Ok(found.pop().map(|(_, g)| g))
 }
 
 /// llama-server's `json_schema` (a schema) and `grammar` (GBNF), added to `found`.
@@ -550,14 +542,7 @@ fn parse_tools(f: &Fields<'_>) -> Result<Option<ToolSpec>, ApiError> {
     let choice = ToolSpec::parse_choice(f.get("tool_choice"), &tools)
         .map_err(|m| ApiError::param("tool_choice", m))?;
     let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
-    if tools.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(ToolSpec {
-        tools,
-        choice,
-        parallel,
-    }))
+    Ok(ToolSpec::given(tools, choice, parallel))
 }
 
 /// The most bytes all of a request's stop sequences may take together.

@@ -258,21 +258,9 @@ fn parse_tools(obj: &Map<String, Value>) -> Result<Option<ToolSpec>, AnthropicEr
                 }
             }
             ToolSpec::check_name(name, &tools).map_err(|m| invalid(format!("{at}: {m}")))?;
-            let parameters = match t.get("input_schema") {
-                None | Some(Value::Null) => json!({"type": "object"}),
-                Some(p @ Value::Object(_)) => p.clone(),
-                Some(_) => {
-                    return Err(invalid(format!("{at}.input_schema: an object is required")))
-                }
-            };
-            tools.push(Tool {
-                name: name.to_string(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                parameters,
-            });
+            let tool = Tool::new(name, t.get("description"), t.get("input_schema"))
+                .ok_or_else(|| invalid(format!("{at}.input_schema: an object is required")))?;
+            tools.push(tool);
         }
     }
     let mut choice = ToolChoice::Auto;
@@ -293,14 +281,7 @@ fn parse_tools(obj: &Map<String, Value>) -> Result<Option<ToolSpec>, AnthropicEr
     }
     let choice =
         ToolSpec::check_choice(choice, &tools).map_err(|m| invalid(format!("tool_choice: {m}")))?;
-    if tools.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(ToolSpec {
-        tools,
-        choice,
-        parallel,
-    }))
+    Ok(ToolSpec::given(tools, choice, parallel))
 }
 
 #[cfg(test)]

@@ -114,8 +114,9 @@ impl<'t> Batcher<'t> {
     pub(super) fn run(&mut self) {
         let mut active: Vec<Seq<'t>> = Vec::new();
         self.publish_memory_size();
+        let shared = self.shared.clone();
         loop {
-            if self.wait_for_work(&mut active).is_break() {
+            if self.wait_for_work(&shared, &mut active).is_break() {
                 return;
             }
             self.drop_cancelled(&mut active);
@@ -147,9 +148,8 @@ impl<'t> Batcher<'t> {
 
     /// Blocks until there is something to run, handling shutdown on the way (`Break`: the
     /// scheduler stops), then admits the waiting jobs that fit.
-    fn wait_for_work(&mut self, active: &mut Vec<Seq<'t>>) -> ControlFlow<()> {
-        let shared = self.shared.clone();
-        let mut q = lock(&shared);
+    fn wait_for_work(&mut self, shared: &Shared, active: &mut Vec<Seq<'t>>) -> ControlFlow<()> {
+        let mut q = lock(shared);
         loop {
             if q.stop {
                 let jobs: Vec<Job> = q.jobs.drain(..).collect();
