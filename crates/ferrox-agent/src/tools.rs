@@ -23,6 +23,8 @@ pub mod mistral;
 pub mod qwen3_coder;
 pub mod tagged;
 
+use std::collections::HashSet;
+
 use serde_json::{json, Value};
 
 use crate::GrammarSpec;
@@ -93,6 +95,7 @@ impl ToolSpec {
             return Err(("tools".into(), "'tools' must be an array".into()));
         };
         let mut out = Vec::with_capacity(items.len());
+        let mut seen = HashSet::new();
         for (i, item) in items.iter().enumerate() {
             let at = format!("tools[{i}]");
             let err = |m: &str| Err((at.clone(), format!("'{at}' {m}")));
@@ -111,7 +114,7 @@ impl ToolSpec {
             let Some(name) = f.get("name").and_then(Value::as_str) else {
                 return err("needs 'function.name'");
             };
-            if let Err(m) = Self::check_name(name, &out) {
+            if let Err(m) = Self::check_name(name, &mut seen) {
                 return err(&m);
             }
             let Some(tool) = Tool::new(name, f.get("description"), f.get("parameters")) else {
@@ -151,8 +154,9 @@ impl ToolSpec {
     }
 
     /// Checks a tool name (letters, digits, `_`, `-`, `.`, `:`; at most 128) and that no
-    /// tool in `earlier` has it; the error completes "the tool ...".
-    pub fn check_name(name: &str, earlier: &[Tool]) -> Result<(), String> {
+    /// earlier tool has it (`seen`, which it joins: linear in the number of tools, whatever
+    /// a request sends); the error completes "the tool ...".
+    pub fn check_name<'a>(name: &'a str, seen: &mut HashSet<&'a str>) -> Result<(), String> {
         if name.is_empty()
             || name.len() > 128
             || !name
@@ -163,7 +167,7 @@ impl ToolSpec {
                 "has an invalid function name {name:?} (letters, digits, '_', '-', '.', ':'; at most 128)"
             ));
         }
-        if earlier.iter().any(|t| t.name == name) {
+        if !seen.insert(name) {
             return Err(format!("repeats the function name '{name}'"));
         }
         Ok(())

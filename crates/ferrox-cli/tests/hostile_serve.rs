@@ -145,6 +145,40 @@ fn hostile_requests_get_their_status_and_the_server_keeps_serving() {
     );
     still_serving(port, "a 65,000-rule grammar");
 
+    // 80,000 tools (under the 4 MiB body limit) whose last name repeats the first, through
+    // both APIs: the duplicate check is linear (a quadratic one took 53 s here), and a hang
+    // guard bounds it.
+    let openai_tools: Vec<_> = (0..80_000)
+        .map(|i| serde_json::json!({"type": "function", "function": {"name": format!("t{}", i % 79_999)}}))
+        .collect();
+    let anthropic_tools: Vec<_> = (0..80_000)
+        .map(|i| serde_json::json!({"name": format!("t{}", i % 79_999)}))
+        .collect();
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "tools": openai_tools}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "tools": anthropic_tools}),
+        ),
+    ] {
+        let asked = Instant::now();
+        let (status, text) = post(port, path, &body.to_string());
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(
+            text.contains("repeats the function name 't0'"),
+            "{path}: {text}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "{path}: {:?}",
+            asked.elapsed()
+        );
+    }
+    still_serving(port, "80,000 tools");
+
     // What a foreign page can send: text/plain (no preflight), a rebound Host, its Origin.
     let completion = r#"{"prompt": "hi", "max_tokens": 2}"#;
     let (status, text) = raw(

@@ -3,6 +3,8 @@
 //! results, `reasoning_content`), the sampler, stop strings, constraint and tools.
 //! Errors name the field as Anthropic's API does (`messages.0.content.1.id: ...`).
 
+use std::collections::HashSet;
+
 use ferrox_agent::{GrammarSpec, Tool, ToolChoice, ToolSpec};
 use ferrox_generate::generate::GenerationParams;
 use ferrox_generate::sampling::SamplerParams;
@@ -246,6 +248,7 @@ fn parse_constraint(f: &Fields<'_>) -> Result<Option<GrammarSpec>, AnthropicErro
 /// `tools` (custom tools only) and `tool_choice`.
 fn parse_tools(obj: &Map<String, Value>) -> Result<Option<ToolSpec>, AnthropicError> {
     let mut tools: Vec<Tool> = Vec::new();
+    let mut seen = HashSet::new();
     if let Some(Value::Array(given)) = obj.get("tools") {
         for (i, t) in given.iter().enumerate() {
             let at = format!("tools.{i}");
@@ -257,7 +260,7 @@ fn parse_tools(obj: &Map<String, Value>) -> Result<Option<ToolSpec>, AnthropicEr
                     )));
                 }
             }
-            ToolSpec::check_name(name, &tools).map_err(|m| invalid(format!("{at}: {m}")))?;
+            ToolSpec::check_name(name, &mut seen).map_err(|m| invalid(format!("{at}: {m}")))?;
             let tool = Tool::new(name, t.get("description"), t.get("input_schema"))
                 .ok_or_else(|| invalid(format!("{at}.input_schema: an object is required")))?;
             tools.push(tool);
