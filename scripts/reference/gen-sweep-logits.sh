@@ -22,6 +22,12 @@
 #   gen-sweep-logits.sh deepseek4  likewise for the DeepSeek-V4 model of
 #                              tests/synthetic/deepseek4.rs into
 #                              crates/ferrox-models/tests/fixtures/deepseek4/.
+#   gen-sweep-logits.sh dsa-default  the DSA models at llama.cpp's defaults (f16 cache, flash
+#                              attention as it chooses) into .../fixtures/dsa-default/, with
+#                              `self_band`: how far llama.cpp with flash attention off lands
+#                              from that run (its own noise at these settings).
+#   gen-sweep-logits.sh deepseek4-default  likewise for the DeepSeek-V4 model, into
+#                              .../fixtures/deepseek4-default/.
 #
 #   ONLY="exaone.f32 ..." regenerates just those models' files.
 set -euo pipefail
@@ -38,7 +44,10 @@ case "$SET" in
     kimi-k3) WRITE_FLAG=--kimi-k3; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA" ;;
     deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4]" >&2; exit 2 ;;
+    dsa-default) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
+    deepseek4-default) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default]" >&2
+       exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
 WORK="$(mktemp -d)"
@@ -52,17 +61,48 @@ while read -r name path _; do
     if [ -n "${ONLY:-}" ]; then case " $ONLY " in *" $name "*) ;; *) continue ;; esac; fi
     case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac
     echo "sweep: $name" >&2
-    LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
+    if [ -n "${DEFAULTS:-}" ]; then
         "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
-    REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" <<'PY'
+        LLAMA_REF_FLASH_ATTN=0 \
+            "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.fa_off.json"
+    else
+        LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
+            "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
+    fi
+    REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" \
+        "$WORK/$name.fa_off.json" <<'PY'
 import hashlib, json, os, sys
 sys.path.insert(0, os.environ["REF_DIR"])
 import refjson
-run, model, meta, out = sys.argv[1:5]
+run, model, meta, out, other = sys.argv[1:6]
 data = json.load(open(run))
 with open(model, "rb") as f:
     sha = hashlib.sha256(f.read()).hexdigest()
 fixture = {"gguf_sha256": sha, "llama_cpp": json.load(open(meta)), **data}
+if os.path.exists(other):
+    # llama.cpp's own noise at these settings. Over the sequence's positions: the largest
+    # |log p| difference between the runs (flash attention on and off), and between one run's
+    # batch and prompts. Over greedy continuations (step k follows token k, so only while both
+    # runs picked the same tokens): how many steps differ by more than twice that.
+    off = json.load(open(other))
+    def diff(x, y):
+        ly = dict((t, l) for t, l in y)
+        return max([0.0] + [abs(l - ly[t]) for t, l in x if t in ly])
+    sequence = max(diff(x, y) for d, e, k1, k2 in [
+        (data, off, "all", "all"), (data, off, "prompt", "prompt"), (data, data, "all", "prompt")]
+        for x, y in zip(d[k1], e[k2]))
+    steps = []
+    for g, h in zip(data["greedy"], off["greedy"]):
+        for k, (x, y) in enumerate(zip(g["top5"], h["top5"])):
+            if g["ids"][k] != h["ids"][k]:
+                break
+            steps.append(diff(x, y))
+    fixture["self_band"] = {
+        "against": "flash attention off",
+        "sequence_max_abs_logprob": sequence,
+        "greedy_steps": len(steps),
+        "greedy_steps_past_twice_that": sum(d > 2 * sequence for d in steps),
+    }
 refjson.dump(fixture, out)
 PY
 done < "$WORK/models.txt"

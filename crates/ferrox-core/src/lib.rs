@@ -14,6 +14,7 @@
 pub mod bandwidth;
 pub mod flash_attn;
 pub mod glu;
+pub mod hadamard;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;

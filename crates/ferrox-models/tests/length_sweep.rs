@@ -15,6 +15,10 @@
 //!
 //! The reference is `fixtures/sweep/` (made by `scripts/reference/gen-sweep-logits.sh`); the
 //! test rebuilds each model with the same generator and checks its sha256 first.
+//!
+//! The sparse-attention models also run at the defaults (an f16 cache) against llama.cpp's
+//! defaults, where the bar is llama.cpp's own noise on the same file
+//! (`fixtures/dsa-default/`, `fixtures/deepseek4-default/`).
 
 mod synthetic;
 
@@ -77,35 +81,105 @@ fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&v| v as f64 - lse).collect()
 }
 
-/// Checks one step (every reference log-probability within the tolerance; our most likely
-/// token llama.cpp's, or one it ranks within twice the tolerance of it); returns the largest
-/// difference.
-fn check(name: &str, what: &dyn Fn() -> String, logits: &[f32], reference: &[(usize, f64)]) -> f64 {
+/// What a sweep holds our engine to: the cache it runs with, the largest accepted
+/// |ours - llama.cpp| of a log-probability, and at how many positions a step may miss it.
+struct Bar {
+    kv_storage: KvStorage,
+    tolerance: f64,
+    /// Distinct positions of the sequence allowed past the tolerance (none at f32: only
+    /// summation order differs there).
+    outlier_positions: usize,
+    /// Steps of greedy continuations allowed past the tolerance, where llama.cpp itself
+    /// moves by more than that (`None`: none allowed, each one fails).
+    greedy_misses: Option<usize>,
+}
+
+impl Bar {
+    fn f32_cache(name: &str) -> Bar {
+        Bar {
+            kv_storage: KvStorage::F32,
+            tolerance: tolerance(name),
+            outlier_positions: 0,
+            greedy_misses: None,
+        }
+    }
+}
+
+/// The positions that missed the bar so far; past the budget, the sweep fails with the
+/// first miss beyond it.
+#[derive(Default)]
+struct Misses {
+    positions: std::collections::BTreeMap<usize, (String, f64)>,
+    greedy_steps: usize,
+}
+
+/// Which kind of step a check is: one of the sequence's positions, or a step of a greedy
+/// continuation.
+#[derive(Clone, Copy, PartialEq)]
+enum StepKind {
+    Sequence,
+    Greedy,
+}
+
+/// Checks one step at `pos` (every reference log-probability within the tolerance; our most
+/// likely token llama.cpp's, or one it ranks within twice the tolerance of it); returns the
+/// largest difference.
+fn check(
+    name: &str,
+    bar: &Bar,
+    misses: &mut Misses,
+    (kind, pos): (StepKind, usize),
+    what: &dyn Fn() -> String,
+    logits: &[f32],
+    reference: &[(usize, f64)],
+) -> f64 {
     let ours = log_softmax(logits);
-    let tol = tolerance(name);
+    let tol = bar.tolerance;
     let mut worst = 0.0f64;
+    let mut miss = None;
     for &(id, lp) in reference {
         let d = (ours[id] - lp).abs();
-        assert!(
-            d <= tol,
-            "{name} {}: log p({id}) {} vs llama.cpp {lp} (|diff| {d:.2e})",
-            what(),
-            ours[id]
-        );
+        if d > tol && miss.is_none() {
+            miss = Some(format!(
+                "{name} {}: log p({id}) {} vs llama.cpp {lp} (|diff| {d:.2e})",
+                what(),
+                ours[id]
+            ));
+        }
         worst = worst.max(d);
     }
     let best = (0..ours.len())
         .max_by(|&a, &b| ours[a].total_cmp(&ours[b]))
         .unwrap();
     let (ref_best, ref_lp) = reference[0];
-    assert!(
-        best == ref_best
-            || reference
-                .iter()
-                .any(|&(id, lp)| id == best && ref_lp - lp <= 2.0 * tol),
-        "{name} {}: our argmax {best} vs llama.cpp's {ref_best}",
-        what()
-    );
+    let near = |&(id, lp): &(usize, f64)| id == best && ref_lp - lp <= 2.0 * tol;
+    if best != ref_best && !reference.iter().any(near) && miss.is_none() {
+        miss = Some(format!(
+            "{name} {}: our argmax {best} vs llama.cpp's {ref_best}",
+            what()
+        ));
+    }
+    if let (Some(miss), StepKind::Greedy, Some(allowed)) = (&miss, kind, bar.greedy_misses) {
+        misses.greedy_steps += 1;
+        assert!(
+            misses.greedy_steps <= allowed,
+            "{miss} ({} greedy steps missed, {allowed} allowed)",
+            misses.greedy_steps
+        );
+        return 0.0;
+    }
+    if let Some(miss) = miss {
+        let entry = misses.positions.entry(pos).or_insert((miss.clone(), 0.0));
+        entry.1 = entry.1.max(worst);
+        assert!(
+            misses.positions.len() <= bar.outlier_positions,
+            "{miss} (misses at {} positions, {} allowed: {:?})",
+            misses.positions.len(),
+            bar.outlier_positions,
+            misses.positions.keys().collect::<Vec<_>>()
+        );
+        return 0.0;
+    }
     worst
 }
 
@@ -118,6 +192,12 @@ fn sweep(name: &str) {
 }
 
 fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
+    sweep_with(name, bytes, fx, &Bar::f32_cache(name));
+}
+
+/// Runs the sweep; returns the positions that missed the bar, with each one's first miss
+/// and its largest difference.
+fn sweep_with(name: &str, bytes: Vec<u8>, fx: Value, bar: &Bar) -> Misses {
     assert_eq!(
         Sha256::digest(&bytes)
             .iter()
@@ -139,7 +219,7 @@ fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
     let options = EngineOptions {
         n_ctx: 256,
         threads: 2,
-        kv_storage: KvStorage::F32,
+        kv_storage: bar.kv_storage,
         ..EngineOptions::default()
     };
     let gguf = Gguf::from_bytes(bytes).unwrap();
@@ -151,6 +231,7 @@ fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
         ],
         None => &[None],
     };
+    let mut misses = Misses::default();
     for &path in paths {
         if let (Some(mla), Some(path)) = (engine.downcast_mut::<MlaEngine>(), path) {
             mla.set_attention_path(path);
@@ -164,8 +245,25 @@ fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
                 .forward_batch(&tokens[..p], 0, &mut state, LogitsFor::Last)
                 .unwrap();
             let at = || format!("{label} prompt of {p}");
-            let mut worst_greedy = check(name, &at, logits, &prompt[p - 1]);
-            worst_greedy = worst_greedy.max(check(name, &at, logits, &all[p - 1]));
+            let mut worst_greedy = check(
+                name,
+                bar,
+                &mut misses,
+                (StepKind::Sequence, p - 1),
+                &at,
+                logits,
+                &prompt[p - 1],
+            );
+            let d = check(
+                name,
+                bar,
+                &mut misses,
+                (StepKind::Sequence, p - 1),
+                &at,
+                logits,
+                &all[p - 1],
+            );
+            worst_greedy = worst_greedy.max(d);
             steps += 1;
             // llama.cpp's greedy continuation, its tokens fed back.
             let g = &greedy[p - 1];
@@ -180,7 +278,16 @@ fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
                     .forward_batch(&[id], p + k, &mut state, LogitsFor::Last)
                     .unwrap();
                 let at = || format!("{label} prompt of {p}, greedy step {k}");
-                worst_greedy = worst_greedy.max(check(name, &at, logits, &top5(top)));
+                let d = check(
+                    name,
+                    bar,
+                    &mut misses,
+                    (StepKind::Greedy, p + k),
+                    &at,
+                    logits,
+                    &top5(top),
+                );
+                worst_greedy = worst_greedy.max(d);
                 steps += 1;
             }
             if p == 70 || p == 140 {
@@ -202,12 +309,21 @@ fn sweep_model(name: &str, bytes: Vec<u8>, fx: Value) {
                     .forward_batch(&tokens[m..m + 1], m, &mut state, LogitsFor::Last)
                     .unwrap();
                 let at = || format!("{label} prompt of {p}, decoding position {m}");
-                worst = worst.max(check(name, &at, logits, &all[m]));
+                worst = worst.max(check(
+                    name,
+                    bar,
+                    &mut misses,
+                    (StepKind::Sequence, m),
+                    &at,
+                    logits,
+                    &all[m],
+                ));
                 steps += 1;
             }
         }
         eprintln!("{name}{label}: {steps} steps, largest |log p ours - llama.cpp| {worst:.2e}");
     }
+    misses
 }
 
 /// Kimi Linear (KDA and NoPE MLA layers, MoE; `synthetic/kimi.rs`), against
@@ -248,6 +364,67 @@ fn deepseek32() {
 fn glm_dsa() {
     let bytes = synthetic::dsa::gguf_bytes("glm-dsa");
     sweep_model("glm-dsa", bytes, fixture("dsa", "glm-dsa"));
+}
+
+/// The DSA models at llama.cpp's defaults (an f16 cache) against llama.cpp's defaults
+/// (`fixtures/dsa-default/`), held to llama.cpp's own noise on the same file: at the
+/// sequence's positions, within twice the largest difference between its flash-attention
+/// on and off runs (and its batch and prompt runs), at all but one position; in greedy
+/// continuations, past that at no more than twice the rate of steps its two runs differ by.
+///
+/// The indexer's keys are rounded to f16 after llama.cpp's Hadamard rotation, so both
+/// engines round the same values; but a top-k selection whose last chosen and first
+/// rejected scores lie within the cache's rounding of each other (6e-5 relative at
+/// glm-dsa's position 66) goes whichever way the last bits fall, in either engine: llama.cpp's
+/// own runs differ by more than 1 in log-probability at some greedy steps. Without the
+/// rotation, glm-dsa misses by up to 0.65 at most positions from 70 on.
+#[test]
+fn dsa_default_cache() {
+    for name in ["deepseek32", "glm-dsa"] {
+        default_cache_sweep(name, "dsa-default", synthetic::dsa::gguf_bytes(name));
+    }
+}
+
+/// DeepSeek-V4 at llama.cpp's defaults, held as [`dsa_default_cache`] (its indexer's
+/// queries and compressed keys rotated by llama.cpp's fast transform).
+#[test]
+fn deepseek4_default_cache() {
+    let bytes = synthetic::deepseek4::gguf_bytes();
+    default_cache_sweep("deepseek4", "deepseek4-default", bytes);
+}
+
+fn default_cache_sweep(name: &str, dir: &str, bytes: Vec<u8>) {
+    let fx = fixture(dir, name);
+    let own = &fx["self_band"];
+    let band = own["sequence_max_abs_logprob"].as_f64().unwrap();
+    let greedy_own = own["greedy_steps_past_twice_that"].as_u64().unwrap() as f64;
+    let own_steps = own["greedy_steps"].as_u64().unwrap() as f64;
+    assert!(
+        band > 0.0 && band < 0.5,
+        "{name}: llama.cpp's own band {band}"
+    );
+    // Twice llama.cpp's rate, over our steps: every prompt's whole continuation, where its
+    // own comparison stops at the first token its two runs pick differently.
+    let greedy_steps: usize = fx["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["ids"].as_array().unwrap().len())
+        .sum();
+    let allowed = (2.0 * greedy_own / own_steps * greedy_steps as f64).ceil() as usize;
+    let bar = Bar {
+        kv_storage: KvStorage::F16,
+        tolerance: 2.0 * band,
+        outlier_positions: 1,
+        greedy_misses: Some(allowed),
+    };
+    let misses = sweep_with(name, bytes, fx, &bar);
+    eprintln!(
+        "{name} (f16 cache): llama.cpp's own band {band:.2e}, {greedy_own} of its {own_steps} \
+         greedy steps past twice that; ours: positions past it {:?}, {} of {greedy_steps} \
+         greedy steps past it ({allowed} allowed)",
+        misses.positions, misses.greedy_steps
+    );
 }
 
 /// DeepSeek-V4 (`deepseek4`: window, 4x sparse and 128x compressed layers, hyper-connections,

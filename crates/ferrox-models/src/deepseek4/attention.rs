@@ -9,9 +9,11 @@
 //! projected in groups through a low rank (`attn_output_a`) and together to the model width
 //! (`attn_output_b`).
 //!
-//! llama.cpp also multiplies the indexer's queries and keys by an orthonormal Hadamard
-//! matrix, which leaves every `q · k` unchanged up to rounding; it is left out here, as in
-//! the DeepSeek Sparse Attention indexer.
+//! The indexer's queries and its compressed keys are rotated by an orthonormal Hadamard
+//! matrix as llama.cpp rotates them (its fast transform, in blocks: [`Deepseek4Config`]'s
+//! `indexer_rotation`) before the keys are stored: every `q · k` is unchanged up to
+//! rounding, but an f16 cache then rounds the values llama.cpp's rounds, and the top-k
+//! selection on these scores picks what it picks.
 
 use std::cell::RefCell;
 
@@ -151,7 +153,8 @@ pub fn attention(
     }
     let compressed = (&c.rope_compressed, eps);
     if let (Some(at), Some(w)) = (stores.compressor, &lw.compressor) {
-        compressor::record(at, w, gguf, rows, xn, memory, compressed, &mut s.compressor)?;
+        let s = &mut s.compressor;
+        compressor::record(at, w, gguf, rows, xn, memory, compressed, None, s)?;
     }
     if let (Some(at), Some(ix)) = (stores.indexer, &lw.indexer) {
         compressor::record(
@@ -162,6 +165,7 @@ pub fn attention(
             xn,
             memory,
             compressed,
+            c.indexer_rotation.as_ref(),
             &mut s.compressor,
         )?;
         select(c, ix, at, gguf, rows, xn, memory, bounds, s)?;
@@ -365,6 +369,9 @@ fn select(
         let heads = &mut iq[t * hi * di..(t + 1) * hi * di];
         c.rope_compressed.angles(r.pos, &mut s.angles);
         c.rope_compressed.apply_tail(heads, di, &s.angles);
+        if let Some(rotation) = &c.indexer_rotation {
+            rotation.rotate_fast(heads);
+        }
         let visible = at.visible(r.pos);
         if visible <= c.indexer_top_k {
             s.selection.push_all();

@@ -1,6 +1,7 @@
 //! Hyperparameters of a DeepSeek-V4 model, read as llama.cpp's `deepseek4` loader reads them,
 //! every count bounded before it sizes anything.
 
+use ferrox_core::hadamard::Hadamard;
 use ferrox_gguf::Gguf;
 use ferrox_moe::{Gating, MoeHparams, RouterConfig};
 
@@ -72,6 +73,10 @@ pub struct Deepseek4Config {
     pub indexer_heads: usize,
     pub indexer_dim: usize,
     pub indexer_top_k: usize,
+    /// The Hadamard rotation llama.cpp always applies to the indexer's queries and keys
+    /// (blocks of the largest power-of-two multiple of 64 that divides Di; none where Di is
+    /// not a multiple of 64, which llama.cpp does not run).
+    pub indexer_rotation: Option<Hadamard>,
     /// RoPE of the window-only layers.
     pub rope_window: Rope,
     /// RoPE of the compressed layers, their compressors and the indexer (YaRN if the file
@@ -228,6 +233,7 @@ impl Deepseek4Config {
             indexer_heads,
             indexer_dim,
             indexer_top_k,
+            indexer_rotation: rotation_blocks(indexer_dim).and_then(Hadamard::new),
             rope_window,
             rope_compressed,
             router,
@@ -299,4 +305,17 @@ fn per_layer_f32(
         }
         Some(_) => Ok(Some(vec![k.f32(name)?; n_layer])),
     }
+}
+
+/// The size of llama.cpp's rotation blocks for an indexer of `dim`: 64, doubled while it
+/// divides `dim` twice over.
+fn rotation_blocks(dim: usize) -> Option<usize> {
+    if dim == 0 || !dim.is_multiple_of(64) {
+        return None;
+    }
+    let mut n = 64;
+    while dim.is_multiple_of(2 * n) {
+        n *= 2;
+    }
+    Some(n)
 }

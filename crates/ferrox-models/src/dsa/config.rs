@@ -1,6 +1,7 @@
 //! Hyperparameters of a DeepSeek Sparse Attention model: the MLA model's, plus the lightning
 //! indexer's and which layers compute their own selection.
 
+use ferrox_core::hadamard::Hadamard;
 use ferrox_gguf::{GgufError, Metadata, Value};
 use ferrox_moe::Gating;
 
@@ -41,6 +42,10 @@ pub struct IndexerConfig {
     /// The MLA's rotation (same frequencies and YaRN corrections) in the indexer's layout.
     pub rope: Rope,
     pub k_norm_eps: f32,
+    /// The Hadamard rotation of queries and keys after RoPE, which llama.cpp always applies
+    /// to these indexers; it has one for power-of-two heads of at least 64 and cannot run
+    /// other sizes, which go unrotated here.
+    pub rotation: Option<Hadamard>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -114,6 +119,7 @@ impl DsaConfig {
                 top_k,
                 rope,
                 k_norm_eps: rules.k_norm_eps,
+                rotation: Hadamard::new(head_dim).filter(|_| head_dim >= 64),
             },
             mla,
             full,

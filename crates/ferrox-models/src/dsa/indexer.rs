@@ -7,10 +7,12 @@
 //! `Σ_h w_h · relu(q_h · k_j)`, and the token attends to the `top_k` best-scoring positions
 //! up to its own ([`ferrox_core::select`]); to all of them while there are no more than `top_k`.
 //!
-//! llama.cpp also multiplies queries and keys by an orthonormal Hadamard matrix, which
-//! leaves every `q · k` unchanged up to rounding; it is left out here. The keys are kept in
-//! the sequence memory's indexer store, one row of Di per position and indexer layer, so they
-//! are paged, shared by prefix and rolled back with the latent rows.
+//! After RoPE, queries and keys are multiplied by an orthonormal Hadamard matrix as llama.cpp
+//! multiplies them ([`ferrox_core::hadamard::Hadamard::rotate_as_product`]): every `q · k` is unchanged up to
+//! rounding, but the keys are rounded to the cache's type rotated, so an f16 cache rounds
+//! what llama.cpp's rounds, and top-k, which selects on these scores, picks what it picks. The keys are kept in the sequence
+//! memory's indexer store, one row of Di per position and indexer layer, so they are paged,
+//! shared by prefix and rolled back with the latent rows.
 
 use ferrox_core::relu_scores::{self, IndexQuery};
 use ferrox_gguf::Gguf;
@@ -133,8 +135,12 @@ pub(crate) fn select(
         key.copy_from_slice(normed);
         c.rope.angles(r.pos, &mut s.angles);
         c.rope.apply(key, di, &s.angles);
-        c.rope
-            .apply(&mut q[t * hi * di..(t + 1) * hi * di], di, &s.angles);
+        let heads = &mut q[t * hi * di..(t + 1) * hi * di];
+        c.rope.apply(heads, di, &s.angles);
+        if let Some(rotation) = &c.rotation {
+            rotation.rotate_as_product(key);
+            rotation.rotate_as_product(heads);
+        }
         memory.write(INDEXER_STORE, r.seq, layer.store_layer, r.pos, key, &[]);
     }
 
