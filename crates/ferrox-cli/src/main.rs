@@ -50,6 +50,8 @@ fn llama_cpp_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::f
         Some("-np") => "--parallel".into(),
         Some("-sys") => "--system".into(),
         Some("-md") => "--model-draft".into(),
+        Some("-ctk") => "--cache-type-k".into(),
+        Some("-ctv") => "--cache-type-v".into(),
         _ => a,
     })
     .collect()

@@ -395,6 +395,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads,
         ctx_size: Some(args.n_depth + args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
+        cache_type_k: None,
+        cache_type_v: None,
         no_repack: args.no_repack,
         mtp: false,
     };

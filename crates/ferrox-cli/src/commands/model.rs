@@ -41,9 +41,16 @@ pub struct ModelArgs {
     /// perplexity as llama-perplexity).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
-    /// Store the KV cache as f32 instead of f16.
-    #[arg(long)]
+    /// Store the KV cache as f32 instead of f16 (as `-ctk f32 -ctv f32`).
+    #[arg(long, conflicts_with_all = ["cache_type_k", "cache_type_v"])]
     pub kv_f32: bool,
+    /// The K cache's element type (`-ctk` as llama.cpp): f16 (default) or f32; llama.cpp's
+    /// quantized types are named but not built yet.
+    #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
+    pub cache_type_k: Option<CacheType>,
+    /// The V cache's element type (`-ctv` as llama.cpp); the same as K's.
+    #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
+    pub cache_type_v: Option<CacheType>,
     /// Keep every matrix in the file's row-major layout (by default the Q4_0, Q4_1, Q5_0,
     /// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked at load where the CPU has AVX2,
     /// as llama.cpp repacks).
@@ -54,7 +61,64 @@ pub struct ModelArgs {
     pub mtp: bool,
 }
 
+/// KV cache element types by llama.cpp's names (`-ctk`, `-ctv`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheType {
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "f16")]
+    F16,
+    #[value(name = "bf16")]
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "iq4_nl")]
+    Iq4Nl,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+}
+
+impl CacheType {
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+}
+
 impl ModelArgs {
+    /// The KV cache's element type: `--kv-f32`, or `-ctk`/`-ctv` (f16 when neither is given).
+    pub fn kv_storage(&self) -> anyhow::Result<KvStorage> {
+        if self.kv_f32 {
+            return Ok(KvStorage::F32);
+        }
+        let k = self.cache_type_k.unwrap_or(CacheType::F16);
+        let v = self.cache_type_v.unwrap_or(k);
+        let built = |t: CacheType| match t {
+            CacheType::F32 => Ok(KvStorage::F32),
+            CacheType::F16 => Ok(KvStorage::F16),
+            other => Err(anyhow::anyhow!(
+                "cache type {} is not built yet: f16 (the default) and f32 are",
+                other.name()
+            )),
+        };
+        let (k_storage, v_storage) = (built(k)?, built(v)?);
+        if k_storage != v_storage {
+            bail!(
+                "-ctk {} with -ctv {}: K and V are cached as one type here; give both the same",
+                k.name(),
+                v.name()
+            );
+        }
+        Ok(k_storage)
+    }
+
     /// The model file: `-m`, `-hf` (fetched if needed) or the default model.
     pub fn path(&self) -> anyhow::Result<PathBuf> {
         match &self.hf_repo {
@@ -105,11 +169,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
     let options = EngineOptions {
         n_ctx: args.ctx_size.unwrap_or(DEFAULT_CTX_SIZE),
         threads: args.threads,
-        kv_storage: if args.kv_f32 {
-            KvStorage::F32
-        } else {
-            KvStorage::F16
-        },
+        kv_storage: args.kv_storage()?,
         repack: !args.no_repack,
         mtp: args.mtp,
     };
@@ -159,4 +219,43 @@ fn with_load_progress<T>(gguf: &Gguf, name: &str, load: impl FnOnce() -> T) -> T
     });
     bar.finish_and_clear();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn storage(args: &[&str]) -> anyhow::Result<KvStorage> {
+        let flags = Flags::try_parse_from(std::iter::once("ferrox").chain(args.iter().copied()))?;
+        flags.model.kv_storage()
+    }
+
+    #[test]
+    fn cache_types_by_llama_cpp_names() {
+        assert_eq!(storage(&[]).unwrap(), KvStorage::F16);
+        assert_eq!(storage(&["--kv-f32"]).unwrap(), KvStorage::F32);
+        let both = ["--cache-type-k", "f32", "--cache-type-v", "f32"];
+        assert_eq!(storage(&both).unwrap(), KvStorage::F32);
+        // V follows K when only K is named.
+        assert_eq!(storage(&["--cache-type-k", "f32"]).unwrap(), KvStorage::F32);
+        assert_eq!(storage(&["--cache-type-v", "f16"]).unwrap(), KvStorage::F16);
+    }
+
+    #[test]
+    fn unbuilt_or_mixed_cache_types_are_refused_by_name() {
+        let err = storage(&["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]).unwrap_err();
+        assert!(err.to_string().contains("q8_0 is not built yet"), "{err}");
+        let err = storage(&["--cache-type-k", "f16", "--cache-type-v", "f32"]).unwrap_err();
+        assert!(err.to_string().contains("one type"), "{err}");
+        assert!(storage(&["--cache-type-k", "q9_9"]).is_err());
+        assert!(storage(&["--kv-f32", "--cache-type-k", "f16"]).is_err());
+    }
 }
