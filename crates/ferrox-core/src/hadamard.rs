@@ -19,6 +19,10 @@ use crate::kernels::{best_isa, Isa};
 /// Lanes of the product's partial sums.
 const LANES: usize = 8;
 
+/// The largest rotation built: a row is copied to the stack while it is multiplied, so that
+/// rotating allocates nothing.
+pub const MAX_LEN: usize = 1024;
+
 /// The rotation of one size: its matrix, row by row, as llama.cpp fills it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hadamard {
@@ -28,9 +32,9 @@ pub struct Hadamard {
 
 impl Hadamard {
     /// The rotation of `n` values; `None` unless `n` is a power of two (the only sizes it
-    /// exists in).
+    /// exists in) of at most [`MAX_LEN`].
     pub fn new(n: usize) -> Option<Self> {
-        if !n.is_power_of_two() {
+        if !n.is_power_of_two() || n > MAX_LEN {
             return None;
         }
         // llama.cpp divides in double precision, then stores the f32.
@@ -91,18 +95,19 @@ impl Hadamard {
     pub fn rotate_as_product_with(&self, isa: Isa, x: &mut [f32]) {
         let n = self.n;
         assert_eq!(x.len() % n, 0, "rows of {n} values");
-        let mut src = vec![0f32; n];
+        let mut copy = [0f32; MAX_LEN];
+        let src = &mut copy[..n];
         for row in x.chunks_exact_mut(n) {
             src.copy_from_slice(row);
             #[cfg(target_arch = "x86_64")]
             if n >= LANES && isa.is_available() && isa.has_avx2() {
                 // SAFETY: AVX2 and FMA were detected; `src` and `row` hold `n` values, a
                 // multiple of the 8 lanes, and the matrix `n * n`.
-                unsafe { x86::product_avx2(&self.matrix, &src, row) };
+                unsafe { x86::product_avx2(&self.matrix, src, row) };
                 continue;
             }
             let _ = isa;
-            product_reference(&self.matrix, &src, row);
+            product_reference(&self.matrix, src, row);
         }
     }
 }
@@ -185,6 +190,7 @@ mod tests {
         assert!(Hadamard::new(1).is_some());
         assert!(Hadamard::new(96).is_none());
         assert!(Hadamard::new(0).is_none());
+        assert!(Hadamard::new(2 * MAX_LEN).is_none());
     }
 
     #[test]
