@@ -61,8 +61,10 @@ AWKWARD_KINDS = 8
 class Fmt:
     """ggml's geometry for one type (ggml-common.h), and where its scales live."""
 
-    def __init__(self, name, qtype, elems, nbytes, f16_fields=(), f32_fields=(), c_name=None):
+    def __init__(self, name, qtype, elems, nbytes, f16_fields=(), f32_fields=(), c_name=None,
+                 e8m0_fields=()):
         self.name = name
+        self.e8m0_fields = e8m0_fields  # byte offsets of E8M0 (power-of-two) scales
         self.qtype = qtype
         self.elems = elems
         self.nbytes = nbytes
@@ -91,6 +93,7 @@ FORMATS = {
         Fmt("Q8_K", Q.Q8_K, 256, 292, f32_fields=(0,), c_name="q8_K"),
         Fmt("IQ4_NL", Q.IQ4_NL, 32, 18, (0,), c_name="iq4_nl"),
         Fmt("IQ4_XS", Q.IQ4_XS, 256, 136, (0,), c_name="iq4_xs"),
+        Fmt("MXFP4", Q.MXFP4, 32, 17, c_name="mxfp4", e8m0_fields=(0,)),
     ]
 }
 
@@ -99,12 +102,12 @@ QUANT_TYPES = [
     "F32", "F16", "BF16",
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-    "IQ4_NL", "IQ4_XS",
+    "IQ4_NL", "IQ4_XS", "MXFP4",
 ]  # fmt: skip
 
 # Conversions gguf-py implements in numpy (its Q8_1 would also have the wrong size).
 NUMPY_DEQUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}  # fmt: skip
+                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"}  # fmt: skip
 NUMPY_QUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
@@ -253,6 +256,11 @@ def random_blocks(name: str) -> np.ndarray:
     blocks = rng.integers(0, 256, size=(BLOCKS_PER_FIXTURE, fmt.nbytes), dtype=np.uint8)
     for off in fmt.f16_fields:
         blocks[:, off : off + 2] = random_scale_bits(rng, BLOCKS_PER_FIXTURE).view(np.uint8).reshape(-1, 2)
+    for off in fmt.e8m0_fields:
+        # Exponents around 1 in both directions, and the two whose half is subnormal.
+        e = rng.integers(100, 150, size=BLOCKS_PER_FIXTURE)
+        e[1], e[2] = 0, 1
+        blocks[:, off] = e
     for off in fmt.f32_fields:
         mags = 10.0 ** rng.uniform(-4.0, 0.0, size=BLOCKS_PER_FIXTURE)
         vals = (mags * rng.choice([-1.0, 1.0], size=BLOCKS_PER_FIXTURE)).astype(np.float32)

@@ -17,7 +17,7 @@ use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMa
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 15] = [
+const ALL_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -33,6 +33,7 @@ const ALL_TYPES: [GgmlType; 15] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
     GgmlType::Iq4Xs,
+    GgmlType::Mxfp4,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -103,6 +104,11 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
     }
     rng.fill(&mut bytes[..]);
     for block in bytes.chunks_exact_mut(block_bytes(ty)) {
+        if ty == GgmlType::Mxfp4 {
+            // A power-of-two scale between 2^-12 and 2^0 (E8M0, halved as ggml does).
+            block[0] = rng.random_range(116..=128);
+            continue;
+        }
         for &at in f16_fields(ty) {
             let scale = half::f16::from_f32(rng.random_range(-2.0f32..2.0) * 1e-2);
             block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
@@ -399,6 +405,11 @@ fn extreme_blocks_agree() {
                 w = weight_row(&mut rng, ty, cols);
             } else {
                 for block in w.chunks_exact_mut(block_bytes(ty)) {
+                    if ty == GgmlType::Mxfp4 {
+                        // As large as f16::MAX (2^16), as a power of two.
+                        block[0] = 128 + 16;
+                        continue;
+                    }
                     for &at in f16_fields(ty) {
                         block[at..at + 2].copy_from_slice(&half::f16::MAX.to_le_bytes());
                     }

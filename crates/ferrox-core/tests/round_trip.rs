@@ -50,6 +50,7 @@ const RELATIVE_RMS_LIMITS: &[(GgmlType, f32)] = &[
     (GgmlType::Q4K, 0.1),
     (GgmlType::Iq4Nl, 0.12),
     (GgmlType::Iq4Xs, 0.12),
+    (GgmlType::Mxfp4, 0.16),
     (GgmlType::Q3K, 0.25),
     (GgmlType::Q2K, 0.5),
 ];

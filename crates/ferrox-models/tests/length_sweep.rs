@@ -1,13 +1,14 @@
 //! Every context length against llama.cpp: for each sweep model (every synthetic family with
-//! F32 matrices, two small all-F32 MLA models, `synthetic::SWEEP_MODELS`, the Kimi Linear
+//! F32 matrices, two small all-F32 MLA models, `synthetic::SWEEP_MODELS`, qwen3moe with MXFP4
+//! experts as `llama-quantize ... MXFP4_MOE` leaves them and every other matrix F32, the Kimi Linear
 //! and Kimi-K3 models of `synthetic/kimi.rs`, the DeepSeek Sparse Attention models of
 //! `synthetic/dsa.rs` and the DeepSeek-V4 model of `synthetic/deepseek4.rs`) and each prompt
 //! length p from 1 to 160, the prompt is prefilled as one batch, llama.cpp's greedy
 //! continuation is followed for a few tokens, and then the rest of the sequence is decoded
 //! token by token (teacher-forced). At every step the log-probabilities of llama.cpp's five
 //! most likely tokens must match ours within 1e-4: with F32 weights and an f32 cache on both
-//! sides (llama.cpp with flash attention off) only the order of summation differs. MLA models
-//! run in both attention forms.
+//! sides (llama.cpp with flash attention off) only the order of summation differs (with
+//! MXFP4 experts, see `QUANTIZED_EXPERTS_TOLERANCE`). MLA models run in both attention forms.
 //!
 //! A step bug that shows only at some lengths (a micro-batch boundary, a cache growth, a
 //! choice between two code paths by size) cannot hide from this: every length is a prompt
@@ -44,8 +45,18 @@ const TOLERANCE: f64 = 1e-4;
 /// models: 1.3e-6); ours moves by up to 2.9e-4.
 const GELU_TOLERANCE: f64 = 5e-4;
 
+/// With quantized experts both engines round each activation to Q8_0 codes (identically,
+/// from identical inputs), so a summation-order difference upstream that moves an input
+/// across a code boundary moves that expert's output by a whole code step, and the change
+/// carries on through the cache. On qwen3moe with MXFP4 experts ours differs by at most
+/// 2.4e-2 over its 15,440 steps; llama.cpp with flash attention on and off (f32 cache) differs
+/// from itself by up to 0.63 on the same file (2.6e-3 with F32 experts).
+const QUANTIZED_EXPERTS_TOLERANCE: f64 = 5e-2;
+
 fn tolerance(name: &str) -> f64 {
-    if name.starts_with("gemma") {
+    if name.ends_with(".mxfp4") {
+        QUANTIZED_EXPERTS_TOLERANCE
+    } else if name.starts_with("gemma") {
         GELU_TOLERANCE
     } else {
         TOLERANCE
@@ -586,4 +597,5 @@ sweep_tests! {
     mistral4 => "mistral4.f32",
     deepseek2_sweep => "deepseek2-sweep",
     mistral4_sweep => "mistral4-sweep",
+    qwen3moe_mxfp4 => "qwen3moe.mxfp4",
 }

@@ -1,9 +1,10 @@
 //! Scalar reference dot products of the 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! IQ4_NL) with Q8_0 or Q8_1 activations, following ggml's `_generic` code: an exact
+//! IQ4_NL, MXFP4) with Q8_0 or Q8_1 activations, following ggml's `_generic` code: an exact
 //! integer sum per block, then one float step per block in ggml's operand order.
 
 use super::ScalarDot;
 use crate::quant::bits::{read_f16, unpack_nibbles};
+use crate::quant::fp4::{self, e8m0_half, Mxfp4};
 use crate::quant::iq4::{Iq4Nl, LEVELS};
 use crate::quant::legacy::{LowBitBlock, Q8Block, Q8_0, Q8_1};
 use crate::quant::BlockFormat;
@@ -78,6 +79,20 @@ impl LegacyWeights for Iq4Nl {
     }
 }
 
+impl LegacyWeights for Mxfp4 {
+    type Activation = Q8_0;
+
+    fn product_codes(block: &[u8]) -> [i8; QK] {
+        let mut codes = [0u8; QK];
+        unpack_nibbles(&block[1..], &mut codes);
+        codes.map(|code| fp4::LEVELS[usize::from(code)])
+    }
+
+    fn accumulate(sumf: f32, sumi: i32, w: &[u8], x: &[u8]) -> f32 {
+        sumf + (activation_scale(x) * e8m0_half(w[0])) * sumi as f32
+    }
+}
+
 fn legacy_dot<W: LegacyWeights>(w: &[u8], x: &[u8]) -> f32 {
     // Both activation formats end with their 32 codes.
     let codes_at = W::Activation::BYTES - QK;
@@ -106,6 +121,12 @@ impl ScalarDot for Q8_0 {
 }
 
 impl ScalarDot for Iq4Nl {
+    fn dot(w: &[u8], x: &[u8]) -> f32 {
+        legacy_dot::<Self>(w, x)
+    }
+}
+
+impl ScalarDot for Mxfp4 {
     fn dot(w: &[u8], x: &[u8]) -> f32 {
         legacy_dot::<Self>(w, x)
     }

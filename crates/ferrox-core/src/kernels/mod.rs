@@ -307,10 +307,11 @@ pub(crate) enum WeightKind {
     Q5K,
     Q6K,
     Iq4Xs,
+    Mxfp4,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 15] = [
+    const ALL: [WeightKind; 16] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -326,6 +327,7 @@ impl WeightKind {
         WeightKind::Q5K,
         WeightKind::Q6K,
         WeightKind::Iq4Xs,
+        WeightKind::Mxfp4,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -346,6 +348,7 @@ impl WeightKind {
             T::Q5K => Self::Q5K,
             T::Q6K => Self::Q6K,
             T::Iq4Xs => Self::Iq4Xs,
+            T::Mxfp4 => Self::Mxfp4,
             _ => return None,
         })
     }
@@ -356,7 +359,7 @@ impl WeightKind {
             K::F32 => GgmlType::F32,
             K::F16 => GgmlType::F16,
             K::Bf16 => GgmlType::Bf16,
-            K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl => GgmlType::Q8_0,
+            K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
             K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs => GgmlType::Q8K,
         }
@@ -409,6 +412,7 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Q5K => scalar_entry::<quant::kquants::Q5K>(),
         K::Q6K => scalar_entry::<quant::kquants::Q6K>(),
         K::Iq4Xs => scalar_entry::<quant::iq4::Iq4Xs>(),
+        K::Mxfp4 => scalar_entry::<quant::fp4::Mxfp4>(),
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub(crate) mod bits;
 mod float;
+pub(crate) mod fp4;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
@@ -96,6 +97,7 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Q8K => dequantize_blocks::<kquants::Q8K>,
         T::Iq4Nl => dequantize_blocks::<iq4::Iq4Nl>,
         T::Iq4Xs => dequantize_blocks::<iq4::Iq4Xs>,
+        T::Mxfp4 => dequantize_blocks::<fp4::Mxfp4>,
         _ => return None,
     })
 }
@@ -120,6 +122,7 @@ fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         T::Q8K => quantize_blocks::<kquants::Q8K>,
         T::Iq4Nl => quantize_blocks::<iq4::Iq4Nl>,
         T::Iq4Xs => quantize_blocks::<iq4::Iq4Xs>,
+        T::Mxfp4 => quantize_blocks::<fp4::Mxfp4>,
         _ => return None,
     })
 }
@@ -262,6 +265,7 @@ mod tests {
         check::<kquants::Q8K>(GgmlType::Q8K);
         check::<iq4::Iq4Nl>(GgmlType::Iq4Nl);
         check::<iq4::Iq4Xs>(GgmlType::Iq4Xs);
+        check::<fp4::Mxfp4>(GgmlType::Mxfp4);
     }
 
     #[test]

@@ -94,23 +94,42 @@ pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep"];
 /// Tokens in a sweep model's sequence: every prompt length up to this is checked.
 pub const SWEEP_TOKENS: usize = 160;
 
+/// MoE families swept with MXFP4 experts (`<family>.mxfp4`: what `llama-quantize ...
+/// MXFP4_MOE` makes of the experts) and every other matrix F32.
+pub const MXFP4_SWEEP_FAMILIES: &[&str] = &["qwen3moe"];
+
 /// The context-length sweep's models: every family as `<family>.f32` (every matrix F32), then
-/// [`SWEEP_MODELS`].
+/// [`SWEEP_MODELS`], then the MXFP4-expert models.
 pub fn sweep_models() -> Vec<String> {
     FAMILIES
         .iter()
         .map(|f| format!("{f}.f32"))
         .chain(SWEEP_MODELS.iter().map(|m| m.to_string()))
+        .chain(MXFP4_SWEEP_FAMILIES.iter().map(|f| format!("{f}.mxfp4")))
         .collect()
 }
 
 /// The family a sweep model is built from.
 pub fn sweep_arch(name: &str) -> &str {
-    name.strip_suffix(".f32").unwrap_or(name)
+    name.strip_suffix(".f32")
+        .or_else(|| name.strip_suffix(".mxfp4"))
+        .unwrap_or(name)
 }
 
 /// A sweep model's GGUF bytes.
 pub fn sweep_gguf_bytes(name: &str) -> Vec<u8> {
+    if let Some(family) = name.strip_suffix(".mxfp4") {
+        let mut s = spec(family);
+        assert!(s.moe.is_some(), "{family} has no experts");
+        s.types = Types {
+            output: s.types.output.map(|_| GgmlType::F32),
+            gate: GgmlType::Mxfp4,
+            up: GgmlType::Mxfp4,
+            down: GgmlType::Mxfp4,
+            ..Types::same(GgmlType::F32)
+        };
+        return spec_gguf_bytes(s);
+    }
     match name.strip_suffix(".f32") {
         Some(family) => gguf_bytes_with(family, Some(GgmlType::F32)),
         None => gguf_bytes(name),
@@ -798,6 +817,11 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
             ..Types::same(ty)
         };
     }
+    spec_gguf_bytes(s)
+}
+
+/// The model a spec describes.
+fn spec_gguf_bytes(s: Spec) -> Vec<u8> {
     if let Some(m) = s.mla.clone() {
         return mla_gguf_bytes(&s, &m);
     }

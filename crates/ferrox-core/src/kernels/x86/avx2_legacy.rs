@@ -11,6 +11,7 @@ use super::avx2_common::{
     bits_to_byte_mask, f16_at, f16_product, f16x4, hsum_ggml, hsum_i32, load_32, pair_sums_signed,
     pair_sums_unsigned, quads, split_nibbles, zeros,
 };
+use crate::quant::fp4::{self, e8m0_half};
 use crate::quant::iq4::LEVELS;
 
 const Q8_0_BYTES: usize = 34;
@@ -43,6 +44,17 @@ pub(super) trait LegacyAvx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     unsafe fn codes(block: &[u8]) -> __m256i;
+
+    /// The product of the weight block's and the activation block's scales (both f16 at
+    /// their start, unless the format says otherwise).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale(block: &[u8], activation: &[u8]) -> f32 {
+        f16_product(block, activation)
+    }
 }
 
 pub(super) struct Q4_0Avx2;
@@ -51,6 +63,7 @@ pub(super) struct Q5_0Avx2;
 pub(super) struct Q5_1Avx2;
 pub(super) struct Q8_0Avx2;
 pub(super) struct Iq4NlAvx2;
+pub(super) struct Mxfp4Avx2;
 
 /// The fifth bits of Q5_0/Q5_1 as a byte mask.
 #[inline]
@@ -132,7 +145,13 @@ impl LegacyAvx2 for Q8_0Avx2 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn iq4_levels(indices: __m256i) -> __m256i {
-    let l = LEVELS;
+    levels(LEVELS, indices)
+}
+
+/// A 16-entry table looked up for 32 nibble indices by byte shuffle.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn levels(l: [i8; 16], indices: __m256i) -> __m256i {
     let table = _mm_setr_epi8(
         l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13],
         l[14], l[15],
@@ -150,6 +169,26 @@ impl LegacyAvx2 for Iq4NlAvx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn codes(block: &[u8]) -> __m256i {
         iq4_levels(split_nibbles(&block[2..]))
+    }
+}
+
+impl LegacyAvx2 for Mxfp4Avx2 {
+    const BYTES: usize = 17;
+    const ACTIVATION_BYTES: usize = Q8_0_BYTES;
+    const SIGNED: bool = true;
+    const ACCUMULATION: Accumulation = Accumulation::PairedBlocks;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn codes(block: &[u8]) -> __m256i {
+        levels(fp4::LEVELS, split_nibbles(&block[1..]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale(block: &[u8], activation: &[u8]) -> f32 {
+        // ggml: the activation's f16 scale times half the weight's E8M0 scale.
+        f16_at(activation, 0) * e8m0_half(block[0])
     }
 }
 
@@ -184,7 +223,8 @@ macro_rules! add_block {
                 *acc = _mm256_fmadd_ps(d, sums, *acc);
                 *summs = _mm_fmadd_ps(scales, act, *summs);
             } else {
-                let d = _mm256_set1_ps(f16_product(wb, xb));
+                // SAFETY: as above.
+                let d = _mm256_set1_ps(unsafe { <$L>::scale(wb, xb) });
                 *acc = _mm256_fmadd_ps(d, sums, *acc);
             }
         }
@@ -233,7 +273,7 @@ pub(super) fn legacy_dot<L: LegacyAvx2, const N: usize>(w: &[u8], xs: [&[u8]; N]
             let xb = &xs[t][(blocks - 1) * L::ACTIVATION_BYTES..];
             // SAFETY: this function runs with AVX2, FMA and F16C enabled.
             let sums = block_sums::<L>(unsafe { L::codes(last) }, xb);
-            sum += (f16_at(xb, 0) * f16_at(last, 0)) * hsum_i32(sums) as f32;
+            sum += unsafe { L::scale(last, xb) } * hsum_i32(sums) as f32;
         }
         sum
     })

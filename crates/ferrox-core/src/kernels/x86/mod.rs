@@ -51,7 +51,9 @@ macro_rules! avx2_entry {
 pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
     use avx2_float::{float_dot, Bf16Lanes, F16Lanes, F32Lanes};
     use avx2_kquants::{super_block_dot, Iq4XsAvx2, Q2KAvx2, Q3KAvx2, Q4KAvx2, Q5KAvx2, Q6KAvx2};
-    use avx2_legacy::{legacy_dot, Iq4NlAvx2, Q4_0Avx2, Q4_1Avx2, Q5_0Avx2, Q5_1Avx2, Q8_0Avx2};
+    use avx2_legacy::{
+        legacy_dot, Iq4NlAvx2, Mxfp4Avx2, Q4_0Avx2, Q4_1Avx2, Q5_0Avx2, Q5_1Avx2, Q8_0Avx2,
+    };
     use WeightKind as K;
 
     if !avx2_detected() {
@@ -73,6 +75,7 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Q5K => avx2_entry!(super_block_dot::<Q5KAvx2, N>),
         K::Q6K => avx2_entry!(super_block_dot::<Q6KAvx2, N>),
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
+        K::Mxfp4 => avx2_entry!(legacy_dot::<Mxfp4Avx2, N>),
     })
 }
 

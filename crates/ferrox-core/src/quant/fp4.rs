@@ -1,0 +1,110 @@
+//! MXFP4 (the OCP microscaling format gpt-oss and DeepSeek-V4 releases ship their experts
+//! in): 32 values per block, each a 4-bit E2M1 code, sharing one E8M0 scale (a bare
+//! power-of-two exponent). Layout: the exponent byte `e`, then 16 bytes of nibbles (value
+//! `j` in the low nibble of byte `j`, value `j + 16` in its high nibble).
+//!
+//! As in ggml, the codes stand for twice their E2M1 value (integers, so the dot product
+//! stays in integers) and the scale is halved to match: value = 2^(e − 128) · level.
+
+use super::bits::{pack_nibbles, unpack_nibbles};
+use super::{BlockFormat, QuantizeBlock};
+
+/// ggml's `kvalues_mxfp4`: the E2M1 values, doubled.
+pub(crate) const LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+const QK: usize = 32;
+
+/// Half the E8M0 scale `e`: `2^(e − 128)`, with ggml's patterns for the two exponents
+/// whose half is subnormal (`e` 255 gives 2^127, not NaN, as in ggml).
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+pub(crate) struct Mxfp4;
+
+impl BlockFormat for Mxfp4 {
+    const ELEMS: usize = QK;
+    const BYTES: usize = 1 + QK / 2;
+
+    fn dequantize_block(block: &[u8], out: &mut [f32]) {
+        let d = e8m0_half(block[0]);
+        let mut codes = [0u8; QK];
+        unpack_nibbles(&block[1..], &mut codes);
+        for (y, &code) in out.iter_mut().zip(&codes) {
+            *y = d * f32::from(LEVELS[usize::from(code)]);
+        }
+    }
+}
+
+/// The code whose level times `d` is nearest to `x`, the first on a tie (ggml's
+/// `best_index_mxfp4`).
+fn nearest_code(x: f32, d: f32) -> u8 {
+    let mut best = 0;
+    let mut best_err = (f32::from(LEVELS[0]) * d - x).abs();
+    for (i, &level) in LEVELS.iter().enumerate().skip(1) {
+        let err = (f32::from(level) * d - x).abs();
+        if err < best_err {
+            best = i;
+            best_err = err;
+        }
+    }
+    best as u8
+}
+
+impl QuantizeBlock for Mxfp4 {
+    /// ggml's `quantize_row_mxfp4_ref`: the exponent puts the largest magnitude in the
+    /// top binade of the levels (`floor(log2(amax)) − 2`), then each value takes its
+    /// nearest level.
+    fn quantize_block(src: &[f32], block: &mut [u8]) {
+        let amax = src
+            .iter()
+            .fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
+        let e = if amax > 0.0 {
+            // ggml's C cast of the float to u8 as x86 compilers emit it: through an i32,
+            // keeping the low byte (a block below 2^-125 wraps rather than clamps).
+            (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+        } else {
+            0
+        };
+        block[0] = e;
+        let d = e8m0_half(e);
+        let codes: [u8; QK] = std::array::from_fn(|j| nearest_code(src[j], d));
+        pack_nibbles(&codes, &mut block[1..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_scales_are_powers_of_two() {
+        assert_eq!(e8m0_half(128), 1.0);
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(130), 4.0);
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_half(255), 2f32.powi(127));
+    }
+
+    #[test]
+    fn round_trip_keeps_the_levels() {
+        // Values on the grid come back exactly.
+        let src: Vec<f32> = (0..QK).map(|j| f32::from(LEVELS[j % 16]) * 0.25).collect();
+        let mut block = [0u8; Mxfp4::BYTES];
+        Mxfp4::quantize_block(&src, &mut block);
+        let mut out = [0f32; QK];
+        Mxfp4::dequantize_block(&block, &mut out);
+        assert_eq!(out.to_vec(), src);
+        // An all-zero block has exponent 0 and decodes to zeros.
+        Mxfp4::quantize_block(&[0.0; QK], &mut block);
+        assert_eq!(block[0], 0);
+        Mxfp4::dequantize_block(&block, &mut out);
+        assert!(out.iter().all(|&v| v == 0.0));
+    }
+}
