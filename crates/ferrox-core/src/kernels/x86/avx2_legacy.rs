@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{
-    bits_to_byte_mask, f16_at, f16_product, f16x4, hsum_ggml, hsum_i32, load_32, pair_sums_signed,
+    bits_to_byte_mask, f16_product, f16x4, hsum_ggml, hsum_i32, load_32, pair_sums_signed,
     pair_sums_unsigned, quads, split_nibbles, zeros,
 };
 use crate::quant::fp4::{self, e8m0_half};
@@ -187,8 +187,11 @@ impl LegacyAvx2 for Mxfp4Avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scale(block: &[u8], activation: &[u8]) -> f32 {
-        // ggml: the activation's f16 scale times half the weight's E8M0 scale.
-        f16_at(activation, 0) * e8m0_half(block[0])
+        // ggml: the activation's f16 scale (converted with F16C) times half the weight's
+        // E8M0 scale.
+        let d = i32::from(u16::from_le_bytes([activation[0], activation[1]]));
+        let dy = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d)));
+        dy * e8m0_half(block[0])
     }
 }
 
