@@ -55,6 +55,7 @@ TYPES = {
     "IQ4_NL": (20, 32, 18, "quantize_row_iq4_nl_ref"),
     "IQ4_XS": (23, 256, 136, "quantize_row_iq4_xs_ref"),
     "MXFP4": (39, 32, 17, "quantize_row_mxfp4_ref"),
+    "TQ2_0": (35, 256, 66, "quantize_row_tq2_0_ref"),
 }
 # Activation types: id, block values, block bytes.
 DOT_TYPES = {8: (32, 34), 9: (32, 36), 15: (256, 292)}

@@ -94,6 +94,7 @@ FORMATS = {
         Fmt("IQ4_NL", Q.IQ4_NL, 32, 18, (0,), c_name="iq4_nl"),
         Fmt("IQ4_XS", Q.IQ4_XS, 256, 136, (0,), c_name="iq4_xs"),
         Fmt("MXFP4", Q.MXFP4, 32, 17, c_name="mxfp4", e8m0_fields=(0,)),
+        Fmt("TQ2_0", Q.TQ2_0, 256, 66, (64,), c_name="tq2_0"),
     ]
 }
 
@@ -102,12 +103,12 @@ QUANT_TYPES = [
     "F32", "F16", "BF16",
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-    "IQ4_NL", "IQ4_XS", "MXFP4",
+    "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0",
 ]  # fmt: skip
 
 # Conversions gguf-py implements in numpy (its Q8_1 would also have the wrong size).
 NUMPY_DEQUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"}  # fmt: skip
+                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0"}  # fmt: skip
 NUMPY_QUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 

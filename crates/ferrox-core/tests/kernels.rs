@@ -17,7 +17,7 @@ use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMa
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 16] = [
+const ALL_TYPES: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -34,6 +34,7 @@ const ALL_TYPES: [GgmlType; 16] = [
     GgmlType::Q6K,
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
+    GgmlType::Tq2_0,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -75,14 +76,18 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         T::Q2K => &[80, 82],
         T::Q3K => &[108],
         T::Q6K => &[208],
+        T::Tq2_0 => &[64],
         _ => &[0],
     }
 }
 
-/// Byte ranges of the codes (not scales) of the formats that subtract a minimum.
+/// Byte ranges of the codes (not scales) of the formats that subtract a minimum. TQ2_0
+/// counts among them: its kernels multiply the codes 0..2 and subtract the activations'
+/// sums once (a minimum of −d), so their partial sums are as large as an affine format's.
 fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
     use GgmlType as T;
     match ty {
+        T::Tq2_0 => Some(0..64),
         T::Q4_1 => Some(4..20),
         T::Q5_1 => Some(4..24),
         T::Q2K => Some(16..80),

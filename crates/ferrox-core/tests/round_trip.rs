@@ -51,6 +51,8 @@ const RELATIVE_RMS_LIMITS: &[(GgmlType, f32)] = &[
     (GgmlType::Iq4Nl, 0.12),
     (GgmlType::Iq4Xs, 0.12),
     (GgmlType::Mxfp4, 0.16),
+    // Ternary: made for weights trained ternary; Gaussian data keeps only signs and zeros.
+    (GgmlType::Tq2_0, 0.9),
     (GgmlType::Q3K, 0.25),
     (GgmlType::Q2K, 0.5),
 ];

@@ -21,8 +21,8 @@
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
 //! likewise.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
-//! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), the MoE families with MXFP4
-//! experts (`synthetic::MXFP4_SWEEP_FAMILIES`, every other matrix F32), each with a
+//! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), the low-bit models
+//! (`synthetic::LOW_BIT_SWEEPS`: MXFP4 experts, TQ2_0 matrices), each with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; one `name path bytes` line each.
 
 #[path = "../tests/synthetic/mod.rs"]

@@ -1,5 +1,5 @@
-//! Scalar reference dot products of the 256-value formats (Q2_K..Q6_K, IQ4_XS) with Q8_K
-//! activations, following ggml's `_generic` code.
+//! Scalar reference dot products of the 256-value formats (Q2_K..Q6_K, IQ4_XS, TQ2_0) with
+//! Q8_K activations, following ggml's `_generic` code.
 //!
 //! Q3_K..Q6_K share ggml's eight-lane shape: lane `l` sums `scale·code·q8` over the values
 //! whose index is `l` mod 8, each super-block's lanes are scaled by `d` into eight float
@@ -13,6 +13,7 @@ use crate::quant::kquants::q8_k::{CODES_AT as Q8K_CODES_AT, SUMS_AT as Q8K_SUMS_
 use crate::quant::kquants::{
     q2_k, q3_k, q6_k, scale_min_k4, unpack_two_bit_codes, Q2K, Q3K, Q6K, Q8K, QK_K,
 };
+use crate::quant::ternary::{tq2_code, Tq2_0, TQ2_CODES};
 use crate::quant::BlockFormat;
 
 /// A Q8_K activation block: its scale, codes and the sums of each group of 16 codes.
@@ -197,5 +198,18 @@ impl ScalarDot for Iq4Xs {
             }
         }
         sumf
+    }
+}
+
+impl ScalarDot for Tq2_0 {
+    /// One exact integer sum of `(code − 1)·q8` per super-block, then
+    /// `sumf += sumi · (d_x · d_w)`.
+    fn dot(w: &[u8], x: &[u8]) -> f32 {
+        super_blocks::<Tq2_0>(w, x).fold(0.0f32, |sumf, (wb, q8)| {
+            let sumi: i32 = (0..QK_K)
+                .map(|e| q8.code(e) * (i32::from(tq2_code(wb, e)) - 1))
+                .sum();
+            sumf + sumi as f32 * (q8.d * read_f16(wb, TQ2_CODES))
+        })
     }
 }

@@ -308,10 +308,11 @@ pub(crate) enum WeightKind {
     Q6K,
     Iq4Xs,
     Mxfp4,
+    Tq2_0,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 16] = [
+    const ALL: [WeightKind; 17] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -328,6 +329,7 @@ impl WeightKind {
         WeightKind::Q6K,
         WeightKind::Iq4Xs,
         WeightKind::Mxfp4,
+        WeightKind::Tq2_0,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -349,6 +351,7 @@ impl WeightKind {
             T::Q6K => Self::Q6K,
             T::Iq4Xs => Self::Iq4Xs,
             T::Mxfp4 => Self::Mxfp4,
+            T::Tq2_0 => Self::Tq2_0,
             _ => return None,
         })
     }
@@ -361,7 +364,7 @@ impl WeightKind {
             K::Bf16 => GgmlType::Bf16,
             K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
-            K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs => GgmlType::Q8K,
+            K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
         }
     }
 }
@@ -413,6 +416,7 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Q6K => scalar_entry::<quant::kquants::Q6K>(),
         K::Iq4Xs => scalar_entry::<quant::iq4::Iq4Xs>(),
         K::Mxfp4 => scalar_entry::<quant::fp4::Mxfp4>(),
+        K::Tq2_0 => scalar_entry::<quant::ternary::Tq2_0>(),
     }
 }
 

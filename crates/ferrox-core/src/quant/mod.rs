@@ -11,6 +11,7 @@ pub(crate) mod fp4;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
+pub(crate) mod ternary;
 
 use ferrox_gguf::GgmlType;
 
@@ -98,6 +99,7 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Iq4Nl => dequantize_blocks::<iq4::Iq4Nl>,
         T::Iq4Xs => dequantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => dequantize_blocks::<fp4::Mxfp4>,
+        T::Tq2_0 => dequantize_blocks::<ternary::Tq2_0>,
         _ => return None,
     })
 }
@@ -123,6 +125,7 @@ fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         T::Iq4Nl => quantize_blocks::<iq4::Iq4Nl>,
         T::Iq4Xs => quantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => quantize_blocks::<fp4::Mxfp4>,
+        T::Tq2_0 => quantize_blocks::<ternary::Tq2_0>,
         _ => return None,
     })
 }
@@ -266,6 +269,7 @@ mod tests {
         check::<iq4::Iq4Nl>(GgmlType::Iq4Nl);
         check::<iq4::Iq4Xs>(GgmlType::Iq4Xs);
         check::<fp4::Mxfp4>(GgmlType::Mxfp4);
+        check::<ternary::Tq2_0>(GgmlType::Tq2_0);
     }
 
     #[test]

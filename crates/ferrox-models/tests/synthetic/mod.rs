@@ -94,39 +94,59 @@ pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep"];
 /// Tokens in a sweep model's sequence: every prompt length up to this is checked.
 pub const SWEEP_TOKENS: usize = 160;
 
-/// MoE families swept with MXFP4 experts (`<family>.mxfp4`: what `llama-quantize ...
-/// MXFP4_MOE` makes of the experts) and every other matrix F32.
-pub const MXFP4_SWEEP_FAMILIES: &[&str] = &["qwen3moe"];
+/// Families swept with low-bit matrices, as `<family>.<type>`: a MoE family's experts in that
+/// type (what `llama-quantize ... MXFP4_MOE` makes of them), a dense family's every matrix
+/// but the embedding and the output; every other matrix F32.
+pub const LOW_BIT_SWEEPS: &[(&str, GgmlType)] =
+    &[("qwen3moe", GgmlType::Mxfp4), ("llama", GgmlType::Tq2_0)];
 
 /// The context-length sweep's models: every family as `<family>.f32` (every matrix F32), then
-/// [`SWEEP_MODELS`], then the MXFP4-expert models.
+/// [`SWEEP_MODELS`], then [`LOW_BIT_SWEEPS`].
 pub fn sweep_models() -> Vec<String> {
     FAMILIES
         .iter()
         .map(|f| format!("{f}.f32"))
         .chain(SWEEP_MODELS.iter().map(|m| m.to_string()))
-        .chain(MXFP4_SWEEP_FAMILIES.iter().map(|f| format!("{f}.mxfp4")))
+        .chain(
+            LOW_BIT_SWEEPS
+                .iter()
+                .map(|(f, ty)| format!("{f}.{}", ty.name().to_ascii_lowercase())),
+        )
         .collect()
 }
 
 /// The family a sweep model is built from.
 pub fn sweep_arch(name: &str) -> &str {
-    name.strip_suffix(".f32")
-        .or_else(|| name.strip_suffix(".mxfp4"))
-        .unwrap_or(name)
+    name.split_once('.').map_or(name, |(family, _)| family)
+}
+
+/// The low-bit type of a sweep model from [`LOW_BIT_SWEEPS`].
+pub fn low_bit_type(name: &str) -> Option<GgmlType> {
+    let (family, ty) = name.split_once('.')?;
+    LOW_BIT_SWEEPS
+        .iter()
+        .find(|(f, t)| *f == family && t.name().eq_ignore_ascii_case(ty))
+        .map(|(_, t)| *t)
 }
 
 /// A sweep model's GGUF bytes.
 pub fn sweep_gguf_bytes(name: &str) -> Vec<u8> {
-    if let Some(family) = name.strip_suffix(".mxfp4") {
-        let mut s = spec(family);
-        assert!(s.moe.is_some(), "{family} has no experts");
-        s.types = Types {
-            output: s.types.output.map(|_| GgmlType::F32),
-            gate: GgmlType::Mxfp4,
-            up: GgmlType::Mxfp4,
-            down: GgmlType::Mxfp4,
-            ..Types::same(GgmlType::F32)
+    if let Some(ty) = low_bit_type(name) {
+        let mut s = spec(sweep_arch(name));
+        let f32 = GgmlType::F32;
+        s.types = match s.moe {
+            Some(_) => Types {
+                output: s.types.output.map(|_| f32),
+                gate: ty,
+                up: ty,
+                down: ty,
+                ..Types::same(f32)
+            },
+            None => Types {
+                embd: f32,
+                output: Some(f32),
+                ..Types::same(ty)
+            },
         };
         return spec_gguf_bytes(s);
     }

@@ -11,6 +11,7 @@ mod avx2_common;
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
+mod avx2_ternary;
 mod avx512_common;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
@@ -76,6 +77,7 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Q6K => avx2_entry!(super_block_dot::<Q6KAvx2, N>),
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
         K::Mxfp4 => avx2_entry!(legacy_dot::<Mxfp4Avx2, N>),
+        K::Tq2_0 => avx2_entry!(avx2_ternary::tq2_0_dot::<N>),
     })
 }
 
