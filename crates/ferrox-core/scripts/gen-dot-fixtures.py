@@ -41,23 +41,25 @@ import numpy as np
 CRATE = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = CRATE / "tests/fixtures/dot"
 
-# name: (ggml id, block values, block bytes, byte offsets of f16 scales)
+# name: (ggml id, block values, block bytes, byte offsets of f16 scales, of E8M0 scales)
 TYPES = {
-    "F32": (0, 1, 4, []),
-    "F16": (1, 1, 2, []),
-    "Q4_0": (2, 32, 18, [0]),
-    "Q4_1": (3, 32, 20, [0, 2]),
-    "Q5_0": (6, 32, 22, [0]),
-    "Q5_1": (7, 32, 24, [0, 2]),
-    "Q8_0": (8, 32, 34, [0]),
-    "Q2_K": (10, 256, 84, [80, 82]),
-    "Q3_K": (11, 256, 110, [108]),
-    "Q4_K": (12, 256, 144, [0, 2]),
-    "Q5_K": (13, 256, 176, [0, 2]),
-    "Q6_K": (14, 256, 210, [208]),
-    "IQ4_NL": (20, 32, 18, [0]),
-    "IQ4_XS": (23, 256, 136, [0]),
-    "BF16": (30, 1, 2, []),
+    "F32": (0, 1, 4, [], []),
+    "F16": (1, 1, 2, [], []),
+    "Q4_0": (2, 32, 18, [0], []),
+    "Q4_1": (3, 32, 20, [0, 2], []),
+    "Q5_0": (6, 32, 22, [0], []),
+    "Q5_1": (7, 32, 24, [0, 2], []),
+    "Q8_0": (8, 32, 34, [0], []),
+    "Q2_K": (10, 256, 84, [80, 82], []),
+    "Q3_K": (11, 256, 110, [108], []),
+    "Q4_K": (12, 256, 144, [0, 2], []),
+    "Q5_K": (13, 256, 176, [0, 2], []),
+    "Q6_K": (14, 256, 210, [208], []),
+    "IQ4_NL": (20, 32, 18, [0], []),
+    "IQ4_XS": (23, 256, 136, [0], []),
+    "BF16": (30, 1, 2, [], []),
+    "TQ2_0": (35, 256, 66, [64], []),
+    "MXFP4": (39, 32, 17, [], [0]),
 }
 ROW_BYTES = {0: (1, 4), 1: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292), 30: (1, 2)}
 
@@ -99,7 +101,7 @@ def random_values(rng: np.random.Generator, n: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def weight_row(rng, base, type_id, block, block_bytes, f16_at, cols, raw: bool) -> bytes:
+def weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, raw: bool) -> bytes:
     n_bytes = cols // block * block_bytes
     if raw and block > 1:
         data = bytearray(rng.integers(0, 256, n_bytes, dtype=np.uint8).tobytes())
@@ -107,6 +109,9 @@ def weight_row(rng, base, type_id, block, block_bytes, f16_at, cols, raw: bool) 
             for at in f16_at:
                 scale = np.float16(rng.uniform(-2, 2) * 1e-2)
                 data[b * block_bytes + at : b * block_bytes + at + 2] = scale.tobytes()
+            for at in e8m0_at:
+                # A power-of-two scale between 2^-12 and 2^0 (halved, as ggml reads it).
+                data[b * block_bytes + at] = int(rng.integers(116, 129))
         return bytes(data)
     src = random_values(rng, cols)
     dst = ctypes.create_string_buffer(n_bytes)
@@ -123,7 +128,7 @@ def main() -> None:
     base, cpu = load(args.lib_dir)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    for name, (type_id, block, block_bytes, f16_at) in TYPES.items():
+    for name, (type_id, block, block_bytes, f16_at, e8m0_at) in TYPES.items():
         rng = np.random.default_rng(sum(map(ord, name)) * 7919)
         traits = cpu.ggml_get_type_traits_cpu(type_id).contents
         dot_id = traits.vec_dot_type
@@ -137,7 +142,7 @@ def main() -> None:
         cases = []
         for cols in widths:
             for raw in (False, True):
-                w = weight_row(rng, base, type_id, block, block_bytes, f16_at, cols, raw)
+                w = weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, raw)
                 x = random_values(rng, cols)
                 xq = ctypes.create_string_buffer(cols // dot_block * dot_block_bytes)
                 from_float(x.ctypes.data, xq, cols)

@@ -5,7 +5,7 @@
 //! (up to rounding) but spreads outliers over every element, so a rounded copy loses less.
 //!
 //! llama.cpp computes it two ways, and which one decides the rounding of every element:
-//! * [`Hadamard::rotate_fast`], ggml's transform (the rotations it marks as Hadamard: the
+//! * [`rotate_fast`], ggml's transform (the rotations it marks as Hadamard: the
 //!   quantized caches' and DeepSeek-V4's indexer): scaled first, then `log2 n` butterfly passes.
 //! * [`Hadamard::rotate_as_product`], an f32 product with the matrix (the DeepSeek-V3.2 and
 //!   GLM-DSA indexers): each output the sum of eight lanes of fused multiply-adds, then the
@@ -52,38 +52,6 @@ impl Hadamard {
         Some(Hadamard { n, matrix })
     }
 
-    /// The number of values a row holds.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    /// Rotates every row of `n` values of `x` as ggml's transform does: each value scaled by
-    /// `1/sqrt(n)` (an f32 quotient), then butterflies of width 1, 2, 4, … `n/2`.
-    pub fn rotate_fast(&self, x: &mut [f32]) {
-        let n = self.n;
-        assert_eq!(x.len() % n, 0, "rows of {n} values");
-        let scale = 1.0f32 / (n as f32).sqrt();
-        for row in x.chunks_exact_mut(n) {
-            row.iter_mut().for_each(|v| *v *= scale);
-            let mut half = 1;
-            while half < n {
-                for block in row.chunks_exact_mut(2 * half) {
-                    let (lo, hi) = block.split_at_mut(half);
-                    for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
-                        let (u, v) = (*a, *b);
-                        *a = u + v;
-                        *b = u - v;
-                    }
-                }
-                half *= 2;
-            }
-        }
-    }
-
     /// Rotates every row of `n` values of `x` as llama.cpp's f32 matrix product does, with
     /// the fastest kernel this machine has (every kernel gives the reference's bits).
     pub fn rotate_as_product(&self, x: &mut [f32]) {
@@ -108,6 +76,30 @@ impl Hadamard {
             }
             let _ = isa;
             product_reference(&self.matrix, src, row);
+        }
+    }
+}
+
+/// Rotates every row of `n` values of `x` (`n` a power of two) as ggml's transform does:
+/// each value scaled by `1/sqrt(n)` (an f32 quotient), then butterflies of width 1, 2, 4, …
+/// `n/2`. Needs no matrix.
+pub fn rotate_fast(x: &mut [f32], n: usize) {
+    assert!(n.is_power_of_two(), "a Hadamard rotation of {n} values");
+    assert_eq!(x.len() % n, 0, "rows of {n} values");
+    let scale = 1.0f32 / (n as f32).sqrt();
+    for row in x.chunks_exact_mut(n) {
+        row.iter_mut().for_each(|v| *v *= scale);
+        let mut half = 1;
+        while half < n {
+            for block in row.chunks_exact_mut(2 * half) {
+                let (lo, hi) = block.split_at_mut(half);
+                for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
+                    let (u, v) = (*a, *b);
+                    *a = u + v;
+                    *b = u - v;
+                }
+            }
+            half *= 2;
         }
     }
 }
@@ -198,13 +190,15 @@ mod tests {
         for n in [8, 64, 128] {
             let h = Hadamard::new(n).unwrap();
             let x = noise(n, n as u32);
-            for rotate in [Hadamard::rotate_fast, Hadamard::rotate_as_product] {
+            let fast = |y: &mut [f32]| rotate_fast(y, n);
+            let product = |y: &mut [f32]| h.rotate_as_product(y);
+            for rotate in [&fast as &dyn Fn(&mut [f32]), &product] {
                 let mut y = x.clone();
-                rotate(&h, &mut y);
+                rotate(&mut y);
                 let norm = |v: &[f32]| v.iter().map(|a| (a * a) as f64).sum::<f64>();
                 assert!((norm(&y) / norm(&x) - 1.0).abs() < 1e-5);
                 assert!(y.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-3));
-                rotate(&h, &mut y);
+                rotate(&mut y);
                 for (a, b) in y.iter().zip(&x) {
                     assert!((a - b).abs() < 1e-4, "{a} vs {b}");
                 }
@@ -217,7 +211,7 @@ mod tests {
         let h = Hadamard::new(128).unwrap();
         let x = noise(128 * 3, 7);
         let (mut a, mut b) = (x.clone(), x);
-        h.rotate_fast(&mut a);
+        rotate_fast(&mut a, 128);
         h.rotate_as_product(&mut b);
         for (a, b) in a.iter().zip(&b) {
             assert!((a - b).abs() < 1e-5 * (1.0 + a.abs()));

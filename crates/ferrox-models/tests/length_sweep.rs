@@ -261,25 +261,12 @@ fn sweep_with(name: &str, bytes: Vec<u8>, fx: Value, bar: &Bar) -> Misses {
                 .forward_batch(&tokens[..p], 0, &mut state, LogitsFor::Last)
                 .unwrap();
             let at = || format!("{label} prompt of {p}");
-            let mut worst_greedy = check(
-                name,
-                bar,
-                &mut misses,
-                (StepKind::Sequence, p - 1),
-                &at,
-                logits,
-                &prompt[p - 1],
-            );
-            let d = check(
-                name,
-                bar,
-                &mut misses,
-                (StepKind::Sequence, p - 1),
-                &at,
-                logits,
-                &all[p - 1],
-            );
-            worst_greedy = worst_greedy.max(d);
+            let mut worst_greedy = 0.0f64;
+            for reference in [&prompt[p - 1], &all[p - 1]] {
+                let step = (StepKind::Sequence, p - 1);
+                let d = check(name, bar, &mut misses, step, &at, logits, reference);
+                worst_greedy = worst_greedy.max(d);
+            }
             steps += 1;
             // llama.cpp's greedy continuation, its tokens fed back.
             let g = &greedy[p - 1];

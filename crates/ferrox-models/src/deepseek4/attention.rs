@@ -17,6 +17,7 @@
 
 use std::cell::RefCell;
 
+use ferrox_core::hadamard;
 use ferrox_core::relu_scores::{self, IndexQuery};
 use ferrox_core::KvRows;
 use ferrox_gguf::Gguf;
@@ -165,7 +166,7 @@ pub fn attention(
             xn,
             memory,
             compressed,
-            c.indexer_rotation.as_ref(),
+            c.indexer_rotation,
             &mut s.compressor,
         )?;
         select(c, ix, at, gguf, rows, xn, memory, bounds, s)?;
@@ -369,8 +370,8 @@ fn select(
         let heads = &mut iq[t * hi * di..(t + 1) * hi * di];
         c.rope_compressed.angles(r.pos, &mut s.angles);
         c.rope_compressed.apply_tail(heads, di, &s.angles);
-        if let Some(rotation) = &c.indexer_rotation {
-            rotation.rotate_fast(heads);
+        if let Some(block) = c.indexer_rotation {
+            hadamard::rotate_fast(heads, block);
         }
         let visible = at.visible(r.pos);
         if visible <= c.indexer_top_k {

@@ -14,7 +14,7 @@
 //! half of their projections, then this block's with the second half; block 0 has no previous
 //! block (those entries count as zero values with −inf scores).
 
-use ferrox_core::hadamard::Hadamard;
+use ferrox_core::hadamard;
 use ferrox_gguf::Gguf;
 use ferrox_memory::StepMemory;
 use ferrox_moe::numerics::softmax;
@@ -101,8 +101,8 @@ pub struct CompressorScratch {
 }
 
 /// Projects the micro-batch's normed inputs `xn` into the compressor's ring entries, in row
-/// order, and compresses each block a row completes into the strided store (`rotation`, the
-/// indexer's, applied before it is stored).
+/// order, and compresses each block a row completes into the strided store (rotated in blocks
+/// of `rotation` values, the indexer's, before it is stored).
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     at: CompressorStore,
@@ -112,7 +112,7 @@ pub fn record(
     xn: &[f32],
     memory: &mut StepMemory<'_>,
     (rope, eps): (&Rope, f32),
-    rotation: Option<&Hadamard>,
+    rotation: Option<usize>,
     s: &mut CompressorScratch,
 ) -> Result<(), EngineError> {
     let n = rows.len();
@@ -149,7 +149,7 @@ pub fn record(
                 s,
             );
             if let Some(rotation) = rotation {
-                rotation.rotate_fast(&mut s.row[..width]);
+                hadamard::rotate_fast(&mut s.row[..width], rotation);
             }
             memory.write(at.store, r.seq, at.layer, r.pos, &s.row[..width], &[]);
         }

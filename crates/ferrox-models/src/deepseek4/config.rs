@@ -1,7 +1,6 @@
 //! Hyperparameters of a DeepSeek-V4 model, read as llama.cpp's `deepseek4` loader reads them,
 //! every count bounded before it sizes anything.
 
-use ferrox_core::hadamard::Hadamard;
 use ferrox_gguf::Gguf;
 use ferrox_moe::{Gating, MoeHparams, RouterConfig};
 
@@ -73,10 +72,10 @@ pub struct Deepseek4Config {
     pub indexer_heads: usize,
     pub indexer_dim: usize,
     pub indexer_top_k: usize,
-    /// The Hadamard rotation llama.cpp always applies to the indexer's queries and keys
-    /// (blocks of the largest power-of-two multiple of 64 that divides Di; none where Di is
-    /// not a multiple of 64, which llama.cpp does not run).
-    pub indexer_rotation: Option<Hadamard>,
+    /// The size of the Hadamard rotation llama.cpp always applies, block by block, to the
+    /// indexer's queries and keys (the largest power-of-two multiple of 64 that divides Di;
+    /// none where Di is not a multiple of 64, which llama.cpp does not run).
+    pub indexer_rotation: Option<usize>,
     /// RoPE of the window-only layers.
     pub rope_window: Rope,
     /// RoPE of the compressed layers, their compressors and the indexer (YaRN if the file
@@ -233,7 +232,7 @@ impl Deepseek4Config {
             indexer_heads,
             indexer_dim,
             indexer_top_k,
-            indexer_rotation: rotation_blocks(indexer_dim).and_then(Hadamard::new),
+            indexer_rotation: rotation_blocks(indexer_dim),
             rope_window,
             rope_compressed,
             router,
