@@ -29,6 +29,12 @@
 #   gen-sweep-logits.sh deepseek4-default  likewise for the DeepSeek-V4 model, into
 #                              .../fixtures/deepseek4-default/.
 #
+#   gen-sweep-logits.sh kv-q8_0  the grouped-query sweep models KV_MODELS with a q8_0 K and V
+#   gen-sweep-logits.sh kv-q4_0  cache (or q4_0), flash attention on as llama.cpp requires for a
+#                              quantized V, into .../fixtures/kv-q8_0/ (kv-q4_0/), with
+#                              `quantization_effect`: how far that run lands from llama.cpp's
+#                              own f32-cache run of the same file (fixtures/sweep/).
+#
 #   ONLY="exaone.f32 ..." regenerates just those models' files.
 set -euo pipefail
 SET="${1:-sweep}"
@@ -46,7 +52,9 @@ case "$SET" in
     deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa-default) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
     deepseek4-default) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default]" >&2
+    kv-q8_0|kv-q4_0) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"
+        ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-q8_0|kv-q4_0]" >&2
        exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
@@ -61,7 +69,10 @@ while read -r name path _; do
     if [ -n "${ONLY:-}" ]; then case " $ONLY " in *" $name "*) ;; *) continue ;; esac; fi
     case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac
     echo "sweep: $name" >&2
-    if [ -n "${DEFAULTS:-}" ]; then
+    if [ -n "${KV_TYPE:-}" ]; then
+        LLAMA_REF_FLASH_ATTN=1 LLAMA_REF_KV_TYPE="$KV_TYPE" \
+            "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
+    elif [ -n "${DEFAULTS:-}" ]; then
         "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
         LLAMA_REF_FLASH_ATTN=0 \
             "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.fa_off.json"
@@ -69,25 +80,28 @@ while read -r name path _; do
         LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
             "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
     fi
+    F32_RUN="$REPO_ROOT/crates/ferrox-models/tests/fixtures/sweep/$name.json"
+    [ -n "${KV_TYPE:-}" ] || F32_RUN=/nonexistent
     REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" \
-        "$WORK/$name.fa_off.json" <<'PY'
+        "$WORK/$name.fa_off.json" "$F32_RUN" <<'PY'
 import hashlib, json, os, sys
 sys.path.insert(0, os.environ["REF_DIR"])
 import refjson
-run, model, meta, out, other = sys.argv[1:6]
+run, model, meta, out, other, f32_run = sys.argv[1:7]
 data = json.load(open(run))
 with open(model, "rb") as f:
     sha = hashlib.sha256(f.read()).hexdigest()
 fixture = {"gguf_sha256": sha, "llama_cpp": json.load(open(meta)), **data}
+def diff(x, y):
+    # the largest |log p| difference over the tokens both top-5 lists name
+    ly = dict((t, l) for t, l in y)
+    return max([0.0] + [abs(l - ly[t]) for t, l in x if t in ly])
 if os.path.exists(other):
     # llama.cpp's own noise at these settings. Over the sequence's positions: the largest
     # |log p| difference between the runs (flash attention on and off), and between one run's
     # batch and prompts. Over greedy continuations (step k follows token k, so only while both
     # runs picked the same tokens): how many steps differ by more than twice that.
     off = json.load(open(other))
-    def diff(x, y):
-        ly = dict((t, l) for t, l in y)
-        return max([0.0] + [abs(l - ly[t]) for t, l in x if t in ly])
     sequence = max(diff(x, y) for d, e, k1, k2 in [
         (data, off, "all", "all"), (data, off, "prompt", "prompt"), (data, data, "all", "prompt")]
         for x, y in zip(d[k1], e[k2]))
@@ -102,6 +116,18 @@ if os.path.exists(other):
         "sequence_max_abs_logprob": sequence,
         "greedy_steps": len(steps),
         "greedy_steps_past_twice_that": sum(d > 2 * sequence for d in steps),
+    }
+if os.path.exists(f32_run):
+    # What rounding the cache to its type costs in llama.cpp: the largest |log p| difference
+    # between this run and its f32-cache run, over the sequence's positions (both runs' "all"
+    # and "prompt"), and the median of those per-position differences.
+    ref = json.load(open(f32_run))
+    per_position = [max(diff(x, y), diff(a, b)) for x, y, a, b in
+                    zip(data["all"], ref["all"], data["prompt"], ref["prompt"])]
+    fixture["quantization_effect"] = {
+        "against": "the f32-cache run of fixtures/sweep/",
+        "sequence_max_abs_logprob": max(per_position),
+        "sequence_median_abs_logprob": sorted(per_position)[len(per_position) // 2],
     }
 refjson.dump(fixture, out)
 PY

@@ -57,6 +57,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "llama.h"
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <locale.h>
 #include <math.h>
@@ -202,6 +203,56 @@ static struct llama_model * load_model(const char * path) {
     return model;
 }
 
+/* LLAMA_REF_DUMP=DIR (investigation knob): every f32 tensor of the graph whose name starts with
+   one of LLAMA_REF_DUMP_NAMES (comma separated, default "Kcur,Qcur,Vcur,kqv_out,attn_norm")
+   is written to DIR/<name>.<n_tokens>.f32 (raw f32) as it is computed. */
+static bool dump_tensor(struct ggml_tensor * t, bool ask, void * user_data) {
+    const char * dir = (const char *) user_data;
+    const char * names = getenv("LLAMA_REF_DUMP_NAMES");
+    if (!names || !*names) {
+        names = "Kcur,Qcur,Vcur,kqv_out,attn_norm";
+    }
+    bool wanted = false;
+    const char * p = names;
+    while (*p) {
+        const char * end = strchr(p, ',');
+        size_t len = end ? (size_t) (end - p) : strlen(p);
+        if (len > 0 && strncmp(t->name, p, len) == 0) {
+            wanted = true;
+        }
+        p += len + (end ? 1 : 0);
+    }
+    if (ask) {
+        return wanted;
+    }
+    if (wanted && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.%lld.f32", dir, t->name, (long long) t->ne[ggml_n_dims(t) - 1]);
+        size_t n = ggml_nbytes(t);
+        float * buf = malloc(n);
+        ggml_backend_tensor_get(t, buf, 0, n);
+        FILE * f = fopen(path, "wb");
+        if (f) {
+            fwrite(buf, 1, n, f);
+            fclose(f);
+        }
+        free(buf);
+    }
+    return true;
+}
+
+/* the ggml type called `name` (a cache type) */
+static enum ggml_type type_named(const char * name) {
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        const char * n = ggml_type_name((enum ggml_type) t);
+        if (n && strcmp(n, name) == 0) {
+            return (enum ggml_type) t;
+        }
+    }
+    die("unknown cache type %s", name);
+    return GGML_TYPE_F16;
+}
+
 static void make_ctx(ref_t * r, uint32_t n_ctx, int n_threads, int n_batch) {
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
@@ -214,21 +265,20 @@ static void make_ctx(ref_t * r, uint32_t n_ctx, int n_threads, int n_batch) {
                            : strcmp(fa, "0") == 0   ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                                     : LLAMA_FLASH_ATTN_TYPE_AUTO;
     }
-    /* investigation knob too: LLAMA_REF_KV_TYPE=f32|f16|bf16|q8_0... sets type_k and type_v */
+    /* investigation knob too: LLAMA_REF_KV_TYPE=f32|f16|bf16|q8_0... sets type_k and type_v,
+       LLAMA_REF_KV_TYPE_V then type_v alone */
     const char * kv = getenv("LLAMA_REF_KV_TYPE");
     if (kv && *kv) {
-        int found = 0;
-        for (int t = 0; t < GGML_TYPE_COUNT; t++) {
-            const char * name = ggml_type_name((enum ggml_type) t);
-            if (name && strcmp(name, kv) == 0) {
-                cp.type_k = cp.type_v = (enum ggml_type) t;
-                found = 1;
-                break;
-            }
-        }
-        if (!found) {
-            die("unknown LLAMA_REF_KV_TYPE %s", kv);
-        }
+        cp.type_k = cp.type_v = type_named(kv);
+    }
+    const char * kv_v = getenv("LLAMA_REF_KV_TYPE_V");
+    if (kv_v && *kv_v) {
+        cp.type_v = type_named(kv_v);
+    }
+    const char * dump = getenv("LLAMA_REF_DUMP");
+    if (dump && *dump) {
+        cp.cb_eval = dump_tensor;
+        cp.cb_eval_user_data = (void *) dump;
     }
     if (n_batch > 0) {
         cp.n_batch = (uint32_t) n_batch;

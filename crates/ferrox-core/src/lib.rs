@@ -6,7 +6,8 @@
 //! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
 //! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products,
 //! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
-//! [`flash_attn`] is attention's inner loop over f16 caches; [`kv_cache`] names the element
+//! [`flash_attn`] is attention's inner loop over f16 caches, [`typed_attn`] over the other
+//! cache types; [`kv_cache`] names the element
 //! types of cached rows; [`relu_scores`] is the sparse-attention indexer's scoring loop and
 //! [`select`] its top-k (with the greedy argmax). The sequence memory that holds cached rows
 //! is `ferrox-memory`.
@@ -22,9 +23,10 @@ pub mod packed;
 pub mod quant;
 pub mod relu_scores;
 pub mod select;
+pub mod typed_attn;
 
 pub use ferrox_gguf::GgmlType;
-pub use kv_cache::{available_memory, KvRows, KvStorage};
+pub use kv_cache::{available_memory, KvRows, KvStorage, KvType};
 pub use matrix::{MatrixProduct, WeightMatrix};
 pub use quant::{
     can_dequantize, can_quantize, dequantize_row, quantize_row, row_byte_len, QuantError,

@@ -63,6 +63,7 @@ pub fn scores_with(isa: Isa, q: &IndexQuery<'_>, keys: KvRows<'_>, out: &mut [f3
     match keys {
         KvRows::F32(k) => assert_eq!(k.len(), out.len() * d),
         KvRows::F16(k) => assert_eq!(k.len(), out.len() * d),
+        KvRows::Blocks(..) => panic!("the indexer reads f32 or f16 keys"),
     }
     #[cfg(target_arch = "x86_64")]
     if isa.is_available() && isa.has_avx2() {
@@ -95,6 +96,7 @@ pub fn scores_with(isa: Isa, q: &IndexQuery<'_>, keys: KvRows<'_>, out: &mut [f3
                     .for_each(|(o, v)| *o = v.to_f32());
                 q.score(key)
             }
+            KvRows::Blocks(..) => unreachable!("checked above"),
         };
     }
 }
@@ -111,6 +113,7 @@ fn transpose(keys: KvRows<'_>, first: usize, n: usize, d: usize, lanes: usize, t
         KvRows::F16(k) => put(tile, lanes, &k[first * d..(first + n) * d], d, |v| {
             v.to_f32()
         }),
+        KvRows::Blocks(..) => unreachable!("checked by `scores_with`"),
     }
 
     fn put<T>(tile: &mut [f32], lanes: usize, rows: &[T], d: usize, f: impl Fn(&T) -> f32) {

@@ -41,6 +41,11 @@ pub enum ModelError {
     UnsupportedTensorType { name: String, ty: String },
     #[error("invalid model configuration: {0}")]
     Config(String),
+    #[error(
+        "the {engine} engine keeps its cache in f16 or f32 only: a {cache} cache is not built \
+         for it (give -ctk/-ctv f16 or f32)"
+    )]
+    UnsupportedCacheType { engine: String, cache: String },
 }
 
 /// How to run an engine.

@@ -81,11 +81,10 @@ impl PagedStoreSpec {
     }
 
     /// Bytes of one block's rows, every layer.
-    fn block_bytes(&self, block_tokens: usize, element_bytes: usize) -> usize {
+    fn block_bytes(&self, block_tokens: usize, storage: KvStorage) -> usize {
         self.n_layers
-            * (self.key_width + self.value_width)
+            * storage.row_bytes(self.key_width, self.value_width)
             * self.rows_per_block(block_tokens)
-            * element_bytes
     }
 }
 
@@ -106,7 +105,7 @@ pub struct RecurrentSpec {
 pub struct MemorySpec {
     pub paged: Vec<PagedStoreSpec>,
     pub recurrent: Option<RecurrentSpec>,
-    /// Element type of the paged stores (recurrent states are f32).
+    /// Element types of the paged stores' keys and values (recurrent states are f32).
     pub storage: KvStorage,
     /// Positions a row lags behind its sequence: a row at `p` written only once position
     /// `p + row_lag` is known (a multi-token-prediction block reads the token after `p`). A
@@ -137,22 +136,22 @@ impl MemorySpec {
 
     /// Bytes the paged stores take per block of `block_tokens` positions.
     pub fn bytes_per_block(&self, block_tokens: usize) -> usize {
-        let element = self.storage.element_bytes();
         self.paged
             .iter()
-            .map(|s| s.block_bytes(block_tokens, element))
+            .map(|s| s.block_bytes(block_tokens, self.storage))
             .sum()
     }
 
     /// Bytes the paged stores take per position, over a long sequence (a strided store's
     /// row counted as `1 / stride` of a position's).
     pub fn bytes_per_position(&self) -> f64 {
-        let element = self.storage.element_bytes() as f64;
         self.paged
             .iter()
-            .map(|s| (s.n_layers * (s.key_width + s.value_width)) as f64 / s.stride.max(1) as f64)
+            .map(|s| {
+                (s.n_layers * self.storage.row_bytes(s.key_width, s.value_width)) as f64
+                    / s.stride.max(1) as f64
+            })
             .sum::<f64>()
-            * element
     }
 
     /// Positions a sequence can roll back by at any length (unbounded without a recurrent
@@ -1027,7 +1026,7 @@ mod tests {
         let mut out = Vec::new();
         v.for_each_run(0, 0, 1, 0, len, |k, _, _| match k {
             KvRows::F32(k) => out.extend_from_slice(k),
-            KvRows::F16(_) => unreachable!(),
+            _ => unreachable!(),
         });
         out
     }
@@ -1040,7 +1039,7 @@ mod tests {
         for pos in (2..len).step_by(3) {
             match v.key_row(1, 0, 0, pos) {
                 KvRows::F32(k) => out.extend_from_slice(k),
-                KvRows::F16(_) => unreachable!(),
+                _ => unreachable!(),
             }
         }
         out

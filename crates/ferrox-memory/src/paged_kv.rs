@@ -32,7 +32,7 @@ pub struct PagedKv {
 
 impl PagedKv {
     /// Reserves the arena (zeroed pages: memory is touched only as blocks fill); `None` when
-    /// the sizes overflow or the allocator refuses.
+    /// the sizes overflow, a row is not whole blocks of its type, or the allocator refuses.
     pub fn try_new(
         n_layers: usize,
         n_blocks: usize,
@@ -41,7 +41,9 @@ impl PagedKv {
         value_width: usize,
         storage: KvStorage,
     ) -> Option<PagedKv> {
-        if block_tokens == 0 || n_blocks > BlockId::MAX as usize {
+        let whole_blocks = key_width.is_multiple_of(storage.keys.block_len())
+            && value_width.is_multiple_of(storage.values.block_len());
+        if block_tokens == 0 || n_blocks > BlockId::MAX as usize || !whole_blocks {
             return None;
         }
         let positions = n_blocks.checked_mul(block_tokens)?;
@@ -49,8 +51,8 @@ impl PagedKv {
         layers.try_reserve_exact(n_layers).ok()?;
         for _ in 0..n_layers {
             layers.push(LayerBlocks {
-                keys: Rows::try_zeroed(storage, positions.checked_mul(key_width)?)?,
-                values: Rows::try_zeroed(storage, positions.checked_mul(value_width)?)?,
+                keys: Rows::try_zeroed(storage.keys, positions.checked_mul(key_width)?)?,
+                values: Rows::try_zeroed(storage.values, positions.checked_mul(value_width)?)?,
             });
         }
         Some(PagedKv {
@@ -72,11 +74,7 @@ impl PagedKv {
                 (&mut l.values, self.value_width),
             ] {
                 let src = from as usize * bt * width;
-                let (range, dst) = (src..src + n * width, to as usize * bt * width);
-                match rows {
-                    Rows::F32(v) => v.copy_within(range, dst),
-                    Rows::F16(v) => v.copy_within(range, dst),
-                }
+                rows.copy_within(src..src + n * width, to as usize * bt * width);
             }
         }
     }
@@ -252,7 +250,7 @@ mod tests {
         table.for_each_run(1, 5, 3, |b, s, e| {
             match kv.keys(1, b, s, e) {
                 KvRows::F32(k) => seen.extend(k.iter().step_by(2).copied()),
-                KvRows::F16(_) => unreachable!(),
+                _ => unreachable!(),
             }
             let n = e - s;
             assert!(n > 0 && e <= 3);
@@ -260,8 +258,40 @@ mod tests {
         assert_eq!(seen, vec![1.0, 2.0, 3.0, 4.0]);
         match kv.values(1, 0, 1, 2) {
             KvRows::F32(v) => assert_eq!(v, &[-4.0]),
-            KvRows::F16(_) => unreachable!(),
+            _ => unreachable!(),
         }
+    }
+
+    /// Block-typed rows (here q8_0 keys beside q4_0 values) land, copy and read back as
+    /// the type rounds them, each row whole blocks.
+    #[test]
+    fn quantized_rows_round_trip_and_copy() {
+        use ferrox_core::KvType;
+        let storage = KvStorage {
+            keys: KvType::Q8_0,
+            values: KvType::Q4_0,
+        };
+        let mut kv = PagedKv::try_new(1, 2, 4, 64, 32, storage).unwrap();
+        let key: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let value: Vec<f32> = (0..32).map(|i| (i as f32 * 0.11).cos()).collect();
+        kv.write(0, 0, 2, &key, &value);
+        kv.copy_block(0, 1, 3);
+        for block in [0, 1] {
+            let mut k = vec![0f32; 64];
+            let mut v = vec![0f32; 32];
+            let KvRows::Blocks(KvType::Q8_0, bytes) = kv.keys(0, block, 2, 3) else {
+                panic!("q8_0 keys")
+            };
+            assert_eq!(bytes.len(), 68);
+            kv.keys(0, block, 2, 3).copy_to(&mut k);
+            kv.values(0, block, 2, 3).copy_to(&mut v);
+            assert!(k.iter().zip(&key).all(|(a, b)| (a - b).abs() < 1e-2));
+            // q4_0 has eight steps below zero and seven above: -1 clamps to -7/8 here.
+            assert!(v.iter().zip(&value).all(|(a, b)| (a - b).abs() <= 0.13), "{v:?}");
+            assert!(v.iter().zip(&value).any(|(a, b)| a != b), "q4_0 rounds");
+        }
+        // A width that is not whole blocks cannot be stored.
+        assert!(PagedKv::try_new(1, 2, 4, 48, 32, storage).is_none());
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub struct ServedModel {
     /// The id clients use (`--alias` or the file name): the `model_name` label.
     pub name: String,
     /// The KV cache's element type, in vLLM's spelling (`float16`, `float32`).
-    pub cache_dtype: &'static str,
+    pub cache_dtype: String,
 }
 
 /// A Prometheus label value: backslash, double quote and line feed escaped.
@@ -633,7 +633,7 @@ mod tests {
         samples(&before);
         m.set_served(ServedModel {
             name: "gemma".into(),
-            cache_dtype: "float16",
+            cache_dtype: "float16".into(),
         });
         let after = m.render(true);
         assert!(after.starts_with(&before.replace("ferrox_ready 0", "ferrox_ready 1")));
@@ -669,7 +669,7 @@ mod tests {
         let m = Metrics::default();
         m.set_served(ServedModel {
             name: "gemma-3-270m-q4_k_m.gguf".into(),
-            cache_dtype: "float16",
+            cache_dtype: "float16".into(),
         });
         m.kv_blocks_total.store(40, Ordering::Relaxed);
         m.kv_block_tokens.store(16, Ordering::Relaxed);
@@ -756,7 +756,7 @@ mod tests {
         let name = "my \"best\" model\\v2\nnew";
         m.set_served(ServedModel {
             name: name.into(),
-            cache_dtype: "float32",
+            cache_dtype: "float32".into(),
         });
         m.observe_finished(Finished::Abort, Duration::from_secs(1));
         let text = m.render(true);

@@ -38,7 +38,7 @@ pub(crate) struct Ready {
     /// Blocks of [`kv::BLOCK_TOKENS`] positions in the sequence memory.
     pub kv_blocks: usize,
     /// The KV cache's element type, as vLLM and SGLang spell it.
-    pub cache_dtype: &'static str,
+    pub cache_dtype: String,
     pub scheduler: Scheduler,
     /// Compiles grammars and schemas against the vocabulary (`None` if that failed at
     /// load: constrained requests are then refused).
@@ -183,13 +183,15 @@ pub(crate) fn prepare(
     tracing::info!("chat template: {template_source}");
     let slots = pool.max_sequences();
     let kv_blocks = pool.n_blocks();
+    // vLLM's names for the float caches; llama.cpp's for the others (`q8_0`, `f16/q4_0`).
     let cache_dtype = match engine.memory_spec().storage {
-        ferrox_core::KvStorage::F16 => "float16",
-        ferrox_core::KvStorage::F32 => "float32",
+        ferrox_core::KvStorage::F16 => "float16".to_string(),
+        ferrox_core::KvStorage::F32 => "float32".to_string(),
+        other => other.name(),
     };
     metrics.set_served(ServedModel {
         name: model_id.clone(),
-        cache_dtype,
+        cache_dtype: cache_dtype.clone(),
     });
 
     let tokenizer = Arc::new(tokenizer);

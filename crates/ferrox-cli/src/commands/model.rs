@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use ferrox_core::KvStorage;
+use ferrox_core::{KvStorage, KvType};
 use ferrox_gguf::Gguf;
 use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
 use ferrox_tokenizer::tokenizer::Tokenizer;
@@ -44,11 +44,12 @@ pub struct ModelArgs {
     /// Store the KV cache as f32 instead of f16 (as `-ctk f32 -ctv f32`).
     #[arg(long, conflicts_with_all = ["cache_type_k", "cache_type_v"])]
     pub kv_f32: bool,
-    /// The K cache's element type (`-ctk` as llama.cpp): f16 (default) or f32; llama.cpp's
-    /// quantized types are named but not built yet.
+    /// The K cache's element type (`-ctk` as llama.cpp): f16 (default), f32, bf16, or a
+    /// quantized type (rotated as llama.cpp rotates them; `FERROX_ATTN_ROT_DISABLE=1` turns
+    /// that off). Quantized caches are built for the grouped-query engines.
     #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
     pub cache_type_k: Option<CacheType>,
-    /// The V cache's element type (`-ctv` as llama.cpp); the same as K's.
+    /// The V cache's element type (`-ctv` as llama.cpp): f16 (default) or any of `-ctk`'s.
     #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
     pub cache_type_v: Option<CacheType>,
     /// Keep every matrix in the file's row-major layout (by default the Q4_0, Q4_1, Q5_0,
@@ -85,38 +86,31 @@ pub enum CacheType {
 }
 
 impl CacheType {
-    fn name(self) -> String {
-        use clap::ValueEnum;
-        self.to_possible_value()
-            .map_or_else(String::new, |v| v.get_name().to_owned())
+    fn kv_type(self) -> KvType {
+        match self {
+            CacheType::F32 => KvType::F32,
+            CacheType::F16 => KvType::F16,
+            CacheType::Bf16 => KvType::Bf16,
+            CacheType::Q8_0 => KvType::Q8_0,
+            CacheType::Q4_0 => KvType::Q4_0,
+            CacheType::Q4_1 => KvType::Q4_1,
+            CacheType::Iq4Nl => KvType::Iq4Nl,
+            CacheType::Q5_0 => KvType::Q5_0,
+            CacheType::Q5_1 => KvType::Q5_1,
+        }
     }
 }
 
 impl ModelArgs {
-    /// The KV cache's element type: `--kv-f32`, or `-ctk`/`-ctv` (f16 when neither is given).
-    pub fn kv_storage(&self) -> anyhow::Result<KvStorage> {
+    /// The KV cache's element types: `--kv-f32`, or `-ctk`/`-ctv`, each f16 unless given
+    /// (as llama.cpp: `-ctk q8_0` alone keeps f16 values).
+    pub fn kv_storage(&self) -> KvStorage {
         if self.kv_f32 {
-            return Ok(KvStorage::F32);
+            return KvStorage::F32;
         }
-        let k = self.cache_type_k.unwrap_or(CacheType::F16);
-        let v = self.cache_type_v.unwrap_or(k);
-        let built = |t: CacheType| match t {
-            CacheType::F32 => Ok(KvStorage::F32),
-            CacheType::F16 => Ok(KvStorage::F16),
-            other => Err(anyhow::anyhow!(
-                "cache type {} is not built yet: f16 (the default) and f32 are",
-                other.name()
-            )),
-        };
-        let (k_storage, v_storage) = (built(k)?, built(v)?);
-        if k_storage != v_storage {
-            bail!(
-                "-ctk {} with -ctv {}: K and V are cached as one type here; give both the same",
-                k.name(),
-                v.name()
-            );
-        }
-        Ok(k_storage)
+        let keys = self.cache_type_k.map_or(KvType::F16, CacheType::kv_type);
+        let values = self.cache_type_v.map_or(KvType::F16, CacheType::kv_type);
+        KvStorage { keys, values }
     }
 
     /// The model file: `-m`, `-hf` (fetched if needed) or the default model.
@@ -169,7 +163,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
     let options = EngineOptions {
         n_ctx: args.ctx_size.unwrap_or(DEFAULT_CTX_SIZE),
         threads: args.threads,
-        kv_storage: args.kv_storage()?,
+        kv_storage: args.kv_storage(),
         repack: !args.no_repack,
         mtp: args.mtp,
     };
@@ -235,7 +229,7 @@ mod tests {
 
     fn storage(args: &[&str]) -> anyhow::Result<KvStorage> {
         let flags = Flags::try_parse_from(std::iter::once("ferrox").chain(args.iter().copied()))?;
-        flags.model.kv_storage()
+        Ok(flags.model.kv_storage())
     }
 
     #[test]
@@ -244,17 +238,19 @@ mod tests {
         assert_eq!(storage(&["--kv-f32"]).unwrap(), KvStorage::F32);
         let both = ["--cache-type-k", "f32", "--cache-type-v", "f32"];
         assert_eq!(storage(&both).unwrap(), KvStorage::F32);
-        // V follows K when only K is named.
-        assert_eq!(storage(&["--cache-type-k", "f32"]).unwrap(), KvStorage::F32);
-        assert_eq!(storage(&["--cache-type-v", "f16"]).unwrap(), KvStorage::F16);
+        // Each defaults to f16 on its own, as in llama.cpp.
+        let k_only = storage(&["--cache-type-k", "q8_0"]).unwrap();
+        assert_eq!((k_only.keys, k_only.values), (KvType::Q8_0, KvType::F16));
+        let v_only = storage(&["--cache-type-v", "iq4_nl"]).unwrap();
+        assert_eq!((v_only.keys, v_only.values), (KvType::F16, KvType::Iq4Nl));
+        for ty in KvType::ALL {
+            let s = storage(&["--cache-type-k", ty.name(), "--cache-type-v", ty.name()]).unwrap();
+            assert_eq!(s, KvStorage::uniform(ty));
+        }
     }
 
     #[test]
-    fn unbuilt_or_mixed_cache_types_are_refused_by_name() {
-        let err = storage(&["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]).unwrap_err();
-        assert!(err.to_string().contains("q8_0 is not built yet"), "{err}");
-        let err = storage(&["--cache-type-k", "f16", "--cache-type-v", "f32"]).unwrap_err();
-        assert!(err.to_string().contains("one type"), "{err}");
+    fn unknown_or_conflicting_cache_types_are_refused() {
         assert!(storage(&["--cache-type-k", "q9_9"]).is_err());
         assert!(storage(&["--kv-f32", "--cache-type-k", "f16"]).is_err());
     }

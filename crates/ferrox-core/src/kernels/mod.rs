@@ -141,6 +141,77 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, Q
     Ok((kernel.one)(w, [x])[0])
 }
 
+/// The dot-product kernel of one row type, looked up once for many rows (attention's
+/// scores against cached keys): [`vec_dot`] without the per-call look-up.
+#[derive(Clone, Copy)]
+pub struct RowDot {
+    one: DotFn<1>,
+    dot_ty: GgmlType,
+    /// (values, bytes) per block of the rows and of the activation.
+    row_block: (usize, usize),
+    activation_block: (usize, usize),
+}
+
+impl RowDot {
+    /// The kernel matrix products use for rows of `ty`.
+    pub fn new(ty: GgmlType) -> Result<RowDot, QuantError> {
+        let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
+        RowDot::from_kernel(ty, kind, best_kernel(kind))
+    }
+
+    /// `isa`'s kernel for rows of `ty` (the next best where it has none).
+    pub fn with_isa(isa: Isa, ty: GgmlType) -> Result<RowDot, QuantError> {
+        let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
+        if !isa.is_available() {
+            return Err(QuantError::IsaUnavailable(isa));
+        }
+        let kernel = Isa::ALL
+            .into_iter()
+            .rev()
+            .filter(|&i| i as usize <= isa as usize)
+            .find_map(|i| kernel_for(kind, i))
+            .unwrap_or_else(|| scalar_kernel(kind));
+        RowDot::from_kernel(ty, kind, kernel)
+    }
+
+    fn from_kernel(
+        ty: GgmlType,
+        kind: WeightKind,
+        kernel: DotKernel,
+    ) -> Result<RowDot, QuantError> {
+        let dot_ty = kind.vec_dot_type();
+        Ok(RowDot {
+            one: kernel.one,
+            dot_ty,
+            row_block: quant::block_geometry(ty)?,
+            activation_block: quant::block_geometry(dot_ty)?,
+        })
+    }
+
+    /// The type activations are quantized to ([`vec_dot_type`]).
+    pub fn vec_dot_type(&self) -> GgmlType {
+        self.dot_ty
+    }
+
+    /// The row `w` (whole blocks) times the activation `x` (as many values, of
+    /// [`vec_dot_type`](Self::vec_dot_type)).
+    ///
+    /// # Panics
+    /// When the lengths do not pair up.
+    #[inline]
+    pub fn dot(&self, w: &[u8], x: &[u8]) -> f32 {
+        let ((re, rb), (ae, ab)) = (self.row_block, self.activation_block);
+        let values = w.len() / rb * re;
+        assert!(
+            w.len().is_multiple_of(rb) && values.is_multiple_of(ae) && x.len() == values / ae * ab,
+            "a row of {} bytes against an activation of {}",
+            w.len(),
+            x.len()
+        );
+        (self.one)(w, [x])[0]
+    }
+}
+
 /// Rows of `w` (each `row_bytes` bytes, whole blocks of `ty`) against the activation rows
 /// `xs`, through `isa`'s panel kernels as matrix products use them (eight tokens per call,
 /// then four, then one): `out[r * xs.len() + t]`. For comparing kernels.

@@ -20,6 +20,7 @@ pub use weights::DecoderWeights;
 use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::layers::activation::gated;
 use crate::layers::attention::AttentionParams;
+use crate::layers::kv_rotation::KvRotation;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::paged_attention::{attend, HeadGroup};
@@ -35,6 +36,7 @@ pub struct Decoder {
     rt: Runtime,
     config: DecoderConfig,
     weights: DecoderWeights,
+    rotation: KvRotation,
 }
 
 /// Activations for a micro-batch, reused across steps so decoding does not allocate.
@@ -73,6 +75,8 @@ impl Decoder {
         options: &EngineOptions,
         mut config: DecoderConfig,
     ) -> Result<Decoder, ModelError> {
+        let head_dims = config.layers.iter().map(|l| (l.head_dim_k, l.head_dim_v));
+        let rotation = KvRotation::new(options.kv_storage, head_dims)?;
         let mut weights = DecoderWeights::load(&gguf, &config)?;
         if let Some(freqs) = &weights.rope_freqs {
             for layer in &mut config.layers {
@@ -95,6 +99,7 @@ impl Decoder {
             rt,
             config,
             weights,
+            rotation,
         })
     }
 
@@ -206,7 +211,12 @@ impl Decoder {
                 if let Some(scale) = c.query_scale {
                     qt.iter_mut().for_each(|x| *x *= scale);
                 }
+                self.rotation.queries_and_keys(qt, kt);
             });
+        if self.rotation.values.is_some() {
+            v.par_chunks_mut(v_w)
+                .for_each(|vt| self.rotation.values(vt));
+        }
         for (t, row) in rows.iter().enumerate() {
             let (kt, vt) = (&k[t * k_w..(t + 1) * k_w], &v[t * v_w..(t + 1) * v_w]);
             kv.write(KV_STORE, row.seq, il, row.pos, kt, vt);
@@ -249,6 +259,7 @@ impl Decoder {
                 let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let q_heads = &q[t * q_w + h0 * hd_k..t * q_w + (h0 + per_task) * hd_k];
                 attend(kv, KV_STORE, at, q_heads, lo, pos + 1, &params, out);
+                self.rotation.values(out);
             });
 
         let proj = sized(&mut s.proj, n * n_embd);

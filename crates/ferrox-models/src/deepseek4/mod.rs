@@ -145,6 +145,7 @@ impl Deepseek4Engine {
         options: &EngineOptions,
         config: Deepseek4Config,
     ) -> Result<Self, ModelError> {
+        crate::scaffold::require_float_cache(options, "DeepSeek-V4")?;
         let mut weights = Deepseek4Weights::load(&gguf, &config)?;
         let c = &config;
         let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-ds4")?;

@@ -79,6 +79,7 @@ impl DsaEngine {
         options: &EngineOptions,
         config: DsaConfig,
     ) -> Result<Self, ModelError> {
+        crate::scaffold::require_float_cache(options, "sparse-attention (DSA)")?;
         let mut weights = MlaWeights::load(&gguf, &config.mla)?;
         let mut indexers = load_indexers(&gguf, &config)?;
         let c = &config.mla;

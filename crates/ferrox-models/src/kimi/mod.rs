@@ -82,6 +82,7 @@ impl KimiEngine {
         options: &EngineOptions,
         config: KimiConfig,
     ) -> Result<KimiEngine, ModelError> {
+        crate::scaffold::require_float_cache(options, "Kimi linear-attention")?;
         let mut weights = KimiWeights::load(&gguf, &config)?;
         let c = &config.mla;
         let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-kimi")?;

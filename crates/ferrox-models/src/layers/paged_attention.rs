@@ -3,6 +3,7 @@
 //! the positions are split. Every engine's attention goes through here.
 
 use ferrox_core::flash_attn::GroupShape;
+use ferrox_core::typed_attn::{TypedQuery, TypedRun};
 use ferrox_core::KvStorage;
 use ferrox_memory::StepMemory;
 
@@ -59,7 +60,29 @@ pub fn attend(
             f(view(keys, if values_in_keys { keys } else { values }), len)
         });
     };
-    if memory.storage(store) == KvStorage::F16 {
+    let storage = memory.storage(store);
+    if !storage.is_float() {
+        let types = if values_in_keys {
+            KvStorage::uniform(storage.keys)
+        } else {
+            storage
+        };
+        attend_typed(types, at, q, params, out, |f| {
+            runs(&mut |v, len| {
+                let (_, keys) = v.keys.as_bytes();
+                let (_, values) = v.values.as_bytes();
+                f(&TypedRun {
+                    keys: &keys[types.keys.bytes(v.head * dk)..],
+                    key_stride: types.keys.bytes(key_width),
+                    values: &values[types.values.bytes(v.head * dv)..],
+                    value_stride: types.values.bytes(value_width),
+                    len,
+                })
+            })
+        });
+        return;
+    }
+    if storage == KvStorage::F16 {
         let shape = GroupShape {
             n_queries: at.n_queries,
             head_dim_k: dk,
@@ -90,5 +113,34 @@ pub fn attend(
         if let Some(acc) = acc {
             acc.finish(out);
         }
+    }
+}
+
+/// Each query of the group on its own over a cache of the other types (ggml's arithmetic
+/// for them); `for_each_run` hands every run of the group's KV head to its argument.
+fn attend_typed(
+    types: KvStorage,
+    at: HeadGroup,
+    q: &[f32],
+    params: &AttentionParams,
+    out: &mut [f32],
+    for_each_run: impl Fn(&mut dyn FnMut(&TypedRun<'_>)),
+) {
+    let (dk, dv) = (at.head_dim_k, at.head_dim_v);
+    for g in 0..at.n_queries {
+        let qg = &q[g * dk..(g + 1) * dk];
+        let out = &mut out[g * dv..(g + 1) * dv];
+        let mut query = TypedQuery::new(
+            types.keys,
+            types.values,
+            qg,
+            dv,
+            params.scale,
+            params.softcap,
+            out,
+        )
+        .expect("the engine checked the cache's types and head sizes at load");
+        for_each_run(&mut |run| query.attend_run(run, out));
+        query.finish(out);
     }
 }

@@ -109,6 +109,7 @@ impl MlaEngine {
         options: &EngineOptions,
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
+        crate::scaffold::require_float_cache(options, "MLA")?;
         let mut weights = match options.mtp {
             true => MlaWeights::load_with_mtp(&gguf, &config)?,
             false => MlaWeights::load(&gguf, &config)?,
