@@ -1,7 +1,7 @@
 //! Attention's inner loop over caches of llama.cpp's other types: bf16, the quantized
 //! types, or keys and values of different types. It computes what ggml's CPU flash
 //! attention computes for them (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`, the only
-//! path ggml has for these caches), one query at a time:
+//! path ggml has for these caches), for each query:
 //!
 //! * the query is rounded once to the keys' vec-dot type (Q8_0, Q8_1, f16, ...) exactly as
 //!   ggml-cpu's `from_float` rounds it, and every score is the keys' own dot-product kernel
@@ -12,7 +12,11 @@
 //! * each value row is decoded to f32 and added as `acc = v·w + acc` with fused
 //!   multiply-adds (`ggml_vec_mad_f32`), per element, so every instruction set gives the
 //!   same bits.
+//!
+//! The queries of a group sharing one KV head go together, key by key, so each key and value
+//! row is read and decoded once for all of them.
 
+use crate::flash_attn::{GroupShape, MAX_GROUP};
 use crate::kernels::{best_isa, quantize_activation, Isa, RowDot};
 use crate::quant::QuantError;
 use crate::KvType;
@@ -21,6 +25,8 @@ use crate::KvType;
 pub const MAX_HEAD_DIM: usize = crate::flash_attn::MAX_HEAD_DIM;
 /// Bytes of the largest quantized query (an f32 row of `MAX_HEAD_DIM`).
 const MAX_QUERY_BYTES: usize = 4 * MAX_HEAD_DIM;
+/// Keys scored before their values are added.
+const BLOCK_KEYS: usize = 16;
 
 /// A run of consecutive cached positions of one KV head, as bytes of its types.
 #[derive(Clone, Copy, Debug)]
@@ -34,150 +40,289 @@ pub struct TypedRun<'a> {
     pub len: usize,
 }
 
-/// One query's running softmax over a typed cache.
-pub struct TypedQuery {
-    dot: RowDot,
+/// The running softmax of every query of a group sharing one KV head, over a typed cache:
+/// each key and value row is read (and the value decoded) once for the whole group, while
+/// each query's arithmetic is exactly the one-query-at-a-time loop's. Large: keep one per
+/// thread and [`start`](Self::start) it for each group.
+pub struct TypedGroup {
+    dot: Option<RowDot>,
     values: KvType,
-    head_dim_v: usize,
+    shape: GroupShape,
     key_bytes: usize,
     value_bytes: usize,
-    scale: f32,
-    softcap: Option<f32>,
-    query: [u8; MAX_QUERY_BYTES],
     query_bytes: usize,
-    max: f32,
-    sum: f32,
-    /// A decoded value row.
-    row: [f32; MAX_HEAD_DIM],
+    /// The queries, rounded to the keys' vec-dot type, `query_bytes` each.
+    queries: Box<[u8]>,
+    max: [f32; MAX_GROUP],
+    sum: [f32; MAX_GROUP],
+    /// Accumulators, `head_dim_v` per query.
+    acc: Box<[f32]>,
+    /// A block's value rows, decoded.
+    rows: Box<[f32]>,
     isa: Isa,
 }
 
-impl TypedQuery {
-    /// Starts the softmax of query `q` (`head_dim_k` values) over keys of type `keys` and
-    /// values of type `values` (`head_dim_v` each); the accumulator `acc` is zeroed. `scale`
-    /// multiplies q·k; `softcap` caps the scaled score as `cap·tanh(s / cap)`.
-    pub fn new(
-        keys: KvType,
-        values: KvType,
-        q: &[f32],
-        head_dim_v: usize,
-        scale: f32,
-        softcap: Option<f32>,
-        acc: &mut [f32],
-    ) -> Result<TypedQuery, QuantError> {
-        TypedQuery::with_isa(best_isa(), keys, values, q, head_dim_v, scale, softcap, acc)
-    }
-
-    /// [`new`](Self::new) on a given instruction set (scalar code where it is not
-    /// available), for comparing kernels.
-    #[allow(clippy::too_many_arguments)]
-    pub fn with_isa(
-        isa: Isa,
-        keys: KvType,
-        values: KvType,
-        q: &[f32],
-        head_dim_v: usize,
-        scale: f32,
-        softcap: Option<f32>,
-        acc: &mut [f32],
-    ) -> Result<TypedQuery, QuantError> {
-        assert!(q.len() <= MAX_HEAD_DIM && head_dim_v <= MAX_HEAD_DIM);
-        let isa = if isa.is_available() { isa } else { Isa::Scalar };
-        let dot = RowDot::with_isa(isa, keys.ggml())?;
-        let query_bytes = crate::quant::row_byte_len(dot.vec_dot_type(), q.len())?;
-        let mut query = [0u8; MAX_QUERY_BYTES];
-        quantize_activation(dot.vec_dot_type(), q, &mut query[..query_bytes])?;
-        acc[..head_dim_v].fill(0.0);
-        let (scale, softcap) = match softcap {
-            Some(cap) => (scale / cap, Some(cap)),
-            None => (scale, None),
-        };
-        Ok(TypedQuery {
-            dot,
-            values,
-            head_dim_v,
-            key_bytes: keys.bytes(q.len()),
-            value_bytes: values.bytes(head_dim_v),
-            scale,
-            softcap,
-            query,
-            query_bytes,
-            max: f32::NEG_INFINITY,
-            sum: 0.0,
-            row: [0.0; MAX_HEAD_DIM],
-            isa,
-        })
-    }
-
-    /// Adds `run`'s positions (following everything added so far) into `acc`.
-    pub fn attend_run(&mut self, run: &TypedRun<'_>, acc: &mut [f32]) {
-        let dv = self.head_dim_v;
-        let acc = &mut acc[..dv];
-        let query = &self.query[..self.query_bytes];
-        for j in 0..run.len {
-            let key = &run.keys[j * run.key_stride..][..self.key_bytes];
-            let mut s = self.dot.dot(key, query) * self.scale;
-            if let Some(cap) = self.softcap {
-                s = cap * s.tanh();
-            }
-            let (ms, vs) = if s > self.max {
-                let ms = (self.max - s).exp();
-                self.max = s;
-                acc.iter_mut().for_each(|a| *a *= ms);
-                (ms, 1.0)
-            } else {
-                (1.0, (s - self.max).exp())
-            };
-            let value = &run.values[j * run.value_stride..][..self.value_bytes];
-            crate::quant::dequantize_row(self.values.ggml(), value, &mut self.row[..dv])
-                .expect("a value row is whole blocks of its type");
-            mad(self.isa, acc, &self.row[..dv], vs);
-            self.sum = self.sum * ms + vs;
+impl Default for TypedGroup {
+    fn default() -> Self {
+        TypedGroup {
+            dot: None,
+            values: KvType::F32,
+            shape: GroupShape {
+                n_queries: 0,
+                head_dim_k: 0,
+                head_dim_v: 0,
+                scale: 1.0,
+                softcap: None,
+            },
+            key_bytes: 0,
+            value_bytes: 0,
+            query_bytes: 0,
+            queries: vec![0; MAX_GROUP * MAX_QUERY_BYTES].into_boxed_slice(),
+            max: [f32::NEG_INFINITY; MAX_GROUP],
+            sum: [0.0; MAX_GROUP],
+            acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
+            rows: vec![0.0; BLOCK_KEYS * MAX_HEAD_DIM].into_boxed_slice(),
+            isa: Isa::Scalar,
         }
-    }
-
-    /// Normalises the accumulated row.
-    pub fn finish(&self, acc: &mut [f32]) {
-        let inv = if self.sum == 0.0 { 0.0 } else { 1.0 / self.sum };
-        acc[..self.head_dim_v].iter_mut().for_each(|a| *a *= inv);
     }
 }
 
-/// `acc[i] = x[i]·w + acc[i]`, fused, element by element.
-fn mad(isa: Isa, acc: &mut [f32], x: &[f32], w: f32) {
+impl TypedGroup {
+    /// Starts a group over keys of type `keys` and values of type `values`: `queries` holds
+    /// `shape.n_queries` rows of `head_dim_k` values.
+    pub fn start(
+        &mut self,
+        (keys, values): (KvType, KvType),
+        shape: GroupShape,
+        queries: &[f32],
+    ) -> Result<(), QuantError> {
+        self.start_with(best_isa(), (keys, values), shape, queries)
+    }
+
+    /// [`start`](Self::start) on a given instruction set (scalar code where it is not
+    /// available), for comparing kernels.
+    pub fn start_with(
+        &mut self,
+        isa: Isa,
+        (keys, values): (KvType, KvType),
+        shape: GroupShape,
+        queries: &[f32],
+    ) -> Result<(), QuantError> {
+        let (n, dk, dv) = (shape.n_queries, shape.head_dim_k, shape.head_dim_v);
+        assert!(n <= MAX_GROUP && dk <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM);
+        self.isa = if isa.is_available() { isa } else { Isa::Scalar };
+        let dot = RowDot::with_isa(self.isa, keys.ggml(), dk)?;
+        self.query_bytes = dot.activation_bytes();
+        for (q, out) in queries
+            .chunks_exact(dk)
+            .zip(self.queries.chunks_exact_mut(self.query_bytes))
+            .take(n)
+        {
+            quantize_activation(dot.vec_dot_type(), q, out)?;
+        }
+        self.dot = Some(dot);
+        self.values = values;
+        self.shape = shape;
+        self.key_bytes = keys.bytes(dk);
+        self.value_bytes = values.bytes(dv);
+        self.max = [f32::NEG_INFINITY; MAX_GROUP];
+        self.sum = [0.0; MAX_GROUP];
+        self.acc[..n * dv].fill(0.0);
+        Ok(())
+    }
+
+    /// Adds `run`'s positions (following everything added so far) to every query's softmax,
+    /// a block of keys at a time: their scores for every query, the softmax steps, then each
+    /// value row decoded once and added into every query's accumulator.
+    pub fn attend_run(&mut self, run: &TypedRun<'_>) {
+        let dot = self.dot.expect("a started group");
+        let shape = self.shape;
+        let (n, dv) = (shape.n_queries, shape.head_dim_v);
+        let (scale, cap) = match shape.softcap {
+            Some(cap) => (shape.scale / cap, Some(cap)),
+            None => (shape.scale, None),
+        };
+        let mut scores = [[0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut ms = [[1f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut vs = [[0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut start = 0;
+        while start < run.len {
+            let nb = (run.len - start).min(BLOCK_KEYS);
+            for j in 0..nb {
+                let key = &run.keys[(start + j) * run.key_stride..][..self.key_bytes];
+                let query = |g: usize| &self.queries[g * self.query_bytes..][..self.query_bytes];
+                let mut g = 0;
+                while g + 4 <= n {
+                    let four = dot.dot4(key, [query(g), query(g + 1), query(g + 2), query(g + 3)]);
+                    for (i, score) in four.into_iter().enumerate() {
+                        scores[g + i][j] = score;
+                    }
+                    g += 4;
+                }
+                for (g, row) in scores.iter_mut().enumerate().take(n).skip(g) {
+                    row[j] = dot.dot(key, query(g));
+                }
+            }
+            for g in 0..n {
+                let (mut max, mut sum) = (self.max[g], self.sum[g]);
+                for j in 0..nb {
+                    let mut s = scores[g][j] * scale;
+                    if let Some(cap) = cap {
+                        s = cap * s.tanh();
+                    }
+                    let (m, v) = if s > max {
+                        let m = (max - s).exp();
+                        max = s;
+                        (m, 1.0)
+                    } else {
+                        (1.0, (s - max).exp())
+                    };
+                    sum = sum * m + v;
+                    ms[g][j] = m;
+                    vs[g][j] = v;
+                }
+                self.max[g] = max;
+                self.sum[g] = sum;
+            }
+            for j in 0..nb {
+                let value = &run.values[(start + j) * run.value_stride..][..self.value_bytes];
+                decode_row(self.isa, self.values, value, &mut self.rows[j * dv..][..dv]);
+            }
+            for g in 0..n {
+                let acc = &mut self.acc[g * dv..(g + 1) * dv];
+                accumulate(
+                    self.isa,
+                    acc,
+                    &self.rows[..nb * dv],
+                    &ms[g][..nb],
+                    &vs[g][..nb],
+                );
+            }
+            start += nb;
+        }
+    }
+
+    /// Writes each query's normalised output (`head_dim_v` per query) to `out`.
+    pub fn finish(&self, out: &mut [f32]) {
+        let dv = self.shape.head_dim_v;
+        for g in 0..self.shape.n_queries {
+            let inv = if self.sum[g] == 0.0 {
+                0.0
+            } else {
+                1.0 / self.sum[g]
+            };
+            for (o, a) in out[g * dv..(g + 1) * dv]
+                .iter_mut()
+                .zip(&self.acc[g * dv..])
+            {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+/// Decodes one cached row of `ty` into `out` (as [`crate::quant::dequantize_row`], whose bits
+/// the AVX2 decoding of Q8_0 gives).
+fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() {
-        // SAFETY: `isa` is available (checked when the query started) and has FMA.
-        unsafe { x86::mad(acc, x, w) };
+    if isa.has_avx2() && ty == KvType::Q8_0 {
+        assert_eq!(bytes.len(), ty.bytes(out.len()), "whole Q8_0 blocks");
+        // SAFETY: `isa` is available and has AVX2 and F16C; the lengths pair up (checked).
+        unsafe { x86::decode_q8_0(bytes, out) };
         return;
     }
     let _ = isa;
-    acc.iter_mut()
-        .zip(x)
-        .for_each(|(a, &v)| *a = v.mul_add(w, *a));
+    crate::quant::dequantize_row(ty.ggml(), bytes, out).expect("a row is whole blocks of its type");
+}
+
+/// For each value row `j` of `rows` (`acc.len()` values each) in order: `acc = acc·ms[j]`
+/// where `ms[j] != 1`, then `acc[i] = row[i]·vs[j] + acc[i]`, fused, element by element.
+fn accumulate(isa: Isa, acc: &mut [f32], rows: &[f32], ms: &[f32], vs: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: `isa` is available (checked when the group started) and has FMA.
+        unsafe { x86::accumulate(acc, rows, ms, vs) };
+        return;
+    }
+    let _ = isa;
+    let dv = acc.len();
+    for ((row, &m), &v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
+        if m != 1.0 {
+            acc.iter_mut().for_each(|a| *a *= m);
+        }
+        acc.iter_mut()
+            .zip(row)
+            .for_each(|(a, &x)| *a = x.mul_add(v, *a));
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// [`super::mad`] eight lanes at a time (the same fused operation per element).
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn mad(acc: &mut [f32], x: &[f32], w: f32) {
-        let n = acc.len().min(x.len());
-        let vw = _mm256_set1_ps(w);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` elements of both slices are in bounds.
-            unsafe {
-                let a = _mm256_loadu_ps(acc.as_ptr().add(i));
-                let v = _mm256_loadu_ps(x.as_ptr().add(i));
-                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(v, vw, a));
+    /// Q8_0 blocks (an f16 scale, 32 signed codes) to f32: each code times the scale.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn decode_q8_0(bytes: &[u8], out: &mut [f32]) {
+        for (block, out) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let bits = u16::from_le_bytes([block[0], block[1]]);
+            let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+                bits,
+            )))));
+            for k in 0..4 {
+                // SAFETY: the block holds 32 codes after its scale; `out` holds 32 values.
+                unsafe {
+                    let codes = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
+                    let values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_mul_ps(values, d));
+                }
             }
-            i += 8;
         }
-        for (a, &v) in acc[i..n].iter_mut().zip(&x[i..n]) {
-            *a = v.mul_add(w, *a);
+    }
+
+    /// [`super::accumulate`] with 32 accumulators at a time in registers (the same
+    /// operations per element).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn accumulate(acc: &mut [f32], rows: &[f32], ms: &[f32], vs: &[f32]) {
+        let dv = acc.len();
+        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
+        let whole = dv - dv % 32;
+        let mut i = 0;
+        while i < whole {
+            // SAFETY: `i + 32 <= dv`: every access is inside `acc` and inside row `j` of `rows`.
+            unsafe {
+                let p = acc.as_mut_ptr().add(i);
+                let mut a = [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ];
+                for j in 0..n {
+                    if ms[j] != 1.0 {
+                        let m = _mm256_set1_ps(ms[j]);
+                        a.iter_mut().for_each(|a| *a = _mm256_mul_ps(*a, m));
+                    }
+                    let v = _mm256_set1_ps(vs[j]);
+                    let r = rows.as_ptr().add(j * dv + i);
+                    for (k, a) in a.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(r.add(8 * k)), v, *a);
+                    }
+                }
+                for (k, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(p.add(8 * k), *a);
+                }
+            }
+            i += 32;
+        }
+        for d in whole..dv {
+            let mut a = acc[d];
+            for j in 0..n {
+                if ms[j] != 1.0 {
+                    a *= ms[j];
+                }
+                a = rows[j * dv + d].mul_add(vs[j], a);
+            }
+            acc[d] = a;
         }
     }
 }
@@ -188,18 +333,41 @@ mod tests {
     use crate::quant::quantize_row;
 
     #[test]
-    fn fused_accumulation_is_the_same_on_every_isa() {
-        let x = values(77, 9);
-        let start = values(77, 10);
-        let mut reference = start.clone();
-        mad(Isa::Scalar, &mut reference, &x, 0.371);
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-            let mut acc = start.clone();
-            mad(isa, &mut acc, &x, 0.371);
-            assert!(acc
-                .iter()
-                .zip(&reference)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+    fn decoding_is_the_same_on_every_isa() {
+        for ty in KvType::ALL {
+            let x = values(128, 4);
+            let mut bytes = vec![0u8; ty.bytes(128)];
+            quantize_row(ty.ggml(), &x, &mut bytes).unwrap();
+            let mut reference = vec![0f32; 128];
+            crate::dequantize_row(ty.ggml(), &bytes, &mut reference).unwrap();
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+                let mut out = vec![0f32; 128];
+                decode_row(isa, ty, &bytes, &mut out);
+                assert!(out
+                    .iter()
+                    .zip(&reference)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    #[test]
+    fn accumulation_is_the_same_on_every_isa() {
+        for dv in [64, 77, 128] {
+            let rows = values(5 * dv, 9);
+            let start = values(dv, 10);
+            let ms = [0.5, 1.0, 1.0, 0.25, 1.0];
+            let vs = [1.0, 0.3, 0.7, 1.0, 0.01];
+            let mut reference = start.clone();
+            accumulate(Isa::Scalar, &mut reference, &rows, &ms, &vs);
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+                let mut acc = start.clone();
+                accumulate(isa, &mut acc, &rows, &ms, &vs);
+                assert!(acc
+                    .iter()
+                    .zip(&reference)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
         }
     }
 
@@ -212,10 +380,11 @@ mod tests {
             .collect()
     }
 
-    /// On each instruction set, the same run in one piece or split anywhere gives the same
-    /// bits (the scores are each set's dot kernel: ggml's generic and AVX2 code round
-    /// differently); and the result is a softmax-weighted mean of the decoded values, as a
-    /// two-pass computation over the decoded keys finds it (up to the query's rounding).
+    /// On each instruction set, the same run in one piece or split anywhere, and a query
+    /// alone or in a group, give the same bits (the scores are each set's dot kernel: ggml's
+    /// generic and AVX2 code round differently); and the result is a softmax-weighted mean
+    /// of the decoded values, as a two-pass computation over the decoded keys finds it (up
+    /// to the query's rounding).
     #[test]
     fn any_split_gives_the_same_bits() {
         let (dk, dv, n) = (64, 96, 37);
@@ -232,7 +401,9 @@ mod tests {
             let mut vb = vec![0u8; vals.bytes(n * dv)];
             quantize_row(keys.ggml(), &kf, &mut kb).unwrap();
             quantize_row(vals.ggml(), &vf, &mut vb).unwrap();
-            let q = values(dk, 3);
+            // Three queries; the first alone must give the bits it gives in the group.
+            let qs = values(3 * dk, 3);
+            let q = &qs[..dk];
             let run = |lo: usize, hi: usize| TypedRun {
                 keys: &kb[keys.bytes(lo * dk)..],
                 key_stride: keys.bytes(dk),
@@ -240,27 +411,38 @@ mod tests {
                 value_stride: vals.bytes(dv),
                 len: hi - lo,
             };
-            let attend = |isa: Isa, split: usize| {
-                let mut acc = vec![0f32; dv];
-                let mut t = TypedQuery::with_isa(isa, keys, vals, &q, dv, 0.3, Some(5.0), &mut acc)
-                    .unwrap();
-                t.attend_run(&run(0, split), &mut acc);
-                t.attend_run(&run(split, n), &mut acc);
-                t.finish(&mut acc);
-                acc
+            let attend = |isa: Isa, split: usize, n_queries: usize| {
+                let shape = GroupShape {
+                    n_queries,
+                    head_dim_k: dk,
+                    head_dim_v: dv,
+                    scale: 0.3,
+                    softcap: Some(5.0),
+                };
+                let mut group = TypedGroup::default();
+                group.start_with(isa, (keys, vals), shape, &qs).unwrap();
+                group.attend_run(&run(0, split));
+                group.attend_run(&run(split, n));
+                let mut out = vec![0f32; n_queries * dv];
+                group.finish(&mut out);
+                out
             };
             let mut results = Vec::new();
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-                let whole = attend(isa, n);
-                for split in [0, 1, 16] {
-                    let got = attend(isa, split);
+                let whole = attend(isa, n, 3);
+                // Splits, and the first query alone.
+                for (split, n_queries) in [(0, 3), (1, 3), (16, 3), (n, 1), (7, 1)] {
+                    let got = attend(isa, split, n_queries);
                     let same = got
                         .iter()
                         .zip(&whole)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{keys:?}/{vals:?} {isa:?} split {split}");
+                    assert!(
+                        same,
+                        "{keys:?}/{vals:?} {isa:?} split {split} of {n_queries}"
+                    );
                 }
-                results.push(whole);
+                results.push(whole[..dv].to_vec());
             }
             // Two passes over the decoded rows.
             let mut kd = vec![0f32; n * dk];
@@ -270,7 +452,7 @@ mod tests {
             let scores: Vec<f32> = kd
                 .chunks_exact(dk)
                 .map(|k| {
-                    5.0 * (k.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * 0.3 / 5.0).tanh()
+                    5.0 * (k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * 0.3 / 5.0).tanh()
                 })
                 .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -287,7 +287,10 @@ mod tests {
             kv.values(0, block, 2, 3).copy_to(&mut v);
             assert!(k.iter().zip(&key).all(|(a, b)| (a - b).abs() < 1e-2));
             // q4_0 has eight steps below zero and seven above: -1 clamps to -7/8 here.
-            assert!(v.iter().zip(&value).all(|(a, b)| (a - b).abs() <= 0.13), "{v:?}");
+            assert!(
+                v.iter().zip(&value).all(|(a, b)| (a - b).abs() <= 0.13),
+                "{v:?}"
+            );
             assert!(v.iter().zip(&value).any(|(a, b)| a != b), "q4_0 rounds");
         }
         // A width that is not whole blocks cannot be stored.

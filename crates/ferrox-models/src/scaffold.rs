@@ -122,7 +122,10 @@ impl Runtime {
             .thread_name(move |i| format!("{name}-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
-        pool.broadcast(|_| crate::layers::attention::with_group_state(|_| ()));
+        pool.broadcast(|_| {
+            crate::layers::attention::with_group_state(|_| ());
+            crate::layers::attention::with_typed_group(|_| ());
+        });
         Ok(Runtime {
             arch: gguf.metadata().architecture()?.to_string(),
             gguf,

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use std::sync::Arc;
 
+use ferrox_core::{KvStorage, KvType};
+
 use ferrox_generate::sampling::argmax;
 use ferrox_gguf::Gguf;
 use ferrox_memory::{MemoryShape, SequenceMemory};
@@ -160,11 +162,24 @@ fn decoding_a_token_allocates_nothing() {
         ds4_prompt,
         256,
     ));
+    // A grouped-query model with a quantized, rotated cache.
+    let q8_prompt = synthetic::token_ids("qwen2")[..12].to_vec();
+    models.push((
+        "qwen2 q8_0 cache".into(),
+        synthetic::gguf_bytes("qwen2"),
+        q8_prompt,
+        128,
+    ));
     for (name, bytes, prompt, n_ctx) in models {
         let gguf = Gguf::from_bytes(bytes).unwrap();
+        let kv_storage = match name.ends_with("q8_0 cache") {
+            true => KvStorage::uniform(KvType::Q8_0),
+            false => KvStorage::F16,
+        };
         let options = EngineOptions {
             n_ctx,
             threads: 2,
+            kv_storage,
             ..EngineOptions::default()
         };
         let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();

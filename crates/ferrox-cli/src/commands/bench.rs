@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_core::bandwidth::ReadSweep;
+use ferrox_core::KvStorage;
 use ferrox_models::EngineExt;
 use ferrox_models::{AnyEngine, Engine, LogitsFor, State};
 use ferrox_tokenizer::tokenizer::TokenId;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use super::model::{self, ModelArgs};
+use super::model::{self, CacheType, ModelArgs};
 use super::run::{SpecArgs, SpecType};
 use super::InputError;
 use ferrox_generate::generate::{generate_speculative, GenerationParams, Outcome};
@@ -57,6 +58,13 @@ pub struct Args {
     /// `--compare`, llama-bench runs with `--repack 0` too).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// The K cache's type (`-ctk` as llama-bench; f16 by default), passed to llama-bench too.
+    #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
+    pub cache_type_k: Option<CacheType>,
+    /// The V cache's type (`-ctv`); llama-bench gets `-fa on` where it is quantized, as it
+    /// needs.
+    #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
+    pub cache_type_v: Option<CacheType>,
     /// With --spec-type (alias --spec): instead of pp/tg, generate -n tokens greedily from a
     /// prompt, plain and with speculation alternately, and report both speeds and the
     /// acceptance rate.
@@ -338,11 +346,17 @@ fn llama_bench(
     m: &Measurement,
     threads: usize,
     reps: usize,
-    repack: bool,
+    (repack, cache): (bool, KvStorage),
 ) -> anyhow::Result<f64> {
     let mut command = Command::new(binary);
     if !repack {
         command.args(["--repack", "0"]);
+    }
+    if cache != KvStorage::F16 {
+        command.args(["-ctk", cache.keys.name(), "-ctv", cache.values.name()]);
+        if cache.values.is_quantized() {
+            command.args(["-fa", "on"]);
+        }
     }
     let out = command
         .args(["-m", &model.to_string_lossy()])
@@ -395,8 +409,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads,
         ctx_size: Some(args.n_depth + args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
-        cache_type_k: None,
-        cache_type_v: None,
+        cache_type_k: args.cache_type_k,
+        cache_type_v: args.cache_type_v,
         no_repack: args.no_repack,
         mtp: false,
     };
@@ -452,7 +466,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &m,
                 threads,
                 args.repetitions,
-                !args.no_repack,
+                (!args.no_repack, model_args.kv_storage()),
             )?;
             let bandwidth = before.into_iter().chain(beside()).collect();
             llama.push(PeerMeasurement { avg_ts, bandwidth });

@@ -141,26 +141,25 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, Q
     Ok((kernel.one)(w, [x])[0])
 }
 
-/// The dot-product kernel of one row type, looked up once for many rows (attention's
-/// scores against cached keys): [`vec_dot`] without the per-call look-up.
+/// The dot-product kernel of one row type and length, looked up and checked once for many
+/// rows (attention's scores against cached keys): [`vec_dot`] without the per-call work.
 #[derive(Clone, Copy)]
 pub struct RowDot {
     one: DotFn<1>,
+    panel4: PanelFn<4>,
     dot_ty: GgmlType,
-    /// (values, bytes) per block of the rows and of the activation.
-    row_block: (usize, usize),
-    activation_block: (usize, usize),
+    row_bytes: usize,
+    activation_bytes: usize,
 }
 
 impl RowDot {
-    /// The kernel matrix products use for rows of `ty`.
-    pub fn new(ty: GgmlType) -> Result<RowDot, QuantError> {
-        let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
-        RowDot::from_kernel(ty, kind, best_kernel(kind))
+    /// The kernel matrix products use for rows of `values` values of `ty`.
+    pub fn new(ty: GgmlType, values: usize) -> Result<RowDot, QuantError> {
+        RowDot::with_isa(best_isa(), ty, values)
     }
 
-    /// `isa`'s kernel for rows of `ty` (the next best where it has none).
-    pub fn with_isa(isa: Isa, ty: GgmlType) -> Result<RowDot, QuantError> {
+    /// `isa`'s kernel (the next best where it has none) for rows of `values` values of `ty`.
+    pub fn with_isa(isa: Isa, ty: GgmlType, values: usize) -> Result<RowDot, QuantError> {
         let kind = WeightKind::of(ty).ok_or(QuantError::UnsupportedDot(ty))?;
         if !isa.is_available() {
             return Err(QuantError::IsaUnavailable(isa));
@@ -171,20 +170,13 @@ impl RowDot {
             .filter(|&i| i as usize <= isa as usize)
             .find_map(|i| kernel_for(kind, i))
             .unwrap_or_else(|| scalar_kernel(kind));
-        RowDot::from_kernel(ty, kind, kernel)
-    }
-
-    fn from_kernel(
-        ty: GgmlType,
-        kind: WeightKind,
-        kernel: DotKernel,
-    ) -> Result<RowDot, QuantError> {
         let dot_ty = kind.vec_dot_type();
         Ok(RowDot {
             one: kernel.one,
+            panel4: kernel.panel4,
             dot_ty,
-            row_block: quant::block_geometry(ty)?,
-            activation_block: quant::block_geometry(dot_ty)?,
+            row_bytes: quant::row_byte_len(ty, values)?,
+            activation_bytes: quant::row_byte_len(dot_ty, values)?,
         })
     }
 
@@ -193,22 +185,41 @@ impl RowDot {
         self.dot_ty
     }
 
-    /// The row `w` (whole blocks) times the activation `x` (as many values, of
-    /// [`vec_dot_type`](Self::vec_dot_type)).
+    /// Bytes of one activation.
+    pub fn activation_bytes(&self) -> usize {
+        self.activation_bytes
+    }
+
+    /// The row `w` times the activation `x`.
     ///
     /// # Panics
-    /// When the lengths do not pair up.
+    /// When `w` or `x` is not of the length this kernel was made for.
     #[inline]
     pub fn dot(&self, w: &[u8], x: &[u8]) -> f32 {
-        let ((re, rb), (ae, ab)) = (self.row_block, self.activation_block);
-        let values = w.len() / rb * re;
-        assert!(
-            w.len().is_multiple_of(rb) && values.is_multiple_of(ae) && x.len() == values / ae * ab,
-            "a row of {} bytes against an activation of {}",
-            w.len(),
-            x.len()
-        );
+        self.check(w, x);
         (self.one)(w, [x])[0]
+    }
+
+    /// The row `w` times four activations, each with exactly the bits [`dot`](Self::dot)
+    /// gives (the row is decoded once for all four where the kernel can).
+    #[inline]
+    pub fn dot4(&self, w: &[u8], xs: [&[u8]; 4]) -> [f32; 4] {
+        xs.iter().for_each(|x| self.check(w, x));
+        let mut out = [0f32; 4];
+        (self.panel4)(w, self.row_bytes, xs, &mut out);
+        out
+    }
+
+    #[inline]
+    fn check(&self, w: &[u8], x: &[u8]) {
+        assert!(
+            w.len() == self.row_bytes && x.len() == self.activation_bytes,
+            "a row of {} bytes against an activation of {}: this kernel pairs {} with {}",
+            w.len(),
+            x.len(),
+            self.row_bytes,
+            self.activation_bytes
+        );
     }
 }
 

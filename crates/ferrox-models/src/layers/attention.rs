@@ -9,6 +9,7 @@
 use std::cell::RefCell;
 
 use ferrox_core::flash_attn::{GroupShape, GroupState, KvRun};
+use ferrox_core::typed_attn::TypedGroup;
 use ferrox_core::KvRows;
 
 pub use ferrox_core::flash_attn::MAX_HEAD_DIM;
@@ -39,11 +40,18 @@ pub struct KvView<'a> {
 thread_local! {
     /// Each thread's flash-attention state (sized for the largest group once, then reused).
     static GROUP_STATE: RefCell<GroupState> = RefCell::new(GroupState::default());
+    /// Its state for the caches of the other types, likewise.
+    static TYPED_GROUP: RefCell<TypedGroup> = RefCell::new(TypedGroup::default());
 }
 
 /// Runs `f` with this thread's flash-attention state.
 pub(crate) fn with_group_state<R>(f: impl FnOnce(&mut GroupState) -> R) -> R {
     GROUP_STATE.with_borrow_mut(f)
+}
+
+/// Runs `f` with this thread's state for typed caches.
+pub(crate) fn with_typed_group<R>(f: impl FnOnce(&mut TypedGroup) -> R) -> R {
+    TYPED_GROUP.with_borrow_mut(f)
 }
 
 /// The part of an f16 view one KV head reads, positions `lo..hi`.

@@ -3,12 +3,12 @@
 //! the positions are split. Every engine's attention goes through here.
 
 use ferrox_core::flash_attn::GroupShape;
-use ferrox_core::typed_attn::{TypedQuery, TypedRun};
+use ferrox_core::typed_attn::TypedRun;
 use ferrox_core::KvStorage;
 use ferrox_memory::StepMemory;
 
 use crate::layers::attention::{
-    f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,
+    f16_run, with_group_state, with_typed_group, AttentionParams, KvView, OnlineAttention,
 };
 
 /// A group of query heads sharing one KV head, at one position of one sequence.
@@ -116,8 +116,9 @@ pub fn attend(
     }
 }
 
-/// Each query of the group on its own over a cache of the other types (ggml's arithmetic
-/// for them); `for_each_run` hands every run of the group's KV head to its argument.
+/// The group over a cache of the other types (ggml's arithmetic for them, each key and value
+/// read once for the group); `for_each_run` hands every run of the group's KV head to its
+/// argument.
 fn attend_typed(
     types: KvStorage,
     at: HeadGroup,
@@ -126,21 +127,18 @@ fn attend_typed(
     out: &mut [f32],
     for_each_run: impl Fn(&mut dyn FnMut(&TypedRun<'_>)),
 ) {
-    let (dk, dv) = (at.head_dim_k, at.head_dim_v);
-    for g in 0..at.n_queries {
-        let qg = &q[g * dk..(g + 1) * dk];
-        let out = &mut out[g * dv..(g + 1) * dv];
-        let mut query = TypedQuery::new(
-            types.keys,
-            types.values,
-            qg,
-            dv,
-            params.scale,
-            params.softcap,
-            out,
-        )
-        .expect("the engine checked the cache's types and head sizes at load");
-        for_each_run(&mut |run| query.attend_run(run, out));
-        query.finish(out);
-    }
+    let shape = GroupShape {
+        n_queries: at.n_queries,
+        head_dim_k: at.head_dim_k,
+        head_dim_v: at.head_dim_v,
+        scale: params.scale,
+        softcap: params.softcap,
+    };
+    with_typed_group(|group| {
+        group
+            .start((types.keys, types.values), shape, q)
+            .expect("the engine checked the cache's types and head sizes at load");
+        for_each_run(&mut |run| group.attend_run(run));
+        group.finish(out);
+    });
 }
