@@ -10,7 +10,6 @@ mod synthetic;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use std::sync::Arc;
 
 use ferrox_core::{KvStorage, KvType};
