@@ -4,7 +4,9 @@
 //!
 //! An f16 cache goes through [`ferrox_core::flash_attn`] (several heads sharing a KV head
 //! at once, f32 queries and accumulators, the arithmetic of ggml's tiled CPU flash
-//! attention for each key); an f32 cache through [`OnlineAttention`], in f32 throughout.
+//! attention for each key); an f32 cache through [`OnlineAttention`], in f32 throughout; the
+//! other cache types (bf16, quantized, or K and V of different types) through
+//! [`ferrox_core::typed_attn`] (from [`crate::layers::paged_attention`]).
 
 use std::cell::RefCell;
 
