@@ -30,8 +30,9 @@
 #                              .../fixtures/deepseek4-default/.
 #
 #   gen-sweep-logits.sh kv-q8_0  the grouped-query sweep models KV_MODELS with a q8_0 K and V
-#   gen-sweep-logits.sh kv-q4_0  cache (or q4_0), flash attention on as llama.cpp requires for a
-#                              quantized V, into .../fixtures/kv-q8_0/ (kv-q4_0/), with
+#   gen-sweep-logits.sh kv-q4_0  cache (or q4_0; kv-q4_1, kv-q5_0, kv-q5_1, kv-iq4_nl, kv-bf16
+#                              likewise, made with KV_MODELS=llama.f32), flash attention on as
+#                              llama.cpp requires for a quantized V, into .../fixtures/kv-q8_0/ (kv-q4_0/ ...), with
 #                              `quantization_effect`: how far that run lands from llama.cpp's
 #                              own f32-cache run of the same file (fixtures/sweep/).
 #
@@ -52,9 +53,9 @@ case "$SET" in
     deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa-default) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
     deepseek4-default) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
-    kv-q8_0|kv-q4_0) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"
+    kv-q8_0|kv-q4_0|kv-q4_1|kv-q5_0|kv-q5_1|kv-iq4_nl|kv-bf16) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-q8_0|kv-q4_0]" >&2
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE]" >&2
        exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"

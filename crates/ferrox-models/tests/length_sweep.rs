@@ -595,9 +595,9 @@ sweep_tests! {
     llama_tq2_0 => "llama.tq2_0",
 }
 
-/// Quantized caches (`-ctk/-ctv q8_0` and `q4_0`, rotated as llama.cpp rotates them) against
-/// llama.cpp with the same cache (flash attention on, as it needs for a quantized V):
-/// `fixtures/kv-q8_0/`, `fixtures/kv-q4_0/`.
+/// Quantized caches (`-ctk/-ctv q8_0` and `q4_0` on five models; `q4_1`, `q5_0`, `q5_1`,
+/// `iq4_nl` and the unrotated `bf16` on llama), against llama.cpp with the same cache (flash
+/// attention on, as it needs for a quantized V): `fixtures/kv-<type>/`.
 ///
 /// Both engines round the same keys, values and queries to the same codes with the same
 /// kernels, so they agree to 1e-6 until an input that differs by summation order (1e-6 of a
@@ -662,4 +662,9 @@ quantized_cache_tests! {
     gemma3_q4_0_cache => "gemma3.f32", Q4_0;
     phi3_q4_0_cache => "phi3.f32", Q4_0;
     qwen3moe_q4_0_cache => "qwen3moe.f32", Q4_0;
+    llama_q4_1_cache => "llama.f32", Q4_1;
+    llama_q5_0_cache => "llama.f32", Q5_0;
+    llama_q5_1_cache => "llama.f32", Q5_1;
+    llama_iq4_nl_cache => "llama.f32", Iq4Nl;
+    llama_bf16_cache => "llama.f32", Bf16;
 }

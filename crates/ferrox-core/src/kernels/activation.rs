@@ -5,6 +5,8 @@
 //! rounding mode) rather than away from zero. Following that makes our quantized
 //! activations, and so every integer sum, identical to llama.cpp's on the machine we
 //! compare with. The other vec-dot types use the reference quantizers, as ggml-cpu does.
+//! The KV cache stores its rows with the same `from_float`, so IQ4_NL is here too: ggml-cpu
+//! writes it with its one-pass `quantize_row_iq4_nl_ref`, not `llama-quantize`'s search.
 
 use ferrox_gguf::GgmlType;
 
@@ -38,6 +40,11 @@ pub fn quantize_activation_with(
         GgmlType::Q8_0 => quantize_q8_blocks::<false>(simd, x, out),
         GgmlType::Q8_1 => quantize_q8_blocks::<true>(simd, x, out),
         GgmlType::Q8K if simd => quantize_q8k_blocks(x, out),
+        GgmlType::Iq4Nl => {
+            check_lengths(dot_ty, x, out)?;
+            quant::iq4::quantize_row_from_float(x, out);
+            Ok(())
+        }
         _ => quant::quantize_row(dot_ty, x, out),
     }
 }

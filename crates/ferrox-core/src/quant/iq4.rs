@@ -6,8 +6,9 @@
 //! scale nibbles, 128 bytes of nibbles), value = d·(ls − 32)·level.
 //!
 //! Quantization follows ggml's `quantize_iq4_nl` / `quantize_iq4_xs` without an importance
-//! matrix, which is what `llama-quantize` writes. (ggml's `quantize_row_iq4_nl_ref` uses a
-//! cheaper single-pass search and reads uninitialized levels for an all-zero block.)
+//! matrix, which is what `llama-quantize` writes. ggml's `quantize_row_iq4_nl_ref`, what its
+//! CPU backend stores in an iq4_nl KV cache, picks codes in one pass without the search:
+//! [`quantize_row_from_float`].
 
 use super::bits::{
     inverse_or_zero, nearest_int, pack_nibbles, read_f16, read_u16, signed_absmax, unpack_nibbles,
@@ -120,6 +121,33 @@ impl QuantizeBlock for Iq4Nl {
         write_f16(block, 0, d);
         // Codes are picked with the unrounded scale, as in ggml.
         quantize_sub_block(inverse_or_zero(d), src, &mut block[2..]);
+    }
+}
+
+/// IQ4_NL as ggml-cpu's `from_float` writes it (`quantize_row_iq4_nl_ref`, what llama.cpp
+/// stores in an iq4_nl KV cache): codes picked once at the inverse scale −127/max, no search,
+/// then the x²-weighted least-squares scale for those codes. An all-zero block gets scale 0
+/// (ggml leaves its codes uninitialized; any codes decode to zero there).
+pub(crate) fn quantize_row_from_float(src: &[f32], out: &mut [u8]) {
+    for (x, block) in src
+        .chunks_exact(SUB)
+        .zip(out.chunks_exact_mut(Iq4Nl::BYTES))
+    {
+        let (amax, max) = signed_absmax(x);
+        if amax < GROUP_MAX_EPS {
+            block.fill(0);
+            continue;
+        }
+        let id = 1.0 / (max / f32::from(LEVELS[0]));
+        let codes: [u8; SUB] = std::array::from_fn(|j| nearest_level(id * x[j]));
+        let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+        for (&v, &code) in x.iter().zip(&codes) {
+            let (q, w) = (level(code), v * v);
+            sumqx += w * q * v;
+            sumq2 += w * q * q;
+        }
+        write_f16(block, 0, if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 });
+        pack_nibbles(&codes, &mut block[2..]);
     }
 }
 
