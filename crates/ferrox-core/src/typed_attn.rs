@@ -260,14 +260,13 @@ fn accumulate(isa: Isa, acc: &mut [f32], rows: &[f32], ms: &[f32], vs: &[f32]) {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::kernels::x86::avx2_common::f16_at;
+
     /// Q8_0 blocks (an f16 scale, 32 signed codes) to f32: each code times the scale.
     #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn decode_q8_0(bytes: &[u8], out: &mut [f32]) {
         for (block, out) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-            let bits = u16::from_le_bytes([block[0], block[1]]);
-            let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-                bits,
-            )))));
+            let d = _mm256_set1_ps(f16_at(block, 0));
             for k in 0..4 {
                 // SAFETY: the block holds 32 codes after its scale; `out` holds 32 values.
                 unsafe {

@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_core::bandwidth::ReadSweep;
-use ferrox_core::KvStorage;
+use ferrox_core::{KvStorage, KvType};
 use ferrox_models::EngineExt;
 use ferrox_models::{AnyEngine, Engine, LogitsFor, State};
 use ferrox_tokenizer::tokenizer::TokenId;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use super::model::{self, CacheType, ModelArgs};
+use super::model::{self, cache_type, ModelArgs};
 use super::run::{SpecArgs, SpecType};
 use super::InputError;
 use ferrox_generate::generate::{generate_speculative, GenerationParams, Outcome};
@@ -59,12 +59,12 @@ pub struct Args {
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// The K cache's type (`-ctk` as llama-bench; f16 by default), passed to llama-bench too.
-    #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
-    pub cache_type_k: Option<CacheType>,
+    #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
+    pub cache_type_k: Option<KvType>,
     /// The V cache's type (`-ctv`); llama-bench gets `-fa on` where it is quantized, as it
     /// needs.
-    #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
-    pub cache_type_v: Option<CacheType>,
+    #[arg(long = "cache-type-v", value_parser = cache_type, value_name = "TYPE")]
+    pub cache_type_v: Option<KvType>,
     /// With --spec-type (alias --spec): instead of pp/tg, generate -n tokens greedily from a
     /// prompt, plain and with speculation alternately, and report both speeds and the
     /// acceptance rate.

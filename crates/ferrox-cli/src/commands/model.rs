@@ -45,13 +45,14 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with_all = ["cache_type_k", "cache_type_v"])]
     pub kv_f32: bool,
     /// The K cache's element type (`-ctk` as llama.cpp): f16 (default), f32, bf16, or a
-    /// quantized type (rotated as llama.cpp rotates them; `FERROX_ATTN_ROT_DISABLE=1` turns
-    /// that off). Quantized caches are built for the grouped-query engines.
-    #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
-    pub cache_type_k: Option<CacheType>,
+    /// quantized type: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (rotated as llama.cpp rotates
+    /// them; `FERROX_ATTN_ROT_DISABLE=1` turns that off). Quantized caches are built for the
+    /// grouped-query engines.
+    #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
+    pub cache_type_k: Option<KvType>,
     /// The V cache's element type (`-ctv` as llama.cpp): f16 (default) or any of `-ctk`'s.
-    #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
-    pub cache_type_v: Option<CacheType>,
+    #[arg(long = "cache-type-v", value_parser = cache_type, value_name = "TYPE")]
+    pub cache_type_v: Option<KvType>,
     /// Keep every matrix in the file's row-major layout (by default the Q4_0, Q4_1, Q5_0,
     /// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked at load where the CPU has AVX2,
     /// as llama.cpp repacks).
@@ -62,43 +63,12 @@ pub struct ModelArgs {
     pub mtp: bool,
 }
 
-/// KV cache element types by llama.cpp's names (`-ctk`, `-ctv`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheType {
-    #[value(name = "f32")]
-    F32,
-    #[value(name = "f16")]
-    F16,
-    #[value(name = "bf16")]
-    Bf16,
-    #[value(name = "q8_0")]
-    Q8_0,
-    #[value(name = "q4_0")]
-    Q4_0,
-    #[value(name = "q4_1")]
-    Q4_1,
-    #[value(name = "iq4_nl")]
-    Iq4Nl,
-    #[value(name = "q5_0")]
-    Q5_0,
-    #[value(name = "q5_1")]
-    Q5_1,
-}
-
-impl CacheType {
-    fn kv_type(self) -> KvType {
-        match self {
-            CacheType::F32 => KvType::F32,
-            CacheType::F16 => KvType::F16,
-            CacheType::Bf16 => KvType::Bf16,
-            CacheType::Q8_0 => KvType::Q8_0,
-            CacheType::Q4_0 => KvType::Q4_0,
-            CacheType::Q4_1 => KvType::Q4_1,
-            CacheType::Iq4Nl => KvType::Iq4Nl,
-            CacheType::Q5_0 => KvType::Q5_0,
-            CacheType::Q5_1 => KvType::Q5_1,
-        }
-    }
+/// A KV cache type by llama.cpp's name (`-ctk`, `-ctv`).
+pub fn cache_type(name: &str) -> Result<KvType, String> {
+    KvType::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+        format!("`{name}` is not a cache type; one of: {}", names.join(", "))
+    })
 }
 
 impl ModelArgs {
@@ -108,8 +78,8 @@ impl ModelArgs {
         if self.kv_f32 {
             return KvStorage::F32;
         }
-        let keys = self.cache_type_k.map_or(KvType::F16, CacheType::kv_type);
-        let values = self.cache_type_v.map_or(KvType::F16, CacheType::kv_type);
+        let keys = self.cache_type_k.unwrap_or(KvType::F16);
+        let values = self.cache_type_v.unwrap_or(KvType::F16);
         KvStorage { keys, values }
     }
 

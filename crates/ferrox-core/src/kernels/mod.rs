@@ -164,12 +164,7 @@ impl RowDot {
         if !isa.is_available() {
             return Err(QuantError::IsaUnavailable(isa));
         }
-        let kernel = Isa::ALL
-            .into_iter()
-            .rev()
-            .filter(|&i| i as usize <= isa as usize)
-            .find_map(|i| kernel_for(kind, i))
-            .unwrap_or_else(|| scalar_kernel(kind));
+        let kernel = kernel_at_most(kind, isa);
         let dot_ty = kind.vec_dot_type();
         Ok(RowDot {
             one: kernel.one,
@@ -527,17 +522,20 @@ pub(crate) fn best_kernel(kind: WeightKind) -> DotKernel {
         let best = best_isa();
         WeightKind::ALL
             .iter()
-            .map(|&k| {
-                Isa::ALL
-                    .into_iter()
-                    .rev()
-                    .filter(|&isa| isa as usize <= best as usize)
-                    .find_map(|isa| kernel_for(k, isa))
-                    .unwrap_or_else(|| scalar_kernel(k))
-            })
+            .map(|&k| kernel_at_most(k, best))
             .collect()
     });
     table[kind as usize]
+}
+
+/// `isa`'s kernels for `kind`, or the next best instruction set's where it has none.
+fn kernel_at_most(kind: WeightKind, isa: Isa) -> DotKernel {
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&i| i as usize <= isa as usize)
+        .find_map(|i| kernel_for(kind, i))
+        .unwrap_or_else(|| scalar_kernel(kind))
 }
 
 #[cfg(test)]

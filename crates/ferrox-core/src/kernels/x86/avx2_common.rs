@@ -34,7 +34,7 @@ pub(super) fn load_16(bytes: &[u8]) -> __m128i {
 /// scaling by 2¹¹² is exact for zero, subnormal and normal halves; infinities and NaNs are
 /// selected without a branch or call that would make the caller spill its accumulators.
 #[inline]
-pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     let bits = u32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]));
     let finite = f32::from_bits((bits & 0x7FFF) << 13) * f32::from_bits(0x7780_0000);
     let special = 0x7F80_0000 | ((bits & 0x03FF) << 13);

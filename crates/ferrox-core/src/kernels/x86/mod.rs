@@ -7,7 +7,7 @@
 //! those features, so the `unsafe` calls in the entry wrappers are sound.
 
 pub(crate) mod avx2_activation;
-mod avx2_common;
+pub(crate) mod avx2_common;
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
