@@ -44,6 +44,14 @@
  *   llama-ref info MODEL CTX N_THREADS
  *       Prints the settings JSON (what the other modes record) without evaluating anything.
  *
+ *   llama-ref embed MODEL CTX N_THREADS POOLING TOKENS_FILE OUT_JSON
+ *       Embeddings (llama_context_params.embeddings = true, pooling_type = POOLING: none,
+ *       mean, cls, last or rank). Each line of TOKENS_FILE is one sequence of token ids, run
+ *       alone (memory cleared) as one batch with every token an output, as llama-embedding
+ *       does. Writes {"settings", "pooling", "n_embd", "embeddings": [per line: [vector, ...]]}:
+ *       the pooled vector (llama_get_embeddings_seq), or every token's (none), NOT normalized;
+ *       with rank, the classification head's first score.
+ *
  * Context parameters: llama_context_default_params() except n_ctx, n_threads,
  * n_threads_batch (both = N_THREADS) and, for logits mode, n_batch = n_ubatch = n_tokens.
  * Flash attention is left at the default (AUTO); the program records what AUTO resolved to by
@@ -71,6 +79,7 @@
 
 static int g_verbose = 0;
 static int g_fa_state = -1; /* -1 unknown, 0 disabled, 1 enabled */
+static int g_embed_pooling = -2; /* embed mode: the llama_pooling_type asked for */
 
 static void log_cb(enum ggml_log_level level, const char * text, void * user) {
     (void) level;
@@ -283,6 +292,10 @@ static void make_ctx(ref_t * r, uint32_t n_ctx, int n_threads, int n_batch) {
     if (n_batch > 0) {
         cp.n_batch = (uint32_t) n_batch;
         cp.n_ubatch = (uint32_t) n_batch;
+    }
+    if (g_embed_pooling != -2) {
+        cp.embeddings = true;
+        cp.pooling_type = (enum llama_pooling_type) g_embed_pooling;
     }
     r->cparams = cp;
     r->ctx = llama_init_from_model(r->model, cp);
@@ -742,6 +755,91 @@ static int mode_tokenize(int argc, char ** argv) {
     return 0;
 }
 
+static int mode_embed(int argc, char ** argv) {
+    if (argc != 8) {
+        die("usage: %s embed MODEL CTX N_THREADS POOLING TOKENS_FILE OUT_JSON", argv[0]);
+    }
+    const char * names[] = {"none", "mean", "cls", "last", "rank"};
+    for (int i = 0; i < 5; i++) {
+        if (strcmp(argv[5], names[i]) == 0) {
+            g_embed_pooling = i;
+        }
+    }
+    if (g_embed_pooling == -2) {
+        die("unknown pooling %s", argv[5]);
+    }
+    int n_ctx = atoi(argv[3]);
+    ref_t r = {0};
+    r.model = load_model(argv[2]);
+    r.vocab = llama_model_get_vocab(r.model);
+    r.n_vocab = llama_vocab_n_tokens(r.vocab);
+    make_ctx(&r, (uint32_t) n_ctx, atoi(argv[4]), n_ctx);
+    /* rank pooling gives the classification head's scores: the first is the one llama-server
+       reports (the number of labels is not in the public API) */
+    const int n_embd = g_embed_pooling == 4 ? 1 : llama_model_n_embd_out(r.model);
+    size_t len;
+    char * text = read_file(argv[6], &len);
+    FILE * f = fopen(argv[7], "w");
+    if (!f) {
+        die("cannot create %s", argv[7]);
+    }
+    fprintf(f, "{\"settings\": ");
+    write_settings(f, &r, "embed");
+    fprintf(f, ",\n \"pooling\": \"%s\", \"n_embd\": %d, \"embeddings\": [", argv[5], n_embd);
+    struct llama_batch batch = llama_batch_init(n_ctx, 0, 1);
+    int line_no = 0;
+    for (char * line = text; line && *line;) {
+        char * end = strchr(line, '\n');
+        if (end) {
+            *end = 0;
+        }
+        int n_tokens;
+        llama_token * ids = parse_ids(line, &n_tokens);
+        if (n_tokens > 0) {
+            if (n_tokens > n_ctx) {
+                die("a line of %d tokens exceeds CTX %d", n_tokens, n_ctx);
+            }
+            llama_memory_clear(llama_get_memory(r.ctx), true);
+            for (int i = 0; i < n_tokens; i++) {
+                batch.token[i] = ids[i];
+                batch.pos[i] = i;
+                batch.n_seq_id[i] = 1;
+                batch.seq_id[i][0] = 0;
+                batch.logits[i] = 1;
+            }
+            batch.n_tokens = n_tokens;
+            int rc = llama_decode(r.ctx, batch);
+            if (rc != 0) {
+                die("llama_decode failed: %d", rc);
+            }
+            fprintf(f, "%s\n  [", line_no++ ? "," : "");
+            int rows = g_embed_pooling == 0 ? n_tokens : 1;
+            for (int t = 0; t < rows; t++) {
+                const float * e = g_embed_pooling == 0 ? llama_get_embeddings_ith(r.ctx, t)
+                                                       : llama_get_embeddings_seq(r.ctx, 0);
+                if (!e) {
+                    die("no embedding for line %d", line_no);
+                }
+                fprintf(f, "%s[", t ? ", " : "");
+                for (int i = 0; i < n_embd; i++) {
+                    fprintf(f, "%s%.9g", i ? ", " : "", e[i]);
+                }
+                fprintf(f, "]");
+            }
+            fprintf(f, "]");
+        }
+        free(ids);
+        line = end ? end + 1 : NULL;
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+    llama_batch_free(batch);
+    llama_free(r.ctx);
+    llama_model_free(r.model);
+    free(text);
+    return 0;
+}
+
 static int mode_info(int argc, char ** argv) {
     if (argc != 5) {
         die("usage: %s info MODEL CTX N_THREADS", argv[0]);
@@ -765,7 +863,7 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, NULL);
     llama_backend_init();
     if (argc < 2) {
-        die("usage: %s logits|greedy|sweep|tokenize|info ...", argv[0]);
+        die("usage: %s logits|greedy|sweep|tokenize|info|embed ...", argv[0]);
     }
     int rc;
     if (strcmp(argv[1], "logits") == 0) {
@@ -778,6 +876,8 @@ int main(int argc, char ** argv) {
         rc = mode_tokenize(argc, argv);
     } else if (strcmp(argv[1], "info") == 0) {
         rc = mode_info(argc, argv);
+    } else if (strcmp(argv[1], "embed") == 0) {
+        rc = mode_embed(argc, argv);
     } else {
         die("unknown mode %s", argv[1]);
     }

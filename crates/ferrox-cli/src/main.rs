@@ -35,6 +35,8 @@ enum Command {
     Detokenize(commands::tokenize::DetokenizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::Args),
+    /// Print the embeddings of texts, as llama-embedding does.
+    Embedding(commands::embedding::Args),
     /// Download a model from the Hugging Face Hub into its cache (ORG/NAME[:QUANT]).
     Pull(commands::models::PullArgs),
     /// List the GGUF models in the Hugging Face Hub cache.
@@ -124,6 +126,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Detokenize(args) => commands::tokenize::run_detokenize(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Embedding(args) => commands::embedding::run(args),
         Command::Pull(args) => commands::models::pull(args),
         Command::List(args) => commands::models::list(args),
         Command::Rm(args) => commands::models::rm(args),

@@ -855,3 +855,485 @@ fn speculative_streams_equal_solo(
     }
     (drafted, accepted)
 }
+
+/// An embedding fixture (`crates/ferrox-models/tests/fixtures/embeddings/NAME.json`) and its
+/// model, written into a temporary directory after checking it is the file llama.cpp ran: the
+/// directory (removed when dropped), the model's path, the fixture's path and the fixture.
+fn embedding_fixture(
+    name: &str,
+    bytes: Vec<u8>,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    serde_json::Value,
+) {
+    use sha2::Digest;
+    let fixture_path = repo_root()
+        .join("crates/ferrox-models/tests/fixtures/embeddings")
+        .join(format!("{name}.json"));
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fixture_path).unwrap()).unwrap();
+    let sha: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        sha,
+        fixture["gguf_sha256"].as_str().unwrap(),
+        "{name}: not the file llama.cpp ran"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join(format!("{name}.gguf"));
+    std::fs::write(&model, bytes).unwrap();
+    (dir, model, fixture_path, fixture)
+}
+
+/// `serve --embeddings` on the synthetic llama.f32 sweep model (f32 cache) against llama.cpp's
+/// embeddings of the same file: every check of embeddings_client.py with mean pooling; then
+/// with `--pooling none`, `/embedding` gives every token's vector (and `/v1/embeddings`,
+/// which cannot hold them, a 400); without `--embeddings` both answer 501.
+#[test]
+fn serve_embeddings_equal_llama_cpp() {
+    require_openai();
+    let (_dir, model, fixture_path, fixture) =
+        embedding_fixture("llama.f32", synthetic::sweep_gguf_bytes("llama.f32"));
+    let n_ctx = "256";
+    let base = [
+        "-m",
+        model.to_str().unwrap(),
+        "-c",
+        n_ctx,
+        "-ctk",
+        "f32",
+        "-ctv",
+        "f32",
+        "-t",
+        "2",
+        "--parallel",
+        "4",
+    ];
+    let serve = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let server = Server::start(&args, &[]);
+        server.wait_ready(Duration::from_secs(60));
+        server
+    };
+
+    let server = serve(&["--embeddings", "--pooling", "mean"]);
+    assert!(
+        server.log().contains("embeddings: mean pooling"),
+        "{}",
+        server.log()
+    );
+    let out = Command::new(python())
+        .arg(repo_root().join("crates/ferrox-cli/tests/serve/embeddings_client.py"))
+        .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
+        .args([
+            "--fixture",
+            fixture_path.to_str().unwrap(),
+            "--n-ctx",
+            n_ctx,
+        ])
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "client checks failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    drop(server);
+
+    let server = serve(&["--embeddings", "--pooling", "none"]);
+    let seqs = fixture["sequences"].as_array().unwrap();
+    let per_token = fixture["pooled"]["none"].as_array().unwrap();
+    for (seq, expected) in seqs.iter().zip(per_token) {
+        let body = serde_json::json!({ "content": seq }).to_string();
+        let (status, reply) = http(server.port, "POST", "/embedding", Some(&body), None);
+        assert_eq!(status, 200, "{reply}");
+        let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+        let rows = reply[0]["embedding"].as_array().unwrap();
+        let expected = expected.as_array().unwrap();
+        assert_eq!(rows.len(), expected.len(), "one vector per token");
+        for (ours, theirs) in rows.iter().zip(expected) {
+            let (ours, theirs) = (ours.as_array().unwrap(), theirs.as_array().unwrap());
+            let scale = theirs
+                .iter()
+                .map(|x| x.as_f64().unwrap().abs())
+                .fold(0.0, f64::max);
+            for (a, b) in ours.iter().zip(theirs) {
+                let d = (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() / scale;
+                assert!(d <= 1e-4, "pooling none: relative difference {d:.2e}");
+            }
+        }
+    }
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/embeddings",
+        Some(r#"{"input": "x"}"#),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("--pooling"), "{reply}");
+    drop(server);
+
+    let server = serve(&[]);
+    for path in ["/v1/embeddings", "/embedding"] {
+        let (status, reply) = http(server.port, "POST", path, Some(r#"{"input": "x"}"#), None);
+        assert_eq!(status, 501, "{path}: {reply}");
+        assert!(reply.contains("--embeddings"), "{reply}");
+    }
+}
+
+/// `serve --embeddings` on the synthetic BERT (an encoder, the file's CLS pooling, f32 cache):
+/// three inputs in one request (embedded together, each whole) equal llama.cpp's embeddings
+/// of the same file, and generation is refused with a 400.
+#[test]
+fn serve_embeds_with_an_encoder() {
+    let (_dir, model, _, fixture) = embedding_fixture("bert", synthetic::bert::gguf_bytes("bert"));
+    let server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--embeddings",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "-t",
+            "2",
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    assert!(
+        server.log().contains("embeddings: cls pooling"),
+        "{}",
+        server.log()
+    );
+    let seqs = fixture["sequences"].clone();
+    let body = serde_json::json!({ "input": seqs }).to_string();
+    let (status, reply) = http(server.port, "POST", "/v1/embeddings", Some(&body), None);
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let expected = fixture["pooled"]["cls"].as_array().unwrap();
+    for (item, reference) in reply["data"].as_array().unwrap().iter().zip(expected) {
+        let reference: Vec<f64> = reference[0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let norm = reference.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let ours = item["embedding"].as_array().unwrap();
+        assert_eq!(ours.len(), reference.len());
+        for (a, b) in ours.iter().zip(&reference) {
+            let d = (a.as_f64().unwrap() - b / norm).abs();
+            assert!(d <= 1e-4, "input {}: |diff| {d:.2e}", item["index"]);
+        }
+    }
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "ba", "max_tokens": 2}"#),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("embedding model"), "{reply}");
+}
+
+/// `serve --reranking` on the synthetic BERT reranker (f32 cache): `/v1/rerank` scores a
+/// query against documents as llama.cpp scores the same pairs (llama-server's layout:
+/// `[CLS] query [SEP] document`), sorted, cut to `top_n`, with the documents when asked; TEI's
+/// shape too; and a server started without it answers 501.
+#[test]
+fn serve_reranks_as_llama_cpp() {
+    let (_dir, model, _, fixture) = embedding_fixture(
+        "bert-reranker",
+        synthetic::bert::gguf_bytes("bert-reranker"),
+    );
+    let base = [
+        "-m",
+        model.to_str().unwrap(),
+        "-ctk",
+        "f32",
+        "-ctv",
+        "f32",
+        "-t",
+        "2",
+    ];
+    let args: Vec<&str> = base.iter().copied().chain(["--reranking"]).collect();
+    let server = Server::start(&args, &[]);
+    server.wait_ready(Duration::from_secs(60));
+    let rr = &fixture["rerank"];
+    let expected: Vec<f64> = rr["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_f64().unwrap())
+        .collect();
+    let body = serde_json::json!({
+        "query": rr["query"],
+        "documents": rr["documents"],
+        "top_n": 3,
+        "return_documents": true,
+    })
+    .to_string();
+    let (status, reply) = http(server.port, "POST", "/v1/rerank", Some(&body), None);
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let results = reply["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "{reply}");
+    let mut order: Vec<usize> = (0..expected.len()).collect();
+    order.sort_by(|&a, &b| expected[b].total_cmp(&expected[a]));
+    for (item, &want) in results.iter().zip(&order) {
+        let index = item["index"].as_u64().unwrap() as usize;
+        assert_eq!(index, want, "{reply}");
+        let score = item["relevance_score"].as_f64().unwrap();
+        assert!(
+            (score - expected[index]).abs() <= 1e-4 * expected[index].abs().max(1.0),
+            "document {index}: {score} vs llama.cpp {}",
+            expected[index]
+        );
+        assert_eq!(item["document"]["text"], rr["documents"][index]);
+    }
+    let pairs: usize = rr["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_array().unwrap().len())
+        .sum();
+    assert_eq!(
+        reply["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        pairs,
+        "{reply}"
+    );
+    let body = serde_json::json!({"query": rr["query"], "texts": rr["documents"]}).to_string();
+    let (status, reply) = http(server.port, "POST", "/rerank", Some(&body), None);
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(reply.as_array().unwrap().len(), expected.len(), "{reply}");
+    assert_eq!(
+        reply[0]["index"].as_u64().unwrap() as usize,
+        order[0],
+        "{reply}"
+    );
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/rerank",
+        Some(r#"{"query": "x"}"#),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    drop(server);
+
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--embeddings", "--pooling", "cls"])
+        .collect();
+    let server = Server::start(&args, &[]);
+    server.wait_ready(Duration::from_secs(60));
+    let (status, reply) = http(server.port, "POST", "/v1/rerank", Some(&body), None);
+    assert_eq!(status, 501, "{reply}");
+}
+
+/// Resident memory of a process, in bytes (`VmRSS`).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+fn greedy_completion(port: u16, model: Option<&str>) -> String {
+    let mut body = serde_json::json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+    if let Some(m) = model {
+        body["model"] = serde_json::json!(m);
+    }
+    let (status, reply) = http(
+        port,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    reply["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// `serve --models-dir` with Gemma-3-270M and Qwen2.5-Coder-0.5B (and a Hugging Face cache
+/// holding Gemma under a repository's name) and `--models-max 1`:
+/// alternating requests load each model in turn (the other unloaded), with the outputs of
+/// single-model servers; two requests for an unloaded model both wait for its one load;
+/// `/v1/models` and `/metrics` show the states; an unknown model is a 404 naming the others;
+/// `/models/unload` frees the memory.
+#[test]
+fn serve_models_dir_loads_and_unloads_on_demand() {
+    let gemma = default_model();
+    let qwen = gemma.with_file_name("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        qwen.is_file(),
+        "{} is missing: run scripts/fetch-model.sh qwen-0.5b",
+        qwen.display()
+    );
+    let solo = |path: &Path| {
+        let server = Server::start(&["-m", path.to_str().unwrap(), "-c", "512", "-t", "2"], &[]);
+        server.wait_ready(Duration::from_secs(120));
+        greedy_completion(server.port, None)
+    };
+    let (gemma_text, qwen_text) = (solo(&gemma), solo(&qwen));
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&gemma, dir.path().join("gemma.gguf")).unwrap();
+    std::os::unix::fs::symlink(&qwen, dir.path().join("qwen.gguf")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a model").unwrap();
+    // A Hugging Face cache holding one model (Gemma again, under a repository's name).
+    let hub = tempfile::tempdir().unwrap();
+    let repo = hub.path().join("models--ferrox-test--tiny-GGUF");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::os::unix::fs::symlink(&gemma, snapshot.join("tiny-Q4_K_M.gguf")).unwrap();
+    let server = Server::start(
+        &[
+            "--models-dir",
+            dir.path().to_str().unwrap(),
+            "--models-max",
+            "1",
+            "-c",
+            "512",
+            "-t",
+            "2",
+            "--shutdown-grace",
+            "2",
+        ],
+        &[("HF_HUB_CACHE", hub.path().to_str().unwrap())],
+    );
+    server.wait_ready(Duration::from_secs(30));
+    let models = |port: u16| -> Vec<(String, String)> {
+        let (status, reply) = http(port, "GET", "/v1/models", None, None);
+        assert_eq!(status, 200, "{reply}");
+        let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+        reply["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let id = m["id"].as_str().unwrap().to_string();
+                (id, m["status"]["value"].as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    let state = |want: &[(&str, &str)]| {
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let started = Instant::now();
+        while models(server.port) != want {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{:?}",
+                models(server.port)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let cached = "ferrox-test/tiny-GGUF/tiny-Q4_K_M";
+    state(&[
+        ("gemma", "unloaded"),
+        ("qwen", "unloaded"),
+        (cached, "unloaded"),
+    ]);
+    // Two requests for the unloaded model at once: one load, both answered.
+    let port = server.port;
+    let waiting: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || greedy_completion(port, Some("gemma"))))
+        .collect();
+    for w in waiting {
+        assert_eq!(w.join().unwrap(), gemma_text);
+    }
+    assert_eq!(
+        server.log().matches("model gemma loaded").count(),
+        1,
+        "{}",
+        server.log()
+    );
+    for (model, text) in [
+        ("qwen", &qwen_text),
+        (cached, &gemma_text),
+        ("gemma", &gemma_text),
+        ("qwen", &qwen_text),
+    ] {
+        assert_eq!(
+            &greedy_completion(server.port, Some(model)),
+            text,
+            "{model}"
+        );
+    }
+    state(&[
+        ("gemma", "unloaded"),
+        ("qwen", "loaded"),
+        (cached, "unloaded"),
+    ]);
+    let (_, metrics) = http(server.port, "GET", "/metrics", None, None);
+    assert!(
+        metrics.contains("ferrox_model_loaded{model=\"qwen\"} 1"),
+        "{metrics}"
+    );
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model": "llama", "prompt": "x"}"#),
+        None,
+    );
+    assert_eq!(status, 404, "{reply}");
+    assert!(reply.contains("gemma, qwen, ferrox-test"), "{reply}");
+    // Unloading gives the memory back.
+    let loaded = rss_bytes(server.child.id());
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/models/unload",
+        Some(r#"{"model": "qwen"}"#),
+        None,
+    );
+    assert_eq!(status, 200, "{reply}");
+    state(&[
+        ("gemma", "unloaded"),
+        ("qwen", "unloaded"),
+        (cached, "unloaded"),
+    ]);
+    let started = Instant::now();
+    let freed = loop {
+        let freed = loaded.saturating_sub(rss_bytes(server.child.id()));
+        if freed > 200 << 20 || started.elapsed() > Duration::from_secs(10) {
+            break freed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "unloading Qwen freed {} MiB of {} MiB resident",
+        freed >> 20,
+        loaded >> 20
+    );
+    assert!(
+        freed > 200 << 20,
+        "unloading Qwen freed {} MiB of {} MiB resident",
+        freed >> 20,
+        loaded >> 20
+    );
+}

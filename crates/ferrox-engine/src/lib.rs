@@ -46,6 +46,8 @@ pub enum ModelError {
          for it (give -ctk/-ctv f16 or f32)"
     )]
     UnsupportedCacheType { engine: String, cache: String },
+    #[error("{arch} is an embedding model (an encoder without an output head): it embeds text and cannot generate")]
+    EmbeddingOnly { arch: String },
 }
 
 /// How to run an engine.
@@ -109,6 +111,8 @@ pub enum EngineError {
     ContextFull { needed: usize, capacity: usize },
     #[error("a batch needs at least one token")]
     EmptyBatch,
+    #[error("{0}: the model has no classification head (cls.output) to rank with")]
+    NoClassifier(String),
     #[error("{0}")]
     State(String),
     #[error(transparent)]
@@ -123,12 +127,34 @@ impl From<ModelError> for EngineError {
     }
 }
 
-/// One sequence's part of a step: tokens to append at its next positions, and which of them
-/// need logits.
+/// What the rows a step asks for ([`LogitsFor`]) give back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Output {
+    /// Next-token logits, [`Engine::vocab_size`] per row.
+    #[default]
+    Logits,
+    /// The hidden state after the final norm, [`Engine::embedding_size`] per row: what
+    /// llama.cpp calls a token's embedding (pooled into a text's embedding by the caller).
+    Embeddings,
+}
+
+impl Output {
+    /// Floats per requested row.
+    pub fn width<E: Engine + ?Sized>(self, engine: &E) -> usize {
+        match self {
+            Output::Logits => engine.vocab_size(),
+            Output::Embeddings => engine.embedding_size(),
+        }
+    }
+}
+
+/// One sequence's part of a step: tokens to append at its next positions, which of them
+/// give back something, and what.
 #[derive(Clone, Copy, Debug)]
 pub struct SeqInput<'a> {
     pub tokens: &'a [TokenId],
     pub logits: LogitsFor,
+    pub output: Output,
 }
 
 /// An engine's activation buffers, kept between steps so decoding does not allocate. Each
@@ -165,6 +191,9 @@ pub trait Engine: Send + Sync + Any {
 
     fn vocab_size(&self) -> usize;
 
+    /// Width of the hidden state ([`Output::Embeddings`]).
+    fn embedding_size(&self) -> usize;
+
     /// Positions one sequence can hold.
     fn context_size(&self) -> usize;
 
@@ -176,8 +205,9 @@ pub trait Engine: Send + Sync + Any {
     fn new_scratch(&self) -> StepScratch;
 
     /// Runs one step: sequence `i` of `memory` gets `seqs[i].tokens` at its next positions
-    /// (its block table must already cover them) and its logits in `logits[i]`
-    /// (`vocab_size()` per requested token, in order).
+    /// (its block table must already cover them) and what its requested rows give back in
+    /// `logits[i]` (logits or embeddings, as `seqs[i].output` says, one row per requested
+    /// token, in order).
     fn step(
         &self,
         memory: &mut StepMemory<'_>,
@@ -189,6 +219,25 @@ pub trait Engine: Send + Sync + Any {
     /// Whether [`draft_mtp`](Self::draft_mtp) drafts: the file's multi-token-prediction
     /// block was loaded ([`EngineOptions::mtp`]).
     fn has_mtp(&self) -> bool {
+        false
+    }
+
+    /// Whether [`classify`](Self::classify) scores: the file has a classification head
+    /// (`cls.*`, a reranker's).
+    fn has_classifier(&self) -> bool {
+        false
+    }
+
+    /// The classification head's scores of a pooled embedding (rank pooling: a reranker's
+    /// relevance score first).
+    fn classify(&self, _pooled: &[f32]) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::NoClassifier(self.architecture().to_string()))
+    }
+
+    /// An encoder (BERT and its kin): its attention may look both ways, so each sequence
+    /// comes whole, in one step, from position 0; it keeps nothing between steps and gives
+    /// back embeddings only (it has no output head).
+    fn is_encoder(&self) -> bool {
         false
     }
 
@@ -230,6 +279,7 @@ pub struct SeqWork<'a> {
     pub seq: SeqId,
     pub tokens: &'a [TokenId],
     pub logits: LogitsFor,
+    pub output: Output,
 }
 
 /// Runs one step of `engine` over sequences kept in `memory`: grows each sequence's blocks
@@ -252,6 +302,7 @@ pub fn step_sequences<E: Engine + ?Sized>(
         .map(|w| SeqInput {
             tokens: w.tokens,
             logits: w.logits,
+            output: w.output,
         })
         .collect();
     let mut view = memory.view(&ids)?;
@@ -347,6 +398,19 @@ pub trait EngineExt: Engine {
         state: &'s mut State,
         logits: LogitsFor,
     ) -> Result<&'s [f32], EngineError> {
+        self.forward_rows(tokens, start_pos, state, logits, Output::Logits)
+    }
+
+    /// [`forward_batch`](Self::forward_batch) giving back `output` for the rows in
+    /// `rows.range(tokens.len())` (`output.width(self)` floats each, in order).
+    fn forward_rows<'s>(
+        &self,
+        tokens: &[TokenId],
+        start_pos: usize,
+        state: &'s mut State,
+        rows: LogitsFor,
+        output: Output,
+    ) -> Result<&'s [f32], EngineError> {
         let len = state.len();
         if start_pos != len {
             return Err(EngineError::Position {
@@ -370,7 +434,8 @@ pub trait EngineExt: Engine {
         let work = SeqWork {
             seq: *seq,
             tokens,
-            logits,
+            logits: rows,
+            output,
         };
         step_sequences(self, memory, scratch, &[work], &mut [out])?;
         Ok(&state.logits)

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use ferrox_core::select::argmax;
-use ferrox_engine::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
+use ferrox_engine::{step_sequences, Engine, EngineError, LogitsFor, Output, SeqWork, StepScratch};
 use ferrox_memory::{MemoryShape, SeqId, SequenceMemory};
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
 
@@ -286,6 +286,7 @@ impl DraftSequences {
                     seq,
                     tokens,
                     logits: LogitsFor::Last,
+                    output: Output::Logits,
                 })
                 .collect();
             if self.logits.len() < work.len() {

@@ -86,6 +86,13 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
 }
 
 impl BlockManager {
+    /// Bytes of bookkeeping per block (its count, free-list entry, key and tick), which a
+    /// memory must afford as well as the blocks' rows.
+    pub const BYTES_PER_BLOCK: usize = std::mem::size_of::<u32>()
+        + std::mem::size_of::<BlockId>()
+        + std::mem::size_of::<Option<BlockKey>>()
+        + std::mem::size_of::<u64>();
+
     pub fn new(n_blocks: usize, block_tokens: usize) -> BlockManager {
         assert!(block_tokens > 0 && n_blocks <= BlockId::MAX as usize);
         BlockManager {

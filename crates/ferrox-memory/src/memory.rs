@@ -315,7 +315,10 @@ impl SequenceMemory {
     pub fn new(spec: MemorySpec, shape: MemoryShape) -> Result<SequenceMemory, MemoryError> {
         let max_sequences = shape.max_sequences.max(1);
         let positions = shape.n_blocks as u128 * shape.block_tokens as u128;
-        let bytes = shape.n_blocks as u128 * spec.bytes_per_block(shape.block_tokens) as u128
+        // The blocks' rows and their bookkeeping (which alone sizes a memory that keeps no
+        // rows, as an encoder's).
+        let per_block = spec.bytes_per_block(shape.block_tokens) + BlockManager::BYTES_PER_BLOCK;
+        let bytes = shape.n_blocks as u128 * per_block as u128
             + max_sequences as u128 * spec.recurrent_bytes() as u128;
         let too_large = || MemoryError::Allocation { positions, bytes };
         if shape.block_tokens == 0 || shape.n_blocks > BlockId::MAX as usize {
@@ -1252,5 +1255,32 @@ mod tests {
             r,
             Err(MemoryError::Allocation { .. } | MemoryError::ExceedsMemory { .. })
         ));
+    }
+
+    /// A memory that keeps no rows (an encoder's) is still sized by its blocks' bookkeeping:
+    /// a hostile context is refused, not allocated.
+    #[test]
+    fn blocks_without_rows_still_cost_their_bookkeeping() {
+        let rowless = MemorySpec {
+            paged: Vec::new(),
+            recurrent: None,
+            storage: KvStorage::F32,
+            row_lag: 0,
+        };
+        let r = SequenceMemory::new(
+            rowless,
+            MemoryShape {
+                n_blocks: BlockId::MAX as usize,
+                block_tokens: 16,
+                max_sequences: 4,
+                n_ctx: 1 << 30,
+                prefix_cache: true,
+            },
+        );
+        let e = r.err();
+        assert!(
+            matches!(e, Some(MemoryError::ExceedsMemory { .. })),
+            "{e:?}"
+        );
     }
 }

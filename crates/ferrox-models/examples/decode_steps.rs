@@ -53,6 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seq,
             tokens: p,
             logits: LogitsFor::Last,
+            output: ferrox_models::Output::Logits,
         })
         .collect();
     let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
@@ -67,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 seq,
                 tokens: &token,
                 logits: LogitsFor::Last,
+                output: ferrox_models::Output::Logits,
             })
             .collect();
         let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();

@@ -20,6 +20,10 @@
 //! `--dsa` the DeepSeek Sparse Attention models
 //! (`synthetic::dsa`) likewise; `--deepseek4` the DeepSeek-V4 model (`synthetic::deepseek4`)
 //! likewise.
+//! `--encoders` writes the encoder models (`synthetic::bert::ENCODER_MODELS`) with F32
+//! matrices (`<name>`) and Q8_0 matrices (`<name>.q8_0`), each with a
+//! `synthetic::SWEEP_TOKENS`-token sequence, and `qwen3-reranker`
+//! (`synthetic::qwen3_reranker_bytes`); one `name path bytes` line each.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), the low-bit models
 //! (`synthetic::LOW_BIT_SWEEPS`: MXFP4 experts, TQ2_0 matrices), each with a
@@ -42,6 +46,26 @@ fn main() {
     let (dir, all) = match args.as_slice() {
         [dir, flag] if flag == "--sweep" => {
             write_sweep(&PathBuf::from(dir));
+            return;
+        }
+        [dir, flag] if flag == "--encoders" => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for &name in synthetic::bert::ENCODER_MODELS {
+                let ids = synthetic::bert::token_ids(name, synthetic::SWEEP_TOKENS);
+                for (file, ty) in [
+                    (name.to_string(), GgmlType::F32),
+                    (format!("{name}.q8_0"), GgmlType::Q8_0),
+                ] {
+                    let bytes = synthetic::bert::gguf_bytes_with(name, ty);
+                    let path = write_model(&dir, &file, &bytes, &ids);
+                    println!("{file} {} {}", path.display(), bytes.len());
+                }
+            }
+            let bytes = synthetic::qwen3_reranker_bytes();
+            let ids = synthetic::token_ids_n("qwen3", synthetic::SWEEP_TOKENS);
+            let path = write_model(&dir, "qwen3-reranker", &bytes, &ids);
+            println!("qwen3-reranker {} {}", path.display(), bytes.len());
             return;
         }
         [dir, flag] if flag == "--kimi" => {

@@ -54,6 +54,22 @@ impl Engine for AnyEngine {
         self.0.vocab_size()
     }
 
+    fn embedding_size(&self) -> usize {
+        self.0.embedding_size()
+    }
+
+    fn is_encoder(&self) -> bool {
+        self.0.is_encoder()
+    }
+
+    fn has_classifier(&self) -> bool {
+        self.0.has_classifier()
+    }
+
+    fn classify(&self, pooled: &[f32]) -> Result<Vec<f32>, EngineError> {
+        self.0.classify(pooled)
+    }
+
     fn context_size(&self) -> usize {
         self.0.context_size()
     }

@@ -8,6 +8,7 @@ pub mod any_engine;
 pub mod decoder;
 pub mod deepseek4;
 pub mod dsa;
+pub mod encoder;
 pub mod families;
 pub mod hparams;
 pub mod kimi;
@@ -21,12 +22,13 @@ pub use any_engine::AnyEngine;
 pub use decoder::Decoder;
 pub use deepseek4::Deepseek4Engine;
 pub use dsa::DsaEngine;
+pub use encoder::Encoder;
 pub use families::load_as;
 /// The interface the engines implement (the `ferrox-engine` crate).
 pub use ferrox_engine as engine;
 pub use ferrox_engine::{
-    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, ModelError, SeqInput,
-    SeqWork, State, StepScratch, TokenId,
+    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, ModelError, Output,
+    SeqInput, SeqWork, State, StepScratch, TokenId,
 };
 pub use mla::{AttentionPath, MlaEngine};
 

@@ -31,6 +31,10 @@ impl Tensor {
     pub fn layer_bias(self, il: usize) -> String {
         format!("blk.{il}.{}.bias", self.base)
     }
+
+    pub fn bias(self) -> String {
+        format!("{}.bias", self.base)
+    }
 }
 
 const VOCAB: &[&str] = &["vocab_size"];
@@ -187,6 +191,19 @@ pub const SSM_G_A: Tensor = Tensor::new("ssm_g_a", KDA);
 pub const SSM_G_B: Tensor = Tensor::new("ssm_g_b", KDA);
 pub const SSM_NORM: Tensor = Tensor::new("ssm_norm", KDA);
 
+/// The encoders' (BERT's) own: learned positions, token types, the post-norms.
+pub const POSITION_EMBD: Tensor = Tensor::new("position_embd", &["context_length"]);
+pub const TOKEN_TYPES: Tensor = Tensor::new("token_types", &[]);
+pub const TOKEN_EMBD_NORM: Tensor = Tensor::new("token_embd_norm", &[]);
+pub const ATTN_OUTPUT_NORM: Tensor = Tensor::new("attn_output_norm", &[]);
+pub const LAYER_OUTPUT_NORM: Tensor = Tensor::new("layer_output_norm", &[]);
+/// A second post-attention LayerNorm (jina-bert-v2).
+pub const ATTN_NORM_2: Tensor = Tensor::new("attn_norm_2", &[]);
+/// A reranker's classification head: a dense layer with tanh (`cls`), then the scores
+/// (`cls.output`, one row per label).
+pub const CLS: Tensor = Tensor::new("cls", &[]);
+pub const CLS_OUTPUT: Tensor = Tensor::new("cls.output", &[]);
+
 /// Every tensor ferrox reads.
 pub const ALL: &[Tensor] = &[
     TOKEN_EMBD,
@@ -262,6 +279,14 @@ pub const ALL: &[Tensor] = &[
     OUTPUT_HC_BASE,
     OUTPUT_HC_SCALE,
     FFN_GATE_TID2EID,
+    POSITION_EMBD,
+    TOKEN_TYPES,
+    TOKEN_EMBD_NORM,
+    ATTN_OUTPUT_NORM,
+    LAYER_OUTPUT_NORM,
+    ATTN_NORM_2,
+    CLS,
+    CLS_OUTPUT,
 ];
 
 /// The table entry of a tensor named in the file (`blk.N.` prefix and suffix removed).

@@ -10,7 +10,7 @@ use ferrox_gguf::Gguf;
 use ferrox_memory::{MemorySpec, StepMemory};
 use rayon::prelude::*;
 
-use crate::engine::{EngineError, EngineOptions, SeqInput};
+use crate::engine::{EngineError, EngineOptions, Output, SeqInput};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
@@ -29,8 +29,10 @@ pub struct Row {
     pub seq: usize,
     pub pos: usize,
     pub token: TokenId,
-    /// Which of the sequence's logits rows this token fills, if any.
+    /// Which of the sequence's output rows this token fills, if any.
     pub logits_row: Option<usize>,
+    /// What that row holds.
+    pub output: Output,
 }
 
 /// `buf[..len]`, grown if needed.
@@ -42,12 +44,12 @@ pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// Checks a step's sequences (tokens present and in the vocabulary, room in each
-/// sequence's blocks), sizes each sequence's logits buffer and lays the tokens out as rows:
-/// each sequence's rows contiguous and in position order.
+/// sequence's blocks), sizes each sequence's output buffer (logits or embeddings) and lays
+/// the tokens out as rows: each sequence's rows contiguous and in position order.
 pub fn layout(
     memory: &StepMemory<'_>,
     seqs: &[SeqInput<'_>],
-    n_vocab: usize,
+    (n_vocab, n_embd): (usize, usize),
     logits: &mut [&mut Vec<f32>],
     rows: &mut Vec<Row>,
 ) -> Result<(), EngineError> {
@@ -79,13 +81,18 @@ pub fn layout(
             });
         }
         let wanted = input.logits.range(input.tokens.len());
-        logits[seq].resize(wanted.len() * n_vocab, 0.0);
+        let width = match input.output {
+            Output::Logits => n_vocab,
+            Output::Embeddings => n_embd,
+        };
+        logits[seq].resize(wanted.len() * width, 0.0);
         for (i, &token) in input.tokens.iter().enumerate() {
             rows.push(Row {
                 seq,
                 pos: start + i,
                 token,
                 logits_row: wanted.contains(&i).then(|| i - wanted.start),
+                output: input.output,
             });
         }
     }
@@ -102,6 +109,8 @@ pub struct Runtime {
     pub kv_storage: KvStorage,
     pub pool: rayon::ThreadPool,
     pub n_vocab: usize,
+    /// Width of the hidden state (of the final norm's output).
+    pub n_embd: usize,
     /// Bytes of weights read per decoded token (set once the weights are loaded).
     pub weight_bytes_per_token: u64,
 }
@@ -113,7 +122,7 @@ impl Runtime {
     pub fn new(
         gguf: Arc<Gguf>,
         options: &EngineOptions,
-        (n_ctx_train, n_vocab): (usize, usize),
+        (n_ctx_train, n_vocab, n_embd): (usize, usize, usize),
         name: &str,
     ) -> Result<Runtime, ModelError> {
         let name = name.to_string();
@@ -136,6 +145,7 @@ impl Runtime {
             kv_storage: options.kv_storage,
             pool,
             n_vocab,
+            n_embd,
             weight_bytes_per_token: 0,
         })
     }
@@ -187,6 +197,11 @@ pub trait EngineBody: Send + Sync + 'static {
     /// Whether [`draft_mtp`](Self::draft_mtp) drafts (see [`Engine::has_mtp`]).
     fn has_mtp(&self) -> bool {
         false
+    }
+
+    /// The file's classification head (rerankers), if the engine loaded one.
+    fn classifier(&self) -> Option<&crate::layers::classifier::ClassifierHead> {
+        None
     }
 
     /// [`Engine::enable_rollback`]'s preparation, for an engine whose memory needs one.
@@ -251,6 +266,10 @@ macro_rules! engine_from_body {
                     self.runtime().n_vocab
                 }
 
+                fn embedding_size(&self) -> usize {
+                    self.runtime().n_embd
+                }
+
                 fn context_size(&self) -> usize {
                     self.runtime().n_ctx
                 }
@@ -269,6 +288,17 @@ macro_rules! engine_from_body {
 
                 fn has_mtp(&self) -> bool {
                     EngineBody::has_mtp(self)
+                }
+
+                fn has_classifier(&self) -> bool {
+                    EngineBody::classifier(self).is_some()
+                }
+
+                fn classify(&self, pooled: &[f32]) -> Result<Vec<f32>, EngineError> {
+                    match EngineBody::classifier(self) {
+                        Some(head) => Ok(head.apply(&self.runtime().gguf, pooled)?),
+                        None => Err(EngineError::NoClassifier(self.runtime().arch.clone())),
+                    }
                 }
 
                 fn enable_rollback(&mut self, tokens: usize) -> Result<usize, EngineError> {
@@ -309,7 +339,8 @@ macro_rules! engine_from_body {
                 ) -> Result<(), EngineError> {
                     let StepBuffers { rows, engine } =
                         scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
-                    layout(memory, seqs, self.runtime().n_vocab, logits, rows)?;
+                    let widths = (self.runtime().n_vocab, self.runtime().n_embd);
+                    layout(memory, seqs, widths, logits, rows)?;
                     let checkpoints = self.checkpoints();
                     let block = memory.block_tokens();
                     self.runtime().pool.install(|| {
@@ -468,8 +499,9 @@ pub struct HeadScratch {
 }
 
 impl OutputHead<'_> {
-    /// Logits for the rows of the micro-batch (hidden states `x`) that want them, copied to
-    /// their sequences' buffers.
+    /// What the rows of the micro-batch (hidden states `x`) that want something give back,
+    /// copied to their sequences' buffers: the final norm of the row (its embedding), or
+    /// that times the output matrix (its logits).
     pub fn run(
         &self,
         rows: &[Row],
@@ -484,8 +516,7 @@ impl OutputHead<'_> {
             return Ok(());
         }
         let n_embd = self.norm.len();
-        let count = s.wanting.len();
-        let xn = sized(&mut s.xn, count * n_embd);
+        let xn = sized(&mut s.xn, s.wanting.len() * n_embd);
         for (i, &t) in s.wanting.iter().enumerate() {
             rms_norm(
                 &x[t * n_embd..(t + 1) * n_embd],
@@ -494,13 +525,40 @@ impl OutputHead<'_> {
                 &mut xn[i * n_embd..(i + 1) * n_embd],
             );
         }
+        // Embedding rows are given back now; the logits rows' inputs close up behind them.
+        let mut count = 0;
+        for i in 0..s.wanting.len() {
+            let t = s.wanting[i];
+            let row = &rows[t];
+            let slot = row.logits_row.unwrap_or(0);
+            match row.output {
+                Output::Embeddings => seq_logits[row.seq][slot * n_embd..(slot + 1) * n_embd]
+                    .copy_from_slice(&xn[i * n_embd..(i + 1) * n_embd]),
+                Output::Logits => {
+                    if count != i {
+                        xn.copy_within(i * n_embd..(i + 1) * n_embd, count * n_embd);
+                    }
+                    s.wanting[count] = t;
+                    count += 1;
+                }
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
         let n_vocab = self.output.rows();
         let logits = sized(&mut s.logits, count * n_vocab);
-        linear(&self.output, xn, count, logits, &mut s.xq)?;
+        linear(
+            &self.output,
+            &xn[..count * n_embd],
+            count,
+            logits,
+            &mut s.xq,
+        )?;
         if let Some(cap) = self.softcap {
             softcap(logits, cap);
         }
-        for (i, &t) in s.wanting.iter().enumerate() {
+        for (i, &t) in s.wanting[..count].iter().enumerate() {
             let row = &rows[t];
             let slot = row.logits_row.unwrap_or(0);
             seq_logits[row.seq][slot * n_vocab..(slot + 1) * n_vocab]

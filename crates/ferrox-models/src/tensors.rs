@@ -10,6 +10,7 @@ use ferrox_gguf::{Gguf, TensorInfo};
 use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
 
 use crate::hparams::{moe_error, FfnKind, MoeFfnConfig};
+use crate::layers::linear::{linear, linear_many};
 use crate::names::*;
 use crate::ModelError;
 
@@ -61,6 +62,76 @@ impl MatrixRef {
 
     pub fn n_bytes(&self) -> u64 {
         self.tensor.n_bytes.unwrap_or(0)
+    }
+}
+
+/// Query, key and value projections: separate, or fused into one matrix whose rows are the
+/// query's, then the key's, then the value's (phi3, nomic-bert).
+/// (Built once per layer at load, so the variants' size difference costs nothing.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum QkvWeights {
+    Separate {
+        q: MatrixRef,
+        k: MatrixRef,
+        v: MatrixRef,
+    },
+    Fused(MatrixRef),
+}
+
+impl QkvWeights {
+    pub fn matrices_mut(&mut self) -> Vec<&mut MatrixRef> {
+        match self {
+            QkvWeights::Separate { q, k, v } => vec![q, k, v],
+            QkvWeights::Fused(m) => vec![m],
+        }
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        match self {
+            QkvWeights::Separate { q, k, v } => q.n_bytes() + k.n_bytes() + v.n_bytes(),
+            QkvWeights::Fused(m) => m.n_bytes(),
+        }
+    }
+
+    /// The query, key and value rows of `n` input rows `x`, into `q`, `k` and `v` (`n` rows
+    /// of each one's width); `fused` holds a fused matrix's rows before they are split.
+    #[allow(clippy::too_many_arguments)]
+    pub fn project(
+        &self,
+        gguf: &Gguf,
+        x: &[f32],
+        n: usize,
+        (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
+        fused: &mut Vec<f32>,
+        xq: &mut Vec<u8>,
+    ) -> Result<(), ModelError> {
+        match self {
+            QkvWeights::Separate {
+                q: wq,
+                k: wk,
+                v: wv,
+            } => {
+                let (wq, wk, wv) = (wq.view(gguf)?, wk.view(gguf)?, wv.view(gguf)?);
+                linear_many(&[&wq, &wk, &wv], x, n, &mut [q, k, v], xq)
+            }
+            QkvWeights::Fused(w) => {
+                let (q_w, k_w, v_w) = (q.len() / n, k.len() / n, v.len() / n);
+                let all = q_w + k_w + v_w;
+                if fused.len() < n * all {
+                    fused.resize(n * all, 0.0);
+                }
+                let qkv = &mut fused[..n * all];
+                linear(&w.view(gguf)?, x, n, qkv, xq)?;
+                for t in 0..n {
+                    let row = &qkv[t * all..(t + 1) * all];
+                    q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
+                    k[t * k_w..(t + 1) * k_w].copy_from_slice(&row[q_w..q_w + k_w]);
+                    v[t * v_w..(t + 1) * v_w].copy_from_slice(&row[q_w + k_w..]);
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -339,6 +410,29 @@ impl Loader<'_> {
         };
         m.view(self.gguf)?;
         Ok(m)
+    }
+
+    /// Layer `il`'s query, key and value projections of `n_embd` inputs into rows of the
+    /// given widths: one fused `attn_qkv` if the file has it, else `attn_q`, `attn_k`,
+    /// `attn_v`.
+    pub(crate) fn qkv(
+        &self,
+        il: usize,
+        n_embd: usize,
+        (q_w, k_w, v_w): (usize, usize, usize),
+    ) -> Result<QkvWeights, ModelError> {
+        let fused = q_w
+            .checked_add(k_w)
+            .and_then(|qk| qk.checked_add(v_w))
+            .ok_or_else(|| ModelError::Config(format!("layer {il}: QKV width overflows")))?;
+        Ok(match self.opt_matrix(&ATTN_QKV.layer(il), n_embd, fused)? {
+            Some(m) => QkvWeights::Fused(m),
+            None => QkvWeights::Separate {
+                q: self.matrix(&ATTN_Q.layer(il), n_embd, q_w)?,
+                k: self.matrix(&ATTN_K.layer(il), n_embd, k_w)?,
+                v: self.matrix(&ATTN_V.layer(il), n_embd, v_w)?,
+            },
+        })
     }
 
     /// A 1-D tensor of `n` values used as a one-row matrix (ggml shape `[n]` or `[n, 1]`).

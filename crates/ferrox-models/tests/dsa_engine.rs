@@ -111,6 +111,7 @@ fn run(
         seq,
         tokens,
         logits: LogitsFor::Last,
+        output: ferrox_models::Output::Logits,
     }];
     step_sequences(e, m, &mut e.new_scratch(), &work, &mut [&mut out]).unwrap();
     out
@@ -145,6 +146,7 @@ fn together(
                 seq: a.seq,
                 tokens,
                 logits: LogitsFor::Last,
+                output: ferrox_models::Output::Logits,
             })
             .collect();
         let mut out = vec![Vec::new(); prompts.len()];

@@ -236,6 +236,7 @@ fn sequences_stepped_together_equal_each_alone() {
                 seq,
                 tokens,
                 logits: LogitsFor::Last,
+                output: ferrox_models::Output::Logits,
             })
             .collect();
         let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
@@ -318,6 +319,7 @@ fn paged_sequences_equal_contiguous_ones() {
             seq: first.seq,
             tokens: chunk,
             logits: LogitsFor::All,
+            output: ferrox_models::Output::Logits,
         }];
         step_sequences(&decoder, &mut memory, &mut scratch, &work, &mut [&mut out]).unwrap();
         first_logits.extend_from_slice(&out);
@@ -334,11 +336,13 @@ fn paged_sequences_equal_contiguous_ones() {
             seq: second.seq,
             tokens: &prompts[1][reused..],
             logits: LogitsFor::All,
+            output: ferrox_models::Output::Logits,
         },
         SeqWork {
             seq: first.seq,
             tokens: &extra,
             logits: LogitsFor::Last,
+            output: ferrox_models::Output::Logits,
         },
     ];
     let (mut second_out, mut first_out) = (Vec::new(), Vec::new());
@@ -369,6 +373,7 @@ fn paged_sequences_equal_contiguous_ones() {
         &[SeqInput {
             tokens: &[1; 64],
             logits: LogitsFor::Last,
+            output: ferrox_models::Output::Logits,
         }],
         &mut [&mut out],
     );

@@ -1,6 +1,6 @@
 //! Loading a model whose metadata holds an absurd count fails fast and cleanly.
 //!
-//! For every synthetic architecture and every integer key under `{arch}.` (each element of
+//! For every synthetic architecture (the encoder models too) and every integer key under `{arch}.` (each element of
 //! an integer array too), the file is rewritten with the value set to 2^29, 2^31-1 and
 //! 2^32-1. Each case loads the tokenizer and the engine with the file's own context length
 //! and, if the engine loads, runs one token. Every case must end within a second without a
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ferrox_gguf::{Gguf, OwnedValue};
 use ferrox_models::EngineExt;
-use ferrox_models::{AnyEngine, Engine, EngineOptions};
+use ferrox_models::{AnyEngine, Engine, EngineOptions, LogitsFor, Output};
 use ferrox_tokenizer::tokenizer::Tokenizer;
 
 /// Keys whose value sizes nothing: a huge one may load and run.
@@ -39,7 +39,13 @@ fn harmless(gguf: &Gguf, arch: &str, key_name: &str, index: Option<usize>) -> bo
     }
     let moe = has("expert_count");
     let mla = has("kv_lora_rank") || has("attention.kv_lora_rank");
+    // An encoder keeps nothing per position: a huge context sizes nothing unless positions
+    // are learned (then `position_embd` must have that many rows).
+    let encoder = ["nomic-bert", "nomic-bert-moe", "jina-bert-v2"].contains(&arch);
     match key_name {
+        "context_length" if encoder => true,
+        // Read only when embeddings are pooled (an unknown id is refused there).
+        "pooling_type" => true,
         // MoE layers are sized by `expert_feed_forward_length` where it is given.
         "feed_forward_length" if moe && !mla => has("expert_feed_forward_length"),
         // MLA: only the leading dense layers have a dense FFN.
@@ -102,9 +108,18 @@ fn run_case(bytes: Vec<u8>) -> Outcome {
         Ok(s) => s,
         Err(e) => return Outcome::Error(e.to_string()),
     };
-    match engine.forward_token(synthetic::BOS_ID, 0, &mut state) {
-        Ok(logits) => {
-            assert_eq!(logits.len(), engine.vocab_size());
+    // An encoder embeds (a sequence of its first two tokens) instead.
+    let (tokens, output, width) = match engine.is_encoder() {
+        true => (&[0, 1][..], Output::Embeddings, engine.embedding_size()),
+        false => (
+            &[synthetic::BOS_ID][..],
+            Output::Logits,
+            engine.vocab_size(),
+        ),
+    };
+    match engine.forward_rows(tokens, 0, &mut state, LogitsFor::Last, output) {
+        Ok(rows) => {
+            assert_eq!(rows.len(), width);
             Outcome::Ran
         }
         Err(e) => Outcome::Error(e.to_string()),
@@ -167,8 +182,16 @@ impl Tally {
 #[test]
 fn hostile_counts_fail_fast_and_cleanly() {
     let mut failures = Vec::new();
-    for arch in synthetic::FAMILIES {
-        let gguf = Gguf::from_bytes(synthetic::gguf_bytes(arch)).unwrap();
+    let models = synthetic::FAMILIES
+        .iter()
+        .map(|&arch| (arch, synthetic::gguf_bytes(arch)))
+        .chain(
+            synthetic::bert::ENCODER_MODELS
+                .iter()
+                .map(|&name| (name, synthetic::bert::gguf_bytes(name))),
+        );
+    for (arch, bytes) in models {
+        let gguf = Gguf::from_bytes(bytes).unwrap();
         let file_arch = gguf.metadata().architecture().unwrap().to_string();
         let mut tally = Tally::default();
         for ck in hostile::count_keys(&gguf) {

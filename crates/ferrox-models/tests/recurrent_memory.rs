@@ -61,6 +61,10 @@ impl Engine for Toy {
         VOCAB
     }
 
+    fn embedding_size(&self) -> usize {
+        DIM
+    }
+
     fn context_size(&self) -> usize {
         128
     }
@@ -135,6 +139,7 @@ fn run(m: &mut SequenceMemory, seq: ferrox_memory::SeqId, tokens: &[u32]) -> Vec
         seq,
         tokens,
         logits: LogitsFor::Last,
+        output: ferrox_models::Output::Logits,
     }];
     step_sequences(&Toy, m, &mut Toy.new_scratch(), &work, &mut [&mut out]).unwrap();
     out

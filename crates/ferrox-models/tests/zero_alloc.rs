@@ -114,6 +114,7 @@ fn batched(engine: &impl Engine, prompt: &[u32]) -> usize {
             seq: seqs[i],
             tokens: if first { prompt } else { &next[i][..] },
             logits: LogitsFor::Last,
+            output: ferrox_models::Output::Logits,
         });
         let [a, b, c, d] = &mut logits[..] else {
             unreachable!()

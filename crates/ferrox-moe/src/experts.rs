@@ -22,9 +22,12 @@ use crate::routing::RouterConfig;
 use crate::shared::{SharedExpert, SharedScratch};
 use crate::MoeError;
 
-/// The gated activation of the expert FFNs: `act(gate · x) * (up · x)`.
+/// The activation of the expert FFNs: `act(gate · x) * (up · x)`, or, for experts without a
+/// gate matrix, `act(up · x)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
+    /// `gelu(up)` for experts without a gate (ggml's `gelu`, f16-table; nomic-bert-moe).
+    Gelu,
     /// `silu(gate) * up` (ggml's `swiglu`), every MoE model so far.
     SwiGlu,
     /// `gelu(gate) * up` (ggml's `geglu`, f16-table GELU).
@@ -37,9 +40,15 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// Applies the activation to one token's row, in place over `gate`.
+    /// Applies the activation to one token's row, in place over `gate` (for [`Gelu`],
+    /// ungated, over `gate` alone: it holds the up projection).
+    ///
+    /// [`Gelu`]: Activation::Gelu
     pub fn apply(self, gate: &mut [f32], up: &[f32]) {
         match self {
+            Activation::Gelu => gate
+                .iter_mut()
+                .for_each(|x| *x = ferrox_core::glu::gelu(*x)),
             Activation::SwiGlu => numerics::swiglu(gate, up),
             Activation::GeGlu => numerics::geglu(gate, up),
             Activation::SwiGluClamped { limit } => numerics::swiglu_clamped(gate, up, limit),
@@ -200,10 +209,11 @@ impl<'a> ExpertTensor<'a> {
     }
 }
 
-/// A layer's routed experts: `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`.
+/// A layer's routed experts: `ffn_gate_exps` (if they are gated), `ffn_up_exps`,
+/// `ffn_down_exps`.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeExperts<'a> {
-    gate: ExpertTensor<'a>,
+    gate: Option<ExpertTensor<'a>>,
     up: ExpertTensor<'a>,
     down: ExpertTensor<'a>,
     activation: Activation,
@@ -219,19 +229,36 @@ impl<'a> MoeExperts<'a> {
         down: ExpertTensor<'a>,
         activation: Activation,
     ) -> Result<Self, MoeError> {
-        let (e, d, f) = (gate.n_expert, gate.cols, gate.rows);
-        if (up.n_expert, up.cols, up.rows) != (e, d, f)
-            || (down.n_expert, down.cols, down.rows) != (e, f, d)
-        {
+        if (gate.n_expert, gate.cols, gate.rows) != (up.n_expert, up.cols, up.rows) {
             return Err(MoeError::Shape(format!(
-                "expert tensors disagree: gate {:?}, up {:?}, down {:?}",
+                "expert tensors disagree: gate {:?}, up {:?}",
                 [gate.cols, gate.rows, gate.n_expert],
+                [up.cols, up.rows, up.n_expert],
+            )));
+        }
+        let mut experts = Self::ungated(up, down, activation)?;
+        experts.gate = Some(gate);
+        Ok(experts)
+    }
+
+    /// Experts without a gate matrix: `down · act(up · x)` (`activation` is
+    /// [`Activation::Gelu`]). Checks that up is `{n_embd, n_ff, n_expert}` and down
+    /// `{n_ff, n_embd, n_expert}`.
+    pub fn ungated(
+        up: ExpertTensor<'a>,
+        down: ExpertTensor<'a>,
+        activation: Activation,
+    ) -> Result<Self, MoeError> {
+        let (e, d, f) = (up.n_expert, up.cols, up.rows);
+        if (down.n_expert, down.cols, down.rows) != (e, f, d) {
+            return Err(MoeError::Shape(format!(
+                "expert tensors disagree: up {:?}, down {:?}",
                 [up.cols, up.rows, up.n_expert],
                 [down.cols, down.rows, down.n_expert]
             )));
         }
         Ok(MoeExperts {
-            gate,
+            gate: None,
             up,
             down,
             activation,
@@ -247,23 +274,24 @@ impl<'a> MoeExperts<'a> {
     }
 
     pub fn n_embd(&self) -> usize {
-        self.gate.cols
+        self.up.cols
     }
 
     pub fn n_ff(&self) -> usize {
-        self.gate.rows
+        self.up.rows
     }
 
     pub fn n_expert(&self) -> usize {
-        self.gate.n_expert
+        self.up.n_expert
     }
 
     pub fn activation(&self) -> Activation {
         self.activation
     }
 
-    pub fn gate(&self) -> &ExpertTensor<'a> {
-        &self.gate
+    /// The gate projections (`None` for ungated experts).
+    pub fn gate(&self) -> Option<&ExpertTensor<'a>> {
+        self.gate.as_ref()
     }
 
     pub fn up(&self) -> &ExpertTensor<'a> {
@@ -375,8 +403,10 @@ fn experts_chunk(
         groups.push((e, at, m));
         at += m;
     }
-    let gates: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
-        groups.iter().map(|g| experts.gate.expert(g.0)).collect();
+    let gates: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> = match &experts.gate {
+        Some(gate) => groups.iter().map(|g| gate.expert(g.0)).collect(),
+        None => SmallVec::new(),
+    };
     let ups: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
         groups.iter().map(|g| experts.up.expert(g.0)).collect();
     let downs: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
@@ -394,17 +424,24 @@ fn experts_chunk(
             let (g, g_tail) = std::mem::take(&mut g_rest).split_at_mut(m * n_ff);
             let (u, u_tail) = std::mem::take(&mut u_rest).split_at_mut(m * n_ff);
             (g_rest, u_rest) = (g_tail, u_tail);
-            products.push(MatrixProduct {
-                matrix: &gates[i],
-                xq: &s.xg_gate[first * ag..(first + m) * ag],
-                n_tokens: m,
-                out: g,
-            });
+            // Ungated experts: the up projection goes where the gate's would.
+            let up_out = match gates.get(i) {
+                Some(gate) => {
+                    products.push(MatrixProduct {
+                        matrix: gate,
+                        xq: &s.xg_gate[first * ag..(first + m) * ag],
+                        n_tokens: m,
+                        out: g,
+                    });
+                    u
+                }
+                None => g,
+            };
             products.push(MatrixProduct {
                 matrix: &ups[i],
                 xq: &xu[first * au..(first + m) * au],
                 n_tokens: m,
-                out: u,
+                out: up_out,
             });
         }
         if let Some(sh) = shared {
@@ -587,8 +624,12 @@ fn run_routes(
 
     // Quantize every token once per activation type; quantization is row by row, so
     // gathering quantized rows equals quantizing gathered rows.
-    let first = experts.gate.expert(s.assign[0].0);
+    // Ungated experts quantize for their up projection alone.
     let first_up = experts.up.expert(s.assign[0].0);
+    let first = experts
+        .gate
+        .as_ref()
+        .map_or(first_up, |g| g.expert(s.assign[0].0));
     first.quantize_activation(x, &mut s.xq_gate)?;
     let shared_q = first_up.vec_dot_type() == first.vec_dot_type();
     if !shared_q {

@@ -51,14 +51,15 @@ impl Model {
         }
     }
 
+    /// The experts, ungated for [`Activation::Gelu`].
     fn experts(&self, act: Activation) -> MoeExperts<'_> {
-        MoeExperts::new(
-            ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &self.gate).unwrap(),
-            ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &self.up).unwrap(),
-            ExpertTensor::new(TY[2], [N_FF, N_EMBD, N_EXPERT], &self.down).unwrap(),
-            act,
-        )
-        .unwrap()
+        let up = ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &self.up).unwrap();
+        let down = ExpertTensor::new(TY[2], [N_FF, N_EMBD, N_EXPERT], &self.down).unwrap();
+        if act == Activation::Gelu {
+            return MoeExperts::ungated(up, down, act).unwrap();
+        }
+        let gate = ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &self.gate).unwrap();
+        MoeExperts::new(gate, up, down, act).unwrap()
     }
 
     fn gate_inp(&self) -> WeightMatrix<'_> {
@@ -118,8 +119,13 @@ fn per_token(
     let mut out = vec![0f32; N_EMBD];
     for (i, &(e, w)) in sel.iter().enumerate() {
         let (mut g, mut u, mut y) = (vec![0f32; N_FF], vec![0f32; N_FF], vec![0f32; N_EMBD]);
-        ex.gate().expert(e).apply(x, &mut g).unwrap();
-        ex.up().expert(e).apply(x, &mut u).unwrap();
+        match ex.gate() {
+            Some(gate) => {
+                gate.expert(e).apply(x, &mut g).unwrap();
+                ex.up().expert(e).apply(x, &mut u).unwrap();
+            }
+            None => ex.up().expert(e).apply(x, &mut g).unwrap(),
+        }
         act.apply(&mut g, &u);
         ex.down().expert(e).apply(&g, &mut y).unwrap();
         for (o, v) in out.iter_mut().zip(&y) {
@@ -139,7 +145,11 @@ fn dequantized(m: &Model, c: &RouterConfig, x: &[f32]) -> Vec<f32> {
     let mut out = vec![0f32; N_EMBD];
     for &(e, w) in &sel {
         let (mut g, mut u, mut y) = (vec![0f32; N_FF], vec![0f32; N_FF], vec![0f32; N_EMBD]);
-        ex.gate().expert(e).apply_dequantized(x, &mut g).unwrap();
+        ex.gate()
+            .unwrap()
+            .expert(e)
+            .apply_dequantized(x, &mut g)
+            .unwrap();
         ex.up().expert(e).apply_dequantized(x, &mut u).unwrap();
         g.iter_mut()
             .zip(&u)
@@ -171,7 +181,7 @@ fn batch_equals_per_token_bit_for_bit() {
     let n_tokens = 13;
     let x = inputs(2, n_tokens);
     for c in configs() {
-        for act in [Activation::SwiGlu, Activation::GeGlu] {
+        for act in [Activation::SwiGlu, Activation::GeGlu, Activation::Gelu] {
             for bias in [None, Some(m.bias.as_slice())] {
                 let (batch, _) = run(&m, &c, act, &x, bias);
                 for (t, xt) in x.chunks_exact(N_EMBD).enumerate() {

@@ -13,7 +13,7 @@
 
 use ferrox_memory::block_manager::{salted_root, BlockUsage};
 use ferrox_memory::{MemoryError, MemoryShape, SeqId, SequenceMemory};
-use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, SeqWork, StepScratch};
+use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, Output, SeqWork, StepScratch};
 use ferrox_tokenizer::tokenizer::TokenId;
 use smallvec::SmallVec;
 
@@ -40,6 +40,8 @@ pub struct Work<'a> {
     pub tokens: &'a [TokenId],
     /// Whether the last token's logits are needed.
     pub logits: bool,
+    /// Every token's embedding is wanted instead (a sequence being embedded).
+    pub embeddings: bool,
 }
 
 pub struct KvPool {
@@ -173,12 +175,16 @@ impl KvPool {
             .map(|(i, w)| SeqWork {
                 seq: w.slot,
                 tokens: w.tokens,
-                logits: if check.get(i).copied().unwrap_or(false) {
+                logits: if check.get(i).copied().unwrap_or(false) || w.embeddings {
                     LogitsFor::All
                 } else if w.logits {
                     LogitsFor::Last
                 } else {
                     LogitsFor::From(w.tokens.len())
+                },
+                output: match w.embeddings {
+                    true => Output::Embeddings,
+                    false => Output::Logits,
                 },
             })
             .collect();
@@ -229,7 +235,7 @@ impl KvPool {
     }
 
     /// The next-token logits of the sequence's last step (when it asked for them; one row
-    /// per token after a checking step).
+    /// per token after a checking step), or its tokens' embeddings.
     pub fn logits(&self, id: SlotId) -> &[f32] {
         &self.logits[id.index()]
     }

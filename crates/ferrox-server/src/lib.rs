@@ -25,11 +25,15 @@
 pub mod anthropic;
 pub mod api;
 pub mod draft;
+mod embeddings;
 mod error;
 mod guard;
 pub mod kv;
 mod metrics;
 mod ready;
+mod registry;
+mod rerank;
+mod responses;
 mod routes;
 pub mod scheduler;
 mod web;
@@ -47,6 +51,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use ferrox_generate::embedding::Pooling;
 use ferrox_models::AnyEngine;
 use ferrox_tokenizer::tokenizer::Tokenizer;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -59,6 +64,7 @@ pub use guard::AllowedOrigins;
 use metrics::Metrics;
 pub use ready::resolve_template;
 use ready::{prepare, Ready};
+pub use registry::{model_id, ModelDirectory, ModelLoader};
 pub use scheduler::Speculation;
 
 /// Reported as `system_fingerprint`.
@@ -118,6 +124,10 @@ pub struct ServerConfig {
     /// Browser origins whose pages may call the API (`--cors-origins`); the server's own
     /// page always may.
     pub cors_origins: AllowedOrigins,
+    /// Serve `/v1/embeddings` and `/embedding` (`--embeddings`).
+    pub embeddings: bool,
+    /// How embeddings are pooled (`--pooling`; default: the file's `pooling_type`).
+    pub pooling: Option<Pooling>,
 }
 
 impl Default for ServerConfig {
@@ -140,6 +150,8 @@ impl Default for ServerConfig {
             reasoning_format: ReasoningFormat::DeepSeek,
             speculation: None,
             cors_origins: AllowedOrigins::default(),
+            embeddings: false,
+            pooling: None,
         }
     }
 }
@@ -160,10 +172,38 @@ pub(crate) struct AppState {
     pub shutting_down: AtomicBool,
     /// Listening on loopback only: requests must name a loopback host (DNS rebinding).
     pub loopback: bool,
+    /// Responses kept for the Responses API (`previous_response_id`, `GET`).
+    pub responses: responses::ResponseStore,
+    /// Many models by name (`--models-dir`); `None`: the one model in `ready`.
+    pub router: Option<registry::Router>,
 }
 
 impl AppState {
+    /// The model a request names: the one model (whatever the name; routes check it), or,
+    /// with many, that one, loaded first if it is not.
+    pub async fn model(&self, name: Option<&str>) -> Result<Arc<Ready>, ApiError> {
+        match &self.router {
+            Some(router) => {
+                if self.shutting_down.load(Ordering::Relaxed) {
+                    return Err(ApiError::unavailable(
+                        "shutting_down",
+                        "the server is shutting down",
+                    ));
+                }
+                router.get(&self.config, name).await
+            }
+            None => self.ready().cloned(),
+        }
+    }
+
+    /// The one model (with many, an error: the request must name one).
     pub fn ready(&self) -> Result<&Arc<Ready>, ApiError> {
+        if self.router.is_some() {
+            return Err(ApiError::param(
+                "model",
+                "this server serves several models: name one (GET /v1/models lists them)",
+            ));
+        }
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(ApiError::unavailable(
                 "shutting_down",
@@ -227,6 +267,14 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
+/// Where the served models come from.
+enum Models {
+    /// One model, loaded once the socket listens.
+    One(Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>),
+    /// A directory's models, loaded by name on demand.
+    Directory(ModelDirectory),
+}
+
 /// Runs the server until SIGTERM or SIGINT (then exits cleanly after the grace period).
 /// `load` runs on a worker thread once the socket listens; until it returns, `/health`
 /// answers 503.
@@ -234,6 +282,16 @@ pub fn run(
     config: ServerConfig,
     load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_models(config, Models::One(Box::new(load)))
+}
+
+/// Runs the server over a directory of models (`--models-dir`): each is loaded when a
+/// request first names it, at most `dir.max_loaded` at once.
+pub fn run_directory(config: ServerConfig, dir: ModelDirectory) -> anyhow::Result<()> {
+    run_models(config, Models::Directory(dir))
+}
+
+fn run_models(config: ServerConfig, models: Models) -> anyhow::Result<()> {
     init_logging(config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -241,13 +299,10 @@ pub fn run(
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config, load))
+    runtime.block_on(serve(config, models))
 }
 
-async fn serve(
-    config: ServerConfig,
-    load: impl FnOnce() -> anyhow::Result<LoadedModel> + Send + 'static,
-) -> anyhow::Result<()> {
+async fn serve(config: ServerConfig, models: Models) -> anyhow::Result<()> {
     let addr = bind_address(
         &config.host,
         config.port,
@@ -258,25 +313,35 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
+    let (load, router) = match models {
+        Models::One(load) => (Some(load), None),
+        Models::Directory(dir) => (None, Some(registry::Router::new(dir))),
+    };
     let state = Arc::new(AppState {
         config,
         ready: OnceLock::new(),
         metrics: Arc::new(Metrics::default()),
         shutting_down: AtomicBool::new(false),
         loopback: local.ip().is_loopback(),
+        responses: responses::ResponseStore::default(),
+        router,
     });
     tracing::info!(
-        "listening on http://{local} (API key {}); loading the model",
+        "listening on http://{local} (API key {}); {}",
         if state.config.api_key.is_some() {
             "required"
         } else {
             "not required"
+        },
+        match &state.router {
+            Some(r) => format!("{} models, loaded on demand", r.len()),
+            None => "loading the model".to_string(),
         }
     );
 
     let load_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<bool>();
-    {
+    if let Some(load) = load {
         let state = state.clone();
         let load_error = load_error.clone();
         tokio::task::spawn_blocking(move || {
@@ -333,7 +398,13 @@ async fn serve(
     }
     state.shutting_down.store(true, Ordering::Relaxed);
     let grace = state.config.shutdown_grace;
-    if let Some(ready) = state.ready.get() {
+    let served = || -> Vec<Arc<Ready>> {
+        match &state.router {
+            Some(router) => router.loaded(),
+            None => state.ready.get().cloned().into_iter().collect(),
+        }
+    };
+    for ready in served() {
         ready.scheduler.begin_shutdown(grace);
     }
     let _ = stop_tx.send(true);
@@ -346,7 +417,7 @@ async fn serve(
             server.abort();
         }
     }
-    if let Some(ready) = state.ready.get().cloned() {
+    for ready in served() {
         let _ = tokio::task::spawn_blocking(move || ready.scheduler.stop()).await;
     }
     if let Some(e) = load_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -392,6 +463,20 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/completions", post(routes::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/embeddings", post(embeddings::openai))
+        .route("/embedding", post(embeddings::native))
+        .route("/embeddings", post(embeddings::native))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
+        .route("/models/load", post(routes::load_model))
+        .route("/models/unload", post(routes::unload_model))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route("/get_model_info", get(routes::model_info))
@@ -555,6 +640,8 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             shutting_down: AtomicBool::new(false),
             loopback: true,
+            responses: responses::ResponseStore::default(),
+            router: None,
         }))
     }
 

@@ -3,11 +3,12 @@
 //! scheduler.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use ferrox_agent::{ConstraintCompiler, ToolFormat};
+use ferrox_generate::embedding::Pooling;
 use ferrox_models::{AnyEngine, Engine};
 use ferrox_tokenizer::chat_template::{ChatTemplate, RenderOptions};
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
@@ -40,13 +41,22 @@ pub(crate) struct Ready {
     /// The KV cache's element type, as vLLM and SGLang spell it.
     pub cache_dtype: String,
     pub scheduler: Scheduler,
-    /// Compiles grammars and schemas against the vocabulary (`None` if that failed at
-    /// load: constrained requests are then refused).
-    pub compiler: Option<Arc<ConstraintCompiler>>,
+    /// Compiles grammars and schemas against the vocabulary (built beside serving; `None`
+    /// once built if that failed: constrained requests are then refused).
+    pub compiler: GrammarEngine,
     /// How the model writes tool calls (from its template).
     pub tool_format: ToolFormat,
     /// The control tokens among the format's markers (rendered in tool-call output).
     pub tool_markers: Vec<TokenId>,
+    /// How embeddings are pooled; `None`: the server does not embed (`--embeddings` off).
+    pub pooling: Option<Pooling>,
+    /// Width of a token's embedding.
+    pub n_embd: usize,
+    /// The model can generate (an encoder only embeds).
+    pub generates: bool,
+    /// The file's `tokenizer.chat_template.rerank`: how a reranker reads a query and a
+    /// document.
+    pub rerank_template: Option<String>,
 }
 
 impl Ready {
@@ -74,6 +84,8 @@ fn kv_pool(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<KvPool> 
     let state_bytes = spec.recurrent_bytes() * parallel;
     let context_blocks = n_ctx.div_ceil(kv::BLOCK_TOKENS);
     let n_blocks = match config.kv_memory_mib {
+        // Nothing is kept per position (an encoder): the blocks only count positions.
+        _ if block_bytes == 0 && state_bytes == 0 => context_blocks * parallel,
         Some(mib) => {
             let fit = (mib << 20).saturating_sub(state_bytes) / block_bytes.max(1);
             if fit < context_blocks {
@@ -163,6 +175,16 @@ pub(crate) fn prepare(
     let n_ctx = engine.context_size();
     let n_vocab = engine.vocab_size().min(tokenizer.vocab().len());
     check_speculation(config, &engine)?;
+    let pooling = embedding_pooling(config, &engine)?;
+    let n_embd = engine.embedding_size();
+    let generates = !engine.is_encoder();
+    let rerank_template = engine
+        .gguf()
+        .metadata()
+        .opt_str("tokenizer.chat_template.rerank")
+        .ok()
+        .flatten()
+        .map(str::to_string);
     let pool = kv_pool(config, &engine)?;
     let vocab = tokenizer.vocab();
     let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
@@ -195,7 +217,7 @@ pub(crate) fn prepare(
     });
 
     let tokenizer = Arc::new(tokenizer);
-    let compiler = constraint_compiler(&tokenizer, engine.vocab_size());
+    let compiler = GrammarEngine::start(tokenizer.clone(), engine.vocab_size());
     let (tool_format, tool_markers) = tool_format(&template, &tokenizer);
     if ferrox_agent::reasoning::template_thinks(template.source()) {
         tracing::info!(
@@ -238,7 +260,36 @@ pub(crate) fn prepare(
         compiler,
         tool_format,
         tool_markers,
+        pooling,
+        n_embd,
+        generates,
+        rerank_template,
     })
+}
+
+/// The pooling of `--embeddings` (`--pooling`, else the file's), refused where it cannot be
+/// computed; `None` without `--embeddings`.
+fn embedding_pooling(config: &ServerConfig, engine: &AnyEngine) -> anyhow::Result<Option<Pooling>> {
+    if !config.embeddings {
+        if engine.is_encoder() {
+            bail!(
+                "{} is an embedding model (an encoder): serve it with --embeddings",
+                engine.architecture()
+            );
+        }
+        return Ok(None);
+    }
+    let pooling = match config.pooling {
+        Some(p) => p,
+        None => Pooling::of_model(engine).context("--embeddings")?,
+    };
+    let pooling = pooling.check(engine).context("--embeddings")?;
+    tracing::info!(
+        "embeddings: {} pooling, {} values each",
+        pooling.name(),
+        engine.embedding_size()
+    );
+    Ok(Some(pooling))
 }
 
 /// Refuses speculation the engine cannot do: an MTP draft without the block, or drafts
@@ -295,6 +346,48 @@ fn model_ids(config: &ServerConfig, path: &Path) -> (String, Vec<String>) {
         accepted_ids.push(stem.to_string_lossy().into_owned());
     }
     (model_id, accepted_ids)
+}
+
+/// The grammar engine over the vocabulary, built on a thread of its own: it takes up to a
+/// second on a large vocabulary, which the model need not wait for (only constrained
+/// requests do, the first of them until it is built).
+pub(crate) struct GrammarEngine {
+    built: Arc<(Mutex<Option<Built>>, Condvar)>,
+}
+
+/// The engine once built: `None` when it could not be.
+type Built = Option<Arc<ConstraintCompiler>>;
+
+impl GrammarEngine {
+    fn start(tokenizer: Arc<Tokenizer>, n_vocab: usize) -> GrammarEngine {
+        let built: Arc<(Mutex<Option<Built>>, Condvar)> = Arc::default();
+        let cell = built.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ferrox-grammar-init".into())
+            .spawn(move || {
+                let compiler = constraint_compiler(&tokenizer, n_vocab);
+                let (lock, ready) = &*cell;
+                *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(compiler);
+                ready.notify_all();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("constrained decoding is unavailable: {e}");
+            *built.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(None);
+        }
+        GrammarEngine { built }
+    }
+
+    /// The engine (blocking until it is built); `None` when it could not be.
+    pub fn get(&self) -> Option<Arc<ConstraintCompiler>> {
+        let (lock, ready) = &*self.built;
+        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(compiler) = &*state {
+                return compiler.clone();
+            }
+            state = ready.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// The grammar engine over the vocabulary; `None` (constrained requests refused) when it

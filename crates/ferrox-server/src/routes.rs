@@ -90,8 +90,15 @@ impl FromRequest<Arc<AppState>> for JsonBody {
     }
 }
 
+/// The `model` a request body names, if any.
+pub(crate) fn requested_model(body: &Value) -> Option<&str> {
+    body.get("model").and_then(Value::as_str)
+}
+
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    match state.ready.get() {
+    // With many models the server is ready once it listens: models load on demand.
+    let serving = state.router.is_some() || state.ready.get().is_some();
+    match serving.then_some(()) {
         Some(_) if state.shutting_down.load(Ordering::Relaxed) => {
             ApiError::unavailable("shutting_down", "the server is shutting down").into_response()
         }
@@ -101,7 +108,12 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(state.ready.get().is_some());
+    let mut text = state
+        .metrics
+        .render(state.router.is_some() || state.ready.get().is_some());
+    if let Some(router) = &state.router {
+        text.push_str(&router.metrics());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -167,6 +179,9 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Valu
 }
 
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    if let Some(router) = &state.router {
+        return Ok(Json(json!({"object": "list", "data": router.list()})));
+    }
     let ready = state.ready()?;
     Ok(Json(
         json!({"object": "list", "data": [model_object(ready)]}),
@@ -177,16 +192,60 @@ pub async fn get_model(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    if let Some(router) = &state.router {
+        return router
+            .list()
+            .into_iter()
+            .find(|m| m["id"] == id.as_str())
+            .map(Json)
+            .ok_or_else(|| {
+                ApiError::not_found(format!("The model `{id}` does not exist"))
+                    .with_code("model_not_found")
+            });
+    }
     let ready = state.ready()?;
     ready.check_model(Some(&id))?;
     Ok(Json(model_object(ready)))
+}
+
+/// `POST /models/load` (many models): loads the model the body names.
+pub async fn load_model(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    if state.router.is_none() {
+        return Err(one_model_only());
+    }
+    let ready = state.model(requested_model(&body)).await?;
+    Ok(Json(json!({"success": true, "model": ready.model_id})))
+}
+
+/// `POST /models/unload` (many models): unloads the model the body names once its
+/// requests finish.
+pub async fn unload_model(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let Some(router) = &state.router else {
+        return Err(one_model_only());
+    };
+    let unloaded = router.unload(requested_model(&body), state.config.shutdown_grace)?;
+    Ok(Json(json!({"success": unloaded})))
+}
+
+fn one_model_only() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_supported_error",
+        "this server serves one model: start it with --models-dir to load and unload models",
+    )
 }
 
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let ready = state.ready()?.clone();
+    let ready = state.model(requested_model(&body)).await?;
     let req = api::parse_tokenize(&body)?;
     let tokens = blocking(move || {
         let tok = &ready.tokenizer;
@@ -215,7 +274,7 @@ pub async fn detokenize(
     State(state): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let ready = state.ready()?;
+    let ready = state.model(requested_model(&body)).await?;
     let ids = api::parse_detokenize(&body)?;
     Ok(Json(json!({"content": ready.tokenizer.decode(&ids)})))
 }
@@ -293,7 +352,7 @@ pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let ready = state.ready()?.clone();
+    let ready = state.model(requested_model(&body)).await?;
     let req = api::parse_chat(&body, ready.n_vocab)?;
     let prepared = prepare_chat(&state, &ready, req).await?;
     generate(
@@ -405,7 +464,8 @@ pub(crate) async fn compile(
     spec: ferrox_agent::GrammarSpec,
     param: &str,
 ) -> Result<ferrox_generate::generate::Constraint, ApiError> {
-    let Some(compiler) = ready.compiler.clone() else {
+    let r = ready.clone();
+    let Some(compiler) = blocking(move || r.compiler.get()).await? else {
         return Err(ApiError::unsupported(
             param,
             "constrained output is unavailable on this server (its vocabulary could not be prepared)",
@@ -427,7 +487,7 @@ pub async fn completions(
     State(state): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let ready = state.ready()?.clone();
+    let ready = state.model(requested_model(&body)).await?;
     let mut req = api::parse_completion(&body, ready.n_vocab)?;
     ready.check_model(req.gen.model.as_deref())?;
     if let Some(spec) = req.gen.grammar.take() {
@@ -724,6 +784,13 @@ pub(crate) fn submit(
     gen: &GenRequest,
     prompt: &[TokenId],
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    if !ready.generates {
+        return Err(ApiError::invalid(format!(
+            "`{}` is an embedding model: it cannot generate text (use /v1/embeddings)",
+            ready.model_id
+        ))
+        .with_code("model_not_generative"));
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let submitted = Instant::now();
     let jobs = (0..gen.n)
@@ -735,6 +802,7 @@ pub(crate) fn submit(
                 params,
                 choice,
                 cache_salt: gen.cache_salt.clone(),
+                embed: None,
                 events: tx.clone(),
                 submitted,
                 span: tracing::Span::current(),
@@ -748,7 +816,7 @@ pub(crate) fn submit(
     Ok(rx)
 }
 
-fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
+pub(crate) fn submit_error(state: &AppState, e: SubmitError) -> ApiError {
     match e {
         SubmitError::QueueFull => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -841,7 +909,7 @@ impl Choice {
     }
 
     /// The chat message of a whole reply.
-    fn message(&self) -> Value {
+    pub(crate) fn message(&self) -> Value {
         let mut m = json!({"role": "assistant", "content": self.text, "refusal": null});
         if !self.reasoning.is_empty() {
             m["reasoning_content"] = json!(self.reasoning);
@@ -899,7 +967,8 @@ async fn collect_response(
     while let Some((index, event)) = rx.recv().await {
         let choice = &mut choices[index];
         match event {
-            Event::Started { .. } => {}
+            // Generation jobs get no embedding.
+            Event::Started { .. } | Event::Embedding(_) => {}
             Event::Token(t) => {
                 let deltas = choice.deltas(&t.text);
                 choice.absorb(&deltas);
@@ -949,7 +1018,7 @@ fn stream_response(
         let mut done = 0;
         loop {
             match rx.recv().await {
-                Some((_, Event::Started { .. })) => {}
+                Some((_, Event::Started { .. } | Event::Embedding(_))) => {}
                 Some((index, Event::Token(mut t))) => {
                     let text = std::mem::take(&mut t.text);
                     let choice = &mut choices[index];

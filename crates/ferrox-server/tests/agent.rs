@@ -1,7 +1,8 @@
 //! The agent-facing API end to end: a server on a free loopback port serving
 //! Qwen2.5-Coder-0.5B-Instruct (fetched by `scripts/fetch-model.sh qwen-0.5b`), driven by
 //! the official `openai` client (constrained output, tool calls: tests/agent/openai_client.py)
-//! and the official `anthropic` client (the Messages API: tests/agent/anthropic_client.py).
+//! and the official `anthropic` client (the Messages API: tests/agent/anthropic_client.py),
+//! and the Responses API through the `openai` client (tests/agent/responses_client.py).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -133,6 +134,15 @@ fn anthropic_client_messages_api() {
     let port = server(Some(API_KEY));
     python(
         "anthropic_client.py",
+        &[format!("http://127.0.0.1:{port}"), API_KEY.into()],
+    );
+}
+
+#[test]
+fn openai_client_responses_api() {
+    let port = server(Some(API_KEY));
+    python(
+        "responses_client.py",
         &[format!("http://127.0.0.1:{port}"), API_KEY.into()],
     );
 }

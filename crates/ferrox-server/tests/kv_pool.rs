@@ -44,6 +44,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
         slot: lease.slot,
         tokens: &a,
         logits: true,
+        embeddings: false,
     }];
     pool.forward(&d, &work).unwrap();
     assert_eq!(pool.usage().used, 3);
@@ -75,6 +76,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
             slot: lease.slot,
             tokens: rest,
             logits: true,
+            embeddings: false,
         }],
     )
     .unwrap();
@@ -119,6 +121,7 @@ fn prefixes_are_shared_only_within_one_cache_salt() {
             slot: lease.slot,
             tokens: &a,
             logits: true,
+            embeddings: false,
         }],
     )
     .unwrap();

@@ -421,7 +421,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return run_spec(&args, &model_args);
     }
-    let loaded = model::load_engine(&model_args)?;
+    let loaded = model::load_generator(&model_args)?;
     let decoder = &loaded.engine;
     let vocab = loaded.tokenizer.vocab();
     let reader = args.compare.as_ref().and_then(|_| ReadSweep::new(threads));
@@ -604,7 +604,7 @@ fn run_spec(args: &Args, model_args: &ModelArgs) -> anyhow::Result<()> {
             .map_err(|e| InputError(format!("{}: {e}", path.display())))?,
         None => EDIT_PROMPT.to_string(),
     };
-    let mut loaded = model::load_engine(&args.speculation.target_args(model_args)?)?;
+    let mut loaded = model::load_generator(&args.speculation.target_args(model_args)?)?;
     args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft = args.speculation.load_draft(model_args, &loaded.tokenizer)?;
     let decoder = &loaded.engine;

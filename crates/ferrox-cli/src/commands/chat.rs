@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let mut loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
+    let mut loaded = model::load_generator(&args.speculation.target_args(&args.model)?)?;
     args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft_model = args
         .speculation

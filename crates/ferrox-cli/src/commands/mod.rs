@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod chat;
+pub mod embedding;
 pub mod hub;
 pub mod inspect;
 pub mod model;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use ferrox_core::{KvStorage, KvType};
 use ferrox_gguf::Gguf;
-use ferrox_models::{default_model_path, AnyEngine, EngineOptions};
+use ferrox_models::{default_model_path, AnyEngine, Engine, EngineOptions};
 use ferrox_tokenizer::tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -155,6 +155,18 @@ pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
         engine,
         tokenizer,
     })
+}
+
+/// Loads a model to generate with: an embedding model (an encoder) is refused by name.
+pub fn load_generator(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
+    let loaded = load_engine(args)?;
+    if loaded.engine.is_encoder() {
+        return Err(ferrox_models::ModelError::EmbeddingOnly {
+            arch: loaded.engine.architecture().to_string(),
+        })
+        .with_context(|| format!("{} (use `ferrox embedding`)", loaded.path.display()));
+    }
+    Ok(loaded)
 }
 
 /// Runs `load` with a bar over the weight bytes repacked so far (on a terminal only: hidden

@@ -88,7 +88,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let bytes = std::fs::read(&file).with_context(|| format!("{}", file.display()))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| InputError(format!("{}: not valid UTF-8 ({e})", file.display())))?;
-    let loaded = model::load_engine(&args.model)?;
+    let loaded = model::load_generator(&args.model)?;
     let (decoder, tokenizer) = (&loaded.engine, &loaded.tokenizer);
     let tokens = tokenizer.encode(&text, true, false);
     let available = tokens.len() / n_ctx;
@@ -233,7 +233,7 @@ fn compare_with_base(mut args: Args) -> anyhow::Result<()> {
     let n_ctx = header.n_ctx;
     // The chunks are the base's: its context size, not the command line's.
     args.model.ctx_size = Some(args.model.ctx_size.unwrap_or(0).max(n_ctx));
-    let loaded = model::load_engine(&args.model)?;
+    let loaded = model::load_generator(&args.model)?;
     let (engine, tokenizer) = (&loaded.engine, &loaded.tokenizer);
     let n_vocab = engine.vocab_size();
     if header.n_vocab != n_vocab {

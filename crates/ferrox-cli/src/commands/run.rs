@@ -335,7 +335,7 @@ fn load_draft_model(
         mtp: false,
         ..target.clone()
     };
-    let loaded = model::load_engine(&args).context("loading the draft model")?;
+    let loaded = model::load_generator(&args).context("loading the draft model")?;
     check_vocab_compatible(target_tokenizer, &loaded.tokenizer).map_err(|e| {
         InputError(format!(
             "the draft model {} cannot draft for this model: {e}",
@@ -406,7 +406,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
     args.speculation.kind()?;
-    let mut loaded = model::load_engine(&args.speculation.target_args(&args.model)?)?;
+    let mut loaded = model::load_generator(&args.speculation.target_args(&args.model)?)?;
     args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft_model = args
         .speculation

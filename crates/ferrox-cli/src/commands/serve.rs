@@ -1,7 +1,9 @@
 //! `ferrox serve`: an OpenAI-compatible HTTP server (see the `ferrox-server` crate).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use ferrox_generate::embedding::Pooling;
 use ferrox_models::Engine;
 use ferrox_server::{
     AllowedOrigins, LoadedModel, LogFormat, ReasoningFormat, ServerConfig, Speculation,
@@ -80,6 +82,80 @@ pub struct Args {
     /// than this: a large batch already keeps the cores busy.
     #[arg(long = "spec-max-rows", default_value_t = 16)]
     pub spec_max_rows: usize,
+    /// Serve embeddings: `/v1/embeddings` (OpenAI's shape) and `/embedding`
+    /// (llama-server's), batched with generation.
+    #[arg(long = "embeddings", visible_alias = "embedding")]
+    pub embeddings: bool,
+    /// How a text's token embeddings are pooled: none, mean, cls, last, or rank (a
+    /// reranker's classification head; default: the file's `pooling_type`, none without one).
+    #[arg(long, value_name = "TYPE", value_parser = pooling)]
+    pub pooling: Option<Pooling>,
+    /// Serve `/v1/rerank` (and `/rerank`): embeddings with rank pooling, as llama-server's
+    /// `--reranking`.
+    #[arg(
+        long = "reranking",
+        visible_alias = "rerank",
+        conflicts_with = "pooling"
+    )]
+    pub reranking: bool,
+    /// Serve every GGUF of this directory and of the Hugging Face cache (llama-server's
+    /// router mode): a request names its model (the file name without `.gguf`; a cached one
+    /// as `ORG/NAME/FILE`), which is loaded on first use; `/v1/models` lists them all with
+    /// their state.
+    #[arg(
+        long = "models-dir",
+        value_name = "DIR",
+        conflicts_with_all = ["alias", "model", "hf_repo"]
+    )]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// With --models-dir: most models loaded at once; past it the least recently used one
+    /// is unloaded (after its running requests).
+    #[arg(long = "models-max", value_name = "N", default_value_t = 4)]
+    pub models_max: usize,
+}
+
+/// The models of `--models-dir`: the directory's GGUF files by name without `.gguf` (a
+/// split checkpoint by its first part), then the Hugging Face cache's as `ORG/NAME/FILE`.
+fn served_models(dir: &std::path::Path) -> anyhow::Result<Vec<(String, std::path::PathBuf)>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| InputError(format!("--models-dir {}: {e}", dir.display())))?;
+    let mut paths: Vec<std::path::PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            // `NAME-0000K-of-0000N.gguf`: only the first part names the model.
+            !name.contains("-of-") || name.contains("-00001-of-")
+        })
+        .collect();
+    paths.sort();
+    let mut models: Vec<(String, std::path::PathBuf)> = paths
+        .into_iter()
+        .map(|p| (ferrox_server::model_id(&p), p))
+        .collect();
+    let hub = super::hub::Hub::from_env();
+    for m in super::hub::cache::models(&hub.cache_dir) {
+        let id = format!("{}/{}", m.repo, ferrox_server::model_id(&m.path));
+        models.push((id, m.path));
+    }
+    if models.is_empty() {
+        return Err(InputError(format!(
+            "--models-dir {}: no .gguf files (nor any in the Hugging Face cache {})",
+            dir.display(),
+            hub.cache_dir.display()
+        ))
+        .into());
+    }
+    Ok(models)
+}
+
+/// `--pooling`: a pooling type by llama.cpp's name.
+pub fn pooling(name: &str) -> Result<Pooling, String> {
+    Pooling::from_name(name).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -139,6 +215,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let config = ServerConfig {
         speculation,
         cors_origins,
+        embeddings: args.embeddings || args.reranking,
+        pooling: if args.reranking {
+            Some(Pooling::Rank)
+        } else {
+            args.pooling
+        },
         host: args.host,
         port: args.port,
         api_key,
@@ -165,6 +247,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mtp: spec_type == SpecType::DraftMtp,
         ..args.model
     };
+    if let Some(dir) = &args.models_dir {
+        if args.speculation.model_draft.is_some() || config.speculation.is_some() {
+            return Err(InputError("--models-dir serves without speculation".into()).into());
+        }
+        let models = served_models(dir)?;
+        let load: ferrox_server::ModelLoader = Arc::new(move |path: &std::path::Path| {
+            let args = ModelArgs {
+                model: Some(path.to_path_buf()),
+                hf_repo: None,
+                ..model_args.clone()
+            };
+            let loaded = model::load_engine(&args)?;
+            Ok(LoadedModel {
+                path: loaded.path,
+                engine: loaded.engine,
+                tokenizer: loaded.tokenizer,
+                draft: None,
+            })
+        });
+        let dir = ferrox_server::ModelDirectory {
+            models,
+            max_loaded: args.models_max.max(1),
+            load,
+        };
+        return ferrox_server::run_directory(config, dir);
+    }
     let draft_path = args.speculation.model_draft;
     // Speculation forgets rejected draft tokens: the memory is readied for as many as a
     // draft holds (the server refuses to start where it cannot be).

@@ -35,6 +35,8 @@ pub struct DecoderConfig {
     pub post_norms: bool,
     pub attn_softcap: Option<f32>,
     pub final_logit_softcap: Option<f32>,
+    /// A reranker's scores go through a softmax (the Qwen3 rerankers, as llama.cpp).
+    pub rank_softmax: bool,
 }
 
 /// Per-layer attention and FFN geometry.
@@ -172,6 +174,7 @@ pub fn read_common(
         post_norms: false,
         attn_softcap: None,
         final_logit_softcap: None,
+        rank_softmax: false,
     })
 }
 

@@ -20,13 +20,14 @@ pub use weights::DecoderWeights;
 use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::layers::activation::gated;
 use crate::layers::attention::AttentionParams;
+use crate::layers::classifier::ClassifierHead;
 use crate::layers::kv_rotation::KvRotation;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::rms_norm_in_place;
 use crate::layers::paged_attention::{attend, HeadGroup};
 use crate::scaffold::{self, sized, HeadScratch, OutputHead, Row, Runtime};
 use crate::ModelError;
-use weights::{FfnWeights, GateUpWeights, QkvWeights};
+use weights::{FfnWeights, GateUpWeights};
 
 /// The store of the decoder's memory: one key and one value row per position and layer.
 const KV_STORE: usize = 0;
@@ -37,6 +38,8 @@ pub struct Decoder {
     config: DecoderConfig,
     weights: DecoderWeights,
     rotation: KvRotation,
+    /// A reranker's head (`cls.output`), if the file has one.
+    classifier: Option<ClassifierHead>,
 }
 
 /// Activations for a micro-batch, reused across steps so decoding does not allocate.
@@ -78,6 +81,7 @@ impl Decoder {
         let head_dims = config.layers.iter().map(|l| (l.head_dim_k, l.head_dim_v));
         let rotation = KvRotation::new(options.kv_storage, head_dims)?;
         let mut weights = DecoderWeights::load(&gguf, &config)?;
+        let classifier = ClassifierHead::load(&gguf, config.n_embd, config.rank_softmax)?;
         if let Some(freqs) = &weights.rope_freqs {
             for layer in &mut config.layers {
                 layer.rope.freq_factors = Some(freqs.clone());
@@ -86,7 +90,7 @@ impl Decoder {
         let mut rt = Runtime::new(
             gguf,
             options,
-            (config.n_ctx_train, config.n_vocab),
+            (config.n_ctx_train, config.n_vocab, config.n_embd),
             "ferrox-worker",
         )?;
         // Each worker's RoPE buffer, made now rather than by whichever step first runs on it.
@@ -100,6 +104,7 @@ impl Decoder {
             config,
             weights,
             rotation,
+            classifier,
         })
     }
 
@@ -154,31 +159,15 @@ impl Decoder {
         let q = sized(&mut s.q, n * q_w);
         let k = sized(&mut s.k, n * k_w);
         let v = sized(&mut s.v, n * v_w);
-        match &lw.qkv {
-            QkvWeights::Separate {
-                q: wq,
-                k: wk,
-                v: wv,
-            } => {
-                let (wq, wk, wv) = (
-                    wq.view(&self.rt.gguf)?,
-                    wk.view(&self.rt.gguf)?,
-                    wv.view(&self.rt.gguf)?,
-                );
-                linear_many(&[&wq, &wk, &wv], xn, n, &mut [q, k, v], &mut s.xq)?;
-            }
-            QkvWeights::Fused(w) => {
-                let all = q_w + k_w + v_w;
-                let qkv = sized(&mut s.qkv, n * all);
-                linear(&w.view(&self.rt.gguf)?, xn, n, qkv, &mut s.xq)?;
-                for t in 0..n {
-                    let row = &qkv[t * all..(t + 1) * all];
-                    q[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
-                    k[t * k_w..(t + 1) * k_w].copy_from_slice(&row[q_w..q_w + k_w]);
-                    v[t * v_w..(t + 1) * v_w].copy_from_slice(&row[q_w + k_w..]);
-                }
-            }
-        }
+        let gguf = &*self.rt.gguf;
+        lw.qkv.project(
+            gguf,
+            xn,
+            n,
+            (&mut *q, &mut *k, &mut *v),
+            &mut s.qkv,
+            &mut s.xq,
+        )?;
         for (buf, bias, width) in [
             (&mut *q, &lw.q_bias, q_w),
             (&mut *k, &lw.k_bias, k_w),
@@ -349,6 +338,10 @@ impl scaffold::EngineBody for Decoder {
 
     fn runtime(&self) -> &Runtime {
         &self.rt
+    }
+
+    fn classifier(&self) -> Option<&ClassifierHead> {
+        self.classifier.as_ref()
     }
 
     /// One key and one value row per position and layer (the widest layer's, for every

@@ -7,21 +7,9 @@ use super::config::{DecoderConfig, FfnKind};
 use crate::names::*;
 use crate::tensors::{
     check_block_count, embedding_and_head_bytes, name_keys, Loader, MatrixRef, MoeWeights,
+    QkvWeights,
 };
 use crate::ModelError;
-
-/// Query/key/value projections: separate, or fused into one matrix (phi3).
-/// (Built once per layer at load, so the variants' size difference costs nothing.)
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
-pub enum QkvWeights {
-    Separate {
-        q: MatrixRef,
-        k: MatrixRef,
-        v: MatrixRef,
-    },
-    Fused(MatrixRef),
-}
 
 /// Gate and up projections: separate (llama, gemma) or stacked in one matrix whose first
 /// half of rows is the gate (phi3).
@@ -106,17 +94,8 @@ impl DecoderWeights {
             let k_width = heads(lc.n_head_kv, lc.head_dim_k, "key")?;
             let v_width = heads(lc.n_head_kv, lc.head_dim_v, "value")?;
             let o_width = heads(lc.n_head, lc.head_dim_v, "attention output")?;
-            let qkv_width = width(1, q_width, k_width, || format!("layer {il}: QKV width"))
-                .and_then(|qk| width(1, qk, v_width, || format!("layer {il}: QKV width")))?;
             let ff2 = width(2, lc.n_ff, 0, || format!("layer {il}: fused gate/up width"))?;
-            let qkv = match l.opt_matrix(&ATTN_QKV.layer(il), n_embd, qkv_width)? {
-                Some(fused) => QkvWeights::Fused(fused),
-                None => QkvWeights::Separate {
-                    q: l.matrix(&ATTN_Q.layer(il), n_embd, q_width)?,
-                    k: l.matrix(&ATTN_K.layer(il), n_embd, k_width)?,
-                    v: l.matrix(&ATTN_V.layer(il), n_embd, v_width)?,
-                },
-            };
+            let qkv = l.qkv(il, n_embd, (q_width, k_width, v_width))?;
             let ffn = match &lc.ffn {
                 FfnKind::Dense => FfnWeights::Dense {
                     gate_up: match l.opt_matrix(&FFN_GATE.layer(il), n_embd, lc.n_ff)? {
@@ -173,10 +152,7 @@ impl DecoderWeights {
     pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
         let mut matrices: Vec<&mut MatrixRef> = vec![&mut self.output];
         for layer in &mut self.layers {
-            match &mut layer.qkv {
-                QkvWeights::Separate { q, k, v } => matrices.extend([q, k, v]),
-                QkvWeights::Fused(m) => matrices.push(m),
-            }
+            matrices.extend(layer.qkv.matrices_mut());
             matrices.push(&mut layer.wo);
             match &mut layer.ffn {
                 FfnWeights::Dense { gate_up, down } => {
@@ -196,10 +172,7 @@ impl DecoderWeights {
     pub fn bytes_per_token(&self, config: &DecoderConfig) -> u64 {
         let mut total = embedding_and_head_bytes(&self.token_embd, &self.output);
         for (l, lc) in self.layers.iter().zip(&config.layers) {
-            total += match &l.qkv {
-                QkvWeights::Separate { q, k, v } => q.n_bytes() + k.n_bytes() + v.n_bytes(),
-                QkvWeights::Fused(m) => m.n_bytes(),
-            };
+            total += l.qkv.n_bytes();
             total += match (&l.ffn, &lc.ffn) {
                 (FfnWeights::Dense { gate_up, down }, _) => {
                     down.n_bytes()

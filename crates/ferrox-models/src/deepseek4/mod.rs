@@ -148,7 +148,12 @@ impl Deepseek4Engine {
         crate::scaffold::require_float_cache(options, "DeepSeek-V4")?;
         let mut weights = Deepseek4Weights::load(&gguf, &config)?;
         let c = &config;
-        let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-ds4")?;
+        let mut rt = Runtime::new(
+            gguf,
+            options,
+            (c.n_ctx_train, c.n_vocab, c.n_embd),
+            "ferrox-ds4",
+        )?;
         rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(c);
         let n_ctx = rt.n_ctx;

@@ -83,7 +83,12 @@ impl DsaEngine {
         let mut weights = MlaWeights::load(&gguf, &config.mla)?;
         let mut indexers = load_indexers(&gguf, &config)?;
         let c = &config.mla;
-        let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-dsa")?;
+        let mut rt = Runtime::new(
+            gguf,
+            options,
+            (c.n_ctx_train, c.n_vocab, c.n_embd),
+            "ferrox-dsa",
+        )?;
         rt.repack(options, |g| {
             weights.pack(g)?;
             indexers

@@ -2,6 +2,7 @@
 //! differs from the engine that runs it, and declares its [`Architecture`]. Adding a family
 //! means adding a file here and a line in [`ARCHITECTURES`].
 
+mod bert;
 mod deepseek2;
 mod deepseek32;
 mod deepseek4;
@@ -10,10 +11,13 @@ mod gemma;
 mod gemma2;
 mod gemma3;
 mod glm_dsa;
+mod jina_bert_v2;
 mod kimi_k3;
 mod kimi_linear;
 mod llama;
 mod mistral4;
+mod nomic_bert;
+mod nomic_bert_moe;
 mod olmoe;
 mod phi3;
 mod qwen2;
@@ -27,6 +31,7 @@ use ferrox_gguf::{Gguf, Metadata};
 
 use crate::decoder::{Decoder, DecoderConfig};
 use crate::dsa::{DsaConfig, DsaEngine};
+use crate::encoder::{Encoder, EncoderConfig};
 use crate::engine::Engine;
 use crate::engine::EngineOptions;
 use crate::layers::mla::MlaConfig;
@@ -62,6 +67,10 @@ pub const ARCHITECTURES: &[Architecture] = &[
     deepseek32::ARCH,
     glm_dsa::ARCH,
     deepseek4::ARCH,
+    bert::ARCH,
+    nomic_bert::ARCH,
+    jina_bert_v2::ARCH,
+    nomic_bert_moe::ARCH,
 ];
 
 /// The registered architecture named `name`.
@@ -72,14 +81,24 @@ pub fn architecture(name: &str) -> Result<&'static Architecture, ModelError> {
         .ok_or_else(|| ModelError::UnsupportedArchitecture(name.to_string()))
 }
 
+/// Loads a family: its configuration read from the file's metadata, then its engine built.
+fn load_with<C, E: Engine>(
+    gguf: Arc<Gguf>,
+    options: &EngineOptions,
+    config: fn(&Metadata<'_>) -> Result<C, ModelError>,
+    build: fn(Arc<Gguf>, &EngineOptions, C) -> Result<E, ModelError>,
+) -> Result<Box<dyn Engine>, ModelError> {
+    let config = config(&gguf.metadata())?;
+    Ok(Box::new(build(gguf, options, config)?))
+}
+
 /// Loads a family run by the dense decoder.
 fn dense(
     gguf: Arc<Gguf>,
     options: &EngineOptions,
     config: fn(&Metadata<'_>) -> Result<DecoderConfig, ModelError>,
 ) -> Result<Box<dyn Engine>, ModelError> {
-    let config = config(&gguf.metadata())?;
-    Ok(Box::new(Decoder::with_config(gguf, options, config)?))
+    load_with(gguf, options, config, Decoder::with_config)
 }
 
 /// Loads a family run by the Multi-head Latent Attention engine.
@@ -88,8 +107,7 @@ fn mla(
     options: &EngineOptions,
     config: fn(&Metadata<'_>) -> Result<MlaConfig, ModelError>,
 ) -> Result<Box<dyn Engine>, ModelError> {
-    let config = config(&gguf.metadata())?;
-    Ok(Box::new(MlaEngine::with_config(gguf, options, config)?))
+    load_with(gguf, options, config, MlaEngine::with_config)
 }
 
 /// Loads a family run by the DeepSeek Sparse Attention engine.
@@ -98,8 +116,16 @@ fn dsa(
     options: &EngineOptions,
     config: fn(&Metadata<'_>) -> Result<DsaConfig, ModelError>,
 ) -> Result<Box<dyn Engine>, ModelError> {
-    let config = config(&gguf.metadata())?;
-    Ok(Box::new(DsaEngine::with_config(gguf, options, config)?))
+    load_with(gguf, options, config, DsaEngine::with_config)
+}
+
+/// Loads a family run by the encoder.
+fn encoder(
+    gguf: Arc<Gguf>,
+    options: &EngineOptions,
+    config: fn(&Metadata<'_>) -> Result<EncoderConfig, ModelError>,
+) -> Result<Box<dyn Engine>, ModelError> {
+    load_with(gguf, options, config, Encoder::with_config)
 }
 
 /// Loads the file's architecture as the engine type `T` (an error when the registered

@@ -15,5 +15,7 @@ pub const ARCH: super::Architecture = super::Architecture {
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let mut config = read_common(meta, "qwen3", RopeStyle::Neox)?;
     config.qk_norm = true;
+    // Qwen3-Reranker files: the yes/no rows of the head, compared by a softmax.
+    config.rank_softmax = true;
     Ok(config)
 }

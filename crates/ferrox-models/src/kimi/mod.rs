@@ -85,7 +85,12 @@ impl KimiEngine {
         crate::scaffold::require_float_cache(options, "Kimi linear-attention")?;
         let mut weights = KimiWeights::load(&gguf, &config)?;
         let c = &config.mla;
-        let mut rt = Runtime::new(gguf, options, (c.n_ctx_train, c.n_vocab), "ferrox-kimi")?;
+        let mut rt = Runtime::new(
+            gguf,
+            options,
+            (c.n_ctx_train, c.n_vocab, c.n_embd),
+            "ferrox-kimi",
+        )?;
         rt.repack(options, |g| weights.pack(g))?;
         rt.weight_bytes_per_token = weights.bytes_per_token(&config);
         Ok(KimiEngine {

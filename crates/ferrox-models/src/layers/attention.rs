@@ -166,6 +166,82 @@ impl OnlineAttention {
     }
 }
 
+/// ALiBi's slope for head `h` of `n_head`, as ggml computes it from `max_bias`.
+pub fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
+    let n_head_log2 = 1usize << (n_head as f32).log2().floor() as u32;
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    if h < n_head_log2 {
+        m0.powi(h as i32 + 1)
+    } else {
+        m1.powi(2 * (h - n_head_log2) as i32 + 1)
+    }
+}
+
+/// `out = softmax(q·K^T * scale + bias(j)) · V` over positions `lo..hi` of an f32 or f16
+/// view, for attention with a positional bias (ALiBi): the scores first (in `scores`), then
+/// the weighted sum. With f16 rows the query is rounded to f16 as well, as ggml's flash
+/// attention rounds it for the dot products.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_biased(
+    q_in: &[f32],
+    kv: &KvView<'_>,
+    lo: usize,
+    hi: usize,
+    scale: f32,
+    bias: impl Fn(usize) -> f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (dk, dv) = (kv.head_dim_k, kv.head_dim_v);
+    let key = |p: usize, i: usize| -> f32 {
+        let at = p * kv.key_width + kv.head * dk + i;
+        match kv.keys {
+            KvRows::F32(k) => k[at],
+            KvRows::F16(k) => k[at].to_f32(),
+            KvRows::Blocks(..) => unreachable!("biased attention reads f32 or f16 rows"),
+        }
+    };
+    let value = |p: usize, i: usize| -> f32 {
+        let at = p * kv.value_width + kv.head * dv + i;
+        match kv.values {
+            KvRows::F32(v) => v[at],
+            KvRows::F16(v) => v[at].to_f32(),
+            KvRows::Blocks(..) => unreachable!("biased attention reads f32 or f16 rows"),
+        }
+    };
+    let half = matches!(kv.keys, KvRows::F16(_));
+    let mut rounded = [0f32; MAX_HEAD_DIM];
+    let q = &mut rounded[..dk];
+    q.iter_mut().zip(&q_in[..dk]).for_each(|(r, &x)| {
+        *r = if half {
+            half::f16::from_f32(x).to_f32()
+        } else {
+            x
+        };
+    });
+    scores.clear();
+    scores.extend((lo..hi).map(|p| {
+        let s: f32 = (0..dk).map(|i| key(p, i) * q[i]).sum();
+        s * scale + bias(p)
+    }));
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += f64::from(*s);
+    }
+    let inv = (1.0 / sum) as f32;
+    let out = &mut out[..dv];
+    out.fill(0.0);
+    for (j, &w) in scores.iter().enumerate() {
+        let w = w * inv;
+        out.iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o += w * value(lo + j, i));
+    }
+}
+
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -197,6 +273,58 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn alibi_slopes_follow_ggml() {
+        // 8 heads, max bias 8: 2^-1, 2^-2, ... 2^-8.
+        for h in 0..8 {
+            assert_eq!(alibi_slope(8.0, 8, h), 2f32.powi(-(h as i32) - 1));
+        }
+        // 12 heads: the 8 of the power of two, then odd powers of 2^-0.5.
+        assert_eq!(alibi_slope(8.0, 12, 8), 2f32.powf(-0.5));
+        assert_eq!(alibi_slope(8.0, 12, 9), 2f32.powf(-0.5).powi(3));
+    }
+
+    #[test]
+    fn biased_attention_without_a_bias_is_attention() {
+        let keys: Vec<Vec<f32>> = (0..5)
+            .map(|p| vec![p as f32 * 0.3, 1.0 - p as f32 * 0.1])
+            .collect();
+        let values: Vec<Vec<f32>> = (0..5).map(|p| vec![p as f32, -(p as f32)]).collect();
+        let (flat_k, flat_v) = (keys.concat(), values.concat());
+        let kv = KvView {
+            keys: KvRows::F32(&flat_k),
+            values: KvRows::F32(&flat_v),
+            key_width: 2,
+            value_width: 2,
+            head: 0,
+            head_dim_k: 2,
+            head_dim_v: 2,
+        };
+        let q = [0.7f32, -0.2];
+        let mut out = [0.0f32; 2];
+        attend_biased(&q, &kv, 0, 5, 0.5, |_| 0.0, &mut Vec::new(), &mut out);
+        let want = reference(&q, &keys, &values, 0.5);
+        assert!(
+            out.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{out:?} {want:?}"
+        );
+        // A bias that all but removes every key but the last.
+        attend_biased(
+            &q,
+            &kv,
+            0,
+            5,
+            0.5,
+            |p| if p == 4 { 0.0 } else { -100.0 },
+            &mut Vec::new(),
+            &mut out,
+        );
+        assert!(
+            (out[0] - 4.0).abs() < 1e-4 && (out[1] + 4.0).abs() < 1e-4,
+            "{out:?}"
+        );
     }
 
     #[test]

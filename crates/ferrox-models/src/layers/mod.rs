@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod classifier;
 pub mod kv_rotation;
 pub mod linear;
 pub mod mla;

@@ -31,6 +31,24 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
 
 /// LayerNorm with optional bias, as ggml computes it (mean and variance accumulated in f64).
 pub fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let (mean, scale) = layer_norm_stats(x, eps);
+    for (i, o) in out.iter_mut().enumerate() {
+        let y = ((x[i] - mean) * scale) * weight[i];
+        *o = bias.map_or(y, |b| y + b[i]);
+    }
+}
+
+/// [`layer_norm`] in place.
+pub fn layer_norm_in_place(x: &mut [f32], weight: &[f32], bias: Option<&[f32]>, eps: f32) {
+    let (mean, scale) = layer_norm_stats(x, eps);
+    for (i, v) in x.iter_mut().enumerate() {
+        let y = ((*v - mean) * scale) * weight[i];
+        *v = bias.map_or(y, |b| y + b[i]);
+    }
+}
+
+/// The mean and `1 / sqrt(variance + eps)` of a row.
+fn layer_norm_stats(x: &[f32], eps: f32) -> (f32, f32) {
     let n = x.len() as f64;
     let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
     let var: f64 = x
@@ -38,11 +56,7 @@ pub fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out
         .map(|&v| f64::from((v - mean) * (v - mean)))
         .sum::<f64>()
         / n;
-    let scale = 1.0 / (var as f32 + eps).sqrt();
-    for (i, o) in out.iter_mut().enumerate() {
-        let y = ((x[i] - mean) * scale) * weight[i];
-        *o = bias.map_or(y, |b| y + b[i]);
-    }
+    (mean, 1.0 / (var as f32 + eps).sqrt())
 }
 
 #[cfg(test)]

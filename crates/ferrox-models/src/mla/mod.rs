@@ -117,7 +117,7 @@ impl MlaEngine {
         let mut rt = Runtime::new(
             gguf,
             options,
-            (config.n_ctx_train, config.n_vocab),
+            (config.n_ctx_train, config.n_vocab, config.n_embd),
             "ferrox-mla",
         )?;
         rt.repack(options, |g| weights.pack(g))?;
@@ -386,6 +386,7 @@ impl scaffold::EngineBody for MlaEngine {
                     pos: pos - 1 + i,
                     token: next,
                     logits_row: Some(0),
+                    output: crate::engine::Output::Logits,
                 }];
                 self.mtp_rows(mtp, &row, memory, s)?;
                 let x = &s.mtp.residual.x()[..e];

@@ -47,6 +47,7 @@
 //! The DeepSeek Sparse Attention models (`deepseek32`, `glm-dsa`: MLA plus a lightning
 //! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`]; `deepseek4` in [`deepseek4`].
 
+pub mod bert;
 pub mod deepseek4;
 pub mod dsa;
 pub mod kimi;
@@ -842,6 +843,30 @@ pub fn gguf_bytes_with(arch: &str, all: Option<GgmlType>) -> Vec<u8> {
 
 /// The model a spec describes.
 fn spec_gguf_bytes(s: Spec) -> Vec<u8> {
+    spec_gguf_bytes_with(s, |_, _| {})
+}
+
+/// A Qwen3-Reranker-style model: the qwen3 sweep model (F32) with a two-label
+/// classification head (`cls.output`, as converters write the yes/no rows) and rank pooling.
+pub fn qwen3_reranker_bytes() -> Vec<u8> {
+    let mut s = spec("qwen3");
+    s.types = Types {
+        output: s.types.output.map(|_| GgmlType::F32),
+        ..Types::same(GgmlType::F32)
+    };
+    spec_gguf_bytes_with(s, |w, v| {
+        w.set("qwen3.pooling_type", 4u32);
+        let labels = vec!["yes".to_string(), "no".to_string()];
+        w.set(
+            "qwen3.classifier.output_labels",
+            OwnedValue::Array(OwnedArray::String(labels)),
+        );
+        matrix(w, v, "cls.output.weight", GgmlType::F32, N_EMBD, 2, 0.3);
+    })
+}
+
+/// The model a spec describes, with `extra` keys and tensors added after the rest.
+fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values)) -> Vec<u8> {
     if let Some(m) = s.mla.clone() {
         return mla_gguf_bytes(&s, &m);
     }
@@ -1001,6 +1026,7 @@ fn spec_gguf_bytes(s: Spec) -> Vec<u8> {
             vector(&mut w, v, &n("post_ffw_norm.weight"), N_EMBD, 1.0, 0.1);
         }
     }
+    extra(&mut w, v);
     w.to_bytes()
 }
 

@@ -92,7 +92,7 @@ async fn prepare(
     state: &Arc<AppState>,
     body: &Value,
 ) -> Result<(Arc<crate::Ready>, PreparedChat), AnthropicError> {
-    let ready = state.ready()?.clone();
+    let ready = state.model(routes::requested_model(body)).await?;
     let mut req = parse_messages(body, ready.n_vocab, false)?;
     req.gen.model = None;
     let prepared = routes::prepare_chat(state, &ready, req).await?;
@@ -111,7 +111,7 @@ pub(crate) async fn count_tokens(
     req: Request,
 ) -> Result<Json<Value>, AnthropicError> {
     let body = body(req, &state).await?;
-    let ready = state.ready()?.clone();
+    let ready = state.model(routes::requested_model(&body)).await?;
     let req = parse_messages(&body, ready.n_vocab, true)?;
     let prepared = routes::prepare_chat(&state, &ready, req).await?;
     Ok(Json(json!({"input_tokens": prepared.prompt.len()})))
@@ -195,7 +195,8 @@ async fn collect_message(
     };
     while let Some((_, event)) = rx.recv().await {
         match event {
-            Event::Started { .. } => {}
+            // Generation jobs get no embedding.
+            Event::Started { .. } | Event::Embedding(_) => {}
             Event::Token(t) => {
                 let deltas = choice.deltas(&t.text);
                 push(&mut blocks, &mut choice, deltas);
@@ -262,7 +263,7 @@ fn stream_messages(
         let mut next_index = 0usize;
         loop {
             let (deltas, done) = match rx.recv().await {
-                Some((_, Event::Started { .. })) => continue,
+                Some((_, Event::Started { .. } | Event::Embedding(_))) => continue,
                 Some((_, Event::Token(t))) => (choice.deltas(&t.text), None),
                 Some((_, Event::Done(summary))) => (choice.last_deltas(), Some(summary)),
                 Some((_, Event::Failed(e))) => {

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferrox_generate::embedding::Pooler;
 use ferrox_generate::generate::{DraftPacer, Generation};
 use ferrox_models::AnyEngine;
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
@@ -44,6 +45,8 @@ pub(super) struct Seq<'t> {
     pub(super) pacer: DraftPacer,
     /// The n-gram length of the match behind the draft being checked.
     pub(super) matched: usize,
+    /// An embedding job's pooling of the rows computed so far (it samples nothing).
+    pub(super) pooler: Option<Pooler>,
 }
 
 impl Seq<'_> {
@@ -73,6 +76,8 @@ pub(super) struct Planned {
     pub(super) index: usize,
     pub(super) tokens: usize,
     pub(super) logits: bool,
+    /// The rows' embeddings are wanted (an embedding job).
+    pub(super) embeddings: bool,
 }
 
 /// Removes the queued jobs whose client went away.
@@ -89,8 +94,11 @@ pub(super) fn drop_abandoned(jobs: &mut VecDeque<Job>, metrics: &Metrics) {
 }
 
 /// The most positions a job's sequence can reach: its prompt plus its token limit (the
-/// pool caps it at the context size).
+/// pool caps it at the context size); an embedding job's prompt alone.
 fn max_len(job: &Job) -> usize {
+    if job.embed.is_some() {
+        return job.prompt.len();
+    }
     job.prompt
         .len()
         .saturating_add(job.params.max_tokens.unwrap_or(usize::MAX))
@@ -202,9 +210,14 @@ impl<'t> Batcher<'t> {
             if sibling_prefilling {
                 break;
             }
+            // Pooling needs every position's row: an embedding job reuses no cached prefix.
+            let lookup = match job.embed {
+                Some(_) => &[][..],
+                None => &job.prompt[..],
+            };
             match self
                 .pool
-                .acquire(&job.prompt, max_len(job), job.cache_salt.as_deref())
+                .acquire(lookup, max_len(job), job.cache_salt.as_deref())
             {
                 Err(Refusal::Busy) => break,
                 Err(Refusal::TooLarge { needed, capacity }) => {
@@ -242,9 +255,10 @@ impl<'t> Batcher<'t> {
         });
         let generation = Generation::new(self.tokenizer, job.params.clone(), &job.prompt);
         let history = match self.options.speculation {
-            Some(_) => job.prompt.clone(),
-            None => Vec::new(),
+            Some(_) if job.embed.is_none() => job.prompt.clone(),
+            _ => Vec::new(),
         };
+        let pooler = job.embed.map(|pooling| Pooler::new(pooling, &self.engine));
         self.admitted += 1;
         active.push(Seq {
             id: self.admitted,
@@ -260,6 +274,7 @@ impl<'t> Batcher<'t> {
             accepted: 0,
             pacer: DraftPacer::default(),
             matched: 0,
+            pooler,
             job,
         });
     }

@@ -67,6 +67,7 @@ impl<'t> Batcher<'t> {
         }
         let sampled = self.sample(active, &plan);
         let mut ending = Ending::default();
+        self.pool_embeddings(active, &plan, &mut ending);
         let tokens = self.settle_drafts(active, sampled, &mut ending);
         self.emit(active, tokens, &mut ending);
         self.retire(active, ending);
@@ -76,6 +77,7 @@ impl<'t> Batcher<'t> {
     /// those still prefilling, in order, within the prefill budget.
     fn plan_rows(&self, active: &[Seq<'t>]) -> Vec<Planned> {
         let decoding = active.iter().any(|s| s.next.is_some());
+        let encoder = self.engine.is_encoder();
         let mut budget = if decoding {
             self.options.prefill_chunk
         } else {
@@ -89,16 +91,25 @@ impl<'t> Batcher<'t> {
                     index,
                     tokens: 1,
                     logits: true,
+                    embeddings: false,
                 });
                 continue;
             }
-            let take = (s.job.prompt.len() - s.fed).min(budget);
+            let rest = s.job.prompt.len() - s.fed;
+            let mut take = rest.min(budget);
+            // An encoder takes each sequence whole: the first in a step whatever its length,
+            // the others while they fit the budget.
+            if encoder && take < rest {
+                take = if plan.is_empty() { rest } else { 0 };
+            }
             if take > 0 {
-                budget -= take;
+                budget = budget.saturating_sub(take);
+                let embeddings = s.pooler.is_some();
                 plan.push(Planned {
                     index,
                     tokens: take,
-                    logits: s.fed + take == s.job.prompt.len(),
+                    logits: !embeddings && s.fed + take == s.job.prompt.len(),
+                    embeddings,
                 });
             }
         }
@@ -133,6 +144,7 @@ impl<'t> Batcher<'t> {
                     slot: s.slot,
                     tokens,
                     logits: p.logits,
+                    embeddings: p.embeddings,
                 }
             })
             .collect();
@@ -212,6 +224,45 @@ impl<'t> Batcher<'t> {
                 .collect()
         } else {
             picked.iter_mut().map(|(i, s)| (*i, sample(s))).collect()
+        }
+    }
+
+    /// Pools the rows of the embedding jobs the step ran; those whose prompt is all in send
+    /// their embedding and end.
+    fn pool_embeddings(&mut self, active: &mut [Seq<'t>], plan: &[Planned], ending: &mut Ending) {
+        let now = Instant::now();
+        for p in plan.iter().filter(|p| p.embeddings) {
+            let s = &mut active[p.index];
+            let Some(pooler) = s.pooler.as_mut() else {
+                continue;
+            };
+            pooler.push(self.pool.logits(s.slot));
+            if s.fed < s.job.prompt.len() {
+                continue;
+            }
+            let Some(pooler) = s.pooler.take() else {
+                continue;
+            };
+            let pooled = match pooler.finish(&self.engine) {
+                Ok(pooled) => pooled,
+                Err(e) => {
+                    let message = format!("embedding failed: {e}");
+                    tracing::error!(parent: &s.job.span, "{message}");
+                    let _ = s.job.send(Event::Failed(ApiError::internal(message)));
+                    s.job.aborted(&self.metrics);
+                    ending.indices.push(p.index);
+                    continue;
+                }
+            };
+            if s.job.send(Event::Embedding(pooled)).is_err() {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                s.job.aborted(&self.metrics);
+                ending.indices.push(p.index);
+                continue;
+            }
+            let summary = self.finished(s, FinishReason::Stop, now);
+            ending.summaries.push((p.index, summary));
+            ending.indices.push(p.index);
         }
     }
 

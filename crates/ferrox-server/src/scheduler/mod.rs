@@ -15,6 +15,7 @@ mod batcher;
 mod drafting;
 mod iteration;
 
+use ferrox_generate::embedding::Pooling;
 use ferrox_generate::generate::{FinishReason, GenerationParams};
 use ferrox_models::AnyEngine;
 use ferrox_tokenizer::tokenizer::{TokenId, Tokenizer};
@@ -35,6 +36,9 @@ pub struct Job {
     pub choice: usize,
     /// The prefix cache's namespace (vLLM's `cache_salt`; `None`: the shared one).
     pub cache_salt: Option<String>,
+    /// Embed the prompt, pooled this way, instead of generating ([`Event::Embedding`]
+    /// then [`Event::Done`]).
+    pub embed: Option<Pooling>,
     pub events: UnboundedSender<(usize, Event)>,
     /// When the request reached the scheduler: queue time, TTFT and end-to-end latency
     /// count from here.
@@ -64,6 +68,8 @@ pub enum Event {
         cached_tokens: usize,
     },
     Token(TokenEvent),
+    /// An embedding job's result: the pooled embedding, or every token's (not normalized).
+    Embedding(Vec<Vec<f32>>),
     Done(Summary),
     Failed(ApiError),
 }
@@ -236,6 +242,18 @@ impl Scheduler {
         q.deadline = Some(Instant::now() + grace);
         drop(q);
         self.shared.wake.notify_all();
+    }
+
+    /// Waits (blocking) until nothing is queued or running, or `timeout` has passed.
+    pub fn wait_idle(&self, timeout: Duration) {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            let queued = lock(&self.shared).jobs.len();
+            if queued == 0 && self.metrics.active_sequences.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Cancels everything and waits for the thread to end.
