@@ -48,6 +48,11 @@ pub enum ModelError {
     UnsupportedCacheType { engine: String, cache: String },
     #[error("{arch} is an embedding model (an encoder without an output head): it embeds text and cannot generate")]
     EmbeddingOnly { arch: String },
+    #[error(
+        "a memory budget of {budget} bytes is below the {needed} bytes the weights other than \
+         the routed experts need in memory"
+    )]
+    BudgetTooSmall { budget: u64, needed: u64 },
 }
 
 /// How to run an engine.
@@ -64,6 +69,41 @@ pub struct EngineOptions {
     /// Load the file's multi-token-prediction block and keep what it drafts from (see
     /// [`Engine::draft_mtp`]); an engine without one refuses.
     pub mtp: bool,
+    /// Bytes of memory the weights may take (`--memory-budget`); `None`: most of what the
+    /// system has available. Routed experts that do not fit are streamed from the file.
+    pub memory_budget: Option<u64>,
+    /// Lock the weights held in memory (`--mlock`) so that they are never paged out.
+    pub mlock: bool,
+}
+
+/// Where an engine's weights live, as the memory planner placed them at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightMemory {
+    /// The budget the plan was made for.
+    pub budget: u64,
+    /// Bytes of packed copies made at load, in this process's memory.
+    pub packed_bytes: u64,
+    /// Bytes of the file used in place from the mapping.
+    pub mapped_bytes: u64,
+    /// The cache of packed routed experts, when the experts are streamed from the file.
+    pub expert_cache: Option<ExpertCacheStats>,
+}
+
+/// Counters of the cache through which routed experts are streamed from the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertCacheStats {
+    /// Slots, each one expert's packed matrices.
+    pub slots: usize,
+    /// Slots holding an expert.
+    pub filled: usize,
+    /// Bytes of memory one slot takes.
+    pub slot_bytes: u64,
+    /// Expert uses served from a slot.
+    pub hits: u64,
+    /// Expert uses that packed the expert from the file.
+    pub misses: u64,
+    /// Bytes of the file packed into slots.
+    pub bytes_read: u64,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +114,8 @@ impl Default for EngineOptions {
             kv_storage: KvStorage::F16,
             repack: true,
             mtp: false,
+            memory_budget: None,
+            mlock: false,
         }
     }
 }
@@ -201,6 +243,11 @@ pub trait Engine: Send + Sync + Any {
 
     /// Bytes of weights read per decoded token.
     fn weight_bytes_per_token(&self) -> u64;
+
+    /// Where the weights live: packed in memory, mapped, streamed through a cache.
+    fn weight_memory(&self) -> WeightMemory {
+        WeightMemory::default()
+    }
 
     fn new_scratch(&self) -> StepScratch;
 

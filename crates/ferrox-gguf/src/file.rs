@@ -250,6 +250,19 @@ impl Gguf {
     pub fn release_pages(&self, bytes: &[u8]) {
         self.released
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.advise(bytes, false);
+    }
+
+    /// Tells the system that `bytes`, part of this checkpoint's mapped tensor data, will be
+    /// read soon, so that reading them from disk starts now (and several such reads
+    /// overlap). Anything else is ignored.
+    pub fn prefetch_pages(&self, bytes: &[u8]) {
+        self.advise(bytes, true);
+    }
+
+    /// Asks for the part of a shard's mapping that `bytes` is to be read in (`will_need`)
+    /// or dropped.
+    fn advise(&self, bytes: &[u8], will_need: bool) {
         for shard in &self.shards {
             let Storage::Mapped(map) = &shard.storage else {
                 continue;
@@ -259,15 +272,16 @@ impl Gguf {
             if start < base || start + bytes.len() > base + map.len() {
                 continue;
             }
-            // SAFETY: the map is a read-only file mapping: dropping its pages (including
-            // the partly covered first and last, which the call rounds out to) loses
-            // nothing, later reads fault them back in from the file.
-            let _ = unsafe {
-                map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    start - base,
-                    bytes.len(),
-                )
+            let (offset, len) = (start - base, bytes.len());
+            let _ = if will_need {
+                map.advise_range(memmap2::Advice::WillNeed, offset, len)
+            } else {
+                // SAFETY: the map is a read-only file mapping: dropping its pages (including
+                // the partly covered first and last, which the call rounds out to) loses
+                // nothing, later reads fault them back in from the file.
+                unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+                }
             };
             return;
         }

@@ -82,6 +82,10 @@ impl Engine for AnyEngine {
         self.0.weight_bytes_per_token()
     }
 
+    fn weight_memory(&self) -> crate::engine::WeightMemory {
+        self.0.weight_memory()
+    }
+
     fn new_scratch(&self) -> StepScratch {
         self.0.new_scratch()
     }

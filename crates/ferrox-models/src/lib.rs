@@ -15,6 +15,7 @@ pub mod kimi;
 pub mod layers;
 pub mod mla;
 pub mod names;
+pub mod plan;
 pub mod scaffold;
 pub(crate) mod tensors;
 

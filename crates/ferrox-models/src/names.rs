@@ -110,6 +110,20 @@ pub const FFN_GATE_EXPS: Tensor = Tensor::new("ffn_gate_exps", EXPERTS);
 pub const FFN_UP_EXPS: Tensor = Tensor::new("ffn_up_exps", EXPERTS);
 pub const FFN_GATE_UP_EXPS: Tensor = Tensor::new("ffn_gate_up_exps", EXPERTS);
 pub const FFN_DOWN_EXPS: Tensor = Tensor::new("ffn_down_exps", EXPERTS);
+
+/// Whether `name` is a layer's routed experts (`blk.N.ffn_*_exps.weight`).
+pub fn is_routed_experts(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let Some((layer, tail)) = rest.split_once('.') else {
+        return false;
+    };
+    layer.bytes().all(|b| b.is_ascii_digit())
+        && [FFN_GATE_EXPS, FFN_UP_EXPS, FFN_GATE_UP_EXPS, FFN_DOWN_EXPS]
+            .iter()
+            .any(|t| tail.strip_suffix(".weight") == Some(t.base))
+}
 pub const FFN_GATE_SHEXP: Tensor = Tensor::new("ffn_gate_shexp", SHARED);
 pub const FFN_UP_SHEXP: Tensor = Tensor::new("ffn_up_shexp", SHARED);
 pub const FFN_DOWN_SHEXP: Tensor = Tensor::new("ffn_down_shexp", SHARED);

@@ -10,14 +10,16 @@ use ferrox_gguf::Gguf;
 use ferrox_memory::{MemorySpec, StepMemory};
 use rayon::prelude::*;
 
-use crate::engine::{EngineError, EngineOptions, Output, SeqInput};
+use crate::engine::{EngineError, EngineOptions, Output, SeqInput, WeightMemory};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
+use crate::plan::{ExpertPlacement, MemoryPlan, Packing};
 #[cfg(doc)]
 use crate::Engine;
 use crate::ModelError;
 use crate::TokenId;
+use ferrox_moe::ExpertCache;
 
 /// Tokens processed together in one pass of a long prompt (bounds scratch memory).
 pub const MAX_MICRO_BATCH: usize = 512;
@@ -113,6 +115,12 @@ pub struct Runtime {
     pub n_embd: usize,
     /// Bytes of weights read per decoded token (set once the weights are loaded).
     pub weight_bytes_per_token: u64,
+    /// Where the weights go (see [`crate::plan`]).
+    pub plan: MemoryPlan,
+    /// The cache streamed experts go through, when the plan streams them.
+    pub expert_cache: Option<Arc<ExpertCache>>,
+    /// Bytes of packed copies made at load.
+    pub packed_bytes: u64,
 }
 
 impl Runtime {
@@ -135,6 +143,13 @@ impl Runtime {
             crate::layers::attention::with_group_state(|_| ());
             crate::layers::attention::with_typed_group(|_| ());
         });
+        let plan = MemoryPlan::new(&gguf, options)?;
+        let expert_cache = match plan.experts {
+            ExpertPlacement::Streamed { slots, slot_bytes } => {
+                Some(Arc::new(ExpertCache::new(slots, slot_bytes)))
+            }
+            _ => None,
+        };
         Ok(Runtime {
             arch: gguf.metadata().architecture()?.to_string(),
             gguf,
@@ -147,6 +162,9 @@ impl Runtime {
             n_vocab,
             n_embd,
             weight_bytes_per_token: 0,
+            plan,
+            expert_cache,
+            packed_bytes: 0,
         })
     }
 }
@@ -164,15 +182,36 @@ pub fn require_float_cache(options: &EngineOptions, engine: &str) -> Result<(), 
 }
 
 impl Runtime {
-    /// Repacks the weights on the pool when the options ask for it.
+    /// Repacks the weights on the pool as the memory plan says, when the options ask for it.
     pub fn repack(
-        &self,
+        &mut self,
         options: &EngineOptions,
-        pack: impl FnOnce(&Gguf) -> Result<(), ModelError> + Send,
+        pack: impl FnOnce(&Packing<'_>) -> Result<(), ModelError> + Send,
     ) -> Result<(), ModelError> {
-        match options.repack {
-            true => self.pool.install(|| pack(&self.gguf)),
-            false => Ok(()),
+        if !options.repack {
+            return Ok(());
+        }
+        let packing = Packing::new(
+            &self.gguf,
+            &self.plan,
+            self.expert_cache.as_ref(),
+            options.mlock,
+        );
+        self.pool.install(|| pack(&packing))?;
+        self.packed_bytes = packing.packed_bytes();
+        Ok(())
+    }
+
+    /// Where the weights live now.
+    pub fn weight_memory(&self) -> WeightMemory {
+        WeightMemory {
+            budget: self.plan.budget,
+            packed_bytes: self.packed_bytes,
+            mapped_bytes: match self.packed_bytes {
+                0 => self.gguf.tensor_bytes(),
+                _ => self.plan.mapped_bytes(),
+            },
+            expert_cache: self.expert_cache.as_ref().map(|c| c.stats()),
         }
     }
 }
@@ -280,6 +319,10 @@ macro_rules! engine_from_body {
 
                 fn weight_bytes_per_token(&self) -> u64 {
                     self.runtime().weight_bytes_per_token
+                }
+
+                fn weight_memory(&self) -> $crate::engine::WeightMemory {
+                    self.runtime().weight_memory()
                 }
 
                 fn new_scratch(&self) -> StepScratch {

@@ -2,12 +2,15 @@
 //! file (they stay quantized there), the routed-expert weights of MoE layers, and the loader
 //! that finds tensors and checks their shapes and types.
 
+use crate::plan::Packing;
 use std::sync::Arc;
 
 use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
 use ferrox_gguf::{Gguf, TensorInfo};
-use ferrox_moe::{Activation as MoeActivation, ExpertTensor, MoeExperts, SharedExpert};
+use ferrox_moe::{
+    Activation as MoeActivation, CachedExperts, ExpertCache, ExpertTensor, MoeExperts, SharedExpert,
+};
 
 use crate::hparams::{moe_error, FfnKind, MoeFfnConfig};
 use crate::layers::linear::{linear, linear_many};
@@ -40,7 +43,7 @@ impl MatrixRef {
     /// Makes the packed copy when this machine has a packed kernel and the matrix's type
     /// and shape allow it (see [`ferrox_core::packed`]); the mapped pages it was copied
     /// from leave memory. Clones made before share nothing; clones made after share it.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         let ty = self.tensor.ty;
         if self.packed.is_some()
             || !ferrox_core::packed::available()
@@ -52,6 +55,7 @@ impl MatrixRef {
         let packed = PackedMatrix::pack(ty, self.rows, self.cols, bytes, |part| {
             gguf.release_pages(part)
         })?;
+        gguf.packed(&packed);
         self.packed = Some(Arc::new(packed));
         Ok(())
     }
@@ -167,10 +171,12 @@ impl ExpertRef {
         }
     }
 
-    /// Packs every viewed slab, as [`MatrixRef::pack`] does a matrix.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    /// Packs every viewed slab, as [`MatrixRef::pack`] does a matrix (routed experts only
+    /// when the memory plan packs them).
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         let t = self.view(gguf)?;
-        if self.packed.is_some()
+        if (is_routed_experts(&self.tensor.name) && !gguf.packs_experts())
+            || self.packed.is_some()
             || !ferrox_core::packed::available()
             || !PackedMatrix::can_pack(t.ty(), t.rows(), t.cols())
         {
@@ -178,11 +184,14 @@ impl ExpertRef {
         }
         let packed = (0..t.n_expert())
             .map(|e| {
-                PackedMatrix::pack(t.ty(), t.rows(), t.cols(), t.expert_bytes(e), |part| {
-                    gguf.release_pages(part)
-                })
+                let p =
+                    PackedMatrix::pack(t.ty(), t.rows(), t.cols(), t.expert_bytes(e), |part| {
+                        gguf.release_pages(part)
+                    })?;
+                gguf.packed(&p);
+                Ok(p)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, ModelError>>()?;
         self.packed = Some(packed.into());
         Ok(())
     }
@@ -217,6 +226,9 @@ pub struct MoeWeights {
     pub shared: Option<SharedExpertWeights>,
     /// `exp_probs_b.bias`: added to the routing scores for selection only (DeepSeek-V3).
     pub selection_bias: Option<Vec<f32>>,
+    /// The cache the experts stream through, and this layer's key in it, when the memory
+    /// plan leaves them in the file.
+    pub streamed: Option<(Arc<ExpertCache>, usize)>,
 }
 
 #[derive(Clone, Debug)]
@@ -230,7 +242,7 @@ pub struct SharedExpertWeights {
 
 impl SharedExpertWeights {
     /// Packs the three projections (see [`MatrixRef::pack`]).
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         for m in [&mut self.gate, &mut self.up, &mut self.down] {
             m.pack(gguf)?;
         }
@@ -257,10 +269,14 @@ impl SharedExpertWeights {
 }
 
 impl MoeWeights {
-    /// Packs the experts and the shared expert (see [`MatrixRef::pack`]); the router stays.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    /// Packs the experts (or, when the memory plan streams them, joins its cache) and the
+    /// shared expert (see [`MatrixRef::pack`]); the router stays.
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         for experts in [&mut self.gate_exps, &mut self.up_exps, &mut self.down_exps] {
             experts.pack(gguf)?;
+        }
+        if !gguf.packs_experts() && self.streamed.is_none() {
+            self.streamed = gguf.expert_cache();
         }
         if let Some(shared) = &mut self.shared {
             shared.pack(gguf)?;
@@ -269,13 +285,21 @@ impl MoeWeights {
     }
 
     pub fn experts<'a>(&'a self, gguf: &'a Gguf) -> Result<MoeExperts<'a>, ModelError> {
-        MoeExperts::new(
+        let experts = MoeExperts::new(
             self.gate_exps.view(gguf)?,
             self.up_exps.view(gguf)?,
             self.down_exps.view(gguf)?,
             MoeActivation::SwiGlu,
         )
-        .map_err(moe_error)
+        .map_err(moe_error)?;
+        Ok(match &self.streamed {
+            Some((cache, layer)) => experts.with_cache(CachedExperts {
+                cache,
+                layer: *layer,
+                pages: gguf,
+            }),
+            None => experts,
+        })
     }
 
     /// The layer's MoE FFN of `xn` (`n × n_embd` normalized rows) into `out`: routing,
@@ -516,6 +540,7 @@ impl Loader<'_> {
             selection_bias: self.opt_vector(&FFN_EXP_PROBS_B.layer_bias(il), n_expert)?,
             down_exps: self.experts(&FFN_DOWN_EXPS.layer(il), mc.n_ff_exp, n_embd, n_expert)?,
             shared,
+            streamed: None,
         })
     }
 

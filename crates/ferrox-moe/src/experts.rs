@@ -17,6 +17,7 @@ use ferrox_core::{GgmlType, MatrixProduct, WeightMatrix};
 use ferrox_gguf::TensorInfo;
 use smallvec::SmallVec;
 
+use crate::cache::{CachedExperts, ExpertViews};
 use crate::numerics;
 use crate::routing::RouterConfig;
 use crate::shared::{SharedExpert, SharedScratch};
@@ -218,6 +219,8 @@ pub struct MoeExperts<'a> {
     down: ExpertTensor<'a>,
     activation: Activation,
     shared: Option<SharedExpert<'a>>,
+    /// Experts streamed from the file through a cache of packed copies.
+    cache: Option<CachedExperts<'a>>,
 }
 
 impl<'a> MoeExperts<'a> {
@@ -263,6 +266,7 @@ impl<'a> MoeExperts<'a> {
             down,
             activation,
             shared: None,
+            cache: None,
         })
     }
 
@@ -271,6 +275,50 @@ impl<'a> MoeExperts<'a> {
     /// adds them), its products sharing the routed experts' passes over the pool.
     pub fn with_shared(self, shared: Option<SharedExpert<'a>>) -> Self {
         MoeExperts { shared, ..self }
+    }
+
+    /// These experts with their products computed from packed copies that `cache` makes
+    /// as they are used (the tensors then stay unpacked in the file).
+    pub fn with_cache(self, cache: CachedExperts<'a>) -> Self {
+        MoeExperts {
+            cache: Some(cache),
+            ..self
+        }
+    }
+
+    /// Calls `f` with the matrices of experts `ids` (distinct, at most
+    /// [`Self::max_pass_experts`]).
+    fn with_views<R>(
+        &self,
+        ids: &[usize],
+        f: impl for<'b> FnOnce(&[ExpertViews<'b>]) -> Result<R, MoeError>,
+    ) -> Result<R, MoeError> {
+        match &self.cache {
+            Some(cache) => cache.with_views(
+                [self.gate.as_ref(), Some(&self.up), Some(&self.down)],
+                ids,
+                f,
+            ),
+            None => {
+                let views: SmallVec<[ExpertViews<'_>; CHUNK_EXPERTS]> = ids
+                    .iter()
+                    .map(|&e| ExpertViews {
+                        gate: self.gate.as_ref().map(|g| g.expert(e)),
+                        up: self.up.expert(e),
+                        down: self.down.expert(e),
+                    })
+                    .collect();
+                f(&views)
+            }
+        }
+    }
+
+    /// Most experts whose products share a pass.
+    fn max_pass_experts(&self) -> usize {
+        match &self.cache {
+            Some(c) => CHUNK_EXPERTS.min(c.cache.capacity()),
+            None => CHUNK_EXPERTS,
+        }
     }
 
     pub fn n_embd(&self) -> usize {
@@ -313,6 +361,8 @@ pub struct MoeScratch {
     route_scratch: crate::routing::RouteScratch,
     router_xq: Vec<u8>,
     assign: Vec<(usize, usize, usize)>,
+    /// The distinct experts of `assign`.
+    needed: Vec<usize>,
     xq_gate: Vec<u8>,
     xq_up: Vec<u8>,
     xg_gate: Vec<u8>,
@@ -376,6 +426,7 @@ const CHUNK_ROWS: usize = 64;
 /// shared expert's products join the two passes, its output left in `s.shared`.
 fn experts_chunk(
     experts: &MoeExperts<'_>,
+    views: &[ExpertViews<'_>],
     range: std::ops::Range<usize>,
     shared_q: bool,
     (ag, au): (usize, usize),
@@ -394,23 +445,12 @@ fn experts_chunk(
             s.xg_up.extend_from_slice(&s.xq_up[t * au..(t + 1) * au]);
         }
     }
-    // (expert, first row, rows) per group.
-    let mut groups: SmallVec<[(usize, usize, usize); CHUNK_EXPERTS]> = SmallVec::new();
-    let mut at = 0;
-    while at < rows {
-        let e = assign[at].0;
-        let m = assign[at..].iter().take_while(|a| a.0 == e).count();
-        groups.push((e, at, m));
-        at += m;
-    }
-    let gates: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> = match &experts.gate {
-        Some(gate) => groups.iter().map(|g| gate.expert(g.0)).collect(),
-        None => SmallVec::new(),
-    };
-    let ups: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
-        groups.iter().map(|g| experts.up.expert(g.0)).collect();
-    let downs: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
-        groups.iter().map(|g| experts.down.expert(g.0)).collect();
+    // (first row, rows) per group; group `i` is expert `views[i]`.
+    let groups = expert_groups(assign);
+    let gates: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> =
+        views.iter().filter_map(|v| v.gate).collect();
+    let ups: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> = views.iter().map(|v| v.up).collect();
+    let downs: SmallVec<[WeightMatrix<'_>; CHUNK_EXPERTS]> = views.iter().map(|v| v.down).collect();
 
     s.g.clear();
     s.g.resize(rows * n_ff, 0.0);
@@ -420,7 +460,7 @@ fn experts_chunk(
         let xu: &[u8] = if shared_q { &s.xg_gate } else { &s.xg_up };
         let mut products: SmallVec<[MatrixProduct<'_, '_>; 2 * CHUNK_EXPERTS]> = SmallVec::new();
         let (mut g_rest, mut u_rest) = (&mut s.g[..], &mut s.u[..]);
-        for (i, &(_, first, m)) in groups.iter().enumerate() {
+        for (i, &(first, m)) in groups.iter().enumerate() {
             let (g, g_tail) = std::mem::take(&mut g_rest).split_at_mut(m * n_ff);
             let (u, u_tail) = std::mem::take(&mut u_rest).split_at_mut(m * n_ff);
             (g_rest, u_rest) = (g_tail, u_tail);
@@ -465,7 +505,7 @@ fn experts_chunk(
     s.y.resize(rows * n_embd, 0.0);
     let mut products: SmallVec<[MatrixProduct<'_, '_>; CHUNK_EXPERTS]> = SmallVec::new();
     let mut y_rest = &mut s.y[..];
-    for (i, &(_, first, m)) in groups.iter().enumerate() {
+    for (i, &(first, m)) in groups.iter().enumerate() {
         let (y, tail) = std::mem::take(&mut y_rest).split_at_mut(m * n_embd);
         y_rest = tail;
         products.push(MatrixProduct {
@@ -480,6 +520,19 @@ fn experts_chunk(
     }
     WeightMatrix::matmul_products(&mut products)?;
     Ok(())
+}
+
+/// `(first row, rows)` of each expert's run of `(expert, token, slot)` triples.
+fn expert_groups(assign: &[(usize, usize, usize)]) -> SmallVec<[(usize, usize); CHUNK_EXPERTS]> {
+    let mut groups = SmallVec::new();
+    let mut at = 0;
+    while at < assign.len() {
+        let e = assign[at].0;
+        let m = assign[at..].iter().take_while(|a| a.0 == e).count();
+        groups.push((at, m));
+        at += m;
+    }
+    groups
 }
 
 /// The routed-expert part of an MoE FFN for a batch of tokens.
@@ -622,23 +675,37 @@ fn run_routes(
     }
     s.assign.sort_unstable();
 
+    if let Some(cache) = &experts.cache {
+        s.needed.clear();
+        s.needed.extend(s.assign.iter().map(|a| a.0));
+        s.needed.dedup();
+        cache.prefetch(
+            [
+                experts.gate.as_ref(),
+                Some(&experts.up),
+                Some(&experts.down),
+            ],
+            &s.needed,
+        );
+    }
+
     // Quantize every token once per activation type; quantization is row by row, so
     // gathering quantized rows equals quantizing gathered rows.
     // Ungated experts quantize for their up projection alone.
-    let first_up = experts.up.expert(s.assign[0].0);
-    let first = experts
-        .gate
-        .as_ref()
-        .map_or(first_up, |g| g.expert(s.assign[0].0));
-    first.quantize_activation(x, &mut s.xq_gate)?;
-    let shared_q = first_up.vec_dot_type() == first.vec_dot_type();
-    if !shared_q {
-        first_up.quantize_activation(x, &mut s.xq_up)?;
-    }
-    let (ag, au) = (
-        first.activation_row_bytes(),
-        first_up.activation_row_bytes(),
-    );
+    let (shared_q, ag, au) = experts.with_views(&[s.assign[0].0], |v| {
+        let first_up = v[0].up;
+        let first = v[0].gate.unwrap_or(first_up);
+        first.quantize_activation(x, &mut s.xq_gate)?;
+        let shared_q = first_up.vec_dot_type() == first.vec_dot_type();
+        if !shared_q {
+            first_up.quantize_activation(x, &mut s.xq_up)?;
+        }
+        Ok((
+            shared_q,
+            first.activation_row_bytes(),
+            first_up.activation_row_bytes(),
+        ))
+    })?;
 
     let shared = experts.shared.as_ref();
     if let Some(sh) = shared {
@@ -646,7 +713,8 @@ fn run_routes(
         sh.prepare(x, &mut s.shared)?;
     }
     // The shared expert takes a place in a chunk's passes.
-    let max_experts = CHUNK_EXPERTS - usize::from(shared.is_some());
+    let max_experts =
+        (CHUNK_EXPERTS - usize::from(shared.is_some())).min(experts.max_pass_experts());
     let mut shared_done = false;
 
     s.contrib.clear();
@@ -669,7 +737,13 @@ fn run_routes(
         // When one chunk holds every expert, the shared expert rides in its passes.
         let joined = shared.filter(|_| start == 0 && end == s.assign.len());
         shared_done |= joined.is_some();
-        experts_chunk(experts, start..end, shared_q, (ag, au), joined, s)?;
+        let ids: SmallVec<[usize; CHUNK_EXPERTS]> = expert_groups(&s.assign[start..end])
+            .iter()
+            .map(|&(first, _)| s.assign[start + first].0)
+            .collect();
+        experts.with_views(&ids, |views| {
+            experts_chunk(experts, views, start..end, shared_q, (ag, au), joined, s)
+        })?;
         for (i, &(_, t, slot)) in s.assign[start..end].iter().enumerate() {
             let w = s.routes[t * n_used + slot].1;
             let y = &s.y[i * n_embd..(i + 1) * n_embd];

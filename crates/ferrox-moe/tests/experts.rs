@@ -2,10 +2,11 @@ use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{quantize_row, row_byte_len, GgmlType, WeightMatrix};
 use ferrox_moe::numerics::{self, swiglu};
 use ferrox_moe::{
-    moe_ffn, route, router_logits, shared_expert_gate, Activation, ExpertTensor, Gating,
-    MoeExperts, MoeScratch, RouterConfig, SharedExpert,
+    moe_ffn, route, router_logits, shared_expert_gate, Activation, CachedExperts, ExpertCache,
+    ExpertTensor, Gating, MappedPages, MoeExperts, MoeScratch, RouterConfig, SharedExpert,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const N_EMBD: usize = 256;
 const N_FF: usize = 96;
@@ -458,6 +459,130 @@ fn attached_shared_expert_equals_adding_it_after() {
                 moe_ffn(c, &experts, &x, &logits, Some(&m.bias), &mut routed, &mut s).unwrap();
                 assert_ne!(bits(&routed), bits(&got));
             }
+        }
+    }
+}
+
+/// Counts what an [`ExpertCache`] asks of the pages its experts live in.
+#[derive(Default)]
+struct PageLog {
+    prefetched: AtomicU64,
+    released: AtomicU64,
+}
+
+impl MappedPages for PageLog {
+    fn prefetch(&self, bytes: &[u8]) {
+        self.prefetched
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+
+    fn release(&self, bytes: &[u8]) {
+        self.released
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The experts of `m`, each packed (as a model whose experts all fit in memory has them).
+fn packed_model_experts<'a>(
+    m: &'a Model,
+    packs: &'a [Vec<PackedMatrix>; 3],
+    act: Activation,
+) -> MoeExperts<'a> {
+    let up = ExpertTensor::new(TY[1], [N_EMBD, N_FF, N_EXPERT], &m.up)
+        .unwrap()
+        .with_packed(&packs[1])
+        .unwrap();
+    let down = ExpertTensor::new(TY[2], [N_FF, N_EMBD, N_EXPERT], &m.down)
+        .unwrap()
+        .with_packed(&packs[2])
+        .unwrap();
+    if act == Activation::Gelu {
+        return MoeExperts::ungated(up, down, act).unwrap();
+    }
+    let gate = ExpertTensor::new(TY[0], [N_EMBD, N_FF, N_EXPERT], &m.gate)
+        .unwrap()
+        .with_packed(&packs[0])
+        .unwrap();
+    MoeExperts::new(gate, up, down, act).unwrap()
+}
+
+#[test]
+fn streamed_experts_equal_packed_ones_bit_for_bit_at_any_cache_size() {
+    // Two layers (two models) share one cache, each under its own key.
+    let models = [Model::new(31), Model::new(32)];
+    let packs: Vec<[Vec<PackedMatrix>; 3]> = models
+        .iter()
+        .map(|m| {
+            [
+                packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
+            ]
+        })
+        .collect();
+    let c = &configs()[0];
+    let slot_bytes = packs[0].iter().map(|p| p[0].n_bytes() as u64).sum();
+    for act in [Activation::SwiGlu, Activation::Gelu] {
+        for capacity in [1, 2, 3, 5, 2 * N_EXPERT] {
+            let cache = ExpertCache::new(capacity, slot_bytes);
+            let pages = PageLog::default();
+            let mut uses = 0u64;
+            for round in 0..2 {
+                for n_tokens in [1, 3, 40] {
+                    for (layer, m) in models.iter().enumerate() {
+                        let x = inputs(40 + n_tokens as u64 + layer as u64, n_tokens);
+                        let mut logits = Vec::new();
+                        router_logits(&m.gate_inp(), &x, &mut logits).unwrap();
+                        let mut want = vec![0f32; x.len()];
+                        let mut s = MoeScratch::default();
+                        let packed = packed_model_experts(m, &packs[layer], act);
+                        moe_ffn(c, &packed, &x, &logits, None, &mut want, &mut s).unwrap();
+                        let mut assigned: Vec<usize> = s.routes.iter().map(|r| r.0).collect();
+                        assigned.sort_unstable();
+                        assigned.dedup();
+                        // Every chunk asks for its experts once, and the first expert once
+                        // more for the activations' quantization.
+                        let streamed = m.experts(act).with_cache(CachedExperts {
+                            cache: &cache,
+                            layer,
+                            pages: &pages,
+                        });
+                        let before = cache.stats();
+                        let mut got = vec![f32::NAN; x.len()];
+                        moe_ffn(c, &streamed, &x, &logits, None, &mut got, &mut s).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{act:?} capacity {capacity} round {round} n {n_tokens} layer {layer}"
+                        );
+                        let after = cache.stats();
+                        let asked = (after.hits + after.misses) - (before.hits + before.misses);
+                        assert!(
+                            asked > assigned.len() as u64,
+                            "{asked} uses for {assigned:?}"
+                        );
+                        uses += asked;
+                        assert!(after.filled <= capacity);
+                    }
+                }
+            }
+            let stats = cache.stats();
+            assert_eq!(stats.hits + stats.misses, uses);
+            assert!(stats.misses > 0);
+            if capacity == 2 * N_EXPERT {
+                // Everything fits: each expert of each layer was packed once at most.
+                assert!(stats.misses <= 2 * N_EXPERT as u64, "{stats:?}");
+            }
+            // Each miss read its expert's matrices from the pages and let them go.
+            let per_expert = |m: &Model| {
+                let gated = act != Activation::Gelu;
+                ((m.up.len() + m.down.len() + if gated { m.gate.len() } else { 0 }) / N_EXPERT)
+                    as u64
+            };
+            assert_eq!(stats.bytes_read, stats.misses * per_expert(&models[0]));
+            assert_eq!(pages.released.load(Ordering::Relaxed), stats.bytes_read);
+            assert!(pages.prefetched.load(Ordering::Relaxed) > 0);
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct Args {
     /// `--compare`, llama-bench runs with `--repack 0` too).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Memory the weights may take (see `run --memory-budget`).
+    #[arg(long = "memory-budget", value_parser = super::model::byte_size, value_name = "SIZE")]
+    pub memory_budget: Option<u64>,
     /// The K cache's type (`-ctk` as llama-bench; f16 by default), passed to llama-bench too.
     #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
     pub cache_type_k: Option<KvType>,
@@ -412,6 +415,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cache_type_k: args.cache_type_k,
         cache_type_v: args.cache_type_v,
         no_repack: args.no_repack,
+        memory_budget: args.memory_budget,
+        mlock: false,
         mtp: false,
     };
     if args.speculation.kind()? != SpecType::None {

@@ -58,9 +58,45 @@ pub struct ModelArgs {
     /// as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Memory the weights may take, e.g. `48G` (default: 85% of what the system has
+    /// available). Routed experts that do not fit stay in the file and stream through a
+    /// cache of packed copies of the most recently used.
+    #[arg(long = "memory-budget", value_parser = byte_size, value_name = "SIZE")]
+    pub memory_budget: Option<u64>,
+    /// Lock the weights held in memory so that the system never pages them out (as
+    /// llama.cpp's `--mlock`).
+    #[arg(long)]
+    pub mlock: bool,
     /// Load the file's multi-token-prediction block (set by `--spec-type draft-mtp`).
     #[arg(skip)]
     pub mtp: bool,
+}
+
+/// A size in bytes: a number with an optional binary suffix, `K`, `M`, `G` or `T` (`KiB`,
+/// `GB`... read alike).
+pub fn byte_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 512M, 48G)"))?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let shift = match unit.trim_end_matches('B').trim_end_matches('I') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("`{text}`: unknown unit (K, M, G or T)")),
+    };
+    let bytes = number * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("`{text}` is too large"));
+    }
+    Ok(bytes as u64)
 }
 
 /// A KV cache type by llama.cpp's name (`-ctk`, `-ctv`).
@@ -136,6 +172,8 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
         kv_storage: args.kv_storage(),
         repack: !args.no_repack,
         mtp: args.mtp,
+        memory_budget: args.memory_budget,
+        mlock: args.mlock,
     };
     Ok((path, gguf, tokenizer, options))
 }

@@ -121,6 +121,41 @@ impl PackedMatrix {
         let format = PackedFormat::of(ty)
             .filter(|_| Self::can_pack(ty, rows, cols))
             .ok_or(QuantError::UnsupportedDot(ty))?;
+        let len = Self::packed_bytes(ty, rows, cols).ok_or(QuantError::UnsupportedDot(ty))?;
+        let mut packed = PackedMatrix {
+            format,
+            rows,
+            cols,
+            data: huge_page_bytes(len)?,
+        };
+        packed.fill(bytes, release)?;
+        Ok(packed)
+    }
+
+    /// Bytes a packed `rows × cols` matrix of `ty` takes, `None` if it cannot be packed.
+    pub fn packed_bytes(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        let format = PackedFormat::of(ty).filter(|_| Self::can_pack(ty, rows, cols))?;
+        let blocks = cols / format.values();
+        Some(rows / GROUP_ROWS * blocks * format.group_block_bytes())
+    }
+
+    /// Packs `bytes` into this matrix's memory in place of what it held, as
+    /// [`PackedMatrix::pack`] would into new memory (`ty` and shape must be this matrix's):
+    /// a cache slot takes one expert after another without reallocating.
+    pub fn repack_from(
+        &mut self,
+        ty: GgmlType,
+        bytes: &[u8],
+        release: impl Fn(&[u8]) + Sync,
+    ) -> Result<(), QuantError> {
+        if ty != self.ty() {
+            return Err(QuantError::UnsupportedDot(ty));
+        }
+        self.fill(bytes, release)
+    }
+
+    fn fill(&mut self, bytes: &[u8], release: impl Fn(&[u8]) + Sync) -> Result<(), QuantError> {
+        let (ty, rows, cols) = (self.ty(), self.rows, self.cols);
         let row_bytes = quant::row_byte_len(ty, cols)?;
         if bytes.len() != rows * row_bytes {
             return Err(QuantError::ByteLength {
@@ -130,10 +165,11 @@ impl PackedMatrix {
                 actual: bytes.len(),
             });
         }
+        let format = self.format;
         let blocks = cols / format.values();
         let group_bytes = blocks * format.group_block_bytes();
-        let mut data = huge_page_bytes(rows / GROUP_ROWS * group_bytes)?;
-        data.par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
+        self.data
+            .par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
             .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
             .for_each(|(dst, src)| {
                 for (dst, src) in dst
@@ -144,12 +180,17 @@ impl PackedMatrix {
                 }
                 release(src);
             });
-        Ok(PackedMatrix {
-            format,
-            rows,
-            cols,
-            data,
-        })
+        Ok(())
+    }
+
+    /// Bytes of memory this matrix holds.
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Keeps this matrix's memory resident (`mlock`): it is never paged out.
+    pub fn lock(&self) -> std::io::Result<()> {
+        self.data.lock()
     }
 
     pub fn rows(&self) -> usize {

@@ -1,6 +1,7 @@
 //! Locating and checking a dense decoder's tensors. Matrices stay in the mapped file,
 //! quantized; only the small norm vectors and biases are decoded to f32 at load.
 
+use crate::plan::Packing;
 use ferrox_gguf::Gguf;
 
 use super::config::{DecoderConfig, FfnKind};
@@ -149,7 +150,7 @@ impl DecoderWeights {
     /// Packs the matrices this machine multiplies faster packed (see [`MatrixRef::pack`]):
     /// the output head, every layer's projections and experts (not the routers). The token
     /// embedding keeps its rows in the file, where lookups read them.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         let mut matrices: Vec<&mut MatrixRef> = vec![&mut self.output];
         for layer in &mut self.layers {
             matrices.extend(layer.qkv.matrices_mut());

@@ -1,5 +1,6 @@
 //! DeepSeek-V4's tensors, found and shape-checked at load.
 
+use crate::plan::Packing;
 use ferrox_gguf::{GgmlType, Gguf};
 
 use super::config::{Compression, Deepseek4Config, HC_STREAMS as HC};
@@ -40,7 +41,7 @@ impl CompressorWeights {
         })
     }
 
-    fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.kv.pack(gguf)?;
         self.gate.pack(gguf)
     }
@@ -223,7 +224,7 @@ impl LayerWeights {
         })
     }
 
-    fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         for m in [&mut self.q_a, &mut self.q_b, &mut self.kv, &mut self.out_b] {
             m.pack(gguf)?;
         }
@@ -291,7 +292,7 @@ impl Deepseek4Weights {
         })
     }
 
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
         self.layers.iter_mut().try_for_each(|l| l.pack(gguf))
     }

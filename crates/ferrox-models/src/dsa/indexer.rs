@@ -14,6 +14,7 @@
 //! memory's indexer store, one row of Di per position and indexer layer, so they are paged,
 //! shared by prefix and rolled back with the latent rows.
 
+use crate::plan::Packing;
 use ferrox_core::relu_scores::{self, IndexQuery};
 use ferrox_gguf::Gguf;
 use ferrox_memory::StepMemory;
@@ -59,7 +60,7 @@ impl IndexerWeights {
         })
     }
 
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.q_b.pack(gguf)?;
         self.k.pack(gguf)?;
         self.proj.pack(gguf)

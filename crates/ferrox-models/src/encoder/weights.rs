@@ -1,6 +1,7 @@
 //! Locating and checking an encoder's tensors. Matrices stay in the mapped file; norms,
 //! biases and the token-type row are decoded to f32 at load.
 
+use crate::plan::Packing;
 use ferrox_gguf::Gguf;
 
 use super::config::{EncoderConfig, EncoderFfn, Positions};
@@ -207,7 +208,7 @@ impl EncoderWeights {
     }
 
     /// Packs the layers' matrices and experts this machine multiplies faster packed.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         let (matrices, experts) = self.tensors();
         matrices.into_iter().try_for_each(|m| m.pack(gguf))?;
         experts.into_iter().try_for_each(|x| x.pack(gguf))

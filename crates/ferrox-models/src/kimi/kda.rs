@@ -8,6 +8,7 @@
 //! computes it); the output is RMS-normalised per head and gated by the sigmoid of
 //! [`OutputGate`] (low rank in Kimi Linear, full rank in Kimi-K3).
 
+use crate::plan::Packing;
 use ferrox_gguf::Gguf;
 use ferrox_memory::StepMemory;
 use rayon::prelude::*;
@@ -113,7 +114,7 @@ impl OutputGate {
 }
 
 impl KdaWeights {
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), crate::ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), crate::ModelError> {
         for m in [
             &mut self.q,
             &mut self.k,

@@ -3,6 +3,7 @@
 //! experts in a latent space (`ffn_routed_down` into it, an optional RMS norm and
 //! `ffn_routed_up` out of it), the shared expert staying at full width.
 
+use crate::plan::Packing;
 use ferrox_gguf::Gguf;
 use ferrox_moe::{MoeExperts, MoeScratch};
 
@@ -40,7 +41,7 @@ pub struct LatentProjection {
 }
 
 impl LatentProjection {
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.down.pack(gguf)?;
         self.up.pack(gguf)
     }
@@ -111,6 +112,7 @@ fn load_moe(
         // Required, as llama.cpp requires it.
         selection_bias: Some(l.vector(&FFN_EXP_PROBS_B.layer_bias(il), n_expert)?),
         shared,
+        streamed: None,
     })
 }
 

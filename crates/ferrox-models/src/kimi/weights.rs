@@ -1,6 +1,7 @@
 //! Locating a Kimi model's tensors: the Kimi Linear layout, and the Kimi-K3 layout (full-rank
 //! KDA gate, MLA output gate, residual-attention scores, latent experts).
 
+use crate::plan::Packing;
 use ferrox_gguf::Gguf;
 
 use super::config::KimiConfig;
@@ -220,7 +221,7 @@ impl KimiWeights {
     /// Packs what multiplies faster packed (see [`MatrixRef::pack`]), as the MLA engine
     /// does: the output head, every layer's projections, the MLA layers' per-head matrices,
     /// the FFNs and experts.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
         for layer in &mut self.layers {
             match &mut layer.mixer {

@@ -4,6 +4,7 @@
 //! f16 otherwise (half the memory; the copy only serves the path llama.cpp does not run for
 //! that file).
 
+use crate::plan::Packing;
 use ferrox_core::GgmlType;
 use ferrox_gguf::Gguf;
 use ferrox_moe::ExpertTensor;
@@ -34,7 +35,7 @@ pub enum Heads {
 impl Heads {
     /// Packs the stacked matrices of the file (see [`ExpertRef::pack`]); copies made at
     /// load stay as they are.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         match self {
             Heads::File(r) => r.pack(gguf),
             Heads::Copy { .. } => Ok(()),
@@ -110,7 +111,7 @@ pub enum MlaFfn {
 }
 
 impl MlaFfn {
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         match self {
             MlaFfn::Dense(ffn) => ffn.pack(gguf),
             MlaFfn::Moe(moe) => moe.pack(gguf),
@@ -139,7 +140,7 @@ pub struct MlaLayer {
 
 impl MlaLayer {
     /// Packs the layer's projections, per-head matrices and FFN or experts.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         match &mut self.q {
             QueryWeights::LoRa { a, b, .. } => {
                 a.pack(gguf)?;
@@ -187,7 +188,7 @@ impl MlaWeights {
     /// Packs what multiplies faster packed (see [`MatrixRef::pack`]): the output head, the
     /// query, compressed-KV and output projections, the per-head matrices stacked in the
     /// file, the FFNs and experts.
-    pub fn pack(&mut self, gguf: &Gguf) -> Result<(), ModelError> {
+    pub fn pack(&mut self, gguf: &Packing<'_>) -> Result<(), ModelError> {
         self.output.pack(gguf)?;
         if let Some(mtp) = &mut self.mtp {
             mtp.layer.pack(gguf)?;

@@ -1,0 +1,313 @@
+//! The memory planner: at load, which weights are packed into memory, which are used in
+//! place from the mapped file, and whether the routed experts are streamed from the file
+//! through a cache of packed copies.
+//!
+//! Everything but the routed experts (attention, norms, dense and shared FFNs, embeddings,
+//! the output head) is read for every token, so it is packed first. The routed experts are
+//! packed too when they fit the rest of the budget; otherwise a cache of as many packed
+//! experts as fit serves them ([`ferrox_moe::ExpertCache`]), filled by use. Products go
+//! through packed copies either way, so the tokens are the same at any budget.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ferrox_core::packed::PackedMatrix;
+use ferrox_gguf::{Gguf, TensorInfo};
+use ferrox_moe::ExpertCache;
+
+use crate::engine::EngineOptions;
+use crate::names::is_routed_experts;
+use crate::ModelError;
+
+/// Share of the memory available at load that the weights may take by default: the rest
+/// is for the KV cache, activations and the system.
+const DEFAULT_BUDGET_SHARE: f64 = 0.85;
+
+/// Where the routed experts go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPlacement {
+    /// Packed into memory at load, like every other matrix (they fit).
+    Packed,
+    /// Left in the file; `slots` packed copies of the most recently used are cached.
+    Streamed { slots: usize, slot_bytes: u64 },
+    /// Used in place from the mapped file (no packed form for their type or shape, or
+    /// repacking is off).
+    Mapped,
+}
+
+/// What the planner decided for a file and a budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Bytes the weights may take in memory.
+    pub budget: u64,
+    /// Whether the budget was given (`--memory-budget`) rather than read from the system.
+    pub budget_given: bool,
+    /// Bytes of the tensors other than the routed experts (all in memory, packed or not).
+    pub dense_bytes: u64,
+    /// Bytes of the routed experts in the file.
+    pub expert_bytes: u64,
+    /// Bytes the routed experts take packed (when their type and shape allow it).
+    pub expert_packed_bytes: u64,
+    pub experts: ExpertPlacement,
+}
+
+impl MemoryPlan {
+    /// The plan for `gguf` under `options` (`memory_budget`, else a share of the memory the
+    /// system has available).
+    pub fn new(gguf: &Gguf, options: &EngineOptions) -> Result<MemoryPlan, ModelError> {
+        let (budget, budget_given) = match options.memory_budget {
+            Some(b) => (b, true),
+            None => (default_budget(), false),
+        };
+        // Without packed kernels nothing is packed (see `MatrixRef::pack`): the experts are
+        // read in place like every other matrix.
+        let repack = options.repack && ferrox_core::packed::available();
+        Self::for_budget(gguf.tensors(), budget, budget_given, repack)
+    }
+
+    /// The plan for these tensors under `budget` bytes.
+    pub fn for_budget(
+        tensors: &[TensorInfo],
+        budget: u64,
+        budget_given: bool,
+        repack: bool,
+    ) -> Result<MemoryPlan, ModelError> {
+        let mut dense_bytes = 0u64;
+        let mut expert_bytes = 0u64;
+        let mut expert_packed_bytes = 0u64;
+        let mut packable = true;
+        // One expert's packed bytes per layer (gate, up and down summed).
+        let mut per_layer: std::collections::HashMap<&str, u64> = Default::default();
+        for t in tensors {
+            let bytes = t.n_bytes.unwrap_or(0);
+            if !is_routed_experts(&t.name) {
+                dense_bytes += bytes;
+                continue;
+            }
+            expert_bytes += bytes;
+            match expert_packed(t) {
+                Some((per_expert, n_expert)) => {
+                    expert_packed_bytes += per_expert * n_expert;
+                    let layer = t.name.split('.').nth(1).unwrap_or_default();
+                    *per_layer.entry(layer).or_default() += per_expert;
+                }
+                None => packable = false,
+            }
+        }
+        let slot_bytes = per_layer.values().copied().max().unwrap_or(0);
+        if budget < dense_bytes && budget_given {
+            return Err(ModelError::BudgetTooSmall {
+                budget,
+                needed: dense_bytes,
+            });
+        }
+        let experts = if expert_bytes == 0 || !repack || !packable || slot_bytes == 0 {
+            ExpertPlacement::Mapped
+        } else if dense_bytes + expert_packed_bytes <= budget {
+            ExpertPlacement::Packed
+        } else {
+            let slots = (budget.saturating_sub(dense_bytes) / slot_bytes) as usize;
+            if slots == 0 && budget_given {
+                return Err(ModelError::BudgetTooSmall {
+                    budget,
+                    needed: dense_bytes + slot_bytes,
+                });
+            }
+            ExpertPlacement::Streamed {
+                slots: slots.max(1),
+                slot_bytes,
+            }
+        };
+        Ok(MemoryPlan {
+            budget,
+            budget_given,
+            dense_bytes,
+            expert_bytes,
+            expert_packed_bytes,
+            experts,
+        })
+    }
+
+    /// Bytes of the file the plan leaves in the mapping, read from there as needed.
+    pub fn mapped_bytes(&self) -> u64 {
+        match self.experts {
+            ExpertPlacement::Packed => 0,
+            ExpertPlacement::Streamed { .. } | ExpertPlacement::Mapped => self.expert_bytes,
+        }
+    }
+}
+
+/// One expert's packed bytes and the number of experts of a stacked expert tensor, `None`
+/// if it has no packed form.
+fn expert_packed(t: &TensorInfo) -> Option<(u64, u64)> {
+    let [cols, rows, n] = match t.shape.as_slice() {
+        [a, b, c] => [*a, *b, *c].map(|d| usize::try_from(d).unwrap_or(usize::MAX)),
+        _ => return None,
+    };
+    // A fused gate-and-up tensor is packed as its two halves.
+    let halves = if t.name.contains("gate_up") { 2 } else { 1 };
+    let per = PackedMatrix::packed_bytes(t.ty, rows / halves, cols)?;
+    Some(((per * halves) as u64, n as u64))
+}
+
+/// A share of the memory available now, within the cgroup's limit if there is one.
+fn default_budget() -> u64 {
+    let available = ferrox_core::available_memory().map_or(u64::MAX, |b| b as u64);
+    let limit = cgroup_memory_left().unwrap_or(u64::MAX);
+    match available.min(limit) {
+        u64::MAX => u64::MAX,
+        m => (m as f64 * DEFAULT_BUDGET_SHARE) as u64,
+    }
+}
+
+/// What the cgroup (v2) this process runs in may still take: `memory.max - memory.current`.
+fn cgroup_memory_left() -> Option<u64> {
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok();
+    let max: u64 = read("memory.max")?.trim().parse().ok()?;
+    let current: u64 = read("memory.current")?.trim().parse().ok()?;
+    Some(max.saturating_sub(current))
+}
+
+/// What the engines' `pack` methods see: the file, and where the plan puts the experts.
+pub struct Packing<'g> {
+    gguf: &'g Gguf,
+    plan: &'g MemoryPlan,
+    expert_cache: Option<&'g Arc<ExpertCache>>,
+    mlock: bool,
+    packed_bytes: AtomicU64,
+    next_layer: AtomicUsize,
+}
+
+impl std::ops::Deref for Packing<'_> {
+    type Target = Gguf;
+
+    fn deref(&self) -> &Gguf {
+        self.gguf
+    }
+}
+
+impl<'g> Packing<'g> {
+    pub(crate) fn new(
+        gguf: &'g Gguf,
+        plan: &'g MemoryPlan,
+        expert_cache: Option<&'g Arc<ExpertCache>>,
+        mlock: bool,
+    ) -> Packing<'g> {
+        Packing {
+            gguf,
+            plan,
+            expert_cache,
+            mlock,
+            packed_bytes: AtomicU64::new(0),
+            next_layer: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn gguf(&self) -> &'g Gguf {
+        self.gguf
+    }
+
+    /// Whether routed experts are packed at load.
+    pub fn packs_experts(&self) -> bool {
+        self.plan.experts == ExpertPlacement::Packed
+    }
+
+    /// The cache streamed experts go through, with a key of their own for one layer.
+    pub fn expert_cache(&self) -> Option<(Arc<ExpertCache>, usize)> {
+        let cache = self.expert_cache?;
+        Some((
+            Arc::clone(cache),
+            self.next_layer.fetch_add(1, Ordering::Relaxed),
+        ))
+    }
+
+    /// Counts (and with `--mlock` locks) a packed copy just made.
+    pub fn packed(&self, m: &PackedMatrix) {
+        self.packed_bytes
+            .fetch_add(m.n_bytes() as u64, Ordering::Relaxed);
+        if self.mlock {
+            if let Err(e) = m.lock() {
+                tracing::warn!("--mlock: cannot lock {} bytes of weights: {e}", m.n_bytes());
+            }
+        }
+    }
+
+    /// Bytes of packed copies made so far.
+    pub fn packed_bytes(&self) -> u64 {
+        self.packed_bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrox_gguf::GgmlType;
+
+    fn tensor(name: &str, ty: GgmlType, shape: &[u64]) -> TensorInfo {
+        let n: u64 = shape.iter().product();
+        TensorInfo {
+            name: name.into(),
+            ty,
+            shape: shape.to_vec(),
+            offset: 0,
+            file_offset: 0,
+            n_elements: n,
+            n_bytes: ty.bytes_for(n),
+            shard: 0,
+        }
+    }
+
+    /// Two layers of 8 Q4_0 experts of 64 × 256, one dense matrix.
+    fn model() -> Vec<TensorInfo> {
+        let mut t = vec![tensor("output.weight", GgmlType::Q8_0, &[256, 64])];
+        for il in 0..2 {
+            for (name, shape) in [
+                ("ffn_gate_exps", [256, 64, 8]),
+                ("ffn_up_exps", [256, 64, 8]),
+                ("ffn_down_exps", [64, 256, 8]),
+            ] {
+                t.push(tensor(
+                    &format!("blk.{il}.{name}.weight"),
+                    GgmlType::Q4_0,
+                    &shape,
+                ));
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn experts_are_packed_when_they_fit_and_streamed_when_not() {
+        let t = model();
+        let all = MemoryPlan::for_budget(&t, u64::MAX, false, true).unwrap();
+        assert_eq!(all.experts, ExpertPlacement::Packed);
+        assert_eq!(all.dense_bytes, 256 * 64 / 32 * 34);
+        // Q4_0 packs into exactly its file bytes.
+        assert_eq!(all.expert_packed_bytes, all.expert_bytes);
+        let one_expert = 3 * 64 * 256 / 32 * 18;
+        let budget = all.dense_bytes + 5 * one_expert + 7;
+        let some = MemoryPlan::for_budget(&t, budget, true, true).unwrap();
+        assert_eq!(
+            some.experts,
+            ExpertPlacement::Streamed {
+                slots: 5,
+                slot_bytes: one_expert
+            }
+        );
+        assert_eq!(some.mapped_bytes(), some.expert_bytes);
+        let off = MemoryPlan::for_budget(&t, budget, true, false).unwrap();
+        assert_eq!(off.experts, ExpertPlacement::Mapped);
+    }
+
+    #[test]
+    fn a_budget_below_the_dense_weights_is_refused_naming_both() {
+        let t = model();
+        let err = MemoryPlan::for_budget(&t, 1000, true, true).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("1000") && text.contains(&(256 * 64 / 32 * 34).to_string()));
+        // With no room for a single expert either.
+        let dense = 256 * 64 / 32 * 34;
+        let err = MemoryPlan::for_budget(&t, dense + 10, true, true).unwrap_err();
+        assert!(matches!(err, ModelError::BudgetTooSmall { .. }), "{err}");
+    }
+}

@@ -1,0 +1,115 @@
+//! The memory planner: a model whose routed experts do not fit the budget streams them
+//! from the file through a cache of packed copies, and gives the same logits, bit for bit,
+//! as the same model with every expert packed at load, at any cache size; a budget below
+//! what the other weights need is refused naming both sizes.
+
+mod synthetic;
+
+use std::sync::Arc;
+
+use ferrox_gguf::Gguf;
+use ferrox_models::plan::{ExpertPlacement, MemoryPlan};
+use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor, ModelError};
+
+/// Every logit of a prompt and of greedy steps after it.
+fn logits(engine: &AnyEngine, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut state = engine.new_state().unwrap();
+    let mut out: Vec<u32> = engine
+        .forward_batch(prompt, 0, &mut state, LogitsFor::All)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    let mut next = argmax(&out[out.len() - engine.vocab_size()..]);
+    for pos in prompt.len()..prompt.len() + steps {
+        let l = engine.forward_token(next, pos, &mut state).unwrap();
+        out.extend(l.iter().map(|v| v.to_bits()));
+        next = argmax(&out[out.len() - engine.vocab_size()..]);
+    }
+    out
+}
+
+fn argmax(bits: &[u32]) -> u32 {
+    let values = bits.iter().map(|&b| f32::from_bits(b));
+    values
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
+            if v > best.1 {
+                (i, v)
+            } else {
+                best
+            }
+        })
+        .0 as u32
+}
+
+fn load(gguf: &Arc<Gguf>, memory_budget: Option<u64>) -> Result<AnyEngine, ModelError> {
+    let options = EngineOptions {
+        n_ctx: 256,
+        threads: 2,
+        memory_budget,
+        ..EngineOptions::default()
+    };
+    AnyEngine::from_gguf(gguf.clone(), &options)
+}
+
+#[test]
+fn streamed_experts_give_the_packed_models_logits() {
+    // Without packed kernels (FERROX_ISA=scalar) nothing is packed or cached: the experts
+    // are read in place at any budget.
+    let streams = ferrox_core::packed::available();
+    // A decoder MoE (Q4_0 gate and up, Q8_0 down experts) and an MLA one with a shared
+    // expert.
+    for name in ["qwen3moe", "deepseek2-v3"] {
+        let gguf = Arc::new(Gguf::from_bytes(synthetic::gguf_bytes(name)).unwrap());
+        let probe = MemoryPlan::for_budget(gguf.tensors(), 0, false, true).unwrap();
+        let ExpertPlacement::Streamed { slot_bytes, .. } = probe.experts else {
+            panic!("{name}: {probe:?}");
+        };
+        let prompt = synthetic::token_ids(name)[..40].to_vec();
+        let all = load(&gguf, None).unwrap();
+        assert_eq!(all.weight_memory().expert_cache, None, "{name}");
+        let want = logits(&all, &prompt, 12);
+        for slots in [1, 3] {
+            let budget = probe.dense_bytes + slots * slot_bytes;
+            let streamed = load(&gguf, Some(budget)).unwrap();
+            let got = logits(&streamed, &prompt, 12);
+            assert!(got == want, "{name}: {slots} slots change the logits");
+            let memory = streamed.weight_memory();
+            if !streams {
+                assert_eq!(memory.expert_cache, None, "{name}");
+                continue;
+            }
+            let cache = memory.expert_cache.expect("experts streamed");
+            assert_eq!(cache.slots, slots as usize, "{name}");
+            assert_eq!(cache.slot_bytes, slot_bytes, "{name}");
+            assert!(
+                cache.misses > 0 && cache.bytes_read > 0,
+                "{name}: {cache:?}"
+            );
+            assert!(
+                memory.packed_bytes < all.weight_memory().packed_bytes,
+                "{name}: the streamed model packed {} bytes at load",
+                memory.packed_bytes
+            );
+            assert_eq!(memory.mapped_bytes, probe.expert_bytes, "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_budget_below_the_dense_weights_is_refused() {
+    let gguf = Arc::new(Gguf::from_bytes(synthetic::gguf_bytes("qwen3moe")).unwrap());
+    let plan = MemoryPlan::for_budget(gguf.tensors(), u64::MAX, false, true).unwrap();
+    let err = match load(&gguf, Some(plan.dense_bytes / 2)) {
+        Ok(_) => panic!("loaded under half the dense weights' bytes"),
+        Err(e) => e,
+    };
+    let text = err.to_string();
+    assert!(
+        matches!(err, ModelError::BudgetTooSmall { .. })
+            && text.contains(&(plan.dense_bytes / 2).to_string())
+            && text.contains(&plan.dense_bytes.to_string()),
+        "{text}"
+    );
+}

@@ -1,0 +1,274 @@
+//! Routed experts streamed from the mapped file through a cache of packed copies.
+//!
+//! When a model's experts do not fit the memory budget, they stay in the mapped file and a
+//! fixed number of slots hold packed copies of the experts used most recently. A product
+//! needs its expert packed: a miss packs it from the file into the least recently used
+//! slot (the file's pages are asked for all at once beforehand, so the reads overlap, and
+//! released afterwards). Products always go through packed copies, so every result is the
+//! one the model gives with all of its experts packed at load, whatever was cached.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use ferrox_core::packed::PackedMatrix;
+use ferrox_core::WeightMatrix;
+use smallvec::SmallVec;
+
+pub use ferrox_engine::ExpertCacheStats;
+
+use crate::experts::ExpertTensor;
+use crate::MoeError;
+
+/// What the cache asks of the memory the experts' bytes live in (a mapped file).
+pub trait MappedPages: Sync {
+    /// These bytes will be read soon: start reading them in.
+    fn prefetch(&self, bytes: &[u8]);
+    /// These bytes were copied and will not be read again soon.
+    fn release(&self, bytes: &[u8]);
+}
+
+impl MappedPages for ferrox_gguf::Gguf {
+    fn prefetch(&self, bytes: &[u8]) {
+        self.prefetch_pages(bytes);
+    }
+
+    fn release(&self, bytes: &[u8]) {
+        self.release_pages(bytes);
+    }
+}
+
+/// Packed copies of the most recently used routed experts of a model's MoE layers.
+pub struct ExpertCache {
+    slots: Mutex<Slots>,
+    capacity: usize,
+    slot_bytes: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+struct Slots {
+    slots: Vec<Slot>,
+    /// `(layer, expert)` → slot.
+    index: HashMap<(usize, usize), usize>,
+    clock: u64,
+}
+
+struct Slot {
+    key: Option<(usize, usize)>,
+    last_use: u64,
+    /// Gate (absent for ungated experts), up, down.
+    matrices: [Option<PackedMatrix>; 3],
+}
+
+impl std::fmt::Debug for ExpertCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertCache")
+            .field("capacity", &self.capacity)
+            .field("slot_bytes", &self.slot_bytes)
+            .finish()
+    }
+}
+
+impl ExpertCache {
+    /// A cache of `capacity` slots (at least one) of `slot_bytes` each (one expert's packed
+    /// matrices, the largest of the model's layers); memory is taken as slots fill.
+    pub fn new(capacity: usize, slot_bytes: u64) -> ExpertCache {
+        let capacity = capacity.max(1);
+        ExpertCache {
+            slots: Mutex::new(Slots {
+                slots: (0..capacity)
+                    .map(|_| Slot {
+                        key: None,
+                        last_use: 0,
+                        matrices: [None, None, None],
+                    })
+                    .collect(),
+                index: HashMap::new(),
+                clock: 0,
+            }),
+            capacity,
+            slot_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    /// Most experts one product pass may hold at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn stats(&self) -> ExpertCacheStats {
+        let filled = self.lock().slots.iter().filter(|s| s.key.is_some()).count();
+        ExpertCacheStats {
+            slots: self.capacity,
+            filled,
+            slot_bytes: self.slot_bytes,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // A panic while packing leaves at worst a slot with a stale key's matrices half
+        // written; the key is cleared before packing, so the state stays consistent.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One layer's experts as the cache serves them: the file's tensors to pack from, the
+/// layer's key in the cache, and the pages they live in.
+#[derive(Clone, Copy)]
+pub struct CachedExperts<'a> {
+    pub cache: &'a ExpertCache,
+    pub layer: usize,
+    pub pages: &'a dyn MappedPages,
+}
+
+impl std::fmt::Debug for CachedExperts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedExperts")
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// One expert's matrices for a pass.
+pub(crate) struct ExpertViews<'b> {
+    pub gate: Option<WeightMatrix<'b>>,
+    pub up: WeightMatrix<'b>,
+    pub down: WeightMatrix<'b>,
+}
+
+/// The layer's tensors, gate (if any), up, down.
+pub(crate) type LayerTensors<'t, 'a> = [Option<&'t ExpertTensor<'a>>; 3];
+
+impl CachedExperts<'_> {
+    /// Asks for the file pages of those of `ids` not cached, so that their reads start
+    /// before they are packed.
+    pub(crate) fn prefetch(&self, tensors: LayerTensors<'_, '_>, ids: &[usize]) {
+        let state = self.cache.lock();
+        for &e in ids {
+            if !state.index.contains_key(&(self.layer, e)) {
+                for t in tensors.iter().flatten() {
+                    self.pages.prefetch(t.expert_bytes(e));
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with the packed views of experts `ids` (distinct, at most
+    /// [`ExpertCache::capacity`]), packing the missing ones into the least recently used
+    /// slots first. The slots stay theirs until `f` returns.
+    pub(crate) fn with_views<R>(
+        &self,
+        tensors: LayerTensors<'_, '_>,
+        ids: &[usize],
+        f: impl for<'b> FnOnce(&[ExpertViews<'b>]) -> Result<R, MoeError>,
+    ) -> Result<R, MoeError> {
+        if ids.len() > self.cache.capacity {
+            return Err(MoeError::Shape(format!(
+                "{} experts in one pass, the cache holds {}",
+                ids.len(),
+                self.cache.capacity
+            )));
+        }
+        let mut guard = self.cache.lock();
+        let state = &mut *guard;
+        state.clock += 1;
+        let now = state.clock;
+        let mut at: SmallVec<[usize; 32]> = SmallVec::new();
+        // Hits first, so that a miss never takes the slot of an expert of this pass.
+        for &e in ids {
+            if let Some(&slot) = state.index.get(&(self.layer, e)) {
+                state.slots[slot].last_use = now;
+                self.cache.hits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for &e in ids {
+            let slot = match state.index.get(&(self.layer, e)) {
+                Some(&slot) => slot,
+                None => self.fill(state, tensors, e, now)?,
+            };
+            at.push(slot);
+        }
+        let views: SmallVec<[ExpertViews<'_>; 32]> = ids
+            .iter()
+            .zip(&at)
+            .map(|(&e, &slot)| {
+                let m = &state.slots[slot].matrices;
+                let view = |i: usize| -> Result<Option<WeightMatrix<'_>>, MoeError> {
+                    match (tensors[i], &m[i]) {
+                        (Some(t), Some(p)) => Ok(Some(t.expert(e).with_packed(p)?)),
+                        (None, _) => Ok(None),
+                        (Some(_), None) => Err(MoeError::Shape("expert slot not filled".into())),
+                    }
+                };
+                Ok(ExpertViews {
+                    gate: view(0)?,
+                    up: view(1)?.expect("up experts are always present"),
+                    down: view(2)?.expect("down experts are always present"),
+                })
+            })
+            .collect::<Result<_, MoeError>>()?;
+        f(&views)
+    }
+
+    /// Packs expert `e` into the least recently used slot not used at `now`.
+    fn fill(
+        &self,
+        state: &mut Slots,
+        tensors: LayerTensors<'_, '_>,
+        e: usize,
+        now: u64,
+    ) -> Result<usize, MoeError> {
+        let slot = state
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.last_use != now || s.key.is_none())
+            .min_by_key(|(_, s)| (s.key.is_some(), s.last_use))
+            .map(|(i, _)| i)
+            .ok_or_else(|| MoeError::Shape("no free expert slot".into()))?;
+        let s = &mut state.slots[slot];
+        if let Some(old) = s.key.take() {
+            state.index.remove(&old);
+        }
+        let mut read = 0u64;
+        for (t, m) in tensors.iter().zip(s.matrices.iter_mut()) {
+            let Some(t) = t else {
+                *m = None;
+                continue;
+            };
+            let bytes = t.expert_bytes(e);
+            let release = |part: &[u8]| self.pages.release(part);
+            match m {
+                Some(p) if (p.ty(), p.rows(), p.cols()) == (t.ty(), t.rows(), t.cols()) => {
+                    p.repack_from(t.ty(), bytes, release)?
+                }
+                _ => {
+                    // Free the old shape's memory before taking the new one's.
+                    *m = None;
+                    *m = Some(PackedMatrix::pack(
+                        t.ty(),
+                        t.rows(),
+                        t.cols(),
+                        bytes,
+                        release,
+                    )?);
+                }
+            }
+            read += bytes.len() as u64;
+        }
+        s.key = Some((self.layer, e));
+        s.last_use = now;
+        state.index.insert((self.layer, e), slot);
+        self.cache.misses.fetch_add(1, Ordering::Relaxed);
+        self.cache.bytes_read.fetch_add(read, Ordering::Relaxed);
+        Ok(slot)
+    }
+}
