@@ -12,7 +12,26 @@ struct PendingTensor {
     name: String,
     ty: GgmlType,
     shape: Vec<u64>,
-    data: Vec<u8>,
+    data: TensorData,
+}
+
+/// A tensor's bytes: held, or written by a function when the file is (for files larger
+/// than memory).
+enum TensorData {
+    Bytes(Vec<u8>),
+    Streamed {
+        len: u64,
+        write: Box<dyn Fn(&mut dyn Write) -> io::Result<()>>,
+    },
+}
+
+impl TensorData {
+    fn len(&self) -> u64 {
+        match self {
+            TensorData::Bytes(b) => b.len() as u64,
+            TensorData::Streamed { len, .. } => *len,
+        }
+    }
 }
 
 /// Collects metadata and tensors, then writes them as one GGUF file.
@@ -77,7 +96,36 @@ impl GgufWriter {
         shape: &[u64],
         data: impl Into<Vec<u8>>,
     ) -> Result<&mut Self> {
-        let (name, data) = (name.into(), data.into());
+        let data = data.into();
+        let len = data.len() as u64;
+        self.push_tensor(name.into(), ty, shape, len, TensorData::Bytes(data))
+    }
+
+    /// Adds a tensor whose `len` bytes `write` writes when the file is written (it must
+    /// write exactly that many): for files larger than memory.
+    pub fn add_streamed_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: GgmlType,
+        shape: &[u64],
+        len: u64,
+        write: impl Fn(&mut dyn Write) -> io::Result<()> + 'static,
+    ) -> Result<&mut Self> {
+        let data = TensorData::Streamed {
+            len,
+            write: Box::new(write),
+        };
+        self.push_tensor(name.into(), ty, shape, len, data)
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: String,
+        ty: GgmlType,
+        shape: &[u64],
+        len: u64,
+        data: TensorData,
+    ) -> Result<&mut Self> {
         if shape.len() > MAX_DIMS as usize {
             return Err(GgufError::Write(format!(
                 "tensor `{name}` has more than {MAX_DIMS} dimensions"
@@ -93,10 +141,9 @@ impl GgufWriter {
             (_, None) => false,
         };
         let expected = n.and_then(|n| ty.bytes_for(n));
-        if !row_ok || expected != Some(data.len() as u64) {
+        if !row_ok || expected != Some(len) {
             return Err(GgufError::Write(format!(
-                "tensor `{name}`: {} bytes given, type {ty} and shape {shape:?} need {expected:?}",
-                data.len()
+                "tensor `{name}`: {len} bytes given, type {ty} and shape {shape:?} need {expected:?}"
             )));
         }
         self.tensors.push(PendingTensor {
@@ -131,7 +178,7 @@ impl GgufWriter {
             put_u32(&mut header, t.ty.id());
             put_u64(&mut header, offset);
             offsets.push(offset);
-            offset = align_up(offset + t.data.len() as u64, alignment);
+            offset = align_up(offset + t.data.len(), alignment);
         }
         let data_start = align_up(header.len() as u64, alignment);
         header.resize(data_start as usize, 0);
@@ -139,8 +186,23 @@ impl GgufWriter {
         let mut written = 0u64;
         for (t, &off) in self.tensors.iter().zip(&offsets) {
             w.write_all(&vec![0u8; (off - written) as usize])?;
-            w.write_all(&t.data)?;
-            written = off + t.data.len() as u64;
+            match &t.data {
+                TensorData::Bytes(b) => w.write_all(b)?,
+                TensorData::Streamed { len, write } => {
+                    let mut counted = CountingWriter {
+                        inner: &mut *w,
+                        n: 0,
+                    };
+                    write(&mut counted)?;
+                    if counted.n != *len {
+                        return Err(io::Error::other(format!(
+                            "tensor `{}`: {} bytes written, {len} announced",
+                            t.name, counted.n
+                        )));
+                    }
+                }
+            }
+            written = off + t.data.len();
         }
         w.write_all(&vec![0u8; (offset - written) as usize])?;
         w.flush()
@@ -238,5 +300,23 @@ fn put_array(out: &mut Vec<u8>, a: &OwnedArray) {
         OwnedArray::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
         OwnedArray::String(v) => v.iter().for_each(|s| put_str(out, s)),
         OwnedArray::Array(v) => v.iter().for_each(|inner| put_array(out, inner)),
+    }
+}
+
+/// Counts the bytes written through it.
+struct CountingWriter<'w, W: Write + ?Sized> {
+    inner: &'w mut W,
+    n: u64,
+}
+
+impl<W: Write + ?Sized> Write for CountingWriter<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }

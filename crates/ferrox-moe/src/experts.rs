@@ -655,6 +655,30 @@ pub fn moe_ffn_chosen(
     run_routes(experts, x, n_used, out, s)
 }
 
+/// Quantizes every token once per activation type for the experts' products, with the
+/// matrices of `first` (any expert's serve: they all have one type and layout); returns
+/// whether gate and up share the quantized rows, and the row bytes of each. Quantization is
+/// row by row, so gathering quantized rows equals quantizing gathered rows. Ungated experts
+/// quantize for their up projection alone.
+fn quantize_tokens(
+    first: &ExpertViews<'_>,
+    x: &[f32],
+    s: &mut MoeScratch,
+) -> Result<(bool, usize, usize), MoeError> {
+    let up = first.up;
+    let gate = first.gate.unwrap_or(up);
+    gate.quantize_activation(x, &mut s.xq_gate)?;
+    let shared_q = up.vec_dot_type() == gate.vec_dot_type();
+    if !shared_q {
+        up.quantize_activation(x, &mut s.xq_up)?;
+    }
+    Ok((
+        shared_q,
+        gate.activation_row_bytes(),
+        up.activation_row_bytes(),
+    ))
+}
+
 /// The experts of `scratch.routes` (`n_used` per token) over `x`, weighted and summed per
 /// token into `out`, and the shared expert's output added when one is attached.
 fn run_routes(
@@ -689,23 +713,9 @@ fn run_routes(
         );
     }
 
-    // Quantize every token once per activation type; quantization is row by row, so
-    // gathering quantized rows equals quantizing gathered rows.
-    // Ungated experts quantize for their up projection alone.
-    let (shared_q, ag, au) = experts.with_views(&[s.assign[0].0], |v| {
-        let first_up = v[0].up;
-        let first = v[0].gate.unwrap_or(first_up);
-        first.quantize_activation(x, &mut s.xq_gate)?;
-        let shared_q = first_up.vec_dot_type() == first.vec_dot_type();
-        if !shared_q {
-            first_up.quantize_activation(x, &mut s.xq_up)?;
-        }
-        Ok((
-            shared_q,
-            first.activation_row_bytes(),
-            first_up.activation_row_bytes(),
-        ))
-    })?;
+    // The activations, quantized with the first chunk's views (see `quantize_tokens`):
+    // whether gate and up share them, and each one's row bytes.
+    let mut quantized: Option<(bool, usize, usize)> = None;
 
     let shared = experts.shared.as_ref();
     if let Some(sh) = shared {
@@ -741,9 +751,15 @@ fn run_routes(
             .iter()
             .map(|&(first, _)| s.assign[start + first].0)
             .collect();
-        experts.with_views(&ids, |views| {
-            experts_chunk(experts, views, start..end, shared_q, (ag, au), joined, s)
+        let (shared_q, ag, au) = experts.with_views(&ids, |views| {
+            let q = match quantized {
+                Some(q) => q,
+                None => quantize_tokens(&views[0], x, s)?,
+            };
+            experts_chunk(experts, views, start..end, q.0, (q.1, q.2), joined, s)?;
+            Ok(q)
         })?;
+        quantized = Some((shared_q, ag, au));
         for (i, &(_, t, slot)) in s.assign[start..end].iter().enumerate() {
             let w = s.routes[t * n_used + slot].1;
             let y = &s.y[i * n_embd..(i + 1) * n_embd];

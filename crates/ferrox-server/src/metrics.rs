@@ -12,6 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use ferrox_generate::generate::FinishReason;
+use ferrox_models::engine::WeightMemory;
 
 /// A cumulative histogram with fixed bucket bounds (seconds).
 struct Histogram {
@@ -165,6 +166,8 @@ pub struct Metrics {
     vllm_itl: Mutex<Histogram>,
     e2e: Mutex<Histogram>,
     queue_time: Mutex<Histogram>,
+    /// Where the engine's weights live, as of the last iteration.
+    weights: Mutex<WeightMemory>,
 }
 
 impl Default for Metrics {
@@ -196,6 +199,7 @@ impl Default for Metrics {
             vllm_itl: Mutex::new(Histogram::new(VLLM_ITL_BOUNDS)),
             e2e: Mutex::new(Histogram::new(VLLM_REQUEST_LATENCY_BOUNDS)),
             queue_time: Mutex::new(Histogram::new(VLLM_REQUEST_LATENCY_BOUNDS)),
+            weights: Mutex::new(WeightMemory::default()),
         }
     }
 }
@@ -264,6 +268,72 @@ impl Metrics {
             0.0
         } else {
             used as f64 / total as f64
+        }
+    }
+
+    pub fn set_weight_memory(&self, memory: WeightMemory) {
+        *lock(&self.weights) = memory;
+    }
+
+    /// The memory planner's placement and the streamed experts' cache.
+    fn render_weights(&self, out: &mut String) {
+        let w = *lock(&self.weights);
+        let mut gauges = vec![
+            (
+                "ferrox_weight_memory_budget_bytes",
+                "Bytes the memory planner let the weights take.",
+                w.budget,
+            ),
+            (
+                "ferrox_weight_packed_bytes",
+                "Bytes of weights packed into memory at load.",
+                w.packed_bytes,
+            ),
+            (
+                "ferrox_weight_mapped_bytes",
+                "Bytes of weights read in place from the mapped file.",
+                w.mapped_bytes,
+            ),
+        ];
+        let cache = w.expert_cache.unwrap_or_default();
+        if w.expert_cache.is_some() {
+            gauges.push((
+                "ferrox_expert_cache_slots",
+                "Slots of the streamed experts' cache, one expert each.",
+                cache.slots as u64,
+            ));
+            gauges.push((
+                "ferrox_expert_cache_bytes",
+                "Bytes the streamed experts' cache takes when full.",
+                cache.slots as u64 * cache.slot_bytes,
+            ));
+        }
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        if w.expert_cache.is_some() {
+            for (name, help, v) in [
+                (
+                    "ferrox_expert_cache_hits_total",
+                    "Routed-expert uses served from the cache.",
+                    cache.hits,
+                ),
+                (
+                    "ferrox_expert_cache_misses_total",
+                    "Routed-expert uses that packed the expert from the file.",
+                    cache.misses,
+                ),
+                (
+                    "ferrox_expert_bytes_read_total",
+                    "Bytes of routed experts read from the file into the cache.",
+                    cache.bytes_read,
+                ),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+                );
+            }
         }
     }
 
@@ -390,6 +460,7 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
+        self.render_weights(&mut out);
         lock(&self.ttft).render(
             &mut out,
             "ferrox_time_to_first_token_seconds",

@@ -17,6 +17,14 @@ pub struct Args {
     /// Print arrays whole instead of summarizing long ones.
     #[arg(long)]
     full_arrays: bool,
+    /// Print the memory plan instead: what loading the file would pack into memory, leave
+    /// in the file, and stream through the experts' cache (under `--memory-budget`, else
+    /// the default budget on this machine).
+    #[arg(long)]
+    plan: bool,
+    /// The budget the plan is made for (see `run --memory-budget`).
+    #[arg(long = "memory-budget", value_parser = super::model::byte_size, value_name = "SIZE", requires = "plan")]
+    memory_budget: Option<u64>,
 }
 
 /// Arrays longer than this are summarized as type, length and first items.
@@ -30,12 +38,82 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ARRAY_SUMMARY_ITEMS
     };
     let mut out = std::io::stdout().lock();
+    if args.plan {
+        return print_plan(&mut out, &gguf, args.memory_budget, args.json);
+    }
     if args.json {
         serde_json::to_writer(&mut out, &to_json(&gguf, limit))?;
         writeln!(out)?;
     } else {
         print_text(&mut out, &args.file, &gguf, limit)?;
     }
+    Ok(())
+}
+
+/// The memory planner's decision for this file, as text or JSON.
+fn print_plan(
+    out: &mut impl Write,
+    gguf: &Gguf,
+    memory_budget: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let options = ferrox_models::EngineOptions {
+        memory_budget,
+        ..Default::default()
+    };
+    let plan = ferrox_models::plan::MemoryPlan::new(gguf, &options)?;
+    use ferrox_models::plan::ExpertPlacement;
+    let (experts, slots, slot_bytes) = match plan.experts {
+        ExpertPlacement::Packed => ("packed", 0, 0),
+        ExpertPlacement::Streamed { slots, slot_bytes } => ("streamed", slots, slot_bytes),
+        ExpertPlacement::Mapped => ("mapped", 0, 0),
+    };
+    if json {
+        let object = json!({
+            "budget": plan.budget,
+            "budget_given": plan.budget_given,
+            "dense_bytes": plan.dense_bytes,
+            "expert_bytes": plan.expert_bytes,
+            "expert_packed_bytes": plan.expert_packed_bytes,
+            "experts": experts,
+            "expert_cache_slots": slots,
+            "expert_slot_bytes": slot_bytes,
+            "mapped_bytes": plan.mapped_bytes(),
+        });
+        serde_json::to_writer(&mut *out, &object)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let source = if plan.budget_given {
+        "given"
+    } else {
+        "85% of the memory available now"
+    };
+    writeln!(out, "budget:          {} ({source})", gib(plan.budget))?;
+    writeln!(
+        out,
+        "resident:        {} (every tensor but the routed experts)",
+        gib(plan.dense_bytes)
+    )?;
+    writeln!(
+        out,
+        "routed experts:  {} in the file, {} packed",
+        gib(plan.expert_bytes),
+        gib(plan.expert_packed_bytes)
+    )?;
+    match plan.experts {
+        ExpertPlacement::Packed => writeln!(out, "experts:         packed into memory at load")?,
+        ExpertPlacement::Streamed { .. } => writeln!(
+            out,
+            "experts:         streamed from the file through a cache of {slots} experts ({})",
+            gib(slots as u64 * slot_bytes)
+        )?,
+        ExpertPlacement::Mapped => {
+            writeln!(out, "experts:         read in place from the mapped file")?
+        }
+    }
+    writeln!(out, "mapped:          {}", gib(plan.mapped_bytes()))?;
     Ok(())
 }
 

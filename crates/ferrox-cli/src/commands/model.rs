@@ -188,11 +188,49 @@ pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
         AnyEngine::from_gguf(gguf.clone(), &options)
     })
     .with_context(|| format!("{}", path.display()))?;
+    report_plan(&engine);
     Ok(LoadedEngine {
         path,
         engine,
         tokenizer,
     })
+}
+
+/// The memory plan, on stderr when the routed experts are streamed from the file.
+fn report_plan(engine: &impl Engine) {
+    let w = engine.weight_memory();
+    if let Some(cache) = w.expert_cache {
+        eprintln!(
+            "memory: budget {}, {} packed at load, {} of routed experts streamed from the file \
+             through {} cached experts ({})",
+            mib(w.budget),
+            mib(w.packed_bytes),
+            mib(w.mapped_bytes),
+            cache.slots,
+            mib(cache.slots as u64 * cache.slot_bytes),
+        );
+    }
+}
+
+/// The streamed experts' cache counters after `tokens` tokens, on stderr (nothing when the
+/// experts are not streamed).
+pub fn report_streamed_experts(engine: &impl Engine, tokens: usize) {
+    let Some(c) = engine.weight_memory().expert_cache else {
+        return;
+    };
+    let uses = (c.hits + c.misses).max(1);
+    eprintln!(
+        "experts: {} hits, {} misses ({:.1}% hits), {} read from the file ({} per token)",
+        c.hits,
+        c.misses,
+        100.0 * c.hits as f64 / uses as f64,
+        mib(c.bytes_read),
+        mib(c.bytes_read / tokens.max(1) as u64),
+    );
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 /// Loads a model to generate with: an embedding model (an encoder) is refused by name.

@@ -498,6 +498,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(stdout)?;
         print_timings(&outcome);
     }
+    let t = &outcome.timings;
+    model::report_streamed_experts(decoder, t.prompt_tokens + t.generated_tokens);
     Ok(())
 }
 

@@ -51,6 +51,7 @@ pub mod bert;
 pub mod deepseek4;
 pub mod dsa;
 pub mod kimi;
+pub mod large;
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
 use rand::rngs::StdRng;

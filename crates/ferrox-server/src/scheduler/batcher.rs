@@ -142,6 +142,7 @@ impl<'t> Batcher<'t> {
 
     fn publish_memory_size(&self) {
         let m = &self.metrics;
+        m.set_weight_memory(ferrox_models::Engine::weight_memory(&self.engine));
         m.kv_blocks_total
             .store(self.pool.n_blocks() as u64, Ordering::Relaxed);
         m.kv_block_tokens
@@ -308,6 +309,8 @@ impl<'t> Batcher<'t> {
 
     pub(super) fn publish_occupancy(&self, active: usize) {
         self.metrics.set_kv_usage(self.pool.usage());
+        self.metrics
+            .set_weight_memory(ferrox_models::Engine::weight_memory(&self.engine));
         self.metrics
             .active_sequences
             .store(active as u64, Ordering::Relaxed);
