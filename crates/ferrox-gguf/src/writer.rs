@@ -19,11 +19,11 @@ struct PendingTensor {
 /// than memory).
 enum TensorData {
     Bytes(Vec<u8>),
-    Streamed {
-        len: u64,
-        write: Box<dyn Fn(&mut dyn Write) -> io::Result<()>>,
-    },
+    Streamed { len: u64, write: Box<WriteTensor> },
 }
+
+/// Writes a streamed tensor's bytes.
+type WriteTensor = dyn Fn(&mut dyn Write) -> io::Result<()>;
 
 impl TensorData {
     fn len(&self) -> u64 {
