@@ -114,13 +114,22 @@ pub fn write(path: &Path, s: LargeMoe) -> ferrox_gguf::Result<()> {
             let blocks = shape[0] * shape[1] * shape[2] / 32;
             let seed = 0x5eed ^ ((il as u64) << 8) ^ k as u64;
             // Codes uniform in -8..8 have a deviation of about 4.6.
-            let scale = half::f16::from_f32(std(inputs) / 4.6).to_le_bytes();
+            let scale = q4_0_scale(std(inputs) / 4.6);
             w.add_streamed_tensor(n(name), q4, &shape, blocks * 18, move |out| {
                 random_q4_0(out, blocks, scale, seed)
             })?;
         }
     }
     w.write_file(path)
+}
+
+/// The f16 bytes of a Q4_0 block's scale `d`: those of a block whose largest value is `-8d`.
+fn q4_0_scale(d: f32) -> [u8; 2] {
+    let mut values = [0f32; 32];
+    values[0] = -8.0 * d;
+    let mut block = [0u8; 18];
+    ferrox_core::quantize_row(GgmlType::Q4_0, &values, &mut block).expect("one Q4_0 block");
+    [block[0], block[1]]
 }
 
 /// `blocks` Q4_0 blocks of scale `scale` and random codes.
