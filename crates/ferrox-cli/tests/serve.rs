@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{default_model, repo_root};
+use ferrox_models::plan::{ExpertPlacement, MemoryPlan};
 
 const API_KEY: &str = "test-key-123";
 const N_CTX: usize = 2048;
@@ -344,33 +345,61 @@ fn serve_runs_mla_and_kimi_models() {
             ),
         ),
     ];
-    for (name, (bytes, per_position, recurrent)) in models {
+    // deepseek2-v3 again with its routed experts streamed through a cache of 6 (of 32: two
+    // MoE layers of 16, 4 used per token).
+    let streamed = {
+        let (bytes, per_position, recurrent) = mla("deepseek2-v3");
+        let gguf = ferrox_gguf::Gguf::from_bytes(bytes.clone()).unwrap();
+        let plan = MemoryPlan::for_budget(gguf.tensors(), 0, false, true).unwrap();
+        let ExpertPlacement::Streamed { slot_bytes, .. } = plan.experts else {
+            panic!("{plan:?}");
+        };
+        let budget = plan.dense_bytes + 6 * slot_bytes;
+        (bytes, per_position, recurrent, budget)
+    };
+    let runs = models
+        .into_iter()
+        .map(|(name, (bytes, per_position, recurrent))| {
+            (name, bytes, per_position, recurrent, None)
+        })
+        .chain([(
+            "deepseek2-v3",
+            streamed.0,
+            streamed.1,
+            streamed.2,
+            Some(streamed.3),
+        )]);
+    for (name, bytes, per_position, recurrent, budget) in runs {
         let path = dir.path().join(format!("{name}.gguf"));
         std::fs::write(&path, bytes).unwrap();
-        let server = Server::start(
-            &[
-                "-m",
-                path.to_str().unwrap(),
-                "--ctx-size",
-                "256",
-                "--parallel",
-                &parallel.to_string(),
-                "-t",
-                "2",
-            ],
-            &[],
-        );
+        let mut flags = vec![
+            "-m".to_string(),
+            path.to_str().unwrap().to_string(),
+            "--ctx-size".into(),
+            "256".into(),
+            "--parallel".into(),
+            parallel.to_string(),
+            "-t".into(),
+            "2".into(),
+        ];
+        if let Some(b) = budget {
+            flags.extend(["--memory-budget".to_string(), b.to_string()]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = Server::start(&flags, &[]);
         server.wait_ready(Duration::from_secs(60));
+        let slots = if budget.is_some() { 6 } else { 0 };
         let out = Command::new(python())
             .arg(repo_root().join("crates/ferrox-cli/tests/serve/mla_client.py"))
             .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
             .args(["--bytes-per-position", &per_position.to_string()])
             .args(["--recurrent-bytes", &recurrent.to_string()])
             .args(["--parallel", &parallel.to_string()])
+            .args(["--expert-slots", &slots.to_string()])
             .output()
             .expect("run python3");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        println!("{name}:\n{stdout}");
+        println!("{name} (memory budget {budget:?}):\n{stdout}");
         assert!(
             out.status.success(),
             "{name}: client checks failed:\n{stdout}\n{}\nserver log:\n{}",

@@ -28,7 +28,7 @@ const DEFAULT_BUDGET_SHARE: f64 = 0.85;
 pub enum ExpertPlacement {
     /// Packed into memory at load, like every other matrix (they fit).
     Packed,
-    /// Left in the file; `slots` packed copies of the most recently used are cached.
+    /// Left in the file; `slots` packed copies of the most used are cached.
     Streamed { slots: usize, slot_bytes: u64 },
     /// Used in place from the mapped file (no packed form for their type or shape, or
     /// repacking is off).

@@ -1,10 +1,11 @@
 //! Routed experts streamed from the mapped file through a cache of packed copies.
 //!
 //! When a model's experts do not fit the memory budget, they stay in the mapped file and a
-//! fixed number of slots hold packed copies of the experts used most recently. A product
-//! needs its expert packed: a miss packs it from the file into the least recently used
-//! slot (the file's pages are asked for all at once beforehand, so the reads overlap, and
-//! released afterwards). Products always go through packed copies, so every result is the
+//! fixed number of slots hold packed copies of the experts used most. A product needs its
+//! expert packed: a miss packs it from the file into the least used slot (counts halved as
+//! misses go by; of equals, the most recently used, see `CachedExperts::fill`). A layer's missing experts have their
+//! pages asked for all at once beforehand, so the reads overlap; the pages are released
+//! once packed. Products always go through packed copies, so every result is the
 //! one the model gives with all of its experts packed at load, whatever was cached.
 
 use std::collections::HashMap;
@@ -38,7 +39,7 @@ impl MappedPages for ferrox_gguf::Gguf {
     }
 }
 
-/// Packed copies of the most recently used routed experts of a model's MoE layers.
+/// Packed copies of the most used routed experts of a model's MoE layers.
 pub struct ExpertCache {
     slots: Mutex<Slots>,
     capacity: usize,
@@ -53,11 +54,16 @@ struct Slots {
     /// `(layer, expert)` → slot.
     index: HashMap<(usize, usize), usize>,
     clock: u64,
+    /// Misses since the use counts were last halved.
+    misses_since_aging: usize,
 }
 
 struct Slot {
     key: Option<(usize, usize)>,
     last_use: u64,
+    /// Uses since the slot was filled, halved every `capacity` misses (so that experts
+    /// once hot give way).
+    uses: u32,
     /// Gate (absent for ungated experts), up, down.
     matrices: [Option<PackedMatrix>; 3],
 }
@@ -82,11 +88,13 @@ impl ExpertCache {
                     .map(|_| Slot {
                         key: None,
                         last_use: 0,
+                        uses: 0,
                         matrices: [None, None, None],
                     })
                     .collect(),
                 index: HashMap::new(),
                 clock: 0,
+                misses_since_aging: 0,
             }),
             capacity,
             slot_bytes,
@@ -162,8 +170,8 @@ impl CachedExperts<'_> {
     }
 
     /// Calls `f` with the packed views of experts `ids` (distinct, at most
-    /// [`ExpertCache::capacity`]), packing the missing ones into the least recently used
-    /// slots first. The slots stay theirs until `f` returns.
+    /// [`ExpertCache::capacity`]), packing the missing ones into the least used slots
+    /// first. The slots stay theirs until `f` returns.
     pub(crate) fn with_views<R>(
         &self,
         tensors: LayerTensors<'_, '_>,
@@ -185,7 +193,9 @@ impl CachedExperts<'_> {
         // Hits first, so that a miss never takes the slot of an expert of this pass.
         for &e in ids {
             if let Some(&slot) = state.index.get(&(self.layer, e)) {
-                state.slots[slot].last_use = now;
+                let s = &mut state.slots[slot];
+                s.last_use = now;
+                s.uses = s.uses.saturating_add(1);
                 self.cache.hits.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -218,7 +228,11 @@ impl CachedExperts<'_> {
         f(&views)
     }
 
-    /// Packs expert `e` into the least recently used slot not used at `now`.
+    /// Packs expert `e` into a slot not used at `now`: an empty one, else the least used one,
+    /// of those the most recently used. A step's experts often cycle through more than the
+    /// cache holds (every layer's, token after token), where evicting the least recently
+    /// used would miss every time; this way the experts that were used again stay, and of
+    /// those used once the newest goes first, so that the older ones get their chance.
     fn fill(
         &self,
         state: &mut Slots,
@@ -231,7 +245,7 @@ impl CachedExperts<'_> {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.last_use != now || s.key.is_none())
-            .min_by_key(|(_, s)| (s.key.is_some(), s.last_use))
+            .min_by_key(|(_, s)| (s.key.is_some(), s.uses, std::cmp::Reverse(s.last_use)))
             .map(|(i, _)| i)
             .ok_or_else(|| MoeError::Shape("no free expert slot".into()))?;
         let s = &mut state.slots[slot];
@@ -266,7 +280,13 @@ impl CachedExperts<'_> {
         }
         s.key = Some((self.layer, e));
         s.last_use = now;
+        s.uses = 1;
         state.index.insert((self.layer, e), slot);
+        state.misses_since_aging += 1;
+        if state.misses_since_aging >= state.slots.len() {
+            state.misses_since_aging = 0;
+            state.slots.iter_mut().for_each(|s| s.uses /= 2);
+        }
         self.cache.misses.fetch_add(1, Ordering::Relaxed);
         self.cache.bytes_read.fetch_add(read, Ordering::Relaxed);
         Ok(slot)
