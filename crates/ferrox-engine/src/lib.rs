@@ -74,6 +74,9 @@ pub struct EngineOptions {
     pub memory_budget: Option<u64>,
     /// Lock the weights held in memory (`--mlock`) so that they are never paged out.
     pub mlock: bool,
+    /// Read the weights that are copied at load or into the experts' cache past the page
+    /// cache (`--direct-io`), where the filesystem allows it.
+    pub direct_io: bool,
 }
 
 /// Where an engine's weights live, as the memory planner placed them at load.
@@ -116,6 +119,7 @@ impl Default for EngineOptions {
             mtp: false,
             memory_budget: None,
             mlock: false,
+            direct_io: false,
         }
     }
 }

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::direct::{DirectBuffer, DirectFile};
 use crate::error::{GgufError, Result};
 use crate::metadata::Metadata;
 use crate::parse::{parse, Layout, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
@@ -92,6 +93,8 @@ pub struct Gguf {
     /// Bytes handed to [`Gguf::release_pages`] so far: how far a load that copies the
     /// weights has got (for progress reports).
     released: AtomicU64,
+    /// The shards opened for direct reads, once [`Gguf::enable_direct_io`] has been called.
+    direct: std::sync::OnceLock<Vec<Option<DirectFile>>>,
 }
 
 impl Gguf {
@@ -185,6 +188,7 @@ impl Gguf {
             tensors,
             tensor_index,
             released: AtomicU64::new(0),
+            direct: std::sync::OnceLock::new(),
         })
     }
 
@@ -255,8 +259,12 @@ impl Gguf {
 
     /// Tells the system that `bytes`, part of this checkpoint's mapped tensor data, will be
     /// read soon, so that reading them from disk starts now (and several such reads
-    /// overlap). Anything else is ignored.
+    /// overlap). Anything else is ignored, and so is everything with direct reads on.
     pub fn prefetch_pages(&self, bytes: &[u8]) {
+        // Direct reads bypass the page cache: reading ahead into it would read twice.
+        if self.direct_io() {
+            return;
+        }
         self.advise(bytes, true);
     }
 
@@ -285,6 +293,50 @@ impl Gguf {
             };
             return;
         }
+    }
+
+    /// Reads tensor data past the page cache from now on where [`Gguf::read_direct`] is
+    /// asked to (`--direct-io`): opens every mapped shard with `O_DIRECT`. An error where
+    /// the system or filesystem does not allow it; the mapping keeps working either way.
+    pub fn enable_direct_io(&self) -> std::io::Result<()> {
+        let files = self
+            .shards
+            .iter()
+            .map(|shard| match (&shard.storage, &shard.path) {
+                (Storage::Mapped(_), Some(path)) => DirectFile::open(path).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let _ = self.direct.set(files);
+        Ok(())
+    }
+
+    /// Whether [`Gguf::enable_direct_io`] succeeded.
+    pub fn direct_io(&self) -> bool {
+        self.direct.get().is_some()
+    }
+
+    /// `bytes`, part of a shard's mapped tensor data, read from the file past the page
+    /// cache into `buf` when direct reads are on; `None` when they are off or `bytes` is
+    /// not mapped data (read it in place then).
+    pub fn read_direct<'b>(
+        &self,
+        bytes: &[u8],
+        buf: &'b mut DirectBuffer,
+    ) -> Option<std::io::Result<&'b [u8]>> {
+        let files = self.direct.get()?;
+        for (shard, file) in self.shards.iter().zip(files) {
+            let (Storage::Mapped(map), Some(file)) = (&shard.storage, file) else {
+                continue;
+            };
+            let base = map.as_ptr() as usize;
+            let start = bytes.as_ptr() as usize;
+            if start < base || start + bytes.len() > base + map.len() {
+                continue;
+            }
+            return Some(file.read((start - base) as u64, bytes.len(), buf));
+        }
+        None
     }
 
     /// Bytes of tensor data released so far (see [`Gguf::release_pages`]): during a load that

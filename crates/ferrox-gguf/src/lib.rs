@@ -9,6 +9,7 @@
 //! # Ok::<(), ferrox_gguf::GgufError>(())
 //! ```
 
+mod direct;
 mod error;
 mod file;
 mod file_type;
@@ -19,6 +20,7 @@ mod types;
 mod value;
 mod writer;
 
+pub use direct::DirectBuffer;
 pub use error::{GgufError, Result};
 pub use file::{Gguf, TensorPart, TensorStorage};
 pub use file_type::file_type_name;

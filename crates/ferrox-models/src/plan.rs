@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrox_core::packed::PackedMatrix;
-use ferrox_gguf::{Gguf, TensorInfo};
+use ferrox_gguf::{DirectBuffer, Gguf, TensorInfo};
 use ferrox_moe::ExpertCache;
 
 use crate::engine::EngineOptions;
@@ -229,6 +229,19 @@ impl<'g> Packing<'g> {
             if let Err(e) = m.lock() {
                 tracing::warn!("--mlock: cannot lock {} bytes of weights: {e}", m.n_bytes());
             }
+        }
+    }
+
+    /// The bytes to pack from: `bytes` (part of the mapping) read past the page cache into
+    /// `buf` when direct reads are on, else `bytes` themselves.
+    pub fn source<'b>(
+        &self,
+        bytes: &'b [u8],
+        buf: &'b mut DirectBuffer,
+    ) -> Result<&'b [u8], ModelError> {
+        match self.gguf.read_direct(bytes, buf) {
+            Some(read) => read.map_err(|e| ModelError::Config(format!("direct read: {e}"))),
+            None => Ok(bytes),
         }
     }
 

@@ -143,6 +143,11 @@ impl Runtime {
             crate::layers::attention::with_group_state(|_| ());
             crate::layers::attention::with_typed_group(|_| ());
         });
+        if options.direct_io {
+            if let Err(e) = gguf.enable_direct_io() {
+                tracing::warn!("--direct-io: reading through the page cache instead ({e})");
+            }
+        }
         let plan = MemoryPlan::new(&gguf, options)?;
         let expert_cache = match plan.experts {
             ExpertPlacement::Streamed { slots, slot_bytes } => {

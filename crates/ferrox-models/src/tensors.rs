@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
-use ferrox_gguf::{Gguf, TensorInfo};
+use ferrox_gguf::{DirectBuffer, Gguf, TensorInfo};
 use ferrox_moe::{
     Activation as MoeActivation, CachedExperts, ExpertCache, ExpertTensor, MoeExperts, SharedExpert,
 };
@@ -184,10 +184,11 @@ impl ExpertRef {
         }
         let packed = (0..t.n_expert())
             .map(|e| {
-                let p =
-                    PackedMatrix::pack(t.ty(), t.rows(), t.cols(), t.expert_bytes(e), |part| {
-                        gguf.release_pages(part)
-                    })?;
+                let mut buf = DirectBuffer::default();
+                let bytes = gguf.source(t.expert_bytes(e), &mut buf)?;
+                let p = PackedMatrix::pack(t.ty(), t.rows(), t.cols(), bytes, |part| {
+                    gguf.release_pages(part)
+                })?;
                 gguf.packed(&p);
                 Ok(p)
             })

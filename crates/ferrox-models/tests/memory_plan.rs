@@ -113,3 +113,38 @@ fn a_budget_below_the_dense_weights_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn direct_reads_give_the_same_logits() {
+    // A file on the build's disk (direct reads need a real filesystem, not tmpfs).
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("memory_plan_direct.gguf");
+    std::fs::write(&path, synthetic::gguf_bytes("qwen3moe")).unwrap();
+    let open = || Arc::new(Gguf::open(&path).unwrap());
+    let prompt = synthetic::token_ids("qwen3moe")[..24].to_vec();
+    let want = logits(&load(&open(), None).unwrap(), &prompt, 6);
+    let supported = open().enable_direct_io();
+    let probe = MemoryPlan::for_budget(open().tensors(), 0, false, true).unwrap();
+    let ExpertPlacement::Streamed { slot_bytes, .. } = probe.experts else {
+        panic!("{probe:?}");
+    };
+    for budget in [None, Some(probe.dense_bytes + 2 * slot_bytes)] {
+        let gguf = open();
+        let options = EngineOptions {
+            n_ctx: 256,
+            threads: 2,
+            memory_budget: budget,
+            direct_io: true,
+            ..EngineOptions::default()
+        };
+        let engine = AnyEngine::from_gguf(gguf.clone(), &options).unwrap();
+        // Where the filesystem refuses O_DIRECT the load reads through the mapping instead.
+        assert_eq!(gguf.direct_io(), supported.is_ok(), "{supported:?}");
+        assert!(
+            logits(&engine, &prompt, 6) == want,
+            "direct reads (budget {budget:?}) change the logits"
+        );
+    }
+    if let Err(e) = supported {
+        eprintln!("O_DIRECT refused on the build's disk ({e}): only the fallback was checked");
+    }
+}

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 
 use ferrox_core::packed::PackedMatrix;
 use ferrox_core::WeightMatrix;
+use ferrox_gguf::DirectBuffer;
 use smallvec::SmallVec;
 
 pub use ferrox_engine::ExpertCacheStats;
@@ -27,6 +28,15 @@ pub trait MappedPages: Sync {
     fn prefetch(&self, bytes: &[u8]);
     /// These bytes were copied and will not be read again soon.
     fn release(&self, bytes: &[u8]);
+    /// A copy of these bytes read past the page cache into `buf`, where the pages' owner
+    /// reads that way (`--direct-io`); `None`: read them in place.
+    fn read_direct<'b>(
+        &self,
+        _bytes: &[u8],
+        _buf: &'b mut DirectBuffer,
+    ) -> Option<std::io::Result<&'b [u8]>> {
+        None
+    }
 }
 
 impl MappedPages for ferrox_gguf::Gguf {
@@ -36,6 +46,14 @@ impl MappedPages for ferrox_gguf::Gguf {
 
     fn release(&self, bytes: &[u8]) {
         self.release_pages(bytes);
+    }
+
+    fn read_direct<'b>(
+        &self,
+        bytes: &[u8],
+        buf: &'b mut DirectBuffer,
+    ) -> Option<std::io::Result<&'b [u8]>> {
+        ferrox_gguf::Gguf::read_direct(self, bytes, buf)
     }
 }
 
@@ -56,6 +74,8 @@ struct Slots {
     clock: u64,
     /// Misses since the use counts were last halved.
     misses_since_aging: usize,
+    /// Where direct reads land before they are packed.
+    direct: DirectBuffer,
 }
 
 struct Slot {
@@ -95,6 +115,7 @@ impl ExpertCache {
                 index: HashMap::new(),
                 clock: 0,
                 misses_since_aging: 0,
+                direct: DirectBuffer::default(),
             }),
             capacity,
             slot_bytes,
@@ -248,9 +269,15 @@ impl CachedExperts<'_> {
             .min_by_key(|(_, s)| (s.key.is_some(), s.uses, std::cmp::Reverse(s.last_use)))
             .map(|(i, _)| i)
             .ok_or_else(|| MoeError::Shape("no free expert slot".into()))?;
-        let s = &mut state.slots[slot];
+        let Slots {
+            slots,
+            index,
+            direct,
+            ..
+        } = state;
+        let s = &mut slots[slot];
         if let Some(old) = s.key.take() {
-            state.index.remove(&old);
+            index.remove(&old);
         }
         let mut read = 0u64;
         for (t, m) in tensors.iter().zip(s.matrices.iter_mut()) {
@@ -258,7 +285,13 @@ impl CachedExperts<'_> {
                 *m = None;
                 continue;
             };
-            let bytes = t.expert_bytes(e);
+            let mapped = t.expert_bytes(e);
+            let bytes = match self.pages.read_direct(mapped, direct) {
+                Some(copy) => copy.map_err(|err| {
+                    MoeError::Shape(format!("reading expert {e} of layer {}: {err}", self.layer))
+                })?,
+                None => mapped,
+            };
             let release = |part: &[u8]| self.pages.release(part);
             match m {
                 Some(p) if (p.ty(), p.rows(), p.cols()) == (t.ty(), t.rows(), t.cols()) => {
@@ -281,7 +314,7 @@ impl CachedExperts<'_> {
         s.key = Some((self.layer, e));
         s.last_use = now;
         s.uses = 1;
-        state.index.insert((self.layer, e), slot);
+        index.insert((self.layer, e), slot);
         state.misses_since_aging += 1;
         if state.misses_since_aging >= state.slots.len() {
             state.misses_since_aging = 0;

@@ -417,6 +417,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         no_repack: args.no_repack,
         memory_budget: args.memory_budget,
         mlock: false,
+        direct_io: false,
         mtp: false,
     };
     if args.speculation.kind()? != SpecType::None {

@@ -67,6 +67,11 @@ pub struct ModelArgs {
     /// llama.cpp's `--mlock`).
     #[arg(long)]
     pub mlock: bool,
+    /// Read the weights that are repacked at load, and the experts streamed into the
+    /// cache, past the page cache (`O_DIRECT`, as llama.cpp's `--direct-io`), where the
+    /// filesystem allows it: the packed copy is all that stays in memory.
+    #[arg(long = "direct-io", visible_alias = "dio")]
+    pub direct_io: bool,
     /// Load the file's multi-token-prediction block (set by `--spec-type draft-mtp`).
     #[arg(skip)]
     pub mtp: bool,
@@ -174,6 +179,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
         mtp: args.mtp,
         memory_budget: args.memory_budget,
         mlock: args.mlock,
+        direct_io: args.direct_io,
     };
     Ok((path, gguf, tokenizer, options))
 }
@@ -184,7 +190,12 @@ pub fn load_engine(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
     let name = path
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let engine = with_load_progress(&gguf, &name, || {
+    // The bar counts the bytes packed at load: all but what the plan leaves in the file.
+    let to_pack = ferrox_models::plan::MemoryPlan::new(&gguf, &options)
+        .map_or(gguf.tensor_bytes(), |p| {
+            gguf.tensor_bytes().saturating_sub(p.mapped_bytes())
+        });
+    let engine = with_load_progress(&gguf, &name, to_pack, || {
         AnyEngine::from_gguf(gguf.clone(), &options)
     })
     .with_context(|| format!("{}", path.display()))?;
@@ -245,10 +256,10 @@ pub fn load_generator(args: &ModelArgs) -> anyhow::Result<LoadedEngine> {
     Ok(loaded)
 }
 
-/// Runs `load` with a bar over the weight bytes repacked so far (on a terminal only: hidden
+/// Runs `load` with a bar over the weight bytes repacked so far (of `total`) (on a terminal only: hidden
 /// when stderr is redirected), cleared when it returns.
-fn with_load_progress<T>(gguf: &Gguf, name: &str, load: impl FnOnce() -> T) -> T {
-    let bar = ProgressBar::new(gguf.tensor_bytes());
+fn with_load_progress<T>(gguf: &Gguf, name: &str, total: u64, load: impl FnOnce() -> T) -> T {
+    let bar = ProgressBar::new(total);
     if bar.is_hidden() {
         return load();
     }
