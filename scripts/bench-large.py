@@ -72,9 +72,10 @@ def measured(cmd: list[str]) -> dict:
             "rc": p.returncode, "out": out, "err": err}
 
 
-def ferrox_run(bin_: str, model: Path, n: int, budget: str | None) -> dict:
+def ferrox_run(bin_: str, model: Path, n: int, budget: str | None,
+               extra: tuple[str, ...] = ()) -> dict:
     cmd = [bin_, "run", "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0",
-           "-t", str(os.cpu_count()), "--json"]
+           "-t", str(os.cpu_count()), "--json", *extra]
     if budget:
         cmd += ["--memory-budget", budget]
     r = measured(cmd)
@@ -117,6 +118,8 @@ def main() -> None:
                     help="the file (by layers) swept over budgets; it must fit in memory")
     ap.add_argument("--n", type=int, default=32, help="tokens generated per run")
     ap.add_argument("--llama-dir", default="/work/ref/build/bin")
+    ap.add_argument("--real", action="append", default=[],
+                    help="a real model file to time beside the synthetic ones (repeatable)")
     ap.add_argument("--out", default=str(ROOT / "docs/BENCHMARKS-LARGE.md"))
     args = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferrox-cli"], cwd=ROOT,
@@ -182,7 +185,8 @@ def main() -> None:
         "",
         "## Default flags against file size",
         "",
-        "Time to the first token (`-n 1`, load included) cold (page cache dropped) and warm, "
+        "Time to the first token (`-n 1`, load included, wall time of the process) cold (page "
+        "cache dropped) and warm, "
         f"then a {args.n}-token run, warm. llama.cpp: `llama-completion -n 1` with its "
         "defaults (weights repacked into memory) and with `--no-repack` (used in place from "
         "the mapping).",
@@ -191,9 +195,14 @@ def main() -> None:
         "| anon GiB | read GiB | note |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for n, f in files.items():
-        size = f"{n} layers, {f.stat().st_size / (1 << 30):.1f} GiB"
-        engines = [("ferrox", lambda k: ferrox_run(ferrox, f, k, None))]
+    rows = [(f"{n} layers, {f.stat().st_size / (1 << 30):.1f} GiB", f) for n, f in files.items()]
+    rows += [(f"{Path(r).name}, {Path(r).stat().st_size / (1 << 30):.2f} GiB", Path(r))
+             for r in args.real]
+    for size, f in rows:
+        engines = [
+            ("ferrox", lambda k: ferrox_run(ferrox, f, k, None)),
+            ("ferrox --direct-io", lambda k: ferrox_run(ferrox, f, k, None, ("--direct-io",))),
+        ]
         if have_llama:
             engines += [
                 ("llama.cpp", lambda k: llama_run(llama_dir, f, k, [])),

@@ -80,16 +80,19 @@ impl MemoryPlan {
         let mut per_layer: std::collections::HashMap<&str, u64> = Default::default();
         for t in tensors {
             let bytes = t.n_bytes.unwrap_or(0);
+            // Sizes come from the file: saturate rather than wrap on absurd shapes.
             if !is_routed_experts(&t.name) {
-                dense_bytes += bytes;
+                dense_bytes = dense_bytes.saturating_add(bytes);
                 continue;
             }
-            expert_bytes += bytes;
+            expert_bytes = expert_bytes.saturating_add(bytes);
             match expert_packed(t) {
                 Some((per_expert, n_expert)) => {
-                    expert_packed_bytes += per_expert * n_expert;
+                    expert_packed_bytes =
+                        expert_packed_bytes.saturating_add(per_expert.saturating_mul(n_expert));
                     let layer = t.name.split('.').nth(1).unwrap_or_default();
-                    *per_layer.entry(layer).or_default() += per_expert;
+                    let slot = per_layer.entry(layer).or_default();
+                    *slot = slot.saturating_add(per_expert);
                 }
                 None => packable = false,
             }
@@ -103,14 +106,14 @@ impl MemoryPlan {
         }
         let experts = if expert_bytes == 0 || !repack || !packable || slot_bytes == 0 {
             ExpertPlacement::Mapped
-        } else if dense_bytes + expert_packed_bytes <= budget {
+        } else if dense_bytes.saturating_add(expert_packed_bytes) <= budget {
             ExpertPlacement::Packed
         } else {
             let slots = (budget.saturating_sub(dense_bytes) / slot_bytes) as usize;
             if slots == 0 && budget_given {
                 return Err(ModelError::BudgetTooSmall {
                     budget,
-                    needed: dense_bytes + slot_bytes,
+                    needed: dense_bytes.saturating_add(slot_bytes),
                 });
             }
             ExpertPlacement::Streamed {
@@ -147,7 +150,7 @@ fn expert_packed(t: &TensorInfo) -> Option<(u64, u64)> {
     // A fused gate-and-up tensor is packed as its two halves.
     let halves = if t.name.contains("gate_up") { 2 } else { 1 };
     let per = PackedMatrix::packed_bytes(t.ty, rows / halves, cols)?;
-    Some(((per * halves) as u64, n as u64))
+    Some(((per as u64).checked_mul(halves as u64)?, n as u64))
 }
 
 /// A share of the memory available now, within the cgroup's limit if there is one.

@@ -51,7 +51,8 @@ impl MatrixRef {
         {
             return Ok(());
         }
-        let bytes = gguf.tensor_data(&self.tensor)?;
+        let mut buf = DirectBuffer::default();
+        let bytes = gguf.source(gguf.tensor_data(&self.tensor)?, &mut buf)?;
         let packed = PackedMatrix::pack(ty, self.rows, self.cols, bytes, |part| {
             gguf.release_pages(part)
         })?;

@@ -491,6 +491,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     let bytes_per_token = decoder.weight_bytes_per_token();
+    let memory = decoder.weight_memory();
 
     if args.json {
         let rows: Vec<Value> = results
@@ -536,6 +537,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     row["bandwidth_bound_ts"] = json!(bw / bytes_per_token as f64);
                     row["bound_share"] = json!(share);
                 }
+                row["weight_memory"] = weight_memory_json(&memory);
                 row
             })
             .collect();
@@ -558,6 +560,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!("\nmodel: {file_name}");
+    println!(
+        "weights: {:.1} MiB packed in memory, {:.1} MiB read from the mapped file{}",
+        memory.packed_bytes as f64 / (1 << 20) as f64,
+        memory.mapped_bytes as f64 / (1 << 20) as f64,
+        memory.expert_cache.map_or(String::new(), |c| format!(
+            "; experts streamed through {} cached ({} hits, {} misses, {:.1} MiB read)",
+            c.slots,
+            c.hits,
+            c.misses,
+            c.bytes_read as f64 / (1 << 20) as f64
+        ))
+    );
     if !llama.is_empty() {
         println!("\n| test | ferrox t/s | llama.cpp t/s | ferrox / llama.cpp |");
         println!("| ---- | ---------: | ------------: | -----------------: |");
@@ -751,4 +765,20 @@ fn chrono_now() -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// Where the weights were during the run (the memory plan and the experts' cache).
+fn weight_memory_json(m: &ferrox_models::engine::WeightMemory) -> Value {
+    json!({
+        "budget": m.budget,
+        "packed_bytes": m.packed_bytes,
+        "mapped_bytes": m.mapped_bytes,
+        "expert_cache": m.expert_cache.map(|c| json!({
+            "slots": c.slots,
+            "slot_bytes": c.slot_bytes,
+            "hits": c.hits,
+            "misses": c.misses,
+            "bytes_read": c.bytes_read,
+        })),
+    })
 }

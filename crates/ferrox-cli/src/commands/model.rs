@@ -296,6 +296,18 @@ mod tests {
         model: ModelArgs,
     }
 
+    #[test]
+    fn sizes_read_with_binary_units() {
+        assert_eq!(byte_size("1024").unwrap(), 1024);
+        assert_eq!(byte_size("48G").unwrap(), 48 << 30);
+        assert_eq!(byte_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(byte_size("512mb").unwrap(), 512 << 20);
+        assert_eq!(byte_size(" 2 T ").unwrap(), 2 << 40);
+        for bad in ["", "G", "-1G", "1e9", "12Q", "99999999999999999999T"] {
+            assert!(byte_size(bad).is_err(), "{bad:?} read as a size");
+        }
+    }
+
     fn storage(args: &[&str]) -> anyhow::Result<KvStorage> {
         let flags = Flags::try_parse_from(std::iter::once("ferrox").chain(args.iter().copied()))?;
         Ok(flags.model.kv_storage())

@@ -136,7 +136,9 @@ impl PackedMatrix {
     pub fn packed_bytes(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
         let format = PackedFormat::of(ty).filter(|_| Self::can_pack(ty, rows, cols))?;
         let blocks = cols / format.values();
-        Some(rows / GROUP_ROWS * blocks * format.group_block_bytes())
+        (rows / GROUP_ROWS)
+            .checked_mul(blocks)?
+            .checked_mul(format.group_block_bytes())
     }
 
     /// Packs `bytes` into this matrix's memory in place of what it held, as
