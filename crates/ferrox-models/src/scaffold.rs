@@ -151,7 +151,8 @@ impl Runtime {
         let plan = MemoryPlan::new(&gguf, options)?;
         let expert_cache = match plan.experts {
             ExpertPlacement::Streamed { slots, slot_bytes } => {
-                Some(Arc::new(ExpertCache::new(slots, slot_bytes)))
+                let cache = ExpertCache::new(slots, slot_bytes);
+                Some(Arc::new(if options.mlock { cache.locked() } else { cache }))
             }
             _ => None,
         };

@@ -62,6 +62,8 @@ pub struct ExpertCache {
     slots: Mutex<Slots>,
     capacity: usize,
     slot_bytes: u64,
+    /// Lock each slot's memory as it is taken (`--mlock`).
+    mlock: bool,
     hits: AtomicU64,
     misses: AtomicU64,
     bytes_read: AtomicU64,
@@ -119,9 +121,19 @@ impl ExpertCache {
             }),
             capacity,
             slot_bytes,
+            mlock: false,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    /// This cache with each slot's memory locked (`mlock`) when it is first taken, so that
+    /// the cached experts are never paged out.
+    pub fn locked(self) -> ExpertCache {
+        ExpertCache {
+            mlock: true,
+            ..self
         }
     }
 
@@ -300,13 +312,13 @@ impl CachedExperts<'_> {
                 _ => {
                     // Free the old shape's memory before taking the new one's.
                     *m = None;
-                    *m = Some(PackedMatrix::pack(
-                        t.ty(),
-                        t.rows(),
-                        t.cols(),
-                        bytes,
-                        release,
-                    )?);
+                    let p = PackedMatrix::pack(t.ty(), t.rows(), t.cols(), bytes, release)?;
+                    if self.cache.mlock {
+                        // As llama.cpp's --mlock: a refusal (RLIMIT_MEMLOCK) leaves the
+                        // memory pageable, it does not fail the product.
+                        let _ = p.lock();
+                    }
+                    *m = Some(p);
                 }
             }
             read += bytes.len() as u64;

@@ -1,7 +1,8 @@
 #![no_main]
 //! Any byte string must load as a model (tokenizer, configuration, weights) or fail to,
 //! without a panic, an abort, a hang or a large allocation; a model that loads must run one
-//! token with the file's own context length.
+//! token with the file's own context length (half the inputs with their routed experts
+//! streamed through a small cache, when they have any).
 //!
 //! Seeds: the synthetic models (`cargo run --release -p ferrox-models --example
 //! write_synthetic -- corpus/load_model`). Run with
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use ferrox_gguf::{Gguf, OwnedValue, Value};
 use ferrox_tokenizer::tokenizer::Tokenizer;
+use ferrox_models::plan::{ExpertPlacement, MemoryPlan};
 use ferrox_models::{AnyEngine, EngineOptions, Engine, EngineExt};
 use libfuzzer_sys::{fuzz_mutator, fuzz_target, fuzzer_mutate};
 
@@ -37,9 +39,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = Tokenizer::from_gguf(&gguf);
+    // Every other input with a budget that streams the routed experts through a cache of
+    // two (when the file has experts to stream).
+    let streamed = data.last().is_some_and(|b| b % 2 == 1);
+    let memory_budget = streamed
+        .then(|| MemoryPlan::for_budget(gguf.tensors(), 0, false, true).ok())
+        .flatten()
+        .and_then(|plan| match plan.experts {
+            ExpertPlacement::Streamed { slot_bytes, .. } => {
+                Some(plan.dense_bytes.saturating_add(slot_bytes.saturating_mul(2)))
+            }
+            _ => None,
+        });
     let options = EngineOptions {
         n_ctx: 0,
         threads: 1,
+        memory_budget,
         ..EngineOptions::default()
     };
     let Ok(engine) = AnyEngine::from_gguf(Arc::new(gguf), &options) else {
