@@ -180,6 +180,29 @@ fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
+/// Runs a client script of `tests/serve/` against `server` with `args` and asserts that its
+/// checks passed (printing their lines, and the server's log on failure).
+fn run_client(server: &Server, script: &str, args: &[&str], label: &str) {
+    let out = Command::new(python())
+        .arg(
+            repo_root()
+                .join("crates/ferrox-cli/tests/serve")
+                .join(script),
+        )
+        .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
+        .args(args)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{label}:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "{label}: client checks failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+}
+
 fn require_openai() {
     let ok = Command::new(python())
         .args(["-c", "import openai, httpx"])
@@ -223,19 +246,12 @@ fn serve_end_to_end_through_the_openai_client() {
         "{log}"
     );
 
-    let out = Command::new(python())
-        .arg(root.join("crates/ferrox-cli/tests/serve/client.py"))
-        .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
-        .args(["--api-key", API_KEY, "--n-ctx", &N_CTX.to_string()])
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "client checks failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
+    let n_ctx = N_CTX.to_string();
+    run_client(
+        &server,
+        "client.py",
+        &["--api-key", API_KEY, "--n-ctx", &n_ctx],
+        "default model",
     );
 
     // SIGTERM with a stream running: the server stops taking requests, cancels the stream
@@ -389,22 +405,21 @@ fn serve_runs_mla_and_kimi_models() {
         let server = Server::start(&flags, &[]);
         server.wait_ready(Duration::from_secs(60));
         let slots = if budget.is_some() { 6 } else { 0 };
-        let out = Command::new(python())
-            .arg(repo_root().join("crates/ferrox-cli/tests/serve/mla_client.py"))
-            .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
-            .args(["--bytes-per-position", &per_position.to_string()])
-            .args(["--recurrent-bytes", &recurrent.to_string()])
-            .args(["--parallel", &parallel.to_string()])
-            .args(["--expert-slots", &slots.to_string()])
-            .output()
-            .expect("run python3");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        println!("{name} (memory budget {budget:?}):\n{stdout}");
-        assert!(
-            out.status.success(),
-            "{name}: client checks failed:\n{stdout}\n{}\nserver log:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            server.log()
+        let numbers = [per_position, recurrent, parallel, slots].map(|n| n.to_string());
+        run_client(
+            &server,
+            "mla_client.py",
+            &[
+                "--bytes-per-position",
+                &numbers[0],
+                "--recurrent-bytes",
+                &numbers[1],
+                "--parallel",
+                &numbers[2],
+                "--expert-slots",
+                &numbers[3],
+            ],
+            &format!("{name} (memory budget {budget:?})"),
         );
         assert!(server.log().contains(name.split('-').next().unwrap()));
     }
@@ -955,24 +970,16 @@ fn serve_embeddings_equal_llama_cpp() {
         "{}",
         server.log()
     );
-    let out = Command::new(python())
-        .arg(repo_root().join("crates/ferrox-cli/tests/serve/embeddings_client.py"))
-        .args(["--base-url", &format!("http://127.0.0.1:{}", server.port)])
-        .args([
+    run_client(
+        &server,
+        "embeddings_client.py",
+        &[
             "--fixture",
             fixture_path.to_str().unwrap(),
             "--n-ctx",
             n_ctx,
-        ])
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "client checks failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
+        ],
+        "embeddings",
     );
     drop(server);
 

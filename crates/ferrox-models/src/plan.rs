@@ -9,10 +9,10 @@
 //! through packed copies either way, so the tokens are the same at any budget.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferrox_core::packed::PackedMatrix;
-use ferrox_gguf::{DirectBuffer, Gguf, TensorInfo};
+use ferrox_gguf::{DirectBuffer, GgmlType, Gguf, TensorInfo};
 use ferrox_moe::ExpertCache;
 
 use crate::engine::EngineOptions;
@@ -171,6 +171,11 @@ fn cgroup_memory_left() -> Option<u64> {
     Some(max.saturating_sub(current))
 }
 
+/// A lock that a panic elsewhere does not poison (the buffers hold no invariant).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the engines' `pack` methods see: the file, and where the plan puts the experts.
 pub struct Packing<'g> {
     gguf: &'g Gguf,
@@ -179,6 +184,8 @@ pub struct Packing<'g> {
     mlock: bool,
     packed_bytes: AtomicU64,
     next_layer: AtomicUsize,
+    /// Buffers for direct reads, one per matrix packed at once (dropped after the load).
+    buffers: Mutex<Vec<DirectBuffer>>,
 }
 
 impl std::ops::Deref for Packing<'_> {
@@ -203,6 +210,7 @@ impl<'g> Packing<'g> {
             mlock,
             packed_bytes: AtomicU64::new(0),
             next_layer: AtomicUsize::new(0),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -225,7 +233,7 @@ impl<'g> Packing<'g> {
     }
 
     /// Counts (and with `--mlock` locks) a packed copy just made.
-    pub fn packed(&self, m: &PackedMatrix) {
+    fn packed(&self, m: &PackedMatrix) {
         self.packed_bytes
             .fetch_add(m.n_bytes() as u64, Ordering::Relaxed);
         if self.mlock {
@@ -235,17 +243,34 @@ impl<'g> Packing<'g> {
         }
     }
 
-    /// The bytes to pack from: `bytes` (part of the mapping) read past the page cache into
-    /// `buf` when direct reads are on, else `bytes` themselves.
-    pub fn source<'b>(
+    /// `bytes` (a `rows × cols` matrix of `ty` in the mapping) packed: read past the page
+    /// cache first when direct reads are on, the mapped pages released as they are
+    /// copied; counted, and locked with `--mlock`.
+    pub fn pack_matrix(
         &self,
-        bytes: &'b [u8],
-        buf: &'b mut DirectBuffer,
-    ) -> Result<&'b [u8], ModelError> {
-        match self.gguf.read_direct(bytes, buf) {
-            Some(read) => read.map_err(|e| ModelError::Config(format!("direct read: {e}"))),
-            None => Ok(bytes),
-        }
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<PackedMatrix, ModelError> {
+        let release = |part: &[u8]| self.gguf.release_pages(part);
+        let packed = if self.gguf.direct_io() {
+            // Buffers are reused across matrices: fresh ones would be zeroed each time.
+            let mut buf = lock(&self.buffers).pop().unwrap_or_default();
+            let packed = match self.gguf.read_direct(bytes, &mut buf) {
+                Some(read) => {
+                    let copy = read.map_err(|e| ModelError::Config(format!("direct read: {e}")))?;
+                    PackedMatrix::pack(ty, rows, cols, copy, release)
+                }
+                None => PackedMatrix::pack(ty, rows, cols, bytes, release),
+            };
+            lock(&self.buffers).push(buf);
+            packed?
+        } else {
+            PackedMatrix::pack(ty, rows, cols, bytes, release)?
+        };
+        self.packed(&packed);
+        Ok(packed)
     }
 
     /// Bytes of packed copies made so far.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{can_dequantize, dequantize_row, WeightMatrix};
-use ferrox_gguf::{DirectBuffer, Gguf, TensorInfo};
+use ferrox_gguf::{Gguf, TensorInfo};
 use ferrox_moe::{
     Activation as MoeActivation, CachedExperts, ExpertCache, ExpertTensor, MoeExperts, SharedExpert,
 };
@@ -51,12 +51,8 @@ impl MatrixRef {
         {
             return Ok(());
         }
-        let mut buf = DirectBuffer::default();
-        let bytes = gguf.source(gguf.tensor_data(&self.tensor)?, &mut buf)?;
-        let packed = PackedMatrix::pack(ty, self.rows, self.cols, bytes, |part| {
-            gguf.release_pages(part)
-        })?;
-        gguf.packed(&packed);
+        let bytes = gguf.tensor_data(&self.tensor)?;
+        let packed = gguf.pack_matrix(ty, self.rows, self.cols, bytes)?;
         self.packed = Some(Arc::new(packed));
         Ok(())
     }
@@ -184,15 +180,7 @@ impl ExpertRef {
             return Ok(());
         }
         let packed = (0..t.n_expert())
-            .map(|e| {
-                let mut buf = DirectBuffer::default();
-                let bytes = gguf.source(t.expert_bytes(e), &mut buf)?;
-                let p = PackedMatrix::pack(t.ty(), t.rows(), t.cols(), bytes, |part| {
-                    gguf.release_pages(part)
-                })?;
-                gguf.packed(&p);
-                Ok(p)
-            })
+            .map(|e| gguf.pack_matrix(t.ty(), t.rows(), t.cols(), t.expert_bytes(e)))
             .collect::<Result<Vec<_>, ModelError>>()?;
         self.packed = Some(packed.into());
         Ok(())

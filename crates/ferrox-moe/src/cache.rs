@@ -143,7 +143,8 @@ impl ExpertCache {
     }
 
     pub fn stats(&self) -> ExpertCacheStats {
-        let filled = self.lock().slots.iter().filter(|s| s.key.is_some()).count();
+        // A slot's key is cleared only while it is refilled, under the lock.
+        let filled = self.lock().index.len();
         ExpertCacheStats {
             slots: self.capacity,
             filled,
