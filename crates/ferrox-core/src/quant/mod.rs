@@ -8,6 +8,7 @@
 pub(crate) mod bits;
 mod float;
 pub(crate) mod fp4;
+pub(crate) mod grids;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
