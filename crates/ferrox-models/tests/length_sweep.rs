@@ -63,6 +63,8 @@ fn low_bit_tolerance(ty: GgmlType) -> f64 {
 fn tolerance(name: &str) -> f64 {
     if let Some(ty) = synthetic::low_bit_type(name) {
         low_bit_tolerance(ty)
+    } else if synthetic::mixed_types(name).is_some() {
+        low_bit_tolerance(GgmlType::Q2K)
     } else if name.starts_with("gemma") {
         GELU_TOLERANCE
     } else {
@@ -593,6 +595,8 @@ sweep_tests! {
     mistral4_sweep => "mistral4-sweep",
     qwen3moe_mxfp4 => "qwen3moe.mxfp4",
     llama_tq2_0 => "llama.tq2_0",
+    llama_iq_mix => "llama.iq-mix",
+    llama_tq1_mix => "llama.tq1-mix",
 }
 
 /// Quantized caches (`-ctk/-ctv q8_0` and `q4_0` on five models; `q4_1`, `q5_0`, `q5_1`,

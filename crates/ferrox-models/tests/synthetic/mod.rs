@@ -48,6 +48,7 @@
 //! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`]; `deepseek4` in [`deepseek4`].
 
 pub mod bert;
+pub mod codebook;
 pub mod deepseek4;
 pub mod dsa;
 pub mod kimi;
@@ -102,8 +103,30 @@ pub const SWEEP_TOKENS: usize = 160;
 pub const LOW_BIT_SWEEPS: &[(&str, GgmlType)] =
     &[("qwen3moe", GgmlType::Mxfp4), ("llama", GgmlType::Tq2_0)];
 
+/// Dense models whose matrix kinds each have a different low-bit type, as the dynamic quants
+/// people download mix them: `(name, [q, k, v, o, gate, up, down])`, the embedding and the
+/// output F32. Together they hold every type llama-quantize writes that the others lack.
+pub const MIXED_SWEEPS: &[(&str, [GgmlType; 7])] = {
+    use GgmlType as T;
+    &[
+        (
+            "llama.iq-mix",
+            [T::Iq2Xxs, T::Iq2Xs, T::Iq2S, T::Iq3Xxs, T::Iq3S, T::Iq1S, T::Iq1M],
+        ),
+        (
+            "llama.tq1-mix",
+            [T::Tq1_0, T::Nvfp4, T::Q1_0, T::Q2_0, T::Q2K, T::Q3K, T::Tq1_0],
+        ),
+    ]
+};
+
+/// The types of a mixed sweep model from [`MIXED_SWEEPS`].
+pub fn mixed_types(name: &str) -> Option<[GgmlType; 7]> {
+    MIXED_SWEEPS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
 /// The context-length sweep's models: every family as `<family>.f32` (every matrix F32), then
-/// [`SWEEP_MODELS`], then [`LOW_BIT_SWEEPS`].
+/// [`SWEEP_MODELS`], then [`LOW_BIT_SWEEPS`], then [`MIXED_SWEEPS`].
 pub fn sweep_models() -> Vec<String> {
     FAMILIES
         .iter()
@@ -114,6 +137,7 @@ pub fn sweep_models() -> Vec<String> {
                 .iter()
                 .map(|(f, ty)| format!("{f}.{}", ty.name().to_ascii_lowercase())),
         )
+        .chain(MIXED_SWEEPS.iter().map(|(name, _)| name.to_string()))
         .collect()
 }
 
@@ -133,6 +157,22 @@ pub fn low_bit_type(name: &str) -> Option<GgmlType> {
 
 /// A sweep model's GGUF bytes.
 pub fn sweep_gguf_bytes(name: &str) -> Vec<u8> {
+    if let Some([q, k, v, o, gate, up, down]) = mixed_types(name) {
+        let mut s = spec(sweep_arch(name));
+        let f32 = GgmlType::F32;
+        s.types = Types {
+            embd: f32,
+            output: Some(f32),
+            q,
+            k,
+            v,
+            o,
+            gate,
+            up,
+            down,
+        };
+        return spec_gguf_bytes(s);
+    }
     if let Some(ty) = low_bit_type(name) {
         let mut s = spec(sweep_arch(name));
         let f32 = GgmlType::F32;
@@ -767,9 +807,14 @@ fn vector(w: &mut GgufWriter, vals: &mut Values, name: &str, n: usize, mean: f32
 }
 
 fn add(w: &mut GgufWriter, name: &str, ty: GgmlType, shape: &[u64], data: &[f32]) {
-    let bytes = ty.bytes_for(data.len() as u64).expect("known type") as usize;
-    let mut out = vec![0u8; bytes];
-    ferrox_core::quantize_row(ty, data, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let out = if codebook::is_codebook_type(ty) {
+        codebook::codebook_blocks(ty, data)
+    } else {
+        let bytes = ty.bytes_for(data.len() as u64).expect("known type") as usize;
+        let mut out = vec![0u8; bytes];
+        ferrox_core::quantize_row(ty, data, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
+        out
+    };
     w.add_tensor(name, ty, shape, out)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
 }
