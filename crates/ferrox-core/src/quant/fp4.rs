@@ -107,7 +107,7 @@ pub(crate) fn ue4m3_half(x: u8) -> f32 {
 /// mantissa half up (by the first dropped bit), saturating at 448 (0x7E); zero, negatives
 /// and NaN give 0.
 pub(crate) fn to_ue4m3(x: f32) -> u8 {
-    if !(x > 0.0) {
+    if x.is_nan() || x <= 0.0 {
         return 0;
     }
     let x = if x > 448.0 { 448.0 } else { x };

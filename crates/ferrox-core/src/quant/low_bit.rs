@@ -104,7 +104,9 @@ mod tests {
         Q2_0::dequantize_block(&block, &mut out);
         assert_eq!(out.to_vec(), src);
 
-        let src: Vec<f32> = (0..QK1_0).map(|j| if j % 3 == 0 { -0.25 } else { 0.25 }).collect();
+        let src: Vec<f32> = (0..QK1_0)
+            .map(|j| if j % 3 == 0 { -0.25 } else { 0.25 })
+            .collect();
         let mut block = [0u8; <Q1_0 as BlockFormat>::BYTES];
         Q1_0::quantize_block(&src, &mut block);
         let mut out = [0f32; QK1_0];

@@ -132,7 +132,7 @@ impl QuantizeBlock for Tq1_0 {
             if extra_shift {
                 q = q.wrapping_mul(3);
             }
-            ((u16::from(q) * 256 + 242) / 243) as u8
+            (u16::from(q) * 256).div_ceil(243) as u8
         };
         for m in 0..32 {
             block[m] = pack(&mut (0..5).map(|n| code(src[32 * n + m])), false);
