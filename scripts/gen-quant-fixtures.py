@@ -62,9 +62,10 @@ class Fmt:
     """ggml's geometry for one type (ggml-common.h), and where its scales live."""
 
     def __init__(self, name, qtype, elems, nbytes, f16_fields=(), f32_fields=(), c_name=None,
-                 e8m0_fields=()):
+                 e8m0_fields=(), ue4m3_fields=()):
         self.name = name
         self.e8m0_fields = e8m0_fields  # byte offsets of E8M0 (power-of-two) scales
+        self.ue4m3_fields = ue4m3_fields  # byte offsets of unsigned E4M3 scales (NVFP4)
         self.qtype = qtype
         self.elems = elems
         self.nbytes = nbytes
@@ -95,6 +96,10 @@ FORMATS = {
         Fmt("IQ4_XS", Q.IQ4_XS, 256, 136, (0,), c_name="iq4_xs"),
         Fmt("MXFP4", Q.MXFP4, 32, 17, c_name="mxfp4", e8m0_fields=(0,)),
         Fmt("TQ2_0", Q.TQ2_0, 256, 66, (64,), c_name="tq2_0"),
+        Fmt("TQ1_0", Q.TQ1_0, 256, 54, (52,), c_name="tq1_0"),
+        Fmt("NVFP4", Q.NVFP4, 64, 36, c_name="nvfp4", ue4m3_fields=(0, 1, 2, 3)),
+        Fmt("Q1_0", Q.Q1_0, 128, 18, (0,), c_name="q1_0"),
+        Fmt("Q2_0", 42, 64, 18, (0,), c_name="q2_0"),
     ]
 }
 
@@ -104,11 +109,13 @@ QUANT_TYPES = [
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
     "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0",
+    "TQ1_0", "NVFP4", "Q1_0", "Q2_0",
 ]  # fmt: skip
 
 # Conversions gguf-py implements in numpy (its Q8_1 would also have the wrong size).
 NUMPY_DEQUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0"}  # fmt: skip
+                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0",
+                 "TQ1_0", "NVFP4"}  # fmt: skip
 NUMPY_QUANT = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
@@ -261,6 +268,12 @@ def random_blocks(name: str) -> np.ndarray:
         # Exponents around 1 in both directions, and the two whose half is subnormal.
         e = rng.integers(100, 150, size=BLOCKS_PER_FIXTURE)
         e[1], e[2] = 0, 1
+        blocks[:, off] = e
+    for off in fmt.ue4m3_fields:
+        # Every finite E4M3 scale, plus 0x7F (NaN in E4M3, zero to ggml) and one with the
+        # unused sign bit set.
+        e = rng.integers(0, 0x7F, size=BLOCKS_PER_FIXTURE)
+        e[1], e[2] = 0x7F, 0xB8
         blocks[:, off] = e
     for off in fmt.f32_fields:
         mags = 10.0 ** rng.uniform(-4.0, 0.0, size=BLOCKS_PER_FIXTURE)

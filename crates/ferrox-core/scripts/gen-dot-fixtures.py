@@ -42,6 +42,7 @@ CRATE = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = CRATE / "tests/fixtures/dot"
 
 # name: (ggml id, block values, block bytes, byte offsets of f16 scales, of E8M0 scales)
+# (NVFP4's four E4M3 scales are drawn in weight_row.)
 TYPES = {
     "F32": (0, 1, 4, [], []),
     "F16": (1, 1, 2, [], []),
@@ -60,6 +61,10 @@ TYPES = {
     "BF16": (30, 1, 2, [], []),
     "TQ2_0": (35, 256, 66, [64], []),
     "MXFP4": (39, 32, 17, [], [0]),
+    "TQ1_0": (34, 256, 54, [52], []),
+    "NVFP4": (40, 64, 36, [], []),
+    "Q1_0": (41, 128, 18, [0], []),
+    "Q2_0": (42, 64, 18, [0], []),
 }
 ROW_BYTES = {0: (1, 4), 1: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292), 30: (1, 2)}
 
@@ -112,6 +117,10 @@ def weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, ra
             for at in e8m0_at:
                 # A power-of-two scale between 2^-12 and 2^0 (halved, as ggml reads it).
                 data[b * block_bytes + at] = int(rng.integers(116, 129))
+            if type_id == 40:
+                # NVFP4's E4M3 sub-block scales: from 2^-9 (subnormal) to 2^0, exponents 0..7.
+                for at in range(4):
+                    data[b * block_bytes + at] = int(rng.integers(0, 0x40))
         return bytes(data)
     src = random_values(rng, cols)
     dst = ctypes.create_string_buffer(n_bytes)

@@ -17,7 +17,7 @@ use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMa
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 17] = [
+const ALL_TYPES: [GgmlType; 21] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -35,6 +35,10 @@ const ALL_TYPES: [GgmlType; 17] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Tq2_0,
+    GgmlType::Tq1_0,
+    GgmlType::Nvfp4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -77,17 +81,21 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         T::Q3K => &[108],
         T::Q6K => &[208],
         T::Tq2_0 => &[64],
+        T::Tq1_0 => &[52],
+        T::Nvfp4 => &[],
         _ => &[0],
     }
 }
 
-/// Byte ranges of the codes (not scales) of the formats that subtract a minimum. TQ2_0
-/// counts among them: its kernels multiply the codes 0..2 and subtract the activations'
-/// sums once (a minimum of −d), so their partial sums are as large as an affine format's.
+/// Byte ranges of the codes (not scales) of the formats that subtract a minimum. TQ1_0 and
+/// TQ2_0 count among them: their kernels multiply the codes 0..2 and subtract the
+/// activations' sums once (a minimum of −d), so their partial sums are as large as an
+/// affine format's.
 fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
     use GgmlType as T;
     match ty {
         T::Tq2_0 => Some(0..64),
+        T::Tq1_0 => Some(0..52),
         T::Q4_1 => Some(4..20),
         T::Q5_1 => Some(4..24),
         T::Q2K => Some(16..80),
@@ -112,6 +120,13 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
         if ty == GgmlType::Mxfp4 {
             // A power-of-two scale between 2^-12 and 2^0 (E8M0, halved as ggml does).
             block[0] = rng.random_range(116..=128);
+            continue;
+        }
+        if ty == GgmlType::Nvfp4 {
+            // E4M3 sub-block scales from 2^-9 (subnormal) to 2^0.
+            block[..4]
+                .iter_mut()
+                .for_each(|b| *b = rng.random_range(0..0x40));
             continue;
         }
         for &at in f16_fields(ty) {
@@ -413,6 +428,11 @@ fn extreme_blocks_agree() {
                     if ty == GgmlType::Mxfp4 {
                         // As large as f16::MAX (2^16), as a power of two.
                         block[0] = 128 + 16;
+                        continue;
+                    }
+                    if ty == GgmlType::Nvfp4 {
+                        // The largest E4M3 scale ggml writes (448).
+                        block[..4].fill(0x7E);
                         continue;
                     }
                     for &at in f16_fields(ty) {

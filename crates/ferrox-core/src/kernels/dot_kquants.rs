@@ -1,4 +1,4 @@
-//! Scalar reference dot products of the 256-value formats (Q2_K..Q6_K, IQ4_XS, TQ2_0) with
+//! Scalar reference dot products of the 256-value formats (Q2_K..Q6_K, IQ4_XS, TQ1_0, TQ2_0) with
 //! Q8_K activations, following ggml's `_generic` code.
 //!
 //! Q3_K..Q6_K share ggml's eight-lane shape: lane `l` sums `scale·code·q8` over the values
@@ -13,7 +13,7 @@ use crate::quant::kquants::q8_k::{CODES_AT as Q8K_CODES_AT, SUMS_AT as Q8K_SUMS_
 use crate::quant::kquants::{
     q2_k, q3_k, q6_k, scale_min_k4, unpack_two_bit_codes, Q2K, Q3K, Q6K, Q8K, QK_K,
 };
-use crate::quant::ternary::{tq2_code, Tq2_0, TQ2_CODES};
+use crate::quant::ternary::{tq1_codes, tq2_code, Tq1_0, Tq2_0, TQ1_D_AT, TQ2_CODES};
 use crate::quant::BlockFormat;
 
 /// A Q8_K activation block: its scale, codes and the sums of each group of 16 codes.
@@ -210,6 +210,21 @@ impl ScalarDot for Tq2_0 {
                 .map(|e| q8.code(e) * (i32::from(tq2_code(wb, e)) - 1))
                 .sum();
             sumf + sumi as f32 * (q8.d * read_f16(wb, TQ2_CODES))
+        })
+    }
+}
+
+impl ScalarDot for Tq1_0 {
+    /// As TQ2_0: one exact integer sum of `(code − 1)·q8` per super-block, then
+    /// `sumf += sumi · (d_w · d_x)`.
+    fn dot(w: &[u8], x: &[u8]) -> f32 {
+        super_blocks::<Tq1_0>(w, x).fold(0.0f32, |sumf, (wb, q8)| {
+            let sumi: i32 = tq1_codes(wb)
+                .iter()
+                .enumerate()
+                .map(|(e, &code)| q8.code(e) * (i32::from(code) - 1))
+                .sum();
+            sumf + sumi as f32 * (read_f16(wb, TQ1_D_AT) * q8.d)
         })
     }
 }

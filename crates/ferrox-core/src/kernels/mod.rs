@@ -386,10 +386,14 @@ pub(crate) enum WeightKind {
     Iq4Xs,
     Mxfp4,
     Tq2_0,
+    Tq1_0,
+    Nvfp4,
+    Q1_0,
+    Q2_0,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 17] = [
+    const ALL: [WeightKind; 21] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -407,6 +411,10 @@ impl WeightKind {
         WeightKind::Iq4Xs,
         WeightKind::Mxfp4,
         WeightKind::Tq2_0,
+        WeightKind::Tq1_0,
+        WeightKind::Nvfp4,
+        WeightKind::Q1_0,
+        WeightKind::Q2_0,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -429,6 +437,10 @@ impl WeightKind {
             T::Iq4Xs => Self::Iq4Xs,
             T::Mxfp4 => Self::Mxfp4,
             T::Tq2_0 => Self::Tq2_0,
+            T::Tq1_0 => Self::Tq1_0,
+            T::Nvfp4 => Self::Nvfp4,
+            T::Q1_0 => Self::Q1_0,
+            T::Q2_0 => Self::Q2_0,
             _ => return None,
         })
     }
@@ -442,6 +454,8 @@ impl WeightKind {
             K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
             K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
+            K::Nvfp4 | K::Q1_0 | K::Q2_0 => GgmlType::Q8_0,
+            K::Tq1_0 => GgmlType::Q8K,
         }
     }
 }
@@ -494,6 +508,10 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Iq4Xs => scalar_entry::<quant::iq4::Iq4Xs>(),
         K::Mxfp4 => scalar_entry::<quant::fp4::Mxfp4>(),
         K::Tq2_0 => scalar_entry::<quant::ternary::Tq2_0>(),
+        K::Tq1_0 => scalar_entry::<quant::ternary::Tq1_0>(),
+        K::Nvfp4 => scalar_entry::<quant::fp4::Nvfp4>(),
+        K::Q1_0 => scalar_entry::<quant::low_bit::Q1_0>(),
+        K::Q2_0 => scalar_entry::<quant::low_bit::Q2_0>(),
     }
 }
 
@@ -557,6 +575,10 @@ mod tests {
         assert_eq!(vec_dot_type(GgmlType::Iq4Xs), Some(GgmlType::Q8K));
         assert_eq!(vec_dot_type(GgmlType::Bf16), Some(GgmlType::Bf16));
         assert_eq!(vec_dot_type(GgmlType::Q8K), None);
+        assert_eq!(vec_dot_type(GgmlType::Tq1_0), Some(GgmlType::Q8K));
+        assert_eq!(vec_dot_type(GgmlType::Nvfp4), Some(GgmlType::Q8_0));
+        assert_eq!(vec_dot_type(GgmlType::Q1_0), Some(GgmlType::Q8_0));
+        assert_eq!(vec_dot_type(GgmlType::Q2_0), Some(GgmlType::Q8_0));
         assert_eq!(vec_dot_type(GgmlType::Iq2Xxs), None);
     }
 

@@ -5,6 +5,11 @@
 //!
 //! As in ggml, the codes stand for twice their E2M1 value (integers, so the dot product
 //! stays in integers) and the scale is halved to match: value = 2^(e − 128) · level.
+//!
+//! NVFP4 (NVIDIA's variant): 64 values per block in four sub-blocks of 16, each with its
+//! own unsigned E4M3 scale. Layout: the four scale bytes, then four runs of 8 bytes of
+//! nibbles (sub-block `s`, value `j` in the low nibble of byte `8s + j`, value `j + 8` in
+//! its high nibble).
 
 use super::bits::{pack_nibbles, unpack_nibbles};
 use super::{BlockFormat, QuantizeBlock};
@@ -78,9 +83,104 @@ impl QuantizeBlock for Mxfp4 {
     }
 }
 
+const QK_NVFP4: usize = 64;
+const NVFP4_SUB: usize = 16;
+/// Scale bytes at the start of an NVFP4 block; the nibbles follow.
+pub(crate) const NVFP4_SCALES: usize = QK_NVFP4 / NVFP4_SUB;
+
+/// Half the unsigned E4M3 scale `x` (bias 7, subnormals below exponent 1), as ggml reads
+/// it: bit 7 is ignored, and 0x7F (E4M3's NaN) reads as zero. Exact in f32.
+pub(crate) fn ue4m3_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7F {
+        return 0.0;
+    }
+    let (exp, man) = (i32::from((x >> 3) & 0xF), f32::from(x & 7));
+    let raw = if exp == 0 {
+        man * 2f32.powi(-9)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    raw * 0.5
+}
+
+/// ggml's `ggml_fp32_to_ue4m3`: the nearest E4M3 scale for a positive `x`, rounding the
+/// mantissa half up (by the first dropped bit), saturating at 448 (0x7E); zero, negatives
+/// and NaN give 0.
+pub(crate) fn to_ue4m3(x: f32) -> u8 {
+    if x.is_nan() || x <= 0.0 {
+        return 0;
+    }
+    let x = if x > 448.0 { 448.0 } else { x };
+    let bits = x.to_bits();
+    let exp = ((bits >> 23) & 0xFF) as i32 - 127 + 7;
+    if exp <= 0 {
+        // Subnormal: x·2⁹ rounded half up (truncating after adding a half, as C's cast).
+        let man = (x * 512.0 + 0.5) as i32;
+        return if man < 1 { 0 } else { man.min(7) as u8 };
+    }
+    let man = ((bits >> 20) & 7) + ((bits >> 19) & 1);
+    let (exp, man) = if man > 7 { (exp + 1, 0) } else { (exp, man) };
+    if exp >= 15 {
+        return 0x7E;
+    }
+    ((exp as u32) << 3 | man) as u8
+}
+
+pub(crate) struct Nvfp4;
+
+impl BlockFormat for Nvfp4 {
+    const ELEMS: usize = QK_NVFP4;
+    const BYTES: usize = NVFP4_SCALES + QK_NVFP4 / 2;
+
+    fn dequantize_block(block: &[u8], out: &mut [f32]) {
+        let nibbles = &block[NVFP4_SCALES..];
+        for (s, values) in out.chunks_exact_mut(NVFP4_SUB).enumerate() {
+            let d = ue4m3_half(block[s]);
+            for (j, &byte) in nibbles[8 * s..8 * s + 8].iter().enumerate() {
+                values[j] = f32::from(LEVELS[usize::from(byte & 0x0F)]) * d;
+                values[j + 8] = f32::from(LEVELS[usize::from(byte >> 4)]) * d;
+            }
+        }
+    }
+}
+
+impl QuantizeBlock for Nvfp4 {
+    /// ggml's `quantize_row_nvfp4_ref`: per sub-block, the scale that maps the largest
+    /// magnitude to the top level (amax / 6, to E4M3), then each value its nearest level
+    /// under the rounded scale.
+    fn quantize_block(src: &[f32], block: &mut [u8]) {
+        let (scales, nibbles) = block.split_at_mut(NVFP4_SCALES);
+        for (s, xs) in src.chunks_exact(NVFP4_SUB).enumerate() {
+            let amax = xs
+                .iter()
+                .fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
+            scales[s] = to_ue4m3(amax / 6.0);
+            let d = ue4m3_half(scales[s]);
+            for (j, byte) in nibbles[8 * s..8 * s + 8].iter_mut().enumerate() {
+                *byte = nearest_code(xs[j], d) | (nearest_code(xs[j + 8], d) << 4);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ue4m3_scales_round_trip() {
+        assert_eq!(ue4m3_half(0x38), 0.5); // 1.0, halved
+        assert_eq!(ue4m3_half(0x7E), 224.0);
+        assert_eq!(ue4m3_half(0x7F), 0.0);
+        assert_eq!(ue4m3_half(1), 2f32.powi(-10));
+        // Exponent 15 saturates to 0x7E: ggml never writes 0x78..=0x7D.
+        for x in 1..0x78u8 {
+            assert_eq!(to_ue4m3(2.0 * ue4m3_half(x)), x, "{x:#x}");
+        }
+        assert_eq!(to_ue4m3(1e9), 0x7E);
+        assert_eq!(to_ue4m3(f32::NAN), 0);
+        assert_eq!(to_ue4m3(-1.0), 0);
+    }
 
     #[test]
     fn half_scales_are_powers_of_two() {
@@ -88,7 +188,8 @@ mod tests {
         assert_eq!(e8m0_half(127), 0.5);
         assert_eq!(e8m0_half(130), 4.0);
         assert_eq!(e8m0_half(1), 2f32.powi(-127));
-        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        // Not `powi(-128)`: that may be computed as 1 / 2^128, which overflows to zero.
+        assert_eq!(e8m0_half(0), 2f32.powi(-64) * 2f32.powi(-64));
         assert_eq!(e8m0_half(255), 2f32.powi(127));
     }
 

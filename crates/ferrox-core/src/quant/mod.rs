@@ -12,6 +12,7 @@ pub(crate) mod grids;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
+pub(crate) mod low_bit;
 pub(crate) mod ternary;
 
 use ferrox_gguf::GgmlType;
@@ -101,6 +102,10 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Iq4Xs => dequantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => dequantize_blocks::<fp4::Mxfp4>,
         T::Tq2_0 => dequantize_blocks::<ternary::Tq2_0>,
+        T::Tq1_0 => dequantize_blocks::<ternary::Tq1_0>,
+        T::Nvfp4 => dequantize_blocks::<fp4::Nvfp4>,
+        T::Q1_0 => dequantize_blocks::<low_bit::Q1_0>,
+        T::Q2_0 => dequantize_blocks::<low_bit::Q2_0>,
         _ => return None,
     })
 }
@@ -127,6 +132,10 @@ fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         T::Iq4Xs => quantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => quantize_blocks::<fp4::Mxfp4>,
         T::Tq2_0 => quantize_blocks::<ternary::Tq2_0>,
+        T::Tq1_0 => quantize_blocks::<ternary::Tq1_0>,
+        T::Nvfp4 => quantize_blocks::<fp4::Nvfp4>,
+        T::Q1_0 => quantize_blocks::<low_bit::Q1_0>,
+        T::Q2_0 => quantize_blocks::<low_bit::Q2_0>,
         _ => return None,
     })
 }
@@ -271,6 +280,10 @@ mod tests {
         check::<iq4::Iq4Xs>(GgmlType::Iq4Xs);
         check::<fp4::Mxfp4>(GgmlType::Mxfp4);
         check::<ternary::Tq2_0>(GgmlType::Tq2_0);
+        check::<ternary::Tq1_0>(GgmlType::Tq1_0);
+        check::<fp4::Nvfp4>(GgmlType::Nvfp4);
+        check::<low_bit::Q1_0>(GgmlType::Q1_0);
+        check::<low_bit::Q2_0>(GgmlType::Q2_0);
     }
 
     #[test]
@@ -283,7 +296,7 @@ mod tests {
         assert!(err.to_string().contains("Q4_2"), "{err}");
         let err = quantize_row(GgmlType::Iq1S, &out, &mut [0u8; 50]).unwrap_err();
         assert!(err.to_string().contains("IQ1_S"), "{err}");
-        assert!(!can_dequantize(GgmlType::Tq1_0));
+        assert!(!can_dequantize(GgmlType::I8));
         assert!(can_dequantize(GgmlType::Q6K) && can_quantize(GgmlType::Q6K));
     }
 

@@ -11,6 +11,7 @@ pub(crate) mod avx2_common;
 mod avx2_float;
 mod avx2_kquants;
 mod avx2_legacy;
+mod avx2_low_bit;
 mod avx2_ternary;
 mod avx512_common;
 pub(crate) use avx512_common::prefetch_ahead;
@@ -78,6 +79,10 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
         K::Mxfp4 => avx2_entry!(legacy_dot::<Mxfp4Avx2, N>),
         K::Tq2_0 => avx2_entry!(avx2_ternary::tq2_0_dot::<N>),
+        K::Tq1_0 => avx2_entry!(avx2_ternary::tq1_0_dot::<N>),
+        K::Nvfp4 => avx2_entry!(avx2_low_bit::nvfp4_dot::<N>),
+        K::Q1_0 => avx2_entry!(avx2_low_bit::q1_0_dot::<N>),
+        K::Q2_0 => avx2_entry!(avx2_low_bit::q2_0_dot::<N>),
     })
 }
 
