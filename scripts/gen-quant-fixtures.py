@@ -95,6 +95,10 @@ FORMATS = {
         Fmt("IQ4_XS", Q.IQ4_XS, 256, 136, (0,), c_name="iq4_xs"),
         Fmt("MXFP4", Q.MXFP4, 32, 17, c_name="mxfp4", e8m0_fields=(0,)),
         Fmt("TQ2_0", Q.TQ2_0, 256, 66, (64,), c_name="tq2_0"),
+        Fmt("IQ3_XXS", Q.IQ3_XXS, 256, 98, (0,), c_name="iq3_xxs"),
+        Fmt("IQ3_S", Q.IQ3_S, 256, 110, (0,), c_name="iq3_s"),
+        Fmt("IQ1_S", Q.IQ1_S, 256, 50, (0,), c_name="iq1_s"),
+        Fmt("IQ1_M", Q.IQ1_M, 256, 56, c_name="iq1_m"),  # f16 d spread, see spread_iq1_m_scale
     ]
 }
 
@@ -262,12 +266,23 @@ def random_blocks(name: str) -> np.ndarray:
         e = rng.integers(100, 150, size=BLOCKS_PER_FIXTURE)
         e[1], e[2] = 0, 1
         blocks[:, off] = e
+    if name == "IQ1_M":
+        spread_iq1_m_scale(blocks, random_scale_bits(rng, BLOCKS_PER_FIXTURE))
     for off in fmt.f32_fields:
         mags = 10.0 ** rng.uniform(-4.0, 0.0, size=BLOCKS_PER_FIXTURE)
         vals = (mags * rng.choice([-1.0, 1.0], size=BLOCKS_PER_FIXTURE)).astype(np.float32)
         vals[2] = 0.0
         blocks[:, off : off + 4] = vals.view(np.uint8).reshape(-1, 4)
     return blocks.reshape(-1)
+
+
+def spread_iq1_m_scale(blocks: np.ndarray, bits: np.ndarray) -> None:
+    """IQ1_M keeps its f16 d in the top nibbles of the four u16 scale words at bytes 48..56,
+    least significant nibble first."""
+    for b, h in zip(blocks, bits):
+        for k in range(4):
+            at = 48 + 2 * k + 1  # high byte of word k
+            b[at] = (b[at] & 0x0F) | (((int(h) >> (4 * k)) & 0xF) << 4)
 
 
 def awkward_block(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:

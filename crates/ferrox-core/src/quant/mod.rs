@@ -9,6 +9,8 @@ pub(crate) mod bits;
 mod float;
 pub(crate) mod fp4;
 pub(crate) mod grids;
+pub(crate) mod iq1;
+pub(crate) mod iq3;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
@@ -101,6 +103,10 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Iq4Xs => dequantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => dequantize_blocks::<fp4::Mxfp4>,
         T::Tq2_0 => dequantize_blocks::<ternary::Tq2_0>,
+        T::Iq3Xxs => dequantize_blocks::<iq3::Iq3Xxs>,
+        T::Iq3S => dequantize_blocks::<iq3::Iq3S>,
+        T::Iq1S => dequantize_blocks::<iq1::Iq1S>,
+        T::Iq1M => dequantize_blocks::<iq1::Iq1M>,
         _ => return None,
     })
 }
@@ -271,6 +277,10 @@ mod tests {
         check::<iq4::Iq4Xs>(GgmlType::Iq4Xs);
         check::<fp4::Mxfp4>(GgmlType::Mxfp4);
         check::<ternary::Tq2_0>(GgmlType::Tq2_0);
+        check::<iq3::Iq3Xxs>(GgmlType::Iq3Xxs);
+        check::<iq3::Iq3S>(GgmlType::Iq3S);
+        check::<iq1::Iq1S>(GgmlType::Iq1S);
+        check::<iq1::Iq1M>(GgmlType::Iq1M);
     }
 
     #[test]
