@@ -21,6 +21,7 @@
 
 mod activation;
 mod dot_float;
+mod dot_iq13;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]
@@ -386,10 +387,14 @@ pub(crate) enum WeightKind {
     Iq4Xs,
     Mxfp4,
     Tq2_0,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 17] = [
+    const ALL: [WeightKind; 21] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -407,6 +412,10 @@ impl WeightKind {
         WeightKind::Iq4Xs,
         WeightKind::Mxfp4,
         WeightKind::Tq2_0,
+        WeightKind::Iq3Xxs,
+        WeightKind::Iq3S,
+        WeightKind::Iq1S,
+        WeightKind::Iq1M,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -429,6 +438,10 @@ impl WeightKind {
             T::Iq4Xs => Self::Iq4Xs,
             T::Mxfp4 => Self::Mxfp4,
             T::Tq2_0 => Self::Tq2_0,
+            T::Iq3Xxs => Self::Iq3Xxs,
+            T::Iq3S => Self::Iq3S,
+            T::Iq1S => Self::Iq1S,
+            T::Iq1M => Self::Iq1M,
             _ => return None,
         })
     }
@@ -442,6 +455,7 @@ impl WeightKind {
             K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
             K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
+            K::Iq3Xxs | K::Iq3S | K::Iq1S | K::Iq1M => GgmlType::Q8K,
         }
     }
 }
@@ -494,6 +508,10 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Iq4Xs => scalar_entry::<quant::iq4::Iq4Xs>(),
         K::Mxfp4 => scalar_entry::<quant::fp4::Mxfp4>(),
         K::Tq2_0 => scalar_entry::<quant::ternary::Tq2_0>(),
+        K::Iq3Xxs => scalar_entry::<quant::iq3::Iq3Xxs>(),
+        K::Iq3S => scalar_entry::<quant::iq3::Iq3S>(),
+        K::Iq1S => scalar_entry::<quant::iq1::Iq1S>(),
+        K::Iq1M => scalar_entry::<quant::iq1::Iq1M>(),
     }
 }
 

@@ -9,6 +9,8 @@
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
+mod avx2_iq1;
+mod avx2_iq3;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_ternary;
@@ -78,6 +80,10 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
         K::Mxfp4 => avx2_entry!(legacy_dot::<Mxfp4Avx2, N>),
         K::Tq2_0 => avx2_entry!(avx2_ternary::tq2_0_dot::<N>),
+        K::Iq3Xxs => avx2_entry!(avx2_iq3::iq3_xxs_dot::<N>),
+        K::Iq3S => avx2_entry!(avx2_iq3::iq3_s_dot::<N>),
+        K::Iq1S => avx2_entry!(avx2_iq1::iq1_s_dot::<N>),
+        K::Iq1M => avx2_entry!(avx2_iq1::iq1_m_dot::<N>),
     })
 }
 
