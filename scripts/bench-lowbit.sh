@@ -44,7 +44,9 @@ cargo build --release -p ferrox-cli >&2
 FERROX=target/release/ferrox
 
 BASE="$WORK/qwen1.5b-q8_0.gguf"
-[ -f "$BASE" ] || "$BUILD/llama-quantize" --allow-requantize "$SOURCE" "$BASE" Q8_0 "$THREADS" >&2
+# made under a temporary name, so that a failed run leaves nothing that looks finished
+[ -f "$BASE" ] || { "$BUILD/llama-quantize" --allow-requantize "$SOURCE" "$BASE.tmp" Q8_0 "$THREADS" >&2 \
+    && mv "$BASE.tmp" "$BASE"; }
 IMATRIX="$WORK/qwen1.5b.imatrix.gguf"
 [ -f "$IMATRIX" ] || "$BUILD/llama-imatrix" -m "$BASE" -f "$TEXT" -o "$IMATRIX" -c 512 \
     --chunks "$IMATRIX_CHUNKS" -t "$THREADS" >&2
@@ -68,7 +70,8 @@ PY
 rows=()
 for type in $TYPES; do
     file="$WORK/qwen1.5b-$(echo "$type" | tr 'A-Z' 'a-z').gguf"
-    [ -f "$file" ] || "$BUILD/llama-quantize" --imatrix "$IMATRIX" "$BASE" "$file" "$type" "$THREADS" >&2
+    [ -f "$file" ] || { "$BUILD/llama-quantize" --allow-requantize --imatrix "$IMATRIX" "$BASE" \
+        "$file.tmp" "$type" "$THREADS" >&2 && mv "$file.tmp" "$file"; }
     "$BUILD/llama-perplexity" -m "$file" -f "$TEXT" -c 512 --chunks "$CHUNKS" -t "$THREADS" \
         > "$WORK/$type.llama.ppl" 2>&1
     "$FERROX" perplexity -m "$file" -f "$TEXT" -c 512 --chunks "$CHUNKS" -t "$THREADS" \

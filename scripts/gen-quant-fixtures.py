@@ -100,6 +100,10 @@ FORMATS = {
         Fmt("NVFP4", Q.NVFP4, 64, 36, c_name="nvfp4", ue4m3_fields=(0, 1, 2, 3)),
         Fmt("Q1_0", Q.Q1_0, 128, 18, (0,), c_name="q1_0"),
         Fmt("Q2_0", 42, 64, 18, (0,), c_name="q2_0"),
+        Fmt("IQ3_XXS", Q.IQ3_XXS, 256, 98, (0,), c_name="iq3_xxs"),
+        Fmt("IQ3_S", Q.IQ3_S, 256, 110, (0,), c_name="iq3_s"),
+        Fmt("IQ1_S", Q.IQ1_S, 256, 50, (0,), c_name="iq1_s"),
+        Fmt("IQ1_M", Q.IQ1_M, 256, 56, c_name="iq1_m"),  # f16 d spread, see spread_iq1_m_scale
     ]
 }
 
@@ -275,12 +279,23 @@ def random_blocks(name: str) -> np.ndarray:
         e = rng.integers(0, 0x7F, size=BLOCKS_PER_FIXTURE)
         e[1], e[2] = 0x7F, 0xB8
         blocks[:, off] = e
+    if name == "IQ1_M":
+        spread_iq1_m_scale(blocks, random_scale_bits(rng, BLOCKS_PER_FIXTURE))
     for off in fmt.f32_fields:
         mags = 10.0 ** rng.uniform(-4.0, 0.0, size=BLOCKS_PER_FIXTURE)
         vals = (mags * rng.choice([-1.0, 1.0], size=BLOCKS_PER_FIXTURE)).astype(np.float32)
         vals[2] = 0.0
         blocks[:, off : off + 4] = vals.view(np.uint8).reshape(-1, 4)
     return blocks.reshape(-1)
+
+
+def spread_iq1_m_scale(blocks: np.ndarray, bits: np.ndarray) -> None:
+    """IQ1_M keeps its f16 d in the top nibbles of the four u16 scale words at bytes 48..56,
+    least significant nibble first."""
+    for b, h in zip(blocks, bits):
+        for k in range(4):
+            at = 48 + 2 * k + 1  # high byte of word k
+            b[at] = (b[at] & 0x0F) | (((int(h) >> (4 * k)) & 0xF) << 4)
 
 
 def awkward_block(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:

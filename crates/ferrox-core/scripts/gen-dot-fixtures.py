@@ -65,7 +65,14 @@ TYPES = {
     "NVFP4": (40, 64, 36, [], []),
     "Q1_0": (41, 128, 18, [0], []),
     "Q2_0": (42, 64, 18, [0], []),
+    "IQ3_XXS": (18, 256, 98, [0], []),
+    "IQ3_S": (21, 256, 110, [0], []),
+    "IQ1_S": (19, 256, 50, [0], []),
+    "IQ1_M": (29, 256, 56, [], []),  # its f16 d is spread, see weight_row
 }
+IQ1_M = 29
+# ggml's IQ1 quantizers need an importance matrix (IQ1_S insists); a flat one will do.
+NEEDS_IMATRIX = {19, 29}
 ROW_BYTES = {0: (1, 4), 1: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292), 30: (1, 2)}
 
 
@@ -114,6 +121,12 @@ def weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, ra
             for at in f16_at:
                 scale = np.float16(rng.uniform(-2, 2) * 1e-2)
                 data[b * block_bytes + at : b * block_bytes + at + 2] = scale.tobytes()
+            if type_id == IQ1_M:
+                # d's four nibbles sit in the top of the four u16 scale words (bytes 48..56).
+                bits = int(np.float16(rng.uniform(-2, 2) * 1e-2).view(np.uint16))
+                for k in range(4):
+                    at = b * block_bytes + 48 + 2 * k + 1
+                    data[at] = (data[at] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4)
             for at in e8m0_at:
                 # A power-of-two scale between 2^-12 and 2^0 (halved, as ggml reads it).
                 data[b * block_bytes + at] = int(rng.integers(116, 129))
@@ -124,7 +137,9 @@ def weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, ra
         return bytes(data)
     src = random_values(rng, cols)
     dst = ctypes.create_string_buffer(n_bytes)
-    written = base.ggml_quantize_chunk(type_id, src.ctypes.data, dst, 0, 1, cols, None)
+    imatrix = np.ones(cols, dtype=np.float32) if type_id in NEEDS_IMATRIX else None
+    weights = imatrix.ctypes.data if imatrix is not None else None
+    written = base.ggml_quantize_chunk(type_id, src.ctypes.data, dst, 0, 1, cols, weights)
     assert written == n_bytes, (type_id, written, n_bytes)
     return dst.raw
 
@@ -133,11 +148,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lib-dir", type=Path, default=Path("/work/ref/build/bin"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--types", help="comma-separated names: regenerate only these")
     args = parser.parse_args()
     base, cpu = load(args.lib_dir)
     args.out.mkdir(parents=True, exist_ok=True)
 
+    only = set(args.types.split(",")) if args.types else None
     for name, (type_id, block, block_bytes, f16_at, e8m0_at) in TYPES.items():
+        if only is not None and name not in only:
+            continue
         rng = np.random.default_rng(sum(map(ord, name)) * 7919)
         traits = cpu.ggml_get_type_traits_cpu(type_id).contents
         dot_id = traits.vec_dot_type

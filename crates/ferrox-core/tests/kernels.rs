@@ -13,11 +13,13 @@
 //! `(B + 16)·ε·M` of each other, ε = 2⁻²³. For 8 blocks that is about 3e-6·M.
 
 use ferrox_core::kernels::{self, Isa};
-use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMatrix};
+use ferrox_core::{
+    can_quantize, dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMatrix,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 21] = [
+const ALL_TYPES: [GgmlType; 25] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -39,6 +41,10 @@ const ALL_TYPES: [GgmlType; 21] = [
     GgmlType::Nvfp4,
     GgmlType::Q1_0,
     GgmlType::Q2_0,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -83,7 +89,20 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         T::Tq2_0 => &[64],
         T::Tq1_0 => &[52],
         T::Nvfp4 => &[],
+        T::Iq1M => &[], // spread over its scale words: see `set_iq1_m_scale`
         _ => &[0],
+    }
+}
+
+/// IQ1_M's f16 d: one nibble in the top of each of the four u16 scale words at 48..56.
+fn set_iq1_m_scale(ty: GgmlType, block: &mut [u8], scale: half::f16) {
+    if ty != GgmlType::Iq1M {
+        return;
+    }
+    let bits = scale.to_bits();
+    for k in 0..4 {
+        let at = 48 + 2 * k + 1;
+        block[at] = (block[at] & 0x0F) | ((((bits >> (4 * k)) & 0xF) as u8) << 4);
     }
 }
 
@@ -111,7 +130,8 @@ fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
 fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; row_byte_len(ty, cols).unwrap()];
     let float_type = block_size(ty) == 1;
-    if float_type || rng.random_range(0..2) == 0 {
+    // Types without a quantizer (the 1- and 3-bit i-quants) always take random bytes.
+    if can_quantize(ty) && (float_type || rng.random_range(0..2) == 0) {
         quantize_row(ty, &random_values(rng, cols), &mut bytes).unwrap();
         return bytes;
     }
@@ -132,6 +152,13 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
         for &at in f16_fields(ty) {
             let scale = half::f16::from_f32(rng.random_range(-2.0f32..2.0) * 1e-2);
             block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
+        if ty == GgmlType::Iq1M {
+            set_iq1_m_scale(
+                ty,
+                block,
+                half::f16::from_f32(rng.random_range(-2.0f32..2.0) * 1e-2),
+            );
         }
     }
     bytes
@@ -288,6 +315,7 @@ fn avx512_kernels_are_bit_identical_to_avx2() {
                 for &at in f16_fields(ty) {
                     block[at..at + 2].copy_from_slice(&half::f16::MAX.to_le_bytes());
                 }
+                set_iq1_m_scale(ty, block, half::f16::MAX);
             }
             for sign in [1e3f32, -1e3] {
                 let x: Vec<f32> = (0..cols)
@@ -438,6 +466,7 @@ fn extreme_blocks_agree() {
                     for &at in f16_fields(ty) {
                         block[at..at + 2].copy_from_slice(&half::f16::MAX.to_le_bytes());
                     }
+                    set_iq1_m_scale(ty, block, half::f16::MAX);
                 }
             }
             // Activations at full scale, every code ±127.

@@ -21,6 +21,7 @@
 
 mod activation;
 mod dot_float;
+mod dot_iq13;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]
@@ -390,10 +391,14 @@ pub(crate) enum WeightKind {
     Nvfp4,
     Q1_0,
     Q2_0,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 21] = [
+    const ALL: [WeightKind; 25] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -415,6 +420,10 @@ impl WeightKind {
         WeightKind::Nvfp4,
         WeightKind::Q1_0,
         WeightKind::Q2_0,
+        WeightKind::Iq3Xxs,
+        WeightKind::Iq3S,
+        WeightKind::Iq1S,
+        WeightKind::Iq1M,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -441,6 +450,10 @@ impl WeightKind {
             T::Nvfp4 => Self::Nvfp4,
             T::Q1_0 => Self::Q1_0,
             T::Q2_0 => Self::Q2_0,
+            T::Iq3Xxs => Self::Iq3Xxs,
+            T::Iq3S => Self::Iq3S,
+            T::Iq1S => Self::Iq1S,
+            T::Iq1M => Self::Iq1M,
             _ => return None,
         })
     }
@@ -456,6 +469,7 @@ impl WeightKind {
             K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
             K::Nvfp4 | K::Q1_0 | K::Q2_0 => GgmlType::Q8_0,
             K::Tq1_0 => GgmlType::Q8K,
+            K::Iq3Xxs | K::Iq3S | K::Iq1S | K::Iq1M => GgmlType::Q8K,
         }
     }
 }
@@ -512,6 +526,10 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Nvfp4 => scalar_entry::<quant::fp4::Nvfp4>(),
         K::Q1_0 => scalar_entry::<quant::low_bit::Q1_0>(),
         K::Q2_0 => scalar_entry::<quant::low_bit::Q2_0>(),
+        K::Iq3Xxs => scalar_entry::<quant::iq3::Iq3Xxs>(),
+        K::Iq3S => scalar_entry::<quant::iq3::Iq3S>(),
+        K::Iq1S => scalar_entry::<quant::iq1::Iq1S>(),
+        K::Iq1M => scalar_entry::<quant::iq1::Iq1M>(),
     }
 }
 

@@ -9,6 +9,8 @@ pub(crate) mod bits;
 mod float;
 pub(crate) mod fp4;
 pub(crate) mod grids;
+pub(crate) mod iq1;
+pub(crate) mod iq3;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
@@ -106,6 +108,10 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Nvfp4 => dequantize_blocks::<fp4::Nvfp4>,
         T::Q1_0 => dequantize_blocks::<low_bit::Q1_0>,
         T::Q2_0 => dequantize_blocks::<low_bit::Q2_0>,
+        T::Iq3Xxs => dequantize_blocks::<iq3::Iq3Xxs>,
+        T::Iq3S => dequantize_blocks::<iq3::Iq3S>,
+        T::Iq1S => dequantize_blocks::<iq1::Iq1S>,
+        T::Iq1M => dequantize_blocks::<iq1::Iq1M>,
         _ => return None,
     })
 }
@@ -284,6 +290,10 @@ mod tests {
         check::<fp4::Nvfp4>(GgmlType::Nvfp4);
         check::<low_bit::Q1_0>(GgmlType::Q1_0);
         check::<low_bit::Q2_0>(GgmlType::Q2_0);
+        check::<iq3::Iq3Xxs>(GgmlType::Iq3Xxs);
+        check::<iq3::Iq3S>(GgmlType::Iq3S);
+        check::<iq1::Iq1S>(GgmlType::Iq1S);
+        check::<iq1::Iq1M>(GgmlType::Iq1M);
     }
 
     #[test]

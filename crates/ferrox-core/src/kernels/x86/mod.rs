@@ -9,6 +9,8 @@
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
+mod avx2_iq1;
+mod avx2_iq3;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_low_bit;
@@ -83,6 +85,10 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Nvfp4 => avx2_entry!(avx2_low_bit::nvfp4_dot::<N>),
         K::Q1_0 => avx2_entry!(avx2_low_bit::q1_0_dot::<N>),
         K::Q2_0 => avx2_entry!(avx2_low_bit::q2_0_dot::<N>),
+        K::Iq3Xxs => avx2_entry!(avx2_iq3::iq3_xxs_dot::<N>),
+        K::Iq3S => avx2_entry!(avx2_iq3::iq3_s_dot::<N>),
+        K::Iq1S => avx2_entry!(avx2_iq1::iq1_s_dot::<N>),
+        K::Iq1M => avx2_entry!(avx2_iq1::iq1_m_dot::<N>),
     })
 }
 
