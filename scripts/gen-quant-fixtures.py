@@ -95,6 +95,9 @@ FORMATS = {
         Fmt("IQ4_XS", Q.IQ4_XS, 256, 136, (0,), c_name="iq4_xs"),
         Fmt("MXFP4", Q.MXFP4, 32, 17, c_name="mxfp4", e8m0_fields=(0,)),
         Fmt("TQ2_0", Q.TQ2_0, 256, 66, (64,), c_name="tq2_0"),
+        Fmt("IQ2_XXS", Q.IQ2_XXS, 256, 66, (0,), c_name="iq2_xxs"),
+        Fmt("IQ2_XS", Q.IQ2_XS, 256, 74, (0,), c_name="iq2_xs"),
+        Fmt("IQ2_S", Q.IQ2_S, 256, 82, (0,), c_name="iq2_s"),
     ]
 }
 

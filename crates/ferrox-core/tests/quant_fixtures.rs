@@ -8,7 +8,7 @@ use ferrox_core::{dequantize_row, quantize_row, GgmlType};
 
 const DEQUANTIZED: &[&str] = &[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
-    "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0",
+    "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S",
 ];
 const QUANTIZED: &[&str] = &[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",

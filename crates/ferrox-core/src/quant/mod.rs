@@ -9,6 +9,7 @@ pub(crate) mod bits;
 mod float;
 pub(crate) mod fp4;
 pub(crate) mod grids;
+pub(crate) mod iq2;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
@@ -101,6 +102,9 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Iq4Xs => dequantize_blocks::<iq4::Iq4Xs>,
         T::Mxfp4 => dequantize_blocks::<fp4::Mxfp4>,
         T::Tq2_0 => dequantize_blocks::<ternary::Tq2_0>,
+        T::Iq2Xxs => dequantize_blocks::<iq2::Iq2Xxs>,
+        T::Iq2Xs => dequantize_blocks::<iq2::Iq2Xs>,
+        T::Iq2S => dequantize_blocks::<iq2::Iq2S>,
         _ => return None,
     })
 }
@@ -271,14 +275,17 @@ mod tests {
         check::<iq4::Iq4Xs>(GgmlType::Iq4Xs);
         check::<fp4::Mxfp4>(GgmlType::Mxfp4);
         check::<ternary::Tq2_0>(GgmlType::Tq2_0);
+        check::<iq2::Iq2Xxs>(GgmlType::Iq2Xxs);
+        check::<iq2::Iq2Xs>(GgmlType::Iq2Xs);
+        check::<iq2::Iq2S>(GgmlType::Iq2S);
     }
 
     #[test]
     fn unsupported_types_are_named() {
         let mut out = [0f32; 256];
-        let err = dequantize_row(GgmlType::Iq2Xxs, &[0u8; 66], &mut out).unwrap_err();
-        assert_eq!(err, QuantError::UnsupportedDequantize(GgmlType::Iq2Xxs));
-        assert!(err.to_string().contains("IQ2_XXS"));
+        let err = dequantize_row(GgmlType::I8, &[0u8; 256], &mut out).unwrap_err();
+        assert_eq!(err, QuantError::UnsupportedDequantize(GgmlType::I8));
+        assert!(err.to_string().contains("I8"), "{err}");
         let err = dequantize_row(GgmlType::Other(4), &[], &mut []).unwrap_err();
         assert!(err.to_string().contains("Q4_2"), "{err}");
         let err = quantize_row(GgmlType::Iq1S, &out, &mut [0u8; 50]).unwrap_err();
