@@ -60,6 +60,9 @@ TYPES = {
     "BF16": (30, 1, 2, [], []),
     "TQ2_0": (35, 256, 66, [64], []),
     "MXFP4": (39, 32, 17, [], [0]),
+    "IQ2_XXS": (16, 256, 66, [0], []),
+    "IQ2_XS": (17, 256, 74, [0], []),
+    "IQ2_S": (22, 256, 82, [0], []),
 }
 ROW_BYTES = {0: (1, 4), 1: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292), 30: (1, 2)}
 
@@ -115,7 +118,11 @@ def weight_row(rng, base, type_id, block, block_bytes, f16_at, e8m0_at, cols, ra
         return bytes(data)
     src = random_values(rng, cols)
     dst = ctypes.create_string_buffer(n_bytes)
-    written = base.ggml_quantize_chunk(type_id, src.ctypes.data, dst, 0, 1, cols, None)
+    # ggml refuses to quantize IQ2_XXS/IQ2_XS without an importance matrix; a flat one
+    # (every column equally important) stands in for llama-imatrix's.
+    imatrix = np.ones(cols, dtype=np.float32) if type_id in (16, 17) else None
+    imatrix_ptr = imatrix.ctypes.data if imatrix is not None else None
+    written = base.ggml_quantize_chunk(type_id, src.ctypes.data, dst, 0, 1, cols, imatrix_ptr)
     assert written == n_bytes, (type_id, written, n_bytes)
     return dst.raw
 

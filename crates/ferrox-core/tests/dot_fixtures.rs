@@ -12,7 +12,7 @@ use ferrox_core::{dequantize_row, row_byte_len, GgmlType};
 
 const TYPES: &[&str] = &[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
-    "Q5_K", "Q6_K", "IQ4_XS", "MXFP4", "TQ2_0",
+    "Q5_K", "Q6_K", "IQ4_XS", "MXFP4", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S",
 ];
 
 struct Case {

@@ -17,7 +17,7 @@ use ferrox_core::{dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMa
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 17] = [
+const ALL_TYPES: [GgmlType; 20] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -35,6 +35,9 @@ const ALL_TYPES: [GgmlType; 17] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Tq2_0,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -103,7 +106,8 @@ fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
 fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; row_byte_len(ty, cols).unwrap()];
     let float_type = block_size(ty) == 1;
-    if float_type || rng.random_range(0..2) == 0 {
+    // Formats we cannot encode (the IQ2s need an importance matrix) get random bytes.
+    if float_type || (ferrox_core::can_quantize(ty) && rng.random_range(0..2) == 0) {
         quantize_row(ty, &random_values(rng, cols), &mut bytes).unwrap();
         return bytes;
     }

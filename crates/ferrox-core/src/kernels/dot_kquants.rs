@@ -43,7 +43,7 @@ impl<'a> Q8KBlock<'a> {
 }
 
 /// Walks the super-blocks of a weight row and its activation row.
-fn super_blocks<'a, W: BlockFormat>(
+pub(super) fn super_blocks<'a, W: BlockFormat>(
     w: &'a [u8],
     x: &'a [u8],
 ) -> impl Iterator<Item = (&'a [u8], Q8KBlock<'a>)> {

@@ -21,6 +21,7 @@
 
 mod activation;
 mod dot_float;
+mod dot_iq2;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]
@@ -386,10 +387,13 @@ pub(crate) enum WeightKind {
     Iq4Xs,
     Mxfp4,
     Tq2_0,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 17] = [
+    const ALL: [WeightKind; 20] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -407,6 +411,9 @@ impl WeightKind {
         WeightKind::Iq4Xs,
         WeightKind::Mxfp4,
         WeightKind::Tq2_0,
+        WeightKind::Iq2Xxs,
+        WeightKind::Iq2Xs,
+        WeightKind::Iq2S,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -429,6 +436,9 @@ impl WeightKind {
             T::Iq4Xs => Self::Iq4Xs,
             T::Mxfp4 => Self::Mxfp4,
             T::Tq2_0 => Self::Tq2_0,
+            T::Iq2Xxs => Self::Iq2Xxs,
+            T::Iq2Xs => Self::Iq2Xs,
+            T::Iq2S => Self::Iq2S,
             _ => return None,
         })
     }
@@ -442,6 +452,7 @@ impl WeightKind {
             K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
             K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
+            K::Iq2Xxs | K::Iq2Xs | K::Iq2S => GgmlType::Q8K,
         }
     }
 }
@@ -494,6 +505,9 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Iq4Xs => scalar_entry::<quant::iq4::Iq4Xs>(),
         K::Mxfp4 => scalar_entry::<quant::fp4::Mxfp4>(),
         K::Tq2_0 => scalar_entry::<quant::ternary::Tq2_0>(),
+        K::Iq2Xxs => scalar_entry::<quant::iq2::Iq2Xxs>(),
+        K::Iq2Xs => scalar_entry::<quant::iq2::Iq2Xs>(),
+        K::Iq2S => scalar_entry::<quant::iq2::Iq2S>(),
     }
 }
 
@@ -557,7 +571,8 @@ mod tests {
         assert_eq!(vec_dot_type(GgmlType::Iq4Xs), Some(GgmlType::Q8K));
         assert_eq!(vec_dot_type(GgmlType::Bf16), Some(GgmlType::Bf16));
         assert_eq!(vec_dot_type(GgmlType::Q8K), None);
-        assert_eq!(vec_dot_type(GgmlType::Iq2Xxs), None);
+        assert_eq!(vec_dot_type(GgmlType::Iq2Xxs), Some(GgmlType::Q8K));
+        assert_eq!(vec_dot_type(GgmlType::I8), None);
     }
 
     #[test]

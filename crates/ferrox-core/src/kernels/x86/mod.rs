@@ -9,6 +9,7 @@
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
+mod avx2_iq2;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_ternary;
@@ -78,6 +79,9 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Iq4Xs => avx2_entry!(super_block_dot::<Iq4XsAvx2, N>),
         K::Mxfp4 => avx2_entry!(legacy_dot::<Mxfp4Avx2, N>),
         K::Tq2_0 => avx2_entry!(avx2_ternary::tq2_0_dot::<N>),
+        K::Iq2Xxs => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2XxsAvx2, N>),
+        K::Iq2Xs => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2XsAvx2, N>),
+        K::Iq2S => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2SAvx2, N>),
     })
 }
 
