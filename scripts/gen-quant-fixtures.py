@@ -104,6 +104,9 @@ FORMATS = {
         Fmt("IQ3_S", Q.IQ3_S, 256, 110, (0,), c_name="iq3_s"),
         Fmt("IQ1_S", Q.IQ1_S, 256, 50, (0,), c_name="iq1_s"),
         Fmt("IQ1_M", Q.IQ1_M, 256, 56, c_name="iq1_m"),  # f16 d spread, see spread_iq1_m_scale
+        Fmt("IQ2_XXS", Q.IQ2_XXS, 256, 66, (0,), c_name="iq2_xxs"),
+        Fmt("IQ2_XS", Q.IQ2_XS, 256, 74, (0,), c_name="iq2_xs"),
+        Fmt("IQ2_S", Q.IQ2_S, 256, 82, (0,), c_name="iq2_s"),
     ]
 }
 

@@ -69,10 +69,14 @@ TYPES = {
     "IQ3_S": (21, 256, 110, [0], []),
     "IQ1_S": (19, 256, 50, [0], []),
     "IQ1_M": (29, 256, 56, [], []),  # its f16 d is spread, see weight_row
+    "IQ2_XXS": (16, 256, 66, [0], []),
+    "IQ2_XS": (17, 256, 74, [0], []),
+    "IQ2_S": (22, 256, 82, [0], []),
 }
 IQ1_M = 29
-# ggml's IQ1 quantizers need an importance matrix (IQ1_S insists); a flat one will do.
-NEEDS_IMATRIX = {19, 29}
+# ggml's IQ1 and IQ2_XXS/IQ2_XS quantizers insist on an importance matrix; a flat one
+# (every column equally important) stands in for llama-imatrix's.
+NEEDS_IMATRIX = {16, 17, 19, 29}
 ROW_BYTES = {0: (1, 4), 1: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292), 30: (1, 2)}
 
 

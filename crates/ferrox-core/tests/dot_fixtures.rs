@@ -13,7 +13,7 @@ use ferrox_core::{dequantize_row, row_byte_len, GgmlType};
 const TYPES: &[&str] = &[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
     "Q5_K", "Q6_K", "IQ4_XS", "MXFP4", "TQ2_0", "TQ1_0", "NVFP4", "Q1_0", "Q2_0", "IQ3_XXS",
-    "IQ3_S", "IQ1_S", "IQ1_M",
+    "IQ3_S", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
 ];
 
 struct Case {

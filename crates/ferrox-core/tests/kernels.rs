@@ -19,7 +19,7 @@ use ferrox_core::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TYPES: [GgmlType; 25] = [
+const ALL_TYPES: [GgmlType; 28] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -45,6 +45,9 @@ const ALL_TYPES: [GgmlType; 25] = [
     GgmlType::Iq3S,
     GgmlType::Iq1S,
     GgmlType::Iq1M,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
 ];
 
 fn block_size(ty: GgmlType) -> usize {
@@ -130,8 +133,8 @@ fn affine_code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
 fn weight_row(rng: &mut StdRng, ty: GgmlType, cols: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; row_byte_len(ty, cols).unwrap()];
     let float_type = block_size(ty) == 1;
-    // Types without a quantizer (the 1- and 3-bit i-quants) always take random bytes.
-    if can_quantize(ty) && (float_type || rng.random_range(0..2) == 0) {
+    // Formats we cannot encode (the i-quants need an importance matrix) get random bytes.
+    if float_type || (can_quantize(ty) && rng.random_range(0..2) == 0) {
         quantize_row(ty, &random_values(rng, cols), &mut bytes).unwrap();
         return bytes;
     }

@@ -22,6 +22,7 @@
 mod activation;
 mod dot_float;
 mod dot_iq13;
+mod dot_iq2;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]
@@ -395,10 +396,13 @@ pub(crate) enum WeightKind {
     Iq3S,
     Iq1S,
     Iq1M,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
 }
 
 impl WeightKind {
-    const ALL: [WeightKind; 25] = [
+    const ALL: [WeightKind; 28] = [
         WeightKind::F32,
         WeightKind::F16,
         WeightKind::Bf16,
@@ -424,6 +428,9 @@ impl WeightKind {
         WeightKind::Iq3S,
         WeightKind::Iq1S,
         WeightKind::Iq1M,
+        WeightKind::Iq2Xxs,
+        WeightKind::Iq2Xs,
+        WeightKind::Iq2S,
     ];
 
     pub(crate) fn of(ty: GgmlType) -> Option<Self> {
@@ -454,6 +461,9 @@ impl WeightKind {
             T::Iq3S => Self::Iq3S,
             T::Iq1S => Self::Iq1S,
             T::Iq1M => Self::Iq1M,
+            T::Iq2Xxs => Self::Iq2Xxs,
+            T::Iq2Xs => Self::Iq2Xs,
+            T::Iq2S => Self::Iq2S,
             _ => return None,
         })
     }
@@ -464,12 +474,16 @@ impl WeightKind {
             K::F32 => GgmlType::F32,
             K::F16 => GgmlType::F16,
             K::Bf16 => GgmlType::Bf16,
-            K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 => GgmlType::Q8_0,
+            K::Q4_0 | K::Q5_0 | K::Q8_0 | K::Iq4Nl | K::Mxfp4 | K::Nvfp4 | K::Q1_0 | K::Q2_0 => {
+                GgmlType::Q8_0
+            }
             K::Q4_1 | K::Q5_1 => GgmlType::Q8_1,
-            K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 => GgmlType::Q8K,
-            K::Nvfp4 | K::Q1_0 | K::Q2_0 => GgmlType::Q8_0,
-            K::Tq1_0 => GgmlType::Q8K,
-            K::Iq3Xxs | K::Iq3S | K::Iq1S | K::Iq1M => GgmlType::Q8K,
+            K::Q2K | K::Q3K | K::Q4K | K::Q5K | K::Q6K | K::Iq4Xs | K::Tq2_0 | K::Tq1_0 => {
+                GgmlType::Q8K
+            }
+            K::Iq1S | K::Iq1M | K::Iq2Xxs | K::Iq2Xs | K::Iq2S | K::Iq3Xxs | K::Iq3S => {
+                GgmlType::Q8K
+            }
         }
     }
 }
@@ -530,6 +544,9 @@ fn scalar_kernel(kind: WeightKind) -> DotKernel {
         K::Iq3S => scalar_entry::<quant::iq3::Iq3S>(),
         K::Iq1S => scalar_entry::<quant::iq1::Iq1S>(),
         K::Iq1M => scalar_entry::<quant::iq1::Iq1M>(),
+        K::Iq2Xxs => scalar_entry::<quant::iq2::Iq2Xxs>(),
+        K::Iq2Xs => scalar_entry::<quant::iq2::Iq2Xs>(),
+        K::Iq2S => scalar_entry::<quant::iq2::Iq2S>(),
     }
 }
 
@@ -597,7 +614,8 @@ mod tests {
         assert_eq!(vec_dot_type(GgmlType::Nvfp4), Some(GgmlType::Q8_0));
         assert_eq!(vec_dot_type(GgmlType::Q1_0), Some(GgmlType::Q8_0));
         assert_eq!(vec_dot_type(GgmlType::Q2_0), Some(GgmlType::Q8_0));
-        assert_eq!(vec_dot_type(GgmlType::Iq2Xxs), None);
+        assert_eq!(vec_dot_type(GgmlType::Iq2Xxs), Some(GgmlType::Q8K));
+        assert_eq!(vec_dot_type(GgmlType::I8), None);
     }
 
     #[test]

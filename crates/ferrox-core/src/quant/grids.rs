@@ -4,13 +4,10 @@
 //! (little endian, one point per u64 or u32, byte `j` the point's coordinate `j`).
 
 /// IQ2_XXS: 256 points of 8 coordinates from {8, 25, 43}.
-#[allow(dead_code)] // read by the IQ2 formats, not yet supported
 pub(crate) static IQ2XXS_GRID: [u64; 256] = words64(include_bytes!("grids/iq2xxs.bin"));
 /// IQ2_XS: 512 points of 8 coordinates.
-#[allow(dead_code)] // read by the IQ2 formats, not yet supported
 pub(crate) static IQ2XS_GRID: [u64; 512] = words64(include_bytes!("grids/iq2xs.bin"));
 /// IQ2_S: 1024 points of 8 coordinates.
-#[allow(dead_code)] // read by the IQ2 formats, not yet supported
 pub(crate) static IQ2S_GRID: [u64; 1024] = words64(include_bytes!("grids/iq2s.bin"));
 /// IQ3_XXS: 256 points of 4 coordinates.
 pub(crate) static IQ3XXS_GRID: [u32; 256] = words32(include_bytes!("grids/iq3xxs.bin"));

@@ -10,6 +10,7 @@ mod float;
 pub(crate) mod fp4;
 pub(crate) mod grids;
 pub(crate) mod iq1;
+pub(crate) mod iq2;
 pub(crate) mod iq3;
 pub(crate) mod iq4;
 pub(crate) mod kquants;
@@ -112,6 +113,9 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         T::Iq3S => dequantize_blocks::<iq3::Iq3S>,
         T::Iq1S => dequantize_blocks::<iq1::Iq1S>,
         T::Iq1M => dequantize_blocks::<iq1::Iq1M>,
+        T::Iq2Xxs => dequantize_blocks::<iq2::Iq2Xxs>,
+        T::Iq2Xs => dequantize_blocks::<iq2::Iq2Xs>,
+        T::Iq2S => dequantize_blocks::<iq2::Iq2S>,
         _ => return None,
     })
 }
@@ -294,14 +298,17 @@ mod tests {
         check::<iq3::Iq3S>(GgmlType::Iq3S);
         check::<iq1::Iq1S>(GgmlType::Iq1S);
         check::<iq1::Iq1M>(GgmlType::Iq1M);
+        check::<iq2::Iq2Xxs>(GgmlType::Iq2Xxs);
+        check::<iq2::Iq2Xs>(GgmlType::Iq2Xs);
+        check::<iq2::Iq2S>(GgmlType::Iq2S);
     }
 
     #[test]
     fn unsupported_types_are_named() {
         let mut out = [0f32; 256];
-        let err = dequantize_row(GgmlType::Iq2Xxs, &[0u8; 66], &mut out).unwrap_err();
-        assert_eq!(err, QuantError::UnsupportedDequantize(GgmlType::Iq2Xxs));
-        assert!(err.to_string().contains("IQ2_XXS"));
+        let err = dequantize_row(GgmlType::I8, &[0u8; 256], &mut out).unwrap_err();
+        assert_eq!(err, QuantError::UnsupportedDequantize(GgmlType::I8));
+        assert!(err.to_string().contains("I8"), "{err}");
         let err = dequantize_row(GgmlType::Other(4), &[], &mut []).unwrap_err();
         assert!(err.to_string().contains("Q4_2"), "{err}");
         let err = quantize_row(GgmlType::Iq1S, &out, &mut [0u8; 50]).unwrap_err();

@@ -10,6 +10,7 @@ pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
 mod avx2_iq1;
+mod avx2_iq2;
 mod avx2_iq3;
 mod avx2_kquants;
 mod avx2_legacy;
@@ -89,6 +90,9 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Iq3S => avx2_entry!(avx2_iq3::iq3_s_dot::<N>),
         K::Iq1S => avx2_entry!(avx2_iq1::iq1_s_dot::<N>),
         K::Iq1M => avx2_entry!(avx2_iq1::iq1_m_dot::<N>),
+        K::Iq2Xxs => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2XxsAvx2, N>),
+        K::Iq2Xs => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2XsAvx2, N>),
+        K::Iq2S => avx2_entry!(avx2_iq2::iq2_dot::<avx2_iq2::Iq2SAvx2, N>),
     })
 }
 
