@@ -22,7 +22,14 @@ fn packed_products_follow_an_isa_cap() {
     assert!(packed::available());
     assert_eq!(packed::kernel_isa(), Isa::Avx2);
     let (rows, cols) = (64, 512);
-    for ty in [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+    ] {
         let mut bytes = Vec::new();
         for r in 0..rows {
             let x: Vec<f32> = (0..cols)

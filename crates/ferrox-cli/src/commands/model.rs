@@ -54,8 +54,8 @@ pub struct ModelArgs {
     #[arg(long = "cache-type-v", value_parser = cache_type, value_name = "TYPE")]
     pub cache_type_v: Option<KvType>,
     /// Keep every matrix in the file's row-major layout (by default the Q4_0, Q4_1, Q5_0,
-    /// Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are repacked at load where the CPU has AVX2,
-    /// as llama.cpp repacks).
+    /// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K matrices are repacked at load where the
+    /// CPU has AVX2, as llama.cpp repacks).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Memory the weights may take, e.g. `48G` (default: 85% of what the system has

@@ -17,9 +17,10 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    affine_k_codes_at, q6k_high_at, q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
+    ACT_SCALE_AT, ACT_SUM_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
     Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
     SCALES_BYTES,
 };
@@ -37,6 +38,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4K => groups::<Q4K>,
         PackedFormat::Q5K => groups::<Q5K>,
         PackedFormat::Q6K => groups::<Q6K>,
+        PackedFormat::Q2K => groups::<Q2K>,
+        PackedFormat::Q3K => groups::<Q3K>,
     }
 }
 
@@ -257,6 +260,8 @@ unsafe fn half_block<const F: u8, const N: usize>(
             Q4K => q4k_block::<N, false>(block, half, b, xs, acc),
             Q5K => q4k_block::<N, true>(block, half, b, xs, acc),
             Q6K => q6k_block::<N>(block, half, b, xs, acc),
+            Q2K => q2k_block::<N>(block, half, b, xs, acc),
+            Q3K => q3k_block::<N>(block, half, b, xs, acc),
             _ => legacy_block::<F, N>(block, half, b, xs, acc),
         }
     }
@@ -414,14 +419,7 @@ unsafe fn q6k_block<const N: usize>(
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
                 block.add(Q6K_SCALES_AT + 32 * p + 16 * half).cast(),
             ));
-            // Each scale in both i16 halves of its lane.
-            let scales = [
-                both_halves(_mm256_srli_epi32::<16>(_mm256_slli_epi32::<16>(pair))),
-                _mm256_or_si256(
-                    _mm256_srli_epi32::<16>(pair),
-                    _mm256_and_si256(pair, _mm256_set1_epi32(0xFFFF_0000u32 as i32)),
-                ),
-            ];
+            let scales = split_pair(pair);
             for (h, scale) in scales.iter().enumerate() {
                 let s = 2 * p + h;
                 let n0 = half_of(block.add(q6k_low_at(2 * s)), half);
@@ -451,6 +449,168 @@ unsafe fn q6k_block<const N: usize>(
         for t in 0..N {
             let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
             let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<5>(offsets[t]));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(total), acc[t]);
+        }
+    }
+}
+
+/// Each lane's two i16 (a row's values for two sub-blocks) apart, each in both i16 halves
+/// of its lane: multipliers for `_mm256_madd_epi16` (see [`both_halves`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn split_pair(pair: __m256i) -> [__m256i; 2] {
+    [
+        both_halves(_mm256_srli_epi32::<16>(_mm256_slli_epi32::<16>(pair))),
+        _mm256_or_si256(
+            _mm256_srli_epi32::<16>(pair),
+            _mm256_and_si256(pair, _mm256_set1_epi32(0xFFFF_0000u32 as i32)),
+        ),
+    ]
+}
+
+/// The four quads of a Q2_K or Q3_K code vector (half `half` at `p`): quad `k` in bits
+/// `2k..2k+2` of each byte, moved down and masked. The 16-bit shifts bring the next
+/// byte's bits only above bit 1, where the mask clears them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_bit_quads(p: *const u8, half: usize) -> [__m256i; 4] {
+    let mask = _mm256_set1_epi8(3);
+    // SAFETY: the caller passes a whole 64-byte vector.
+    let v = unsafe { half_of(p, half) };
+    [
+        _mm256_and_si256(v, mask),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(v), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<6>(v), mask),
+    ]
+}
+
+/// Bit `bit` of every byte of a Q3_K plane moved to bit 2 (the third bit's place), the
+/// other bits clear. As in [`fifth_bits`], what a 16-bit shift brings from the
+/// neighbouring byte lands below bit 2 (left shifts of at most 2) or above it (right
+/// shifts of at most 5), where the mask clears it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn third_bits(plane: __m256i, bit: usize) -> __m256i {
+    let moved = if bit <= 2 {
+        _mm256_sll_epi16(plane, _mm_cvtsi32_si128(2 - bit as i32))
+    } else {
+        _mm256_srl_epi16(plane, _mm_cvtsi32_si128(bit as i32 - 2))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(4))
+}
+
+/// `Σ code·x` of one sub-block of 16 values (quads `codes`, activation codes at `x`) in
+/// each lane's two i16 halves: at most 8·7·128 for codes below 8, so no widening first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub_block16(codes: &[__m256i; 4], x: *const u8) -> __m256i {
+    // SAFETY: the caller passes sixteen readable bytes.
+    unsafe {
+        _mm256_add_epi16(
+            pairs8(codes[0], codes[1], x),
+            pairs8(codes[2], codes[3], x.add(8)),
+        )
+    }
+}
+
+/// One Q2_K super-block, half `half` of the group: per sub-block `Σ code·x` times its
+/// 4-bit scale by one widening multiply; the minimums against the activation's pairs of
+/// sums of 16; then the two fused multiply-adds of the scalar reference.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2k_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scaled = [zero; N];
+        let mut mins = [zero; N];
+        for p in 0..8 {
+            // Lane r: row r's scale bytes (`m << 4 | scale`) of sub-blocks 2p and 2p + 1
+            // as two i16.
+            let pair = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                block.add(Q2K_SCALES_AT + 32 * p + 16 * half).cast(),
+            ));
+            let scales = split_pair(_mm256_and_si256(pair, _mm256_set1_epi16(15)));
+            let min_pair = _mm256_srli_epi16::<4>(pair);
+            for (i, scale) in scales.iter().enumerate() {
+                let s = 2 * p + i;
+                let codes = two_bit_quads(block.add(q2k_codes_at(s)), half);
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    let sums = _mm256_madd_epi16(sub_block16(&codes, x), *scale);
+                    scaled[t] = _mm256_add_epi32(scaled[t], sums);
+                }
+            }
+            for t in 0..N {
+                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
+                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
+                mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(min_pair, sums));
+            }
+        }
+        let dw = f16x8(block.add(16 * half));
+        let dmin = f16x8(block.add(Q2K_DMIN_AT + 16 * half));
+        for t in 0..N {
+            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(scaled[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[t]), acc[t]);
+        }
+    }
+}
+
+/// One Q3_K super-block, half `half` of the group: per sub-block `Σ code·x` of the
+/// three-bit codes (two low bits and the plane's third) times its signed scale; the codes'
+/// offset of 4 as `4·Σ scale·Σ x` against the activation's sums of 16; then one fused
+/// multiply-add, as in the scalar reference.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3k_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scaled = [zero; N];
+        let mut offsets = [zero; N];
+        for p in 0..8 {
+            // Lane r: row r's signed scales of sub-blocks 2p and 2p + 1 as two i16.
+            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                block.add(Q3K_SCALES_AT + 32 * p + 16 * half).cast(),
+            ));
+            let scales = split_pair(pair);
+            let plane = half_of(block.add(q3k_high_at(p)), half);
+            for (i, scale) in scales.iter().enumerate() {
+                let s = 2 * p + i;
+                let mut codes = two_bit_quads(block.add(q3k_low_at(s)), half);
+                for (k, code) in codes.iter_mut().enumerate() {
+                    *code = _mm256_or_si256(*code, third_bits(plane, 4 * i + k));
+                }
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    let sums = _mm256_madd_epi16(sub_block16(&codes, x), *scale);
+                    scaled[t] = _mm256_add_epi32(scaled[t], sums);
+                }
+            }
+            for t in 0..N {
+                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
+                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
+                offsets[t] = _mm256_add_epi32(offsets[t], _mm256_madd_epi16(pair, sums));
+            }
+        }
+        let dw = f16x8(block.add(16 * half));
+        for t in 0..N {
+            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<2>(offsets[t]));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(total), acc[t]);
         }
     }

@@ -29,6 +29,10 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
+        // No AVX-512 kernel for these yet: the AVX2 one, which gives the same bits (every
+        // CPU with AVX-512 VNNI that `Isa::Avx512Vnni` admits has AVX2, FMA and F16C too,
+        // see `Isa::is_available`).
+        PackedFormat::Q2K | PackedFormat::Q3K => super::avx2::kernel(format),
     }
 }
 

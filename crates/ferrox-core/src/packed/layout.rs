@@ -14,10 +14,28 @@
 //! `2m` in its low nibbles and quad `2m + 1` in its high ones; vector `n` of the high bits
 //! holds quads `4n..4n+4` in bit pairs 0-1, 2-3, 4-5, 6-7; high vector `n` follows low
 //! vectors `2n` and `2n + 1`, whose values it completes. Same size as the file.
+//!
+//! Q2_K and Q3_K keep their 2-bit codes by sub-block of 16 values: code vector `s` holds
+//! sub-block `s`, value `16s + 4k + j` of row `r` in bits `2k..2k+2` of byte `4r + j`, so
+//! that a shift by `2k` and a mask give the four values of quad `k` of all sixteen rows in
+//! their lanes, and each vector serves one sub-block.
+//!
+//! Q2_K, per super-block of a group: `d` and `dmin` (16 f16 each), the file's scale bytes
+//! (`m << 4 | scale`) as pairs (`[pair p][row][2]`: sub-blocks `2p` and `2p + 1`, so that
+//! one widening load gives each row's two minimums for the activation's pair of sums),
+//! then the sixteen code vectors. Same size as the file.
+//!
+//! Q3_K, per super-block of a group: `d` (16 f16), the sixteen signed scales (the file's
+//! 6-bit fields minus 32) as pairs like Q6_K's, then the three-bit codes (unsigned, the
+//! value plus 4) as two low bits in code vectors and a plane of third bits per pair of
+//! sub-blocks: bit `4i + k` of byte `4r + j` of plane `p` is the third bit of value
+//! `16(2p + i) + 4k + j` of row `r`. Plane `p` follows code vectors `2p` and `2p + 1`
+//! (`[codes 2p][codes 2p + 1][plane p]`, 192 bytes each) so that a block is read front to
+//! back. Four bytes more per row than the file (the scales unpacked).
 
 use ferrox_gguf::GgmlType;
 
-use crate::quant::kquants::scale_min_k4;
+use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
 /// Rows interleaved in one group.
 pub const GROUP_ROWS: usize = 16;
@@ -73,6 +91,30 @@ pub(super) const fn q6k_high_at(n: usize) -> usize {
     Q6K_CODES_AT + 192 * n + 128
 }
 
+/// Offsets inside a Q2_K group block.
+pub(super) const Q2K_DMIN_AT: usize = 32;
+pub(super) const Q2K_SCALES_AT: usize = 64;
+pub(super) const Q2K_CODES_AT: usize = 320;
+
+/// Where a Q2_K group block's code vector `s` (sub-block `s`) lies.
+pub(super) const fn q2k_codes_at(s: usize) -> usize {
+    Q2K_CODES_AT + 64 * s
+}
+
+/// Offsets inside a Q3_K group block.
+pub(super) const Q3K_SCALES_AT: usize = 32;
+pub(super) const Q3K_CODES_AT: usize = 288;
+
+/// Where a Q3_K group block's low-bit vector `s` (sub-block `s`) lies.
+pub(super) const fn q3k_low_at(s: usize) -> usize {
+    Q3K_CODES_AT + 192 * (s / 2) + 64 * (s % 2)
+}
+
+/// Where a Q3_K group block's plane of third bits `p` (sub-blocks `2p`, `2p + 1`) lies.
+pub(super) const fn q3k_high_at(p: usize) -> usize {
+    Q3K_CODES_AT + 192 * p + 128
+}
+
 /// The packed formats as numbers, for kernels generic over their format (const generic
 /// parameters take no enums): see [`PackedFormat::from_id`].
 pub(super) mod id {
@@ -84,6 +126,8 @@ pub(super) mod id {
     pub const Q4_1: u8 = 6;
     pub const Q5_1: u8 = 7;
     pub const Q6K: u8 = 4;
+    pub const Q2K: u8 = 8;
+    pub const Q3K: u8 = 9;
 }
 
 /// A format that can be packed.
@@ -97,6 +141,8 @@ pub enum PackedFormat {
     Q4K,
     Q5K,
     Q6K,
+    Q2K,
+    Q3K,
 }
 
 impl PackedFormat {
@@ -110,6 +156,8 @@ impl PackedFormat {
             GgmlType::Q4K => Some(PackedFormat::Q4K),
             GgmlType::Q5K => Some(PackedFormat::Q5K),
             GgmlType::Q6K => Some(PackedFormat::Q6K),
+            GgmlType::Q2K => Some(PackedFormat::Q2K),
+            GgmlType::Q3K => Some(PackedFormat::Q3K),
             _ => None,
         }
     }
@@ -124,6 +172,8 @@ impl PackedFormat {
             id::Q8_0 => PackedFormat::Q8_0,
             id::Q4K => PackedFormat::Q4K,
             id::Q5K => PackedFormat::Q5K,
+            id::Q2K => PackedFormat::Q2K,
+            id::Q3K => PackedFormat::Q3K,
             _ => PackedFormat::Q6K,
         }
     }
@@ -138,6 +188,8 @@ impl PackedFormat {
             PackedFormat::Q4K => GgmlType::Q4K,
             PackedFormat::Q5K => GgmlType::Q5K,
             PackedFormat::Q6K => GgmlType::Q6K,
+            PackedFormat::Q2K => GgmlType::Q2K,
+            PackedFormat::Q3K => GgmlType::Q3K,
         }
     }
 
@@ -145,7 +197,11 @@ impl PackedFormat {
     pub(super) fn is_k(self) -> bool {
         matches!(
             self,
-            PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K
+            PackedFormat::Q4K
+                | PackedFormat::Q5K
+                | PackedFormat::Q6K
+                | PackedFormat::Q2K
+                | PackedFormat::Q3K
         )
     }
 
@@ -175,6 +231,8 @@ impl PackedFormat {
             PackedFormat::Q4K => 144,
             PackedFormat::Q5K => 176,
             PackedFormat::Q6K => 210,
+            PackedFormat::Q2K => 84,
+            PackedFormat::Q3K => 110,
         }
     }
 
@@ -184,6 +242,8 @@ impl PackedFormat {
             // The scales and minimums unpacked to bytes.
             PackedFormat::Q4K => 148,
             PackedFormat::Q5K => 180,
+            // The scales unpacked to signed bytes.
+            PackedFormat::Q3K => 114,
             other => other.file_block_bytes(),
         };
         GROUP_ROWS * per_row
@@ -225,8 +285,9 @@ impl PackedFormat {
             PackedFormat::Q5_0 => 16,
             PackedFormat::Q4_1 | PackedFormat::Q5_1 => 0,
             PackedFormat::Q8_0 => 128,
-            PackedFormat::Q4K | PackedFormat::Q5K => 0,
+            PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q2K => 0,
             PackedFormat::Q6K => 32,
+            PackedFormat::Q3K => 4,
         }
     }
 }
@@ -299,6 +360,33 @@ pub(super) fn pack_group(
                         }
                     }
                 }
+                PackedFormat::Q2K => {
+                    for s in 0..16 {
+                        dst[Q2K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = block[s];
+                    }
+                    let mut codes = [0u8; QK_K];
+                    unpack_two_bit_codes(&block[16..80], &mut codes);
+                    for (e, &code) in codes.iter().enumerate() {
+                        dst[q2k_codes_at(e / 16) + 4 * r + e % 4] |= code << (2 * (e % 16 / 4));
+                    }
+                    dst[Q2K_DMIN_AT + 2 * r..Q2K_DMIN_AT + 2 * r + 2]
+                        .copy_from_slice(&block[82..84]);
+                }
+                PackedFormat::Q3K => {
+                    for s in 0..16 {
+                        let scale = q3_k::sub_block_scale(&block[96..108], s) as i8;
+                        dst[Q3K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = scale as u8;
+                    }
+                    let mut codes = [0u8; QK_K];
+                    unpack_two_bit_codes(&block[32..96], &mut codes);
+                    for (e, &code) in codes.iter().enumerate() {
+                        dst[q3k_low_at(e / 16) + 4 * r + e % 4] |= code << (2 * (e % 16 / 4));
+                        // The file's high bit set means "no −4": the code is the value + 4.
+                        if q3_k::high_bit_set(&block[..32], e) {
+                            dst[q3k_high_at(e / 32) + 4 * r + e % 4] |= 1 << (e % 32 / 4);
+                        }
+                    }
+                }
                 PackedFormat::Q6K => {
                     for s in 0..16 {
                         dst[Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = block[192 + s];
@@ -311,7 +399,12 @@ pub(super) fn pack_group(
                     }
                 }
             }
-            let scale_at = if format == PackedFormat::Q6K { 208 } else { 0 };
+            let scale_at = match format {
+                PackedFormat::Q6K => 208,
+                PackedFormat::Q2K => 80,
+                PackedFormat::Q3K => 108,
+                _ => 0,
+            };
             dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
             if format.has_min() {
                 dst[SCALES_BYTES + 2 * r..SCALES_BYTES + 2 * r + 2].copy_from_slice(&block[2..4]);

@@ -1,5 +1,6 @@
 //! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four values at a time, so that one `vpdpbusd`
+//! Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four values at a
+//! time, so that one `vpdpbusd`
 //! multiplies four values of sixteen rows by the same four activation values and leaves one
 //! integer sum per row in its own lane.
 //!
@@ -13,7 +14,8 @@
 //!
 //! Every result is computed by the same operations whatever the number of tokens, the
 //! split of rows across threads or the instruction set: the scalar reference and the
-//! AVX-512 kernel give the same bits, and a row's logits do not depend on its batch.
+//! AVX2 and AVX-512 kernels give the same bits, and a row's logits do not depend on its
+//! batch. (Q2_K and Q3_K have no AVX-512 kernel yet: AVX-512 machines run their AVX2 one.)
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
 //! formats are described in `layout.rs`; a block of the others is `[16 f16 scales]`, for
@@ -27,8 +29,8 @@
 //!   nibbles as for Q4_0 (unsigned `w + 16`);
 //! - Q4_1 and Q5_1: as Q4_0 and Q5_0, the codes unsigned as they are (`d·code + m`).
 //!
-//! The group takes exactly the bytes of its sixteen rows in the file (Q4_K and Q5_K four
-//! bytes more per row and super-block).
+//! The group takes exactly the bytes of its sixteen rows in the file (Q3_K, Q4_K and Q5_K
+//! four bytes more per row and super-block).
 
 use ferrox_gguf::GgmlType;
 use rayon::prelude::*;

@@ -2,9 +2,10 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
-    affine_k_codes_at, q6k_high_at, q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
+    ACT_SCALE_AT, ACT_SUM_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
     Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
@@ -19,6 +20,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4K => groups::<{ Q4K }>,
         PackedFormat::Q5K => groups::<{ Q5K }>,
         PackedFormat::Q6K => groups::<{ Q6K }>,
+        PackedFormat::Q2K => groups::<{ Q2K }>,
+        PackedFormat::Q3K => groups::<{ Q3K }>,
     }
 }
 
@@ -32,9 +35,11 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
             let fifth = codes[4 * r + i % 4] >> (i / 4) & 1;
             nibble(&codes[64..], r, i) | fifth << 4
         }
-        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => {
-            unreachable!("256-value formats: see k_code")
-        }
+        PackedFormat::Q4K
+        | PackedFormat::Q5K
+        | PackedFormat::Q6K
+        | PackedFormat::Q2K
+        | PackedFormat::Q3K => unreachable!("256-value formats: see k_code"),
     }
 }
 
@@ -108,9 +113,16 @@ fn i16_at(bytes: &[u8], at: usize) -> i32 {
     i32::from(i16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
-/// The unsigned code of value `e` of row `r` in one Q4_K, Q5_K or Q6_K group block.
+/// The unsigned code of value `e` of row `r` in one group block of a 256-value format.
 pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> u8 {
-    if format.is_affine_k() {
+    // Q2_K and Q3_K: two low bits by sub-block and quad (see `layout.rs`).
+    let two_bits = |at: usize| block[at + 4 * r + e % 4] >> (2 * (e % 16 / 4)) & 3;
+    if format == PackedFormat::Q2K {
+        two_bits(q2k_codes_at(e / 16))
+    } else if format == PackedFormat::Q3K {
+        let third = block[q3k_high_at(e / 32) + 4 * r + e % 4] >> (e % 32 / 4) & 1;
+        two_bits(q3k_low_at(e / 16)) | third << 2
+    } else if format.is_affine_k() {
         let (j, i) = (e / 64, e % 64);
         let fifth = format == PackedFormat::Q5K;
         let codes_at = affine_k_codes_at(fifth);
@@ -130,10 +142,13 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
     }
 }
 
-/// Row `r` of a Q4_K, Q5_K or Q6_K group block against Q8_K block `a`, into `acc`:
-/// `Σ scale·Σ code·x` (and for Q4_K/Q5_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x` subtracted),
-/// then one fused multiply-add per sum.
+/// Row `r` of a K-quant group block against Q8_K block `a`, into `acc`:
+/// `Σ scale·Σ code·x` (and for Q4_K/Q5_K/Q2_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x`, for
+/// Q3_K `4·Σ scale·Σ x` subtracted), then one fused multiply-add per sum.
 fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    if matches!(format, PackedFormat::Q2K | PackedFormat::Q3K) {
+        return low_bit_k_block(format, block, r, a, acc);
+    }
     let q4k = format.is_affine_k();
     let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
     let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
@@ -165,5 +180,40 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
         (-(dmin * dy)).mul_add(other as f32, acc)
     } else {
         (dw * dy).mul_add((scaled - 32 * other) as f32, acc)
+    }
+}
+
+/// [`k_block`] for Q2_K and Q3_K (sub-blocks of 16 values): per sub-block the exact
+/// `Σ code·x`, times the sub-block's scale; Q2_K's minimums against the activation's sums
+/// of 16 go to a second sum with `dmin`, Q3_K's offset of 4 comes off the first.
+fn low_bit_k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
+    let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
+    let mut scaled = 0i32;
+    let mut other = 0i32;
+    for s in 0..16 {
+        let sum: i32 = (16 * s..16 * s + 16)
+            .zip(&codes[16 * s..])
+            .map(|(e, &x)| i32::from(k_code(format, block, r, e)) * i32::from(x as i8))
+            .sum();
+        let x_sum = i16_at(a, Q8K_SUMS_AT + 2 * s);
+        let pair_at = 32 * (s / 2) + 2 * r + s % 2;
+        if format == PackedFormat::Q2K {
+            let byte = block[Q2K_SCALES_AT + pair_at];
+            scaled += i32::from(byte & 15) * sum;
+            other += i32::from(byte >> 4) * x_sum;
+        } else {
+            let scale = i32::from(block[Q3K_SCALES_AT + pair_at] as i8);
+            scaled += scale * sum;
+            other += scale * x_sum;
+        }
+    }
+    let dw = f16_at(block, 2 * r);
+    if format == PackedFormat::Q2K {
+        let dmin = f16_at(block, Q2K_DMIN_AT + 2 * r);
+        let acc = (dw * dy).mul_add(scaled as f32, acc);
+        (-(dmin * dy)).mul_add(other as f32, acc)
+    } else {
+        (dw * dy).mul_add((scaled - 4 * other) as f32, acc)
     }
 }

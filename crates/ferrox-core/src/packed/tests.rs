@@ -3,8 +3,9 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::matrix::WeightMatrix;
+use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -13,6 +14,8 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
 ];
 
 /// Shapes for `ty`: the 256-value formats need whole super-blocks.
@@ -62,7 +65,7 @@ fn activations(m: &PackedMatrix, n: usize, seed: u64) -> (Vec<f32>, Vec<u8>) {
 /// per block the exact integer dot product of the signed values, then one fused
 /// multiply-add of `dw·dy`.
 fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
+    if PackedFormat::of(ty).unwrap().is_k() {
         return from_file_super_blocks(ty, row, x);
     }
     let mut q8 = [0u8; 34];
@@ -105,7 +108,7 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     acc
 }
 
-/// [`from_file_blocks`] for Q4_K and Q6_K, with ggml's Q8_K activations.
+/// [`from_file_blocks`] for the K-quants, with ggml's Q8_K activations.
 fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let mut q8 = [0u8; 292];
     let bb = ty.block_bytes().unwrap() as usize;
@@ -116,7 +119,39 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let dy = f32::from_le_bytes(q8[..4].try_into().unwrap());
         let xq = |e: usize| i32::from(q8[4 + e] as i8);
         let (mut scaled, mut other) = (0i32, 0i32);
-        if ty != GgmlType::Q6K {
+        if matches!(ty, GgmlType::Q2K | GgmlType::Q3K) {
+            // Two-bit codes: byte e % 32 of each 128-value half, bits 2·(e % 128 / 32).
+            let codes_at = if ty == GgmlType::Q2K { 16 } else { 32 };
+            let two_bits = |e: usize| {
+                i32::from(block[codes_at + 32 * (e / 128) + e % 32] >> (e % 128 / 32 * 2) & 3)
+            };
+            for s in 0..16 {
+                let x_sum = i16_at(&q8, 260 + 2 * s);
+                if ty == GgmlType::Q2K {
+                    let sum: i32 = (16 * s..16 * s + 16).map(|e| two_bits(e) * xq(e)).sum();
+                    scaled += i32::from(block[s] & 15) * sum;
+                    other += i32::from(block[s] >> 4) * x_sum;
+                } else {
+                    // The value is the code minus 4 unless its high bit (bit e / 32 of
+                    // byte e % 32) is set.
+                    let scale = crate::quant::kquants::q3_k::sub_block_scale(&block[96..108], s);
+                    let sum: i32 = (16 * s..16 * s + 16)
+                        .map(|e| {
+                            (two_bits(e) + 4 * i32::from(block[e % 32] >> (e / 32) & 1)) * xq(e)
+                        })
+                        .sum();
+                    scaled += scale * sum;
+                    other += scale * x_sum;
+                }
+            }
+            let f16_at = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+            if ty == GgmlType::Q2K {
+                acc = (f16_at(80) * dy).mul_add(scaled as f32, acc);
+                acc = (-(f16_at(82) * dy)).mul_add(other as f32, acc);
+            } else {
+                acc = (f16_at(108) * dy).mul_add((scaled - 4 * other) as f32, acc);
+            }
+        } else if ty != GgmlType::Q6K {
             // Q4_K, or Q5_K: its nibbles after 32 bytes of fifth bits (bit e / 32 of byte e % 32).
             let q5k = ty == GgmlType::Q5K;
             let codes_at = if q5k { 48 } else { 16 };
@@ -260,8 +295,12 @@ fn packed_products_agree_with_the_row_major_kernels() {
         // Q4_1/Q5_1: the row-major kernels use ggml's Q8_1 activations, which carry d·Σx
         // rounded to f16, an error each block's minimum multiplies (ours is exact, checked
         // bit for bit above): about 1e-2 at these magnitudes.
+        // Q2_K: each block's minimums nearly cancel its scaled codes, so the two sums'
+        // rounding (ordered differently in the row-major kernel) weighs more on the result.
         let tolerance = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             2e-2
+        } else if ty == GgmlType::Q2K {
+            1e-4
         } else {
             1e-5
         };
@@ -278,6 +317,80 @@ fn packed_products_agree_with_the_row_major_kernels() {
                 (a - b).abs() <= tolerance * b.abs().max(1.0),
                 "{ty}: {a} vs {b}"
             );
+        }
+    }
+}
+
+/// The packed products equal the dequantized weights times the dequantized activations,
+/// summed in f64, up to float rounding.
+#[test]
+fn packed_products_match_a_dequantized_product() {
+    for ty in TYPES {
+        let (rows, cols) = (32, 512);
+        let bytes = random_rows(ty, rows, cols, 13);
+        let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+        let (_, xq) = activations(&m, 2, 14);
+        // The activation rows' values: per block a scale and signed codes.
+        let act = m.activation_row_bytes();
+        let x: Vec<f64> = xq
+            .chunks_exact(act)
+            .flat_map(|row| {
+                let k = m.format.is_k();
+                let ab = m.format.activation_block_bytes();
+                row.chunks_exact(ab).flat_map(move |a| {
+                    let (scale_at, codes_at, n) = if k {
+                        (0, Q8K_CODES_AT, 256)
+                    } else {
+                        (ACT_SCALE_AT, 0, QK)
+                    };
+                    let d = f32::from_le_bytes(a[scale_at..scale_at + 4].try_into().unwrap());
+                    a[codes_at..codes_at + n]
+                        .iter()
+                        .map(move |&c| f64::from(d) * f64::from(c as i8))
+                })
+            })
+            .collect();
+        let mut w = vec![0f32; cols];
+        let row_bytes = bytes.len() / rows;
+        for isa in isas() {
+            let mut y = vec![0f32; 2 * rows];
+            m.matmul_with(isa, &xq, 2, &mut y).unwrap();
+            for r in 0..rows {
+                quant::dequantize_row(ty, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut w)
+                    .unwrap();
+                for t in 0..2 {
+                    let x = &x[t * cols..(t + 1) * cols];
+                    let want: f64 = w.iter().zip(x).map(|(&w, &x)| f64::from(w) * x).sum();
+                    let size: f64 = w
+                        .iter()
+                        .zip(x)
+                        .map(|(&w, &x)| (f64::from(w) * x).abs())
+                        .sum();
+                    let got = f64::from(y[t * rows + r]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size.max(1e-3),
+                        "{ty} {isa:?} token {t} row {r}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Shapes that are not whole groups of rows or whole blocks are left row-major.
+#[test]
+fn odd_shapes_are_not_packed() {
+    for ty in TYPES {
+        let k = PackedFormat::of(ty).unwrap().values();
+        assert!(PackedMatrix::can_pack(ty, 16, k));
+        assert!(PackedMatrix::can_pack(ty, 48, 3 * k));
+        assert!(!PackedMatrix::can_pack(ty, 24, k), "{ty}");
+        assert!(!PackedMatrix::can_pack(ty, 16, k + k / 2), "{ty}");
+        assert!(!PackedMatrix::can_pack(ty, 16, 0), "{ty}");
+        assert!(PackedMatrix::pack(ty, 16, k + k / 2, &[], |_| {}).is_err());
+        if k == 256 {
+            assert!(!PackedMatrix::can_pack(ty, 16, 128), "{ty}");
+            assert!(!PackedMatrix::can_pack(ty, 16, 640), "{ty}");
         }
     }
 }
@@ -358,6 +471,8 @@ fn independent_products_in_one_pass_equal_their_own() {
         (GgmlType::Q8_0, 1024, 128, 1),
         (GgmlType::Q4_0, 16, 64, 8),
         (GgmlType::Q5K, 64, 256, 2),
+        (GgmlType::Q2K, 32, 512, 5),
+        (GgmlType::Q3K, 48, 256, 1),
     ];
     let packed: Vec<PackedMatrix> = shapes
         .iter()
