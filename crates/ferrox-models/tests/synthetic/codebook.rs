@@ -19,10 +19,9 @@ pub fn codebook_blocks(ty: GgmlType, data: &[f32]) -> Vec<u8> {
     let write_scale = scale_writer(ty).unwrap_or_else(|| panic!("{ty} is not a codebook type"));
     let block_bytes = ty.block_bytes().expect("known type") as usize;
     let bytes = ty.bytes_for(data.len() as u64).expect("whole blocks") as usize;
-    let seed = data
-        .iter()
-        .take(64)
-        .fold(data.len() as u64, |h, v| h.rotate_left(7) ^ u64::from(v.to_bits()));
+    let seed = data.iter().take(64).fold(data.len() as u64, |h, v| {
+        h.rotate_left(7) ^ u64::from(v.to_bits())
+    });
     let mut out = vec![0u8; bytes];
     StdRng::seed_from_u64(seed).fill_bytes(&mut out);
     let set_all = |out: &mut [u8], d: f32| {
@@ -31,7 +30,9 @@ pub fn codebook_blocks(ty: GgmlType, data: &[f32]) -> Vec<u8> {
         }
     };
     set_all(&mut out, 1.0);
-    let rms = |xs: &[f32]| (xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / xs.len() as f64).sqrt();
+    let rms = |xs: &[f32]| {
+        (xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / xs.len() as f64).sqrt()
+    };
     let mut decoded = vec![0f32; data.len()];
     ferrox_core::dequantize_row(ty, &out, &mut decoded).expect("valid blocks");
     let d = (rms(data) / rms(&decoded).max(1e-30)) as f32;

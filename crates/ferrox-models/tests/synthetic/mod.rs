@@ -111,18 +111,37 @@ pub const MIXED_SWEEPS: &[(&str, [GgmlType; 7])] = {
     &[
         (
             "llama.iq-mix",
-            [T::Iq2Xxs, T::Iq2Xs, T::Iq2S, T::Iq3Xxs, T::Iq3S, T::Iq1S, T::Iq1M],
+            [
+                T::Iq2Xxs,
+                T::Iq2Xs,
+                T::Iq2S,
+                T::Iq3Xxs,
+                T::Iq3S,
+                T::Iq1S,
+                T::Iq1M,
+            ],
         ),
         (
             "llama.tq1-mix",
-            [T::Tq1_0, T::Nvfp4, T::Q1_0, T::Q2_0, T::Q2K, T::Q3K, T::Tq1_0],
+            [
+                T::Tq1_0,
+                T::Nvfp4,
+                T::Q1_0,
+                T::Q2_0,
+                T::Q2K,
+                T::Q3K,
+                T::Tq1_0,
+            ],
         ),
     ]
 };
 
 /// The types of a mixed sweep model from [`MIXED_SWEEPS`].
 pub fn mixed_types(name: &str) -> Option<[GgmlType; 7]> {
-    MIXED_SWEEPS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    MIXED_SWEEPS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
 }
 
 /// The context-length sweep's models: every family as `<family>.f32` (every matrix F32), then

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, f16_at, f32_at, hsum_ggml};
-use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
+use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, SIGN_BYTES};
 use crate::quant::iq2::{
     s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
@@ -47,7 +47,7 @@ pub(super) struct Iq2XxsAvx2;
 pub(super) struct Iq2XsAvx2;
 pub(super) struct Iq2SAvx2;
 
-/// Four grid points as one vector, the first in the low 64 bits.
+/// Four grid points (or sign patterns) as one vector, the first in the low 64 bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn points(p: [u64; 4]) -> __m256i {
@@ -83,8 +83,8 @@ impl Iq2Avx2 for Iq2XxsAvx2 {
             grid: points(std::array::from_fn(|l| {
                 IQ2XXS_GRID[usize::from(block[at + l])]
             })),
-            signs: sign_vector(std::array::from_fn(|l| {
-                KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize]
+            signs: points(std::array::from_fn(|l| {
+                SIGN_BYTES[((aux >> (7 * l)) & 127) as usize]
             })),
             scales: _mm256_set1_epi16(2 * (aux >> 28) as i16 + 1),
         }
@@ -103,7 +103,7 @@ impl Iq2Avx2 for Iq2XsAvx2 {
         });
         SubBlock {
             grid: points(q.map(|q| IQ2XS_GRID[usize::from(q & 511)])),
-            signs: sign_vector(q.map(|q| KSIGNS_IQ2XS[usize::from(q >> 9)])),
+            signs: points(q.map(|q| SIGN_BYTES[usize::from(q >> 9)])),
             scales: nibble_scales(block[XS_SCALES_AT + ib]),
         }
     }

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, f16_at, hsum_ggml, load_32};
-use crate::quant::grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
+use crate::quant::grids::{IQ3S_GRID, IQ3XXS_GRID, SIGN_BYTES};
 use crate::quant::iq3::{Iq3S, Iq3Xxs, SUB, S_SIGNS_AT, XXS_INDICES_AT};
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
 use crate::quant::kquants::QK_K;
@@ -17,28 +17,6 @@ use crate::quant::BlockFormat;
 
 const Q8K_BYTES: usize = SUMS_AT + 32;
 const SUBS: usize = QK_K / SUB;
-
-/// ggml's `keven_signs_q2xs`: each 7-bit pattern as eight sign bytes, +1 or −1.
-static SIGN_BYTES: [u64; 128] = sign_bytes();
-
-const fn sign_bytes() -> [u64; 128] {
-    let mut out = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        let mut j = 0;
-        while j < 8 {
-            let byte: u64 = if KSIGNS_IQ2XS[i] & (1 << j) != 0 {
-                0xFF
-            } else {
-                0x01
-            };
-            out[i] |= byte << (8 * j);
-            j += 1;
-        }
-        i += 1;
-    }
-    out
-}
 
 /// One decoded super-block: per sub-block the grid coordinates, the signs to put on the
 /// activations, and the scale `2s + 1` in every i16 lane.
