@@ -19,7 +19,8 @@
 # Needs a llama.cpp build: LLAMA_CPP_BUILD (default /work/ref/build) with llama-quantize,
 # llama-imatrix, llama-perplexity, llama-bench. WORK (default ~/.cache/ferrox/lowbit) keeps the
 # made files between runs. THREADS (2), CHUNKS (8), IMATRIX_CHUNKS (16), REPS (3), TG (64),
-# PP (256), TYPES and OUT (docs/BENCHMARKS-LOWBIT.md) can be set.
+# PP (256), TYPES and OUT (docs/BENCHMARKS-LOWBIT.md) can be set; SKIP_SPEED=1 only scores (no
+# table is written then), FRESH=1 scores again what earlier runs scored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,14 +73,17 @@ for type in $TYPES; do
     file="$WORK/qwen1.5b-$(echo "$type" | tr 'A-Z' 'a-z').gguf"
     [ -f "$file" ] || { "$BUILD/llama-quantize" --allow-requantize --imatrix "$IMATRIX" "$BASE" \
         "$file.tmp" "$type" "$THREADS" >&2 && mv "$file.tmp" "$file"; }
-    "$BUILD/llama-perplexity" -m "$file" -f "$TEXT" -c 512 --chunks "$CHUNKS" -t "$THREADS" \
-        > "$WORK/$type.llama.ppl" 2>&1
-    "$FERROX" perplexity -m "$file" -f "$TEXT" -c 512 --chunks "$CHUNKS" -t "$THREADS" \
-        > "$WORK/$type.ferrox.ppl" 2>&1
-    "$BUILD/llama-perplexity" -m "$file" -c 512 --chunks "$CHUNKS" -t "$THREADS" \
-        --kl-divergence-base "$KLBASE" --kl-divergence > "$WORK/$type.llama.kl" 2>&1
-    "$FERROX" perplexity -m "$file" -c 512 --chunks "$CHUNKS" -t "$THREADS" \
-        --kl-divergence-base "$KLBASE" --kl-divergence > "$WORK/$type.ferrox.kl" 2>&1
+    # Scores are kept between runs (FRESH=1 redoes them); speed is measured every run.
+    run_once() { local out="$1"; shift; [ -z "${FRESH:-}" ] && [ -s "$out" ] || "$@" > "$out" 2>&1; }
+    run_once "$WORK/$type.llama.ppl" "$BUILD/llama-perplexity" -m "$file" -f "$TEXT" -c 512 \
+        --chunks "$CHUNKS" -t "$THREADS"
+    run_once "$WORK/$type.ferrox.ppl" "$FERROX" perplexity -m "$file" -f "$TEXT" -c 512 \
+        --chunks "$CHUNKS" -t "$THREADS"
+    run_once "$WORK/$type.llama.kl" "$BUILD/llama-perplexity" -m "$file" -c 512 --chunks "$CHUNKS" \
+        -t "$THREADS" --kl-divergence-base "$KLBASE" --kl-divergence
+    run_once "$WORK/$type.ferrox.kl" "$FERROX" perplexity -m "$file" -c 512 --chunks "$CHUNKS" \
+        -t "$THREADS" --kl-divergence-base "$KLBASE" --kl-divergence
+    [ -n "${SKIP_SPEED:-}" ] && continue
     "$FERROX" bench -m "$file" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" \
         --compare "$BUILD/llama-bench" --json > "$WORK/$type.bench.json" 2> "$WORK/$type.bench.err"
     read -r lppl _ _ < <(summary "$WORK/$type.llama.ppl")
@@ -106,6 +110,7 @@ PY
 )")
     echo "${rows[-1]}" >&2
 done
+[ -n "${SKIP_SPEED:-}" ] && exit 0
 
 {
     echo "# Low-bit types on a real model"

@@ -383,19 +383,9 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
         for s in 0..8 {
             let min = u8x8(block.add(Q4K_MINS_AT + GROUP_ROWS * s + 8 * half));
             let min_pair = _mm256_or_si256(min, _mm256_slli_epi32::<16>(min));
-            for t in 0..N {
-                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s);
-                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
-                mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(min_pair, sums));
-            }
+            add_pair_sums(xs, b, s, min_pair, &mut mins);
         }
-        let dw = f16x8(block.add(16 * half));
-        let dmin = f16x8(block.add(Q4K_DMIN_AT + 16 * half));
-        for t in 0..N {
-            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(scaled[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[t]), acc[t]);
-        }
+        add_affine_block(block, Q4K_DMIN_AT, half, b, xs, &scaled, &mins, acc);
     }
 }
 
@@ -439,16 +429,87 @@ unsafe fn q6k_block<const N: usize>(
                     scaled[t] = _mm256_add_epi32(scaled[t], _mm256_add_epi32(p0, p1));
                 }
             }
-            for t in 0..N {
-                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
-                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
-                offsets[t] = _mm256_add_epi32(offsets[t], _mm256_madd_epi16(pair, sums));
-            }
+            add_pair_sums(xs, b, p, pair, &mut offsets);
         }
+        add_offset_block::<N, 5>(block, half, b, xs, &scaled, &offsets, acc);
+    }
+}
+
+/// `into[t] += pair · (token t's two activation sums of 16 values at pair index `p`)`: the
+/// integer side of the K-quants' minimums and code offsets.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_pair_sums<const N: usize>(
+    xs: &[*const u8],
+    b: usize,
+    p: usize,
+    pair: __m256i,
+    into: &mut [__m256i; N],
+) {
+    for (t, into) in into.iter_mut().enumerate() {
+        // SAFETY: the caller's contract: token `t`'s block `b` is whole.
+        let sums = unsafe { xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p) };
+        // SAFETY: as above; four bytes of the sums, read unaligned.
+        let sums = _mm256_set1_epi32(unsafe { sums.cast::<i32>().read_unaligned() });
+        *into = _mm256_add_epi32(*into, _mm256_madd_epi16(pair, sums));
+    }
+}
+
+/// Token `t`'s activation scale in block `b`, in every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn activation_scale(x: *const u8, b: usize) -> __m256 {
+    // SAFETY: the caller's contract: the token's block `b` is whole.
+    _mm256_set1_ps(unsafe { x.add(b * Q8K_BYTES).cast::<f32>().read_unaligned() })
+}
+
+/// An affine K-quant block's float step (Q4_K, Q5_K, Q2_K), as the scalar reference orders
+/// it: `acc += (d·dy)·scaled`, then `acc −= (dmin·dy)·mins`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn add_affine_block<const N: usize>(
+    block: *const u8,
+    dmin_at: usize,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    scaled: &[__m256i; N],
+    mins: &[__m256i; N],
+    acc: &mut [__m256; N],
+) {
+    // SAFETY: the caller's contract: `block` is a whole group block, each token's block `b`
+    // is whole.
+    unsafe {
+        let dw = f16x8(block.add(16 * half));
+        let dmin = f16x8(block.add(dmin_at + 16 * half));
+        for t in 0..N {
+            let dy = activation_scale(xs[t], b);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(scaled[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[t]), acc[t]);
+        }
+    }
+}
+
+/// An offset K-quant block's float step (Q6_K's codes are the value plus 32, Q3_K's plus 4:
+/// `SHIFT` 5 or 2): `acc += (d·dy)·(scaled − offsets << SHIFT)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_offset_block<const N: usize, const SHIFT: i32>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    scaled: &[__m256i; N],
+    offsets: &[__m256i; N],
+    acc: &mut [__m256; N],
+) {
+    // SAFETY: the caller's contract, as in `add_affine_block`.
+    unsafe {
         let dw = f16x8(block.add(16 * half));
         for t in 0..N {
-            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-            let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<5>(offsets[t]));
+            let dy = activation_scale(xs[t], b);
+            let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<SHIFT>(offsets[t]));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(total), acc[t]);
         }
     }
@@ -548,19 +609,9 @@ unsafe fn q2k_block<const N: usize>(
                     scaled[t] = _mm256_add_epi32(scaled[t], sums);
                 }
             }
-            for t in 0..N {
-                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
-                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
-                mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(min_pair, sums));
-            }
+            add_pair_sums(xs, b, p, min_pair, &mut mins);
         }
-        let dw = f16x8(block.add(16 * half));
-        let dmin = f16x8(block.add(Q2K_DMIN_AT + 16 * half));
-        for t in 0..N {
-            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(scaled[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[t]), acc[t]);
-        }
+        add_affine_block(block, Q2K_DMIN_AT, half, b, xs, &scaled, &mins, acc);
     }
 }
 
@@ -601,18 +652,9 @@ unsafe fn q3k_block<const N: usize>(
                     scaled[t] = _mm256_add_epi32(scaled[t], sums);
                 }
             }
-            for t in 0..N {
-                let sums = xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p);
-                let sums = _mm256_set1_epi32(sums.cast::<i32>().read_unaligned());
-                offsets[t] = _mm256_add_epi32(offsets[t], _mm256_madd_epi16(pair, sums));
-            }
+            add_pair_sums(xs, b, p, pair, &mut offsets);
         }
-        let dw = f16x8(block.add(16 * half));
-        for t in 0..N {
-            let dy = _mm256_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-            let total = _mm256_sub_epi32(scaled[t], _mm256_slli_epi32::<2>(offsets[t]));
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(total), acc[t]);
-        }
+        add_offset_block::<N, 2>(block, half, b, xs, &scaled, &offsets, acc);
     }
 }
 
