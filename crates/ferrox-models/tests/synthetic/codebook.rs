@@ -5,7 +5,6 @@
 //! f16 scale set so that the tensor's decoded values have the deviation of those values.
 
 use ferrox_gguf::GgmlType;
-use half::f16;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -25,8 +24,10 @@ pub fn codebook_blocks(ty: GgmlType, data: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; bytes];
     StdRng::seed_from_u64(seed).fill_bytes(&mut out);
     let set_all = |out: &mut [u8], d: f32| {
+        let mut half = [0u8; 2];
+        ferrox_core::quantize_row(GgmlType::F16, &[d], &mut half).expect("one f16");
         for block in out.chunks_exact_mut(block_bytes) {
-            write_scale(block, f16::from_f32(d).to_bits());
+            write_scale(block, u16::from_le_bytes(half));
         }
     };
     set_all(&mut out, 1.0);
