@@ -97,6 +97,44 @@ pub(super) fn bits_to_byte_mask(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
 }
 
+/// The signs and scale of an IQ2_XXS or IQ3_XXS sub-block from its 32-bit field `aux`
+/// (four 7-bit sign fields, then the 4-bit scale `s`): ±1 per value, each group's eighth
+/// sign making its count of minus signs even (ggml's `keven_signs`), and `2s + 1` in every
+/// i16 lane.
+///
+/// All in vector registers: a table of sign patterns costs four scalar lookups and their
+/// assembly per sub-block, about twice these instructions.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn even_signs_and_scale(aux: u32) -> (__m256i, __m256i) {
+    let aux = _mm256_set1_epi32(aux as i32);
+    // Output byte 8l + j (j < 7) takes the source byte holding bit 7l + j and tests that
+    // bit; byte 8l + 7 takes zero (index 0x80) and tests bit 0, so it comes out clear.
+    let source = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, -128, 0, 1, 1, 1, 1, 1, 1, -128, //
+        1, 1, 2, 2, 2, 2, 2, -128, 2, 2, 2, 3, 3, 3, 3, -128,
+    );
+    let bit = _mm256_setr_epi8(
+        1, 2, 4, 8, 16, 32, 64, 1, -128, 1, 2, 4, 8, 16, 32, 1, //
+        64, -128, 1, 2, 4, 8, 16, 1, 32, 64, -128, 1, 2, 4, 8, 1,
+    );
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(aux, source), bit), bit);
+    // Each group's sum of bytes is 255 times its count of minus signs: bit 0 is the parity,
+    // shifted to bit 7 of the group's last byte.
+    let parity = _mm256_slli_epi64(_mm256_sad_epu8(negative, _mm256_setzero_si256()), 63);
+    let signs = _mm256_or_si256(_mm256_or_si256(negative, parity), _mm256_set1_epi8(1));
+    // Every i16 lane gets the top half of `aux`; `(aux >> 27) | 1` is `2s + 1`.
+    let top = _mm256_setr_epi8(
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    let scales = _mm256_or_si256(
+        _mm256_srli_epi16(_mm256_shuffle_epi8(aux, top), 11),
+        _mm256_set1_epi16(1),
+    );
+    (signs, scales)
+}
+
 /// 16 i16 lanes: `x[2i]·y[2i] + x[2i+1]·y[2i+1]` for unsigned `x` and signed `y`.
 /// Exact while each pair stays within i16, which holds for every format's code range.
 #[inline]
