@@ -31,7 +31,7 @@ fn points(indices: [usize; 4]) -> __m256i {
 }
 
 fn d8(y: &[u8]) -> f32 {
-    f32::from_le_bytes([y[0], y[1], y[2], y[3]])
+    f32::from_le_bytes(*y.first_chunk().expect("a Q8_K block"))
 }
 
 fn check_rows<const N: usize>(w: &[u8], xs: &[&[u8]; N], block_bytes: usize) {
