@@ -20,28 +20,6 @@ pub(crate) static IQ1S_GRID: [u64; 2048] = words64(include_bytes!("grids/iq1s.bi
 /// number of negative values even.
 pub(crate) static KSIGNS_IQ2XS: [u8; 128] = even_signs();
 
-/// [`KSIGNS_IQ2XS`] as eight bytes each, +1 or −1 (0xFF): what SIMD kernels multiply by.
-pub(crate) static SIGN_BYTES: [u64; 128] = sign_bytes();
-
-const fn sign_bytes() -> [u64; 128] {
-    let mut out = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        let mut j = 0;
-        while j < 8 {
-            let byte: u64 = if KSIGNS_IQ2XS[i] & (1 << j) != 0 {
-                0xFF
-            } else {
-                0x01
-            };
-            out[i] |= byte << (8 * j);
-            j += 1;
-        }
-        i += 1;
-    }
-    out
-}
-
 /// Byte `j` of point `i` (the point's coordinate `j`).
 #[inline(always)]
 pub(crate) fn coordinate(point: u64, j: usize) -> u8 {

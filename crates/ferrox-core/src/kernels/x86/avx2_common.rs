@@ -70,7 +70,8 @@ pub(super) fn f16_product(a: &[u8], b: &[u8]) -> f32 {
 /// The f32 at `bytes[at..at + 4]`.
 #[inline]
 pub(super) fn f32_at(bytes: &[u8], at: usize) -> f32 {
-    f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+    // One bounds check and one load (indexing each byte checks and loads four times).
+    f32::from_le_bytes(*bytes[at..].first_chunk().expect("four bytes"))
 }
 
 /// Sixteen packed bytes split into 32: low nibbles in bytes 0..16, high nibbles in 16..32
@@ -95,6 +96,70 @@ pub(super) fn bits_to_byte_mask(bits: u32) -> __m256i {
     let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), source_byte);
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+/// ±1 per value for four groups of eight, from 7-bit sign fields, each group's eighth sign
+/// making its count of minus signs even (ggml's `keven_signs`). Byte `8l + j` (`j < 7`) of
+/// `spread` must hold the bit of group `l`'s sign `j` at the bit set in byte `8l + j` of
+/// `bit`; bytes `8l + 7` of `spread` must be zero and of `bit` non-zero.
+///
+/// All in vector registers: a table of sign patterns costs four scalar lookups and their
+/// assembly per sub-block, about twice these instructions.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn even_signs(spread: __m256i, bit: __m256i) -> __m256i {
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    // Each group's sum of bytes is 255 times its count of minus signs: bit 0 is the parity,
+    // shifted to bit 7 of the group's last byte.
+    let parity = _mm256_slli_epi64(_mm256_sad_epu8(negative, _mm256_setzero_si256()), 63);
+    _mm256_or_si256(_mm256_or_si256(negative, parity), _mm256_set1_epi8(1))
+}
+
+/// The signs and scale of an IQ2_XXS or IQ3_XXS sub-block from its 32-bit field `aux`
+/// (four 7-bit sign fields, then the 4-bit scale `s`): ±1 per value as [`even_signs`],
+/// and `2s + 1` in every i16 lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn even_signs_and_scale(aux: u32) -> (__m256i, __m256i) {
+    let aux = _mm256_set1_epi32(aux as i32);
+    // Output byte 8l + j (j < 7) takes the source byte holding bit 7l + j; byte 8l + 7
+    // takes zero (index 0x80).
+    let source = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, -128, 0, 1, 1, 1, 1, 1, 1, -128, //
+        1, 1, 2, 2, 2, 2, 2, -128, 2, 2, 2, 3, 3, 3, 3, -128,
+    );
+    let bit = _mm256_setr_epi8(
+        1, 2, 4, 8, 16, 32, 64, 1, -128, 1, 2, 4, 8, 16, 32, 1, //
+        64, -128, 1, 2, 4, 8, 16, 1, 32, 64, -128, 1, 2, 4, 8, 1,
+    );
+    let signs = even_signs(_mm256_shuffle_epi8(aux, source), bit);
+    // Every i16 lane gets the top half of `aux`; `(aux >> 27) | 1` is `2s + 1`.
+    let top = _mm256_setr_epi8(
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    let scales = _mm256_or_si256(
+        _mm256_srli_epi16(_mm256_shuffle_epi8(aux, top), 11),
+        _mm256_set1_epi16(1),
+    );
+    (signs, scales)
+}
+
+/// The signs of an IQ2_XS sub-block from its four 16-bit words `q` (sign field in bits
+/// 9..16 of each), as [`even_signs`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn even_signs_high7(q: u64) -> __m256i {
+    // Group l's sign j is bit j + 1 of byte 2l + 1.
+    let source = _mm256_setr_epi8(
+        1, 1, 1, 1, 1, 1, 1, -128, 3, 3, 3, 3, 3, 3, 3, -128, //
+        5, 5, 5, 5, 5, 5, 5, -128, 7, 7, 7, 7, 7, 7, 7, -128,
+    );
+    let bit = _mm256_set1_epi64x(0x0180_4020_1008_0402);
+    even_signs(
+        _mm256_shuffle_epi8(_mm256_set1_epi64x(q as i64), source),
+        bit,
+    )
 }
 
 /// 16 i16 lanes: `x[2i]·y[2i] + x[2i+1]·y[2i+1]` for unsigned `x` and signed `y`.
@@ -173,6 +238,60 @@ mod tests {
                 got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                 "{bits:#06x}: {got} vs {want}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod sign_tests {
+    use super::*;
+    use crate::quant::grids::KSIGNS_IQ2XS;
+
+    /// Group `l`'s eight sign bytes from `v`: +1 or −1 per bit of `KSIGNS_IQ2XS[k]`.
+    fn check(v: __m256i, k: [usize; 4]) {
+        let mut bytes = [0i8; 32];
+        // SAFETY: `bytes` is 32 writable bytes; `storeu` needs no alignment.
+        unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) };
+        for (l, &k) in k.iter().enumerate() {
+            for j in 0..8 {
+                let want = if KSIGNS_IQ2XS[k] & (1 << j) != 0 {
+                    -1
+                } else {
+                    1
+                };
+                assert_eq!(bytes[8 * l + j].signum(), want, "pattern {k}, group {l}");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_even_signs_match_the_table() {
+        if !super::super::avx2_detected() {
+            return;
+        }
+        for k in 0..128usize {
+            let ks = [k, 127 - k, (k * 5) % 128, (k * 37 + 11) % 128];
+            let aux = ks
+                .iter()
+                .enumerate()
+                .fold(0u32, |a, (l, &k)| a | (k as u32) << (7 * l));
+            let word = ks
+                .iter()
+                .enumerate()
+                .fold(0u64, |a, (l, &k)| a | ((k as u64) << 9 | 0x1FF) << (16 * l));
+            // SAFETY: AVX2, FMA and F16C were detected above.
+            let ((signs, scales), high7) = unsafe {
+                (
+                    even_signs_and_scale(aux | (k as u32 & 15) << 28),
+                    even_signs_high7(word),
+                )
+            };
+            check(signs, ks);
+            check(high7, ks);
+            let mut lanes = [0i16; 16];
+            // SAFETY: `lanes` is 32 writable bytes; `storeu` needs no alignment.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), scales) };
+            assert_eq!(lanes, [2 * (k as i16 & 15) + 1; 16]);
         }
     }
 }

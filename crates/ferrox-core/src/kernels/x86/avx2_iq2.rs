@@ -11,8 +11,10 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, f16_at, f32_at, hsum_ggml};
-use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, SIGN_BYTES};
+use super::avx2_common::{
+    bits_to_byte_mask, even_signs_and_scale, even_signs_high7, f16_at, f32_at, hsum_ggml,
+};
+use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use crate::quant::iq2::{
     s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
@@ -78,15 +80,13 @@ impl Iq2Avx2 for Iq2XxsAvx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn sub_block(block: &[u8], ib: usize) -> SubBlock {
         let at = QS_AT + 8 * ib;
-        let aux = xxs_aux(block, ib);
+        let (signs, scales) = even_signs_and_scale(xxs_aux(block, ib));
         SubBlock {
             grid: points(std::array::from_fn(|l| {
                 IQ2XXS_GRID[usize::from(block[at + l])]
             })),
-            signs: points(std::array::from_fn(|l| {
-                SIGN_BYTES[((aux >> (7 * l)) & 127) as usize]
-            })),
-            scales: _mm256_set1_epi16(2 * (aux >> 28) as i16 + 1),
+            signs,
+            scales,
         }
     }
 }
@@ -97,13 +97,16 @@ impl Iq2Avx2 for Iq2XsAvx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn sub_block(block: &[u8], ib: usize) -> SubBlock {
-        let q: [u16; 4] = std::array::from_fn(|l| {
-            let at = QS_AT + 8 * ib + 2 * l;
-            u16::from_le_bytes([block[at], block[at + 1]])
-        });
+        let words = u64::from_le_bytes(
+            *block[QS_AT + 8 * ib..]
+                .first_chunk()
+                .expect("four index words"),
+        );
         SubBlock {
-            grid: points(q.map(|q| IQ2XS_GRID[usize::from(q & 511)])),
-            signs: points(q.map(|q| SIGN_BYTES[usize::from(q >> 9)])),
+            grid: points(std::array::from_fn(|l| {
+                IQ2XS_GRID[((words >> (16 * l)) & 511) as usize]
+            })),
+            signs: even_signs_high7(words),
             scales: nibble_scales(block[XS_SCALES_AT + ib]),
         }
     }

@@ -3,14 +3,14 @@
 //! weights' signs moved onto them (`maddubs`), times the odd scale into eight i32 lanes;
 //! per super-block `sum = fma(d, lanes, sum)`, added up with ggml's horizontal sum.
 //!
-//! Each weight super-block is decoded once (grid points, sign masks, scales) and then
+//! Each weight sub-block is decoded once (grid points, signs, scale) and then
 //! serves all `N` activation rows.
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, f16_at, hsum_ggml, load_32};
-use crate::quant::grids::{IQ3S_GRID, IQ3XXS_GRID, SIGN_BYTES};
-use crate::quant::iq3::{Iq3S, Iq3Xxs, SUB, S_SIGNS_AT, XXS_INDICES_AT};
+use super::avx2_common::{bits_to_byte_mask, even_signs_and_scale, f16_at, f32_at, hsum_ggml};
+use crate::quant::grids::{IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::iq3::{Iq3S, Iq3Xxs, SUB, S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT};
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
 use crate::quant::kquants::QK_K;
 use crate::quant::BlockFormat;
@@ -18,13 +18,14 @@ use crate::quant::BlockFormat;
 const Q8K_BYTES: usize = SUMS_AT + 32;
 const SUBS: usize = QK_K / SUB;
 
-/// One decoded super-block: per sub-block the grid coordinates, the signs to put on the
-/// activations, and the scale `2s + 1` in every i16 lane.
-struct Decoded {
-    d: f32,
-    grid: [__m256i; SUBS],
-    signs: [__m256i; SUBS],
-    scales: [__m256i; SUBS],
+/// One decoded 32-value sub-block.
+struct SubBlock {
+    /// The eight groups' grid points: 32 unsigned coordinates.
+    grid: __m256i,
+    /// −1 where a value is negative, +1 elsewhere.
+    signs: __m256i,
+    /// The scale `2s + 1` in every i16 lane.
+    scales: __m256i,
 }
 
 /// A 256-value i-quant with 3-bit grids, as its AVX2 kernel sees it.
@@ -33,27 +34,25 @@ trait Iq3Avx2 {
     /// The final factor ggml applies to the horizontal sum (IQ3_XXS's ¼).
     const FINAL_SCALE: Option<f32>;
 
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C.
-    unsafe fn decode(block: &[u8]) -> Decoded;
-
-    /// The activation codes with the weights' signs put on them.
+    /// Sub-block `ib` (values `32ib..32ib + 32`) of `block`.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
-    unsafe fn apply_signs(q8: __m256i, signs: __m256i) -> __m256i;
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn sub_block(block: &[u8], ib: usize) -> SubBlock;
 }
 
+/// Eight grid points, the first in the low 32 bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn empty(d: f32) -> Decoded {
-    let zero = _mm256_setzero_si256();
-    Decoded {
-        d,
-        grid: [zero; SUBS],
-        signs: [zero; SUBS],
-        scales: [zero; SUBS],
-    }
+fn points(p: [u32; 8]) -> __m256i {
+    let p = p.map(|p| p as i32);
+    _mm256_setr_epi32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
+}
+
+/// The eight bytes at `block[at..at + 8]` as one little-endian word.
+#[inline]
+fn u64_at(block: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(*block[at..].first_chunk().expect("eight index bytes"))
 }
 
 struct Xxs;
@@ -64,25 +63,16 @@ impl Iq3Avx2 for Xxs {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(block: &[u8]) -> Decoded {
-        let mut dec = empty(f16_at(block, 0));
-        for ib in 0..SUBS {
-            let idx = &block[XXS_INDICES_AT + 8 * ib..XXS_INDICES_AT + 8 * ib + 8];
-            let g: [i32; 8] = std::array::from_fn(|k| IQ3XXS_GRID[usize::from(idx[k])] as i32);
-            dec.grid[ib] = _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
-            let aux = Iq3Xxs::signs_and_scale(block, ib);
-            let s: [i64; 4] =
-                std::array::from_fn(|l| SIGN_BYTES[((aux >> (7 * l)) & 127) as usize] as i64);
-            dec.signs[ib] = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
-            dec.scales[ib] = _mm256_set1_epi16(2 * (aux >> 28) as i16 + 1);
+    unsafe fn sub_block(block: &[u8], ib: usize) -> SubBlock {
+        let q = u64_at(block, XXS_INDICES_AT + 8 * ib);
+        let (signs, scales) = even_signs_and_scale(Iq3Xxs::signs_and_scale(block, ib));
+        SubBlock {
+            grid: points(std::array::from_fn(|k| {
+                IQ3XXS_GRID[((q >> (8 * k)) & 0xFF) as usize]
+            })),
+            signs,
+            scales,
         }
-        dec
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn apply_signs(q8: __m256i, signs: __m256i) -> __m256i {
-        _mm256_sign_epi8(q8, signs)
     }
 }
 
@@ -94,29 +84,26 @@ impl Iq3Avx2 for S {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(block: &[u8]) -> Decoded {
-        let mut dec = empty(f16_at(block, 0));
-        for ib in 0..SUBS {
-            let idx = Iq3S::indices(block, ib);
-            let g: [i32; 8] = std::array::from_fn(|k| IQ3S_GRID[idx[k]] as i32);
-            dec.grid[ib] = _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
-            let at = S_SIGNS_AT + 4 * ib;
-            let bits = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
-            dec.signs[ib] = bits_to_byte_mask(bits);
-            dec.scales[ib] = _mm256_set1_epi16(2 * i16::from(Iq3S::scale(block, ib)) + 1);
+    unsafe fn sub_block(block: &[u8], ib: usize) -> SubBlock {
+        let q = u64_at(block, S_INDICES_AT + 8 * ib);
+        let high = u64::from(block[S_HIGH_AT + ib]);
+        let at = S_SIGNS_AT + 4 * ib;
+        let bits = u32::from_le_bytes(*block[at..].first_chunk().expect("four sign bytes"));
+        SubBlock {
+            // Index k: its low byte, and bit k of `high` as bit 8.
+            grid: points(std::array::from_fn(|k| {
+                IQ3S_GRID[(((q >> (8 * k)) & 0xFF) | ((high << (8 - k)) & 0x100)) as usize]
+            })),
+            // ±1 for `sign_epi8`: the same bits as ggml's negation `(q ^ m) − m`, wrapping
+            // alike, with one instruction per activation row instead of two.
+            signs: _mm256_or_si256(bits_to_byte_mask(bits), _mm256_set1_epi8(1)),
+            scales: _mm256_set1_epi16(2 * i16::from(Iq3S::scale(block, ib)) + 1),
         }
-        dec
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn apply_signs(q8: __m256i, mask: __m256i) -> __m256i {
-        // Negation where the mask is all ones: (q ^ m) − m, as ggml writes it.
-        _mm256_sub_epi8(_mm256_xor_si256(mask, q8), mask)
     }
 }
 
-/// One weight row against `N` Q8_K activation rows.
+/// One weight row against `N` Q8_K activation rows; each sub-block is decoded once and
+/// serves all `N`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq3_dot<F: Iq3Avx2, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let blocks = w.len() / F::BYTES;
@@ -125,20 +112,25 @@ fn iq3_dot<F: Iq3Avx2, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     }
     let mut sums = [_mm256_setzero_ps(); N];
     for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
-        // SAFETY: this function's features are enabled, as `decode` requires.
-        let dec = unsafe { F::decode(block) };
-        for (sum, x) in sums.iter_mut().zip(&xs) {
-            let y = &x[i * Q8K_BYTES..(i + 1) * Q8K_BYTES];
-            let q8 = &y[CODES_AT..SUMS_AT];
-            let mut sumi = _mm256_setzero_si256();
-            for ib in 0..SUBS {
-                // SAFETY: this function's features are enabled, as `apply_signs` requires.
-                let q = unsafe { F::apply_signs(load_32(&q8[SUB * ib..]), dec.signs[ib]) };
-                let dot = _mm256_maddubs_epi16(dec.grid[ib], q);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, dec.scales[ib]));
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for ib in 0..SUBS {
+            // SAFETY: this function's features are the ones `sub_block` needs.
+            let sub = unsafe { F::sub_block(block, ib) };
+            for (s, x) in sumi.iter_mut().zip(&xs) {
+                // SAFETY: every activation row holds `blocks` whole Q8_K blocks (checked
+                // above), so block `i`'s codes `32ib..32ib + 32` are in bounds; `loadu`
+                // has no alignment requirement.
+                let q8 = unsafe {
+                    _mm256_loadu_si256(x.as_ptr().add(i * Q8K_BYTES + CODES_AT + SUB * ib).cast())
+                };
+                let dot = _mm256_maddubs_epi16(sub.grid, _mm256_sign_epi8(q8, sub.signs));
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(dot, sub.scales));
             }
-            let d = dec.d * f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
-            *sum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *sum);
+        }
+        let dw = f16_at(block, 0);
+        for ((sum, s), x) in sums.iter_mut().zip(sumi).zip(&xs) {
+            let d = _mm256_set1_ps(dw * f32_at(x, i * Q8K_BYTES));
+            *sum = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *sum);
         }
     }
     sums.map(|s| match F::FINAL_SCALE {
