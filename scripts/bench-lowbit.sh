@@ -126,5 +126,10 @@ done
     echo "| type | MiB | ferrox PPL | llama.cpp PPL | ratio | ferrox KLD | llama.cpp KLD | ferrox same top % | llama.cpp same top % | ferrox tg t/s | llama.cpp tg t/s | tg ratio | ferrox pp t/s | llama.cpp pp t/s | pp ratio |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
+    echo
+    echo "The i-quants' prompt processing is llama.cpp's \"tiled\" path (i-quant tiles unpacked to int8"
+    echo "once, an int8 product over them); ours runs the row kernels, which reproduce ggml's"
+    echo '`vec_dot` bit for bit. TQ1_0 is not in the table: requantizing a model that is not ternary'
+    echo "to it gives noise (perplexity in the millions on both engines)."
 } > "$OUT"
 echo "wrote $OUT" >&2
