@@ -5,7 +5,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, WeightKind};
-use crate::packed::{PackedMatrix, Product, MAX_PRODUCTS};
+use crate::packed::{Int8Path, PackedMatrix, Product, GROUP_ROWS, INT8_MIN_TOKENS, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
 use smallvec::SmallVec;
 
@@ -291,6 +291,28 @@ impl<'a> WeightMatrix<'a> {
             return Ok(());
         }
         let kernel = kernels::best_kernel(self.kind);
+        // A prompt's i-quant rows go through their int8 form by whole groups of rows (the
+        // same bits); rows past the last whole group, if any, run here.
+        let mut done = 0;
+        if n_tokens >= INT8_MIN_TOKENS {
+            if let Some(path) = Int8Path::for_type(self.ty, self.cols) {
+                let groups = self.rows / GROUP_ROWS;
+                path.matmul(
+                    groups,
+                    self.rows,
+                    self.cols,
+                    self.bytes_per_row,
+                    self.bytes,
+                    xq,
+                    n_tokens,
+                    y,
+                )?;
+                done = groups * GROUP_ROWS;
+            }
+        }
+        if done == self.rows {
+            return Ok(());
+        }
         let chunk = self.rows_per_task(n_tokens);
         let out = Outputs {
             ptr: y.as_mut_ptr(),
@@ -302,7 +324,10 @@ impl<'a> WeightMatrix<'a> {
             // `y` is not otherwise touched until every task has finished.
             unsafe { self.matmul_rows(&kernel, rows, xq, n_tokens, &out) };
         };
-        if chunk >= self.rows {
+        if done > 0 {
+            // SAFETY: the int8 path has finished with `y`; these rows are its rest.
+            unsafe { self.matmul_rows(&kernel, done..self.rows, xq, n_tokens, &out) };
+        } else if chunk >= self.rows {
             run(0);
         } else {
             (0..self.rows.div_ceil(chunk))
@@ -469,8 +494,6 @@ const PANEL_BYTES: usize = 128 * 1024;
 /// At most this many rows per panel (the stack tile holds eight tokens of each).
 const MAX_PANEL_ROWS: usize = 256;
 
-/// `y` as the tasks of one product write it, each to its own rows (also the packed
-/// products', `crate::packed`).
 /// One product of [`WeightMatrix::matmul_products`]: `out = matrix · X` for `n_tokens`
 /// activation rows `xq` quantized by `matrix`, `out` token-major.
 pub struct MatrixProduct<'m, 'a> {
@@ -480,6 +503,8 @@ pub struct MatrixProduct<'m, 'a> {
     pub out: &'m mut [f32],
 }
 
+/// `y` as the tasks of one product write it, each to its own rows (also the packed
+/// products', `crate::packed`).
 pub(crate) struct Outputs {
     pub(crate) ptr: *mut f32,
     pub(crate) len: usize,
@@ -494,7 +519,7 @@ impl Outputs {
     /// # Safety
     /// No other thread accesses them while the slice lives.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn rows(&self, start: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn rows(&self, start: usize, len: usize) -> &mut [f32] {
         assert!(start + len <= self.len, "outputs {start}.. out of range");
         // SAFETY: in bounds; exclusive per the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }

@@ -21,8 +21,7 @@
 
 mod activation;
 mod dot_float;
-mod dot_iq13;
-mod dot_iq2;
+mod dot_iq;
 mod dot_kquants;
 mod dot_legacy;
 #[cfg(target_arch = "x86_64")]

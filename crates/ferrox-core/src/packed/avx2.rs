@@ -17,12 +17,12 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::id::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{I8K, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
-    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
-    SCALES_BYTES,
+    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT,
+    Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
+    Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
@@ -40,6 +40,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q6K => groups::<Q6K>,
         PackedFormat::Q2K => groups::<Q2K>,
         PackedFormat::Q3K => groups::<Q3K>,
+        PackedFormat::I8K => groups::<I8K>,
     }
 }
 
@@ -262,6 +263,7 @@ unsafe fn half_block<const F: u8, const N: usize>(
             Q6K => q6k_block::<N>(block, half, b, xs, acc),
             Q2K => q2k_block::<N>(block, half, b, xs, acc),
             Q3K => q3k_block::<N>(block, half, b, xs, acc),
+            I8K => i8k_block::<N>(block, half, b, xs, acc),
             _ => legacy_block::<F, N>(block, half, b, xs, acc),
         }
     }
@@ -432,6 +434,52 @@ unsafe fn q6k_block<const N: usize>(
             add_pair_sums(xs, b, p, pair, &mut offsets);
         }
         add_offset_block::<N, 5>(block, half, b, xs, &scaled, &offsets, acc);
+    }
+}
+
+/// One I8K super-block, half `half` of the group: per sub-block of 16 values and quad, the
+/// codes (below 128) times four activation bytes by `maddubs` (pair sums below 2·127·128,
+/// no saturation), widened by `madd` with the row's scale; the codes' offset of 64 as
+/// `64·Σ scale·Σ x`; then one fused multiply-add, as in the scalar reference.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i8k_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scaled = [zero; N];
+        let mut offsets = [zero; N];
+        for p in 0..8 {
+            // Lane r: row r's scales of sub-blocks 2p and 2p + 1 as two i16.
+            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                block.add(I8K_SCALES_AT + 32 * p + 16 * half).cast(),
+            ));
+            let scales = split_pair(pair);
+            for (i, scale) in scales.iter().enumerate() {
+                let s = 2 * p + i;
+                let codes: [__m256i; 4] = std::array::from_fn(|k| {
+                    half_of(block.add(I8K_CODES_AT + 64 * (4 * s + k)), half)
+                });
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    let mut sum = zero;
+                    for (k, code) in codes.iter().enumerate() {
+                        let xk = _mm256_set1_epi32(x.add(4 * k).cast::<i32>().read_unaligned());
+                        let pairs = _mm256_maddubs_epi16(*code, xk);
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, *scale));
+                    }
+                    scaled[t] = _mm256_add_epi32(scaled[t], sum);
+                }
+            }
+            add_pair_sums(xs, b, p, pair, &mut offsets);
+        }
+        add_offset_block::<N, 6>(block, half, b, xs, &scaled, &offsets, acc);
     }
 }
 

@@ -17,7 +17,7 @@ use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
 
-use super::avx512_kquants::{AffineKBlock, Q6KBlock};
+use super::avx512_kquants::{AffineKBlock, I8KBlock, Q6KBlock};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -29,6 +29,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
+        PackedFormat::I8K => groups::<I8KBlock>,
         // No AVX-512 kernel for these yet: the AVX2 one, which gives the same bits (every
         // CPU with AVX-512 VNNI that `Isa::Avx512Vnni` admits has AVX2, FMA and F16C too,
         // see `Isa::is_available`).

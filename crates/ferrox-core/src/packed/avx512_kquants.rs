@@ -1,4 +1,5 @@
-//! The AVX-512 VNNI kernels over packed Q4_K, Q5_K and Q6_K groups: per sub-block one exact
+//! The AVX-512 VNNI kernels over packed Q4_K, Q5_K and Q6_K groups (and I8K, the
+//! i-quants' int8 form, as Q6_K with full-byte codes): per sub-block one exact
 //! integer sum per row by `vpdpbusd` (as for the 32-value formats), scaled by the row's
 //! sub-block scale with an integer multiply; the minimums (Q4_K) or the codes' offset of 32
 //! (Q6_K) by `vpdpwssd` against pairs of the activation's sums of 16 values;
@@ -12,14 +13,15 @@ use std::arch::x86_64::*;
 
 use super::avx512::{broadcast_i32, Block};
 use super::layout::{
-    affine_k_codes_at, q6k_high_at, q6k_low_at, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
-    Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    affine_k_codes_at, q6k_high_at, q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, Q4K_DMIN_AT,
+    Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
 /// Q4_K, or Q5_K when `FIFTH` (the same with a fifth bit per code).
 pub(super) struct AffineKBlock<const FIFTH: bool>;
 pub(super) struct Q6KBlock;
+pub(super) struct I8KBlock;
 
 /// Sixteen f16 at `p` as f32.
 #[inline]
@@ -136,53 +138,107 @@ impl Block for Q6KBlock {
         xs: &[*const u8],
         acc: &mut [__m512; N],
     ) {
-        let zero = _mm512_setzero_si512();
         // SAFETY: the caller's contract.
         unsafe {
-            let mut scaled = [zero; N];
-            let mut offsets = [zero; N];
-            for p in 0..8 {
-                // Lane r: row r's scales 2p and 2p + 1 as two i16.
-                let pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                    block.add(Q6K_SCALES_AT + 32 * p).cast(),
-                ));
-                let scales = [
-                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
-                    _mm512_srai_epi32::<16>(pair),
-                ];
-                for (h, scale) in scales.iter().enumerate() {
-                    let s = 2 * p + h;
+            offset_block::<N, 5>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
+                |s| {
                     let n0 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s)).cast());
                     let n1 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s + 1)).cast());
                     let hb = _mm512_loadu_si512(block.add(q6k_high_at(s)).cast());
-                    let codes = [
+                    [
                         six_bits(n0, _mm512_slli_epi16::<4>(hb)),
                         six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),
                         six_bits(n1, hb),
                         six_bits(_mm512_srli_epi16::<4>(n1), _mm512_srli_epi16::<2>(hb)),
-                    ];
-                    for t in 0..N {
-                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                        let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
-                        let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
-                        let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
-                        let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
-                        let sum = _mm512_add_epi32(even, odd);
-                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
-                    }
-                }
+                    ]
+                },
+            )
+        }
+    }
+}
+
+impl Block for I8KBlock {
+    const FORMAT: PackedFormat = PackedFormat::I8K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            offset_block::<N, 6>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
+                |s| {
+                    std::array::from_fn(|k| {
+                        _mm512_loadu_si512(block.add(I8K_CODES_AT + 64 * (4 * s + k)).cast())
+                    })
+                },
+            )
+        }
+    }
+}
+
+/// A super-block of signed scales per 16 values and unsigned codes offset by `1 << SHIFT`
+/// (Q6_K, I8K): `codes(s)` gives sub-block `s`'s four code vectors.
+#[inline(always)]
+unsafe fn offset_block<const N: usize, const SHIFT: u32>(
+    block: *const u8,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m512; N],
+    codes: impl Fn(usize) -> [__m512i; 4],
+) {
+    let zero = _mm512_setzero_si512();
+    // SAFETY: the caller's contract (and the features, which every caller enables).
+    unsafe {
+        let mut scaled = [zero; N];
+        let mut offsets = [zero; N];
+        for p in 0..8 {
+            // Lane r: row r's scales 2p and 2p + 1 as two i16.
+            const _: () = assert!(Q6K_SCALES_AT == I8K_SCALES_AT);
+            let pair =
+                _mm512_cvtepi8_epi16(_mm256_loadu_si256(block.add(Q6K_SCALES_AT + 32 * p).cast()));
+            let scales = [
+                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+                _mm512_srai_epi32::<16>(pair),
+            ];
+            for (h, scale) in scales.iter().enumerate() {
+                let s = 2 * p + h;
+                let codes = codes(s);
                 for t in 0..N {
-                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
-                    offsets[t] = _mm512_dpwssd_epi32(offsets[t], pair, sums);
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
+                    let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
+                    let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
+                    let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
+                    let sum = _mm512_add_epi32(even, odd);
+                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
                 }
             }
-            let dw = f16x16(block);
             for t in 0..N {
-                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-                let total = _mm512_sub_epi32(scaled[t], _mm512_slli_epi32::<5>(offsets[t]));
-                let total = _mm512_cvtepi32_ps(total);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+                let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
+                offsets[t] = _mm512_dpwssd_epi32(offsets[t], pair, sums);
             }
+        }
+        let dw = f16x16(block);
+        for t in 0..N {
+            let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            let total = _mm512_sub_epi32(scaled[t], _mm512_slli_epi32::<SHIFT>(offsets[t]));
+            let total = _mm512_cvtepi32_ps(total);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
         }
     }
 }

@@ -32,9 +32,16 @@
 //! `16(2p + i) + 4k + j` of row `r`. Plane `p` follows code vectors `2p` and `2p + 1`
 //! (`[codes 2p][codes 2p + 1][plane p]`, 192 bytes each) so that a block is read front to
 //! back. Four bytes more per row than the file (the scales unpacked).
+//!
+//! I8K holds no file type: it is the i-quants' integer form ([`crate::quant::int8`]), made
+//! from a panel of rows just before a prompt's product and dropped after it. Per
+//! super-block of a group: `d` (16 f16), the sixteen odd scales as pairs like Q6_K's, then
+//! 64 code vectors: vector `q` holds values `4q..4q + 4` of row `r` at bytes `4r..4r + 4`,
+//! as unsigned `v + 64`.
 
 use ferrox_gguf::GgmlType;
 
+use crate::quant::int8::{Int8Block, Int8Expand, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
 /// Rows interleaved in one group.
@@ -91,6 +98,15 @@ pub(super) const fn q6k_high_at(n: usize) -> usize {
     Q6K_CODES_AT + 192 * n + 128
 }
 
+/// Offsets inside an I8K group block.
+pub(super) const I8K_SCALES_AT: usize = 32;
+pub(super) const I8K_CODES_AT: usize = 288;
+/// What I8K's unsigned codes add to the values.
+pub(super) const I8K_BIAS: i32 = CODE_OFFSET;
+// The codes stay below 128: `maddubs` pair sums (two codes times activation bytes of up
+// to 128 in magnitude) never saturate an i16.
+const _: () = assert!(MAX_MAGNITUDE + I8K_BIAS < 128 && I8K_BIAS - MAX_MAGNITUDE >= 0);
+
 /// Offsets inside a Q2_K group block.
 pub(super) const Q2K_DMIN_AT: usize = 32;
 pub(super) const Q2K_SCALES_AT: usize = 64;
@@ -128,6 +144,7 @@ pub(super) mod id {
     pub const Q6K: u8 = 4;
     pub const Q2K: u8 = 8;
     pub const Q3K: u8 = 9;
+    pub const I8K: u8 = 10;
 }
 
 /// A format that can be packed.
@@ -143,6 +160,9 @@ pub enum PackedFormat {
     Q6K,
     Q2K,
     Q3K,
+    /// The i-quants expanded to int8 for a prompt (see the module notes): never the
+    /// format of a [`super::PackedMatrix`].
+    I8K,
 }
 
 impl PackedFormat {
@@ -174,6 +194,7 @@ impl PackedFormat {
             id::Q5K => PackedFormat::Q5K,
             id::Q2K => PackedFormat::Q2K,
             id::Q3K => PackedFormat::Q3K,
+            id::I8K => PackedFormat::I8K,
             _ => PackedFormat::Q6K,
         }
     }
@@ -190,6 +211,8 @@ impl PackedFormat {
             PackedFormat::Q6K => GgmlType::Q6K,
             PackedFormat::Q2K => GgmlType::Q2K,
             PackedFormat::Q3K => GgmlType::Q3K,
+            // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
+            PackedFormat::I8K => GgmlType::Q8K,
         }
     }
 
@@ -202,6 +225,7 @@ impl PackedFormat {
                 | PackedFormat::Q6K
                 | PackedFormat::Q2K
                 | PackedFormat::Q3K
+                | PackedFormat::I8K
         )
     }
 
@@ -233,6 +257,8 @@ impl PackedFormat {
             PackedFormat::Q6K => 210,
             PackedFormat::Q2K => 84,
             PackedFormat::Q3K => 110,
+            // d, the sixteen scales as bytes, 256 codes.
+            PackedFormat::I8K => 2 + 16 + 256,
         }
     }
 
@@ -288,6 +314,7 @@ impl PackedFormat {
             PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q2K => 0,
             PackedFormat::Q6K => 32,
             PackedFormat::Q3K => 4,
+            PackedFormat::I8K => I8K_BIAS,
         }
     }
 }
@@ -387,6 +414,7 @@ pub(super) fn pack_group(
                         }
                     }
                 }
+                PackedFormat::I8K => unreachable!("I8K groups come from `int8_group`"),
                 PackedFormat::Q6K => {
                     for s in 0..16 {
                         dst[Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = block[192 + s];
@@ -413,6 +441,38 @@ pub(super) fn pack_group(
         if format.has_fifth_bit() {
             let at = format.codes_at();
             dst[at..at + 64].copy_from_slice(&plane);
+        }
+    }
+}
+
+/// Sixteen rows of an i-quant `F` (`src`, `row_bytes` each, `blocks` super-blocks) as one
+/// I8K group (`dst`, every byte written).
+pub(super) fn int8_group<F: Int8Expand>(
+    blocks: usize,
+    row_bytes: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    let gb = PackedFormat::I8K.group_block_bytes();
+    let mut expanded = Int8Block::default();
+    for b in 0..blocks {
+        let dst = &mut dst[b * gb..(b + 1) * gb];
+        for r in 0..GROUP_ROWS {
+            F::expand(
+                &src[r * row_bytes + b * F::BYTES..][..F::BYTES],
+                &mut expanded,
+            );
+            dst[2 * r..2 * r + 2].copy_from_slice(&expanded.d_bits.to_le_bytes());
+            for (s, &scale) in expanded.scales.iter().enumerate() {
+                dst[I8K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = scale as u8;
+            }
+            // Word `g`'s low half is quad `2g`, its high half quad `2g + 1`; the codes
+            // already carry I8K's offset.
+            for (g, &word) in expanded.codes.iter().enumerate() {
+                let at = I8K_CODES_AT + 128 * g + 4 * r;
+                dst[at..at + 4].copy_from_slice(&(word as u32).to_le_bytes());
+                dst[at + 64..at + 68].copy_from_slice(&((word >> 32) as u32).to_le_bytes());
+            }
         }
     }
 }

@@ -45,9 +45,11 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kquants;
+mod int8;
 mod layout;
 mod scalar;
 
+pub use int8::{Int8Path, INT8_MIN_TOKENS};
 use layout::{pack_group, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, QK};
 pub use layout::{PackedFormat, GROUP_ROWS};
 
@@ -503,9 +505,11 @@ impl PackedMatrix {
 #[cfg(target_arch = "x86_64")]
 fn prefetch_ahead(format: PackedFormat, isa: Isa) -> Option<usize> {
     let avx2_q6k = format == PackedFormat::Q6K && isa == Isa::Avx2;
+    // I8K groups are made just before their product and are still in the cache.
+    let cached = format == PackedFormat::I8K;
     match tuning::PREFETCH_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
         tuning::NO_PREFETCH => None,
-        tuning::BUILT_IN if format == PackedFormat::Q4K || avx2_q6k => None,
+        tuning::BUILT_IN if format == PackedFormat::Q4K || avx2_q6k || cached => None,
         tuning::BUILT_IN => Some(0),
         set => Some(set),
     }

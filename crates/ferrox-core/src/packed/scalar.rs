@@ -2,11 +2,12 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{I8K, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
-    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT,
+    Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
+    Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -22,6 +23,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q6K => groups::<{ Q6K }>,
         PackedFormat::Q2K => groups::<{ Q2K }>,
         PackedFormat::Q3K => groups::<{ Q3K }>,
+        PackedFormat::I8K => groups::<{ I8K }>,
     }
 }
 
@@ -39,7 +41,8 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         | PackedFormat::Q5K
         | PackedFormat::Q6K
         | PackedFormat::Q2K
-        | PackedFormat::Q3K => unreachable!("256-value formats: see k_code"),
+        | PackedFormat::Q3K
+        | PackedFormat::I8K => unreachable!("256-value formats: see k_code"),
     }
 }
 
@@ -117,7 +120,9 @@ fn i16_at(bytes: &[u8], at: usize) -> i32 {
 pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> u8 {
     // Q2_K and Q3_K: two low bits by sub-block and quad (see `layout.rs`).
     let two_bits = |at: usize| block[at + 4 * r + e % 4] >> (2 * (e % 16 / 4)) & 3;
-    if format == PackedFormat::Q2K {
+    if format == PackedFormat::I8K {
+        block[I8K_CODES_AT + 64 * (e / 4) + 4 * r + e % 4]
+    } else if format == PackedFormat::Q2K {
         two_bits(q2k_codes_at(e / 16))
     } else if format == PackedFormat::Q3K {
         let third = block[q3k_high_at(e / 32) + 4 * r + e % 4] >> (e % 32 / 4) & 1;
@@ -144,7 +149,8 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
 
 /// Row `r` of a K-quant group block against Q8_K block `a`, into `acc`:
 /// `Σ scale·Σ code·x` (and for Q4_K/Q5_K/Q2_K `Σ min·Σ x`, for Q6_K `32·Σ scale·Σ x`, for
-/// Q3_K `4·Σ scale·Σ x` subtracted), then one fused multiply-add per sum.
+/// Q3_K `4·Σ scale·Σ x`, for I8K `64·Σ scale·Σ x` subtracted), then one fused multiply-add
+/// per sum.
 fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
     if matches!(format, PackedFormat::Q2K | PackedFormat::Q3K) {
         return low_bit_k_block(format, block, r, a, acc);
@@ -167,6 +173,8 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
             scaled += scale * sum;
             other += min * x_sum;
         } else {
+            // Q6_K and I8K keep their scales alike.
+            const _: () = assert!(Q6K_SCALES_AT == I8K_SCALES_AT);
             let at = Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2;
             let scale = i32::from(block[at] as i8);
             scaled += scale * sum;
@@ -179,7 +187,7 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
         let acc = (dw * dy).mul_add(scaled as f32, acc);
         (-(dmin * dy)).mul_add(other as f32, acc)
     } else {
-        (dw * dy).mul_add((scaled - 32 * other) as f32, acc)
+        (dw * dy).mul_add((scaled - format.bias() * other) as f32, acc)
     }
 }
 

@@ -535,3 +535,91 @@ fn independent_products_in_one_pass_equal_their_own() {
         .collect();
     assert!(PackedMatrix::matmul_products(&mut too_many).is_err());
 }
+
+/// Random i-quant rows: random bytes are valid blocks (indices are masked); each block's
+/// f16 scale is set to a small finite value (IQ1_M keeps it in the top nibbles of its
+/// four scale words).
+fn random_iq_rows(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..quant::row_byte_len(ty, cols).unwrap() * rows)
+        .map(|_| rng.random())
+        .collect();
+    let bb = ty.block_bytes().unwrap() as usize;
+    for block in bytes.chunks_exact_mut(bb) {
+        let d = half::f16::from_f32(rng.random_range(1e-4..1e-1)).to_bits();
+        if ty == GgmlType::Iq1M {
+            let at = crate::quant::iq1::M_SCALES_AT;
+            for k in 0..4 {
+                let word = u16::from_le_bytes([block[at + 2 * k], block[at + 2 * k + 1]]);
+                let word = word & 0x0FFF | ((d >> (4 * k)) & 0xF) << 12;
+                block[at + 2 * k..at + 2 * k + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+const IQ_TYPES: [GgmlType; 7] = [
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+];
+
+/// The i-quants' int8 prompt path, on every instruction set, gives the scalar reference's
+/// bits for each row and token.
+#[test]
+fn int8_prompt_path_gives_the_scalar_reference_bits() {
+    let mut rng = StdRng::seed_from_u64(0x18C);
+    for ty in IQ_TYPES {
+        for (rows, cols, tokens) in [(16, 256, 1), (48, 512, 9), (32, 1024, 20)] {
+            let bytes = random_iq_rows(ty, rows, cols, &mut rng);
+            let row_bytes = bytes.len() / rows;
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|_| rng.random_range(-2.0..2.0))
+                .collect();
+            let act = quant::row_byte_len(GgmlType::Q8K, cols).unwrap();
+            let mut xq = vec![0u8; tokens * act];
+            for (src, dst) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(act)) {
+                crate::kernels::quantize_activation(GgmlType::Q8K, src, &mut dst[..]).unwrap();
+            }
+            for isa in isas() {
+                let path = Int8Path::for_type_with(isa, ty, cols).unwrap();
+                let mut y = vec![f32::NAN; tokens * rows];
+                path.matmul(
+                    rows / 16,
+                    rows,
+                    cols,
+                    row_bytes,
+                    &bytes,
+                    &xq,
+                    tokens,
+                    &mut y,
+                )
+                .unwrap();
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        let want = crate::kernels::vec_dot_with(
+                            Isa::Scalar,
+                            ty,
+                            row,
+                            &xq[t * act..(t + 1) * act],
+                        )
+                        .unwrap();
+                        assert_eq!(
+                            y[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} {rows}x{cols} {isa:?} token {t} row {r}: {} vs {want}",
+                            y[t * rows + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

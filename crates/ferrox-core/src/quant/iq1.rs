@@ -20,7 +20,6 @@ use super::BlockFormat;
 pub(crate) const DELTA: f32 = 0.125;
 /// Values per group (one grid point).
 pub(crate) const GROUP: usize = 8;
-const GROUPS: usize = QK_K / GROUP;
 
 pub(crate) const S_INDICES_AT: usize = 2;
 pub(crate) const S_HIGH_AT: usize = S_INDICES_AT + QK_K / 8;
@@ -144,11 +143,6 @@ impl BlockFormat for Iq1M {
     fn dequantize_block(block: &[u8], out: &mut [f32]) {
         decode::<Self>(block, out);
     }
-}
-
-/// All groups of a block, in order.
-pub(crate) fn groups<F: Iq1Groups>(block: &[u8]) -> [Group; GROUPS] {
-    std::array::from_fn(|g| F::group(block, g))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub(crate) mod bits;
 mod float;
 pub(crate) mod fp4;
 pub(crate) mod grids;
+pub(crate) mod int8;
 pub(crate) mod iq1;
 pub(crate) mod iq2;
 pub(crate) mod iq3;

@@ -1,0 +1,171 @@
+//! Prompt products of i-quant matrices (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+//! IQ3_S) through their int8 form: each task expands a panel of sixteen-row groups into
+//! I8K groups (see `layout.rs`) in a buffer of its thread, then runs the packed I8K kernel
+//! over every token. Decoding the grids once per panel rather than once per token, and the
+//! int8 kernels' four-values-per-instruction products, are what make prompts fast; the
+//! matrix itself stays in its file's few bits per value.
+//!
+//! The results are the bits of the row-major kernels ([`crate::kernels`]): both compute
+//! the i-quants' exact integer sums per super-block and the same float operations
+//! ([`crate::quant::int8`]).
+
+use std::cell::RefCell;
+
+use ferrox_gguf::GgmlType;
+use rayon::prelude::*;
+
+use super::layout::{int8_group, QK_K};
+use super::{kernel_for, kernel_isa, GroupsFn, PackedFormat, GROUP_ROWS, MAX_TOKENS_PER_SWEEP};
+use crate::kernels::Isa;
+use crate::matrix::Outputs;
+use crate::quant::int8::Int8Expand;
+use crate::quant::iq1::{Iq1M, Iq1S};
+use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
+use crate::quant::iq3::{Iq3S, Iq3Xxs};
+use crate::quant::QuantError;
+
+/// Fewest tokens for which expanding pays: below, the row-major kernels (the same bits)
+/// decode each block once for up to eight tokens anyway.
+pub const INT8_MIN_TOKENS: usize = 16;
+
+/// Expanded bytes one task works on: a panel that stays in the L2 cache while every
+/// token sweeps it.
+const PANEL_BYTES: usize = 192 * 1024;
+
+/// How one i-quant becomes I8K groups.
+#[derive(Clone, Copy)]
+pub struct Int8Path {
+    expand: fn(usize, usize, &[u8], &mut [u8]),
+    factor: f32,
+    kernel: GroupsFn,
+}
+
+impl Int8Path {
+    fn of<F: Int8Expand>(kernel: GroupsFn) -> Self {
+        Self {
+            expand: int8_group::<F>,
+            factor: F::FACTOR,
+            kernel,
+        }
+    }
+
+    /// The path for a `ty` matrix of `cols` columns, if `ty` is an i-quant and this
+    /// machine has a packed kernel (see [`super::available`]).
+    pub fn for_type(ty: GgmlType, cols: usize) -> Option<Self> {
+        if !super::available() {
+            return None;
+        }
+        Self::for_type_with(kernel_isa(), ty, cols)
+    }
+
+    /// [`Self::for_type`] with the kernel of `isa` (which must be available).
+    pub(crate) fn for_type_with(isa: Isa, ty: GgmlType, cols: usize) -> Option<Self> {
+        if cols == 0 || !cols.is_multiple_of(QK_K) {
+            return None;
+        }
+        let kernel = kernel_for(isa, PackedFormat::I8K)?;
+        Some(match ty {
+            GgmlType::Iq1S => Self::of::<Iq1S>(kernel),
+            GgmlType::Iq1M => Self::of::<Iq1M>(kernel),
+            GgmlType::Iq2Xxs => Self::of::<Iq2Xxs>(kernel),
+            GgmlType::Iq2Xs => Self::of::<Iq2Xs>(kernel),
+            GgmlType::Iq2S => Self::of::<Iq2S>(kernel),
+            GgmlType::Iq3Xxs => Self::of::<Iq3Xxs>(kernel),
+            GgmlType::Iq3S => Self::of::<Iq3S>(kernel),
+            _ => return None,
+        })
+    }
+
+    /// `Y = W·X` for the first `groups · 16` rows of `bytes` (`row_bytes` each, `cols`
+    /// values) against `n_tokens` Q8_K activation rows `xq`, into `y[t * rows + r]` (`rows`
+    /// the whole matrix's). Lengths are the caller's to check.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &self,
+        groups: usize,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        bytes: &[u8],
+        xq: &[u8],
+        n_tokens: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        let blocks = cols / QK_K;
+        let act = blocks * PackedFormat::I8K.activation_block_bytes();
+        let group_bytes = blocks * PackedFormat::I8K.group_block_bytes();
+        if groups * GROUP_ROWS > rows
+            || bytes.len() < groups * GROUP_ROWS * row_bytes
+            || xq.len() != n_tokens * act
+            || y.len() != n_tokens * rows
+        {
+            return Err(QuantError::VectorLength {
+                what: "int8 prompt product",
+                expected: n_tokens * rows,
+                actual: y.len(),
+            });
+        }
+        let per_task = (PANEL_BYTES / group_bytes).clamp(1, groups.max(1));
+        let out = Outputs {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+        };
+        let run = |task: usize| {
+            let first = task * per_task;
+            let count = per_task.min(groups - first);
+            PANEL.with_borrow_mut(|panel| {
+                panel.resize(count * group_bytes, 0);
+                for (g, dst) in panel.chunks_exact_mut(group_bytes).enumerate() {
+                    let src =
+                        &bytes[(first + g) * GROUP_ROWS * row_bytes..][..GROUP_ROWS * row_bytes];
+                    (self.expand)(blocks, row_bytes, src, dst);
+                }
+                let mut t = 0;
+                while t < n_tokens {
+                    let width = (n_tokens - t).min(MAX_TOKENS_PER_SWEEP);
+                    let mut xs = [std::ptr::null::<u8>(); MAX_TOKENS_PER_SWEEP];
+                    for (i, x) in xs.iter_mut().take(width).enumerate() {
+                        *x = xq[(t + i) * act..].as_ptr();
+                    }
+                    // SAFETY: the panel holds `count` whole groups of `blocks` blocks, every
+                    // activation row `blocks` Q8_K blocks (checked above); this task's
+                    // outputs (rows of groups `first..first + count`, every token) are
+                    // inside `y` and touched by no other task.
+                    unsafe {
+                        (self.kernel)(
+                            panel.as_ptr(),
+                            count,
+                            blocks,
+                            &xs[..width],
+                            out.ptr.add(t * rows + first * GROUP_ROWS),
+                            rows,
+                        )
+                    };
+                    t += width;
+                }
+                if self.factor != 1.0 {
+                    for t in 0..n_tokens {
+                        // SAFETY: as above.
+                        let y =
+                            unsafe { out.rows(t * rows + first * GROUP_ROWS, count * GROUP_ROWS) };
+                        for y in y {
+                            *y *= self.factor;
+                        }
+                    }
+                }
+            });
+        };
+        let tasks = groups.div_ceil(per_task);
+        match tasks {
+            0 => {}
+            1 => run(0),
+            _ => (0..tasks).into_par_iter().for_each(run),
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// Each thread's expanded panel, reused from task to task.
+    static PANEL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
