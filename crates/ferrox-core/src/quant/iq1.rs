@@ -81,6 +81,7 @@ impl Iq1Groups for Iq1S {
         read_f16(block, 0)
     }
 
+    #[inline]
     fn group(block: &[u8], g: usize) -> Group {
         let (ib, l) = (g / 4, g % 4);
         let high = Self::high(block, ib);
@@ -125,6 +126,7 @@ impl Iq1Groups for Iq1M {
         f16_bits_to_f32(Self::d_bits(block))
     }
 
+    #[inline]
     fn group(block: &[u8], g: usize) -> Group {
         let nibble = (block[M_HIGH_AT + g / 2] >> (4 * (g % 2))) & 0x0F;
         let index = usize::from(block[g]) | (usize::from(nibble & 7) << 8);

@@ -78,6 +78,7 @@ fn nibble_scale(scales: u8, g: usize) -> u8 {
 }
 
 impl Iq2Format for Iq2Xxs {
+    #[inline]
     fn group(block: &[u8], g: usize) -> Group {
         let (ib, l) = (g / 4, g % 4);
         let aux = xxs_aux(block, ib);
@@ -90,6 +91,7 @@ impl Iq2Format for Iq2Xxs {
 }
 
 impl Iq2Format for Iq2Xs {
+    #[inline]
     fn group(block: &[u8], g: usize) -> Group {
         let q = read_u16(block, QS_AT + 2 * g);
         Group {
@@ -101,6 +103,7 @@ impl Iq2Format for Iq2Xs {
 }
 
 impl Iq2Format for Iq2S {
+    #[inline]
     fn group(block: &[u8], g: usize) -> Group {
         Group {
             point: IQ2S_GRID[s_index(block, g)],
