@@ -17,10 +17,10 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::id::{I8K, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{I8K, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT,
+    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT,
     Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
     Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
@@ -35,6 +35,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4_1 => groups::<Q4_1>,
         PackedFormat::Q5_1 => groups::<Q5_1>,
         PackedFormat::Q8_0 => groups::<Q8_0>,
+        PackedFormat::Mxfp4 => groups::<MXFP4>,
         PackedFormat::Q4K => groups::<Q4K>,
         PackedFormat::Q5K => groups::<Q5K>,
         PackedFormat::Q6K => groups::<Q6K>,
@@ -176,6 +177,13 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
                         *c = _mm256_or_si256(*c, fifth_bits(plane, g));
                     }
                 }
+                if F == MXFP4 {
+                    let levels =
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_CODES.as_ptr().cast()));
+                    for c in codes.iter_mut() {
+                        *c = _mm256_shuffle_epi8(levels, *c);
+                    }
+                }
             }
         }
     }
@@ -293,7 +301,11 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
     // SAFETY: the caller's contract.
     unsafe {
         let codes = legacy_codes::<F>(block, half);
-        let dw = f16x8(block.add(16 * half));
+        let dw = if PackedFormat::from_id(F).has_f32_scales() {
+            _mm256_loadu_ps(block.add(32 * half).cast())
+        } else {
+            f16x8(block.add(16 * half))
+        };
         for t in 0..N {
             let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
             let mut sum = if F == Q8_0 {
@@ -309,7 +321,7 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
                 }
             } else {
                 // Four-bit codes: all 32 products in i16 halves before one widening; five-bit
-                // codes: two runs of 16 (see `pairs8`).
+                // codes and MXFP4's (below 25): two runs of 16 (see `pairs8`).
                 let run = if matches!(F, Q4_0 | Q4_1) { 8 } else { 4 };
                 for first in (0..8).step_by(run) {
                     let mut pairs = _mm256_setzero_si256();

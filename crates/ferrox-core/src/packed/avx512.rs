@@ -12,7 +12,7 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, SCALES_BYTES};
+use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, MXFP4_CODES, SCALES_BYTES};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
@@ -26,6 +26,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_0 => groups::<Legacy<FiveBitCodes<false>>>,
         PackedFormat::Q5_1 => groups::<Legacy<FiveBitCodes<true>>>,
         PackedFormat::Q8_0 => groups::<Legacy<Q8_0Codes>>,
+        PackedFormat::Mxfp4 => groups::<Legacy<Mxfp4Codes>>,
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
@@ -71,6 +72,7 @@ struct NibbleCodes<const MIN: bool>;
 /// Q5_0, or Q5_1 when `MIN`.
 struct FiveBitCodes<const MIN: bool>;
 struct Q8_0Codes;
+struct Mxfp4Codes;
 
 /// The low nibbles of the four registers at `p` (values `4k..4k+4`) in registers `0..4`,
 /// the high nibbles (values `16+4k..`) in `4..8`.
@@ -142,6 +144,20 @@ impl Codes for Q8_0Codes {
     }
 }
 
+impl Codes for Mxfp4Codes {
+    const FORMAT: PackedFormat = PackedFormat::Mxfp4;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller's contract; the table is 16 readable bytes.
+        unsafe {
+            let levels = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_CODES.as_ptr().cast()));
+            nibbles(block.add(Self::FORMAT.codes_at())).map(|n| _mm512_shuffle_epi8(levels, n))
+        }
+    }
+}
+
 impl<C: Codes> Block for Legacy<C> {
     const FORMAT: PackedFormat = C::FORMAT;
 
@@ -156,7 +172,11 @@ impl<C: Codes> Block for Legacy<C> {
         let bias = C::FORMAT.bias();
         // SAFETY: the caller's contract.
         unsafe {
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()));
+            let dw = if C::FORMAT.has_f32_scales() {
+                _mm512_loadu_ps(block.cast())
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()))
+            };
             let codes = C::unpack(block);
             for t in 0..N {
                 let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);

@@ -41,6 +41,7 @@
 
 use ferrox_gguf::GgmlType;
 
+use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
 use crate::quant::int8::{Int8Block, Int8Expand, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
@@ -98,6 +99,19 @@ pub(super) const fn q6k_high_at(n: usize) -> usize {
     Q6K_CODES_AT + 192 * n + 128
 }
 
+/// MXFP4's codes by nibble: the FP4 level plus 12 (unsigned, at most 24).
+pub(super) const MXFP4_CODES: [u8; 16] = mxfp4_codes();
+
+const fn mxfp4_codes() -> [u8; 16] {
+    let mut codes = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        codes[i] = (FP4_LEVELS[i] + 12) as u8;
+        i += 1;
+    }
+    codes
+}
+
 /// Offsets inside an I8K group block.
 pub(super) const I8K_SCALES_AT: usize = 32;
 pub(super) const I8K_CODES_AT: usize = 288;
@@ -145,6 +159,7 @@ pub(super) mod id {
     pub const Q2K: u8 = 8;
     pub const Q3K: u8 = 9;
     pub const I8K: u8 = 10;
+    pub const MXFP4: u8 = 11;
 }
 
 /// A format that can be packed.
@@ -155,6 +170,7 @@ pub enum PackedFormat {
     Q5_0,
     Q5_1,
     Q8_0,
+    Mxfp4,
     Q4K,
     Q5K,
     Q6K,
@@ -173,6 +189,7 @@ impl PackedFormat {
             GgmlType::Q4_1 => Some(PackedFormat::Q4_1),
             GgmlType::Q5_1 => Some(PackedFormat::Q5_1),
             GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
+            GgmlType::Mxfp4 => Some(PackedFormat::Mxfp4),
             GgmlType::Q4K => Some(PackedFormat::Q4K),
             GgmlType::Q5K => Some(PackedFormat::Q5K),
             GgmlType::Q6K => Some(PackedFormat::Q6K),
@@ -190,6 +207,7 @@ impl PackedFormat {
             id::Q4_1 => PackedFormat::Q4_1,
             id::Q5_1 => PackedFormat::Q5_1,
             id::Q8_0 => PackedFormat::Q8_0,
+            id::MXFP4 => PackedFormat::Mxfp4,
             id::Q4K => PackedFormat::Q4K,
             id::Q5K => PackedFormat::Q5K,
             id::Q2K => PackedFormat::Q2K,
@@ -206,6 +224,7 @@ impl PackedFormat {
             PackedFormat::Q4_1 => GgmlType::Q4_1,
             PackedFormat::Q5_1 => GgmlType::Q5_1,
             PackedFormat::Q8_0 => GgmlType::Q8_0,
+            PackedFormat::Mxfp4 => GgmlType::Mxfp4,
             PackedFormat::Q4K => GgmlType::Q4K,
             PackedFormat::Q5K => GgmlType::Q5K,
             PackedFormat::Q6K => GgmlType::Q6K,
@@ -252,6 +271,7 @@ impl PackedFormat {
             PackedFormat::Q4_1 => 20,
             PackedFormat::Q5_1 => 24,
             PackedFormat::Q8_0 => 34,
+            PackedFormat::Mxfp4 => 17,
             PackedFormat::Q4K => 144,
             PackedFormat::Q5K => 176,
             PackedFormat::Q6K => 210,
@@ -270,6 +290,8 @@ impl PackedFormat {
             PackedFormat::Q5K => 180,
             // The scales unpacked to signed bytes.
             PackedFormat::Q3K => 114,
+            // The power-of-two scale as an f32.
+            PackedFormat::Mxfp4 => 20,
             other => other.file_block_bytes(),
         };
         GROUP_ROWS * per_row
@@ -295,9 +317,15 @@ impl PackedFormat {
         matches!(self, PackedFormat::Q5_0 | PackedFormat::Q5_1)
     }
 
+    /// Whether the sixteen scales are f32 (MXFP4's powers of two, beyond f16's range)
+    /// rather than f16.
+    pub(super) const fn has_f32_scales(self) -> bool {
+        matches!(self, PackedFormat::Mxfp4)
+    }
+
     /// Where a 32-value format's codes (or fifth-bit masks) start in a group block.
     pub(super) const fn codes_at(self) -> usize {
-        if self.has_min() {
+        if self.has_min() || self.has_f32_scales() {
             2 * SCALES_BYTES
         } else {
             SCALES_BYTES
@@ -311,6 +339,8 @@ impl PackedFormat {
             PackedFormat::Q5_0 => 16,
             PackedFormat::Q4_1 | PackedFormat::Q5_1 => 0,
             PackedFormat::Q8_0 => 128,
+            // Nibbles index the FP4 levels; codes are the level plus 12 (see `MXFP4_CODES`).
+            PackedFormat::Mxfp4 => 12,
             PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q2K => 0,
             PackedFormat::Q6K => 32,
             PackedFormat::Q3K => 4,
@@ -348,9 +378,15 @@ pub(super) fn pack_group(
                 PackedFormat::Q4_0
                 | PackedFormat::Q4_1
                 | PackedFormat::Q5_0
-                | PackedFormat::Q5_1 => {
-                    // The file block: d, [m], [fifth bits], 16 nibble bytes.
-                    let mut at = if format.has_min() { 4 } else { 2 };
+                | PackedFormat::Q5_1
+                | PackedFormat::Mxfp4 => {
+                    // The file block: d (MXFP4: an exponent byte), [m], [fifth bits], 16
+                    // nibble bytes.
+                    let mut at = match format {
+                        PackedFormat::Mxfp4 => 1,
+                        _ if format.has_min() => 4,
+                        _ => 2,
+                    };
                     let mut nibbles_at = format.codes_at();
                     if format.has_fifth_bit() {
                         let fifth = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
@@ -433,7 +469,11 @@ pub(super) fn pack_group(
                 PackedFormat::Q3K => 108,
                 _ => 0,
             };
-            dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+            if format.has_f32_scales() {
+                dst[4 * r..4 * r + 4].copy_from_slice(&e8m0_half(block[0]).to_le_bytes());
+            } else {
+                dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+            }
             if format.has_min() {
                 dst[SCALES_BYTES + 2 * r..SCALES_BYTES + 2 * r + 2].copy_from_slice(&block[2..4]);
             }

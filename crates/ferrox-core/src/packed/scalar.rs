@@ -2,10 +2,10 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{I8K, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{I8K, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT,
+    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT,
     Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
     Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
@@ -18,6 +18,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4_1 => groups::<{ Q4_1 }>,
         PackedFormat::Q5_1 => groups::<{ Q5_1 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
+        PackedFormat::Mxfp4 => groups::<{ MXFP4 }>,
         PackedFormat::Q4K => groups::<{ Q4K }>,
         PackedFormat::Q5K => groups::<{ Q5K }>,
         PackedFormat::Q6K => groups::<{ Q6K }>,
@@ -33,6 +34,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
     match format {
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
+        PackedFormat::Mxfp4 => MXFP4_CODES[usize::from(nibble(codes, r, i))],
         PackedFormat::Q5_0 | PackedFormat::Q5_1 => {
             let fifth = codes[4 * r + i % 4] >> (i / 4) & 1;
             nibble(&codes[64..], r, i) | fifth << 4
@@ -100,7 +102,12 @@ fn legacy_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32
     let x_sum = i32::from_le_bytes(a[ACT_SUM_AT..].try_into().unwrap());
     sum -= format.bias() * x_sum;
     let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
-    let acc = (f16_at(block, 2 * r) * dy).mul_add(sum as f32, acc);
+    let dw = if format.has_f32_scales() {
+        f32::from_le_bytes(block[4 * r..4 * r + 4].try_into().unwrap())
+    } else {
+        f16_at(block, 2 * r)
+    };
+    let acc = (dw * dy).mul_add(sum as f32, acc);
     if format.has_min() {
         (f16_at(block, SCALES_BYTES + 2 * r) * dy).mul_add(x_sum as f32, acc)
     } else {

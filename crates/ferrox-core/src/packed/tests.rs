@@ -5,7 +5,8 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 10] = [
+const TYPES: [GgmlType; 11] = [
+    GgmlType::Mxfp4,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -77,6 +78,10 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let values: Vec<i32> = (0..32)
             .map(|i| match ty {
                 GgmlType::Q8_0 => i32::from(block[2 + i] as i8),
+                GgmlType::Mxfp4 => {
+                    let nibble = block[1 + i % 16] >> (4 * (i / 16)) & 15;
+                    i32::from(crate::quant::fp4::LEVELS[usize::from(nibble)])
+                }
                 GgmlType::Q4_0 => i32::from(block[2 + i % 16] >> (4 * (i / 16)) & 15) - 8,
                 GgmlType::Q4_1 => i32::from(block[4 + i % 16] >> (4 * (i / 16)) & 15),
                 GgmlType::Q5_0 => {
@@ -96,7 +101,11 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
             .zip(&q8[2..])
             .map(|(&w, &x)| w * i32::from(x as i8))
             .sum();
-        let dw = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let dw = if ty == GgmlType::Mxfp4 {
+            crate::quant::fp4::e8m0_half(block[0])
+        } else {
+            half::f16::from_le_bytes([block[0], block[1]]).to_f32()
+        };
         let dy = half::f16::from_le_bytes([q8[0], q8[1]]).to_f32();
         acc = (dw * dy).mul_add(sum as f32, acc);
         if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
