@@ -17,7 +17,9 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::id::{I8K, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{
+    I8K, IQ4_NL, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
     ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT,
@@ -27,6 +29,7 @@ use super::layout::{
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
+use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -36,6 +39,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_1 => groups::<Q5_1>,
         PackedFormat::Q8_0 => groups::<Q8_0>,
         PackedFormat::Mxfp4 => groups::<MXFP4>,
+        PackedFormat::Iq4Nl => groups::<IQ4_NL>,
         PackedFormat::Q4K => groups::<Q4K>,
         PackedFormat::Q5K => groups::<Q5K>,
         PackedFormat::Q6K => groups::<Q6K>,
@@ -148,7 +152,7 @@ fn fifth_bits(plane: __m256i, s: usize) -> __m256i {
 }
 
 /// The eight code vectors (half `half`) of a 32-value format's group block: unsigned,
-/// except Q8_0's, signed.
+/// except Q8_0's and IQ4_NL's, signed.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 8] {
@@ -177,9 +181,15 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
                         *c = _mm256_or_si256(*c, fifth_bits(plane, g));
                     }
                 }
-                if F == MXFP4 {
-                    let levels =
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_CODES.as_ptr().cast()));
+                // Nibbles index levels: MXFP4's unsigned codes, IQ4_NL's signed levels
+                // (taken as Q8_0's signed codes are).
+                let table = match F {
+                    MXFP4 => Some(MXFP4_CODES.as_ptr()),
+                    IQ4_NL => Some(IQ4_LEVELS.as_ptr().cast::<u8>()),
+                    _ => None,
+                };
+                if let Some(table) = table {
+                    let levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.cast()));
                     for c in codes.iter_mut() {
                         *c = _mm256_shuffle_epi8(levels, *c);
                     }
@@ -308,14 +318,16 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
         };
         for t in 0..N {
             let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
-            let mut sum = if F == Q8_0 {
+            // Signed codes (Q8_0, IQ4_NL) by ggml's sign trick; unsigned ones `w + bias`
+            // start from `-bias·Σx`.
+            let signed = matches!(F, Q8_0 | IQ4_NL);
+            let mut sum = if signed {
                 _mm256_setzero_si256()
             } else {
-                // The codes are `w + bias`: start from `-bias·Σx`.
                 let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
                 _mm256_set1_epi32(bias * -x_sum)
             };
-            if F == Q8_0 {
+            if signed {
                 for (k, &code) in codes.iter().enumerate() {
                     sum = dot4_signed(sum, code, a.add(4 * k));
                 }

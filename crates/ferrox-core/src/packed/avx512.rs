@@ -12,7 +12,7 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::{ACT_SCALE_AT, ACT_SUM_AT, MXFP4_CODES, SCALES_BYTES};
+use super::layout::{id, ACT_SCALE_AT, ACT_SUM_AT, IQ4NL_CODES, MXFP4_CODES, SCALES_BYTES};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
@@ -26,7 +26,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_0 => groups::<Legacy<FiveBitCodes<false>>>,
         PackedFormat::Q5_1 => groups::<Legacy<FiveBitCodes<true>>>,
         PackedFormat::Q8_0 => groups::<Legacy<Q8_0Codes>>,
-        PackedFormat::Mxfp4 => groups::<Legacy<Mxfp4Codes>>,
+        PackedFormat::Mxfp4 => groups::<Legacy<LevelCodes<{ id::MXFP4 }>>>,
+        PackedFormat::Iq4Nl => groups::<Legacy<LevelCodes<{ id::IQ4_NL }>>>,
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
@@ -72,7 +73,8 @@ struct NibbleCodes<const MIN: bool>;
 /// Q5_0, or Q5_1 when `MIN`.
 struct FiveBitCodes<const MIN: bool>;
 struct Q8_0Codes;
-struct Mxfp4Codes;
+/// MXFP4 or IQ4_NL (by their [`id`]): nibbles that index a table of codes.
+struct LevelCodes<const F: u8>;
 
 /// The low nibbles of the four registers at `p` (values `4k..4k+4`) in registers `0..4`,
 /// the high nibbles (values `16+4k..`) in `4..8`.
@@ -144,15 +146,20 @@ impl Codes for Q8_0Codes {
     }
 }
 
-impl Codes for Mxfp4Codes {
-    const FORMAT: PackedFormat = PackedFormat::Mxfp4;
+impl<const F: u8> Codes for LevelCodes<F> {
+    const FORMAT: PackedFormat = PackedFormat::from_id(F);
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+        let table = if F == id::MXFP4 {
+            &MXFP4_CODES
+        } else {
+            &IQ4NL_CODES
+        };
         // SAFETY: the caller's contract; the table is 16 readable bytes.
         unsafe {
-            let levels = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_CODES.as_ptr().cast()));
+            let levels = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
             nibbles(block.add(Self::FORMAT.codes_at())).map(|n| _mm512_shuffle_epi8(levels, n))
         }
     }

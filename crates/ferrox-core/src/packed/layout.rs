@@ -43,6 +43,7 @@ use ferrox_gguf::GgmlType;
 
 use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
 use crate::quant::int8::{Int8Block, Int8Expand, CODE_OFFSET, MAX_MAGNITUDE};
+use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
 /// Rows interleaved in one group.
@@ -100,17 +101,21 @@ pub(super) const fn q6k_high_at(n: usize) -> usize {
 }
 
 /// MXFP4's codes by nibble: the FP4 level plus 12 (unsigned, at most 24).
-pub(super) const MXFP4_CODES: [u8; 16] = mxfp4_codes();
+pub(super) const MXFP4_CODES: [u8; 16] = level_codes(&FP4_LEVELS, 12);
 
-const fn mxfp4_codes() -> [u8; 16] {
+/// Unsigned codes `level + bias` of a table of levels indexed by nibbles.
+const fn level_codes(levels: &[i8; 16], bias: i32) -> [u8; 16] {
     let mut codes = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        codes[i] = (FP4_LEVELS[i] + 12) as u8;
+        codes[i] = (levels[i] as i32 + bias) as u8;
         i += 1;
     }
     codes
 }
+
+/// IQ4_NL's codes by nibble: the level plus 128 (unsigned, as Q8_0's codes).
+pub(super) const IQ4NL_CODES: [u8; 16] = level_codes(&IQ4_LEVELS, 128);
 
 /// Offsets inside an I8K group block.
 pub(super) const I8K_SCALES_AT: usize = 32;
@@ -160,6 +165,7 @@ pub(super) mod id {
     pub const Q3K: u8 = 9;
     pub const I8K: u8 = 10;
     pub const MXFP4: u8 = 11;
+    pub const IQ4_NL: u8 = 12;
 }
 
 /// A format that can be packed.
@@ -171,6 +177,7 @@ pub enum PackedFormat {
     Q5_1,
     Q8_0,
     Mxfp4,
+    Iq4Nl,
     Q4K,
     Q5K,
     Q6K,
@@ -190,6 +197,7 @@ impl PackedFormat {
             GgmlType::Q5_1 => Some(PackedFormat::Q5_1),
             GgmlType::Q8_0 => Some(PackedFormat::Q8_0),
             GgmlType::Mxfp4 => Some(PackedFormat::Mxfp4),
+            GgmlType::Iq4Nl => Some(PackedFormat::Iq4Nl),
             GgmlType::Q4K => Some(PackedFormat::Q4K),
             GgmlType::Q5K => Some(PackedFormat::Q5K),
             GgmlType::Q6K => Some(PackedFormat::Q6K),
@@ -208,6 +216,7 @@ impl PackedFormat {
             id::Q5_1 => PackedFormat::Q5_1,
             id::Q8_0 => PackedFormat::Q8_0,
             id::MXFP4 => PackedFormat::Mxfp4,
+            id::IQ4_NL => PackedFormat::Iq4Nl,
             id::Q4K => PackedFormat::Q4K,
             id::Q5K => PackedFormat::Q5K,
             id::Q2K => PackedFormat::Q2K,
@@ -225,6 +234,7 @@ impl PackedFormat {
             PackedFormat::Q5_1 => GgmlType::Q5_1,
             PackedFormat::Q8_0 => GgmlType::Q8_0,
             PackedFormat::Mxfp4 => GgmlType::Mxfp4,
+            PackedFormat::Iq4Nl => GgmlType::Iq4Nl,
             PackedFormat::Q4K => GgmlType::Q4K,
             PackedFormat::Q5K => GgmlType::Q5K,
             PackedFormat::Q6K => GgmlType::Q6K,
@@ -272,6 +282,7 @@ impl PackedFormat {
             PackedFormat::Q5_1 => 24,
             PackedFormat::Q8_0 => 34,
             PackedFormat::Mxfp4 => 17,
+            PackedFormat::Iq4Nl => 18,
             PackedFormat::Q4K => 144,
             PackedFormat::Q5K => 176,
             PackedFormat::Q6K => 210,
@@ -341,6 +352,8 @@ impl PackedFormat {
             PackedFormat::Q8_0 => 128,
             // Nibbles index the FP4 levels; codes are the level plus 12 (see `MXFP4_CODES`).
             PackedFormat::Mxfp4 => 12,
+            // IQ4_NL's levels span −127..=113: unsigned `level + 128`, as Q8_0's codes.
+            PackedFormat::Iq4Nl => 128,
             PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q2K => 0,
             PackedFormat::Q6K => 32,
             PackedFormat::Q3K => 4,
@@ -379,7 +392,8 @@ pub(super) fn pack_group(
                 | PackedFormat::Q4_1
                 | PackedFormat::Q5_0
                 | PackedFormat::Q5_1
-                | PackedFormat::Mxfp4 => {
+                | PackedFormat::Mxfp4
+                | PackedFormat::Iq4Nl => {
                     // The file block: d (MXFP4: an exponent byte), [m], [fifth bits], 16
                     // nibble bytes.
                     let mut at = match format {

@@ -1,5 +1,5 @@
 //! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four
+//! Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four
 //! values at a time, so that one `vpdpbusd` multiplies four values of sixteen rows by the
 //! same four activation values and leaves one integer sum per row in its own lane.
 //!
@@ -28,7 +28,8 @@
 //!   nibbles as for Q4_0 (unsigned `w + 16`);
 //! - Q4_1 and Q5_1: as Q4_0 and Q5_0, the codes unsigned as they are (`d·code + m`);
 //! - MXFP4: the scales as 16 f32 (64 bytes: powers of two beyond f16's range), then the
-//!   nibbles as for Q4_0; a nibble indexes the FP4 levels, read as unsigned `level + 12`.
+//!   nibbles as for Q4_0; a nibble indexes the FP4 levels, read as unsigned `level + 12`;
+//! - IQ4_NL: as Q4_0; a nibble indexes the non-linear levels, read as `level + 128`.
 //!
 //! The group takes exactly the bytes of its sixteen rows in the file (Q3_K, Q4_K and Q5_K
 //! four bytes more per row and super-block, MXFP4 three more per row and block).

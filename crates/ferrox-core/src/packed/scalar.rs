@@ -2,12 +2,14 @@
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
-use super::layout::id::{I8K, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::layout::id::{
+    I8K, IQ4_NL, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use super::layout::{
     affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT,
-    Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
-    Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, MXFP4_CODES, Q2K_DMIN_AT,
+    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
+    Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -19,6 +21,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5_1 => groups::<{ Q5_1 }>,
         PackedFormat::Q8_0 => groups::<{ Q8_0 }>,
         PackedFormat::Mxfp4 => groups::<{ MXFP4 }>,
+        PackedFormat::Iq4Nl => groups::<{ IQ4_NL }>,
         PackedFormat::Q4K => groups::<{ Q4K }>,
         PackedFormat::Q5K => groups::<{ Q5K }>,
         PackedFormat::Q6K => groups::<{ Q6K }>,
@@ -35,6 +38,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
         PackedFormat::Mxfp4 => MXFP4_CODES[usize::from(nibble(codes, r, i))],
+        PackedFormat::Iq4Nl => IQ4NL_CODES[usize::from(nibble(codes, r, i))],
         PackedFormat::Q5_0 | PackedFormat::Q5_1 => {
             let fifth = codes[4 * r + i % 4] >> (i / 4) & 1;
             nibble(&codes[64..], r, i) | fifth << 4

@@ -5,8 +5,9 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 11] = [
+const TYPES: [GgmlType; 12] = [
     GgmlType::Mxfp4,
+    GgmlType::Iq4Nl,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -83,6 +84,10 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
                     i32::from(crate::quant::fp4::LEVELS[usize::from(nibble)])
                 }
                 GgmlType::Q4_0 => i32::from(block[2 + i % 16] >> (4 * (i / 16)) & 15) - 8,
+                GgmlType::Iq4Nl => {
+                    let nibble = block[2 + i % 16] >> (4 * (i / 16)) & 15;
+                    i32::from(crate::quant::iq4::LEVELS[usize::from(nibble)])
+                }
                 GgmlType::Q4_1 => i32::from(block[4 + i % 16] >> (4 * (i / 16)) & 15),
                 GgmlType::Q5_0 => {
                     let fifth = u32::from_le_bytes(block[2..6].try_into().unwrap()) >> i & 1;
