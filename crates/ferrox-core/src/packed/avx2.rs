@@ -18,13 +18,14 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::id::{
-    I8K, IQ4_NL, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use super::layout::{
-    affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT,
-    Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT,
-    Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
+    affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
+    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_SCALES_AT,
+    MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
@@ -46,6 +47,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q2K => groups::<Q2K>,
         PackedFormat::Q3K => groups::<Q3K>,
         PackedFormat::I8K => groups::<I8K>,
+        PackedFormat::Iq4Xs => groups::<IQ4_XS>,
     }
 }
 
@@ -282,6 +284,7 @@ unsafe fn half_block<const F: u8, const N: usize>(
             Q2K => q2k_block::<N>(block, half, b, xs, acc),
             Q3K => q3k_block::<N>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
+            IQ4_XS => iq4xs_block::<N>(block, half, b, xs, acc),
             _ => legacy_block::<F, N>(block, half, b, xs, acc),
         }
     }
@@ -504,6 +507,59 @@ unsafe fn i8k_block<const N: usize>(
             add_pair_sums(xs, b, p, pair, &mut offsets);
         }
         add_offset_block::<N, 6>(block, half, b, xs, &scaled, &offsets, acc);
+    }
+}
+
+/// One IQ4_XS super-block, half `half` of the group: per 32-value sub-block the signed
+/// levels times the activation bytes by ggml's sign trick (pair sums at most 2·127·128),
+/// widened by `madd` with the row's signed scale; then one fused multiply-add, as in the
+/// scalar reference (whose `Σ (level + 128)·x − 128·Σ x` is this same integer).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4xs_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    let low = _mm256_set1_epi8(0x0F);
+    // SAFETY: the caller's contract; the level table is 16 readable bytes.
+    unsafe {
+        let levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()));
+        let mut scaled = [zero; N];
+        for s in 0..8 {
+            // Lane r: row r's signed scale in both i16 halves.
+            let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                block
+                    .add(IQ4XS_SCALES_AT + GROUP_ROWS * s + 8 * half)
+                    .cast(),
+            ));
+            let scale = _mm256_or_si256(
+                _mm256_and_si256(scale, _mm256_set1_epi32(0xFFFF)),
+                _mm256_slli_epi32::<16>(scale),
+            );
+            let mut codes = [zero; 8];
+            for k in 0..4 {
+                let v = half_of(block.add(iq4xs_codes_at(s) + 64 * k), half);
+                codes[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, low));
+                codes[k + 4] =
+                    _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+            }
+            for t in 0..N {
+                let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
+                let mut sum = zero;
+                for (k, code) in codes.iter().enumerate() {
+                    let xk = _mm256_set1_epi32(x.add(4 * k).cast::<i32>().read_unaligned());
+                    let pairs =
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(xk), _mm256_sign_epi8(*code, xk));
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale));
+                }
+                scaled[t] = _mm256_add_epi32(scaled[t], sum);
+            }
+        }
+        add_offset_block::<N, 0>(block, half, b, xs, &scaled, &[zero; N], acc);
     }
 }
 

@@ -17,7 +17,7 @@ use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
 
-use super::avx512_kquants::{AffineKBlock, I8KBlock, Q6KBlock};
+use super::avx512_kquants::{AffineKBlock, I8KBlock, Iq4XsBlock, Q6KBlock};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -32,6 +32,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
         PackedFormat::I8K => groups::<I8KBlock>,
+        PackedFormat::Iq4Xs => groups::<Iq4XsBlock>,
         // No AVX-512 kernel for these yet: the AVX2 one, which gives the same bits (every
         // CPU with AVX-512 VNNI that `Isa::Avx512Vnni` admits has AVX2, FMA and F16C too,
         // see `Isa::is_available`).
@@ -80,7 +81,7 @@ struct LevelCodes<const F: u8>;
 /// the high nibbles (values `16+4k..`) in `4..8`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> [__m512i; 8] {
+pub(super) unsafe fn nibbles(p: *const u8) -> [__m512i; 8] {
     let low = _mm512_set1_epi8(0x0F);
     let mut out = [_mm512_setzero_si512(); 8];
     for k in 0..4 {

@@ -11,10 +11,11 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{broadcast_i32, Block};
+use super::avx512::{broadcast_i32, nibbles, Block};
 use super::layout::{
-    affine_k_codes_at, q6k_high_at, q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, Q4K_DMIN_AT,
-    Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    affine_k_codes_at, iq4xs_codes_at, q6k_high_at, q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT,
+    IQ4NL_CODES, IQ4XS_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
+    Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -22,6 +23,7 @@ use super::{PackedFormat, GROUP_ROWS};
 pub(super) struct AffineKBlock<const FIFTH: bool>;
 pub(super) struct Q6KBlock;
 pub(super) struct I8KBlock;
+pub(super) struct Iq4XsBlock;
 
 /// Sixteen f16 at `p` as f32.
 #[inline]
@@ -239,6 +241,60 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
             let total = _mm512_sub_epi32(scaled[t], _mm512_slli_epi32::<SHIFT>(offsets[t]));
             let total = _mm512_cvtepi32_ps(total);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+        }
+    }
+}
+
+impl Block for Iq4XsBlock {
+    const FORMAT: PackedFormat = PackedFormat::Iq4Xs;
+
+    /// Per 32-value sub-block: `Σ (level + 128)·x` by `vpdpbusd`, less `128·Σ x` from the
+    /// activation's sums, times the row's signed scale; then one fused multiply-add.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let zero = _mm512_setzero_si512();
+        // SAFETY: the caller's contract; the level table is 16 readable bytes.
+        unsafe {
+            let levels = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_CODES.as_ptr().cast()));
+            let mut scaled = [zero; N];
+            for s in 0..8 {
+                let codes =
+                    nibbles(block.add(iq4xs_codes_at(s))).map(|n| _mm512_shuffle_epi8(levels, n));
+                let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    block.add(IQ4XS_SCALES_AT + GROUP_ROWS * s).cast(),
+                ));
+                for t in 0..N {
+                    let y = xs[t].add(b * Q8K_BYTES);
+                    let x = y.add(Q8K_CODES_AT + 32 * s);
+                    let sums = y.add(Q8K_SUMS_AT + 4 * s);
+                    let x_sum = i32::from(sums.cast::<i16>().read_unaligned())
+                        + i32::from(sums.add(2).cast::<i16>().read_unaligned());
+                    let mut even = _mm512_set1_epi32(-128 * x_sum);
+                    let mut odd = zero;
+                    for k in 0..4 {
+                        even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
+                        odd = _mm512_dpbusd_epi32(
+                            odd,
+                            codes[2 * k + 1],
+                            broadcast_i32(x.add(8 * k + 4)),
+                        );
+                    }
+                    let sum = _mm512_add_epi32(even, odd);
+                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
+                }
+            }
+            let dw = f16x16(block);
+            for t in 0..N {
+                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+                let total = _mm512_cvtepi32_ps(scaled[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+            }
         }
     }
 }

@@ -33,6 +33,11 @@
 //! (`[codes 2p][codes 2p + 1][plane p]`, 192 bytes each) so that a block is read front to
 //! back. Four bytes more per row than the file (the scales unpacked).
 //!
+//! IQ4_XS, per super-block of a group: `d` (16 f16), the eight signed 6-bit scales as bytes
+//! (`[sub-block][row]`), then per 32-value sub-block four nibble vectors laid out as
+//! IQ4_NL's (a nibble indexes the non-linear levels, read as `level + 128`). Two bytes
+//! more per row than the file.
+//!
 //! I8K holds no file type: it is the i-quants' integer form ([`crate::quant::int8`]), made
 //! from a panel of rows just before a prompt's product and dropped after it. Per
 //! super-block of a group: `d` (16 f16), the sixteen odd scales as pairs like Q6_K's, then
@@ -43,7 +48,7 @@ use ferrox_gguf::GgmlType;
 
 use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
 use crate::quant::int8::{Int8Block, Int8Expand, CODE_OFFSET, MAX_MAGNITUDE};
-use crate::quant::iq4::LEVELS as IQ4_LEVELS;
+use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
 /// Rows interleaved in one group.
@@ -117,6 +122,15 @@ const fn level_codes(levels: &[i8; 16], bias: i32) -> [u8; 16] {
 /// IQ4_NL's codes by nibble: the level plus 128 (unsigned, as Q8_0's codes).
 pub(super) const IQ4NL_CODES: [u8; 16] = level_codes(&IQ4_LEVELS, 128);
 
+/// Offsets inside an IQ4_XS group block.
+pub(super) const IQ4XS_SCALES_AT: usize = 32;
+pub(super) const IQ4XS_CODES_AT: usize = 160;
+
+/// Where an IQ4_XS group block's four nibble vectors of sub-block `s` lie.
+pub(super) const fn iq4xs_codes_at(s: usize) -> usize {
+    IQ4XS_CODES_AT + 256 * s
+}
+
 /// Offsets inside an I8K group block.
 pub(super) const I8K_SCALES_AT: usize = 32;
 pub(super) const I8K_CODES_AT: usize = 288;
@@ -166,6 +180,7 @@ pub(super) mod id {
     pub const I8K: u8 = 10;
     pub const MXFP4: u8 = 11;
     pub const IQ4_NL: u8 = 12;
+    pub const IQ4_XS: u8 = 13;
 }
 
 /// A format that can be packed.
@@ -183,6 +198,7 @@ pub enum PackedFormat {
     Q6K,
     Q2K,
     Q3K,
+    Iq4Xs,
     /// The i-quants expanded to int8 for a prompt (see the module notes): never the
     /// format of a [`super::PackedMatrix`].
     I8K,
@@ -203,6 +219,7 @@ impl PackedFormat {
             GgmlType::Q6K => Some(PackedFormat::Q6K),
             GgmlType::Q2K => Some(PackedFormat::Q2K),
             GgmlType::Q3K => Some(PackedFormat::Q3K),
+            GgmlType::Iq4Xs => Some(PackedFormat::Iq4Xs),
             _ => None,
         }
     }
@@ -222,6 +239,7 @@ impl PackedFormat {
             id::Q2K => PackedFormat::Q2K,
             id::Q3K => PackedFormat::Q3K,
             id::I8K => PackedFormat::I8K,
+            id::IQ4_XS => PackedFormat::Iq4Xs,
             _ => PackedFormat::Q6K,
         }
     }
@@ -240,6 +258,7 @@ impl PackedFormat {
             PackedFormat::Q6K => GgmlType::Q6K,
             PackedFormat::Q2K => GgmlType::Q2K,
             PackedFormat::Q3K => GgmlType::Q3K,
+            PackedFormat::Iq4Xs => GgmlType::Iq4Xs,
             // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
             PackedFormat::I8K => GgmlType::Q8K,
         }
@@ -254,6 +273,7 @@ impl PackedFormat {
                 | PackedFormat::Q6K
                 | PackedFormat::Q2K
                 | PackedFormat::Q3K
+                | PackedFormat::Iq4Xs
                 | PackedFormat::I8K
         )
     }
@@ -288,6 +308,7 @@ impl PackedFormat {
             PackedFormat::Q6K => 210,
             PackedFormat::Q2K => 84,
             PackedFormat::Q3K => 110,
+            PackedFormat::Iq4Xs => 136,
             // d, the sixteen scales as bytes, 256 codes.
             PackedFormat::I8K => 2 + 16 + 256,
         }
@@ -303,6 +324,8 @@ impl PackedFormat {
             PackedFormat::Q3K => 114,
             // The power-of-two scale as an f32.
             PackedFormat::Mxfp4 => 20,
+            // The scales unpacked to signed bytes.
+            PackedFormat::Iq4Xs => 138,
             other => other.file_block_bytes(),
         };
         GROUP_ROWS * per_row
@@ -358,6 +381,7 @@ impl PackedFormat {
             PackedFormat::Q6K => 32,
             PackedFormat::Q3K => 4,
             PackedFormat::I8K => I8K_BIAS,
+            PackedFormat::Iq4Xs => 128,
         }
     }
 }
@@ -465,6 +489,17 @@ pub(super) fn pack_group(
                     }
                 }
                 PackedFormat::I8K => unreachable!("I8K groups come from `int8_group`"),
+                PackedFormat::Iq4Xs => {
+                    for s in 0..8 {
+                        let nibbles = &block[XS_NIBBLES_AT + 16 * s..XS_NIBBLES_AT + 16 * s + 16];
+                        for (k, quad) in nibbles.chunks_exact(4).enumerate() {
+                            put(iq4xs_codes_at(s) + 64 * k, quad, 0);
+                        }
+                    }
+                    for s in 0..8 {
+                        dst[IQ4XS_SCALES_AT + GROUP_ROWS * s + r] = Iq4Xs::scale(block, s) as u8;
+                    }
+                }
                 PackedFormat::Q6K => {
                     for s in 0..16 {
                         dst[Q6K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = block[192 + s];

@@ -3,13 +3,14 @@
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
 use super::layout::id::{
-    I8K, IQ4_NL, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use super::layout::{
-    affine_k_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at, q6k_low_at,
-    ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, MXFP4_CODES, Q2K_DMIN_AT,
-    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
-    Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
+    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES,
+    IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT,
+    Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K,
+    SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -28,6 +29,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q2K => groups::<{ Q2K }>,
         PackedFormat::Q3K => groups::<{ Q3K }>,
         PackedFormat::I8K => groups::<{ I8K }>,
+        PackedFormat::Iq4Xs => groups::<{ IQ4_XS }>,
     }
 }
 
@@ -48,6 +50,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         | PackedFormat::Q6K
         | PackedFormat::Q2K
         | PackedFormat::Q3K
+        | PackedFormat::Iq4Xs
         | PackedFormat::I8K => unreachable!("256-value formats: see k_code"),
     }
 }
@@ -133,6 +136,8 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
     let two_bits = |at: usize| block[at + 4 * r + e % 4] >> (2 * (e % 16 / 4)) & 3;
     if format == PackedFormat::I8K {
         block[I8K_CODES_AT + 64 * (e / 4) + 4 * r + e % 4]
+    } else if format == PackedFormat::Iq4Xs {
+        IQ4NL_CODES[usize::from(nibble(&block[iq4xs_codes_at(e / 32)..], r, e % 32))]
     } else if format == PackedFormat::Q2K {
         two_bits(q2k_codes_at(e / 16))
     } else if format == PackedFormat::Q3K {
@@ -166,7 +171,9 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
     if matches!(format, PackedFormat::Q2K | PackedFormat::Q3K) {
         return low_bit_k_block(format, block, r, a, acc);
     }
-    let q4k = format.is_affine_k();
+    // IQ4_XS: scales per 32 values like Q4_K's, signed and without minimums.
+    let iq4xs = format == PackedFormat::Iq4Xs;
+    let q4k = format.is_affine_k() || iq4xs;
     let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
     let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
     let sub = if q4k { 32 } else { 16 };
@@ -177,7 +184,12 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
             .zip(&codes[s * sub..])
             .map(|(e, &x)| i32::from(k_code(format, block, r, e)) * i32::from(x as i8))
             .sum();
-        if q4k {
+        if iq4xs {
+            let scale = i32::from(block[IQ4XS_SCALES_AT + GROUP_ROWS * s + r] as i8);
+            let x_sum = i16_at(a, Q8K_SUMS_AT + 4 * s) + i16_at(a, Q8K_SUMS_AT + 4 * s + 2);
+            scaled += scale * sum;
+            other += scale * x_sum;
+        } else if q4k {
             let scale = i32::from(block[Q4K_SCALES_AT + GROUP_ROWS * s + r]);
             let min = i32::from(block[Q4K_MINS_AT + GROUP_ROWS * s + r]);
             let x_sum = i16_at(a, Q8K_SUMS_AT + 4 * s) + i16_at(a, Q8K_SUMS_AT + 4 * s + 2);
@@ -193,7 +205,9 @@ fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> 
         }
     }
     let dw = f16_at(block, 2 * r);
-    if q4k {
+    if iq4xs {
+        (dw * dy).mul_add((scaled - format.bias() * other) as f32, acc)
+    } else if q4k {
         let dmin = f16_at(block, Q4K_DMIN_AT + 2 * r);
         let acc = (dw * dy).mul_add(scaled as f32, acc);
         (-(dmin * dy)).mul_add(other as f32, acc)

@@ -5,7 +5,8 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 12] = [
+const TYPES: [GgmlType; 13] = [
+    GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Iq4Nl,
     GgmlType::Q4_0,
@@ -133,7 +134,21 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let dy = f32::from_le_bytes(q8[..4].try_into().unwrap());
         let xq = |e: usize| i32::from(q8[4 + e] as i8);
         let (mut scaled, mut other) = (0i32, 0i32);
-        if matches!(ty, GgmlType::Q2K | GgmlType::Q3K) {
+        if ty == GgmlType::Iq4Xs {
+            // Sub-block s: 16 bytes at 8 + 16s, low nibbles values 0..16, high 16..32.
+            for s in 0..8 {
+                let sum: i32 = (0..32)
+                    .map(|i| {
+                        let nibble = block[8 + 16 * s + i % 16] >> (4 * (i / 16)) & 15;
+                        let level = crate::quant::iq4::LEVELS[usize::from(nibble)];
+                        i32::from(level) * xq(32 * s + i)
+                    })
+                    .sum();
+                scaled += crate::quant::iq4::Iq4Xs::scale(block, s) * sum;
+            }
+            let dw = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            acc = (dw * dy).mul_add(scaled as f32, acc);
+        } else if matches!(ty, GgmlType::Q2K | GgmlType::Q3K) {
             // Two-bit codes: byte e % 32 of each 128-value half, bits 2·(e % 128 / 32).
             let codes_at = if ty == GgmlType::Q2K { 16 } else { 32 };
             let two_bits = |e: usize| {

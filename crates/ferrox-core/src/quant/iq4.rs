@@ -158,17 +158,23 @@ pub(crate) const XS_SCALES_LOW_AT: usize = 4;
 pub(crate) const XS_NIBBLES_AT: usize = 8;
 const XS_SUBS: usize = QK_K / SUB;
 
+impl Iq4Xs {
+    /// Sub-block `ib`'s signed 6-bit scale (`−32..=31`).
+    pub(crate) fn scale(block: &[u8], ib: usize) -> i32 {
+        let low = (block[XS_SCALES_LOW_AT + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let high = ((read_u16(block, XS_SCALES_HIGH_AT) >> (2 * ib)) & 3) as u8;
+        i32::from(low | (high << 4)) - 32
+    }
+}
+
 impl BlockFormat for Iq4Xs {
     const ELEMS: usize = QK_K;
     const BYTES: usize = XS_NIBBLES_AT + QK_K / 2;
 
     fn dequantize_block(block: &[u8], out: &mut [f32]) {
         let d = read_f16(block, 0);
-        let scales_high = read_u16(block, XS_SCALES_HIGH_AT);
         for (ib, ys) in out.chunks_exact_mut(SUB).enumerate() {
-            let low = (block[XS_SCALES_LOW_AT + ib / 2] >> (4 * (ib % 2))) & 0x0F;
-            let high = ((scales_high >> (2 * ib)) & 3) as u8;
-            let ls = i32::from(low | (high << 4)) - 32;
+            let ls = Self::scale(block, ib);
             let nibbles = &block[XS_NIBBLES_AT + ib * SUB / 2..];
             dequantize_sub_block(d * ls as f32, nibbles, ys);
         }
