@@ -11,7 +11,10 @@
 //! Q6_K) have kernels that compute the same integer lane sums with `vpdpbusd` and then the
 //! AVX2 kernels' float operations in the same order, two rows per 512-bit register: the
 //! same bits, faster. (Faster still, and used by the engines wherever AVX2 is, are the
-//! repacked layouts of [`crate::packed`].)
+//! repacked layouts of [`crate::packed`].) The i-quants (IQ1-IQ3) are the exception: every
+//! kernel computes ggml's generic arithmetic from their exact integer form
+//! ([`crate::quant::int8`]), so that their prompt path through int8 panels gives the
+//! single-token bits.
 //!
 //! The best kernel set is picked once per process ([`best_isa`]) and kept in a table of
 //! function pointers. Matrix products call *panels*: a run of weight rows against 1, 4 or

@@ -115,13 +115,11 @@ fn even_signs(spread: __m256i, bit: __m256i) -> __m256i {
     _mm256_or_si256(_mm256_or_si256(negative, parity), _mm256_set1_epi8(1))
 }
 
-/// The signs and scale of an IQ2_XXS or IQ3_XXS sub-block from its 32-bit field `aux`
-/// (four 7-bit sign fields, then the 4-bit scale `s`): ±1 per value as [`even_signs`],
-/// and `2s + 1` in every i16 lane.
+/// The signs of an IQ2_XXS or IQ3_XXS sub-block from its 32-bit field `aux` (four 7-bit
+/// sign fields, then the scale), as [`even_signs`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn even_signs_and_scale(aux: u32) -> (__m256i, __m256i) {
-    let aux = _mm256_set1_epi32(aux as i32);
+pub(super) fn even_signs_aux(aux: u32) -> __m256i {
     // Output byte 8l + j (j < 7) takes the source byte holding bit 7l + j; byte 8l + 7
     // takes zero (index 0x80).
     let source = _mm256_setr_epi8(
@@ -132,17 +130,10 @@ pub(super) fn even_signs_and_scale(aux: u32) -> (__m256i, __m256i) {
         1, 2, 4, 8, 16, 32, 64, 1, -128, 1, 2, 4, 8, 16, 32, 1, //
         64, -128, 1, 2, 4, 8, 16, 1, 32, 64, -128, 1, 2, 4, 8, 1,
     );
-    let signs = even_signs(_mm256_shuffle_epi8(aux, source), bit);
-    // Every i16 lane gets the top half of `aux`; `(aux >> 27) | 1` is `2s + 1`.
-    let top = _mm256_setr_epi8(
-        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, //
-        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-    );
-    let scales = _mm256_or_si256(
-        _mm256_srli_epi16(_mm256_shuffle_epi8(aux, top), 11),
-        _mm256_set1_epi16(1),
-    );
-    (signs, scales)
+    even_signs(
+        _mm256_shuffle_epi8(_mm256_set1_epi32(aux as i32), source),
+        bit,
+    )
 }
 
 /// The signs of an IQ2_XS sub-block from its four 16-bit words `q` (sign field in bits
@@ -218,6 +209,46 @@ pub(super) fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(q)
 }
 
+/// The eight i32 lanes of each of `N` vectors summed (exact, in wrapping arithmetic),
+/// four vectors at a time with horizontal adds: the per-vector reduction costs about
+/// four times the instructions.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsums_i32<const N: usize>(v: [__m256i; N]) -> [i32; N] {
+    let mut out = [0i32; N];
+    let mut quads = v.chunks_exact(4);
+    for (quad, out) in (&mut quads).zip(out.chunks_exact_mut(4)) {
+        // Lane k of each 128-bit half: vector k's sum over that half.
+        let t = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(quad[0], quad[1]),
+            _mm256_hadd_epi32(quad[2], quad[3]),
+        );
+        let sums = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+        // SAFETY: `out` is four writable i32s; `storeu` needs no alignment.
+        unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), sums) };
+    }
+    let done = N - quads.remainder().len();
+    for (o, &v) in out[done..].iter_mut().zip(quads.remainder()) {
+        *o = hsum_i32(v);
+    }
+    out
+}
+
+/// Panics unless every activation row holds `act_bytes` for each of the weight row's
+/// blocks of `block_bytes` (some kernels load activation codes unchecked on the strength
+/// of it).
+pub(super) fn check_rows<const N: usize>(
+    w: &[u8],
+    block_bytes: usize,
+    act_bytes: usize,
+    xs: &[&[u8]; N],
+) {
+    let blocks = w.len() / block_bytes;
+    for x in xs {
+        assert_eq!(x.len(), blocks * act_bytes, "activation row length");
+    }
+}
+
 /// An all-zero accumulator for each of `N` activation rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -280,18 +311,14 @@ mod sign_tests {
                 .enumerate()
                 .fold(0u64, |a, (l, &k)| a | ((k as u64) << 9 | 0x1FF) << (16 * l));
             // SAFETY: AVX2, FMA and F16C were detected above.
-            let ((signs, scales), high7) = unsafe {
+            let (signs, high7) = unsafe {
                 (
-                    even_signs_and_scale(aux | (k as u32 & 15) << 28),
+                    even_signs_aux(aux | (k as u32 & 15) << 28),
                     even_signs_high7(word),
                 )
             };
             check(signs, ks);
             check(high7, ks);
-            let mut lanes = [0i16; 16];
-            // SAFETY: `lanes` is 32 writable bytes; `storeu` needs no alignment.
-            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), scales) };
-            assert_eq!(lanes, [2 * (k as i16 & 15) + 1; 16]);
         }
     }
 }

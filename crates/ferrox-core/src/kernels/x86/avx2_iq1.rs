@@ -1,26 +1,21 @@
-//! AVX2 dot products of IQ1_S and IQ1_M with Q8_K activations, in ggml's AVX2 order.
+//! AVX2 dot products of IQ1_S and IQ1_M with Q8_K activations, with the scalar reference's
+//! results bit for bit (see [`super::avx2_iq`] for the shared kernel).
 //!
-//! Both sum the ternary grid coordinates times the activations (signs moved onto the
-//! activations, `maddubs`), times the odd scales into eight i32 lanes per super-block,
-//! and `fma(d, lanes, acc)` them. The ±1/8 shifts are summed apart: IQ1_S from the
-//! activations' stored group sums into a scalar `fma` accumulator, IQ1_M from the codes
-//! themselves into a second eight-lane accumulator. The result is the main horizontal sum
-//! plus 1/8 of the shifts' sum, as ggml adds them.
-//!
-//! Each weight sub-block is decoded once and then serves all `N` activation rows.
+//! A value is `d·ls·(c + δ/8)` with a ternary grid coordinate `c` and a shift sign `δ`
+//! (per 32 values in IQ1_S, per 8 in IQ1_M), so a sub-block's weights are the integers
+//! `8c + δ` (grid and shift parts in one product) and the final factor is ⅛. The odd
+//! scale `ls` covers 32 values in IQ1_S and 16 in IQ1_M.
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{f16_at, hsum_ggml, hsum_i32, load_32};
+use super::avx2_common::{f16_at, load_16};
+use super::avx2_iq::{iq_dot, odd, IqAvx2};
 use crate::quant::grids::IQ1S_GRID;
-use crate::quant::iq1::{Iq1M, Iq1S, DELTA, M_HIGH_AT, S_HIGH_AT, S_INDICES_AT};
-use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
-use crate::quant::kquants::QK_K;
+use crate::quant::iq1::{Iq1M, Iq1S, DELTA, M_HIGH_AT, M_SCALES_AT, S_HIGH_AT, S_INDICES_AT};
 use crate::quant::BlockFormat;
 
-const Q8K_BYTES: usize = SUMS_AT + 32;
-/// 32-value sub-blocks per super-block.
-const SUBS: usize = QK_K / 32;
+/// The largest |8c + δ|.
+const BIAS: i8 = 9;
 
 /// The four grid points of one sub-block as a vector of 32 coordinates.
 #[inline]
@@ -30,162 +25,130 @@ fn points(indices: [usize; 4]) -> __m256i {
     _mm256_set_epi64x(p[3], p[2], p[1], p[0])
 }
 
-fn d8(y: &[u8]) -> f32 {
-    f32::from_le_bytes(*y.first_chunk().expect("a Q8_K block"))
-}
-
-fn check_rows<const N: usize>(w: &[u8], xs: &[&[u8]; N], block_bytes: usize) {
-    let blocks = w.len() / block_bytes;
-    for x in xs {
-        assert_eq!(x.len(), blocks * Q8K_BYTES, "activation row length");
-    }
-}
-
-/// The shifts' signed scales of a super-block's eight sub-blocks (from their 16-bit words
-/// `high`: scale in bits 12..15, minus sign in bit 15), each in the two i16 lanes of its
-/// sub-block's two group sums.
+/// `8c + δ + BIAS` from the coordinates `c` (−1, 0, 1) and `δ + BIAS` per value.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn shift_scales(high: &[u8; 16]) -> __m256i {
-    // SAFETY: `high` is 16 readable bytes; `loadu` needs no alignment.
-    let h = unsafe { _mm_loadu_si128(high.as_ptr().cast()) };
-    // `(h >> 11) | 1` keeps bits 12..15 as 2·scale + 1 once the sign bit is masked off.
-    let ls = _mm_or_si128(
-        _mm_and_si128(_mm_srli_epi16(h, 11), _mm_set1_epi16(0x0E)),
-        _mm_set1_epi16(1),
-    );
-    let minus = _mm_srai_epi16(h, 15);
-    let signed = _mm_sub_epi16(_mm_xor_si128(ls, minus), minus);
-    _mm256_set_m128i(
-        _mm_unpackhi_epi16(signed, signed),
-        _mm_unpacklo_epi16(signed, signed),
+fn biased(coordinates: __m256i, delta_plus_bias: __m256i) -> __m256i {
+    _mm256_add_epi8(
+        _mm256_sign_epi8(_mm256_set1_epi8(8), coordinates),
+        delta_plus_bias,
     )
 }
 
-/// One IQ1_S weight row against `N` Q8_K activation rows; each sub-block is decoded once
-/// and serves all `N`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn iq1_s_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    check_rows(w, &xs, Iq1S::BYTES);
-    let mut sums = [_mm256_setzero_ps(); N];
-    let mut shifts = [0f32; N];
-    for (i, block) in w.chunks_exact(Iq1S::BYTES).enumerate() {
-        let mut sumi = [_mm256_setzero_si256(); N];
-        for ib in 0..SUBS {
-            let high = Iq1S::high(block, ib);
-            let low = u32::from_le_bytes(
-                *block[S_INDICES_AT + 4 * ib..]
-                    .first_chunk()
-                    .expect("four index bytes"),
-            );
-            let q = points(std::array::from_fn(|l| {
-                ((low >> (8 * l)) & 0xFF) as usize | (usize::from((high >> (3 * l)) & 7) << 8)
-            }));
-            let magnitudes = _mm256_sign_epi8(q, q);
-            let scales = _mm256_set1_epi16(Iq1S::ls(high) as i16);
-            for (s, x) in sumi.iter_mut().zip(&xs) {
-                // SAFETY: every activation row holds `blocks` whole Q8_K blocks (checked
-                // above), so block `i`'s codes `32ib..32ib + 32` are in bounds; `loadu`
-                // has no alignment requirement.
-                let q8 = unsafe {
-                    _mm256_loadu_si256(x.as_ptr().add(i * Q8K_BYTES + CODES_AT + 32 * ib).cast())
-                };
-                let dot = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(q8, q));
-                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(dot, scales));
-            }
-        }
-        let shift_scales =
-            shift_scales(block[S_HIGH_AT..].first_chunk().expect("eight high words"));
-        let dw = f16_at(block, 0);
-        for (((sum, shift), s), x) in sums.iter_mut().zip(&mut shifts).zip(sumi).zip(&xs) {
-            let y = &x[i * Q8K_BYTES..(i + 1) * Q8K_BYTES];
-            // Exact: |group sum·scale| stays far inside i32.
-            let group_sums = load_32(&y[SUMS_AT..]);
-            let sumi1 = hsum_i32(_mm256_madd_epi16(group_sums, shift_scales));
-            let d = d8(y) * dw;
-            *sum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), *sum);
-            // ggml writes a multiply and an add; its build fuses them.
-            *shift = d.mul_add(sumi1 as f32, *shift);
-        }
+struct S;
+
+impl IqAvx2 for S {
+    const BYTES: usize = Iq1S::BYTES;
+    const BIAS: i8 = BIAS;
+    const FACTOR: Option<f32> = Some(DELTA);
+    const SCALE_PER_32: bool = true;
+
+    fn d(block: &[u8]) -> f32 {
+        f16_at(block, 0)
     }
-    let mut out = [0f32; N];
-    for ((o, sum), shift) in out.iter_mut().zip(sums).zip(shifts) {
-        *o = hsum_ggml(sum) + DELTA * shift;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(block: &[u8]) -> __m256i {
+        // Sub-block ib's word: its scale in bits 12..15 (the sign bit masked off).
+        let high = load_16(&block[S_HIGH_AT..]);
+        let ls = _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16::<11>(high), _mm_set1_epi16(0x0E)),
+            _mm_set1_epi16(1),
+        );
+        _mm256_set_m128i(_mm_unpackhi_epi16(ls, ls), _mm_unpacklo_epi16(ls, ls))
     }
-    out
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+        let high = Iq1S::high(block, ib);
+        let low = u32::from_le_bytes(
+            *block[S_INDICES_AT + 4 * ib..]
+                .first_chunk()
+                .expect("four index bytes"),
+        );
+        let c = points(std::array::from_fn(|l| {
+            ((low >> (8 * l)) & 0xFF) as usize | (usize::from((high >> (3 * l)) & 7) << 8)
+        }));
+        // The shift's sign (bit 15) holds for all 32 values: δ + 9 is 8 or 10.
+        biased(c, _mm256_set1_epi8(10 - 2 * (high >> 15) as i8))
+    }
 }
 
-/// One IQ1_M weight row against `N` Q8_K activation rows; each sub-block is decoded once
-/// and serves all `N`.
+struct M;
+
+impl IqAvx2 for M {
+    const BYTES: usize = Iq1M::BYTES;
+    const BIAS: i8 = BIAS;
+    const FACTOR: Option<f32> = Some(DELTA);
+    const SCALE_PER_32: bool = false;
+
+    fn d(block: &[u8]) -> f32 {
+        f16_at(&Iq1M::d_bits(block).to_le_bytes(), 0)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(block: &[u8]) -> __m256i {
+        let words = u64::from_le_bytes(*block[M_SCALES_AT..].first_chunk().expect("scales"));
+        // Lane g takes word g / 4, whose bits 3k..3k + 3 (k = g % 4) hold its scale: a
+        // multiply by 2^(13 − 3k) moves them to the top, where a shift picks them.
+        let word = _mm256_shuffle_epi8(
+            _mm256_set1_epi64x(words as i64),
+            _mm256_setr_epi8(
+                0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, //
+                4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7,
+            ),
+        );
+        let up = _mm256_set1_epi64x(0x0010_0080_0400_2000);
+        odd(_mm256_srli_epi16::<13>(_mm256_mullo_epi16(word, up)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+        let high = u32::from(u16::from_le_bytes(
+            *block[M_HIGH_AT + 2 * ib..]
+                .first_chunk()
+                .expect("two high bytes"),
+        ));
+        let low = u32::from_le_bytes(*block[4 * ib..].first_chunk().expect("four index bytes"));
+        // Group l: index bits 8..11 and shift sign in nibble l of `high`.
+        let c = points(std::array::from_fn(|l| {
+            ((low >> (8 * l)) & 0xFF) as usize | (((high >> (4 * l)) & 7) << 8) as usize
+        }));
+        // Each group's shift sign: bit 3 of its nibble (bits 3 and 7 of the two bytes).
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(high as i32),
+            _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+            ),
+        );
+        let bit = _mm256_setr_epi64x(
+            0x0808_0808_0808_0808,
+            0x8080_8080_8080_8080u64 as i64,
+            0x0808_0808_0808_0808,
+            0x8080_8080_8080_8080u64 as i64,
+        );
+        let minus = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        // δ + 9: 8 where the shift is negative, 10 elsewhere.
+        biased(
+            c,
+            _mm256_blendv_epi8(_mm256_set1_epi8(10), _mm256_set1_epi8(8), minus),
+        )
+    }
+}
+
+/// One IQ1_S weight row against `N` Q8_K activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn iq1_s_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    iq_dot::<S, N>(w, xs)
+}
+
+/// One IQ1_M weight row against `N` Q8_K activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn iq1_m_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    check_rows(w, &xs, Iq1M::BYTES);
-    let mut sums = [_mm256_setzero_ps(); N];
-    let mut shifts = [_mm256_setzero_ps(); N];
-    let ones = _mm256_set1_epi8(1);
-    for (i, block) in w.chunks_exact(Iq1M::BYTES).enumerate() {
-        let mut sumi1 = [_mm256_setzero_si256(); N];
-        let mut sumi2 = [_mm256_setzero_si256(); N];
-        for ib in 0..SUBS {
-            let high = u32::from(u16::from_le_bytes(
-                *block[M_HIGH_AT + 2 * ib..]
-                    .first_chunk()
-                    .expect("two high bytes"),
-            ));
-            let low = u32::from_le_bytes(*block[4 * ib..].first_chunk().expect("four index bytes"));
-            // Group l: index bits 8..11 and shift sign in nibble l of `high`.
-            let q = points(std::array::from_fn(|l| {
-                ((low >> (8 * l)) & 0xFF) as usize | (((high >> (4 * l)) & 7) << 8) as usize
-            }));
-            let magnitudes = _mm256_sign_epi8(q, q);
-            // ±1 per group: bit 3 of its nibble (bits 3 and 7 of the two high bytes).
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(high as i32),
-                _mm256_setr_epi8(
-                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
-                    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                ),
-            );
-            let bit = _mm256_setr_epi64x(
-                0x0808_0808_0808_0808,
-                0x8080_8080_8080_8080u64 as i64,
-                0x0808_0808_0808_0808,
-                0x8080_8080_8080_8080u64 as i64,
-            );
-            let shift_signs =
-                _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), ones);
-            // The first 16 values' scale in the low half, the other 16's in the high.
-            let (ls1, ls2) = (Iq1M::ls(block, 2 * ib), Iq1M::ls(block, 2 * ib + 1));
-            let scales = _mm256_set_m128i(_mm_set1_epi16(ls2 as i16), _mm_set1_epi16(ls1 as i16));
-            for ((s1, s2), x) in sumi1.iter_mut().zip(&mut sumi2).zip(&xs) {
-                // SAFETY: every activation row holds `blocks` whole Q8_K blocks (checked
-                // above), so block `i`'s codes `32ib..32ib + 32` are in bounds; `loadu`
-                // has no alignment requirement.
-                let q8 = unsafe {
-                    _mm256_loadu_si256(x.as_ptr().add(i * Q8K_BYTES + CODES_AT + 32 * ib).cast())
-                };
-                let dot = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(q8, q));
-                let shifted = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(q8, shift_signs));
-                *s1 = _mm256_add_epi32(*s1, _mm256_madd_epi16(dot, scales));
-                *s2 = _mm256_add_epi32(*s2, _mm256_madd_epi16(shifted, scales));
-            }
-        }
-        let dw = f16_at(&Iq1M::d_bits(block).to_le_bytes(), 0);
-        for ((((sum, shift), s1), s2), x) in sums
-            .iter_mut()
-            .zip(&mut shifts)
-            .zip(sumi1)
-            .zip(sumi2)
-            .zip(&xs)
-        {
-            let d = _mm256_set1_ps(d8(&x[i * Q8K_BYTES..]) * dw);
-            *sum = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s1), *sum);
-            *shift = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s2), *shift);
-        }
-    }
-    let mut out = [0f32; N];
-    for ((o, sum), shift) in out.iter_mut().zip(sums).zip(shifts) {
-        *o = hsum_ggml(sum) + DELTA * hsum_ggml(shift);
-    }
-    out
+    iq_dot::<M, N>(w, xs)
 }

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, zeros};
+use super::avx2_common::{bits_to_byte_mask, check_rows, zeros};
 use super::avx2_common::{f16_at, hsum_ggml, hsum_i32, load_16, load_32, pair_sums_signed, quads};
 use crate::quant::fp4::{ue4m3_half, LEVELS, NVFP4_SCALES};
 use crate::quant::low_bit::CODES_AT;
@@ -17,13 +17,6 @@ const Q8_0_CODES_AT: usize = 2;
 const Q1_0_BYTES: usize = 18;
 const Q2_0_BYTES: usize = 18;
 const NVFP4_BYTES: usize = 36;
-
-fn check_rows<const N: usize>(w: &[u8], block_bytes: usize, act_bytes: usize, xs: &[&[u8]; N]) {
-    let blocks = w.len() / block_bytes;
-    for x in xs {
-        assert_eq!(x.len(), blocks * act_bytes, "activation row length");
-    }
-}
 
 /// One Q1_0 weight row against `N` Q8_0 activation rows, in ggml's AVX2 order: per
 /// weight block, `acc_b = d₀·s₀`, then `acc_b = fma(d_k, s_k, acc_b)` for the other three

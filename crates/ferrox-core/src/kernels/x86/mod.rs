@@ -9,9 +9,12 @@
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
+mod avx2_iq;
 mod avx2_iq1;
 mod avx2_iq2;
 mod avx2_iq3;
+#[cfg(test)]
+mod avx2_iq_tests;
 mod avx2_kquants;
 mod avx2_legacy;
 mod avx2_low_bit;

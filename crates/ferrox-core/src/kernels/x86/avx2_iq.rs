@@ -1,0 +1,168 @@
+//! The shared shape of the i-quant AVX2 kernels (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S), which give the scalar reference's results bit for bit: per super-block
+//! the exact integer `isum = Σ scale·w·q` (`w` the value's small signed integer weight,
+//! `q` the activation code), then `sum = (d_w·d_x).mul_add(isum, sum)`, then the format's
+//! factor. Exact integers and one fixed float order make the results independent of the
+//! instruction set and of how many activation rows are multiplied together.
+//!
+//! `maddubs` multiplies unsigned bytes by signed ones. ggml's AVX2 kernels move the
+//! weights' signs onto the activations (`sign_epi8`), which wraps at code −128. Here the
+//! weights enter biased, `w + B` with `B` the format's largest |w|, so they are unsigned
+//! and the codes stay as they are; the bias's share `B·Σ scale·q` comes from the
+//! activations' stored sums of 16 codes (exact, as every Q8_K writer stores them; the
+//! k-quant kernels rely on them too), once per super-block and row. That is three
+//! instructions per row and sub-block, one fewer than ggml's (`|q|` times `w·sgn(q)`, the
+//! other exact way, would be one more).
+//!
+//! Each weight sub-block is decoded once and then serves all `N` activation rows.
+
+use std::arch::x86_64::*;
+
+use super::avx2_common::{check_rows, f32_at, hsums_i32};
+use crate::quant::kquants::q8_k::{CODES_AT, Q8K, SUMS_AT};
+use crate::quant::kquants::QK_K;
+use crate::quant::BlockFormat;
+
+/// An i-quant as the shared kernel [`iq_dot`] sees it: value `e` of a block is
+/// `d·scale(e)·w(e)·FACTOR` with small integers `scale` (per 16 or 32 values) and `w`.
+pub(super) trait IqAvx2 {
+    const BYTES: usize;
+    /// The largest |w|. `2·(2·BIAS)·128` must stay below 2¹⁵ (a pair of `maddubs`) and
+    /// `BIAS·scale` fit an i16.
+    const BIAS: i8;
+    /// The factor applied to the final sum (`None`: none).
+    const FACTOR: Option<f32>;
+    /// Whether each scale covers 32 values (the two of a sub-block are equal).
+    const SCALE_PER_32: bool;
+
+    /// The super-block scale `d`.
+    fn d(block: &[u8]) -> f32;
+
+    /// The scale of each 16 values in i16 lane `g` (values `16g..16g + 16`, the span of
+    /// the activations' stored sum `g`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn scales(block: &[u8]) -> __m256i;
+
+    /// Sub-block `ib`'s 32 weights plus the bias, `w + BIAS` (values `32ib..32ib + 32`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn biased(block: &[u8], ib: usize) -> __m256i;
+}
+
+/// The first 32 bytes of `bytes`, for a block's scales. A plain load there lets LLVM take
+/// the block's other fields in those bytes (grid indices, sign words) out of this vector,
+/// two vector instructions each, instead of loading them; `lddqu` is opaque to it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn opaque_load_32(bytes: &[u8]) -> __m256i {
+    let chunk: &[u8; 32] = bytes.first_chunk().expect("a 32-byte chunk");
+    // SAFETY: `chunk` is 32 readable bytes; `lddqu` has no alignment requirement.
+    unsafe { _mm256_lddqu_si256(chunk.as_ptr().cast()) }
+}
+
+/// Sixteen 4-bit fields as i16 lanes, from the eight bytes of `bytes` (low nibble first).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn nibbles16(bytes: u64) -> __m256i {
+    _mm256_cvtepu8_epi16(nibble_bytes(_mm_cvtsi64_si128(bytes as i64)))
+}
+
+/// The 16 nibbles of the low eight bytes of `x` as bytes, low nibble first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn nibble_bytes(x: __m128i) -> __m128i {
+    let low = _mm_set1_epi8(0x0F);
+    _mm_unpacklo_epi8(
+        _mm_and_si128(x, low),
+        _mm_and_si128(_mm_srli_epi16::<4>(x), low),
+    )
+}
+
+/// `2s + 1` in each i16 lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn odd(s: __m256i) -> __m256i {
+    _mm256_or_si256(_mm256_slli_epi16::<1>(s), _mm256_set1_epi16(1))
+}
+
+/// One super-block's exact integer sums against each row, in eight i32 lanes per row.
+/// `at` is the block's offset in the activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn super_block<F: IqAvx2, const N: usize>(
+    block: &[u8],
+    xs: &[&[u8]; N],
+    at: usize,
+) -> [__m256i; N] {
+    // SAFETY: this function's features are the ones `scales` and `biased` need.
+    let scales = unsafe { F::scales(block) };
+    // The sums start at minus the bias's share, −B·Σ scale·(sum of 16 codes), exact.
+    let minus_bias = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+    let mut isums = xs.map(|x| {
+        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
+        // `iq_dot`).
+        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
+        _mm256_madd_epi16(group_sums, minus_bias)
+    });
+    // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32 lane
+    // gets that pair, then the low half repeats its first i16, the high half its second.
+    let mut lane = _mm256_setzero_si256();
+    let halves = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    for ib in 0..QK_K / 32 {
+        // SAFETY: as above.
+        let biased = unsafe { F::biased(block, ib) };
+        let pair = _mm256_permutevar8x32_epi32(scales, lane);
+        let sub_scales = if F::SCALE_PER_32 {
+            pair
+        } else {
+            _mm256_shuffle_epi8(pair, halves)
+        };
+        lane = _mm256_add_epi32(lane, _mm256_set1_epi32(1));
+        for (s, x) in isums.iter_mut().zip(xs) {
+            // SAFETY: as the sums above, for this block's codes `32ib..32ib + 32`; `loadu`
+            // has no alignment requirement.
+            let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+            // |pair sum| <= 2·2B·128 < 2¹⁵: no saturation.
+            let products = _mm256_maddubs_epi16(biased, q);
+            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(products, sub_scales));
+        }
+    }
+    isums
+}
+
+/// The sum of the eight i32 lanes of `v` as f32 (`isum as f32`), without a round trip
+/// through a general register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_sum_f32(v: __m256i) -> f32 {
+    let q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01>(q));
+    _mm_cvtss_f32(_mm_cvtepi32_ps(q))
+}
+
+/// One weight row of format `F` against `N` Q8_K activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn iq_dot<F: IqAvx2, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    check_rows(w, F::BYTES, Q8K::BYTES, &xs);
+    let mut sums = [0f32; N];
+    for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
+        let at = i * Q8K::BYTES;
+        let isums = super_block::<F, N>(block, &xs, at);
+        let dw = F::d(block);
+        if N == 1 {
+            sums[0] = (dw * f32_at(xs[0], at)).mul_add(lane_sum_f32(isums[0]), sums[0]);
+            continue;
+        }
+        for ((sum, isum), x) in sums.iter_mut().zip(hsums_i32(isums)).zip(&xs) {
+            *sum = (dw * f32_at(x, at)).mul_add(isum as f32, *sum);
+        }
+    }
+    sums.map(|s| F::FACTOR.map_or(s, |f| f * s))
+}

@@ -1,0 +1,252 @@
+//! The i-quant AVX2 kernels against the scalar reference (`kernels/dot_iq.rs`), bit for bit,
+//! on blocks and activations built to reach the edges: extreme scales, activation codes of
+//! −128 and 127.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{avx2_detected, avx2_iq1, avx2_iq2, avx2_iq3};
+use crate::quant::iq1::{Iq1M, Iq1S, M_SCALES_AT};
+use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
+use crate::quant::iq3::{Iq3S, Iq3Xxs};
+use crate::quant::kquants::q8_k::{CODES_AT, Q8K, SUMS_AT};
+use crate::quant::kquants::QK_K;
+use crate::quant::BlockFormat;
+use ferrox_gguf::GgmlType;
+
+const Q8K_BYTES: usize = Q8K::BYTES;
+
+/// The scalar reference's result.
+fn scalar(ty: GgmlType, w: &[u8], x: &[u8]) -> f32 {
+    crate::kernels::vec_dot_with(crate::kernels::Isa::Scalar, ty, w, x).unwrap()
+}
+
+struct Type {
+    name: &'static str,
+    bytes: usize,
+    /// Where the block's f16 d lives (`None`: IQ1_M's, spread over its scale words).
+    d_at: Option<usize>,
+    reference: fn(&[u8], &[u8]) -> f32,
+    one: fn(&[u8], [&[u8]; 1]) -> [f32; 1],
+    three: fn(&[u8], [&[u8]; 3]) -> [f32; 3],
+    four: fn(&[u8], [&[u8]; 4]) -> [f32; 4],
+}
+
+macro_rules! kernel {
+    ($f:path, $n:literal) => {{
+        fn run(w: &[u8], xs: [&[u8]; $n]) -> [f32; $n] {
+            // SAFETY: only called after `avx2_detected()`.
+            unsafe { $f(w, xs) }
+        }
+        run
+    }};
+}
+
+macro_rules! iq_type {
+    ($name:literal, $bytes:expr, $d_at:expr, $reference:expr, $kernel:path) => {
+        Type {
+            name: $name,
+            bytes: $bytes,
+            d_at: $d_at,
+            reference: $reference,
+            one: kernel!($kernel, 1),
+            three: kernel!($kernel, 3),
+            four: kernel!($kernel, 4),
+        }
+    };
+}
+
+fn types() -> [Type; 7] {
+    use avx2_iq2::{iq2_dot, Iq2SAvx2, Iq2XsAvx2, Iq2XxsAvx2};
+    [
+        iq_type!(
+            "IQ2_XXS",
+            Iq2Xxs::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq2Xxs, w, x),
+            iq2_dot::<Iq2XxsAvx2, _>
+        ),
+        iq_type!(
+            "IQ2_XS",
+            Iq2Xs::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq2Xs, w, x),
+            iq2_dot::<Iq2XsAvx2, _>
+        ),
+        iq_type!(
+            "IQ2_S",
+            Iq2S::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq2S, w, x),
+            iq2_dot::<Iq2SAvx2, _>
+        ),
+        iq_type!(
+            "IQ3_XXS",
+            Iq3Xxs::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq3Xxs, w, x),
+            avx2_iq3::iq3_xxs_dot
+        ),
+        iq_type!(
+            "IQ3_S",
+            Iq3S::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq3S, w, x),
+            avx2_iq3::iq3_s_dot
+        ),
+        iq_type!(
+            "IQ1_S",
+            Iq1S::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq1S, w, x),
+            avx2_iq1::iq1_s_dot
+        ),
+        iq_type!(
+            "IQ1_M",
+            Iq1M::BYTES,
+            None,
+            |w, x| scalar(GgmlType::Iq1M, w, x),
+            avx2_iq1::iq1_m_dot
+        ),
+    ]
+}
+
+/// A finite f16: mostly ordinary scales, sometimes the extremes (largest, smallest
+/// normal and subnormal, zero), either sign.
+fn random_half(rng: &mut StdRng) -> half::f16 {
+    let magnitude = match rng.random_range(0..10) {
+        0 => half::f16::MAX,
+        1 => half::f16::MIN_POSITIVE,
+        2 => half::f16::from_bits(1),
+        3 => half::f16::ZERO,
+        _ => half::f16::from_f32(rng.random_range(1e-4f32..1.0)),
+    };
+    if rng.random() {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// Random bytes (every pattern is a valid block) with a finite `d`.
+fn random_weights(rng: &mut StdRng, ty: &Type, blocks: usize) -> Vec<u8> {
+    let mut w = vec![0u8; blocks * ty.bytes];
+    rng.fill(&mut w[..]);
+    for block in w.chunks_exact_mut(ty.bytes) {
+        let d = random_half(rng).to_bits();
+        match ty.d_at {
+            Some(at) => block[at..at + 2].copy_from_slice(&d.to_le_bytes()),
+            // One nibble of d in the top of each of the four scale words.
+            None => {
+                for k in 0..4 {
+                    let at = M_SCALES_AT + 2 * k + 1;
+                    let nibble = ((d >> (4 * k)) & 0xF) as u8;
+                    block[at] = (block[at] & 0x0F) | (nibble << 4);
+                }
+            }
+        }
+    }
+    w
+}
+
+/// Q8_K blocks with random codes, runs of the extremes −128 and 127, and group sums that
+/// match the codes (as every Q8_K writer stores them: the kernels use them).
+fn random_activation(rng: &mut StdRng, blocks: usize) -> Vec<u8> {
+    let mut x = vec![0u8; blocks * Q8K_BYTES];
+    for xb in x.chunks_exact_mut(Q8K_BYTES) {
+        let d: f32 = match rng.random_range(0..8) {
+            0 => 1e20,
+            1 => 1e-30,
+            _ => rng.random_range(1e-6f32..1.0),
+        };
+        let d = if rng.random() { -d } else { d };
+        xb[..4].copy_from_slice(&d.to_le_bytes());
+        let pattern = rng.random_range(0..5);
+        let codes: [i8; QK_K] = std::array::from_fn(|e| match pattern {
+            0 => i8::MIN,
+            1 => i8::MAX,
+            2 => [i8::MIN, i8::MAX][e % 2],
+            3 => {
+                if rng.random_range(0..4) == 0 {
+                    i8::MIN
+                } else {
+                    rng.random()
+                }
+            }
+            _ => rng.random(),
+        });
+        for (b, c) in xb[CODES_AT..CODES_AT + QK_K].iter_mut().zip(codes) {
+            *b = c as u8;
+        }
+        for (g, sum) in xb[SUMS_AT..].chunks_exact_mut(2).enumerate() {
+            let s: i16 = codes[16 * g..16 * g + 16]
+                .iter()
+                .map(|&c| i16::from(c))
+                .sum();
+            sum.copy_from_slice(&s.to_le_bytes());
+        }
+    }
+    x
+}
+
+fn same(got: f32, want: f32) -> bool {
+    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+}
+
+#[test]
+fn iq_kernels_give_the_scalar_arithmetic_bit_for_bit() {
+    if !avx2_detected() {
+        eprintln!("skipped: this machine has no AVX2");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(0x1A_E4AC7);
+    for ty in types() {
+        for case in 0..300 {
+            let blocks = rng.random_range(1..5);
+            let w = random_weights(&mut rng, &ty, blocks);
+            let xs: Vec<Vec<u8>> = (0..4)
+                .map(|_| random_activation(&mut rng, blocks))
+                .collect();
+            let want: Vec<f32> = xs.iter().map(|x| (ty.reference)(&w, x)).collect();
+            let got1 = xs.iter().map(|x| (ty.one)(&w, [x])[0]);
+            let got3 = (ty.three)(&w, [&xs[0], &xs[1], &xs[2]]);
+            let got4 = (ty.four)(&w, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+            for (t, got) in got1.enumerate() {
+                assert!(
+                    same(got, want[t])
+                        && same(got4[t], want[t])
+                        && (t == 3 || same(got3[t], want[t])),
+                    "{} case {case}, row {t}: {got} / {} / {} vs {}",
+                    ty.name,
+                    got4[t],
+                    got3[t.min(2)],
+                    want[t]
+                );
+            }
+        }
+    }
+}
+
+/// The case ggml's AVX2 sign trick gets wrong: every activation code −128 against
+/// negative weights. The exact sum is far from the wrapped one.
+#[test]
+fn codes_of_minus_128_are_exact() {
+    if !avx2_detected() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(0x80);
+    for ty in types() {
+        let w = random_weights(&mut rng, &ty, 2);
+        let mut x = random_activation(&mut rng, 2);
+        for xb in x.chunks_exact_mut(Q8K_BYTES) {
+            xb[..4].copy_from_slice(&0.5f32.to_le_bytes());
+            xb[CODES_AT..CODES_AT + QK_K].fill(0x80);
+            for sum in xb[SUMS_AT..].chunks_exact_mut(2) {
+                sum.copy_from_slice(&(-2048i16).to_le_bytes());
+            }
+        }
+        let want = (ty.reference)(&w, &x);
+        let got = (ty.one)(&w, [&x])[0];
+        assert!(same(got, want), "{}: {got} vs {want}", ty.name);
+    }
+}
