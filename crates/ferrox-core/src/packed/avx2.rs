@@ -428,39 +428,34 @@ unsafe fn q6k_block<const N: usize>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    let zero = _mm256_setzero_si256();
     // SAFETY: the caller's contract.
     unsafe {
-        let mut scaled = [zero; N];
-        let mut offsets = [zero; N];
-        for p in 0..8 {
-            // Lane r: row r's scales 2p and 2p + 1 as two i16.
-            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
-                block.add(Q6K_SCALES_AT + 32 * p + 16 * half).cast(),
-            ));
-            let scales = split_pair(pair);
-            for (h, scale) in scales.iter().enumerate() {
-                let s = 2 * p + h;
+        offset_block::<N, 5>(
+            block,
+            half,
+            b,
+            xs,
+            acc,
+            #[inline(always)]
+            |s| {
                 let n0 = half_of(block.add(q6k_low_at(2 * s)), half);
                 let n1 = half_of(block.add(q6k_low_at(2 * s + 1)), half);
                 let hb = half_of(block.add(q6k_high_at(s)), half);
-                let codes = [
+                [
                     six_bits(n0, _mm256_slli_epi16::<4>(hb)),
                     six_bits(_mm256_srli_epi16::<4>(n0), _mm256_slli_epi16::<2>(hb)),
                     six_bits(n1, hb),
                     six_bits(_mm256_srli_epi16::<4>(n1), _mm256_srli_epi16::<2>(hb)),
-                ];
-                for t in 0..N {
-                    // Six-bit codes: one widening multiply by the scale per eight products.
-                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let p0 = _mm256_madd_epi16(pairs8(codes[0], codes[1], x), *scale);
-                    let p1 = _mm256_madd_epi16(pairs8(codes[2], codes[3], x.add(8)), *scale);
-                    scaled[t] = _mm256_add_epi32(scaled[t], _mm256_add_epi32(p0, p1));
-                }
-            }
-            add_pair_sums(xs, b, p, pair, &mut offsets);
-        }
-        add_offset_block::<N, 5>(block, half, b, xs, &scaled, &offsets, acc);
+                ]
+            },
+            // Six-bit codes: one widening multiply by the scale per eight products.
+            #[inline(always)]
+            |codes, x, scale| {
+                let p0 = _mm256_madd_epi16(pairs8(codes[0], codes[1], x), scale);
+                let p1 = _mm256_madd_epi16(pairs8(codes[2], codes[3], x.add(8)), scale);
+                _mm256_add_epi32(p0, p1)
+            },
+        )
     }
 }
 
@@ -477,36 +472,71 @@ unsafe fn i8k_block<const N: usize>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    let zero = _mm256_setzero_si256();
     // SAFETY: the caller's contract.
+    unsafe {
+        offset_block::<N, 6>(
+            block,
+            half,
+            b,
+            xs,
+            acc,
+            #[inline(always)]
+            |s| std::array::from_fn(|k| half_of(block.add(I8K_CODES_AT + 64 * (4 * s + k)), half)),
+            #[inline(always)]
+            |codes, x, scale| {
+                let mut sum = _mm256_setzero_si256();
+                for (k, code) in codes.iter().enumerate() {
+                    let xk = _mm256_set1_epi32(x.add(4 * k).cast::<i32>().read_unaligned());
+                    let pairs = _mm256_maddubs_epi16(*code, xk);
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale));
+                }
+                sum
+            },
+        )
+    }
+}
+
+/// A super-block of signed scales per 16 values and unsigned codes offset by `1 << SHIFT`
+/// (Q6_K, I8K), half `half` of the group: `codes(s)` gives sub-block `s`'s four code
+/// vectors, `sub_sum(codes, x, scale)` their `scale·Σ code·x` against the sixteen
+/// activation bytes at `x` in i32 lanes.
+///
+/// # Safety
+/// The caller's contract of [`half_block`]; the closures read only inside the block and
+/// the activation bytes they are given.
+#[inline(always)]
+unsafe fn offset_block<const N: usize, const SHIFT: i32>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+    codes: impl Fn(usize) -> [__m256i; 4],
+    sub_sum: impl Fn(&[__m256i; 4], *const u8, __m256i) -> __m256i,
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract (and the features, which every caller enables).
     unsafe {
         let mut scaled = [zero; N];
         let mut offsets = [zero; N];
         for p in 0..8 {
-            // Lane r: row r's scales of sub-blocks 2p and 2p + 1 as two i16.
+            // Lane r: row r's scales 2p and 2p + 1 as two i16.
+            const _: () = assert!(Q6K_SCALES_AT == I8K_SCALES_AT);
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(
-                block.add(I8K_SCALES_AT + 32 * p + 16 * half).cast(),
+                block.add(Q6K_SCALES_AT + 32 * p + 16 * half).cast(),
             ));
             let scales = split_pair(pair);
-            for (i, scale) in scales.iter().enumerate() {
-                let s = 2 * p + i;
-                let codes: [__m256i; 4] = std::array::from_fn(|k| {
-                    half_of(block.add(I8K_CODES_AT + 64 * (4 * s + k)), half)
-                });
+            for (h, scale) in scales.iter().enumerate() {
+                let s = 2 * p + h;
+                let codes = codes(s);
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let mut sum = zero;
-                    for (k, code) in codes.iter().enumerate() {
-                        let xk = _mm256_set1_epi32(x.add(4 * k).cast::<i32>().read_unaligned());
-                        let pairs = _mm256_maddubs_epi16(*code, xk);
-                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, *scale));
-                    }
-                    scaled[t] = _mm256_add_epi32(scaled[t], sum);
+                    scaled[t] = _mm256_add_epi32(scaled[t], sub_sum(&codes, x, *scale));
                 }
             }
             add_pair_sums(xs, b, p, pair, &mut offsets);
         }
-        add_offset_block::<N, 6>(block, half, b, xs, &scaled, &offsets, acc);
+        add_offset_block::<N, SHIFT>(block, half, b, xs, &scaled, &offsets, acc);
     }
 }
 

@@ -190,14 +190,8 @@ impl<C: Codes> Block for Legacy<C> {
                 let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
                 let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
                 // The codes are `w + bias`: start from `-bias·Σx`.
-                let mut even = _mm512_set1_epi32(bias * -x_sum);
-                let mut odd = _mm512_setzero_si512();
-                for k in 0..4 {
-                    even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(a.add(8 * k)));
-                    odd =
-                        _mm512_dpbusd_epi32(odd, codes[2 * k + 1], broadcast_i32(a.add(8 * k + 4)));
-                }
-                let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                let sums = dot32(_mm512_set1_epi32(bias * -x_sum), &codes, a);
+                let sums = _mm512_cvtepi32_ps(sums);
                 let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
                 if C::FORMAT.has_min() {
@@ -209,6 +203,27 @@ impl<C: Codes> Block for Legacy<C> {
             }
         }
     }
+}
+
+/// `init + Σ code·x` per row lane over 32 values: `codes[g]` holds values `4g..4g + 4` of
+/// each row (unsigned), `x` the 32 activation bytes. Two chains of `vpdpbusd`, so that
+/// neither waits on the other.
+///
+/// # Safety
+/// The CPU has the kernels' features; `x` addresses 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn dot32(init: __m512i, codes: &[__m512i; 8], x: *const u8) -> __m512i {
+    let mut even = init;
+    let mut odd = _mm512_setzero_si512();
+    // SAFETY: the caller's contract.
+    unsafe {
+        for k in 0..4 {
+            even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
+            odd = _mm512_dpbusd_epi32(odd, codes[2 * k + 1], broadcast_i32(x.add(8 * k + 4)));
+        }
+    }
+    _mm512_add_epi32(even, odd)
 }
 
 /// The i32 at `p`, broadcast.

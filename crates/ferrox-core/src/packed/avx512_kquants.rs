@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{broadcast_i32, nibbles, Block};
+use super::avx512::{broadcast_i32, dot32, nibbles, Block};
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q6k_high_at, q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT,
     IQ4NL_CODES, IQ4XS_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
@@ -82,17 +82,7 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
                 let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
-                    let mut even = zero;
-                    let mut odd = zero;
-                    for k in 0..4 {
-                        even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
-                        odd = _mm512_dpbusd_epi32(
-                            odd,
-                            codes[2 * k + 1],
-                            broadcast_i32(x.add(8 * k + 4)),
-                        );
-                    }
-                    let sum = _mm512_add_epi32(even, odd);
+                    let sum = dot32(zero, &codes, x);
                     scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
                 }
             }
@@ -275,17 +265,7 @@ impl Block for Iq4XsBlock {
                     let sums = y.add(Q8K_SUMS_AT + 4 * s);
                     let x_sum = i32::from(sums.cast::<i16>().read_unaligned())
                         + i32::from(sums.add(2).cast::<i16>().read_unaligned());
-                    let mut even = _mm512_set1_epi32(-128 * x_sum);
-                    let mut odd = zero;
-                    for k in 0..4 {
-                        even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
-                        odd = _mm512_dpbusd_epi32(
-                            odd,
-                            codes[2 * k + 1],
-                            broadcast_i32(x.add(8 * k + 4)),
-                        );
-                    }
-                    let sum = _mm512_add_epi32(even, odd);
+                    let sum = dot32(_mm512_set1_epi32(-128 * x_sum), &codes, x);
                     scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
                 }
             }

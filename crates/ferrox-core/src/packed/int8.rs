@@ -15,7 +15,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::layout::{int8_group, QK_K};
-use super::{kernel_for, kernel_isa, GroupsFn, PackedFormat, GROUP_ROWS, MAX_TOKENS_PER_SWEEP};
+use super::{kernel_for, kernel_isa, sweep_tokens, GroupsFn, PackedFormat, GROUP_ROWS};
 use crate::kernels::Isa;
 use crate::matrix::Outputs;
 use crate::quant::int8::Int8Expand;
@@ -123,29 +123,23 @@ impl Int8Path {
                         &bytes[(first + g) * GROUP_ROWS * row_bytes..][..GROUP_ROWS * row_bytes];
                     (self.expand)(blocks, row_bytes, src, dst);
                 }
-                let mut t = 0;
-                while t < n_tokens {
-                    let width = (n_tokens - t).min(MAX_TOKENS_PER_SWEEP);
-                    let mut xs = [std::ptr::null::<u8>(); MAX_TOKENS_PER_SWEEP];
-                    for (i, x) in xs.iter_mut().take(width).enumerate() {
-                        *x = xq[(t + i) * act..].as_ptr();
-                    }
-                    // SAFETY: the panel holds `count` whole groups of `blocks` blocks, every
-                    // activation row `blocks` Q8_K blocks (checked above); this task's
-                    // outputs (rows of groups `first..first + count`, every token) are
-                    // inside `y` and touched by no other task.
-                    unsafe {
-                        (self.kernel)(
-                            panel.as_ptr(),
-                            count,
-                            blocks,
-                            &xs[..width],
-                            out.ptr.add(t * rows + first * GROUP_ROWS),
-                            rows,
-                        )
-                    };
-                    t += width;
-                }
+                // SAFETY: the panel holds `count` whole groups of `blocks` blocks, every
+                // activation row `blocks` Q8_K blocks (checked above); this task's outputs
+                // (rows of groups `first..first + count`, every token) are inside `y` and
+                // touched by no other task.
+                unsafe {
+                    sweep_tokens(
+                        self.kernel,
+                        panel.as_ptr(),
+                        count,
+                        blocks,
+                        xq,
+                        act,
+                        n_tokens,
+                        out.ptr.add(first * GROUP_ROWS),
+                        rows,
+                    )
+                };
                 if self.factor != 1.0 {
                     for t in 0..n_tokens {
                         // SAFETY: as above.

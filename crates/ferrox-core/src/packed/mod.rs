@@ -466,29 +466,62 @@ impl PackedMatrix {
         while g < first + count {
             let n = panel.min(first + count - g);
             let w = self.data[g * group_bytes..].as_ptr();
-            let mut t = 0;
-            while t < n_tokens {
-                let width = (n_tokens - t).min(MAX_TOKENS_PER_SWEEP);
-                let mut xs = [std::ptr::null::<u8>(); MAX_TOKENS_PER_SWEEP];
-                for (i, x) in xs.iter_mut().take(width).enumerate() {
-                    *x = xq[(t + i) * act..].as_ptr();
-                }
-                // SAFETY: per this function's contract; outputs of tokens `t..t+width`,
-                // rows of groups `g..g+n`.
-                unsafe {
-                    kernel(
-                        w,
-                        n,
-                        blocks,
-                        &xs[..width],
-                        out.ptr.add(t * self.rows + g * GROUP_ROWS),
-                        self.rows,
-                    )
-                };
-                t += width;
-            }
+            // SAFETY: per this function's contract; outputs of rows of groups `g..g+n`.
+            unsafe {
+                sweep_tokens(
+                    kernel,
+                    w,
+                    n,
+                    blocks,
+                    xq,
+                    act,
+                    n_tokens,
+                    out.ptr.add(g * GROUP_ROWS),
+                    self.rows,
+                )
+            };
             g += n;
         }
+    }
+}
+
+/// `groups` groups at `w` against all `n_tokens` activation rows of `xq` (`act` bytes each),
+/// [`MAX_TOKENS_PER_SWEEP`] tokens per kernel call; token `t`'s outputs at
+/// `out + t · out_stride`.
+///
+/// # Safety
+/// As for [`GroupsFn`], for every token.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep_tokens(
+    kernel: GroupsFn,
+    w: *const u8,
+    groups: usize,
+    blocks: usize,
+    xq: &[u8],
+    act: usize,
+    n_tokens: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut t = 0;
+    while t < n_tokens {
+        let width = (n_tokens - t).min(MAX_TOKENS_PER_SWEEP);
+        let mut xs = [std::ptr::null::<u8>(); MAX_TOKENS_PER_SWEEP];
+        for (i, x) in xs.iter_mut().take(width).enumerate() {
+            *x = xq[(t + i) * act..].as_ptr();
+        }
+        // SAFETY: the caller's contract, for tokens `t..t + width`.
+        unsafe {
+            kernel(
+                w,
+                groups,
+                blocks,
+                &xs[..width],
+                out.add(t * out_stride),
+                out_stride,
+            )
+        };
+        t += width;
     }
 }
 
