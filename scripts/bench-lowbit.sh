@@ -31,7 +31,7 @@ IMATRIX_CHUNKS="${IMATRIX_CHUNKS:-16}"
 REPS="${REPS:-3}"
 TG="${TG:-64}"
 PP="${PP:-256}"
-TYPES="${TYPES:-IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S Q2_K Q3_K_M TQ1_0}"
+TYPES="${TYPES:-IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS Q2_K Q3_K_M TQ1_0}"
 OUT="${OUT:-docs/BENCHMARKS-LOWBIT.md}"
 WORK="${WORK:-$HOME/.cache/ferrox/lowbit}"
 for tool in llama-quantize llama-imatrix llama-perplexity llama-bench; do
@@ -127,9 +127,10 @@ done
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
-    echo "The i-quants' prompt processing is llama.cpp's \"tiled\" path (i-quant tiles unpacked to int8"
-    echo "once, an int8 product over them); ours runs the row kernels, which reproduce ggml's"
-    echo '`vec_dot` bit for bit. TQ1_0 is not in the table: requantizing a model that is not ternary'
-    echo "to it gives noise (perplexity in the millions on both engines)."
+    echo "For a prompt, both engines unpack i-quant rows to int8 once per tile and run an int8 product"
+    echo "over every token (llama.cpp's \"tiled\" path; ours expands panels of rows to their exact"
+    echo "integer form, so that prompt and single-token products give the same bits). IQ4_NL and"
+    echo "IQ4_XS are repacked at load. TQ1_0 is not in the table: requantizing a model that is not"
+    echo "ternary to it gives noise (perplexity in the millions on both engines)."
 } > "$OUT"
 echo "wrote $OUT" >&2
