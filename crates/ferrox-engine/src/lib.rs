@@ -201,6 +201,21 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [TokenId],
     pub logits: LogitsFor,
     pub output: Output,
+    /// Rows that stand in for the tokens' embeddings (an image's), if any.
+    pub embeddings: Option<InputEmbeddings<'a>>,
+}
+
+/// Rows given in place of a step's token embeddings (an image's embeddings from a vision
+/// encoder): the tokens then only name the positions (for prefix reuse, so they need not be
+/// in the vocabulary) and are not looked up. Rows given this way are not scaled as token
+/// embeddings are (Gemma's `sqrt(n_embd)`), as llama.cpp treats raw embeddings.
+#[derive(Clone, Copy, Debug)]
+pub struct InputEmbeddings<'a> {
+    /// One row of [`Engine::embedding_size`] values per token of the step.
+    pub rows: &'a [f32],
+    /// The rows attend to each other both ways (Gemma 3's image tokens) rather than
+    /// causally; they must then fit one micro-batch.
+    pub bidirectional: bool,
 }
 
 /// An engine's activation buffers, kept between steps so decoding does not allocate. Each
@@ -239,6 +254,11 @@ pub trait Engine: Send + Sync + Any {
 
     /// Width of the hidden state ([`Output::Embeddings`]).
     fn embedding_size(&self) -> usize;
+
+    /// Whether steps may give rows in place of token embeddings ([`SeqInput::embeddings`]).
+    fn accepts_embeddings(&self) -> bool {
+        false
+    }
 
     /// Positions one sequence can hold.
     fn context_size(&self) -> usize;
@@ -343,6 +363,19 @@ pub fn step_sequences<E: Engine + ?Sized>(
     work: &[SeqWork<'_>],
     logits: &mut [&mut Vec<f32>],
 ) -> Result<(), EngineError> {
+    step_sequences_with(engine, memory, scratch, work, &[], logits)
+}
+
+/// [`step_sequences`] where sequence `work[i]` takes `embeddings[i]` in place of its tokens'
+/// embeddings, if given (`embeddings` may be shorter than `work`: the rest take none).
+pub fn step_sequences_with<E: Engine + ?Sized>(
+    engine: &E,
+    memory: &mut SequenceMemory,
+    scratch: &mut StepScratch,
+    work: &[SeqWork<'_>],
+    embeddings: &[Option<InputEmbeddings<'_>>],
+    logits: &mut [&mut Vec<f32>],
+) -> Result<(), EngineError> {
     for w in work {
         let needed = memory.len(w.seq) + w.tokens.len();
         memory.grow(w.seq, needed)?;
@@ -350,10 +383,12 @@ pub fn step_sequences<E: Engine + ?Sized>(
     let ids: SmallVec<[SeqId; 16]> = work.iter().map(|w| w.seq).collect();
     let inputs: SmallVec<[SeqInput<'_>; 16]> = work
         .iter()
-        .map(|w| SeqInput {
+        .enumerate()
+        .map(|(i, w)| SeqInput {
             tokens: w.tokens,
             logits: w.logits,
             output: w.output,
+            embeddings: embeddings.get(i).copied().flatten(),
         })
         .collect();
     let mut view = memory.view(&ids)?;
@@ -462,6 +497,20 @@ pub trait EngineExt: Engine {
         rows: LogitsFor,
         output: Output,
     ) -> Result<&'s [f32], EngineError> {
+        self.forward_with(tokens, None, start_pos, state, rows, output)
+    }
+
+    /// The step behind [`forward_rows`](Self::forward_rows) and
+    /// [`forward_embeddings`](Self::forward_embeddings).
+    fn forward_with<'s>(
+        &self,
+        tokens: &[TokenId],
+        embeddings: Option<InputEmbeddings<'_>>,
+        start_pos: usize,
+        state: &'s mut State,
+        rows: LogitsFor,
+        output: Output,
+    ) -> Result<&'s [f32], EngineError> {
         let len = state.len();
         if start_pos != len {
             return Err(EngineError::Position {
@@ -488,8 +537,28 @@ pub trait EngineExt: Engine {
             logits: rows,
             output,
         };
-        step_sequences(self, memory, scratch, &[work], &mut [out])?;
+        step_sequences_with(self, memory, scratch, &[work], &[embeddings], &mut [out])?;
         Ok(&state.logits)
+    }
+
+    /// [`forward_rows`](Self::forward_rows) with `embeddings` in place of the tokens'
+    /// embeddings (`tokens` then only name the positions), as an image is fed.
+    fn forward_embeddings<'s>(
+        &self,
+        tokens: &[TokenId],
+        embeddings: InputEmbeddings<'_>,
+        start_pos: usize,
+        state: &'s mut State,
+        rows: LogitsFor,
+    ) -> Result<&'s [f32], EngineError> {
+        self.forward_with(
+            tokens,
+            Some(embeddings),
+            start_pos,
+            state,
+            rows,
+            Output::Logits,
+        )
     }
 
     /// Drafts up to `max` tokens to follow `token`, which is to be fed at the state's next

@@ -8,4 +8,5 @@
 pub mod draft_model;
 pub mod embedding;
 pub mod generate;
+pub mod media;
 pub mod sampling;

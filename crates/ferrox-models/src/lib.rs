@@ -18,6 +18,7 @@ pub mod names;
 pub mod plan;
 pub mod scaffold;
 pub(crate) mod tensors;
+pub mod vision;
 
 pub use any_engine::AnyEngine;
 pub use decoder::Decoder;

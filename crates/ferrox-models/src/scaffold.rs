@@ -35,6 +35,11 @@ pub struct Row {
     pub logits_row: Option<usize>,
     /// What that row holds.
     pub output: Output,
+    /// The row of the step's given embeddings that stands in for the token's, if any.
+    pub embedding: Option<usize>,
+    /// The end (exclusive) of the positions the row attends to: `pos + 1`, or the end of a
+    /// bidirectional span it belongs to.
+    pub attend_end: usize,
 }
 
 /// `buf[..len]`, grown if needed.
@@ -48,14 +53,18 @@ pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// Checks a step's sequences (tokens present and in the vocabulary, room in each
 /// sequence's blocks), sizes each sequence's output buffer (logits or embeddings) and lays
 /// the tokens out as rows: each sequence's rows contiguous and in position order.
+/// A step's given embeddings ([`SeqInput::embeddings`]) are copied, in row order, into
+/// `embeddings`; engines that do not take them (`takes_embeddings` false) refuse them.
 pub fn layout(
     memory: &StepMemory<'_>,
     seqs: &[SeqInput<'_>],
     (n_vocab, n_embd): (usize, usize),
     logits: &mut [&mut Vec<f32>],
     rows: &mut Vec<Row>,
+    (takes_embeddings, embeddings): (bool, &mut Vec<f32>),
 ) -> Result<(), EngineError> {
     rows.clear();
+    embeddings.clear();
     if seqs.len() != memory.n_seqs() || logits.len() != seqs.len() {
         return Err(EngineError::State(format!(
             "a step of {} sequences with {} memories and {} logits buffers",
@@ -76,11 +85,26 @@ pub fn layout(
                 capacity: memory.capacity(seq),
             });
         }
-        if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(EngineError::InvalidToken {
-                token: bad,
-                vocab_size: n_vocab,
-            });
+        let given = match input.embeddings {
+            Some(e) => Some(check_embeddings(
+                e,
+                input.tokens.len(),
+                n_embd,
+                takes_embeddings,
+            )?),
+            None => None,
+        };
+        if given.is_none() {
+            if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+                return Err(EngineError::InvalidToken {
+                    token: bad,
+                    vocab_size: n_vocab,
+                });
+            }
+        }
+        let first_embedding = embeddings.len() / n_embd.max(1);
+        if let Some(e) = input.embeddings {
+            embeddings.extend_from_slice(e.rows);
         }
         let wanted = input.logits.range(input.tokens.len());
         let width = match input.output {
@@ -95,10 +119,62 @@ pub fn layout(
                 token,
                 logits_row: wanted.contains(&i).then(|| i - wanted.start),
                 output: input.output,
+                embedding: given.map(|_| first_embedding + i),
+                attend_end: match given {
+                    Some(true) => needed,
+                    _ => start + i + 1,
+                },
             });
         }
     }
     Ok(())
+}
+
+/// Checks a sequence's given embeddings; returns whether they are bidirectional.
+fn check_embeddings(
+    e: crate::engine::InputEmbeddings<'_>,
+    n_tokens: usize,
+    n_embd: usize,
+    takes_embeddings: bool,
+) -> Result<bool, EngineError> {
+    if !takes_embeddings {
+        return Err(EngineError::State(
+            "this engine takes tokens only, not embeddings in their place".into(),
+        ));
+    }
+    if e.rows.len() != n_tokens * n_embd {
+        return Err(EngineError::State(format!(
+            "{} embedding values for {n_tokens} tokens of width {n_embd}",
+            e.rows.len()
+        )));
+    }
+    if e.bidirectional && n_tokens > MAX_MICRO_BATCH {
+        return Err(EngineError::State(format!(
+            "{n_tokens} embeddings attending both ways: at most {MAX_MICRO_BATCH} at once"
+        )));
+    }
+    Ok(e.bidirectional)
+}
+
+/// The length of the micro-batch to take from the front of `rest` (at most `max` rows): a
+/// bidirectional span is never split, so the cut moves before one that would be.
+pub fn micro_batch_len(rest: &[Row], max: usize) -> usize {
+    let len = rest.len().min(max);
+    let last = rest[len - 1];
+    if last.attend_end <= last.pos + 1 {
+        return len;
+    }
+    // The span's first row: the earliest row of the same sequence with the same end.
+    let start = rest[..len]
+        .iter()
+        .position(|r| r.seq == last.seq && r.attend_end == last.attend_end)
+        .unwrap_or(0);
+    let span_end_in_rest = len + (last.attend_end - last.pos - 1);
+    if span_end_in_rest <= len || start == 0 {
+        len
+    } else {
+        start
+    }
 }
 
 /// What every engine runs on: the file, the context size, the cache's element type and the
@@ -244,6 +320,12 @@ pub trait EngineBody: Send + Sync + 'static {
         false
     }
 
+    /// Whether rows may come as given embeddings ([`Row::embedding`], handed to
+    /// [`micro_batch`](Self::micro_batch)) and attend bidirectionally ([`Row::attend_end`]).
+    fn takes_embeddings(&self) -> bool {
+        false
+    }
+
     /// The file's classification head (rerankers), if the engine loaded one.
     fn classifier(&self) -> Option<&crate::layers::classifier::ClassifierHead> {
         None
@@ -272,10 +354,12 @@ pub trait EngineBody: Send + Sync + 'static {
 
     /// One micro-batch of rows (each sequence's rows contiguous, in position order) through
     /// every layer, its memory rows written and its sequences advanced, and the logits of the
-    /// rows that want them into their sequences' buffers.
+    /// rows that want them into their sequences' buffers. `embeddings` holds the step's
+    /// given embedding rows (empty unless [`takes_embeddings`](Self::takes_embeddings)).
     fn micro_batch(
         &self,
         rows: &[Row],
+        embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Self::Buffers,
@@ -291,7 +375,9 @@ macro_rules! engine_from_body {
             use ferrox_gguf::Gguf;
             use ferrox_memory::{MemorySpec, StepMemory};
             use $crate::engine::{Engine, EngineError, SeqInput, StepScratch};
-            use $crate::scaffold::{layout, EngineBody, StepBuffers, MAX_MICRO_BATCH};
+            use $crate::scaffold::{
+                layout, micro_batch_len, EngineBody, StepBuffers, MAX_MICRO_BATCH,
+            };
             use $crate::TokenId;
 
             impl Engine for $engine {
@@ -337,6 +423,10 @@ macro_rules! engine_from_body {
 
                 fn has_mtp(&self) -> bool {
                     EngineBody::has_mtp(self)
+                }
+
+                fn accepts_embeddings(&self) -> bool {
+                    EngineBody::takes_embeddings(self)
                 }
 
                 fn has_classifier(&self) -> bool {
@@ -386,16 +476,20 @@ macro_rules! engine_from_body {
                     seqs: &[SeqInput<'_>],
                     logits: &mut [&mut Vec<f32>],
                 ) -> Result<(), EngineError> {
-                    let StepBuffers { rows, engine } =
-                        scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
+                    let StepBuffers {
+                        rows,
+                        embeddings,
+                        engine,
+                    } = scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
                     let widths = (self.runtime().n_vocab, self.runtime().n_embd);
-                    layout(memory, seqs, widths, logits, rows)?;
+                    let given = (EngineBody::takes_embeddings(self), &mut *embeddings);
+                    layout(memory, seqs, widths, logits, rows, given)?;
                     let checkpoints = self.checkpoints();
                     let block = memory.block_tokens();
                     self.runtime().pool.install(|| {
                         let mut rest = &rows[..];
                         while !rest.is_empty() {
-                            let mut len = rest.len().min(MAX_MICRO_BATCH);
+                            let mut len = micro_batch_len(rest, MAX_MICRO_BATCH);
                             if checkpoints {
                                 // End the micro-batch where some sequence completes a block.
                                 if let Some(i) =
@@ -405,7 +499,7 @@ macro_rules! engine_from_body {
                                 }
                             }
                             let (chunk, tail) = rest.split_at(len);
-                            self.micro_batch(chunk, memory, logits, engine)?;
+                            self.micro_batch(chunk, embeddings, memory, logits, engine)?;
                             if checkpoints {
                                 if let Some(r) = chunk.last().filter(|r| (r.pos + 1) % block == 0) {
                                     memory.checkpoint(r.seq, r.pos + 1);
@@ -426,6 +520,8 @@ pub(crate) use engine_from_body;
 #[derive(Default)]
 pub(crate) struct StepBuffers<B> {
     pub(crate) rows: Vec<Row>,
+    /// The step's given embedding rows ([`SeqInput::embeddings`]), in row order.
+    pub(crate) embeddings: Vec<f32>,
     pub(crate) engine: B,
 }
 
@@ -436,15 +532,21 @@ pub fn advance(memory: &mut StepMemory<'_>, rows: &[Row]) {
     }
 }
 
-/// The rows' token embeddings (times `scale`, if any) into `x` (`rows.len() × n_embd`).
+/// The rows' token embeddings (times `scale`, if any) into `x` (`rows.len() × n_embd`); a
+/// row with given embeddings takes its row of `given` as it is.
 pub fn embed(
     rows: &[Row],
     embd: &WeightMatrix<'_>,
     scale: Option<f32>,
+    given: &[f32],
     x: &mut [f32],
 ) -> Result<(), EngineError> {
     let n_embd = embd.cols();
     for (row, out) in rows.iter().zip(x.chunks_exact_mut(n_embd)) {
+        if let Some(i) = row.embedding {
+            out.copy_from_slice(&given[i * n_embd..(i + 1) * n_embd]);
+            continue;
+        }
         embd.dequant_row(row.token as usize, out)
             .map_err(ModelError::from)?;
         if let Some(scale) = scale {
@@ -498,7 +600,7 @@ impl Residual {
         scale: Option<f32>,
     ) -> Result<(), EngineError> {
         let x = sized(&mut self.x, rows.len() * embd.cols());
-        embed(rows, embd, scale, x)
+        embed(rows, embd, scale, &[], x)
     }
 
     /// One pre-norm sublayer: `x += f(rms_norm(x; norm))`, `f` writing its output into the

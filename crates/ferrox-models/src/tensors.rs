@@ -398,6 +398,26 @@ impl Loader<'_> {
         self.check_matrix(self.require(name)?, cols, rows)
     }
 
+    /// A tensor of ggml shape `shape` whose elements, in memory order, are `rows` rows of
+    /// `cols` (a convolution kernel used as a matrix).
+    pub(crate) fn matrix_of_shape(
+        &self,
+        name: &str,
+        shape: &[u64],
+        (cols, rows): (usize, usize),
+    ) -> Result<MatrixRef, ModelError> {
+        let t = self.require(name)?;
+        self.check(t, shape)?;
+        let m = MatrixRef {
+            tensor: t.clone(),
+            rows,
+            cols,
+            packed: None,
+        };
+        m.view(self.gguf)?;
+        Ok(m)
+    }
+
     pub(crate) fn opt_matrix(
         &self,
         name: &str,

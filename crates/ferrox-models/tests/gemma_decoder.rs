@@ -374,6 +374,7 @@ fn paged_sequences_equal_contiguous_ones() {
             tokens: &[1; 64],
             logits: LogitsFor::Last,
             output: ferrox_models::Output::Logits,
+            embeddings: None,
         }],
         &mut [&mut out],
     );

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use super::model::{self, ModelArgs};
 use super::InputError;
+use ferrox_generate::media::MediaPrompt;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,6 +62,68 @@ pub struct Args {
     /// Do not add the model's BOS token to the prompt.
     #[arg(long)]
     pub no_bos: bool,
+    #[command(flatten)]
+    pub vision: VisionArgs,
+}
+
+/// Images in the prompt (llama.cpp's `--mmproj` / `--image`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct VisionArgs {
+    /// The model's vision projector (an `mmproj` GGUF), needed for --image.
+    #[arg(long = "mmproj", value_name = "FILE")]
+    pub mmproj: Option<std::path::PathBuf>,
+    /// An image for the prompt (repeatable): each goes where the prompt says `<__media__>`,
+    /// or before the text when it does not.
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<std::path::PathBuf>,
+}
+
+impl VisionArgs {
+    /// The encoded images, each ready for the prompt (none without --image).
+    pub fn encode(
+        &self,
+        model: &ModelArgs,
+    ) -> anyhow::Result<Vec<Arc<ferrox_generate::media::EncodedImage>>> {
+        use ferrox_generate::media::EncodedImage;
+        use ferrox_models::vision::{RgbImage, VisionEncoder, VisionOptions};
+        if self.images.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(path) = &self.mmproj else {
+            return Err(InputError(
+                "--image needs --mmproj FILE (the model's vision projector GGUF)".into(),
+            )
+            .into());
+        };
+        let options = VisionOptions {
+            threads: model.threads,
+            // An f32 cache asks for f32 attention everywhere (llama.cpp: flash attention off).
+            f32_attention: model.kv_f32,
+        };
+        let encoder = VisionEncoder::open(path, &options)
+            .with_context(|| format!("loading the vision projector {}", path.display()))?;
+        let (begin, end) = encoder.markers();
+        self.images
+            .iter()
+            .map(|p| {
+                let bytes =
+                    std::fs::read(p).map_err(|e| InputError(format!("{}: {e}", p.display())))?;
+                let img = RgbImage::decode(&bytes)
+                    .map_err(|e| InputError(format!("{}: {e}", p.display())))?;
+                let emb = encoder
+                    .encode(&img)
+                    .with_context(|| format!("encoding {}", p.display()))?;
+                Ok(Arc::new(EncodedImage {
+                    ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
+                    rows: emb.data,
+                    n_tokens: emb.n_tokens,
+                    bidirectional: encoder.bidirectional(),
+                    begin: begin.to_string(),
+                    end: end.to_string(),
+                }))
+            })
+            .collect()
+    }
 }
 
 /// Constrained output flags shared by `run` and `chat` (llama.cpp's names): the generated
@@ -420,17 +483,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
     let text = prompt_text(&args)?;
-    let prompt = tokenizer.encode(&text, !args.no_bos, true);
-    if prompt.is_empty() {
+    let images = args.vision.encode(&args.model)?;
+    if !images.is_empty() && images[0].rows.len() != images[0].n_tokens * decoder.embedding_size() {
+        return Err(InputError(format!(
+            "the vision projector writes rows of {} values but the model's embeddings have {}: \
+             not this model's projector",
+            images[0].rows.len() / images[0].n_tokens.max(1),
+            decoder.embedding_size()
+        ))
+        .into());
+    }
+    let media = MediaPrompt::build(tokenizer, &text, images, !args.no_bos)
+        .map_err(|e| InputError(e.to_string()))?;
+    let all_ids = media.ids();
+    if all_ids.is_empty() {
         return Err(
             InputError("the prompt is empty (and the model adds no BOS token)".into()).into(),
         );
     }
     let ctx = decoder.context_size();
-    if prompt.len() >= ctx {
+    if all_ids.len() >= ctx {
         return Err(InputError(format!(
             "the prompt has {} tokens but the context holds {ctx}: use a larger --ctx-size",
-            prompt.len()
+            all_ids.len()
         ))
         .into());
     }
@@ -446,13 +521,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         preserve: Vec::new(),
     };
     let mut state = decoder.new_state()?;
+    // Text and images before the last piece of text go in first; generation follows that.
+    let prompt = media
+        .feed_prefix(decoder, &mut state)
+        .context("evaluating the prompt's images")?;
+    let start_pos = state.len();
     let mut stdout = std::io::stdout().lock();
     let mut top_logprobs = Vec::new();
     let mut write_error = None;
     let outcome = generate_speculative(
         decoder,
         &mut state,
-        0,
+        start_pos,
         tokenizer,
         &prompt,
         &params,
@@ -483,7 +563,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.json {
         let mut object = json!({
-            "prompt_tokens": prompt,
+            "prompt_tokens": all_ids,
             "tokens": outcome.tokens,
             "text": outcome.text,
             "finish_reason": outcome.finish.as_str(),

@@ -118,6 +118,7 @@ impl Decoder {
     fn run_layers(
         &self,
         rows: &[Row],
+        embeddings: &[f32],
         kv: &mut StepMemory<'_>,
         seq_logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
@@ -125,7 +126,7 @@ impl Decoder {
         let c = &self.config;
         let x = sized(&mut s.x, rows.len() * c.n_embd);
         let embd = self.weights.token_embd.view(&self.rt.gguf)?;
-        scaffold::embed(rows, &embd, c.embedding_scale, x)?;
+        scaffold::embed(rows, &embd, c.embedding_scale, embeddings, x)?;
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
             self.ffn_block(lc, lw, rows.len(), s)?;
@@ -247,7 +248,9 @@ impl Decoder {
                 };
                 let lo = lc.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let q_heads = &q[t * q_w + h0 * hd_k..t * q_w + (h0 + per_task) * hd_k];
-                attend(kv, KV_STORE, at, q_heads, lo, pos + 1, &params, out);
+                // Causal, or to the end of a bidirectional span (an image's tokens).
+                let hi = rows[t].attend_end;
+                attend(kv, KV_STORE, at, q_heads, lo, hi, &params, out);
                 self.rotation.values(out);
             });
 
@@ -344,6 +347,10 @@ impl scaffold::EngineBody for Decoder {
         self.classifier.as_ref()
     }
 
+    fn takes_embeddings(&self) -> bool {
+        true
+    }
+
     /// One key and one value row per position and layer (the widest layer's, for every
     /// layer).
     fn memory_spec(&self) -> MemorySpec {
@@ -355,10 +362,11 @@ impl scaffold::EngineBody for Decoder {
     fn micro_batch(
         &self,
         rows: &[Row],
+        embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        self.run_layers(rows, memory, logits, buffers)
+        self.run_layers(rows, embeddings, memory, logits, buffers)
     }
 }

@@ -306,6 +306,7 @@ impl scaffold::EngineBody for Deepseek4Engine {
     fn micro_batch(
         &self,
         rows: &[Row],
+        _embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
@@ -313,7 +314,7 @@ impl scaffold::EngineBody for Deepseek4Engine {
         let c = &self.config;
         let (n, e, gguf) = (rows.len(), c.n_embd, &*self.rt.gguf);
         let x_in = sized(&mut s.x_in, n * e);
-        scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, x_in)?;
+        scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, &[], x_in)?;
         let streams = sized(&mut s.streams, n * HC * e);
         for (t, stream) in streams.chunks_exact_mut(HC * e).enumerate() {
             for copy in stream.chunks_exact_mut(e) {

@@ -142,6 +142,7 @@ impl scaffold::EngineBody for DsaEngine {
     fn micro_batch(
         &self,
         rows: &[Row],
+        _embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,

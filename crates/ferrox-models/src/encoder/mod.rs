@@ -138,7 +138,7 @@ impl Encoder {
         let gguf = &*self.rt.gguf;
         let x = sized(&mut s.x, n * e);
         let embd = self.weights.token_embd.view(gguf)?;
-        scaffold::embed(rows, &embd, None, x)?;
+        scaffold::embed(rows, &embd, None, &[], x)?;
         let positions = self
             .weights
             .position_embd
@@ -475,8 +475,13 @@ impl Engine for Encoder {
         seqs: &[SeqInput<'_>],
         out: &mut [&mut Vec<f32>],
     ) -> Result<(), EngineError> {
-        let StepBuffers { rows, engine } = scratch.get::<StepBuffers<Scratch>>();
-        scaffold::layout(memory, seqs, (self.rt.n_vocab, self.rt.n_embd), out, rows)?;
+        let StepBuffers {
+            rows,
+            embeddings,
+            engine,
+        } = scratch.get::<StepBuffers<Scratch>>();
+        let widths = (self.rt.n_vocab, self.rt.n_embd);
+        scaffold::layout(memory, seqs, widths, out, rows, (false, embeddings))?;
         self.check(memory, seqs)?;
         self.rt.pool.install(|| {
             for batch in micro_batches(rows) {
@@ -511,6 +516,8 @@ mod tests {
                     token: 0,
                     logits_row: None,
                     output: Output::Embeddings,
+                    embedding: None,
+                    attend_end: pos + 1,
                 })
             })
             .collect()

@@ -290,6 +290,7 @@ impl scaffold::EngineBody for KimiEngine {
     fn micro_batch(
         &self,
         rows: &[Row],
+        _embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
@@ -361,7 +362,7 @@ impl KimiEngine {
             let x = sized(&mut x, n * n_embd);
             let xn = sized(&mut xn, n * n_embd);
             let proj = sized(&mut proj, n * n_embd);
-            scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, x)?;
+            scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, &[], x)?;
             s.stream.checkpoints.reset(n, n_embd);
             for (il, layer) in self.weights.layers.iter().enumerate() {
                 let (attn_norm, ffn_norm, _) = layer.norms_and_ffn();

@@ -236,6 +236,7 @@ impl MlaEngine {
         pairs.extend(rows.iter().filter(writable).map(|r| Row {
             pos: r.pos - 1,
             logits_row: None,
+            attend_end: r.pos,
             ..*r
         }));
         let h = sized(&mut s.mtp.h, pairs.len() * e);
@@ -264,7 +265,7 @@ impl MlaEngine {
         }
         let embd = mtp.embd.as_ref().unwrap_or(&self.weights.token_embd);
         let embedded = sized(&mut s.mtp.embedded, n * e);
-        scaffold::embed(rows, &embd.view(gguf)?, None, embedded)?;
+        scaffold::embed(rows, &embd.view(gguf)?, None, &[], embedded)?;
         let joined = sized(&mut s.mtp.joined, 2 * n * e);
         for t in 0..n {
             let (en, hn) = joined[2 * t * e..2 * (t + 1) * e].split_at_mut(e);
@@ -387,6 +388,8 @@ impl scaffold::EngineBody for MlaEngine {
                     token: next,
                     logits_row: Some(0),
                     output: crate::engine::Output::Logits,
+                    embedding: None,
+                    attend_end: pos + i,
                 }];
                 self.mtp_rows(mtp, &row, memory, s)?;
                 let x = &s.mtp.residual.x()[..e];
@@ -408,6 +411,7 @@ impl scaffold::EngineBody for MlaEngine {
     fn micro_batch(
         &self,
         rows: &[Row],
+        _embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Scratch,

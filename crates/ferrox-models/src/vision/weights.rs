@@ -1,0 +1,225 @@
+//! Locating and checking a vision encoder's tensors (`v.*`, `mm.*`). Matrices stay in the
+//! mapped file; norms, biases and position rows are decoded to f32 at load.
+
+use ferrox_core::WeightMatrix;
+use ferrox_gguf::{GgmlType, Gguf};
+
+use super::config::{ClipConfig, ProjectorKind};
+use crate::tensors::{Loader, MatrixRef};
+use crate::ModelError;
+
+/// A LayerNorm's weight and bias.
+#[derive(Clone, Debug)]
+pub struct Norm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+/// A matrix and its bias.
+#[derive(Clone, Debug)]
+pub struct Affine {
+    pub w: MatrixRef,
+    pub b: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct VitLayer {
+    pub ln1: Norm,
+    pub q: Affine,
+    pub k: Affine,
+    pub v: Affine,
+    pub o: Affine,
+    pub ln2: Norm,
+    pub up: Affine,
+    pub down: Affine,
+}
+
+/// A matrix transposed at load (its file layout has the inputs as rows): the bytes of the
+/// `rows × cols` matrix in the file's element type.
+#[derive(Clone, Debug)]
+pub struct OwnedMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: Vec<u8>,
+}
+
+impl OwnedMatrix {
+    pub fn view(&self) -> Result<WeightMatrix<'_>, ModelError> {
+        Ok(WeightMatrix::new(
+            self.ty,
+            self.rows,
+            self.cols,
+            &self.bytes,
+        )?)
+    }
+}
+
+/// Gemma 3's projector: the RMS norm of the pooled tokens, then the projection.
+#[derive(Clone, Debug)]
+pub struct Gemma3Projector {
+    pub soft_emb_norm: Vec<f32>,
+    pub input_projection: OwnedMatrix,
+}
+
+#[derive(Clone, Debug)]
+pub enum ProjectorWeights {
+    Gemma3(Gemma3Projector),
+}
+
+#[derive(Clone, Debug)]
+pub struct VisionWeights {
+    /// The patch convolution as a matrix: one row per output channel, `3 × patch²` inputs
+    /// (channel, then kernel row, then column).
+    pub patch_embd: MatrixRef,
+    pub patch_bias: Option<Vec<f32>>,
+    /// One learned row per patch position.
+    pub position_embd: Vec<f32>,
+    pub pre_ln: Option<Norm>,
+    pub layers: Vec<VitLayer>,
+    pub post_ln: Option<Norm>,
+    pub projector: ProjectorWeights,
+}
+
+impl VisionWeights {
+    pub fn load(gguf: &Gguf, c: &ClipConfig) -> Result<VisionWeights, ModelError> {
+        let l = Loader { gguf };
+        let e = c.n_embd;
+        let p = c.patch_size as u64;
+        let norm = |prefix: &str| -> Result<Norm, ModelError> {
+            Ok(Norm {
+                weight: l.vector(&format!("{prefix}.weight"), e)?,
+                bias: l.vector(&format!("{prefix}.bias"), e)?,
+            })
+        };
+        let opt_norm = |prefix: &str| -> Result<Option<Norm>, ModelError> {
+            match l.find(&format!("{prefix}.weight")) {
+                Some(_) => norm(prefix).map(Some),
+                None => Ok(None),
+            }
+        };
+        let affine = |name: &str, cols: usize, rows: usize| -> Result<Affine, ModelError> {
+            Ok(Affine {
+                w: l.matrix(&format!("{name}.weight"), cols, rows)?,
+                b: l.opt_vector(&format!("{name}.bias"), rows)?,
+            })
+        };
+        let patch_embd = l.matrix_of_shape(
+            "v.patch_embd.weight",
+            &[p, p, 3, e as u64],
+            (3 * c.patch_size * c.patch_size, e),
+        )?;
+        let n_pos = c.patches_per_side() * c.patches_per_side();
+        let position_embd = {
+            let m = l.matrix("v.position_embd.weight", e, n_pos)?;
+            let view = m.view(gguf)?;
+            let mut rows = vec![0.0f32; n_pos * e];
+            for (r, out) in rows.chunks_exact_mut(e).enumerate() {
+                view.dequant_row(r, out)?;
+            }
+            rows
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let blk = |t: &str| format!("v.blk.{il}.{t}");
+            // Older converters swapped the names of the up and down projections; the
+            // shapes tell (llama.cpp swaps them back the same way).
+            let up_name = blk("ffn_up");
+            let down_name = blk("ffn_down");
+            let swapped = l
+                .find(&format!("{down_name}.weight"))
+                .is_some_and(|t| t.shape.first() == Some(&(e as u64)));
+            let (up_name, down_name) = match swapped {
+                true => (down_name, up_name),
+                false => (up_name, down_name),
+            };
+            layers.push(VitLayer {
+                ln1: norm(&blk("ln1"))?,
+                q: affine(&blk("attn_q"), e, e)?,
+                k: affine(&blk("attn_k"), e, e)?,
+                v: affine(&blk("attn_v"), e, e)?,
+                o: affine(&blk("attn_out"), e, e)?,
+                ln2: norm(&blk("ln2"))?,
+                up: affine(&up_name, e, c.n_ff)?,
+                down: affine(&down_name, c.n_ff, e)?,
+            });
+        }
+        if l.find(&format!("v.blk.{}.ln1.weight", c.n_layer)).is_some() {
+            return Err(ModelError::Config(format!(
+                "`clip.vision.block_count` is {} but the file has more vision layers",
+                c.n_layer
+            )));
+        }
+        let projector = match c.projector {
+            ProjectorKind::Gemma3 => ProjectorWeights::Gemma3(Gemma3Projector {
+                soft_emb_norm: l.vector("mm.soft_emb_norm.weight", e)?,
+                input_projection: transposed(
+                    &l,
+                    "mm.input_projection.weight",
+                    e,
+                    c.projection_dim,
+                )?,
+            }),
+        };
+        Ok(VisionWeights {
+            patch_embd,
+            patch_bias: l.opt_vector("v.patch_embd.bias", e)?,
+            position_embd,
+            pre_ln: opt_norm("v.pre_ln")?,
+            layers,
+            post_ln: opt_norm("v.post_ln")?,
+            projector,
+        })
+    }
+}
+
+/// A matrix stored with its inputs as rows (ggml shape `[rows, cols]`), transposed into a
+/// `rows × cols` matrix of the same element type, as llama.cpp's `ggml_cont(ggml_transpose)`
+/// makes it.
+fn transposed(
+    l: &Loader<'_>,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<OwnedMatrix, ModelError> {
+    let t = l.require(name)?;
+    if t.shape.as_slice() != [rows as u64, cols as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: vec![rows as u64, cols as u64],
+            found: t.shape.clone(),
+        });
+    }
+    let width = match t.ty {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::Bf16 => 2,
+        ty => {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.to_string(),
+                ty: format!(
+                    "{} (this matrix is transposed at load: f32, f16 or bf16 only)",
+                    ty.name()
+                ),
+            })
+        }
+    };
+    let src = l.gguf.tensor_data(t)?;
+    let mut bytes = vec![0u8; rows * cols * width];
+    // File element (c, r) — row c of `rows` values — becomes (r, c).
+    for c in 0..cols {
+        for r in 0..rows {
+            let from = (c * rows + r) * width;
+            let to = (r * cols + c) * width;
+            bytes[to..to + width].copy_from_slice(&src[from..from + width]);
+        }
+    }
+    // Decodable by construction; checked once here so products cannot fail later.
+    let m = OwnedMatrix {
+        ty: t.ty,
+        rows,
+        cols,
+        bytes,
+    };
+    m.view()?;
+    Ok(m)
+}
