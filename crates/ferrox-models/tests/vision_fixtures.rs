@@ -56,3 +56,23 @@ fn images_match_generator() {
         assert_same(&format!("{}.png", image.name), &image.png);
     }
 }
+
+/// The reference embeddings have the projector's shape: 16 rows of the text width.
+#[test]
+fn reference_embeddings_have_the_projector_shape() {
+    let dir = fixture_dir().join("ref");
+    for &(name, ..) in vision::IMAGES {
+        for kind in ["f32", "f16"] {
+            let path = dir.join(format!("{name}.{kind}.embd"));
+            let len = std::fs::metadata(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .len() as usize;
+            assert_eq!(
+                len,
+                vision::N_IMAGE_TOKENS * vision::TEXT_N_EMBD * 4,
+                "{}",
+                path.display()
+            );
+        }
+    }
+}
