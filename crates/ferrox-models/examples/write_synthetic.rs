@@ -24,6 +24,10 @@
 //! matrices (`<name>`) and Q8_0 matrices (`<name>.q8_0`), each with a
 //! `synthetic::SWEEP_TOKENS`-token sequence, and `qwen3-reranker`
 //! (`synthetic::qwen3_reranker_bytes`); one `name path bytes` line each.
+//! `--vision` writes the Gemma 3 image-input files of `synthetic::vision` into OUT_DIR:
+//! `gemma3.gguf` (text model), `gemma3.mmproj.gguf` (F32 projector), `gemma3.f16.mmproj.gguf`
+//! (F16 projector) and the test images `<name>.png`; one `name path bytes` line each
+//! (`fixtures/vision/` holds them).
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), the low-bit models
 //! (`synthetic::LOW_BIT_SWEEPS`: MXFP4 experts, TQ2_0 matrices), each with a
@@ -37,7 +41,7 @@ use std::path::PathBuf;
 use ferrox_gguf::GgmlType;
 
 fn usage() -> ! {
-    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE]");
+    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE | --vision | ...]");
     std::process::exit(2);
 }
 
@@ -46,6 +50,10 @@ fn main() {
     let (dir, all) = match args.as_slice() {
         [dir, flag] if flag == "--sweep" => {
             write_sweep(&PathBuf::from(dir));
+            return;
+        }
+        [dir, flag] if flag == "--vision" => {
+            write_vision(&PathBuf::from(dir));
             return;
         }
         [dir, flag] if flag == "--encoders" => {
@@ -174,6 +182,30 @@ fn write_sweep(dir: &std::path::Path) {
         let bytes = synthetic::sweep_gguf_bytes(&name);
         let ids = synthetic::token_ids_n(synthetic::sweep_arch(&name), synthetic::SWEEP_TOKENS);
         let path = write_model(dir, &name, &bytes, &ids);
+        println!("{name} {} {}", path.display(), bytes.len());
+    }
+}
+
+fn write_vision(dir: &std::path::Path) {
+    use synthetic::vision;
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut files = vec![
+        ("gemma3.gguf".to_string(), vision::gemma3_text_bytes()),
+        (
+            "gemma3.mmproj.gguf".to_string(),
+            vision::gemma3_mmproj_bytes(GgmlType::F32),
+        ),
+        (
+            "gemma3.f16.mmproj.gguf".to_string(),
+            vision::gemma3_mmproj_bytes(GgmlType::F16),
+        ),
+    ];
+    for image in vision::test_images() {
+        files.push((format!("{}.png", image.name), image.png));
+    }
+    for (name, bytes) in files {
+        let path = dir.join(&name);
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         println!("{name} {} {}", path.display(), bytes.len());
     }
 }

@@ -46,6 +46,7 @@
 //!
 //! The DeepSeek Sparse Attention models (`deepseek32`, `glm-dsa`: MLA plus a lightning
 //! indexer) are described in [`dsa`]; `kimi-linear` in [`kimi`]; `deepseek4` in [`deepseek4`].
+//! A Gemma 3 text model with its image projector (mmproj) and test images are in [`vision`].
 
 pub mod bert;
 pub mod codebook;
@@ -53,6 +54,7 @@ pub mod deepseek4;
 pub mod dsa;
 pub mod kimi;
 pub mod large;
+pub mod vision;
 
 use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
 use rand::rngs::StdRng;

@@ -1,0 +1,453 @@
+//! A tiny Gemma 3 with image input: an all-F32 `gemma3` text model, its mmproj (a SigLIP
+//! vision tower with Gemma 3's pooling projector, as llama.cpp's `clip` loader reads
+//! `clip.projector_type = "gemma3"`), and test images as PNG files. The reference outputs
+//! llama.cpp computes from them are in `fixtures/vision/` (`scripts/reference/gen-vision-refs.sh`).
+//!
+//! Text model (`gemma3`): n_embd 128, 6 layers (llama.cpp's default pattern: 5 sliding-window
+//! layers, then 1 global), 4 query heads / 1 KV head of 64 (query width 256), n_ff 256, window
+//! 8 (smaller than the 16 image tokens, so that it cuts through an image), RoPE base 1e6 global
+//! and 1e4 local, every matrix F32, output tied to the embedding. Its vocabulary is
+//! the SentencePiece-style one of the other synthetic models with Gemma's control tokens
+//! `<start_of_turn>`, `<end_of_turn>`, `<start_of_image>`, `<end_of_image>` after the byte
+//! tokens (see [`START_OF_IMAGE_ID`] etc.), and `add_space_prefix` false as in Gemma files.
+//!
+//! Projector (`clip`, `gemma3`): 64x64 images in 8x8 patches (8x8 = 64 patches), width 64,
+//! 2 layers of 4 heads (head dim 16), FFN 128 with GELU, LayerNorm eps 1e-6, then 2x2 average
+//! pooling (`projector.scale_factor` 2: 16 image tokens), RMS norm with `mm.soft_emb_norm` and
+//! the `mm.input_projection` to the text width.
+//!
+//! The FFN tensors are in the current orientation: `ffn_up` is SigLIP's `fc1` (ggml
+//! `[n_embd, n_ff]`), `ffn_down` its `fc2` (`[n_ff, n_embd]`), which is what
+//! `convert_hf_to_gguf.py` writes today. llama.cpp swaps up and down (and their biases) when it
+//! finds `ffn_down.ne[0] == n_embd` (files from older converters, which named `fc1` "down");
+//! these files do not trigger that.
+//!
+//! Deterministic as the rest of the synthetic models: seeded `StdRng`, exact arithmetic.
+
+use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::{add, matrix, vector, Values, BOS_ID, EOS_ID};
+
+/// The text model's width (= the projector's `projection_dim`).
+pub const TEXT_N_EMBD: usize = 128;
+pub const TEXT_N_FF: usize = 256;
+pub const TEXT_N_LAYER: usize = 6;
+pub const TEXT_N_HEAD: usize = 4;
+pub const TEXT_N_HEAD_KV: usize = 1;
+pub const TEXT_HEAD_DIM: usize = 64;
+pub const TEXT_SLIDING_WINDOW: usize = 8;
+pub const TEXT_N_VOCAB: usize = 320;
+
+/// The control tokens after `<unk>` `<s>` `</s>` and the 256 byte tokens.
+pub const CONTROL_TOKENS: [&str; 4] = [
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+];
+pub const START_OF_TURN_ID: u32 = 259;
+pub const END_OF_TURN_ID: u32 = 260;
+pub const START_OF_IMAGE_ID: u32 = 261;
+pub const END_OF_IMAGE_ID: u32 = 262;
+pub const TEXT_BOS_ID: u32 = BOS_ID;
+pub const TEXT_EOS_ID: u32 = EOS_ID;
+
+/// The projector's shapes.
+pub const IMAGE_SIZE: usize = 64;
+pub const PATCH_SIZE: usize = 8;
+pub const VISION_N_EMBD: usize = 64;
+pub const VISION_N_FF: usize = 128;
+pub const VISION_N_LAYER: usize = 2;
+pub const VISION_N_HEAD: usize = 4;
+pub const VISION_EPS: f32 = 1e-6;
+/// Pooling kernel per side: (64 / 8) / 2 = 4 tokens per side.
+pub const SCALE_FACTOR: usize = 2;
+pub const IMAGE_MEAN: [f32; 3] = [0.48, 0.46, 0.41];
+pub const IMAGE_STD: [f32; 3] = [0.27, 0.26, 0.28];
+/// Patches per side and image tokens.
+pub const N_PATCHES_SIDE: usize = IMAGE_SIZE / PATCH_SIZE;
+pub const N_IMAGE_TOKENS: usize = (N_PATCHES_SIDE / SCALE_FACTOR) * (N_PATCHES_SIDE / SCALE_FACTOR);
+
+const TEXT_SEED: u64 = 0x011a_0301;
+const MMPROJ_SEED: u64 = 0x011a_0302;
+
+/// The `gemma3` text model (every matrix F32).
+pub fn gemma3_text_bytes() -> Vec<u8> {
+    let a = "gemma3";
+    let key = |k: &str| format!("{a}.{k}");
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", a);
+    w.set("general.name", "ferrox synthetic test model");
+    w.set(key("context_length"), 2048u32);
+    w.set(key("embedding_length"), TEXT_N_EMBD as u32);
+    w.set(key("block_count"), TEXT_N_LAYER as u32);
+    w.set(key("feed_forward_length"), TEXT_N_FF as u32);
+    w.set(key("attention.head_count"), TEXT_N_HEAD as u32);
+    w.set(key("attention.head_count_kv"), TEXT_N_HEAD_KV as u32);
+    w.set(key("attention.key_length"), TEXT_HEAD_DIM as u32);
+    w.set(key("attention.value_length"), TEXT_HEAD_DIM as u32);
+    w.set(key("rope.dimension_count"), TEXT_HEAD_DIM as u32);
+    w.set(key("rope.freq_base"), 1_000_000.0f32);
+    w.set(key("rope.freq_base_swa"), 10_000.0f32);
+    w.set(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
+    // No pattern key, as Gemma 3 converters write: llama.cpp's default (5 local, 1 global).
+    w.set(key("attention.sliding_window"), TEXT_SLIDING_WINDOW as u32);
+    vocab(&mut w);
+
+    let mut vals = Values(StdRng::seed_from_u64(TEXT_SEED));
+    let v = &mut vals;
+    let f32 = GgmlType::F32;
+    let (e, f) = (TEXT_N_EMBD, TEXT_N_FF);
+    let (q_w, kv_w) = (TEXT_N_HEAD * TEXT_HEAD_DIM, TEXT_N_HEAD_KV * TEXT_HEAD_DIM);
+    // Token rows are scaled by sqrt(128) ~ 11.3 on input: ~0.45 per value (image embedding
+    // rows from the projector hold ~0.8). Larger rows make the tied output favour the tokens
+    // already in the context, and greedy decoding repeats one token.
+    matrix(&mut w, v, "token_embd.weight", f32, e, TEXT_N_VOCAB, 0.04);
+    vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
+    for il in 0..TEXT_N_LAYER {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("attn_q.weight"), f32, e, q_w, 0.1);
+        matrix(&mut w, v, &n("attn_k.weight"), f32, e, kv_w, 0.1);
+        matrix(&mut w, v, &n("attn_v.weight"), f32, e, kv_w, 0.08);
+        // Q/K norm weights around 2: scores of deviation ~4 rather than ~1, attention sharp
+        // enough that the image and the recent tokens matter to what is generated.
+        vector(&mut w, v, &n("attn_q_norm.weight"), TEXT_HEAD_DIM, 2.0, 0.2);
+        vector(&mut w, v, &n("attn_k_norm.weight"), TEXT_HEAD_DIM, 2.0, 0.2);
+        matrix(&mut w, v, &n("attn_output.weight"), f32, q_w, e, 0.06);
+        vector(&mut w, v, &n("post_attention_norm.weight"), e, 1.0, 0.1);
+        vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("ffn_gate.weight"), f32, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.06);
+        vector(&mut w, v, &n("post_ffw_norm.weight"), e, 1.0, 0.1);
+    }
+    w.to_bytes()
+}
+
+/// `<unk>` `<s>` `</s>`, the 256 byte tokens, Gemma's four control tokens, the word-start mark
+/// `▁`, then two-letter pieces with and without it.
+fn vocab(w: &mut GgufWriter) {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types: Vec<i32> = vec![2, 3, 3]; // unknown, control, control
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6); // byte
+    }
+    for t in CONTROL_TOKENS {
+        tokens.push(t.into());
+        types.push(3); // control
+    }
+    // The word-start mark alone, so that a space is one token (the two-letter pieces cannot
+    // grow from single characters by SentencePiece merges, words would be unreachable).
+    tokens.push("\u{2581}".into());
+    types.push(1);
+    'outer: for c in "bcdfghjklmnprstvwxyz".chars() {
+        for v in "aeiou".chars() {
+            for prefix in ["\u{2581}", ""] {
+                if tokens.len() == TEXT_N_VOCAB {
+                    break 'outer;
+                }
+                tokens.push(format!("{prefix}{c}{v}"));
+                types.push(1); // normal
+            }
+        }
+    }
+    assert_eq!(tokens.len(), TEXT_N_VOCAB);
+    let n_fixed = 3 + 256 + CONTROL_TOKENS.len();
+    let scores: Vec<f32> = (0..TEXT_N_VOCAB)
+        .map(|i| {
+            if i < n_fixed {
+                0.0
+            } else {
+                -((i - n_fixed) as f32)
+            }
+        })
+        .collect();
+    w.set("tokenizer.ggml.model", "llama");
+    w.set(
+        "tokenizer.ggml.tokens",
+        OwnedValue::Array(OwnedArray::String(tokens)),
+    );
+    w.set("tokenizer.ggml.scores", scores);
+    w.set("tokenizer.ggml.token_type", types);
+    w.set("tokenizer.ggml.bos_token_id", BOS_ID);
+    w.set("tokenizer.ggml.eos_token_id", EOS_ID);
+    w.set("tokenizer.ggml.unknown_token_id", 0u32);
+    w.set("tokenizer.ggml.add_bos_token", true);
+    w.set("tokenizer.ggml.add_eos_token", false);
+    w.set("tokenizer.ggml.add_space_prefix", false);
+    w.set("tokenizer.chat_template", CHAT_TEMPLATE);
+}
+
+/// Gemma's turn format, short (llama.cpp's tools refuse a model without a template; this one
+/// is recognised as Gemma's by its `<start_of_turn>`).
+pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\
+{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}\
+{{ '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
+
+/// The Gemma 3 mmproj. `ty` F32: every tensor F32. `ty` F16: what `convert_hf_to_gguf.py
+/// --outtype f16` makes of a Gemma 3 vision tower: the attention and FFN matrices and
+/// `mm.input_projection.weight` F16; the patch embedding, the position embeddings (the
+/// converter keeps every `.embeddings.` tensor F32 for Gemma 3), the norms and the biases F32.
+/// (The real converter stores `mm.input_projection.weight` as F16 even with `--outtype f32`;
+/// the F32 file here does not, so that it is F32 throughout.)
+///
+/// Tensors, in ggml shape order:
+///
+/// | name | ne | F16 file |
+/// | --- | --- | --- |
+/// | `v.patch_embd.weight` | [8, 8, 3, 64] | F32 |
+/// | `v.patch_embd.bias` | [64] | F32 |
+/// | `v.position_embd.weight` | [64, 64] | F32 |
+/// | `v.blk.N.ln1.{weight,bias}` | [64] | F32 |
+/// | `v.blk.N.attn_{q,k,v,out}.weight` | [64, 64] | F16 |
+/// | `v.blk.N.attn_{q,k,v,out}.bias` | [64] | F32 |
+/// | `v.blk.N.ln2.{weight,bias}` | [64] | F32 |
+/// | `v.blk.N.ffn_up.weight` | [64, 128] | F16 |
+/// | `v.blk.N.ffn_up.bias` | [128] | F32 |
+/// | `v.blk.N.ffn_down.weight` | [128, 64] | F16 |
+/// | `v.blk.N.ffn_down.bias` | [64] | F32 |
+/// | `v.post_ln.{weight,bias}` | [64] | F32 |
+/// | `mm.soft_emb_norm.weight` | [64] | F32 |
+/// | `mm.input_projection.weight` | [128, 64] | F16 |
+///
+/// `mm.input_projection.weight` is Gemma's `mm_input_projection_weight` as stored (vision
+/// width x text width, applied as `x @ W`), so its ggml `ne[0]` is the text width; llama.cpp
+/// multiplies by its transpose. `mm.soft_emb_norm.weight` holds the full multiplier (the
+/// converter adds Gemma's `1 +`).
+pub fn gemma3_mmproj_bytes(ty: GgmlType) -> Vec<u8> {
+    assert!(
+        ty == GgmlType::F32 || ty == GgmlType::F16,
+        "mmproj type must be F32 or F16"
+    );
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "clip");
+    w.set("general.type", "mmproj");
+    w.set("general.name", "ferrox synthetic test projector");
+    w.set(
+        "general.file_type",
+        if ty == GgmlType::F16 { 1u32 } else { 0u32 },
+    );
+    w.set("clip.has_vision_encoder", true);
+    w.set("clip.projector_type", "gemma3");
+    w.set("clip.use_gelu", true);
+    w.set("clip.vision.projection_dim", TEXT_N_EMBD as u32);
+    w.set("clip.vision.image_size", IMAGE_SIZE as u32);
+    w.set("clip.vision.patch_size", PATCH_SIZE as u32);
+    w.set("clip.vision.embedding_length", VISION_N_EMBD as u32);
+    w.set("clip.vision.feed_forward_length", VISION_N_FF as u32);
+    w.set("clip.vision.block_count", VISION_N_LAYER as u32);
+    w.set("clip.vision.attention.head_count", VISION_N_HEAD as u32);
+    w.set("clip.vision.attention.layer_norm_epsilon", VISION_EPS);
+    w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
+    w.set("clip.vision.image_std", IMAGE_STD.to_vec());
+    w.set("clip.vision.projector.scale_factor", SCALE_FACTOR as u32);
+
+    let mut vals = Values(StdRng::seed_from_u64(MMPROJ_SEED));
+    let v = &mut vals;
+    let f32 = GgmlType::F32;
+    let (e, f, p) = (VISION_N_EMBD, VISION_N_FF, PATCH_SIZE);
+    let n_pos = N_PATCHES_SIDE * N_PATCHES_SIDE;
+    // A patch sums 8 x 8 x 3 = 192 normalized pixels (about +-2): deviation ~1 out.
+    let patch = v.normals(p * p * 3 * e, 0.0, 0.07);
+    add(
+        &mut w,
+        "v.patch_embd.weight",
+        f32,
+        &[p as u64, p as u64, 3, e as u64],
+        &patch,
+    );
+    vector(&mut w, v, "v.patch_embd.bias", e, 0.0, 0.1);
+    matrix(&mut w, v, "v.position_embd.weight", f32, e, n_pos, 0.3);
+    for il in 0..VISION_N_LAYER {
+        let n = |t: &str| format!("v.blk.{il}.{t}");
+        vector(&mut w, v, &n("ln1.weight"), e, 1.0, 0.1);
+        vector(&mut w, v, &n("ln1.bias"), e, 0.0, 0.05);
+        for (name, std) in [("attn_q", 0.15), ("attn_k", 0.15), ("attn_v", 0.12)] {
+            matrix(&mut w, v, &n(&format!("{name}.weight")), ty, e, e, std);
+            vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
+        }
+        matrix(&mut w, v, &n("attn_out.weight"), ty, e, e, 0.1);
+        vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
+        vector(&mut w, v, &n("ln2.weight"), e, 1.0, 0.1);
+        vector(&mut w, v, &n("ln2.bias"), e, 0.0, 0.05);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.125);
+        vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.07);
+        vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
+    }
+    vector(&mut w, v, "v.post_ln.weight", e, 1.0, 0.1);
+    vector(&mut w, v, "v.post_ln.bias", e, 0.0, 0.05);
+    vector(&mut w, v, "mm.soft_emb_norm.weight", e, 1.0, 0.1);
+    // RMS-normed rows of 64 values times deviation 0.1: ~0.8 per output value.
+    matrix(
+        &mut w,
+        v,
+        "mm.input_projection.weight",
+        ty,
+        TEXT_N_EMBD,
+        e,
+        0.1,
+    );
+    w.to_bytes()
+}
+
+/// One test image: its file stem and PNG bytes.
+pub struct TestImage {
+    pub name: &'static str,
+    pub width: usize,
+    pub height: usize,
+    /// PNG colour type: 0 grey, 2 RGB, 6 RGBA.
+    pub color_type: u8,
+    pub png: Vec<u8>,
+}
+
+/// The test images: exactly the model's size, larger and wider (downscaled, padded top and
+/// bottom), smaller and narrow (upscaled, padded left and right), RGBA (alpha dropped on
+/// load) and greyscale (replicated to RGB on load).
+pub const IMAGES: &[(&str, usize, usize, u8)] = &[
+    ("rgb64", 64, 64, 2),
+    ("rgb100x60", 100, 60, 2),
+    ("rgb37x51", 37, 51, 2),
+    ("rgba80", 80, 80, 6),
+    ("gray48", 48, 48, 0),
+];
+
+pub fn test_images() -> Vec<TestImage> {
+    IMAGES
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, width, height, color_type))| TestImage {
+            name,
+            width,
+            height,
+            color_type,
+            png: png_bytes(
+                width,
+                height,
+                color_type,
+                &pixels(i, width, height, color_type),
+            ),
+        })
+        .collect()
+}
+
+/// Smooth gradients with a pattern on top (a disc, diagonal stripes, a checkerboard in one
+/// corner), different for each image; integer arithmetic only.
+fn pixels(seed: usize, w: usize, h: usize, color_type: u8) -> Vec<u8> {
+    let channels = match color_type {
+        0 => 1,
+        2 => 3,
+        6 => 4,
+        _ => unreachable!(),
+    };
+    let mut out = Vec::with_capacity(w * h * channels);
+    let (cx, cy) = ((w * (2 + seed % 3)) / 6, (h * (3 + seed % 2)) / 7);
+    let r2 = (w.min(h) / 4).pow(2);
+    for y in 0..h {
+        for x in 0..w {
+            let gx = (x * 255 / (w - 1)) as i32;
+            let gy = (y * 255 / (h - 1)) as i32;
+            let mut r = gx;
+            let mut g = gy;
+            let mut b = (gx + gy) / 2;
+            let (dx, dy) = (x.abs_diff(cx), y.abs_diff(cy));
+            if dx * dx + dy * dy < r2 {
+                // a disc of another colour, shaded by distance
+                let d = ((dx * dx + dy * dy) * 96 / r2.max(1)) as i32;
+                r = 230 - d;
+                g = 40 + d + 20 * seed as i32;
+                b = 90;
+            }
+            if (x + 2 * y + 3 * seed) % 11 < 3 {
+                // diagonal stripes
+                b = 255 - b;
+            }
+            if x < w / 4 && y < h / 4 && ((x / 3) + (y / 3)) % 2 == 0 {
+                // a small checkerboard in the top-left corner
+                r /= 3;
+                g /= 3;
+            }
+            let clamp = |v: i32| v.clamp(0, 255) as u8;
+            match channels {
+                1 => out.push(clamp((r * 3 + g * 5 + b * 2) / 10)),
+                3 => out.extend([clamp(r), clamp(g), clamp(b)]),
+                _ => {
+                    // alpha varies too; llama.cpp ignores it (no blending)
+                    let alpha = 255 - ((x * 7 + y * 3) % 200) as i32;
+                    out.extend([clamp(r), clamp(g), clamp(b), clamp(alpha)]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A PNG file (8 bits per channel, no interlace, filter 0 on every row) whose zlib stream
+/// uses stored (uncompressed) deflate blocks, so that the bytes depend on nothing but the
+/// pixels.
+fn png_bytes(w: usize, h: usize, color_type: u8, pixels: &[u8]) -> Vec<u8> {
+    let channels = pixels.len() / (w * h);
+    let mut raw = Vec::with_capacity(h * (1 + w * channels));
+    for row in pixels.chunks(w * channels) {
+        raw.push(0); // filter: none
+        raw.extend_from_slice(row);
+    }
+    let mut zlib = vec![0x78, 0x01];
+    let mut blocks = raw.chunks(65535).peekable();
+    while let Some(block) = blocks.next() {
+        zlib.push(u8::from(blocks.peek().is_none())); // BFINAL, BTYPE 00
+        let len = block.len() as u16;
+        zlib.extend(len.to_le_bytes());
+        zlib.extend((!len).to_le_bytes());
+        zlib.extend_from_slice(block);
+    }
+    zlib.extend(adler32(&raw).to_be_bytes());
+
+    let mut out = vec![0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a];
+    let mut ihdr = Vec::new();
+    ihdr.extend((w as u32).to_be_bytes());
+    ihdr.extend((h as u32).to_be_bytes());
+    ihdr.extend([8, color_type, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    chunk(&mut out, b"IDAT", &zlib);
+    chunk(&mut out, b"IEND", &[]);
+    out
+}
+
+fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+    out.extend((data.len() as u32).to_be_bytes());
+    let start = out.len();
+    out.extend_from_slice(kind);
+    out.extend_from_slice(data);
+    let crc = crc32(&out[start..]);
+    out.extend(crc.to_be_bytes());
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn adler32(data: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in data {
+        a = (a + u32::from(x)) % 65521;
+        b = (b + a) % 65521;
+    }
+    (b << 16) | a
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Regenerates fixtures/vision/ref/: llama.cpp's outputs for the synthetic Gemma 3 with image
+# input (crates/ferrox-models/tests/synthetic/vision.rs).
+#
+#   1. `write_synthetic fixtures/vision --vision` (re)writes the inputs: gemma3.gguf (text
+#      model), gemma3.mmproj.gguf (F32 projector), gemma3.f16.mmproj.gguf (F16 projector) and
+#      the test images <image>.png (the generator is deterministic: unchanged inputs are
+#      rewritten with the same bytes);
+#   2. `mtmd-ref embed` (scripts/reference/mtmd-ref.c, built by build.sh) writes every image's
+#      projector output with each projector: ref/<image>.f32.embd and ref/<image>.f16.embd, raw
+#      little-endian f32 [16][128], the projector's flash attention off;
+#   3. `mtmd-ref greedy` runs PROMPT (below) with every image and the F32 projector, 16 tokens
+#      greedily: ref/<image>.greedy.json (f32 K/V cache, flash attention off);
+#   4. ref/manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the settings
+#      and shape line `embed` printed for each .embd file.
+#   THREADS (default 2) threads.
+set -euo pipefail
+MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
+source "$(dirname "$0")/common.sh"
+cd "$REPO_ROOT"
+DIR=fixtures/vision
+OUT="$DIR/ref"
+N_PREDICT=16
+PROMPT=$'<start_of_turn>user\n<__media__>Describe this image.<end_of_turn>\n<start_of_turn>model\n'
+IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48"
+
+BIN="$("$REF_DIR/build.sh" mtmd-ref)"
+cargo run -q -p ferrox-models --example write_synthetic -- "$DIR" --vision >&2
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+printf '%s' "$PROMPT" > "$WORK/prompt.txt"
+
+: > "$WORK/embed.jsonl"
+for img in $IMAGES; do
+    for kind in f32 f16; do
+        mmproj="$DIR/gemma3.mmproj.gguf"
+        [ "$kind" = f16 ] && mmproj="$DIR/gemma3.f16.mmproj.gguf"
+        "$BIN" embed "$DIR/gemma3.gguf" "$mmproj" "$DIR/$img.png" "$THREADS" "$OUT/$img.$kind.embd" >> "$WORK/embed.jsonl"
+        echo "$img.$kind.embd" >&2
+    done
+    "$BIN" greedy "$DIR/gemma3.gguf" "$DIR/gemma3.mmproj.gguf" "$DIR/$img.png" "$THREADS" "$N_PREDICT" \
+        "$WORK/prompt.txt" "$OUT/$img.greedy.json"
+    echo "$img.greedy.json" >&2
+done
+
+llama_cpp_meta > "$WORK/meta.json"
+"$PYTHON" - "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/manifest.json" <<'PY'
+import hashlib, json, os, sys
+meta_path, embed_path, prompt_path, d, out = sys.argv[1:6]
+meta = json.load(open(meta_path))["llama_cpp"]
+inputs = {}
+for name in sorted(os.listdir(d)):
+    p = os.path.join(d, name)
+    if os.path.isfile(p) and (name.endswith(".gguf") or name.endswith(".png")):
+        inputs[name] = {"sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(), "size": os.path.getsize(p)}
+embeds = {}
+for line in open(embed_path):
+    e = json.loads(line)
+    embeds[os.path.basename(e["out"])] = e
+manifest = {
+    "llama_cpp": meta,
+    "inputs": inputs,
+    "prompt": open(prompt_path).read(),
+    "embed": embeds,
+}
+with open(out, "w") as f:
+    json.dump(manifest, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+PY
+echo "$OUT/manifest.json" >&2
