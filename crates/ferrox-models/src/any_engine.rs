@@ -58,6 +58,10 @@ impl Engine for AnyEngine {
         self.0.embedding_size()
     }
 
+    fn accepts_embeddings(&self) -> bool {
+        self.0.accepts_embeddings()
+    }
+
     fn is_encoder(&self) -> bool {
         self.0.is_encoder()
     }

@@ -718,3 +718,36 @@ impl OutputHead<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: usize, pos: usize, attend_end: usize) -> Row {
+        Row {
+            seq,
+            pos,
+            token: 0,
+            logits_row: None,
+            output: Output::Logits,
+            embedding: None,
+            attend_end,
+        }
+    }
+
+    #[test]
+    fn a_bidirectional_span_is_never_split_between_micro_batches() {
+        // Sequence 0: 6 causal rows; sequence 1: a span of 4 rows at positions 10..14.
+        let mut rows: Vec<Row> = (0..6).map(|p| row(0, p, p + 1)).collect();
+        rows.extend((10..14).map(|p| row(1, p, 14)));
+        assert_eq!(micro_batch_len(&rows, 16), 10);
+        assert_eq!(micro_batch_len(&rows, 10), 10);
+        // A cut inside the span moves before it.
+        for max in 7..10 {
+            assert_eq!(micro_batch_len(&rows, max), 6, "max {max}");
+        }
+        assert_eq!(micro_batch_len(&rows, 5), 5);
+        // The span alone at the front fits whole.
+        assert_eq!(micro_batch_len(&rows[6..], 4), 4);
+    }
+}

@@ -217,13 +217,7 @@ impl VisionEncoder {
                 }
             });
         let x = sized(&mut s.x, n * e);
-        linear(
-            &self.weights.patch_embd.view(&self.gguf)?,
-            &patches,
-            n,
-            x,
-            &mut s.xq,
-        )?;
+        linear(&self.weights.patch_embd.view()?, &patches, n, x, &mut s.xq)?;
         let bias = self.weights.patch_bias.as_deref();
         x.par_chunks_mut(e)
             .zip(self.weights.position_embd.par_chunks(e))

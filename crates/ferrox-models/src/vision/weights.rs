@@ -70,8 +70,9 @@ pub enum ProjectorWeights {
 #[derive(Clone, Debug)]
 pub struct VisionWeights {
     /// The patch convolution as a matrix: one row per output channel, `3 × patch²` inputs
-    /// (channel, then kernel row, then column).
-    pub patch_embd: MatrixRef,
+    /// (channel, then kernel row, then column), in the type ggml's convolution multiplies
+    /// in (see [`patch_kernel`]).
+    pub patch_embd: OwnedMatrix,
     pub patch_bias: Option<Vec<f32>>,
     /// One learned row per patch position.
     pub position_embd: Vec<f32>,
@@ -104,10 +105,13 @@ impl VisionWeights {
                 b: l.opt_vector(&format!("{name}.bias"), rows)?,
             })
         };
-        let patch_embd = l.matrix_of_shape(
-            "v.patch_embd.weight",
-            &[p, p, 3, e as u64],
-            (3 * c.patch_size * c.patch_size, e),
+        let patch_embd = patch_kernel(
+            gguf,
+            &l.matrix_of_shape(
+                "v.patch_embd.weight",
+                &[p, p, 3, e as u64],
+                (3 * c.patch_size * c.patch_size, e),
+            )?,
         )?;
         let n_pos = c.patches_per_side() * c.patches_per_side();
         let position_embd = {
@@ -171,6 +175,45 @@ impl VisionWeights {
             projector,
         })
     }
+}
+
+/// ggml's `conv_2d` unfolds the image into f16 columns (f32 for a bf16 kernel) and
+/// multiplies them by the kernel in that type: an f32 or f16 kernel becomes f16 (its values
+/// and the patches rounded to f16, the sums f32), a bf16 kernel f32.
+fn patch_kernel(gguf: &Gguf, m: &MatrixRef) -> Result<OwnedMatrix, ModelError> {
+    let view = m.view(gguf)?;
+    let ty = match view.ty() {
+        GgmlType::F32 | GgmlType::F16 => GgmlType::F16,
+        GgmlType::Bf16 => GgmlType::F32,
+        ty => {
+            return Err(ModelError::UnsupportedTensorType {
+                name: m.name().to_string(),
+                ty: format!(
+                    "{} (the patch convolution takes f32, f16 or bf16)",
+                    ty.name()
+                ),
+            })
+        }
+    };
+    let mut row = vec![0.0f32; m.cols];
+    let mut bytes = Vec::with_capacity(m.rows * m.cols * 4);
+    for r in 0..m.rows {
+        view.dequant_row(r, &mut row)?;
+        for &v in &row {
+            match ty {
+                GgmlType::F16 => bytes.extend(half::f16::from_f32(v).to_le_bytes()),
+                _ => bytes.extend(v.to_le_bytes()),
+            }
+        }
+    }
+    let out = OwnedMatrix {
+        ty,
+        rows: m.rows,
+        cols: m.cols,
+        bytes,
+    };
+    out.view()?;
+    Ok(out)
 }
 
 /// A matrix stored with its inputs as rows (ggml shape `[rows, cols]`), transposed into a
