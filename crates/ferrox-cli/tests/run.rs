@@ -170,3 +170,61 @@ fn a_prompt_longer_than_the_context_is_refused() {
     );
     assert!(!stderr.contains("panicked"));
 }
+
+/// `ferrox run --mmproj --image` on the synthetic Gemma 3 pair of `fixtures/vision`: the
+/// greedy ids after each image (f32 cache) equal libllama's, the prompt's positions too; an
+/// image without a projector, an unreadable image and a projector of another width exit 2.
+#[test]
+fn run_with_an_image_matches_libllama() {
+    let dir = common::repo_root().join("fixtures/vision");
+    let prompt =
+        "<start_of_turn>user\n<__media__>Describe this image.<end_of_turn>\n<start_of_turn>model\n";
+    let run = |extra: &[&std::ffi::OsStr]| {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("run"), OsStr::new("-m")];
+        let model = dir.join("gemma3.gguf");
+        let mut owned = vec![model.into_os_string()];
+        owned.extend(extra.iter().map(|s| s.to_os_string()));
+        args.extend(owned.iter().map(|s| s.as_os_str()));
+        args.extend(
+            [
+                "-p", prompt, "-n", "16", "--temp", "0", "--kv-f32", "-t", "2", "--json",
+            ]
+            .map(OsStr::new),
+        );
+        ferrox(&args)
+    };
+    for name in ["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"] {
+        let out = run(&[
+            OsStr::new("--mmproj"),
+            dir.join("gemma3.mmproj.gguf").as_os_str(),
+            OsStr::new("--image"),
+            dir.join(format!("{name}.png")).as_os_str(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let path = dir.join("ref").join(format!("{name}.greedy.json"));
+        let theirs: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(ours["tokens"], theirs["generated"], "{name}");
+        assert_eq!(
+            ours["prompt_tokens"].as_array().unwrap().len() as u64,
+            theirs["n_past"].as_u64().unwrap()
+        );
+    }
+    let image = dir.join("rgb64.png");
+    let no_projector = run(&[OsStr::new("--image"), image.as_os_str()]);
+    assert_eq!(no_projector.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_projector.stderr).contains("--mmproj"));
+    let mmproj = dir.join("gemma3.mmproj.gguf");
+    let not_an_image = run(&[
+        OsStr::new("--mmproj"),
+        mmproj.as_os_str(),
+        OsStr::new("--image"),
+        dir.join("README.md").as_os_str(),
+    ]);
+    assert_eq!(not_an_image.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&not_an_image.stderr).contains("could not be decoded"));
+}

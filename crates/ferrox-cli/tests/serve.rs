@@ -1373,3 +1373,65 @@ fn serve_models_dir_loads_and_unloads_on_demand() {
         loaded >> 20
     );
 }
+
+/// Images: `ferrox serve --mmproj` on the synthetic Gemma 3 pair of `fixtures/vision`, f32
+/// cache (the f32 comparison), driven through the official `openai` client
+/// (tests/serve/vision_client.py: llama-server's answers, 8 concurrent images equal their solo
+/// runs, bad images refused); and a server without a projector refuses images with a 400.
+#[test]
+fn serve_takes_images_as_llama_server_does() {
+    require_openai();
+    let fixtures = repo_root().join("fixtures/vision");
+    let model = fixtures.join("gemma3.gguf");
+    let mmproj = fixtures.join("gemma3.mmproj.gguf");
+    let server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--mmproj",
+            mmproj.to_str().unwrap(),
+            "--kv-f32",
+            "--parallel",
+            "8",
+            "-t",
+            "2",
+            "--api-key",
+            API_KEY,
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    assert!(
+        server.log().contains("16 tokens per image"),
+        "{}",
+        server.log()
+    );
+    run_client(
+        &server,
+        "vision_client.py",
+        &[
+            "--api-key",
+            API_KEY,
+            "--fixtures",
+            fixtures.to_str().unwrap(),
+        ],
+        "images",
+    );
+    drop(server);
+
+    let text_only = Server::start(&["-m", model.to_str().unwrap(), "-t", "2"], &[]);
+    text_only.wait_ready(Duration::from_secs(60));
+    let body = r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}], "max_tokens": 2}"#;
+    let (status, reply) = http(
+        text_only.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(body),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply.contains("images_not_supported") && reply.contains("--mmproj"),
+        "{reply}"
+    );
+}

@@ -52,6 +52,13 @@ pub enum MediaError {
     MarkerCount { markers: usize, images: usize },
 }
 
+/// An image and the position in its prompt where its rows start.
+#[derive(Clone, Debug)]
+pub struct PlacedImage {
+    pub start: usize,
+    pub image: Arc<EncodedImage>,
+}
+
 /// A piece of a prompt.
 #[derive(Clone, Debug)]
 pub enum Chunk {
@@ -139,6 +146,25 @@ impl MediaPrompt {
             match c {
                 Chunk::Text(t) => out.extend_from_slice(t),
                 Chunk::Image(i) => out.extend_from_slice(&i.ids),
+            }
+        }
+        out
+    }
+
+    /// The images with their start positions, in order.
+    pub fn placed_images(&self) -> Vec<PlacedImage> {
+        let mut at = 0;
+        let mut out = Vec::new();
+        for c in &self.chunks {
+            match c {
+                Chunk::Text(t) => at += t.len(),
+                Chunk::Image(i) => {
+                    out.push(PlacedImage {
+                        start: at,
+                        image: i.clone(),
+                    });
+                    at += i.n_tokens;
+                }
             }
         }
         out

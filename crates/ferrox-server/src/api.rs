@@ -59,6 +59,64 @@ pub struct ChatRequest {
     pub template_kwargs: Map<String, Value>,
     /// `tools` and how to use them (None: no tools given).
     pub tools: Option<ToolSpec>,
+    /// The images of `image_url` parts (the file bytes of their data URLs), in order: each
+    /// part's place in its message's text holds the media marker.
+    pub images: Vec<Vec<u8>>,
+}
+
+/// The largest image (decoded bytes of its data URL) taken in a request.
+pub const MAX_IMAGE_BYTES: usize = 32 << 20;
+
+/// The file bytes of an `image_url` part's URL: a base64 `data:` URL. Remote URLs are not
+/// fetched.
+fn image_url_bytes(at: &str, part: &Map<String, Value>) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine as _;
+    let url = match part.get("image_url") {
+        Some(Value::String(u)) => u.as_str(),
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(u)) => u.as_str(),
+            _ => {
+                return Err(ApiError::param(
+                    &format!("{at}.image_url.url"),
+                    format!("'{at}.image_url.url' must be a string"),
+                ))
+            }
+        },
+        _ => {
+            return Err(ApiError::param(
+                &format!("{at}.image_url"),
+                format!("'{at}.image_url' must be an object with a 'url'"),
+            ))
+        }
+    };
+    let param = format!("{at}.image_url.url");
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(ApiError::unsupported(
+            &param,
+            "only data: URLs (base64) are taken for images; remote URLs are not fetched",
+        ));
+    };
+    let Some((meta, payload)) = rest.split_once(',') else {
+        return Err(ApiError::param(
+            &param,
+            "the data URL has no ',' before its data",
+        ));
+    };
+    if !meta.ends_with(";base64") {
+        return Err(ApiError::param(
+            &param,
+            "the image's data URL must be base64 (';base64,')",
+        ));
+    }
+    if payload.len() / 4 * 3 > MAX_IMAGE_BYTES {
+        return Err(ApiError::param(
+            &param,
+            format!("the image is larger than {MAX_IMAGE_BYTES} bytes"),
+        ));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(payload.trim())
+        .map_err(|e| ApiError::param(&param, format!("the image's base64 data is invalid: {e}")))
 }
 
 /// The prompt of `/v1/completions`.
@@ -651,8 +709,9 @@ pub fn parse_chat(body: &Value, n_vocab: usize) -> Result<ChatRequest, ApiError>
         }
     };
     let mut normalized = Vec::with_capacity(messages.len());
+    let mut images = Vec::new();
     for (i, message) in messages.iter().enumerate() {
-        normalized.push(normalize_message(i, message)?);
+        normalized.push(normalize_message(i, message, &mut images)?);
     }
     let template_kwargs = f
         .object("chat_template_kwargs")?
@@ -665,6 +724,7 @@ pub fn parse_chat(body: &Value, n_vocab: usize) -> Result<ChatRequest, ApiError>
         messages: Value::Array(normalized),
         template_kwargs,
         tools,
+        images,
     })
 }
 
@@ -684,8 +744,13 @@ pub(crate) fn check_forced_tools(
     Ok(())
 }
 
-/// Checks one message and flattens content parts to text.
-fn normalize_message(i: usize, message: &Value) -> Result<Value, ApiError> {
+/// Checks one message and flattens content parts to text; an image part becomes the media
+/// marker, its bytes appended to `images`.
+fn normalize_message(
+    i: usize,
+    message: &Value,
+    images: &mut Vec<Vec<u8>>,
+) -> Result<Value, ApiError> {
     let param = format!("messages[{i}]");
     let Some(obj) = message.as_object() else {
         return Err(ApiError::param(
@@ -727,11 +792,15 @@ fn normalize_message(i: usize, message: &Value) -> Result<Value, ApiError> {
                                 ))
                             }
                         },
+                        Some("image_url") => {
+                            images.push(image_url_bytes(&at, p)?);
+                            text.push_str(ferrox_generate::media::MEDIA_MARKER);
+                        }
                         Some(other) => {
                             return Err(ApiError::unsupported(
                                 &at,
                                 format!(
-                                    "content parts of type '{other}' are not supported (text only)"
+                                    "content parts of type '{other}' are not supported (text and image_url only)"
                                 ),
                             ))
                         }

@@ -305,6 +305,7 @@ pub(crate) async fn run_wave(
         .iter()
         .enumerate()
         .map(|(choice, prompt)| Job {
+            images: Vec::new(),
             prompt: prompt.clone(),
             params: GenerationParams::default(),
             choice,

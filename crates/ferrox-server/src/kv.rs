@@ -13,7 +13,8 @@
 
 use ferrox_memory::block_manager::{salted_root, BlockUsage};
 use ferrox_memory::{MemoryError, MemoryShape, SeqId, SequenceMemory};
-use ferrox_models::{step_sequences, Engine, EngineError, LogitsFor, Output, SeqWork, StepScratch};
+use ferrox_models::engine::{step_sequences_with, InputEmbeddings};
+use ferrox_models::{Engine, EngineError, LogitsFor, Output, SeqWork, StepScratch};
 use ferrox_tokenizer::tokenizer::TokenId;
 use smallvec::SmallVec;
 
@@ -42,6 +43,8 @@ pub struct Work<'a> {
     pub logits: bool,
     /// Every token's embedding is wanted instead (a sequence being embedded).
     pub embeddings: bool,
+    /// Rows in place of the tokens' embeddings (an image's).
+    pub given: Option<InputEmbeddings<'a>>,
 }
 
 pub struct KvPool {
@@ -199,11 +202,14 @@ impl KvPool {
             .into_iter()
             .map(|o| o.ok_or(MemoryError::UnknownSequence(usize::MAX)))
             .collect::<Result<_, _>>()?;
-        step_sequences(
+        let given: SmallVec<[Option<InputEmbeddings<'_>>; 16]> =
+            work.iter().map(|w| w.given).collect();
+        step_sequences_with(
             engine,
             &mut self.memory,
             &mut self.scratch,
             &steps,
+            &given,
             &mut outs,
         )
     }

@@ -128,6 +128,8 @@ pub struct ServerConfig {
     pub embeddings: bool,
     /// How embeddings are pooled (`--pooling`; default: the file's `pooling_type`).
     pub pooling: Option<Pooling>,
+    /// The model's vision projector (`--mmproj`): chat requests may then hold images.
+    pub mmproj: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -152,6 +154,7 @@ impl Default for ServerConfig {
             cors_origins: AllowedOrigins::default(),
             embeddings: false,
             pooling: None,
+            mmproj: None,
         }
     }
 }

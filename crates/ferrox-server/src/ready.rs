@@ -57,6 +57,8 @@ pub(crate) struct Ready {
     /// The file's `tokenizer.chat_template.rerank`: how a reranker reads a query and a
     /// document.
     pub rerank_template: Option<String>,
+    /// The vision encoder (`--mmproj`), if the server takes images.
+    pub vision: Option<Arc<ferrox_models::vision::VisionEncoder>>,
 }
 
 impl Ready {
@@ -72,6 +74,45 @@ impl Ready {
             .with_code("model_not_found")),
         }
     }
+}
+
+/// The vision encoder of `--mmproj`, checked against the model: it must take embeddings and
+/// have the projector's output width.
+fn vision_encoder(
+    config: &ServerConfig,
+    engine: &AnyEngine,
+) -> anyhow::Result<Option<Arc<ferrox_models::vision::VisionEncoder>>> {
+    use ferrox_models::vision::{VisionEncoder, VisionOptions};
+    let Some(path) = &config.mmproj else {
+        return Ok(None);
+    };
+    let options = VisionOptions {
+        threads: engine.threads(),
+        f32_attention: engine.memory_spec().storage == ferrox_core::KvStorage::F32,
+    };
+    let encoder = VisionEncoder::open(path, &options)
+        .with_context(|| format!("--mmproj {}", path.display()))?;
+    if !engine.accepts_embeddings() {
+        bail!(
+            "--mmproj: the {} engine does not take image embeddings",
+            engine.architecture()
+        );
+    }
+    if encoder.output_width() != engine.embedding_size() {
+        bail!(
+            "--mmproj {}: the projector writes rows of {} values but the model's embeddings have {}: not this model's projector",
+            path.display(),
+            encoder.output_width(),
+            engine.embedding_size()
+        );
+    }
+    tracing::info!(
+        "vision projector {} ({}, {} tokens per image)",
+        path.display(),
+        encoder.config().projector.name(),
+        encoder.tokens_per_image()
+    );
+    Ok(Some(Arc::new(encoder)))
 }
 
 /// The KV block pool: `--kv-memory` MiB, or room for `--parallel` full contexts.
@@ -185,6 +226,7 @@ pub(crate) fn prepare(
         .ok()
         .flatten()
         .map(str::to_string);
+    let vision = vision_encoder(config, &engine)?;
     let pool = kv_pool(config, &engine)?;
     let vocab = tokenizer.vocab();
     let token_text = |id: Option<u32>| id.map(|id| vocab.text(id).to_string()).unwrap_or_default();
@@ -264,6 +306,7 @@ pub(crate) fn prepare(
         n_embd,
         generates,
         rerank_template,
+        vision,
     })
 }
 

@@ -12,6 +12,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrox_generate::generate::FinishReason;
+use ferrox_generate::media::{EncodedImage, MediaPrompt, PlacedImage};
 use ferrox_tokenizer::chat_template::{prompt_for_tokenizer, ChatTemplateError};
 use ferrox_tokenizer::tokenizer::TokenId;
 use futures::StreamExt;
@@ -360,7 +361,7 @@ pub async fn chat_completions(
         ready,
         Kind::Chat,
         prepared.gen,
-        prepared.prompt,
+        (prepared.prompt, prepared.images),
         prepared.output,
     )
     .await
@@ -371,6 +372,8 @@ pub async fn chat_completions(
 pub(crate) struct PreparedChat {
     pub gen: GenRequest,
     pub prompt: Vec<TokenId>,
+    /// The prompt's images (their rows in place of `prompt`'s ids there).
+    pub images: Vec<PlacedImage>,
     pub output: OutputConfig,
 }
 
@@ -391,11 +394,13 @@ pub(crate) async fn prepare_chat(
         .tools
         .take()
         .filter(|t| t.choice != ferrox_agent::ToolChoice::None);
-    let (prompt, opens_thinking) = {
+    let images = encode_images(ready, std::mem::take(&mut req.images)).await?;
+    let (prompt, images, opens_thinking) = {
         let ready = ready.clone();
         let (messages, kwargs) = (req.messages, req.template_kwargs);
         let template_tools = tools.as_ref().map(|t| t.template_tools());
-        blocking(move || -> Result<(Vec<TokenId>, Option<usize>), ApiError> {
+        type Rendered = (Vec<TokenId>, Vec<PlacedImage>, Option<usize>);
+        blocking(move || -> Result<Rendered, ApiError> {
             let mut options = ready.render_options.clone();
             options.add_generation_prompt = true;
             options.tools = template_tools;
@@ -407,7 +412,12 @@ pub(crate) async fn prepare_chat(
             let opens = ferrox_agent::reasoning::prompt_opens_thinking(&text);
             let vocab = ready.tokenizer.vocab();
             let text = prompt_for_tokenizer(&text, &options, vocab.add_bos(), vocab.add_eos());
-            Ok((ready.tokenizer.encode(text, true, true), opens))
+            if images.is_empty() {
+                return Ok((ready.tokenizer.encode(text, true, true), Vec::new(), opens));
+            }
+            let media = MediaPrompt::build(&ready.tokenizer, text, images, true)
+                .map_err(|e| ApiError::param("messages", e.to_string()))?;
+            Ok((media.ids(), media.placed_images(), opens))
         })
         .await??
     };
@@ -441,11 +451,57 @@ pub(crate) async fn prepare_chat(
     Ok(PreparedChat {
         gen: req.gen,
         prompt,
+        images,
         output: OutputConfig {
             tools: tools.map(|_| format),
             reasoning,
         },
     })
+}
+
+/// Decodes and encodes a request's images with the server's vision encoder (on a worker
+/// thread): an undecodable image is a 400 naming it, images sent to a server without
+/// `--mmproj` a 400 saying so.
+async fn encode_images(
+    ready: &Arc<Ready>,
+    images: Vec<Vec<u8>>,
+) -> Result<Vec<Arc<EncodedImage>>, ApiError> {
+    if images.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(encoder) = ready.vision.clone() else {
+        return Err(ApiError::unsupported(
+            "messages",
+            format!(
+                "`{}` takes text only: start the server with --mmproj FILE (the model's vision projector) to send images",
+                ready.model_id
+            ),
+        )
+        .with_code("images_not_supported"));
+    };
+    blocking(move || {
+        let (begin, end) = encoder.markers();
+        images
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| {
+                let img = ferrox_models::vision::RgbImage::decode(bytes)
+                    .map_err(|e| ApiError::param("messages", format!("image {}: {e}", i + 1)))?;
+                let emb = encoder
+                    .encode(&img)
+                    .map_err(|e| ApiError::internal(format!("encoding image {}: {e}", i + 1)))?;
+                Ok(Arc::new(EncodedImage {
+                    ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
+                    rows: emb.data,
+                    n_tokens: emb.n_tokens,
+                    bidirectional: encoder.bidirectional(),
+                    begin: begin.to_string(),
+                    end: end.to_string(),
+                }))
+            })
+            .collect()
+    })
+    .await?
 }
 
 /// Which request field a constraint came from, for error messages.
@@ -506,7 +562,7 @@ pub async fn completions(
         ready,
         Kind::Completion,
         req.gen,
-        prompt,
+        (prompt, Vec::new()),
         OutputConfig::default(),
     )
     .await
@@ -734,7 +790,7 @@ async fn generate(
     ready: Arc<Ready>,
     kind: Kind,
     gen: GenRequest,
-    prompt: Vec<TokenId>,
+    (prompt, images): (Vec<TokenId>, Vec<PlacedImage>),
     output: OutputConfig,
 ) -> Result<Response, ApiError> {
     let prompt_param = if kind == Kind::Chat {
@@ -761,7 +817,7 @@ async fn generate(
         top_logprobs: gen.params.top_logprobs,
         ready: ready.clone(),
     };
-    let rx = submit(&state, &ready, &gen, &prompt)?;
+    let rx = submit(&state, &ready, &gen, &prompt, &images)?;
     if gen.stream {
         Ok(stream_response(
             responder,
@@ -783,6 +839,7 @@ pub(crate) fn submit(
     ready: &Ready,
     gen: &GenRequest,
     prompt: &[TokenId],
+    images: &[PlacedImage],
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     if !ready.generates {
         return Err(ApiError::invalid(format!(
@@ -799,6 +856,7 @@ pub(crate) fn submit(
             params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
             Job {
                 prompt: prompt.to_vec(),
+                images: images.to_vec(),
                 params,
                 choice,
                 cache_salt: gen.cache_salt.clone(),

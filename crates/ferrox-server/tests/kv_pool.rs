@@ -45,6 +45,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
         tokens: &a,
         logits: true,
         embeddings: false,
+        given: None,
     }];
     pool.forward(&d, &work).unwrap();
     assert_eq!(pool.usage().used, 3);
@@ -77,6 +78,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
             tokens: rest,
             logits: true,
             embeddings: false,
+            given: None,
         }],
     )
     .unwrap();
@@ -122,6 +124,7 @@ fn prefixes_are_shared_only_within_one_cache_salt() {
             tokens: &a,
             logits: true,
             embeddings: false,
+            given: None,
         }],
     )
     .unwrap();

@@ -86,6 +86,10 @@ pub struct Args {
     /// (llama-server's), batched with generation.
     #[arg(long = "embeddings", visible_alias = "embedding")]
     pub embeddings: bool,
+    /// The model's vision projector (an `mmproj` GGUF): chat requests may then send images
+    /// as `image_url` content parts (base64 data URLs).
+    #[arg(long = "mmproj", value_name = "FILE", conflicts_with = "models_dir")]
+    pub mmproj: Option<std::path::PathBuf>,
     /// How a text's token embeddings are pooled: none, mean, cls, last, or rank (a
     /// reranker's classification head; default: the file's `pooling_type`, none without one).
     #[arg(long, value_name = "TYPE", value_parser = pooling)]
@@ -213,6 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let config = ServerConfig {
+        mmproj: args.mmproj.clone(),
         speculation,
         cors_origins,
         embeddings: args.embeddings || args.reranking,

@@ -149,10 +149,11 @@ pub(crate) async fn messages(
     let PreparedChat {
         gen,
         prompt,
+        images,
         output,
     } = prepared;
     let stream = gen.stream;
-    let rx = routes::submit(&state, &ready, &gen, &prompt)?;
+    let rx = routes::submit(&state, &ready, &gen, &prompt, &images)?;
     let id = random_id("msg_");
     if stream {
         Ok(stream_messages(state, rx, id, model, prompt.len(), output))

@@ -52,6 +52,7 @@ pub fn parse_messages(
         messages: Value::Array(messages),
         template_kwargs,
         tools,
+        images: Vec::new(),
     })
 }
 

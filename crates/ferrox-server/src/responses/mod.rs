@@ -214,11 +214,12 @@ pub(crate) async fn create(
     let PreparedChat {
         mut gen,
         prompt,
+        images,
         output,
     } = routes::prepare_chat(&state, &ready, chat).await?;
     gen.stream = false;
     routes::check_context(prompt.len(), gen.params.max_tokens, ready.n_ctx, "input")?;
-    let rx = routes::submit(&state, &ready, &gen, &prompt)?;
+    let rx = routes::submit(&state, &ready, &gen, &prompt, &images)?;
     let mut conversation = previous;
     conversation.extend(req.input_messages);
     let envelope = Envelope {

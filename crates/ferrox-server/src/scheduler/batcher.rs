@@ -78,6 +78,28 @@ pub(super) struct Planned {
     pub(super) logits: bool,
     /// The rows' embeddings are wanted (an embedding job).
     pub(super) embeddings: bool,
+    /// The rows are (the rest of) the job's image of this index: its rows stand in for
+    /// the tokens' embeddings.
+    pub(super) image: Option<usize>,
+}
+
+/// What a prefilling sequence may feed next from position `fed`: the rest of the image
+/// covering `fed` (which must go in one step, whole), or text up to the next image.
+pub(super) fn next_prompt_piece(
+    images: &[ferrox_generate::media::PlacedImage],
+    fed: usize,
+    prompt_len: usize,
+) -> (usize, Option<usize>) {
+    for (k, p) in images.iter().enumerate() {
+        let end = p.start + p.image.n_tokens;
+        if (p.start..end).contains(&fed) {
+            return (end - fed, Some(k));
+        }
+        if p.start > fed {
+            return (p.start - fed, None);
+        }
+    }
+    (prompt_len - fed, None)
 }
 
 /// Removes the queued jobs whose client went away.

@@ -99,6 +99,10 @@ impl<'t> Batcher<'t> {
         let mut budget = spec.max_rows.saturating_sub(rows);
         for &i in order {
             let s = &mut active[plan[i].index];
+            // A draft model reads the text only: a conversation with images is not drafted.
+            if with_model && !s.job.images.is_empty() {
+                continue;
+            }
             let room = s.draft_room(spec.max, n_ctx).min(budget);
             // A draft model stops where it is unsure (`p_min`); the block's greedy drafts
             // have no such measure, so their length follows their acceptance.

@@ -11,10 +11,12 @@ use ferrox_generate::generate::{FinishReason, Sampled, TokenConstraint};
 use ferrox_models::Engine;
 use rayon::prelude::*;
 
+use super::batcher::next_prompt_piece;
 use super::batcher::{panic_text, Batcher, Planned, Seq};
 use super::{Event, Summary, TokenEvent};
 use crate::error::ApiError;
 use crate::kv::{KvPool, Work};
+use ferrox_models::engine::InputEmbeddings;
 
 /// What the sampling phase produced: each sampled sequence's index in `active` and its
 /// tokens (one, or several when it checked a draft).
@@ -92,11 +94,18 @@ impl<'t> Batcher<'t> {
                     tokens: 1,
                     logits: true,
                     embeddings: false,
+                    image: None,
                 });
                 continue;
             }
             let rest = s.job.prompt.len() - s.fed;
-            let mut take = rest.min(budget);
+            let (piece, image) = next_prompt_piece(&s.job.images, s.fed, s.job.prompt.len());
+            // An image goes in whole, in a step of its own rows (its tokens may attend to
+            // each other both ways); text stops where the next image starts.
+            let mut take = match image {
+                Some(_) => piece,
+                None => piece.min(budget),
+            };
             // An encoder takes each sequence whole: the first in a step whatever its length,
             // the others while they fit the budget.
             if encoder && take < rest {
@@ -110,6 +119,7 @@ impl<'t> Batcher<'t> {
                     tokens: take,
                     logits: !embeddings && s.fed + take == s.job.prompt.len(),
                     embeddings,
+                    image,
                 });
             }
         }
@@ -140,11 +150,21 @@ impl<'t> Batcher<'t> {
                     Some(t) => std::slice::from_ref(t),
                     None => &s.job.prompt[s.fed..s.fed + p.tokens],
                 };
+                let given = p.image.map(|k| {
+                    let placed = &s.job.images[k];
+                    let width = placed.image.rows.len() / placed.image.n_tokens.max(1);
+                    let from = (s.fed - placed.start) * width;
+                    InputEmbeddings {
+                        rows: &placed.image.rows[from..from + p.tokens * width],
+                        bidirectional: placed.image.bidirectional,
+                    }
+                });
                 Work {
                     slot: s.slot,
                     tokens,
                     logits: p.logits,
                     embeddings: p.embeddings,
+                    given,
                 }
             })
             .collect();

@@ -31,6 +31,8 @@ use batcher::{drop_abandoned, Batcher};
 /// A request waiting for, or holding, a slot.
 pub struct Job {
     pub prompt: Vec<TokenId>,
+    /// Images whose rows stand in for the prompt's ids at their positions.
+    pub images: Vec<ferrox_generate::media::PlacedImage>,
     pub params: GenerationParams,
     /// Which choice of its request this job generates (`n` > 1 shares one channel).
     pub choice: usize,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# llama-server's answers for the image fixtures: starts llama-server on the synthetic Gemma 3
+# pair of fixtures/vision (f32 K and V cache, flash attention off, as the f32 comparisons
+# need), sends each image through /v1/chat/completions (an `image_url` data URL, then the
+# text "Describe this image.", temperature 0, 16 tokens) and writes
+# fixtures/vision/ref/server.json: {"settings", "answers": {image: content}}.
+#   LLAMA_CPP_BUILD  the llama.cpp build dir with bin/llama-server (default /work/ref/build)
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BUILD="${LLAMA_CPP_BUILD:-/work/ref/build}"
+DIR="$ROOT/fixtures/vision"
+PORT="${PORT:-18111}"
+"$BUILD/bin/llama-server" -m "$DIR/gemma3.gguf" --mmproj "$DIR/gemma3.mmproj.gguf" \
+    -ctk f32 -ctv f32 -fa off -t 2 -np 1 -c 512 --port "$PORT" --no-webui >/tmp/llama-server-vision.log 2>&1 &
+PID=$!
+trap 'kill $PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+    sleep 0.5
+done
+python3 - "$PORT" "$DIR" <<'PY'
+import base64, json, sys, urllib.request
+port, d = sys.argv[1], sys.argv[2]
+answers = {}
+for name in ["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"]:
+    data = base64.b64encode(open(f"{d}/{name}.png", "rb").read()).decode()
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}},
+        {"type": "text", "text": "Describe this image."}]}],
+        "max_tokens": 16, "temperature": 0}
+    r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                               data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    out = json.load(urllib.request.urlopen(r))
+    answers[name] = {"content": out["choices"][0]["message"]["content"],
+                     "prompt_tokens": out["usage"]["prompt_tokens"]}
+json.dump({"settings": {"server": "llama-server", "cache": "f32", "flash_attn": "off",
+                        "max_tokens": 16, "temperature": 0},
+           "answers": answers}, open(f"{d}/ref/server.json", "w"), indent=1, ensure_ascii=False)
+print(json.dumps(answers, ensure_ascii=False))
+PY
