@@ -1417,6 +1417,9 @@ fn serve_takes_images_as_llama_server_does() {
         ],
         "images",
     );
+    // Five distinct images, each sent three times or more: each encoded once.
+    let encoded = server.log().matches("encoded in").count();
+    assert_eq!(encoded, 5, "{}", server.log());
     drop(server);
 
     let text_only = Server::start(&["-m", model.to_str().unwrap(), "-t", "2"], &[]);

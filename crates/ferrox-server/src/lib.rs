@@ -28,6 +28,7 @@ pub mod draft;
 mod embeddings;
 mod error;
 mod guard;
+mod images;
 pub mod kv;
 mod metrics;
 mod ready;

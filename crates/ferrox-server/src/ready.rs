@@ -59,6 +59,8 @@ pub(crate) struct Ready {
     pub rerank_template: Option<String>,
     /// The vision encoder (`--mmproj`), if the server takes images.
     pub vision: Option<Arc<ferrox_models::vision::VisionEncoder>>,
+    /// Images encoded lately, for requests that send them again.
+    pub image_cache: crate::images::ImageCache,
 }
 
 impl Ready {
@@ -307,6 +309,7 @@ pub(crate) fn prepare(
         generates,
         rerank_template,
         vision,
+        image_cache: Default::default(),
     })
 }
 

@@ -12,7 +12,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrox_generate::generate::FinishReason;
-use ferrox_generate::media::{EncodedImage, MediaPrompt, PlacedImage};
+use ferrox_generate::media::{MediaPrompt, PlacedImage};
 use ferrox_tokenizer::chat_template::{prompt_for_tokenizer, ChatTemplateError};
 use ferrox_tokenizer::tokenizer::TokenId;
 use futures::StreamExt;
@@ -394,7 +394,7 @@ pub(crate) async fn prepare_chat(
         .tools
         .take()
         .filter(|t| t.choice != ferrox_agent::ToolChoice::None);
-    let images = encode_images(ready, std::mem::take(&mut req.images)).await?;
+    let images = crate::images::encode(ready, std::mem::take(&mut req.images)).await?;
     let (prompt, images, opens_thinking) = {
         let ready = ready.clone();
         let (messages, kwargs) = (req.messages, req.template_kwargs);
@@ -457,51 +457,6 @@ pub(crate) async fn prepare_chat(
             reasoning,
         },
     })
-}
-
-/// Decodes and encodes a request's images with the server's vision encoder (on a worker
-/// thread): an undecodable image is a 400 naming it, images sent to a server without
-/// `--mmproj` a 400 saying so.
-async fn encode_images(
-    ready: &Arc<Ready>,
-    images: Vec<Vec<u8>>,
-) -> Result<Vec<Arc<EncodedImage>>, ApiError> {
-    if images.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Some(encoder) = ready.vision.clone() else {
-        return Err(ApiError::unsupported(
-            "messages",
-            format!(
-                "`{}` takes text only: start the server with --mmproj FILE (the model's vision projector) to send images",
-                ready.model_id
-            ),
-        )
-        .with_code("images_not_supported"));
-    };
-    blocking(move || {
-        let (begin, end) = encoder.markers();
-        images
-            .iter()
-            .enumerate()
-            .map(|(i, bytes)| {
-                let img = ferrox_models::vision::RgbImage::decode(bytes)
-                    .map_err(|e| ApiError::param("messages", format!("image {}: {e}", i + 1)))?;
-                let emb = encoder
-                    .encode(&img)
-                    .map_err(|e| ApiError::internal(format!("encoding image {}: {e}", i + 1)))?;
-                Ok(Arc::new(EncodedImage {
-                    ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
-                    rows: emb.data,
-                    n_tokens: emb.n_tokens,
-                    bidirectional: encoder.bidirectional(),
-                    begin: begin.to_string(),
-                    end: end.to_string(),
-                }))
-            })
-            .collect()
-    })
-    .await?
 }
 
 /// Which request field a constraint came from, for error messages.

@@ -69,6 +69,26 @@ same = sum(a == solo[n] for a, n in zip(answers, names))
 check("8 concurrent requests with different images equal their solo answers", same == 8, f"{same}/8")
 
 
+# The same image through the Anthropic Messages and the Responses APIs: the same answer.
+import httpx
+headers = {"Authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key}
+png = base64.b64encode(open(f"{args.fixtures}/gray48.png", "rb").read()).decode()
+m = httpx.post(args.base_url + "/v1/messages", headers=headers, timeout=60, json={
+    "model": "gemma3.gguf", "max_tokens": 16, "temperature": 0,
+    "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": "Describe this image."}]}]}).json()
+text = "".join(b.get("text", "") for b in m.get("content", []))
+check("an Anthropic image block gives the chat answer", text == solo["gray48"], f"{m}")
+r = httpx.post(args.base_url + "/v1/responses", headers=headers, timeout=60, json={
+    "model": "gemma3.gguf", "max_output_tokens": 16, "temperature": 0,
+    "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_url("gray48")},
+        {"type": "input_text", "text": "Describe this image."}]}]}).json()
+text = "".join(c.get("text", "") for o in r.get("output", []) for c in o.get("content", []))
+check("a Responses input_image gives the chat answer", text == solo["gray48"], f"{r}")
+
+
 def bad(label, url, needle):
     try:
         ask(url)

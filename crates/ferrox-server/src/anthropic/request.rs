@@ -24,7 +24,8 @@ pub fn parse_messages(
         .as_object()
         .ok_or_else(|| invalid("the request body must be a JSON object"))?;
     let f = Fields(obj);
-    let messages = parse_conversation(obj)?;
+    let mut images = Vec::new();
+    let messages = parse_conversation(obj, &mut images)?;
     let tools = parse_tools(obj)?;
     let gen = GenRequest {
         model: None,
@@ -52,7 +53,7 @@ pub fn parse_messages(
         messages: Value::Array(messages),
         template_kwargs,
         tools,
-        images: Vec::new(),
+        images,
     })
 }
 
@@ -96,7 +97,10 @@ fn required_str<'a>(block: &'a Value, key: &str, at: &str) -> Result<&'a str, An
 
 /// `system` and `messages` as the template's messages: the system prompt first, each
 /// `tool_result` block as a `tool` message of its own before the user's text.
-fn parse_conversation(obj: &Map<String, Value>) -> Result<Vec<Value>, AnthropicError> {
+fn parse_conversation(
+    obj: &Map<String, Value>,
+    images: &mut Vec<Vec<u8>>,
+) -> Result<Vec<Value>, AnthropicError> {
     let mut messages: Vec<Value> = Vec::new();
     if let Some(system) = obj.get("system").filter(|v| !v.is_null()) {
         messages.push(json!({"role": "system", "content": text_of(system, "system")?}));
@@ -107,13 +111,19 @@ fn parse_conversation(obj: &Map<String, Value>) -> Result<Vec<Value>, AnthropicE
         _ => return Err(invalid("messages: Field required")),
     };
     for (i, m) in given.iter().enumerate() {
-        parse_message(m, &format!("messages.{i}"), &mut messages)?;
+        parse_message(m, &format!("messages.{i}"), &mut messages, images)?;
     }
     Ok(messages)
 }
 
-/// One message's blocks, appended to `messages` as the template takes them.
-fn parse_message(m: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), AnthropicError> {
+/// One message's blocks, appended to `messages` as the template takes them; an `image`
+/// block's bytes go to `images`, the media marker in its place in the text.
+fn parse_message(
+    m: &Value,
+    at: &str,
+    messages: &mut Vec<Value>,
+    images: &mut Vec<Vec<u8>>,
+) -> Result<(), AnthropicError> {
     let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
     if role != "user" && role != "assistant" {
         return Err(invalid(format!(
@@ -147,6 +157,10 @@ fn parse_message(m: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), A
                     .unwrap_or_default(),
             ),
             Some("redacted_thinking") => {}
+            Some("image") if role == "user" => {
+                images.push(image_bytes(b, &bat)?);
+                text.push_str(ferrox_generate::media::MEDIA_MARKER);
+            }
             Some("tool_use") if role == "assistant" => {
                 let id = required_str(b, "id", &bat)?;
                 let name = required_str(b, "name", &bat)?;
@@ -182,6 +196,33 @@ fn parse_message(m: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), A
         messages.push(json!({"role": "user", "content": text}));
     }
     Ok(())
+}
+
+/// An `image` block's bytes: a base64 `source` (URL sources are not fetched).
+fn image_bytes(block: &Value, at: &str) -> Result<Vec<u8>, AnthropicError> {
+    use base64::Engine as _;
+    let source = block
+        .get("source")
+        .ok_or_else(|| invalid(format!("{at}.source: Field required")))?;
+    match source.get("type").and_then(Value::as_str) {
+        Some("base64") => {}
+        Some(other) => {
+            return Err(invalid(format!(
+                "{at}.source.type: '{other}' images are not taken, only 'base64'"
+            )))
+        }
+        None => return Err(invalid(format!("{at}.source.type: Field required"))),
+    }
+    let data = required_str(source, "data", &format!("{at}.source"))?;
+    if data.len() / 4 * 3 > crate::api::MAX_IMAGE_BYTES {
+        return Err(invalid(format!(
+            "{at}.source.data: the image is larger than {} bytes",
+            crate::api::MAX_IMAGE_BYTES
+        )));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| invalid(format!("{at}.source.data: invalid base64: {e}")))
 }
 
 /// `max_tokens`: required, except when counting tokens.
@@ -382,7 +423,15 @@ mod tests {
         )
         .starts_with("messages.0.role:"));
         assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}))
-            .starts_with("messages.0.content.0:"));
+            .starts_with("messages.0.content.0.source: Field required"));
+        assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}))
+            .contains("only 'base64'"));
+        assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "@@"}}]}]}))
+            .contains("invalid base64"));
+        let with_image = parse(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}, {"type": "text", "text": "What?"}]}]}))
+            .unwrap_or_else(|e| panic!("{}", e.0.message));
+        assert_eq!(with_image.images, vec![b"hi".to_vec()]);
+        assert_eq!(with_image.messages[0]["content"], "<__media__>What?");
         assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "w"}]}]}))
             .starts_with("messages.0.content.0.id:"));
         assert!(message(

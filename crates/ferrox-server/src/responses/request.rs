@@ -60,6 +60,36 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A message's content for the chat request: its text, or, when it holds `input_image`
+/// parts, chat content parts (`text` and `image_url`) in order.
+fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
+    let Value::Array(parts) = content else {
+        return content_text(content, at).map(Value::String);
+    };
+    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    if !parts.iter().any(is_image) {
+        return content_text(content, at).map(Value::String);
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            if !is_image(part) {
+                let text = content_text(&Value::Array(vec![part.clone()]), at)?;
+                return Ok(json!({"type": "text", "text": text}));
+            }
+            match part.get("image_url").and_then(Value::as_str) {
+                Some(url) => Ok(json!({"type": "image_url", "image_url": {"url": url}})),
+                None => Err(param(
+                    at,
+                    format!("{at}[{i}].image_url must be a data URL (file ids are not taken)"),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
 /// `input` as chat messages: consecutive function calls join one assistant message.
 fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
@@ -92,8 +122,8 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                     }
                 };
                 let content = item.get("content").unwrap_or(&Value::Null);
-                let text = content_text(content, &format!("{at}.content"))?;
-                messages.push(json!({"role": role, "content": text}));
+                let content = message_content(content, &format!("{at}.content"))?;
+                messages.push(json!({"role": role, "content": content}));
             }
             "function_call" => {
                 let field = |k: &str| {
