@@ -16,20 +16,23 @@ use crate::Ready;
 /// Encoded images kept for reuse.
 const CACHED_IMAGES: usize = 32;
 
+/// An image's bytes as the cache knows them: their hash and length.
+type ImageKey = (u64, usize);
+
 /// The most recently encoded images, most recent first, keyed by a hash of their bytes
 /// (keyed per process, so no client can aim a collision at another's image) and length.
 #[derive(Default)]
 pub(crate) struct ImageCache {
     hasher: std::collections::hash_map::RandomState,
-    entries: Mutex<VecDeque<((u64, usize), Arc<EncodedImage>)>>,
+    entries: Mutex<VecDeque<(ImageKey, Arc<EncodedImage>)>>,
 }
 
 impl ImageCache {
-    fn key(&self, bytes: &[u8]) -> (u64, usize) {
+    fn key(&self, bytes: &[u8]) -> ImageKey {
         (self.hasher.hash_one(bytes), bytes.len())
     }
 
-    fn get(&self, key: (u64, usize)) -> Option<Arc<EncodedImage>> {
+    fn get(&self, key: ImageKey) -> Option<Arc<EncodedImage>> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let at = entries.iter().position(|(k, _)| *k == key)?;
         let entry = entries.remove(at)?;
@@ -38,7 +41,7 @@ impl ImageCache {
         Some(image)
     }
 
-    fn put(&self, key: (u64, usize), image: Arc<EncodedImage>) {
+    fn put(&self, key: ImageKey, image: Arc<EncodedImage>) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|(k, _)| *k != key);
         entries.push_front((key, image));
