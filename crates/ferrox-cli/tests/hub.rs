@@ -62,6 +62,17 @@ fn start_hub(root: &Path) -> MockHub {
         b"second part",
     );
     write(&repo("nogguf").join("config.json"), b"{}");
+    // A model with vision projectors, as multimodal repositories ship them.
+    let vision = common::repo_root().join("fixtures/vision");
+    let copy = |from: &str, to: &str| {
+        write(
+            &repo("vision-GGUF").join(to),
+            &std::fs::read(vision.join(from)).unwrap(),
+        );
+    };
+    copy("gemma3.gguf", "gemma3-F32.gguf");
+    copy("gemma3.mmproj.gguf", "mmproj-gemma3-F32.gguf");
+    copy("gemma3.f16.mmproj.gguf", "mmproj-gemma3-F16.gguf");
     write(
         &repo("gated-GGUF").join("g-Q4_K_M.gguf"),
         &synthetic::gguf_bytes("llama"),
@@ -349,6 +360,48 @@ fn pull_run_list_rm_and_offline() {
         2,
         "is not in",
     );
+}
+
+/// `-hf` fetches the repository's vision projector as llama.cpp does (the one nearest the
+/// model's quantization): `run --image` then works without `--mmproj`, with the answer
+/// libllama gives; `--no-mmproj` leaves it.
+#[test]
+fn hf_fetches_the_vision_projector() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = start_hub(&dir.path().join("hub-root"));
+    let home = dir.path().join("hf");
+    let e = hub.endpoint.as_str();
+    let image = common::repo_root().join("fixtures/vision/rgb64.png");
+    let prompt =
+        "<start_of_turn>user\n<__media__>Describe this image.<end_of_turn>\n<start_of_turn>model\n";
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "-hf",
+            "test-org/vision-GGUF:F32",
+            "-p",
+            prompt,
+            "-n",
+            "16",
+        ];
+        a.extend(["--temp", "0", "--kv-f32", "-t", "2", "--json", "--image"]);
+        a.push(image.to_str().unwrap());
+        a.extend(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let no_projector = args(&["--no-mmproj"]);
+    let no_projector: Vec<&str> = no_projector.iter().map(String::as_str).collect();
+    fails(&ferrox(&home, e, &[], &no_projector), 2, "--mmproj");
+    let with = args(&[]);
+    let with: Vec<&str> = with.iter().map(String::as_str).collect();
+    let out: serde_json::Value = serde_json::from_str(&ok(&ferrox(&home, e, &[], &with))).unwrap();
+    let reference = common::repo_root().join("fixtures/vision/ref/rgb64.greedy.json");
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(reference).unwrap()).unwrap();
+    assert_eq!(out["tokens"], reference["generated"]);
+    let snap = snapshot(&home, "test-org/vision-GGUF");
+    assert!(snap.join("mmproj-gemma3-F32.gguf").exists());
+    assert!(!snap.join("mmproj-gemma3-F16.gguf").exists());
 }
 
 #[test]

@@ -33,6 +33,13 @@ pub fn resolve_hf(reference: &str) -> anyhow::Result<std::path::PathBuf> {
     Hub::from_env().resolve(&model).map_err(hub_error)
 }
 
+/// The vision projector the `-hf` repository has for the model, downloaded if needed (as
+/// llama.cpp's `-hf` fetches `mmproj-*.gguf`); `None` when it has none.
+pub fn resolve_hf_mmproj(reference: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let model = ModelRef::parse(reference).map_err(hub_error)?;
+    Hub::from_env().resolve_mmproj(&model).map_err(hub_error)
+}
+
 /// Hub errors the user can fix exit with status 2.
 fn hub_error(e: super::hub::HubError) -> anyhow::Error {
     if e.is_input() {

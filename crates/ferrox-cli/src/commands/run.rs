@@ -76,9 +76,21 @@ pub struct VisionArgs {
     /// or before the text when it does not.
     #[arg(long = "image", value_name = "FILE")]
     pub images: Vec<std::path::PathBuf>,
+    /// With -hf: do not fetch the repository's vision projector.
+    #[arg(long = "no-mmproj")]
+    pub no_mmproj: bool,
 }
 
 impl VisionArgs {
+    /// The projector: --mmproj, else with -hf the repository's (unless --no-mmproj).
+    pub fn projector(&self, model: &ModelArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
+        match (&self.mmproj, &model.hf_repo) {
+            (Some(path), _) => Ok(Some(path.clone())),
+            (None, Some(repo)) if !self.no_mmproj => super::models::resolve_hf_mmproj(repo),
+            _ => Ok(None),
+        }
+    }
+
     /// The encoded images, each ready for the prompt (none without --image).
     pub fn encode(
         &self,
@@ -89,7 +101,7 @@ impl VisionArgs {
         if self.images.is_empty() {
             return Ok(Vec::new());
         }
-        let Some(path) = &self.mmproj else {
+        let Some(path) = self.projector(model)? else {
             return Err(InputError(
                 "--image needs --mmproj FILE (the model's vision projector GGUF)".into(),
             )
@@ -100,7 +112,7 @@ impl VisionArgs {
             // An f32 cache asks for f32 attention everywhere (llama.cpp: flash attention off).
             f32_attention: model.kv_f32,
         };
-        let encoder = VisionEncoder::open(path, &options)
+        let encoder = VisionEncoder::open(&path, &options)
             .with_context(|| format!("loading the vision projector {}", path.display()))?;
         let (begin, end) = encoder.markers();
         self.images

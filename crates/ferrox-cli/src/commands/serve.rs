@@ -90,6 +90,10 @@ pub struct Args {
     /// as `image_url` content parts (base64 data URLs).
     #[arg(long = "mmproj", value_name = "FILE", conflicts_with = "models_dir")]
     pub mmproj: Option<std::path::PathBuf>,
+    /// With -hf: do not fetch the repository's vision projector (fetched by default, as
+    /// llama-server does).
+    #[arg(long = "no-mmproj")]
+    pub no_mmproj: bool,
     /// How a text's token embeddings are pooled: none, mean, cls, last, or rank (a
     /// reranker's classification head; default: the file's `pooling_type`, none without one).
     #[arg(long, value_name = "TYPE", value_parser = pooling)]
@@ -216,8 +220,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
         }
     };
+    let mmproj = match (&args.mmproj, &args.model.hf_repo) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(repo)) if !args.no_mmproj => super::models::resolve_hf_mmproj(repo)?,
+        _ => None,
+    };
     let config = ServerConfig {
-        mmproj: args.mmproj.clone(),
+        mmproj,
         speculation,
         cors_origins,
         embeddings: args.embeddings || args.reranking,

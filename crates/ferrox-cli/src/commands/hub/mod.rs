@@ -140,23 +140,52 @@ impl Hub {
     /// The local path of `model` (the first file of a split checkpoint), downloading what
     /// is missing unless offline; offline, or with the Hub unreachable, what the cache holds.
     pub fn resolve(&self, model: &ModelRef) -> Result<PathBuf, HubError> {
+        self.resolve_files(model, |_, chosen| Ok(chosen.to_vec()))
+            .map(|mut paths| paths.swap_remove(0))
+    }
+
+    /// The vision projector (`mmproj`) the repository has for `model`, fetched, as
+    /// llama.cpp's `-hf` fetches it ([`select::select_mmproj`]); `None` without one.
+    pub fn resolve_mmproj(&self, model: &ModelRef) -> Result<Option<PathBuf>, HubError> {
+        let found = self.resolve_files(model, |names, chosen| {
+            Ok(select::select_mmproj(names, &chosen[0])
+                .into_iter()
+                .collect())
+        })?;
+        Ok(found.into_iter().next())
+    }
+
+    /// Lists the repository (or, offline or with the Hub unreachable, its cached snapshot),
+    /// chooses `model`'s files, and fetches what `pick(listing, chosen)` names.
+    fn resolve_files(
+        &self,
+        model: &ModelRef,
+        pick: impl Fn(&[String], &[String]) -> Result<Vec<String>, HubError>,
+    ) -> Result<Vec<PathBuf>, HubError> {
+        let from_cache = || -> Result<Vec<PathBuf>, HubError> {
+            let snapshot = cache::snapshot_dir(&self.cache_dir, &model.repo)
+                .ok_or_else(|| HubError::NotCached(model.to_string()))?;
+            let names = cache::files_in(&snapshot);
+            let chosen = select::select(&names, model.quant.as_deref())
+                .map_err(|_| HubError::NotCached(model.to_string()))?;
+            let wanted = pick(&names, &chosen)?;
+            Ok(wanted.iter().map(|n| snapshot.join(n)).collect())
+        };
         if self.offline {
-            return self.cached(model);
+            return from_cache();
         }
         let client = Client::new(self.endpoint_url()?, self.token.clone());
         let info = match self.list_files(&client, &model.repo) {
             Ok(info) => info,
             Err(HubError::Unreachable { endpoint, reason }) => {
-                return self
-                    .cached(model)
-                    .map_err(|_| HubError::Unreachable { endpoint, reason });
+                return from_cache().map_err(|_| HubError::Unreachable { endpoint, reason });
             }
             Err(e) => return Err(e),
         };
         let names: Vec<String> = info.siblings.iter().map(|f| f.rfilename.clone()).collect();
         let chosen = select::select(&names, model.quant.as_deref())?;
         let mut paths = Vec::new();
-        for name in &chosen {
+        for name in &pick(&names, &chosen)? {
             let listed = info
                 .siblings
                 .iter()
@@ -164,17 +193,7 @@ impl Hub {
                 .expect("chosen among the listed files");
             paths.push(self.fetch(&client, &model.repo, listed, info.sha.as_deref())?);
         }
-        Ok(paths.swap_remove(0))
-    }
-
-    /// `model` from the cache alone.
-    fn cached(&self, model: &ModelRef) -> Result<PathBuf, HubError> {
-        let snapshot = cache::snapshot_dir(&self.cache_dir, &model.repo)
-            .ok_or_else(|| HubError::NotCached(model.to_string()))?;
-        let names = cache::files_in(&snapshot);
-        let chosen = select::select(&names, model.quant.as_deref())
-            .map_err(|_| HubError::NotCached(model.to_string()))?;
-        Ok(snapshot.join(&chosen[0]))
+        Ok(paths)
     }
 
     fn endpoint_url(&self) -> Result<Url, HubError> {

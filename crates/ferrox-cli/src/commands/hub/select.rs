@@ -128,6 +128,56 @@ pub fn select(files: &[String], quant: Option<&str>) -> Result<Vec<String>, HubE
     }
 }
 
+/// The vision projector (`mmproj`) to go with `model` among a repository's `files`, as
+/// llama.cpp's `-hf` picks it: a GGUF whose name holds `mmproj`, in the model's directory or
+/// one above it (the deepest first), then the one whose quantization's bits are nearest the
+/// model's (`F16` 16, `Q8_0` 8, `Q4_K_M` 4), the first listed on a tie.
+pub fn select_mmproj(files: &[String], model: &str) -> Option<String> {
+    let model_dirs: Vec<&str> = model.split('/').collect();
+    let model_dirs = &model_dirs[..model_dirs.len() - 1];
+    let model_bits = quant_bits(model);
+    let mut best: Option<(usize, u32, &String)> = None;
+    for f in files {
+        if !f.ends_with(".gguf") || !f.contains("mmproj") {
+            continue;
+        }
+        let parts: Vec<&str> = f.split('/').collect();
+        let dirs = &parts[..parts.len() - 1];
+        if dirs.len() > model_dirs.len() || model_dirs[..dirs.len()] != *dirs {
+            continue;
+        }
+        let diff = quant_bits(f).abs_diff(model_bits);
+        let better = match best {
+            None => true,
+            Some((depth, best_diff, _)) => {
+                dirs.len() > depth || (dirs.len() == depth && diff < best_diff)
+            }
+        };
+        if better {
+            best = Some((dirs.len(), diff, f));
+        }
+    }
+    best.map(|(_, _, f)| f.clone())
+}
+
+/// The bits of a file name's quantization tag (its last `-` or `.` separated word): the
+/// first number in it, 0 without one.
+fn quant_bits(name: &str) -> u32 {
+    let stem = name.strip_suffix(".gguf").unwrap_or(name);
+    let stem = split_part(name).map_or(stem, |(prefix, _, _)| prefix);
+    let tag = stem.rsplit(['-', '.']).next().unwrap_or_default();
+    let is_word = !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !is_word || tag.len() == stem.len() {
+        return 0;
+    }
+    let digits: String = tag
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
+}
+
 /// The quantization names the repository's GGUFs carry, for an error message.
 pub fn available_quants(files: &[String]) -> Vec<String> {
     const KNOWN: &[&str] = &[
@@ -204,6 +254,36 @@ mod tests {
             select(&files(&["config.json"]), None),
             Err(HubError::NoGguf)
         ));
+    }
+
+    #[test]
+    fn the_projector_is_picked_as_llama_cpp_picks_it() {
+        let repo = files(&[
+            "gemma-3-4b-it-Q4_K_M.gguf",
+            "mmproj-model-f16.gguf",
+            "mmproj-model-Q8_0.gguf",
+            "sub/mmproj-F32.gguf",
+        ]);
+        // Nearest bits: Q4_K_M (4) takes Q8_0 (8) over f16 (16).
+        assert_eq!(
+            select_mmproj(&repo, "gemma-3-4b-it-Q4_K_M.gguf").as_deref(),
+            Some("mmproj-model-Q8_0.gguf")
+        );
+        assert_eq!(
+            select_mmproj(&repo, "gemma-3-4b-it-F16.gguf").as_deref(),
+            Some("mmproj-model-f16.gguf")
+        );
+        // A model in a directory takes that directory's projector first.
+        assert_eq!(
+            select_mmproj(&repo, "sub/gemma-Q4_K_M.gguf").as_deref(),
+            Some("sub/mmproj-F32.gguf")
+        );
+        assert_eq!(
+            select_mmproj(&files(&["model-Q4_0.gguf"]), "model-Q4_0.gguf"),
+            None
+        );
+        assert_eq!(quant_bits("a-Q4_K_M-00001-of-00002.gguf"), 4);
+        assert_eq!(quant_bits("mmproj.gguf"), 0);
     }
 
     #[test]
