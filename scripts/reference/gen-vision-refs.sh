@@ -8,7 +8,9 @@
 #      rewritten with the same bytes);
 #   2. `mtmd-ref embed` (scripts/reference/mtmd-ref.c, built by build.sh) writes every image's
 #      projector output with each projector: ref/<image>.f32.embd and ref/<image>.f16.embd, raw
-#      little-endian f32 [16][128], the projector's flash attention off;
+#      little-endian f32 [16][128], the projector's flash attention off; and with llama.cpp's
+#      defaults (flash attention auto: on, f16 keys and values) for the F32 projector:
+#      ref/<image>.default.embd;
 #   3. `mtmd-ref greedy` runs PROMPT (below) with every image and the F32 projector, 16 tokens
 #      greedily: ref/<image>.greedy.json (f32 K/V cache, flash attention off);
 #   4. ref/manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the settings
@@ -39,6 +41,8 @@ for img in $IMAGES; do
         "$BIN" embed "$DIR/gemma3.gguf" "$mmproj" "$DIR/$img.png" "$THREADS" "$OUT/$img.$kind.embd" >> "$WORK/embed.jsonl"
         echo "$img.$kind.embd" >&2
     done
+    MTMD_REF_DEFAULTS=1 "$BIN" embed "$DIR/gemma3.gguf" "$DIR/gemma3.mmproj.gguf" "$DIR/$img.png" "$THREADS" "$OUT/$img.default.embd" >> "$WORK/embed.jsonl"
+    echo "$img.default.embd" >&2
     "$BIN" greedy "$DIR/gemma3.gguf" "$DIR/gemma3.mmproj.gguf" "$DIR/$img.png" "$THREADS" "$N_PREDICT" \
         "$WORK/prompt.txt" "$OUT/$img.greedy.json"
     echo "$img.greedy.json" >&2

@@ -5,7 +5,8 @@
 //! 2e-3 (every product rounds its activations to f16, so upstream summation-order
 //! differences flip roundings throughout), and the greedy continuation of a prompt holding
 //! the image (f32 cache) equal to libllama's, its top-5 log-probabilities within 5e-4 at
-//! every step. References: `scripts/reference/gen-vision-refs.sh`.
+//! every step; with the defaults (f16 attention), the embeddings inside llama.cpp's own
+//! flash-attention on/off band. References: `scripts/reference/gen-vision-refs.sh`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
