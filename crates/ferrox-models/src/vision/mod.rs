@@ -27,11 +27,14 @@ pub use image::{ImageError, ResizeFilter, RgbImage};
 use weights::{Affine, Norm, ProjectorWeights, VisionWeights, VitLayer};
 
 use crate::layers::activation::{gelu, silu};
-use crate::layers::attention::{attend, AttentionParams, KvView};
+use crate::layers::attention::{
+    attend, f16_run, with_group_state, AttentionParams, KvView, MAX_HEAD_DIM,
+};
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{layer_norm_in_place, rms_norm_in_place};
 use crate::scaffold::sized;
 use crate::ModelError;
+use ferrox_core::flash_attn::{GroupShape, MAX_GROUP};
 
 /// How to run a vision encoder.
 #[derive(Clone, Debug, Default)]
@@ -271,19 +274,55 @@ impl VisionEncoder {
         };
         let attn = sized(&mut s.attn, n * e);
         let q = &*q;
-        attn.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
-            let (t, head) = (i / c.n_head, i % c.n_head);
-            let view = KvView {
-                keys,
-                values,
-                key_width: e,
-                value_width: e,
-                head,
-                head_dim_k: hd,
-                head_dim_v: hd,
-            };
-            attend(&q[t * e + head * hd..][..hd], &view, 0, n, &params, out);
-        });
+        // Blocks of tokens: each head's keys and values are read once for the block's
+        // queries (the same bits as one query at a time).
+        attn.par_chunks_mut(MAX_GROUP * e)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let t0 = b * MAX_GROUP;
+                let rows = out.len() / e;
+                let mut group_q = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
+                let mut group_out = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
+                for head in 0..c.n_head {
+                    let view = KvView {
+                        keys,
+                        values,
+                        key_width: e,
+                        value_width: e,
+                        head,
+                        head_dim_k: hd,
+                        head_dim_v: hd,
+                    };
+                    let Some(run) = f16_run(&view, 0, n) else {
+                        for r in 0..rows {
+                            let at = (t0 + r) * e + head * hd;
+                            let o = &mut out[r * e + head * hd..][..hd];
+                            attend(&q[at..at + hd], &view, 0, n, &params, o);
+                        }
+                        continue;
+                    };
+                    for r in 0..rows {
+                        let at = (t0 + r) * e + head * hd;
+                        group_q[r * hd..(r + 1) * hd].copy_from_slice(&q[at..at + hd]);
+                    }
+                    let shape = GroupShape {
+                        n_queries: rows,
+                        head_dim_k: hd,
+                        head_dim_v: hd,
+                        scale: params.scale,
+                        softcap: None,
+                    };
+                    with_group_state(|state| {
+                        state.start(shape, &group_q[..rows * hd]);
+                        state.attend_run(&run);
+                        state.finish(&mut group_out[..rows * hd]);
+                    });
+                    for r in 0..rows {
+                        out[r * e + head * hd..][..hd]
+                            .copy_from_slice(&group_out[r * hd..(r + 1) * hd]);
+                    }
+                }
+            });
         let proj = sized(&mut s.proj, n * e);
         linear(&lw.o.w.view(gguf)?, attn, n, proj, &mut s.xq)?;
         add_bias(proj, &lw.o);
