@@ -408,14 +408,7 @@ impl Loader<'_> {
     ) -> Result<MatrixRef, ModelError> {
         let t = self.require(name)?;
         self.check(t, shape)?;
-        let m = MatrixRef {
-            tensor: t.clone(),
-            rows,
-            cols,
-            packed: None,
-        };
-        m.view(self.gguf)?;
-        Ok(m)
+        self.matrix_ref(t, cols, rows)
     }
 
     pub(crate) fn opt_matrix(
@@ -436,6 +429,16 @@ impl Loader<'_> {
         rows: usize,
     ) -> Result<MatrixRef, ModelError> {
         self.check(t, &[cols as u64, rows as u64])?;
+        self.matrix_ref(t, cols, rows)
+    }
+
+    /// A checked tensor as a `rows × cols` matrix (its bytes checked against the shape).
+    fn matrix_ref(
+        &self,
+        t: &TensorInfo,
+        cols: usize,
+        rows: usize,
+    ) -> Result<MatrixRef, ModelError> {
         let m = MatrixRef {
             tensor: t.clone(),
             rows,

@@ -12,7 +12,7 @@ mod weights;
 
 use std::sync::Arc;
 
-use ferrox_core::{KvRows, KvStorage};
+use ferrox_core::KvStorage;
 use ferrox_gguf::Gguf;
 use ferrox_memory::{MemorySpec, StepMemory};
 use half::f16;
@@ -25,7 +25,9 @@ use weights::{DenseFfn, EncoderWeights, FfnWeights, LayerNormWeights, LayerWeigh
 use crate::engine::{Engine, EngineError, EngineOptions, Output, SeqInput, StepScratch};
 use crate::hparams::moe_error;
 use crate::layers::activation::{gated, gelu, Activation};
-use crate::layers::attention::{alibi_slope, attend, attend_biased, AttentionParams, KvView};
+use crate::layers::attention::{
+    alibi_slope, attend, attend_biased, kv_rows, AttentionParams, KvView,
+};
 use crate::layers::classifier::ClassifierHead;
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::layer_norm_in_place;
@@ -211,19 +213,8 @@ impl Encoder {
                     rope.apply(kt, hd, angles);
                 });
         }
-        let (keys, values) = if self.rt.kv_storage == KvStorage::F16 {
-            let k16 = sized_f16(&mut s.k16, n * e);
-            let v16 = sized_f16(&mut s.v16, n * e);
-            k16.par_iter_mut()
-                .zip(k.par_iter())
-                .for_each(|(o, &x)| *o = f16::from_f32(x));
-            v16.par_iter_mut()
-                .zip(v.par_iter())
-                .for_each(|(o, &x)| *o = f16::from_f32(x));
-            (KvRows::F16(&*k16), KvRows::F16(&*v16))
-        } else {
-            (KvRows::F32(&*k), KvRows::F32(&*v))
-        };
+        let f16_rows = (self.rt.kv_storage == KvStorage::F16).then_some((&mut s.k16, &mut s.v16));
+        let (keys, values) = kv_rows((&*k, &*v), f16_rows);
         let params = AttentionParams {
             scale: 1.0 / (hd as f32).sqrt(),
             softcap: None,
@@ -361,13 +352,6 @@ impl Encoder {
 }
 
 /// `buf[..len]` of f16 values, grown if needed.
-fn sized_f16(buf: &mut Vec<f16>, len: usize) -> &mut [f16] {
-    if buf.len() < len {
-        buf.resize(len, f16::ZERO);
-    }
-    &mut buf[..len]
-}
-
 /// Adds `bias` to each row of `x` (rows of the bias's width).
 fn add_bias(x: &mut [f32], bias: &[f32]) {
     x.par_chunks_mut(bias.len())

@@ -70,6 +70,28 @@ pub(crate) fn f16_run<'a>(kv: &KvView<'a>, lo: usize, hi: usize) -> Option<KvRun
     })
 }
 
+/// Keys and values as attention reads them: `k` and `v` themselves (an f32 cache), or
+/// rounded to f16 into `k16` and `v16` (an f16 cache, llama.cpp's flash attention), in
+/// parallel.
+pub fn kv_rows<'a>(
+    (k, v): (&'a [f32], &'a [f32]),
+    f16_rows: Option<(&'a mut Vec<half::f16>, &'a mut Vec<half::f16>)>,
+) -> (KvRows<'a>, KvRows<'a>) {
+    use rayon::prelude::*;
+    let Some((k16, v16)) = f16_rows else {
+        return (KvRows::F32(k), KvRows::F32(v));
+    };
+    let round = |src: &[f32], dst: &'a mut Vec<half::f16>| -> &'a [half::f16] {
+        dst.clear();
+        dst.resize(src.len(), half::f16::ZERO);
+        dst.par_iter_mut()
+            .zip(src.par_iter())
+            .for_each(|(o, &x)| *o = half::f16::from_f32(x));
+        dst
+    };
+    (KvRows::F16(round(k, k16)), KvRows::F16(round(v, v16)))
+}
+
 /// `out = softmax(q·K^T * scale) · V` over positions `lo..hi` of the view (indices relative
 /// to the view's first position).
 pub fn attend(

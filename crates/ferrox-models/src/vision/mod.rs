@@ -17,7 +17,6 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferrox_core::KvRows;
 use ferrox_gguf::Gguf;
 use half::f16;
 use rayon::prelude::*;
@@ -28,7 +27,7 @@ use weights::{Affine, Norm, ProjectorWeights, VisionWeights, VitLayer};
 
 use crate::layers::activation::{gelu, silu};
 use crate::layers::attention::{
-    attend, f16_run, with_group_state, AttentionParams, KvView, MAX_HEAD_DIM,
+    attend, f16_run, kv_rows, with_group_state, AttentionParams, KvView, MAX_HEAD_DIM,
 };
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{layer_norm_in_place, rms_norm_in_place};
@@ -255,19 +254,8 @@ impl VisionEncoder {
         add_bias(q, &lw.q);
         add_bias(k, &lw.k);
         add_bias(v, &lw.v);
-        let (keys, values) = if self.f32_attention {
-            (KvRows::F32(&*k), KvRows::F32(&*v))
-        } else {
-            let k16 = sized_f16(&mut s.k16, n * e);
-            let v16 = sized_f16(&mut s.v16, n * e);
-            k16.par_iter_mut()
-                .zip(k.par_iter())
-                .for_each(|(o, &x)| *o = f16::from_f32(x));
-            v16.par_iter_mut()
-                .zip(v.par_iter())
-                .for_each(|(o, &x)| *o = f16::from_f32(x));
-            (KvRows::F16(&*k16), KvRows::F16(&*v16))
-        };
+        let f16_rows = (!self.f32_attention).then_some((&mut s.k16, &mut s.v16));
+        let (keys, values) = kv_rows((&*k, &*v), f16_rows);
         let params = AttentionParams {
             scale: 1.0 / (hd as f32).sqrt(),
             softcap: None,
@@ -392,13 +380,6 @@ impl VisionEncoder {
             data,
         })
     }
-}
-
-fn sized_f16(buf: &mut Vec<f16>, len: usize) -> &mut [f16] {
-    if buf.len() < len {
-        buf.resize(len, f16::ZERO);
-    }
-    &mut buf[..len]
 }
 
 fn norm_rows(x: &mut [f32], norm: &Norm, eps: f32) {

@@ -844,12 +844,27 @@ fn add(w: &mut GgufWriter, name: &str, ty: GgmlType, shape: &[u64], data: &[f32]
 /// (llama.cpp looks up `<0x0A>` as the newline token), then two-letter pieces with and
 /// without the word-start mark.
 fn vocab(w: &mut GgufWriter, n_vocab: usize) {
-    assert!(n_vocab > N_FIXED_TOKENS);
+    spm_vocab(w, n_vocab, &[], &[]);
+}
+
+/// [`vocab`] with `control` tokens after the byte tokens and `pieces` (normal tokens) before
+/// the two-letter ones.
+pub fn spm_vocab(w: &mut GgufWriter, n_vocab: usize, control: &[&str], pieces: &[&str]) {
+    let n_fixed = N_FIXED_TOKENS + control.len();
+    assert!(n_vocab > n_fixed);
     let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     let mut types: Vec<i32> = vec![2, 3, 3]; // unknown, control, control
     for b in 0..=255u8 {
         tokens.push(format!("<0x{b:02X}>"));
         types.push(6); // byte
+    }
+    for t in control {
+        tokens.push(t.to_string());
+        types.push(3);
+    }
+    for t in pieces {
+        tokens.push(t.to_string());
+        types.push(1);
     }
     'outer: for c in "bcdfghjklmnprstvwxyz".chars() {
         for v in "aeiou".chars() {
@@ -869,10 +884,10 @@ fn vocab(w: &mut GgufWriter, n_vocab: usize) {
     );
     let scores: Vec<f32> = (0..n_vocab)
         .map(|i| {
-            if i < N_FIXED_TOKENS {
+            if i < n_fixed {
                 0.0
             } else {
-                -((i - N_FIXED_TOKENS) as f32)
+                -((i - n_fixed) as f32)
             }
         })
         .collect();

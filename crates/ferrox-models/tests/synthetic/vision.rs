@@ -24,7 +24,7 @@
 //!
 //! Deterministic as the rest of the synthetic models: seeded `StdRng`, exact arithmetic.
 
-use ferrox_gguf::{GgmlType, GgufWriter, OwnedArray, OwnedValue};
+use ferrox_gguf::{GgmlType, GgufWriter};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -128,56 +128,11 @@ pub fn gemma3_text_bytes() -> Vec<u8> {
 }
 
 /// `<unk>` `<s>` `</s>`, the 256 byte tokens, Gemma's four control tokens, the word-start mark
-/// `▁`, then two-letter pieces with and without it.
+/// `▁` (alone, so that a space is one token: the two-letter pieces cannot grow from single
+/// characters by SentencePiece merges, words would be unreachable), then two-letter pieces
+/// with and without it.
 fn vocab(w: &mut GgufWriter) {
-    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
-    let mut types: Vec<i32> = vec![2, 3, 3]; // unknown, control, control
-    for b in 0..=255u8 {
-        tokens.push(format!("<0x{b:02X}>"));
-        types.push(6); // byte
-    }
-    for t in CONTROL_TOKENS {
-        tokens.push(t.into());
-        types.push(3); // control
-    }
-    // The word-start mark alone, so that a space is one token (the two-letter pieces cannot
-    // grow from single characters by SentencePiece merges, words would be unreachable).
-    tokens.push("\u{2581}".into());
-    types.push(1);
-    'outer: for c in "bcdfghjklmnprstvwxyz".chars() {
-        for v in "aeiou".chars() {
-            for prefix in ["\u{2581}", ""] {
-                if tokens.len() == TEXT_N_VOCAB {
-                    break 'outer;
-                }
-                tokens.push(format!("{prefix}{c}{v}"));
-                types.push(1); // normal
-            }
-        }
-    }
-    assert_eq!(tokens.len(), TEXT_N_VOCAB);
-    let n_fixed = 3 + 256 + CONTROL_TOKENS.len();
-    let scores: Vec<f32> = (0..TEXT_N_VOCAB)
-        .map(|i| {
-            if i < n_fixed {
-                0.0
-            } else {
-                -((i - n_fixed) as f32)
-            }
-        })
-        .collect();
-    w.set("tokenizer.ggml.model", "llama");
-    w.set(
-        "tokenizer.ggml.tokens",
-        OwnedValue::Array(OwnedArray::String(tokens)),
-    );
-    w.set("tokenizer.ggml.scores", scores);
-    w.set("tokenizer.ggml.token_type", types);
-    w.set("tokenizer.ggml.bos_token_id", BOS_ID);
-    w.set("tokenizer.ggml.eos_token_id", EOS_ID);
-    w.set("tokenizer.ggml.unknown_token_id", 0u32);
-    w.set("tokenizer.ggml.add_bos_token", true);
-    w.set("tokenizer.ggml.add_eos_token", false);
+    super::spm_vocab(w, TEXT_N_VOCAB, &CONTROL_TOKENS, &["\u{2581}"]);
     w.set("tokenizer.ggml.add_space_prefix", false);
     w.set("tokenizer.chat_template", CHAT_TEMPLATE);
 }
