@@ -226,15 +226,7 @@ impl Encoder {
             .for_each_init(Vec::new, |scores, (i, out)| {
                 let (t, head) = (i / c.n_head, i % c.n_head);
                 let span = spans[rows[t].seq];
-                let view = KvView {
-                    keys,
-                    values,
-                    key_width: e,
-                    value_width: e,
-                    head,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                };
+                let view = KvView::head_of((keys, values), e, head, hd);
                 let hi = if c.causal { t + 1 } else { span.end };
                 let q_head = &q[t * e + head * hd..t * e + (head + 1) * hd];
                 match c.positions {

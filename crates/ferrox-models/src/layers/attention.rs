@@ -39,6 +39,27 @@ pub struct KvView<'a> {
     pub head_dim_v: usize,
 }
 
+impl<'a> KvView<'a> {
+    /// Head `head` of keys and values that are rows of `width` values holding every head in
+    /// turn, `head_dim` each (as a projection writes them).
+    pub fn head_of(
+        (keys, values): (KvRows<'a>, KvRows<'a>),
+        width: usize,
+        head: usize,
+        head_dim: usize,
+    ) -> KvView<'a> {
+        KvView {
+            keys,
+            values,
+            key_width: width,
+            value_width: width,
+            head,
+            head_dim_k: head_dim,
+            head_dim_v: head_dim,
+        }
+    }
+}
+
 thread_local! {
     /// Each thread's flash-attention state (sized for the largest group once, then reused).
     static GROUP_STATE: RefCell<GroupState> = RefCell::new(GroupState::default());

@@ -272,15 +272,7 @@ impl VisionEncoder {
                 let mut group_q = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
                 let mut group_out = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
                 for head in 0..c.n_head {
-                    let view = KvView {
-                        keys,
-                        values,
-                        key_width: e,
-                        value_width: e,
-                        head,
-                        head_dim_k: hd,
-                        head_dim_v: hd,
-                    };
+                    let view = KvView::head_of((keys, values), e, head, hd);
                     let Some(run) = f16_run(&view, 0, n) else {
                         for r in 0..rows {
                             let at = (t0 + r) * e + head * hd;
