@@ -131,6 +131,7 @@ fn model_object(ready: &Ready) -> Value {
         "object": "model",
         "created": ready.created,
         "owned_by": "ferrox",
+        "architecture": architecture(ready),
         "meta": {
             "n_ctx": ready.n_ctx,
             "n_vocab": ready.n_vocab,
@@ -138,6 +139,17 @@ fn model_object(ready: &Ready) -> Value {
             "path": ready.model_path,
         }
     })
+}
+
+/// What a model takes and writes, as llama-server's `/v1/models` says it:
+/// `{"input_modalities": ["text", "image"], "output_modalities": ["text"]}`, `"image"` when
+/// the server has a vision projector (`--mmproj`). The chat page reads it to offer images.
+pub(crate) fn architecture(ready: &Ready) -> Value {
+    let mut input = vec!["text"];
+    if ready.vision.is_some() {
+        input.push("image");
+    }
+    json!({"input_modalities": input, "output_modalities": ["text"]})
 }
 
 /// SGLang's `GET /get_model_info`, which SGLang's router reads.
@@ -480,7 +492,6 @@ async fn encode_images(
         .with_code("images_not_supported"));
     };
     blocking(move || {
-        let (begin, end) = encoder.markers();
         images
             .iter()
             .enumerate()
@@ -490,14 +501,12 @@ async fn encode_images(
                 let emb = encoder
                     .encode(&img)
                     .map_err(|e| ApiError::internal(format!("encoding image {}: {e}", i + 1)))?;
-                Ok(Arc::new(EncodedImage {
-                    ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
-                    rows: emb.data,
-                    n_tokens: emb.n_tokens,
-                    bidirectional: encoder.bidirectional(),
-                    begin: begin.to_string(),
-                    end: end.to_string(),
-                }))
+                Ok(Arc::new(EncodedImage::new(
+                    emb.data,
+                    emb.n_tokens,
+                    encoder.bidirectional(),
+                    encoder.markers(),
+                )))
             })
             .collect()
     })
