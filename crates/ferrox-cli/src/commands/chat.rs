@@ -17,7 +17,7 @@ use ferrox_tokenizer::chat_template::{
 };
 
 use super::model::{self, ModelArgs};
-use super::run::{GrammarArgs, SamplingArgs, SpecArgs};
+use super::run::{GrammarArgs, SamplingArgs, SpecArgs, SpecType};
 use super::InputError;
 
 #[derive(clap::Args)]
@@ -50,7 +50,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.params()?;
     args.grammar.spec()?;
-    args.speculation.kind()?;
+    if args.speculation.kind()? == SpecType::Draft && args.mmproj.is_some() {
+        return Err(InputError(
+            "--mmproj and --model-draft do not go together: the draft model cannot read images"
+                .into(),
+        )
+        .into());
+    }
     let mut loaded = model::load_generator(&args.speculation.target_args(&args.model)?)?;
     args.speculation.prepare_engine(&mut loaded.engine)?;
     let draft_model = args
@@ -93,16 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(system) = &args.system {
         messages.push(ChatMessage::new("system", system));
     }
-    let vision =
-        match &args.mmproj {
-            Some(_) if draft_model.is_some() => return Err(InputError(
-                "--mmproj and --model-draft do not go together: the draft model cannot read images"
-                    .into(),
-            )
-            .into()),
-            Some(path) => Some(model::open_vision(path, decoder)?),
-            None => None,
-        };
+    let vision = match &args.mmproj {
+        Some(path) => Some(model::open_vision(path, decoder)?),
+        None => None,
+    };
     // The images of the conversation, in the order of their markers in it, and those
     // attached to the next message.
     let mut images: Vec<Arc<EncodedImage>> = Vec::new();
@@ -127,7 +127,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if line.is_empty() {
             continue;
         }
-        if let Some(path) = line.strip_prefix("/image") {
+        if let Some(path) = line
+            .strip_prefix("/image")
+            .filter(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+        {
             let path = path.trim();
             match (&vision, path.is_empty()) {
                 (None, _) => eprintln!("/image needs --mmproj FILE (the model's vision projector)"),
