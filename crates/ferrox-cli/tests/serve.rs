@@ -1374,10 +1374,36 @@ fn serve_models_dir_loads_and_unloads_on_demand() {
     );
 }
 
+/// `architecture.input_modalities` of the one model `/v1/models` and `/v1/models/{id}` list
+/// (the two must agree).
+fn input_modalities(port: u16, key: Option<&str>) -> Vec<String> {
+    let (status, body) = http(port, "GET", "/v1/models", None, key);
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let model = &list["data"][0];
+    let id = model["id"].as_str().unwrap();
+    let (status, one) = http(port, "GET", &format!("/v1/models/{id}"), None, key);
+    assert_eq!(status, 200, "{one}");
+    let one: serde_json::Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(one["architecture"], model["architecture"], "{body}");
+    assert_eq!(
+        model["architecture"]["output_modalities"],
+        serde_json::json!(["text"]),
+        "{body}"
+    );
+    model["architecture"]["input_modalities"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no architecture.input_modalities: {body}"))
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Images: `ferrox serve --mmproj` on the synthetic Gemma 3 pair of `fixtures/vision`, f32
 /// cache (the f32 comparison), driven through the official `openai` client
 /// (tests/serve/vision_client.py: llama-server's answers, 8 concurrent images equal their solo
 /// runs, bad images refused); and a server without a projector refuses images with a 400.
+/// `/v1/models` says which of the two takes images.
 #[test]
 fn serve_takes_images_as_llama_server_does() {
     require_openai();
@@ -1406,6 +1432,12 @@ fn serve_takes_images_as_llama_server_does() {
         "{}",
         server.log()
     );
+    // The model list says the server takes images (llama-server's field, which the chat
+    // page reads to offer them).
+    assert_eq!(
+        input_modalities(server.port, Some(API_KEY)),
+        ["text", "image"]
+    );
     run_client(
         &server,
         "vision_client.py",
@@ -1424,6 +1456,7 @@ fn serve_takes_images_as_llama_server_does() {
 
     let text_only = Server::start(&["-m", model.to_str().unwrap(), "-t", "2"], &[]);
     text_only.wait_ready(Duration::from_secs(60));
+    assert_eq!(input_modalities(text_only.port, None), ["text"]);
     let body = r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}], "max_tokens": 2}"#;
     let (status, reply) = http(
         text_only.port,

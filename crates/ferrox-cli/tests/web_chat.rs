@@ -3,8 +3,10 @@
 //! its Content-Security-Policy, names the model, streams a reply, keeps the conversation
 //! across a reload, stops on Stop, and shows a server error; a reply with remote images
 //! shows them as links and fetches nothing from another origin, and what gets past the
-//! renderer is blocked by the policy (crates/ferrox-server/web/tests/browser.mjs). Also: the
-//! embedded page is what its sources build to.
+//! renderer is blocked by the policy (crates/ferrox-server/web/tests/browser.mjs). With a
+//! server that takes images (`--mmproj`), images attached by button, paste or drop go out as
+//! `image_url` parts and get llama-server's answer; files that are not images or too large
+//! are refused (tests/images.mjs). Also: the embedded page is what its sources build to.
 
 mod common;
 
@@ -61,8 +63,10 @@ fn wait_healthy(server: &mut Served, port: u16, log: &std::path::Path) {
     );
 }
 
-#[test]
-fn the_chat_page_works_in_a_headless_browser() {
+/// Starts `ferrox serve ARGS --port P --api-key page-key`, runs `node SCRIPT URL page-key
+/// EXTRA...` in the page's directory against it (headless chromium), and returns the
+/// script's report, the one JSON line it prints.
+fn drive_page(serve_args: &[&std::ffi::OsStr], script: &str, extra: &[&str]) -> serde_json::Value {
     let dir = web_dir();
     assert!(
         dir.join("node_modules/playwright-core").is_dir(),
@@ -74,14 +78,13 @@ fn the_chat_page_works_in_a_headless_browser() {
         std::path::Path::new(&chromium).exists(),
         "{chromium} is missing: apt-get install chromium (scripts/test.sh does)"
     );
-    let model = common::default_model();
     let port = free_port();
     let log_dir = tempfile::tempdir().unwrap();
     let log = log_dir.path().join("serve.log");
     let mut server = Served(
         Command::new(env!("CARGO_BIN_EXE_ferrox"))
-            .args(["serve", "-m"])
-            .arg(&model)
+            .arg("serve")
+            .args(serve_args)
             .args(["--port", &port.to_string(), "--api-key", "page-key"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -91,11 +94,9 @@ fn the_chat_page_works_in_a_headless_browser() {
     wait_healthy(&mut server, port, &log);
     let out = Command::new("node")
         .current_dir(&dir)
-        .args([
-            "tests/browser.mjs",
-            &format!("http://127.0.0.1:{port}/"),
-            "page-key",
-        ])
+        .arg(script)
+        .args([&format!("http://127.0.0.1:{port}/"), "page-key"])
+        .args(extra)
         .env("CHROMIUM", &chromium)
         .output()
         .expect("node runs");
@@ -107,6 +108,19 @@ fn the_chat_page_works_in_a_headless_browser() {
     );
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(report["ok"], true, "{stdout}");
+    eprintln!("{stdout}");
+    report
+}
+
+#[test]
+fn the_chat_page_works_in_a_headless_browser() {
+    let model = common::default_model();
+    let report = drive_page(
+        &[std::ffi::OsStr::new("-m"), model.as_os_str()],
+        "tests/browser.mjs",
+        &[],
+    );
+    let stdout = report.to_string();
     assert_eq!(
         report["model"].as_str(),
         model.file_name().and_then(|n| n.to_str())
@@ -133,7 +147,28 @@ fn the_chat_page_works_in_a_headless_browser() {
             "{directive} missing from the CSP: {csp}"
         );
     }
-    eprintln!("{stdout}");
+}
+
+/// The page on a server that takes images: the synthetic Gemma 3 pair of `fixtures/vision`
+/// with an f32 cache, whose greedy answer for an image llama-server gave
+/// (fixtures/vision/ref/server.json; tests/images.mjs compares).
+#[test]
+fn the_chat_page_sends_images() {
+    let fixtures = common::repo_root().join("fixtures/vision");
+    let model = fixtures.join("gemma3.gguf");
+    let mmproj = fixtures.join("gemma3.mmproj.gguf");
+    let args = [
+        std::ffi::OsStr::new("-m"),
+        model.as_os_str(),
+        std::ffi::OsStr::new("--mmproj"),
+        mmproj.as_os_str(),
+        std::ffi::OsStr::new("--kv-f32"),
+        std::ffi::OsStr::new("-t"),
+        std::ffi::OsStr::new("2"),
+    ];
+    let report = drive_page(&args, "tests/images.mjs", &[fixtures.to_str().unwrap()]);
+    assert_eq!(report["model"], "gemma3.gguf");
+    assert_eq!(report["requests"], 2, "{report}");
 }
 
 #[test]

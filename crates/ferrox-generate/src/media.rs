@@ -25,6 +25,24 @@ pub struct EncodedImage {
 }
 
 impl EncodedImage {
+    /// An image's `n_tokens` rows (from a vision encoder), placed between `markers` (the
+    /// text before and after them), its positions named by [`EncodedImage::content_ids`].
+    pub fn new(
+        rows: Vec<f32>,
+        n_tokens: usize,
+        bidirectional: bool,
+        markers: (&str, &str),
+    ) -> EncodedImage {
+        EncodedImage {
+            ids: EncodedImage::content_ids(&rows, n_tokens),
+            rows,
+            n_tokens,
+            bidirectional,
+            begin: markers.0.to_string(),
+            end: markers.1.to_string(),
+        }
+    }
+
     /// Position ids for an image's `n_tokens` rows, derived from its content (a hash of the
     /// rows' bits), outside any vocabulary (the top bit set).
     pub fn content_ids(rows: &[f32], n_tokens: usize) -> Vec<TokenId> {
@@ -64,6 +82,20 @@ pub struct PlacedImage {
 pub enum Chunk {
     Text(Vec<TokenId>),
     Image(Arc<EncodedImage>),
+}
+
+impl Chunk {
+    /// Positions the chunk takes.
+    pub fn len(&self) -> usize {
+        match self {
+            Chunk::Text(t) => t.len(),
+            Chunk::Image(i) => i.n_tokens,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A prompt of text and images, in order; it always ends with text (an image's end marker
@@ -126,13 +158,7 @@ impl MediaPrompt {
 
     /// Positions the prompt takes.
     pub fn len(&self) -> usize {
-        self.chunks
-            .iter()
-            .map(|c| match c {
-                Chunk::Text(t) => t.len(),
-                Chunk::Image(i) => i.n_tokens,
-            })
-            .sum()
+        self.chunks.iter().map(Chunk::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -170,29 +196,54 @@ impl MediaPrompt {
         out
     }
 
-    /// Feeds every chunk but a final text chunk to `state` (from its current length), each
-    /// image in a step of its own; returns that final chunk's tokens, the prompt to generate
-    /// after.
+    /// The longest start of the prompt, at most `n` positions, that does not end inside an
+    /// image (an image is fed whole, in one step): how much of a cached prefix of `n`
+    /// matching positions can be kept.
+    pub fn reusable(&self, n: usize) -> usize {
+        self.placed_images()
+            .iter()
+            .find(|p| p.start < n && n < p.start + p.image.n_tokens)
+            .map_or(n, |p| p.start)
+    }
+
+    /// Feeds every chunk but a final text chunk to `state`, each image in a step of its own;
+    /// returns the rest of that final chunk, the prompt to generate after. The positions the
+    /// state already holds are taken to be the prompt's start (a reused prefix, which must
+    /// not end inside an image: see [`MediaPrompt::reusable`]) and are not fed again.
     pub fn feed_prefix<E: EngineExt + ?Sized>(
         &self,
         engine: &E,
         state: &mut State,
     ) -> Result<Vec<TokenId>, EngineError> {
+        let done = state.len();
         let (last, head) = match self.chunks.split_last() {
-            Some((Chunk::Text(t), head)) => (t.clone(), head),
-            _ => (Vec::new(), &self.chunks[..]),
+            Some((Chunk::Text(t), head)) => (&t[..], head),
+            _ => (&[][..], &self.chunks[..]),
         };
-        if !head.is_empty() && !engine.accepts_embeddings() {
+        if head.iter().any(|c| matches!(c, Chunk::Image(_))) && !engine.accepts_embeddings() {
             return Err(EngineError::State(format!(
                 "the {} engine does not take images",
                 engine.architecture()
             )));
         }
+        let mut at = 0;
         for chunk in head {
+            let n = chunk.len();
+            let skip = done.saturating_sub(at);
+            at += n;
+            if skip >= n {
+                continue;
+            }
             let pos = state.len();
             match chunk {
                 Chunk::Text(t) => {
+                    let t = &t[skip..];
                     engine.forward_batch(t, pos, state, LogitsFor::From(t.len()))?;
+                }
+                Chunk::Image(_) if skip > 0 => {
+                    return Err(EngineError::State(format!(
+                        "the cached prefix ({done} positions) ends inside an image"
+                    )));
                 }
                 Chunk::Image(img) => {
                     let embeddings = InputEmbeddings {
@@ -209,6 +260,40 @@ impl MediaPrompt {
                 }
             }
         }
-        Ok(last)
+        let skip = done.saturating_sub(at).min(last.len());
+        Ok(last[skip..].to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_prefix_never_ends_inside_an_image() {
+        let image = Arc::new(EncodedImage::new(vec![0.5; 4 * 2], 4, true, ("<a>", "<b>")));
+        let prompt = MediaPrompt {
+            chunks: vec![
+                Chunk::Text(vec![1, 2, 3]),
+                Chunk::Image(image.clone()),
+                Chunk::Text(vec![4, 5]),
+            ],
+        };
+        assert_eq!(prompt.len(), 9);
+        assert_eq!(prompt.ids()[3..7], image.ids[..]);
+        // Up to the image's start, and from its end on, a prefix is kept as it is; inside
+        // the image it goes back to the image's start.
+        let kept: Vec<usize> = (0..=9).map(|n| prompt.reusable(n)).collect();
+        assert_eq!(kept, [0, 1, 2, 3, 3, 3, 3, 7, 8, 9]);
+    }
+
+    #[test]
+    fn equal_images_get_equal_ids_outside_the_vocabulary() {
+        let a = EncodedImage::new(vec![0.25; 6], 3, false, ("", ""));
+        let b = EncodedImage::new(vec![0.25; 6], 3, false, ("", ""));
+        let c = EncodedImage::new(vec![0.5; 6], 3, false, ("", ""));
+        assert_eq!(a.ids, b.ids);
+        assert_ne!(a.ids, c.ids);
+        assert!(a.ids.iter().all(|&id| id & 0x8000_0000 != 0));
     }
 }

@@ -106,15 +106,12 @@ fn text_model() -> (AnyEngine, Tokenizer) {
 
 fn encoded(enc: &VisionEncoder, name: &str, bidirectional: bool) -> Arc<EncodedImage> {
     let emb = enc.encode(&image(name)).unwrap();
-    let (begin, end) = enc.markers();
-    Arc::new(EncodedImage {
-        ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
-        rows: emb.data,
-        n_tokens: emb.n_tokens,
+    Arc::new(EncodedImage::new(
+        emb.data,
+        emb.n_tokens,
         bidirectional,
-        begin: begin.into(),
-        end: end.into(),
-    })
+        enc.markers(),
+    ))
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -207,14 +204,8 @@ fn the_text_model_takes_llama_cpps_image_embeddings_as_libllama_does() {
     check_greedy(
         |name| {
             let rows = reference_embd(&format!("{name}.f32.embd"));
-            Arc::new(EncodedImage {
-                ids: EncodedImage::content_ids(&rows, 16),
-                rows,
-                n_tokens: 16,
-                bidirectional: true,
-                begin: "<start_of_image>".into(),
-                end: "<end_of_image>".into(),
-            })
+            let markers = ("<start_of_image>", "<end_of_image>");
+            Arc::new(EncodedImage::new(rows, 16, true, markers))
         },
         5e-4,
     );

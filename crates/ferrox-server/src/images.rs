@@ -104,13 +104,10 @@ fn encode_one(
     let emb = encoder
         .encode(&img)
         .map_err(|e| ApiError::internal(format!("encoding image {}: {e}", i + 1)))?;
-    let (begin, end) = encoder.markers();
-    Ok(Arc::new(EncodedImage {
-        ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
-        rows: emb.data,
-        n_tokens: emb.n_tokens,
-        bidirectional: encoder.bidirectional(),
-        begin: begin.to_string(),
-        end: end.to_string(),
-    }))
+    Ok(Arc::new(EncodedImage::new(
+        emb.data,
+        emb.n_tokens,
+        encoder.bidirectional(),
+        encoder.markers(),
+    )))
 }

@@ -63,7 +63,7 @@ pub use error::ApiError;
 pub use ferrox_agent::ReasoningFormat;
 pub use guard::AllowedOrigins;
 use metrics::Metrics;
-pub use ready::resolve_template;
+pub use ready::{open_vision, resolve_template};
 use ready::{prepare, Ready};
 pub use registry::{model_id, ModelDirectory, ModelLoader};
 pub use scheduler::Speculation;

@@ -78,16 +78,32 @@ impl Ready {
     }
 }
 
-/// The vision encoder of `--mmproj`, checked against the model: it must take embeddings and
-/// have the projector's output width.
+/// The vision encoder of `--mmproj`, if given, checked against the model.
 fn vision_encoder(
     config: &ServerConfig,
     engine: &AnyEngine,
 ) -> anyhow::Result<Option<Arc<ferrox_models::vision::VisionEncoder>>> {
-    use ferrox_models::vision::{VisionEncoder, VisionOptions};
     let Some(path) = &config.mmproj else {
         return Ok(None);
     };
+    let encoder = open_vision(path, engine)?;
+    tracing::info!(
+        "vision projector {} ({}, {} tokens per image)",
+        path.display(),
+        encoder.config().projector.name(),
+        encoder.tokens_per_image()
+    );
+    Ok(Some(Arc::new(encoder)))
+}
+
+/// The vision encoder of an `mmproj` file (`--mmproj`) for `engine`'s model, run with the
+/// engine's threads, its attention in f32 when the engine's cache is (llama.cpp's flash
+/// attention off). The model must take embeddings of the projector's output width.
+pub fn open_vision(
+    path: &std::path::Path,
+    engine: &AnyEngine,
+) -> anyhow::Result<ferrox_models::vision::VisionEncoder> {
+    use ferrox_models::vision::{VisionEncoder, VisionOptions};
     let options = VisionOptions {
         threads: engine.threads(),
         f32_attention: engine.memory_spec().storage == ferrox_core::KvStorage::F32,
@@ -108,13 +124,7 @@ fn vision_encoder(
             engine.embedding_size()
         );
     }
-    tracing::info!(
-        "vision projector {} ({}, {} tokens per image)",
-        path.display(),
-        encoder.config().projector.name(),
-        encoder.tokens_per_image()
-    );
-    Ok(Some(Arc::new(encoder)))
+    Ok(encoder)
 }
 
 /// The KV block pool: `--kv-memory` MiB, or room for `--parallel` full contexts.

@@ -263,6 +263,7 @@ impl Router {
                     m["created"] = json!(ready.created);
                     m["meta"] = json!({"n_ctx": ready.n_ctx, "n_vocab": ready.n_vocab,
                         "slots": ready.slots, "path": ready.model_path});
+                    m["architecture"] = crate::routes::architecture(&ready);
                 }
                 m
             })

@@ -131,6 +131,7 @@ fn model_object(ready: &Ready) -> Value {
         "object": "model",
         "created": ready.created,
         "owned_by": "ferrox",
+        "architecture": architecture(ready),
         "meta": {
             "n_ctx": ready.n_ctx,
             "n_vocab": ready.n_vocab,
@@ -138,6 +139,17 @@ fn model_object(ready: &Ready) -> Value {
             "path": ready.model_path,
         }
     })
+}
+
+/// What a model takes and writes, as llama-server's `/v1/models` says it:
+/// `{"input_modalities": ["text", "image"], "output_modalities": ["text"]}`, `"image"` when
+/// the server has a vision projector (`--mmproj`). The chat page reads it to offer images.
+pub(crate) fn architecture(ready: &Ready) -> Value {
+    let mut input = vec!["text"];
+    if ready.vision.is_some() {
+        input.push("image");
+    }
+    json!({"input_modalities": input, "output_modalities": ["text"]})
 }
 
 /// SGLang's `GET /get_model_info`, which SGLang's router reads.

@@ -284,6 +284,36 @@ fn with_load_progress<T>(gguf: &Gguf, name: &str, total: u64, load: impl FnOnce(
     out
 }
 
+/// The vision projector of `--mmproj FILE` for the loaded model (`ferrox_server::open_vision`:
+/// the server's checks); a file that cannot feed the model is an input error.
+pub fn open_vision(
+    path: &std::path::Path,
+    engine: &AnyEngine,
+) -> anyhow::Result<ferrox_models::vision::VisionEncoder> {
+    ferrox_server::open_vision(path, engine).map_err(|e| super::InputError(format!("{e:#}")).into())
+}
+
+/// An image file decoded and encoded for a prompt; a file that cannot be read or decoded is
+/// an input error naming it.
+pub fn encode_image_file(
+    encoder: &ferrox_models::vision::VisionEncoder,
+    path: &std::path::Path,
+) -> anyhow::Result<Arc<ferrox_generate::media::EncodedImage>> {
+    use super::InputError;
+    let bytes = std::fs::read(path).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+    let img = ferrox_models::vision::RgbImage::decode(&bytes)
+        .map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+    let emb = encoder
+        .encode(&img)
+        .with_context(|| format!("encoding {}", path.display()))?;
+    Ok(Arc::new(ferrox_generate::media::EncodedImage::new(
+        emb.data,
+        emb.n_tokens,
+        encoder.bidirectional(),
+        encoder.markers(),
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;

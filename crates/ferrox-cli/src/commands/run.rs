@@ -91,13 +91,12 @@ impl VisionArgs {
         }
     }
 
-    /// The encoded images, each ready for the prompt (none without --image).
+    /// The encoded images, each ready for `engine`'s prompt (none without --image).
     pub fn encode(
         &self,
         model: &ModelArgs,
+        engine: &ferrox_models::AnyEngine,
     ) -> anyhow::Result<Vec<Arc<ferrox_generate::media::EncodedImage>>> {
-        use ferrox_generate::media::EncodedImage;
-        use ferrox_models::vision::{RgbImage, VisionEncoder, VisionOptions};
         if self.images.is_empty() {
             return Ok(Vec::new());
         }
@@ -107,33 +106,10 @@ impl VisionArgs {
             )
             .into());
         };
-        let options = VisionOptions {
-            threads: model.threads,
-            // An f32 cache asks for f32 attention everywhere (llama.cpp: flash attention off).
-            f32_attention: model.kv_f32,
-        };
-        let encoder = VisionEncoder::open(&path, &options)
-            .with_context(|| format!("loading the vision projector {}", path.display()))?;
-        let (begin, end) = encoder.markers();
+        let encoder = model::open_vision(&path, engine)?;
         self.images
             .iter()
-            .map(|p| {
-                let bytes =
-                    std::fs::read(p).map_err(|e| InputError(format!("{}: {e}", p.display())))?;
-                let img = RgbImage::decode(&bytes)
-                    .map_err(|e| InputError(format!("{}: {e}", p.display())))?;
-                let emb = encoder
-                    .encode(&img)
-                    .with_context(|| format!("encoding {}", p.display()))?;
-                Ok(Arc::new(EncodedImage {
-                    ids: EncodedImage::content_ids(&emb.data, emb.n_tokens),
-                    rows: emb.data,
-                    n_tokens: emb.n_tokens,
-                    bidirectional: encoder.bidirectional(),
-                    begin: begin.to_string(),
-                    end: end.to_string(),
-                }))
-            })
+            .map(|p| model::encode_image_file(&encoder, p))
             .collect()
     }
 }
@@ -495,16 +471,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let constraint = args.grammar.constraint(&tokenizer, decoder.vocab_size())?;
     let tokenizer = &*tokenizer;
     let text = prompt_text(&args)?;
-    let images = args.vision.encode(&args.model)?;
-    if !images.is_empty() && images[0].rows.len() != images[0].n_tokens * decoder.embedding_size() {
-        return Err(InputError(format!(
-            "the vision projector writes rows of {} values but the model's embeddings have {}: \
-             not this model's projector",
-            images[0].rows.len() / images[0].n_tokens.max(1),
-            decoder.embedding_size()
-        ))
-        .into());
-    }
+    let images = args.vision.encode(&args.model, decoder)?;
     let media = MediaPrompt::build(tokenizer, &text, images, !args.no_bos)
         .map_err(|e| InputError(e.to_string()))?;
     let all_ids = media.ids();

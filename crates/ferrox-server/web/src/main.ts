@@ -1,6 +1,9 @@
 // The chat page: one conversation kept in the browser (localStorage), replies streamed
 // from /v1/chat/completions and rendered as Markdown, a stop button that aborts the stream
-// (the server cancels the request when its client goes away), sampling settings.
+// (the server cancels the request when its client goes away), sampling settings. When the
+// server takes images (`ferrox serve --mmproj`: /v1/models lists "image" among the model's
+// input modalities), images attached to a message (a button, paste or drop) are sent with it
+// as `image_url` parts holding data: URLs, and with the rest of the conversation after it.
 
 import "./style.css";
 import { marked } from "marked";
@@ -11,6 +14,10 @@ type Role = "system" | "user" | "assistant";
 interface Message {
   role: Role;
   content: string;
+  /** Images sent with the message, as data: URLs. */
+  images?: string[];
+  /** Images the browser's storage had no room for (gone after a reload). */
+  imagesDropped?: number;
   reasoning?: string;
   /** Why the reply ended early: "stopped" by the user, or an error. */
   ended?: string;
@@ -26,6 +33,11 @@ interface Settings {
 
 const STORE_CHAT = "ferrox.chat";
 const STORE_SETTINGS = "ferrox.settings";
+/** The largest request body `ferrox serve` takes by default (its --body-limit, 4 MiB). A
+ * request carries every image of the conversation, base64-encoded (a third larger). */
+const BODY_LIMIT = 4 << 20;
+/** Room a request needs besides one image: the text and the settings. */
+const BODY_ROOM = 64 << 10;
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 const messagesEl = $<HTMLElement>("messages");
@@ -35,10 +47,17 @@ const sendEl = $<HTMLButtonElement>("send");
 const stopEl = $<HTMLButtonElement>("stop");
 const modelEl = $<HTMLElement>("model");
 const settingsEl = $<HTMLElement>("settings");
+const attachEl = $<HTMLButtonElement>("attach");
+const fileEl = $<HTMLInputElement>("image-file");
+const attachmentsEl = $<HTMLUListElement>("attachments");
 
 let chat: Message[] = load<Message[]>(STORE_CHAT, []);
 let modelId = "";
 let running: AbortController | null = null;
+/** Whether the server takes images. */
+let vision = false;
+/** Images for the next message: data: URLs and the files' names. */
+let attached: { url: string; name: string }[] = [];
 
 function load<T>(key: string, fallback: T): T {
   try {
@@ -50,7 +69,20 @@ function load<T>(key: string, fallback: T): T {
 }
 
 function save() {
-  localStorage.setItem(STORE_CHAT, JSON.stringify(chat));
+  try {
+    localStorage.setItem(STORE_CHAT, JSON.stringify(chat));
+  } catch {
+    // Over the storage quota (a few MiB): the conversation is kept without its images,
+    // which stay in this page until it is left.
+    const light = chat.map((m) =>
+      m.images?.length ? { ...m, images: undefined, imagesDropped: m.images.length } : m,
+    );
+    try {
+      localStorage.setItem(STORE_CHAT, JSON.stringify(light));
+    } catch {
+      // Nothing is kept.
+    }
+  }
 }
 
 // --- settings -------------------------------------------------------------------------
@@ -180,6 +212,24 @@ function fill(el: HTMLElement, m: Message) {
     details.append(summary, body);
     el.append(details);
   }
+  const images = (m.images ?? []).filter(isImageData);
+  if (images.length) {
+    const list = document.createElement("div");
+    list.className = "images";
+    images.forEach((url, i) => {
+      const img = document.createElement("img");
+      img.src = url;
+      img.alt = `image ${i + 1} of ${images.length}`;
+      list.append(img);
+    });
+    el.append(list);
+  }
+  if (m.imagesDropped) {
+    const note = document.createElement("div");
+    note.className = "ended";
+    note.textContent = `(${plural(m.imagesDropped, "image")} not kept: the browser's storage had no room)`;
+    el.append(note);
+  }
   const body = document.createElement("div");
   body.className = "content";
   if (m.role === "assistant") {
@@ -195,6 +245,15 @@ function fill(el: HTMLElement, m: Message) {
     note.textContent = m.ended;
     el.append(note);
   }
+}
+
+/** Whether a stored image is one this page made: a data: URL of an image. */
+function isImageData(url: unknown): url is string {
+  return typeof url === "string" && url.startsWith("data:image/");
+}
+
+function plural(n: number, what: string): string {
+  return `${n} ${what}${n === 1 ? "" : "s"}`;
 }
 
 function addCopyButton(pre: HTMLElement) {
@@ -250,33 +309,55 @@ async function loadModel() {
       return;
     }
     const body = await response.json();
-    modelId = body?.data?.[0]?.id ?? "";
+    const model = body?.data?.[0];
+    modelId = model?.id ?? "";
     modelEl.textContent = modelId;
+    // llama-server's field: ["text", "image"] when the server has a vision projector.
+    const inputs = model?.architecture?.input_modalities;
+    setVision(Array.isArray(inputs) && inputs.includes("image"));
   } catch {
     modelEl.textContent = "(server unreachable)";
   }
 }
 
+/** The chat request for a conversation (failed empty replies left out): a message with
+ * images sends them first, as `image_url` parts, then its text. */
+function requestBody(conversation: Message[], settings: Settings): string {
+  const history = conversation.filter((m) => !(m.role === "assistant" && m.content === "" && m.ended));
+  const messages = [
+    ...(settings.system ? [{ role: "system", content: settings.system }] : []),
+    ...history.map(({ role, content, images }) => ({
+      role,
+      content: images?.length
+        ? [
+            ...images.map((url) => ({ type: "image_url", image_url: { url } })),
+            ...(content ? [{ type: "text", text: content }] : []),
+          ]
+        : content,
+    })),
+  ];
+  return JSON.stringify({
+    model: modelId || undefined,
+    messages,
+    stream: true,
+    temperature: settings.temperature,
+    top_p: settings.topP,
+    max_tokens: settings.maxTokens,
+  });
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / (1 << 20)).toFixed(1)} MiB`;
+}
+
 /** Streams one reply into `reply`, re-rendering `el` as deltas arrive. */
 async function stream(reply: Message, el: HTMLElement, controller: AbortController) {
   const settings = readSettings();
-  const history = chat.slice(0, -1).filter((m) => !(m.role === "assistant" && m.content === "" && m.ended));
-  const messages = [
-    ...(settings.system ? [{ role: "system", content: settings.system }] : []),
-    ...history.map(({ role, content }) => ({ role, content })),
-  ];
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
     headers: headers(settings),
     signal: controller.signal,
-    body: JSON.stringify({
-      model: modelId || undefined,
-      messages,
-      stream: true,
-      temperature: settings.temperature,
-      top_p: settings.topP,
-      max_tokens: settings.maxTokens,
-    }),
+    body: requestBody(chat.slice(0, -1), settings),
   });
   if (!response.ok || !response.body) {
     throw new Error(await errorMessage(response));
@@ -318,9 +399,26 @@ async function stream(reply: Message, el: HTMLElement, controller: AbortControll
   }
 }
 
-async function send(text: string) {
+/** Sends a message; false (with the reason shown) when the request would be larger than
+ * the server takes by default, and nothing is sent. */
+function send(text: string, images: string[]): boolean {
+  const message: Message = { role: "user", content: text, ...(images.length ? { images } : {}) };
+  const size = new Blob([requestBody([...chat, message], readSettings())]).size;
+  if (size > BODY_LIMIT && chat.concat(message).some((m) => m.images?.length)) {
+    showError(
+      `This message would make a request of ${mib(size)}: ferrox serve takes at most 4 MiB by default ` +
+        "(--body-limit), and every image of the conversation is sent again with each message. " +
+        "Remove an image, or start a new chat.",
+    );
+    return false;
+  }
+  void streamReply(message);
+  return true;
+}
+
+async function streamReply(message: Message) {
   showError(null);
-  chat.push({ role: "user", content: text });
+  chat.push(message);
   const reply: Message = { role: "assistant", content: "" };
   chat.push(reply);
   save();
@@ -347,9 +445,123 @@ async function send(text: string) {
 $<HTMLFormElement>("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = inputEl.value.trim();
-  if (!text || running) return;
+  if ((!text && !attached.length) || running) return;
+  if (!send(text, attached.map((a) => a.url))) return;
   inputEl.value = "";
-  void send(text);
+  attached = [];
+  renderAttachments();
+});
+
+// --- images ---------------------------------------------------------------------------
+
+function setVision(on: boolean) {
+  vision = on;
+  attachEl.hidden = !on;
+  if (!on && attached.length) {
+    attached = [];
+    renderAttachments();
+  }
+}
+
+function renderAttachments() {
+  attachmentsEl.hidden = attached.length === 0;
+  attachmentsEl.replaceChildren(
+    ...attached.map((a, i) => {
+      const item = document.createElement("li");
+      item.className = "thumb";
+      const img = document.createElement("img");
+      img.src = a.url;
+      img.alt = a.name;
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", `Remove ${a.name}`);
+      remove.title = `Remove ${a.name}`;
+      remove.addEventListener("click", () => {
+        attached.splice(i, 1);
+        renderAttachments();
+        // Focus stays in the list (the next image's button), else goes to the message.
+        const buttons = attachmentsEl.querySelectorAll<HTMLButtonElement>("button.remove");
+        (buttons[Math.min(i, buttons.length - 1)] ?? inputEl).focus();
+      });
+      item.append(img, remove);
+      return item;
+    }),
+  );
+}
+
+function readDataUrl(file: File): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+/** Attaches image files to the next message; a file that is not an image, or too large
+ * for a request, is refused with the reason. */
+async function attach(files: Iterable<File>) {
+  if (!vision) return;
+  const problems: string[] = [];
+  for (const file of files) {
+    const name = file.name || "pasted image";
+    if (!file.type.startsWith("image/")) {
+      problems.push(`${name} is not an image.`);
+      continue;
+    }
+    // Base64 takes 4 bytes for every 3.
+    const encoded = Math.ceil(file.size / 3) * 4;
+    if (encoded + BODY_ROOM > BODY_LIMIT) {
+      problems.push(
+        `${name} is too large: ${mib(file.size)}, ${mib(encoded)} as base64, and ferrox serve takes ` +
+          "requests of at most 4 MiB by default (--body-limit). Use a smaller image.",
+      );
+      continue;
+    }
+    try {
+      attached.push({ url: await readDataUrl(file), name });
+    } catch {
+      problems.push(`${name} could not be read.`);
+    }
+  }
+  renderAttachments();
+  showError(problems.length ? problems.join(" ") : null);
+}
+
+attachEl.addEventListener("click", () => fileEl.click());
+fileEl.addEventListener("change", () => {
+  void attach(Array.from(fileEl.files ?? []));
+  fileEl.value = "";
+});
+
+function imageFiles(data: DataTransfer | null): File[] {
+  return Array.from(data?.files ?? []).filter((f) => f.type.startsWith("image/"));
+}
+
+inputEl.addEventListener("paste", (e) => {
+  const files = imageFiles(e.clipboardData);
+  if (!vision || !files.length) return;
+  e.preventDefault();
+  void attach(files);
+});
+
+// Files dropped anywhere on the page are attached (rather than opened by the browser).
+document.addEventListener("dragover", (e) => {
+  if (!vision || !e.dataTransfer?.types.includes("Files")) return;
+  e.preventDefault();
+  e.dataTransfer.dropEffect = "copy";
+  document.body.classList.add("dropping");
+});
+document.addEventListener("dragleave", (e) => {
+  if (e.relatedTarget === null) document.body.classList.remove("dropping");
+});
+document.addEventListener("drop", (e) => {
+  document.body.classList.remove("dropping");
+  if (!vision || !e.dataTransfer?.types.includes("Files")) return;
+  e.preventDefault();
+  void attach(Array.from(e.dataTransfer.files));
 });
 
 inputEl.addEventListener("keydown", (e) => {

@@ -6,12 +6,13 @@
 // Checks: the page and its assets are served without the key, as built (dist/), with the
 // Content-Security-Policy and nosniff; the page loads from the server and names the model;
 // a message streams a reply; the conversation survives a reload; Stop interrupts a long
-// reply; a server error (a wrong key) shows as an error. Then the page must not load remote
-// content: a reply (canned, through page.route, so the real renderer draws it) full of
-// remote images and other fetching markup must make no request to a listener on another
-// port, must show the images as links, and must trip no CSP violation (the renderer is the
-// first wall); markup put into the page directly, past the renderer, is blocked by the CSP
-// (the second wall). Throughout, the browser requests nothing outside the page's origin.
+// reply; a server error (a wrong key) shows as an error; no image can be attached (the
+// server takes none). Then the page must not load remote content: a reply (canned, through
+// page.route, so the real renderer draws it) full of remote images and other fetching markup
+// must make no request to a listener on another port, must show the images as links, and
+// must trip no CSP violation (the renderer is the first wall); markup put into the page
+// directly, past the renderer, is blocked by the CSP (the second wall). Throughout, the
+// browser requests nothing outside the page's origin.
 // Prints one JSON line; exits 1 with the reason on failure.
 import { readFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -124,6 +125,16 @@ try {
     timeout: 10000,
   }).catch(() => fail(`model name not shown: ${page.locator("#model").textContent()}`));
   const model = await page.textContent("#model");
+  // This server takes no images (no --mmproj): no attach button, and a pasted image is not
+  // attached (tests/images.mjs drives a server that takes them).
+  if (await page.isVisible("#attach")) fail("the attach button shows on a server without images");
+  await page.evaluate(() => {
+    const data = new DataTransfer();
+    data.items.add(new File([new Uint8Array([137, 80, 78, 71])], "x.png", { type: "image/png" }));
+    document.querySelector("#input").dispatchEvent(new ClipboardEvent("paste", { clipboardData: data, bubbles: true }));
+  });
+  await page.waitForTimeout(200);
+  if (await page.locator("#attachments li").count()) fail("an image was attached on a server without images");
 
   // A message streams a reply: the Stop button shows while it streams, the reply fills in.
   await page.fill("#input", "Tell me about the sea.");
