@@ -67,6 +67,10 @@ pub struct ChatRequest {
 /// The largest image (decoded bytes of its data URL) taken in a request.
 pub const MAX_IMAGE_BYTES: usize = 32 << 20;
 
+/// The most images one request may hold (each is decoded in full: this bounds a request's
+/// memory).
+pub const MAX_IMAGES: usize = 16;
+
 /// The file bytes of an `image_url` part's URL: a base64 `data:` URL. Remote URLs are not
 /// fetched.
 fn image_url_bytes(at: &str, part: &Map<String, Value>) -> Result<Vec<u8>, ApiError> {
@@ -793,6 +797,12 @@ fn normalize_message(
                             }
                         },
                         Some("image_url") => {
+                            if images.len() == MAX_IMAGES {
+                                return Err(ApiError::param(
+                                    &at,
+                                    format!("at most {MAX_IMAGES} images in a request"),
+                                ));
+                            }
                             images.push(image_url_bytes(&at, p)?);
                             text.push_str(ferrox_generate::media::MEDIA_MARKER);
                         }
@@ -1011,6 +1021,34 @@ mod tests {
         let e =
             parse_completion(&json!({"prompt": "x", "logit_bias": {"100": 1}}), 100).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logit_bias"));
+    }
+
+    #[test]
+    fn image_parts_become_markers_and_their_bytes() {
+        let png = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}});
+        let r = parse_chat(&json!({"messages": [{"role": "user", "content": [png, {"type": "text", "text": "x"}]}]}), 100).unwrap();
+        assert_eq!(r.images, vec![b"hi".to_vec()]);
+        assert_eq!(r.messages[0]["content"], "<__media__>x");
+        let many = vec![png; MAX_IMAGES + 1];
+        let e = parse_chat(
+            &json!({"messages": [{"role": "user", "content": many}]}),
+            100,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("at most 16 images"), "{e}");
+        for (url, needle) in [
+            ("https://x/y.png", "data: URLs"),
+            ("data:image/png,abc", "base64"),
+            ("data:image/png;base64,@@", "invalid"),
+        ] {
+            let part = json!({"type": "image_url", "image_url": {"url": url}});
+            let e = parse_chat(
+                &json!({"messages": [{"role": "user", "content": [part]}]}),
+                100,
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(needle), "{e}");
+        }
     }
 
     #[test]

@@ -158,6 +158,12 @@ fn parse_message(
             ),
             Some("redacted_thinking") => {}
             Some("image") if role == "user" => {
+                if images.len() == crate::api::MAX_IMAGES {
+                    return Err(invalid(format!(
+                        "{bat}: at most {} images in a request",
+                        crate::api::MAX_IMAGES
+                    )));
+                }
                 images.push(image_bytes(b, &bat)?);
                 text.push_str(ferrox_generate::media::MEDIA_MARKER);
             }
