@@ -168,15 +168,14 @@ impl GroupState {
     ) {
         let (g_n, dk) = (self.shape.n_queries, self.shape.head_dim_k);
         #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() && isa.is_available() && dk.is_multiple_of(DOT_STEP) {
+        if isa.has_avx2() && isa.is_available() {
             let per_pass = if isa == Isa::Avx512Vnni { 4 } else { 2 };
             for g0 in (0..g_n).step_by(per_pass) {
                 let group = (g_n - g0).min(per_pass);
                 let queries = &self.queries[g0 * dk..(g0 + group) * dk];
                 let scores = &mut scores[g0..];
                 // SAFETY: the kernel's features are available; `keys` holds `n` rows at
-                // `stride` (checked by the caller), `queries` `group` rows of `dk`, and
-                // `dk` is a multiple of DOT_STEP.
+                // `stride` (checked by the caller), `queries` `group` rows of `dk`.
                 unsafe {
                     if isa == Isa::Avx512Vnni {
                         x86::scores_512(keys, stride, n, queries, group, dk, scores)
@@ -238,26 +237,34 @@ fn accumulate_values(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni && isa.is_available() && block.dv.is_multiple_of(x86::CHUNK_512) {
-            for (g0, (ms, vs)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
+        let chunk = if isa == Isa::Avx512Vnni && isa.is_available() {
+            x86::CHUNK_512
+        } else if isa.has_avx2() && isa.is_available() {
+            x86::CHUNK_256
+        } else {
+            0
+        };
+        if chunk > 0 {
+            for (g0, (ms4, vs4)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
                 let acc = &mut acc[g0 * 4 * block.dv..];
-                // SAFETY: the AVX-512 kernel features are available; dv is a whole number of
-                // chunks and every slice holds the rows the block reads and writes.
-                unsafe { x86::accumulate_512(block, ms, vs, acc) };
+                // SAFETY: the kernel's features are available; every slice holds the rows
+                // the block reads and writes.
+                unsafe {
+                    match chunk {
+                        x86::CHUNK_512 => x86::accumulate_512(block, ms4, vs4, acc),
+                        _ => x86::accumulate_256(block, ms4, vs4, acc),
+                    }
+                }
             }
-            return;
-        }
-        if isa.has_avx2() && isa.is_available() && block.dv.is_multiple_of(x86::CHUNK_256) {
-            for (g0, (ms, vs)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
-                let acc = &mut acc[g0 * 4 * block.dv..];
-                // SAFETY: AVX2, FMA and F16C are available; as above.
-                unsafe { x86::accumulate_256(block, ms, vs, acc) };
-            }
+            // Each value is updated on its own, so the columns past the whole chunks take
+            // the scalar code with the same bits.
+            let cols = block.dv - block.dv % chunk;
+            scalar_accumulate(block, ms, vs, acc, cols);
             return;
         }
     }
     let _ = isa;
-    scalar_accumulate(block, ms, vs, acc);
+    scalar_accumulate(block, ms, vs, acc, 0);
 }
 
 /// Values per step of [`dot`].
@@ -289,16 +296,19 @@ pub fn dot(k: &[f16], q: &[f32]) -> f32 {
     sum
 }
 
+/// [`accumulate_values`] for the columns `from..dv`.
 fn scalar_accumulate(
     block: &ValueBlock<'_>,
     ms: &[[f32; BLOCK_KEYS]],
     vs: &[[f32; BLOCK_KEYS]],
     acc: &mut [f32],
+    from: usize,
 ) {
     let dv = block.dv;
     for (g, acc) in acc.chunks_exact_mut(dv).enumerate().take(ms.len()) {
+        let acc = &mut acc[from..];
         for j in 0..block.n {
-            let v = &block.values[j * block.stride..][..dv];
+            let v = &block.values[j * block.stride + from..][..dv - from];
             let (m, w) = (ms[g][j], vs[g][j]);
             if m != 1.0 {
                 acc.iter_mut().for_each(|a| *a *= m);
@@ -322,9 +332,10 @@ mod x86 {
     /// lanes (the AVX2 kernel's `[a0 | a1]` and `[a2 | a3]`) over steps of 32 values, then
     /// `(acc0 + acc1)`, its two halves added, and the horizontal sum.
     ///
+    /// A tail shorter than a step adds on in order, as in [`super::dot`].
+    ///
     /// SAFETY: needs the AVX-512 kernel features; `keys` holds `n` rows of `dk` at
-    /// `stride`, `queries` holds `group` (1 to 4) rows of `dk`, `dk` is a multiple of
-    /// [`DOT_STEP`].
+    /// `stride`, `queries` holds `group` (1 to 4) rows of `dk`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn scores_512(
         keys: &[half::f16],
@@ -341,8 +352,9 @@ mod x86 {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
             let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+            let whole = dk - dk % DOT_STEP;
             let mut i = 0;
-            while i < dk {
+            while i < whole {
                 // SAFETY: `i + 32 <= dk`: inside the row and every query.
                 unsafe {
                     let k0 = load_h512(k.add(i));
@@ -361,10 +373,25 @@ mod x86 {
                     _mm512_castps512_ps256(pairs),
                     _mm512_extractf32x8_ps::<1>(pairs),
                 );
-                // SAFETY: AVX2 is part of the AVX-512 kernel features.
-                scores[g][j] = unsafe { hsum256(total) };
+                // SAFETY: AVX2 is part of the AVX-512 kernel features; the tail lies inside
+                // the row and the query.
+                scores[g][j] = unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
+    }
+
+    /// `sum` with `k[i]·q[i]` added for `i` in `whole..dk`, one at a time, unfused: the
+    /// tail of [`super::dot`].
+    ///
+    /// SAFETY: `k` points at `dk` readable halves; `q` holds at least `dk` values.
+    #[inline(always)]
+    unsafe fn add_tail(mut sum: f32, k: *const half::f16, q: &[f32], whole: usize, dk: usize) -> f32 {
+        for i in whole..dk {
+            // SAFETY: `i < dk`, inside the row (the caller's contract).
+            let ki = unsafe { *k.add(i) };
+            sum += ki.to_f32() * q[i];
+        }
+        sum
     }
 
     /// The lanes `l` and `l + 4` added, then the four sums pairwise.
@@ -398,8 +425,9 @@ mod x86 {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
             let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+            let whole = dk - dk % DOT_STEP;
             let mut i = 0;
-            while i < dk {
+            while i < whole {
                 // SAFETY: `i + 32 <= dk`: inside the row and every query.
                 unsafe {
                     let kv: [__m256; 4] = std::array::from_fn(|r| load_h256(k.add(i + 8 * r)));
@@ -415,8 +443,8 @@ mod x86 {
             for (g, acc) in acc.iter().enumerate().take(group) {
                 let total =
                     _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-                // SAFETY: AVX2 is enabled here.
-                scores[g][j] = unsafe { hsum256(total) };
+                // SAFETY: AVX2 is enabled here; the tail lies inside the row and the query.
+                scores[g][j] = unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
     }
@@ -431,8 +459,9 @@ mod x86 {
          $vec:ty, $load_h:expr, $load_f:expr, $store_f:expr,
          $set1:expr, $mul:expr, $fma:expr) => {{
             let dv = $block.dv;
+            let cols = dv - dv % ($R * $W);
             let mut c = 0;
-            while c < dv {
+            while c < cols {
                 let mut acc: [[$vec; $R]; $G] = [[$set1(0.0); $R]; $G];
                 for g in 0..$G {
                     for r in 0..$R {
@@ -472,8 +501,10 @@ mod x86 {
     macro_rules! dispatch_groups {
         ($name:ident, $feat:literal, $R:literal, $W:literal, $vec:ty, $load_h:expr, $load_f:expr,
          $store_f:expr, $set1:expr, $mul:expr, $fma:expr) => {
+            /// The columns past the last whole chunk are left to the caller.
+            ///
             /// SAFETY: needs the named target features; `acc` holds `ms.len()` rows of
-            /// `dv` values, each value row `dv` halves, and `dv` is a whole number of chunks.
+            /// `dv` values, each value row `dv` halves.
             #[target_feature(enable = $feat)]
             pub unsafe fn $name(
                 block: &ValueBlock<'_>,
@@ -612,6 +643,10 @@ mod tests {
                 (8, 80, 80, 33, None),
                 (2, 40, 24, 17, None),
                 (5, 256, 128, 1, None),
+                // Head sizes between whole SIMD steps (SigLIP's 72): a scalar tail.
+                (6, 72, 72, 29, None),
+                (1, 8, 8, 3, None),
+                (2, 100, 36, 19, Some(30.0)),
             ] {
                 let stride_k = dk * 2 + 8;
                 let stride_v = dv + 16;
