@@ -22,7 +22,8 @@ FERROX, ENCODE, MTMD_REF = ENV["FERROX"], ENV["ENCODE"], ENV["MTMD_REF"]
 LLAMA_SERVER = os.path.join(ENV["LLAMA_CPP_BUILD"], "bin", "llama-server")
 THREADS, REPS, RUNS = ENV["THREADS"], int(ENV["REPS"]), int(ENV["RUNS"])
 TTFT_REPS, LAYERS, DEEP = int(ENV["TTFT_REPS"]), int(ENV["LAYERS"]), int(ENV["DEEP_LAYERS"])
-SIZES = [224, 448, 896]
+SIZES = [int(x) for x in ENV.get("SIZES", "224 448 896").split()]
+TTFT_SIZE = int(ENV.get("TTFT_SIZE", "896"))
 REAL_LAYERS = 27
 TEXT = f"{WORK}/gemma3-bench.gguf"
 CTX = 4096
@@ -143,7 +144,7 @@ def ttft(port, png):
 
 
 def ttft_bench():
-    mm = mmproj(896, LAYERS)
+    mm = mmproj(TTFT_SIZE, LAYERS)
     ports = {"ferrox": 18431, "llama": 18432}
     cmds = {
         "ferrox": [FERROX, "serve", "-m", TEXT, "--mmproj", mm, "-t", THREADS, "-c", str(CTX),
@@ -210,7 +211,7 @@ def med(v):
 
 def report(r):
     h = r["host"]
-    info = next(iter(r["encode"][224].values()))["llama_info"]
+    info = next(iter(r["encode"][SIZES[0]].values()))["llama_info"]
     lines = []
     w = lines.append
     w("# Image input: encode time and time to first token")
@@ -275,8 +276,8 @@ def report(r):
     f, l = med(t["ferrox"]), med(t["llama"])
     w("## Time to first token with one image")
     w("")
-    w(f"`ferrox serve --mmproj` against `llama-server --mmproj` on the 896-pixel pair ({LAYERS}-layer "
-      f"projector, 4-layer text model), `-t {THREADS} -c {CTX}`, one sequence (`--parallel 1`, "
+    w(f"`ferrox serve --mmproj` against `llama-server --mmproj` on the {TTFT_SIZE}-pixel pair ({LAYERS}-layer "
+      f"projector, 4-layer text model; the servers resize the 896-pixel image to {TTFT_SIZE}), `-t {THREADS} -c {CTX}`, one sequence (`--parallel 1`, "
       f"`-np 1`), every other setting as each server defaults (flash attention: llama.cpp auto, "
       f"ferrox f16 K/V in the projector). Streamed `/v1/chat/completions` requests: a "
       f"896x896 PNG as a data URL and \"{PROMPT}\", `max_tokens: 1`, temperature 0; the time from "
@@ -308,8 +309,7 @@ def report(r):
     return "\n".join(lines) + "\n"
 
 
-DISCUSSION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-vision-notes.md")
-DISCUSSION = open(DISCUSSION_FILE).read().strip() if os.path.exists(DISCUSSION_FILE) else ""
+DISCUSSION = ""
 
 if __name__ == "__main__":
     main()

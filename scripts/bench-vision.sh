@@ -20,7 +20,8 @@
 #           generated token; a different image each request (no cached image reused).
 #
 # The engines alternate within each of REPS repetitions (default 3; TTFT_REPS, default 5, for
-# time to first token); medians are reported. THREADS (default 2) threads both sides.
+# time to first token); medians are reported. SIZES (default "224 448 896") chooses the image
+# sizes timed, TTFT_SIZE (default 896) the projector the servers run. THREADS (default 2) threads both sides.
 # LLAMA_CPP_BUILD (default /work/ref/build) has bin/llama-server and libmtmd.so; the
 # reference program is built with scripts/reference/build.sh. OUT (default
 # docs/BENCHMARKS-VISION.md) is the report; the raw measurements go to $OUT.json.
