@@ -31,10 +31,8 @@ fn main() {
     };
     let (mut threads, mut runs, mut f32_attention, mut out) = (0usize, 5usize, false, None);
     let mut flags = flags.iter();
-    let number = |v: Option<&String>| -> usize {
-        v.and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| usage())
-    };
+    let number =
+        |v: Option<&String>| -> usize { v.and_then(|v| v.parse().ok()).unwrap_or_else(|| usage()) };
     while let Some(flag) = flags.next() {
         match flag.as_str() {
             "--threads" => threads = number(flags.next()),

@@ -174,7 +174,15 @@ fn gemma3_text_bytes_with(s: &TextShape) -> Vec<u8> {
     // Token rows are scaled by sqrt(128) ~ 11.3 on input: ~0.45 per value (image embedding
     // rows from the projector hold ~0.8). Larger rows make the tied output favour the tokens
     // already in the context, and greedy decoding repeats one token.
-    matrix(&mut w, v, "token_embd.weight", ty, e, TEXT_N_VOCAB, 0.04 * g_e);
+    matrix(
+        &mut w,
+        v,
+        "token_embd.weight",
+        ty,
+        e,
+        TEXT_N_VOCAB,
+        0.04 * g_e,
+    );
     vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
     for il in 0..s.n_layer {
         let n = |t: &str| format!("blk.{il}.{t}");
@@ -407,7 +415,15 @@ fn mmproj_bytes(s: &MmprojShape, ty: GgmlType) -> Vec<u8> {
         vector(&mut w, v, &n("ln1.weight"), e, 1.0, 0.1);
         vector(&mut w, v, &n("ln1.bias"), e, 0.0, 0.05);
         for (name, std) in [("attn_q", 0.15), ("attn_k", 0.15), ("attn_v", 0.12)] {
-            matrix(&mut w, v, &n(&format!("{name}.weight")), ty, e, e, std * g_e);
+            matrix(
+                &mut w,
+                v,
+                &n(&format!("{name}.weight")),
+                ty,
+                e,
+                e,
+                std * g_e,
+            );
             vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
         }
         matrix(&mut w, v, &n("attn_out.weight"), ty, e, e, 0.1 * g_e);
