@@ -15,6 +15,10 @@
  *       [n_tokens][n_embd] (n_embd = llama_model_n_embd_inp of MODEL). Prints one JSON line:
  *       settings, the bitmap's size, the chunks, and the image chunk's n_tokens, n_pos, nx, ny.
  *       No llama_context is made: the text model only provides the vocabulary and the width.
+ *       MTMD_REF_REPEAT=N (N > 0) times the encoding: the first mtmd_encode_chunk as a warm-up,
+ *       then N more, each timed on its own (CLOCK_MONOTONIC); the JSON line then ends with
+ *       "warmup_ms" and "encode_ms" (the N times, in milliseconds), OUT holds the last
+ *       encoding's embeddings. Unset or 0: one encoding, nothing timed.
  *
  *   mtmd-ref greedy MODEL MMPROJ IMAGE N_THREADS N_PREDICT PROMPT_FILE OUT_JSON
  *       Tokenizes the bytes of PROMPT_FILE, which holds mtmd's default media marker, with
@@ -51,12 +55,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TOPK 5
 #define N_CTX 512
 
 static int g_verbose = 0;
 static int g_defaults = 0;
+static int g_repeat = 0;
 
 static void log_cb(enum ggml_log_level level, const char * text, void * user) {
     (void) level;
@@ -276,6 +282,21 @@ static void write_common_settings(FILE * f, const char * mode, const struct llam
     fprintf(f, ", \"mmproj_flash_attn_type\": \"%s\"", llama_flash_attn_type_name(fa_type()));
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
+
+/* mtmd_encode_chunk, timed; dies on failure */
+static double encode_timed(mtmd_context * mctx, const mtmd_input_chunk * image) {
+    double start = now_ms();
+    if (mtmd_encode_chunk(mctx, image) != 0) {
+        die("mtmd_encode_chunk failed");
+    }
+    return now_ms() - start;
+}
+
 static int cmd_embed(int argc, char ** argv) {
     if (argc != 7) {
         die("usage: mtmd-ref embed MODEL MMPROJ IMAGE N_THREADS OUT");
@@ -302,8 +323,10 @@ static int cmd_embed(int argc, char ** argv) {
     if (!image) {
         die("no image chunk");
     }
-    if (mtmd_encode_chunk(mctx, image) != 0) {
-        die("mtmd_encode_chunk failed");
+    double warmup_ms = encode_timed(mctx, image);
+    double * encode_ms = malloc(sizeof(double) * (g_repeat > 0 ? g_repeat : 1));
+    for (int i = 0; i < g_repeat; i++) {
+        encode_ms[i] = encode_timed(mctx, image);
     }
     const float * embd = mtmd_get_output_embd(mctx);
     size_t n_tokens = mtmd_input_chunk_get_n_tokens(image);
@@ -342,8 +365,17 @@ static int cmd_embed(int argc, char ** argv) {
             n_tokens, mtmd_input_chunk_get_n_pos(image), image_nx(img), image_ny(img), n_embd);
     fprintf(stdout, ", \"out\": ");
     json_cstr(stdout, out_path);
-    fprintf(stdout, ", \"mean\": %.9g, \"rms\": %.9g, \"max_abs\": %.9g, \"n_nonfinite\": %d}\n",
+    fprintf(stdout, ", \"mean\": %.9g, \"rms\": %.9g, \"max_abs\": %.9g, \"n_nonfinite\": %d",
             sum / n, sqrt(sum_sq / n), max_abs, n_nonfinite);
+    if (g_repeat > 0) {
+        fprintf(stdout, ", \"warmup_ms\": %.3f, \"encode_ms\": [", warmup_ms);
+        for (int i = 0; i < g_repeat; i++) {
+            fprintf(stdout, "%s%.3f", i ? ", " : "", encode_ms[i]);
+        }
+        fputc(']', stdout);
+    }
+    fprintf(stdout, "}\n");
+    free(encode_ms);
 
     mtmd_input_chunks_free(chunks);
     mtmd_bitmap_free(bitmap);
@@ -524,6 +556,8 @@ int main(int argc, char ** argv) {
     g_verbose = v && strcmp(v, "1") == 0;
     const char * d = getenv("MTMD_REF_DEFAULTS");
     g_defaults = d && strcmp(d, "1") == 0;
+    const char * r = getenv("MTMD_REF_REPEAT");
+    g_repeat = r ? atoi(r) : 0;
     llama_log_set(log_cb, NULL);
     mtmd_helper_log_set(log_cb, NULL);
     llama_backend_init();

@@ -28,6 +28,11 @@
 //! `gemma3.gguf` (text model), `gemma3.mmproj.gguf` (F32 projector), `gemma3.f16.mmproj.gguf`
 //! (F16 projector) and the test images `<name>.png`; one `name path bytes` line each
 //! (`fixtures/vision/` holds them).
+//! `--vision-bench OUT_DIR [LAYERS [SIZE...]]` writes the Gemma 3 benchmark files of
+//! `synthetic::vision` for `scripts/bench-vision.sh`: `gemma3-bench.gguf` (text model),
+//! `gemma3-bench-<SIZE>-l<LAYERS>.mmproj.gguf` (F16 projectors, LAYERS default 4, SIZE each of
+//! `synthetic::vision::BENCH_IMAGE_SIZES` by default) and the images `bench<SIZE>.png`, plus
+//! `ttft<N>.png` (896 pixels, N = 0..8, all different); one `name path bytes` line each.
 //! `--sweep` writes the context-length sweep models instead: every family with F32 matrices
 //! and the all-F32 MLA sweep models (`synthetic::SWEEP_MODELS`), the low-bit models
 //! (`synthetic::LOW_BIT_SWEEPS`: MXFP4 experts, TQ2_0 matrices), each with a
@@ -41,7 +46,7 @@ use std::path::PathBuf;
 use ferrox_gguf::GgmlType;
 
 fn usage() -> ! {
-    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE | --vision | ...]");
+    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE | --vision | --vision-bench [LAYERS [SIZE...]] | ...]");
     std::process::exit(2);
 }
 
@@ -54,6 +59,16 @@ fn main() {
         }
         [dir, flag] if flag == "--vision" => {
             write_vision(&PathBuf::from(dir));
+            return;
+        }
+        [dir, flag, rest @ ..] if flag == "--vision-bench" => {
+            let number = |s: &String| s.parse::<usize>().unwrap_or_else(|_| usage());
+            let layers = rest.first().map_or(4, number);
+            let sizes: Vec<usize> = match rest.get(1..) {
+                Some(sizes) if !sizes.is_empty() => sizes.iter().map(number).collect(),
+                _ => synthetic::vision::BENCH_IMAGE_SIZES.to_vec(),
+            };
+            write_vision_bench(&PathBuf::from(dir), layers, &sizes);
             return;
         }
         [dir, flag] if flag == "--encoders" => {
@@ -203,6 +218,38 @@ fn write_vision(dir: &std::path::Path) {
     for image in vision::test_images() {
         files.push((format!("{}.png", image.name), image.png));
     }
+    write_files(dir, files);
+}
+
+/// Number of distinct images `--vision-bench` writes for time-to-first-token requests.
+const TTFT_IMAGES: usize = 8;
+
+fn write_vision_bench(dir: &std::path::Path, layers: usize, sizes: &[usize]) {
+    use synthetic::vision;
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut files = vec![(
+        "gemma3-bench.gguf".to_string(),
+        vision::gemma3_bench_text_bytes(),
+    )];
+    for &size in sizes {
+        files.push((format!("bench{size}.png"), vision::bench_image_png(size, 0)));
+    }
+    for i in 0..TTFT_IMAGES {
+        files.push((format!("ttft{i}.png"), vision::bench_image_png(896, i + 1)));
+    }
+    write_files(dir, files);
+    // One projector at a time: the 896-pixel ones of 27 layers are ~0.8 GB each.
+    for &size in sizes {
+        let name = format!("gemma3-bench-{size}-l{layers}.mmproj.gguf");
+        write_files(
+            dir,
+            vec![(name, vision::gemma3_bench_mmproj_bytes(size, layers))],
+        );
+    }
+}
+
+/// Writes `DIR/NAME` for each file, with one `name path bytes` line.
+fn write_files(dir: &std::path::Path, files: Vec<(String, Vec<u8>)>) {
     for (name, bytes) in files {
         let path = dir.join(&name);
         std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -22,6 +22,11 @@
 //! finds `ffn_down.ne[0] == n_embd` (files from older converters, which named `fc1` "down");
 //! these files do not trigger that.
 //!
+//! Benchmark files, for speed and not parity ([`gemma3_bench_mmproj_bytes`],
+//! [`gemma3_bench_text_bytes`], [`bench_image_png`]): projectors of SigLIP-so400m's layer
+//! shapes at 224, 448 or 896 pixels with fewer layers than the real 27, and a Gemma 3 4B-wide
+//! text model of few layers to serve them with (`scripts/bench-vision.sh`).
+//!
 //! Deterministic as the rest of the synthetic models: seeded `StdRng`, exact arithmetic.
 
 use ferrox_gguf::{GgmlType, GgufWriter};
@@ -73,55 +78,128 @@ pub const N_IMAGE_TOKENS: usize = (N_PATCHES_SIDE / SCALE_FACTOR) * (N_PATCHES_S
 const TEXT_SEED: u64 = 0x011a_0301;
 const MMPROJ_SEED: u64 = 0x011a_0302;
 
+/// A `gemma3` text model's shapes and matrix type.
+#[derive(Clone, Copy, Debug)]
+pub struct TextShape {
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub sliding_window: usize,
+    pub context_length: usize,
+    /// Every matrix (the embedding too); norms are F32.
+    pub ty: GgmlType,
+}
+
+/// The tiny test model's shapes.
+pub const TEXT: TextShape = TextShape {
+    n_embd: TEXT_N_EMBD,
+    n_ff: TEXT_N_FF,
+    n_layer: TEXT_N_LAYER,
+    n_head: TEXT_N_HEAD,
+    n_head_kv: TEXT_N_HEAD_KV,
+    head_dim: TEXT_HEAD_DIM,
+    sliding_window: TEXT_SLIDING_WINDOW,
+    context_length: 2048,
+    ty: GgmlType::F32,
+};
+
+/// The benchmark text model: Gemma 3 4B's widths (n_embd 2560, n_ff 10240, 8 query heads and
+/// 4 KV heads of 256, window 1024) with [`BENCH_TEXT_N_LAYER`] layers instead of 34, Q8_0
+/// matrices, the tiny model's 320-token vocabulary.
+pub const BENCH_TEXT: TextShape = TextShape {
+    n_embd: 2560,
+    n_ff: 10240,
+    n_layer: BENCH_TEXT_N_LAYER,
+    n_head: 8,
+    n_head_kv: 4,
+    head_dim: 256,
+    sliding_window: 1024,
+    context_length: 8192,
+    ty: GgmlType::Q8_0,
+};
+pub const BENCH_TEXT_N_LAYER: usize = 4;
+
 /// The `gemma3` text model (every matrix F32).
 pub fn gemma3_text_bytes() -> Vec<u8> {
+    gemma3_text_bytes_with(&TEXT)
+}
+
+/// The benchmark text model ([`BENCH_TEXT`]), for `mm.input_projection` of the benchmark
+/// projectors ([`gemma3_bench_mmproj_bytes`]).
+pub fn gemma3_bench_text_bytes() -> Vec<u8> {
+    gemma3_text_bytes_with(&BENCH_TEXT)
+}
+
+/// Deviation of weights with `fan_in` inputs that keeps the tiny model's scale of outputs,
+/// given the deviation the tiny model uses at `tiny_fan_in` (exactly 1 for the tiny shapes).
+fn gain(tiny_fan_in: usize, fan_in: usize) -> f32 {
+    (tiny_fan_in as f32 / fan_in as f32).sqrt()
+}
+
+fn gemma3_text_bytes_with(s: &TextShape) -> Vec<u8> {
     let a = "gemma3";
     let key = |k: &str| format!("{a}.{k}");
     let mut w = GgufWriter::new();
     w.set("general.architecture", a);
     w.set("general.name", "ferrox synthetic test model");
-    w.set(key("context_length"), 2048u32);
-    w.set(key("embedding_length"), TEXT_N_EMBD as u32);
-    w.set(key("block_count"), TEXT_N_LAYER as u32);
-    w.set(key("feed_forward_length"), TEXT_N_FF as u32);
-    w.set(key("attention.head_count"), TEXT_N_HEAD as u32);
-    w.set(key("attention.head_count_kv"), TEXT_N_HEAD_KV as u32);
-    w.set(key("attention.key_length"), TEXT_HEAD_DIM as u32);
-    w.set(key("attention.value_length"), TEXT_HEAD_DIM as u32);
-    w.set(key("rope.dimension_count"), TEXT_HEAD_DIM as u32);
+    w.set(key("context_length"), s.context_length as u32);
+    w.set(key("embedding_length"), s.n_embd as u32);
+    w.set(key("block_count"), s.n_layer as u32);
+    w.set(key("feed_forward_length"), s.n_ff as u32);
+    w.set(key("attention.head_count"), s.n_head as u32);
+    w.set(key("attention.head_count_kv"), s.n_head_kv as u32);
+    w.set(key("attention.key_length"), s.head_dim as u32);
+    w.set(key("attention.value_length"), s.head_dim as u32);
+    w.set(key("rope.dimension_count"), s.head_dim as u32);
     w.set(key("rope.freq_base"), 1_000_000.0f32);
     w.set(key("rope.freq_base_swa"), 10_000.0f32);
     w.set(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
     // No pattern key, as Gemma 3 converters write: llama.cpp's default (5 local, 1 global).
-    w.set(key("attention.sliding_window"), TEXT_SLIDING_WINDOW as u32);
+    w.set(key("attention.sliding_window"), s.sliding_window as u32);
     vocab(&mut w);
 
     let mut vals = Values(StdRng::seed_from_u64(TEXT_SEED));
     let v = &mut vals;
-    let f32 = GgmlType::F32;
-    let (e, f) = (TEXT_N_EMBD, TEXT_N_FF);
-    let (q_w, kv_w) = (TEXT_N_HEAD * TEXT_HEAD_DIM, TEXT_N_HEAD_KV * TEXT_HEAD_DIM);
+    let ty = s.ty;
+    let (e, f, hd) = (s.n_embd, s.n_ff, s.head_dim);
+    let (q_w, kv_w) = (s.n_head * hd, s.n_head_kv * hd);
+    let (g_e, g_q, g_f) = (
+        gain(TEXT_N_EMBD, e),
+        gain(TEXT_N_HEAD * TEXT_HEAD_DIM, q_w),
+        gain(TEXT_N_FF, f),
+    );
     // Token rows are scaled by sqrt(128) ~ 11.3 on input: ~0.45 per value (image embedding
     // rows from the projector hold ~0.8). Larger rows make the tied output favour the tokens
     // already in the context, and greedy decoding repeats one token.
-    matrix(&mut w, v, "token_embd.weight", f32, e, TEXT_N_VOCAB, 0.04);
+    matrix(
+        &mut w,
+        v,
+        "token_embd.weight",
+        ty,
+        e,
+        TEXT_N_VOCAB,
+        0.04 * g_e,
+    );
     vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
-    for il in 0..TEXT_N_LAYER {
+    for il in 0..s.n_layer {
         let n = |t: &str| format!("blk.{il}.{t}");
         vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
-        matrix(&mut w, v, &n("attn_q.weight"), f32, e, q_w, 0.1);
-        matrix(&mut w, v, &n("attn_k.weight"), f32, e, kv_w, 0.1);
-        matrix(&mut w, v, &n("attn_v.weight"), f32, e, kv_w, 0.08);
+        matrix(&mut w, v, &n("attn_q.weight"), ty, e, q_w, 0.1 * g_e);
+        matrix(&mut w, v, &n("attn_k.weight"), ty, e, kv_w, 0.1 * g_e);
+        matrix(&mut w, v, &n("attn_v.weight"), ty, e, kv_w, 0.08 * g_e);
         // Q/K norm weights around 2: scores of deviation ~4 rather than ~1, attention sharp
         // enough that the image and the recent tokens matter to what is generated.
-        vector(&mut w, v, &n("attn_q_norm.weight"), TEXT_HEAD_DIM, 2.0, 0.2);
-        vector(&mut w, v, &n("attn_k_norm.weight"), TEXT_HEAD_DIM, 2.0, 0.2);
-        matrix(&mut w, v, &n("attn_output.weight"), f32, q_w, e, 0.06);
+        vector(&mut w, v, &n("attn_q_norm.weight"), hd, 2.0, 0.2);
+        vector(&mut w, v, &n("attn_k_norm.weight"), hd, 2.0, 0.2);
+        matrix(&mut w, v, &n("attn_output.weight"), ty, q_w, e, 0.06 * g_q);
         vector(&mut w, v, &n("post_attention_norm.weight"), e, 1.0, 0.1);
         vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
-        matrix(&mut w, v, &n("ffn_gate.weight"), f32, e, f, 0.08);
-        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.08);
-        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.06);
+        matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.08 * g_e);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.08 * g_e);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.06 * g_f);
         vector(&mut w, v, &n("post_ffw_norm.weight"), e, 1.0, 0.1);
     }
     w.to_bytes()
@@ -179,6 +257,70 @@ pub fn gemma3_mmproj_bytes(ty: GgmlType) -> Vec<u8> {
         ty == GgmlType::F32 || ty == GgmlType::F16,
         "mmproj type must be F32 or F16"
     );
+    mmproj_bytes(&MMPROJ, ty)
+}
+
+/// A Gemma 3 projector's shapes.
+#[derive(Clone, Copy, Debug)]
+pub struct MmprojShape {
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// `clip.vision.projector.scale_factor`; `None` leaves the key out, as the converter does
+    /// for every real Gemma 3 (llama.cpp's default, 4).
+    pub scale_factor: Option<usize>,
+    /// The text model's width.
+    pub projection_dim: usize,
+}
+
+/// The tiny test projector's shapes.
+pub const MMPROJ: MmprojShape = MmprojShape {
+    image_size: IMAGE_SIZE,
+    patch_size: PATCH_SIZE,
+    n_embd: VISION_N_EMBD,
+    n_ff: VISION_N_FF,
+    n_layer: VISION_N_LAYER,
+    n_head: VISION_N_HEAD,
+    scale_factor: Some(SCALE_FACTOR),
+    projection_dim: TEXT_N_EMBD,
+};
+
+/// The image sizes of the benchmark projectors: 16, 32 and 64 patches a side, 16, 64 and 256
+/// image tokens (896 is every real Gemma 3's).
+pub const BENCH_IMAGE_SIZES: [usize; 3] = [224, 448, 896];
+
+/// The shapes of a benchmark projector: SigLIP-so400m's layers as every Gemma 3 mmproj has
+/// them (width 1152, FFN 4304, 16 heads of 72, 14-pixel patches) for `image_size`
+/// (a multiple of 56: 4x4 pooling), `n_layer` layers (real files: 27) and the benchmark text
+/// model's width ([`BENCH_TEXT`]).
+pub fn bench_mmproj_shape(image_size: usize, n_layer: usize) -> MmprojShape {
+    assert!(
+        image_size > 0 && image_size.is_multiple_of(14 * 4),
+        "image size {image_size} is not a multiple of 56"
+    );
+    MmprojShape {
+        image_size,
+        patch_size: 14,
+        n_embd: 1152,
+        n_ff: 4304,
+        n_layer,
+        n_head: 16,
+        scale_factor: None,
+        projection_dim: BENCH_TEXT.n_embd,
+    }
+}
+
+/// A benchmark projector ([`bench_mmproj_shape`]), stored as the converter writes
+/// `mmproj-*-F16.gguf` ([`gemma3_mmproj_bytes`] with F16). For speed, not parity: the weights
+/// are random, of the tiny projector's deviations scaled to keep activations of the same size.
+pub fn gemma3_bench_mmproj_bytes(image_size: usize, n_layer: usize) -> Vec<u8> {
+    mmproj_bytes(&bench_mmproj_shape(image_size, n_layer), GgmlType::F16)
+}
+
+fn mmproj_bytes(s: &MmprojShape, ty: GgmlType) -> Vec<u8> {
     let mut w = GgufWriter::new();
     w.set("general.architecture", "clip");
     w.set("general.type", "mmproj");
@@ -190,25 +332,30 @@ pub fn gemma3_mmproj_bytes(ty: GgmlType) -> Vec<u8> {
     w.set("clip.has_vision_encoder", true);
     w.set("clip.projector_type", "gemma3");
     w.set("clip.use_gelu", true);
-    w.set("clip.vision.projection_dim", TEXT_N_EMBD as u32);
-    w.set("clip.vision.image_size", IMAGE_SIZE as u32);
-    w.set("clip.vision.patch_size", PATCH_SIZE as u32);
-    w.set("clip.vision.embedding_length", VISION_N_EMBD as u32);
-    w.set("clip.vision.feed_forward_length", VISION_N_FF as u32);
-    w.set("clip.vision.block_count", VISION_N_LAYER as u32);
-    w.set("clip.vision.attention.head_count", VISION_N_HEAD as u32);
+    w.set("clip.vision.projection_dim", s.projection_dim as u32);
+    w.set("clip.vision.image_size", s.image_size as u32);
+    w.set("clip.vision.patch_size", s.patch_size as u32);
+    w.set("clip.vision.embedding_length", s.n_embd as u32);
+    w.set("clip.vision.feed_forward_length", s.n_ff as u32);
+    w.set("clip.vision.block_count", s.n_layer as u32);
+    w.set("clip.vision.attention.head_count", s.n_head as u32);
     w.set("clip.vision.attention.layer_norm_epsilon", VISION_EPS);
     w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
     w.set("clip.vision.image_std", IMAGE_STD.to_vec());
-    w.set("clip.vision.projector.scale_factor", SCALE_FACTOR as u32);
+    if let Some(scale) = s.scale_factor {
+        w.set("clip.vision.projector.scale_factor", scale as u32);
+    }
 
     let mut vals = Values(StdRng::seed_from_u64(MMPROJ_SEED));
     let v = &mut vals;
     let f32 = GgmlType::F32;
-    let (e, f, p) = (VISION_N_EMBD, VISION_N_FF, PATCH_SIZE);
-    let n_pos = N_PATCHES_SIDE * N_PATCHES_SIDE;
+    let (e, f, p) = (s.n_embd, s.n_ff, s.patch_size);
+    let side = s.image_size / p;
+    let n_pos = side * side;
+    let (g_e, g_f) = (gain(VISION_N_EMBD, e), gain(VISION_N_FF, f));
     // A patch sums 8 x 8 x 3 = 192 normalized pixels (about +-2): deviation ~1 out.
-    let patch = v.normals(p * p * 3 * e, 0.0, 0.07);
+    let g_p = gain(PATCH_SIZE * PATCH_SIZE * 3, p * p * 3);
+    let patch = v.normals(p * p * 3 * e, 0.0, 0.07 * g_p);
     add(
         &mut w,
         "v.patch_embd.weight",
@@ -218,21 +365,29 @@ pub fn gemma3_mmproj_bytes(ty: GgmlType) -> Vec<u8> {
     );
     vector(&mut w, v, "v.patch_embd.bias", e, 0.0, 0.1);
     matrix(&mut w, v, "v.position_embd.weight", f32, e, n_pos, 0.3);
-    for il in 0..VISION_N_LAYER {
+    for il in 0..s.n_layer {
         let n = |t: &str| format!("v.blk.{il}.{t}");
         vector(&mut w, v, &n("ln1.weight"), e, 1.0, 0.1);
         vector(&mut w, v, &n("ln1.bias"), e, 0.0, 0.05);
         for (name, std) in [("attn_q", 0.15), ("attn_k", 0.15), ("attn_v", 0.12)] {
-            matrix(&mut w, v, &n(&format!("{name}.weight")), ty, e, e, std);
+            matrix(
+                &mut w,
+                v,
+                &n(&format!("{name}.weight")),
+                ty,
+                e,
+                e,
+                std * g_e,
+            );
             vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
         }
-        matrix(&mut w, v, &n("attn_out.weight"), ty, e, e, 0.1);
+        matrix(&mut w, v, &n("attn_out.weight"), ty, e, e, 0.1 * g_e);
         vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
         vector(&mut w, v, &n("ln2.weight"), e, 1.0, 0.1);
         vector(&mut w, v, &n("ln2.bias"), e, 0.0, 0.05);
-        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.125);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.125 * g_e);
         vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
-        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.07);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.07 * g_f);
         vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
     }
     vector(&mut w, v, "v.post_ln.weight", e, 1.0, 0.1);
@@ -244,9 +399,9 @@ pub fn gemma3_mmproj_bytes(ty: GgmlType) -> Vec<u8> {
         v,
         "mm.input_projection.weight",
         ty,
-        TEXT_N_EMBD,
+        s.projection_dim,
         e,
-        0.1,
+        0.1 * g_e,
     );
     w.to_bytes()
 }
@@ -289,6 +444,13 @@ pub fn test_images() -> Vec<TestImage> {
             ),
         })
         .collect()
+}
+
+/// A `size` x `size` RGB test image as PNG bytes, for the benchmarks: the test images'
+/// pattern, `variant` choosing among its variations (position and colour of the disc,
+/// phase of the stripes).
+pub fn bench_image_png(size: usize, variant: usize) -> Vec<u8> {
+    png_bytes(size, size, 2, &pixels(variant, size, size, 2))
 }
 
 /// Smooth gradients with a pattern on top (a disc, diagonal stripes, a checkerboard in one
