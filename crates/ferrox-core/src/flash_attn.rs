@@ -257,9 +257,12 @@ fn accumulate_values(
                 }
             }
             // Each value is updated on its own, so the columns past the whole chunks take
-            // the scalar code with the same bits.
+            // the scalar code with the same bits (its fused multiply-adds as instructions).
             let cols = block.dv - block.dv % chunk;
-            scalar_accumulate(block, ms, vs, acc, cols);
+            if cols < block.dv {
+                // SAFETY: the kernels above needed FMA, so it is available.
+                unsafe { x86::scalar_accumulate_fma(block, ms, vs, acc, cols) };
+            }
             return;
         }
     }
@@ -297,6 +300,7 @@ pub fn dot(k: &[f16], q: &[f32]) -> f32 {
 }
 
 /// [`accumulate_values`] for the columns `from..dv`.
+#[inline(always)]
 fn scalar_accumulate(
     block: &ValueBlock<'_>,
     ms: &[[f32; BLOCK_KEYS]],
@@ -378,6 +382,21 @@ mod x86 {
                 scores[g][j] = unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
+    }
+
+    /// [`super::scalar_accumulate`] compiled with FMA (its `mul_add`s one instruction each
+    /// instead of a library call).
+    ///
+    /// SAFETY: needs FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scalar_accumulate_fma(
+        block: &ValueBlock<'_>,
+        ms: &[[f32; BLOCK_KEYS]],
+        vs: &[[f32; BLOCK_KEYS]],
+        acc: &mut [f32],
+        from: usize,
+    ) {
+        super::scalar_accumulate(block, ms, vs, acc, from)
     }
 
     /// `sum` with `k[i]·q[i]` added for `i` in `whole..dk`, one at a time, unfused: the
