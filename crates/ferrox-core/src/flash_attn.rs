@@ -379,7 +379,8 @@ mod x86 {
                 );
                 // SAFETY: AVX2 is part of the AVX-512 kernel features; the tail lies inside
                 // the row and the query.
-                scores[g][j] = unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
+                scores[g][j] =
+                    unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
     }
@@ -404,7 +405,13 @@ mod x86 {
     ///
     /// SAFETY: `k` points at `dk` readable halves; `q` holds at least `dk` values.
     #[inline(always)]
-    unsafe fn add_tail(mut sum: f32, k: *const half::f16, q: &[f32], whole: usize, dk: usize) -> f32 {
+    unsafe fn add_tail(
+        mut sum: f32,
+        k: *const half::f16,
+        q: &[f32],
+        whole: usize,
+        dk: usize,
+    ) -> f32 {
         for i in whole..dk {
             // SAFETY: `i < dk`, inside the row (the caller's contract).
             let ki = unsafe { *k.add(i) };
@@ -463,7 +470,8 @@ mod x86 {
                 let total =
                     _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
                 // SAFETY: AVX2 is enabled here; the tail lies inside the row and the query.
-                scores[g][j] = unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
+                scores[g][j] =
+                    unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
     }

@@ -117,7 +117,8 @@ fn avx2_kernels_reproduce_ggml_results_bit_for_bit() {
 }
 
 /// The AVX-512 VNNI kernels (where the machine has them) give ggml's AVX2 results bit for
-/// bit too.
+/// bit too; the float types' give our AVX2 kernels' bits (checked in the kernel's own
+/// tests), close to the reference build's AVX-512 ones.
 #[test]
 fn avx512_kernels_reproduce_ggml_results_bit_for_bit() {
     let isa = Isa::Avx512Vnni;
@@ -131,14 +132,19 @@ fn avx512_kernels_reproduce_ggml_results_bit_for_bit() {
         if !kernels::has_kernel(ty, isa) {
             continue;
         }
+        let float_type = ty.block_size() == Some(1);
         for (i, case) in cases.iter().enumerate() {
             let got = kernels::vec_dot_with(isa, ty, &case.w, &case.xq).unwrap();
-            assert_eq!(
-                got.to_bits(),
-                case.result.to_bits(),
-                "{name} case {i}: {got} vs ggml {}",
-                case.result
-            );
+            if float_type {
+                assert_close(name, i, got, case);
+            } else {
+                assert_eq!(
+                    got.to_bits(),
+                    case.result.to_bits(),
+                    "{name} case {i}: {got} vs ggml {}",
+                    case.result
+                );
+            }
             checked += 1;
         }
     }

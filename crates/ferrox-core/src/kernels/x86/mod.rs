@@ -20,6 +20,7 @@ mod avx2_legacy;
 mod avx2_low_bit;
 mod avx2_ternary;
 mod avx512_common;
+mod avx512_float;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
@@ -102,6 +103,7 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
 /// The AVX-512 VNNI kernels for `kind`, or `None` if this machine lacks the features or
 /// the type has no such kernel (it then uses the AVX2 one).
 pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
+    use avx2_float::{Bf16Lanes, F16Lanes, F32Lanes};
     use avx512_kquants::{Q4KZmm, Q6KZmm};
     use avx512_legacy::{Q4_0Zmm, Q5_0Zmm, Q8_0Zmm};
     use WeightKind as K;
@@ -110,6 +112,9 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
         return None;
     }
     Some(match kind {
+        K::F32 => avx512_float::entry::<F32Lanes>(),
+        K::F16 => avx512_float::entry::<F16Lanes>(),
+        K::Bf16 => avx512_float::entry::<Bf16Lanes>(),
         K::Q4_0 => avx512_legacy::entry::<Q4_0Zmm>(),
         K::Q5_0 => avx512_legacy::entry::<Q5_0Zmm>(),
         K::Q8_0 => avx512_legacy::entry::<Q8_0Zmm>(),
