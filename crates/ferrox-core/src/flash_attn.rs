@@ -412,10 +412,10 @@ mod x86 {
         whole: usize,
         dk: usize,
     ) -> f32 {
-        for i in whole..dk {
+        for (i, &qi) in q.iter().enumerate().take(dk).skip(whole) {
             // SAFETY: `i < dk`, inside the row (the caller's contract).
             let ki = unsafe { *k.add(i) };
-            sum += ki.to_f32() * q[i];
+            sum += ki.to_f32() * qi;
         }
         sum
     }
