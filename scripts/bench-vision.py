@@ -326,33 +326,30 @@ def report(r):
 # (perf report --no-children --sort symbol), both attention settings.
 DISCUSSION = """## Where the time goes
 
-Ferrox's encode time is attention's, with the default f16 keys and values. A `perf` profile of
-`encode_image` (224 px, 4 layers): about 68% in attention (`ferrox_core::flash_attn::dot` 23%,
-libm's `fmaf` 22%, `GroupState::attend_run_with` 17%, widening f16 to f32 5%), 27% in the F16
-matrix products (`avx2_float::float_dot`), under 2% for the rest (patch embedding, layer norms,
-GELU, pooling and the projector together). SigLIP's heads are 72 wide. `ferrox_core::flash_attn`
-has SIMD kernels only for head sizes that are multiples of 32 (scores) and of 16 or 64 (values),
-so every head of this encoder runs the scalar reference code, whose `f32::mul_add` is a call to
-libm's `fmaf` (the crate is not built with FMA as a target feature); and the encoder runs
-attention one query at a time, re-reading every key and value row for each query. That part
-grows with the square of the patch count (256, 1024, 4096 patches at 224, 448, 896 px), which
-is why the gap widens with the image size; llama.cpp's flash attention has SIMD code for any
-head size and blocks queries.
+A `perf` profile of `encode_image` (448 px, 4 layers, default f16 keys and values) after the
+attention changes of this run's commit: about 55% in the F16 matrix products (the AVX-512
+`float_dot_512` and its leftover values), 15% scoring keys (`flash_attn::x86::scores_512`), 7%
+the 8-wide tail of SigLIP's 72-wide value rows, 6% the online softmax, under 2% for the rest
+(patch embedding, layer norms, GELU, pooling, projector).
 
-With f32 keys and values ferrox takes the other path (`OnlineAttention`: scalar, but without
-library calls), about 2 to 4 times faster than its own default. Its 224-px profile is then 70%
-F16 matrix products and 22% attention: the matrix products alone (~70% of ferrox's time there)
-take about as long as llama.cpp's whole encode. ggml runs these F16 products through
-llamafile's tiled sgemm with AVX-512; ferrox through its per-row AVX2 dot kernel
-(`float_dot`). At 448 px attention's quadratic part grows again.
+What changed before this run: the f16 attention kernels took SIMD paths only for head sizes that
+are multiples of 32, so SigLIP's 72-wide heads ran the scalar reference with library `fmaf`
+calls, one query at a time; now every head size runs SIMD with a scalar tail (the same bits) and
+the encoder scores eight queries per pass over a head's keys. That took the 448-px encode from
+about 38 s to about 3 s on a quiet machine (this run's machine was about twice as slow as then,
+for both engines).
 
-The fix this points at: SIMD score and value kernels for head sizes that are not a multiple of
-32 (a vector body and a scalar tail keep the kernels' bit-for-bit agreement, since the scalar
-`dot` adds its tail after the reduction), and attention over blocks of queries for the encoder's
-bidirectional case. The numbers above are before any such change.
+What is left is the F16 products: ggml runs them through llamafile's tiled sgemm; ferrox's
+kernel takes one weight row against four activation rows at a time, widening both from f16 on
+every load, at about a fifth of the cores' FMA peak at 448 px. A row-and-token tiled kernel that
+keeps its operands in L1 is the next step (kept out of this run).
+
+f32 keys and values: ferrox's f32 path (`OnlineAttention`) attends one query at a time and is
+now the slower of its two settings.
 
 The two engines' embeddings agree to about 1e-3 (values up to ~3.4) in both settings, the same
-order as the f16 rounding of the weights and of the attention's keys and values."""
+order as the f16 rounding of the weights and of the activations each F16 product makes.
+"""
 
 def render(path, out):
     """The report again from saved measurements (the settings are taken from them)."""

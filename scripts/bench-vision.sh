@@ -37,8 +37,9 @@ export OUT="${OUT:-docs/BENCHMARKS-VISION.md}"
     exit 1
 }
 
-cargo build --release -p ferrox-cli -p ferrox-models --example write_synthetic \
-    --example encode_image >&2
+# The server binary, then the examples (naming examples builds only those).
+cargo build --release -p ferrox-cli >&2
+cargo build --release -p ferrox-models --example write_synthetic --example encode_image >&2
 export MTMD_REF="$(scripts/reference/build.sh mtmd-ref)"
 export FERROX=target/release/ferrox ENCODE=target/release/examples/encode_image
 
