@@ -102,17 +102,22 @@ fn avx2_kernels_reproduce_ggml_results_bit_for_bit() {
         let close_only = float_type || SCALAR_ORDER.contains(name);
         for (i, case) in cases.iter().enumerate() {
             let got = kernels::vec_dot_with(Isa::Avx2, ty, &case.w, &case.xq).unwrap();
-            if close_only {
-                assert_close(name, i, got, case);
-            } else {
-                assert_eq!(
-                    got.to_bits(),
-                    case.result.to_bits(),
-                    "{name} case {i}: {got} vs ggml {}",
-                    case.result
-                );
-            }
+            assert_matches(name, i, got, case, close_only);
         }
+    }
+}
+
+/// `got` against ggml's result: within the tolerance when `close_only`, else bit for bit.
+fn assert_matches(name: &str, i: usize, got: f32, case: &Case, close_only: bool) {
+    if close_only {
+        assert_close(name, i, got, case);
+    } else {
+        assert_eq!(
+            got.to_bits(),
+            case.result.to_bits(),
+            "{name} case {i}: {got} vs ggml {}",
+            case.result
+        );
     }
 }
 
@@ -135,16 +140,7 @@ fn avx512_kernels_reproduce_ggml_results_bit_for_bit() {
         let float_type = ty.block_size() == Some(1);
         for (i, case) in cases.iter().enumerate() {
             let got = kernels::vec_dot_with(isa, ty, &case.w, &case.xq).unwrap();
-            if float_type {
-                assert_close(name, i, got, case);
-            } else {
-                assert_eq!(
-                    got.to_bits(),
-                    case.result.to_bits(),
-                    "{name} case {i}: {got} vs ggml {}",
-                    case.result
-                );
-            }
+            assert_matches(name, i, got, case, float_type);
             checked += 1;
         }
     }
