@@ -13,6 +13,7 @@
 //! is `ferrox-memory`.
 
 pub mod bandwidth;
+pub mod dense_attn;
 pub mod flash_attn;
 pub mod glu;
 pub mod hadamard;

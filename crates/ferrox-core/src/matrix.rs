@@ -4,7 +4,7 @@ use ferrox_gguf::GgmlType;
 
 use rayon::prelude::*;
 
-use crate::kernels::{self, WeightKind};
+use crate::kernels::{self, WeightKind, TILE_ROWS, TILE_TOKENS};
 use crate::packed::{Int8Path, PackedMatrix, Product, GROUP_ROWS, INT8_MIN_TOKENS, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
 use smallvec::SmallVec;
@@ -290,6 +290,12 @@ impl<'a> WeightMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
+        if n_tokens >= FLOAT_GEMM_MIN_TOKENS {
+            if let Some(gemm) = kernels::best_float_gemm(self.kind) {
+                self.matmul_float(gemm, xq, n_tokens, y);
+                return Ok(());
+            }
+        }
         let kernel = kernels::best_kernel(self.kind);
         // A prompt's i-quant rows go through their int8 form by whole groups of rows (the
         // same bits); rows past the last whole group, if any, run here.
@@ -335,6 +341,67 @@ impl<'a> WeightMatrix<'a> {
                 .for_each(|task| run(task * chunk));
         }
         Ok(())
+    }
+
+    /// [`Self::matmul`] for float weights through `gemm`: the activations widened to f32
+    /// once, then each task widens a panel of its rows at a time (sized to stay cached)
+    /// and sweeps it, tile by tile, against every group of [`TILE_TOKENS`] tokens. The
+    /// bits are the row kernel's (see [`kernels::FloatGemm`]). Allocates the widened
+    /// activations and one panel per task.
+    fn matmul_float(&self, gemm: kernels::FloatGemm, xq: &[u8], n_tokens: usize, y: &mut [f32]) {
+        let cols = self.cols;
+        let act = self.activation_row_bytes;
+        let mut x = vec![0f32; n_tokens * cols];
+        let widen_tokens = |(t, out): (usize, &mut [f32])| {
+            (gemm.widen)(&xq[t * act..(t + 1) * act], out);
+        };
+        if n_tokens * act >= PARALLEL_MIN_BYTES {
+            x.par_chunks_mut(cols).enumerate().for_each(widen_tokens);
+        } else {
+            x.chunks_mut(cols).enumerate().for_each(widen_tokens);
+        }
+        let panel_rows = (FLOAT_PANEL_BYTES / (cols * 4)).clamp(TILE_ROWS, MAX_PANEL_ROWS)
+            / TILE_ROWS
+            * TILE_ROWS;
+        let out = Outputs {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+        };
+        let run = |rows: std::ops::Range<usize>| {
+            let mut panel = vec![0f32; panel_rows.min(rows.len()) * cols];
+            for first in rows.clone().step_by(panel_rows) {
+                let n = panel_rows.min(rows.end - first);
+                for (r, widened) in panel.chunks_mut(cols).take(n).enumerate() {
+                    (gemm.widen)(self.row_bytes(first + r), widened);
+                }
+                let mut tile: kernels::FloatTile = Default::default();
+                for t0 in (0..n_tokens).step_by(TILE_TOKENS) {
+                    let tokens = TILE_TOKENS.min(n_tokens - t0);
+                    let xs = &x[t0 * cols..(t0 + tokens) * cols];
+                    for r0 in (0..n).step_by(TILE_ROWS) {
+                        let tile_rows = TILE_ROWS.min(n - r0);
+                        let w = &panel[r0 * cols..(r0 + tile_rows) * cols];
+                        (gemm.tile)(w, tile_rows, xs, tokens, cols, &mut tile);
+                        for (t, values) in (t0..t0 + tokens).zip(0..) {
+                            // SAFETY: this task's rows of token `t`, which no other task
+                            // touches.
+                            let y = unsafe { out.rows(t * self.rows + first + r0, tile_rows) };
+                            for (y, row) in y.iter_mut().zip(&tile) {
+                                *y = row[values];
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let chunk = self.rows_per_task(n_tokens);
+        if chunk >= self.rows {
+            run(0..self.rows);
+        } else {
+            (0..self.rows.div_ceil(chunk))
+                .into_par_iter()
+                .for_each(|task| run(task * chunk..((task + 1) * chunk).min(self.rows)));
+        }
     }
 
     /// Rows `rows` against every token, written to `out[t * self.rows + r]`.
@@ -491,6 +558,11 @@ const MIN_TASK_WORK: usize = 16 * 1024;
 const MIN_MATMUL_ROWS: usize = 32;
 /// Weight bytes of a panel of rows in `matmul`, swept against every token while cached.
 const PANEL_BYTES: usize = 128 * 1024;
+/// From this many tokens a float-weight product goes through widened operands
+/// ([`kernels::FloatGemm`]) where the instruction set has them.
+const FLOAT_GEMM_MIN_TOKENS: usize = 4;
+/// Bytes of a panel of widened float rows, swept against every token while cached.
+const FLOAT_PANEL_BYTES: usize = 384 * 1024;
 /// At most this many rows per panel (the stack tile holds eight tokens of each).
 const MAX_PANEL_ROWS: usize = 256;
 

@@ -637,6 +637,7 @@ fn matmul_is_bit_identical_to_matvec() {
             (2100, 6),
             (37, 24),
             (64, 21),
+            (19, 5),
         ];
         for (rows, tokens) in shapes {
             let m = TestMatrix::random(&mut rng, ty, rows, cols);

@@ -370,6 +370,43 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     }
 }
 
+/// Weight rows per tile of [`FloatGemm::tile`].
+pub(crate) const TILE_ROWS: usize = 4;
+/// Activation rows per tile of [`FloatGemm::tile`].
+pub(crate) const TILE_TOKENS: usize = 3;
+/// One tile's outputs, `[row][token]`.
+pub(crate) type FloatTile = [[f32; TILE_TOKENS]; TILE_ROWS];
+
+/// Matrix products of float weights (F32, F16, BF16) through widened operands: rows of
+/// the type (weights and activations alike) widened to f32 once, then products by tiles
+/// of up to [`TILE_ROWS`] weight rows and [`TILE_TOKENS`] activation rows. Every output
+/// has exactly the bits the row kernel gives for that row and activation.
+#[derive(Clone, Copy)]
+pub(crate) struct FloatGemm {
+    /// Widens a row of the type's values to f32.
+    pub(crate) widen: fn(&[u8], &mut [f32]),
+    /// `(w, rows, x, tokens, cols, out)`: `out[r][t]` = widened weight row `r` · widened
+    /// activation row `t`, rows of `cols` values back to back.
+    pub(crate) tile: fn(&[f32], usize, &[f32], usize, usize, &mut FloatTile),
+}
+
+/// The tiled float products for `kind` on the best instruction set, if it has them.
+pub(crate) fn best_float_gemm(kind: WeightKind) -> Option<FloatGemm> {
+    float_gemm_for(kind, best_isa())
+}
+
+/// `isa`'s tiled float products for `kind`, if it has them.
+pub(crate) fn float_gemm_for(kind: WeightKind, isa: Isa) -> Option<FloatGemm> {
+    if !isa.is_available() {
+        return None;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx512_float_gemm(kind),
+        _ => None,
+    }
+}
+
 /// The weight types we have kernels for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WeightKind {

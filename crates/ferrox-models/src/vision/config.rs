@@ -119,10 +119,10 @@ impl ClipConfig {
             }
             _ => n_embd / n_head,
         };
-        if head_dim > crate::layers::attention::MAX_HEAD_DIM {
+        if head_dim > ferrox_core::dense_attn::MAX_HEAD_DIM {
             return Err(ModelError::Config(format!(
                 "a vision head of {head_dim} values: at most {}",
-                crate::layers::attention::MAX_HEAD_DIM
+                ferrox_core::dense_attn::MAX_HEAD_DIM
             )));
         }
         if patch_size == 0

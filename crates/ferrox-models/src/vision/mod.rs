@@ -18,7 +18,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrox_gguf::Gguf;
-use half::f16;
 use rayon::prelude::*;
 
 pub use config::{ClipConfig, ProjectorKind, VisionFfnAct};
@@ -26,14 +25,11 @@ pub use image::{ImageError, ResizeFilter, RgbImage};
 use weights::{Affine, Norm, ProjectorWeights, VisionWeights, VitLayer};
 
 use crate::layers::activation::{gelu, silu};
-use crate::layers::attention::{
-    attend, f16_run, kv_rows, with_group_state, AttentionParams, KvView, MAX_HEAD_DIM,
-};
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{layer_norm_in_place, rms_norm_in_place};
 use crate::scaffold::sized;
 use crate::ModelError;
-use ferrox_core::flash_attn::{GroupShape, MAX_GROUP};
+use ferrox_core::dense_attn::{DenseAttention, DenseScratch, KvPrecision};
 
 /// How to run a vision encoder.
 #[derive(Clone, Debug, Default)]
@@ -75,8 +71,7 @@ struct Scratch {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    k16: Vec<f16>,
-    v16: Vec<f16>,
+    dense: DenseScratch,
     attn: Vec<f32>,
     proj: Vec<f32>,
     up: Vec<f32>,
@@ -254,55 +249,18 @@ impl VisionEncoder {
         add_bias(q, &lw.q);
         add_bias(k, &lw.k);
         add_bias(v, &lw.v);
-        let f16_rows = (!self.f32_attention).then_some((&mut s.k16, &mut s.v16));
-        let (keys, values) = kv_rows((&*k, &*v), f16_rows);
-        let params = AttentionParams {
+        let attention = DenseAttention {
+            n_head: c.n_head,
+            head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
-            softcap: None,
+            kv: if self.f32_attention {
+                KvPrecision::F32
+            } else {
+                KvPrecision::F16
+            },
         };
         let attn = sized(&mut s.attn, n * e);
-        let q = &*q;
-        // Blocks of tokens: each head's keys and values are read once for the block's
-        // queries (the same bits as one query at a time).
-        attn.par_chunks_mut(MAX_GROUP * e)
-            .enumerate()
-            .for_each(|(b, out)| {
-                let t0 = b * MAX_GROUP;
-                let rows = out.len() / e;
-                let mut group_q = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
-                let mut group_out = [0.0f32; MAX_GROUP * MAX_HEAD_DIM];
-                for head in 0..c.n_head {
-                    let view = KvView::head_of((keys, values), e, head, hd);
-                    let Some(run) = f16_run(&view, 0, n) else {
-                        for r in 0..rows {
-                            let at = (t0 + r) * e + head * hd;
-                            let o = &mut out[r * e + head * hd..][..hd];
-                            attend(&q[at..at + hd], &view, 0, n, &params, o);
-                        }
-                        continue;
-                    };
-                    for r in 0..rows {
-                        let at = (t0 + r) * e + head * hd;
-                        group_q[r * hd..(r + 1) * hd].copy_from_slice(&q[at..at + hd]);
-                    }
-                    let shape = GroupShape {
-                        n_queries: rows,
-                        head_dim_k: hd,
-                        head_dim_v: hd,
-                        scale: params.scale,
-                        softcap: None,
-                    };
-                    with_group_state(|state| {
-                        state.start(shape, &group_q[..rows * hd]);
-                        state.attend_run(&run);
-                        state.finish(&mut group_out[..rows * hd]);
-                    });
-                    for r in 0..rows {
-                        out[r * e + head * hd..][..hd]
-                            .copy_from_slice(&group_out[r * hd..(r + 1) * hd]);
-                    }
-                }
-            });
+        attention.run(q, k, v, n, attn, &mut s.dense);
         let proj = sized(&mut s.proj, n * e);
         linear(&lw.o.w.view(gguf)?, attn, n, proj, &mut s.xq)?;
         add_bias(proj, &lw.o);

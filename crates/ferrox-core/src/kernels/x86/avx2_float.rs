@@ -21,12 +21,33 @@ pub(super) trait FloatLanes {
     /// One value, for the leftovers.
     fn scalar(bytes: &[u8]) -> f32;
 
+    /// What the leftover products are added to.
+    type Sum: Copy;
+
+    /// ggml's reduction of the four accumulators to one value, the start of the sum the
+    /// leftovers add to.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    unsafe fn reduce(acc: [__m256; 4]) -> Self::Sum;
+
+    /// `sum` with the leftover pair `a·b` added, as ggml adds it.
+    fn add_leftover(sum: Self::Sum, a: f32, b: f32) -> Self::Sum;
+
+    /// The dot product.
+    fn end(sum: Self::Sum) -> f32;
+
     /// ggml's reduction of the four accumulators to one value, with the leftover value
     /// pairs multiplied and added to it.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
-    unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32;
+    #[inline(always)]
+    unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32 {
+        // SAFETY: the caller's contract.
+        let start = unsafe { Self::reduce(acc) };
+        Self::end(leftovers.fold(start, |sum, (a, b)| Self::add_leftover(sum, a, b)))
+    }
 }
 
 pub(super) struct F32Lanes;
@@ -59,11 +80,23 @@ impl FloatLanes for F32Lanes {
         f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
     }
 
+    // ggml keeps the F32 sum in f32, and the C compiler fuses its multiply-adds.
+    type Sum = f32;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32 {
-        // ggml keeps the F32 sum in f32, and the C compiler fuses its multiply-adds.
-        leftovers.fold(reduce_f32x8(acc), |sum, (a, b)| a.mul_add(b, sum))
+    unsafe fn reduce(acc: [__m256; 4]) -> f32 {
+        reduce_f32x8(acc)
+    }
+
+    #[inline(always)]
+    fn add_leftover(sum: f32, a: f32, b: f32) -> f32 {
+        a.mul_add(b, sum)
+    }
+
+    #[inline(always)]
+    fn end(sum: f32) -> f32 {
+        sum
     }
 }
 
@@ -81,12 +114,23 @@ impl FloatLanes for F16Lanes {
         half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
     }
 
+    // ggml sums the F16 leftovers in f64.
+    type Sum = f64;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32 {
-        // ggml sums the F16 leftovers in f64.
-        let sum = f64::from(reduce_f32x8(acc));
-        leftovers.fold(sum, |sum, (a, b)| sum + f64::from(a * b)) as f32
+    unsafe fn reduce(acc: [__m256; 4]) -> f64 {
+        f64::from(reduce_f32x8(acc))
+    }
+
+    #[inline(always)]
+    fn add_leftover(sum: f64, a: f32, b: f32) -> f64 {
+        sum + f64::from(a * b)
+    }
+
+    #[inline(always)]
+    fn end(sum: f64) -> f32 {
+        sum as f32
     }
 }
 
@@ -106,12 +150,23 @@ impl FloatLanes for Bf16Lanes {
         f32::from_bits(u32::from(u16::from_le_bytes([bytes[0], bytes[1]])) << 16)
     }
 
+    type Sum = f64;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32 {
+    unsafe fn reduce(acc: [__m256; 4]) -> f64 {
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-        let sum = f64::from(hsum_ggml(v));
-        leftovers.fold(sum, |sum, (a, b)| sum + f64::from(a * b)) as f32
+        f64::from(hsum_ggml(v))
+    }
+
+    #[inline(always)]
+    fn add_leftover(sum: f64, a: f32, b: f32) -> f64 {
+        sum + f64::from(a * b)
+    }
+
+    #[inline(always)]
+    fn end(sum: f64) -> f32 {
+        sum as f32
     }
 }
 

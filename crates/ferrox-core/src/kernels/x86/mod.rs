@@ -21,6 +21,7 @@ mod avx2_low_bit;
 mod avx2_ternary;
 mod avx512_common;
 mod avx512_float;
+mod avx512_float_gemm;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
@@ -122,4 +123,13 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Q6K => avx512_kquants::entry::<Q6KZmm>(),
         _ => return None,
     })
+}
+
+/// The AVX-512 tiled products of float weights for `kind`, or `None` if this machine lacks
+/// the features or `kind` is not a float type.
+pub(super) fn avx512_float_gemm(kind: WeightKind) -> Option<super::FloatGemm> {
+    if !(avx2_detected() && avx512_vnni_detected()) {
+        return None;
+    }
+    avx512_float_gemm::kernel(kind)
 }

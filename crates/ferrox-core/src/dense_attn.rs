@@ -1,0 +1,635 @@
+//! Attention of every row over every row of a span (bidirectional, no cache): the form of a
+//! vision encoder's layers. All queries are known at once, so the product is laid out as
+//! a matrix product: keys are repacked per head into blocks of [`KEY_BLOCK`] keys
+//! transposed (`[dim][key]`), so that the scores of a block are sixteen lanes that each
+//! query fills by one multiply-add per dimension (no horizontal sums), the online softmax
+//! runs on those lanes, and values are added into each query's output sixteen columns at
+//! a time.
+//!
+//! The arithmetic of one output is fixed, lane by lane, and the scalar code
+//! ([`DenseAttention::run_with`] on [`Isa::Scalar`]) is its reference, which the SIMD
+//! code matches bit for bit: for each block of keys, `s_l = fma(q_d, k_dl, s_l)` over the
+//! dimensions in order from zero, `s_l = s_l·scale`; `m' = max(m, max_l s_l)` (keys past
+//! the span excluded), `α = exp(m - m')`, `p_l = exp(s_l - m')` (zero for excluded keys),
+//! per-lane sums `l_l = fma(l_l, α, p_l)`; each output column `o = o·α`, then
+//! `o = fma(p_j, v_j, o)` for the block's keys in order. At the end the sixteen lane sums
+//! are added pairwise (lanes `i` and `i + 8`, then `+ 4`, `+ 2`, `+ 1`) and each column
+//! is `o · (1 / l)`. [`exp`] is a polynomial both forms evaluate identically.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::kernels::{best_isa, Isa};
+
+/// Keys per block: the lanes of one AVX-512 register.
+pub const KEY_BLOCK: usize = 16;
+/// Queries per task, their scores in registers.
+const QUERY_BLOCK: usize = 16;
+/// Largest head size.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// How keys and values are held while attending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// Rounded to f16 (llama.cpp's flash attention stores them so).
+    F16,
+    /// Kept f32.
+    F32,
+}
+
+/// The shape of one dense attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DenseAttention {
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k.
+    pub scale: f32,
+    pub kv: KvPrecision,
+}
+
+/// Repacked keys and values, reused between calls.
+#[derive(Default)]
+pub struct DenseScratch {
+    keys16: Vec<f16>,
+    values16: Vec<f16>,
+    keys32: Vec<f32>,
+    values32: Vec<f32>,
+}
+
+impl DenseAttention {
+    /// `out` = attention of each of the `n` rows of `q` over the `n` rows of `k` and `v`,
+    /// all token-major with `n_head · head_dim` values per row (head `h` at
+    /// `h · head_dim`).
+    pub fn run(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut DenseScratch,
+    ) {
+        self.run_with(best_isa(), q, k, v, n, out, scratch)
+    }
+
+    /// [`Self::run`] on a given instruction set (the scalar reference where it is not
+    /// available).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with(
+        &self,
+        isa: Isa,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut DenseScratch,
+    ) {
+        let (heads, hd) = (self.n_head, self.head_dim);
+        let e = heads * hd;
+        assert!(hd > 0 && hd <= MAX_HEAD_DIM, "head size {hd}");
+        for (what, len) in [
+            ("queries", q.len()),
+            ("keys", k.len()),
+            ("values", v.len()),
+            ("outputs", out.len()),
+        ] {
+            assert_eq!(len, n * e, "{what}: {n} rows of {e}");
+        }
+        if n == 0 {
+            return;
+        }
+        let isa = if isa.is_available() { isa } else { Isa::Scalar };
+        match self.kv {
+            KvPrecision::F16 => {
+                let (kt, vt) = repack(
+                    k,
+                    v,
+                    n,
+                    heads,
+                    hd,
+                    &mut scratch.keys16,
+                    &mut scratch.values16,
+                    f16::from_f32,
+                );
+                self.attend_all::<f16>(isa, q, kt, vt, n, out);
+            }
+            KvPrecision::F32 => {
+                let (kt, vt) = repack(
+                    k,
+                    v,
+                    n,
+                    heads,
+                    hd,
+                    &mut scratch.keys32,
+                    &mut scratch.values32,
+                    |x| x,
+                );
+                self.attend_all::<f32>(isa, q, kt, vt, n, out);
+            }
+        }
+    }
+
+    fn attend_all<E: Element>(
+        &self,
+        isa: Isa,
+        q: &[f32],
+        kt: &[E],
+        vt: &[E],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let (heads, hd) = (self.n_head, self.head_dim);
+        let e = heads * hd;
+        let blocks = n.div_ceil(KEY_BLOCK);
+        let per_head = blocks * KEY_BLOCK * hd;
+        let query_blocks = n.div_ceil(QUERY_BLOCK);
+        let outputs = crate::matrix::Outputs {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        };
+        (0..heads * query_blocks).into_par_iter().for_each(|task| {
+            let (head, qb) = (task / query_blocks, task % query_blocks);
+            let first = qb * QUERY_BLOCK;
+            let rows = QUERY_BLOCK.min(n - first);
+            let mut queries = [0f32; QUERY_BLOCK * MAX_HEAD_DIM];
+            for r in 0..rows {
+                let at = (first + r) * e + head * hd;
+                queries[r * hd..(r + 1) * hd].copy_from_slice(&q[at..at + hd]);
+            }
+            let mut acc = [0f32; QUERY_BLOCK * MAX_HEAD_DIM];
+            let head_keys = &kt[head * per_head..(head + 1) * per_head];
+            let head_values = &vt[head * per_head..(head + 1) * per_head];
+            let task = Task {
+                queries: &queries[..QUERY_BLOCK * hd],
+                keys: head_keys,
+                values: head_values,
+                n_keys: n,
+                hd,
+                scale: self.scale,
+            };
+            let sums = attend_block(isa, &task, &mut acc[..QUERY_BLOCK * hd]);
+            for r in 0..rows {
+                let inv = 1.0 / sums[r];
+                // SAFETY: each task writes its own queries' columns of its own head.
+                let o = unsafe { outputs.rows((first + r) * e + head * hd, hd) };
+                for (o, a) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
+                    *o = a * inv;
+                }
+            }
+        });
+    }
+}
+
+/// An element type of repacked keys and values.
+pub(crate) trait Element: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+
+    /// `count` (at most sixteen) elements at `p` widened to f32, the other lanes zero.
+    ///
+    /// # Safety
+    /// The AVX-512 kernel features; `count` readable elements at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self, count: usize) -> std::arch::x86_64::__m512;
+}
+
+impl Element for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self, count: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { x86::load_f16(p, count) }
+    }
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self, count: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { x86::load_f32(p, count) }
+    }
+}
+
+/// Keys per head as `[block][dim][KEY_BLOCK]` (zeros past the last key) and values per
+/// head as `[key][dim]` (zero rows past the last key), both `blocks · KEY_BLOCK · hd` per
+/// head.
+#[allow(clippy::too_many_arguments)]
+fn repack<'s, E: Element + Default>(
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    heads: usize,
+    hd: usize,
+    keys: &'s mut Vec<E>,
+    values: &'s mut Vec<E>,
+    convert: impl Fn(f32) -> E + Sync,
+) -> (&'s [E], &'s [E]) {
+    let e = heads * hd;
+    let blocks = n.div_ceil(KEY_BLOCK);
+    let per_head = blocks * KEY_BLOCK * hd;
+    keys.clear();
+    keys.resize(heads * per_head, E::default());
+    values.clear();
+    values.resize(heads * per_head, E::default());
+    keys.par_chunks_mut(KEY_BLOCK * hd)
+        .enumerate()
+        .for_each(|(i, block)| {
+            let (head, b) = (i / blocks, i % blocks);
+            for l in 0..KEY_BLOCK.min(n - b * KEY_BLOCK) {
+                let row = &k[(b * KEY_BLOCK + l) * e + head * hd..][..hd];
+                for (d, &x) in row.iter().enumerate() {
+                    block[d * KEY_BLOCK + l] = convert(x);
+                }
+            }
+        });
+    values
+        .par_chunks_mut(blocks * KEY_BLOCK * hd)
+        .enumerate()
+        .for_each(|(head, rows)| {
+            for (j, row) in rows.chunks_exact_mut(hd).take(n).enumerate() {
+                for (o, &x) in row.iter_mut().zip(&v[j * e + head * hd..][..hd]) {
+                    *o = convert(x);
+                }
+            }
+        });
+    (keys, values)
+}
+
+/// One head's block of queries against all its keys.
+struct Task<'a, E> {
+    /// `QUERY_BLOCK` rows of `hd` (zeros past the real queries).
+    queries: &'a [f32],
+    /// `[block][dim][KEY_BLOCK]`.
+    keys: &'a [E],
+    /// `[key][dim]`, whole blocks.
+    values: &'a [E],
+    n_keys: usize,
+    hd: usize,
+    scale: f32,
+}
+
+/// Runs `task` into `acc` (`QUERY_BLOCK` rows of `hd`, zero on entry) and returns each
+/// query's softmax denominator.
+fn attend_block<E: Element>(isa: Isa, task: &Task<'_, E>, acc: &mut [f32]) -> [f32; QUERY_BLOCK] {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni {
+        // SAFETY: `run_with` checked that the instruction set is available.
+        return unsafe { x86::attend_block_512(task, acc) };
+    }
+    let _ = isa;
+    scalar_attend_block(task, acc)
+}
+
+/// The lane sums added pairwise: lanes `i` and `i + 8`, then `+ 4`, `+ 2`, `+ 1`.
+fn reduce_lanes(mut lanes: [f32; KEY_BLOCK]) -> f32 {
+    let mut width = KEY_BLOCK / 2;
+    while width > 0 {
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+        width /= 2;
+    }
+    lanes[0]
+}
+
+fn scalar_attend_block<E: Element>(task: &Task<'_, E>, acc: &mut [f32]) -> [f32; QUERY_BLOCK] {
+    let hd = task.hd;
+    let mut max = [f32::NEG_INFINITY; QUERY_BLOCK];
+    let mut sums = [[0f32; KEY_BLOCK]; QUERY_BLOCK];
+    for b in 0..task.n_keys.div_ceil(KEY_BLOCK) {
+        let live = KEY_BLOCK.min(task.n_keys - b * KEY_BLOCK);
+        let keys = &task.keys[b * KEY_BLOCK * hd..][..KEY_BLOCK * hd];
+        let values = &task.values[b * KEY_BLOCK * hd..][..KEY_BLOCK * hd];
+        for g in 0..QUERY_BLOCK {
+            let q = &task.queries[g * hd..(g + 1) * hd];
+            let mut s = [0f32; KEY_BLOCK];
+            for (d, &qd) in q.iter().enumerate() {
+                for (l, s) in s.iter_mut().enumerate() {
+                    *s = qd.mul_add(keys[d * KEY_BLOCK + l].to_f32(), *s);
+                }
+            }
+            let mut block_max = f32::NEG_INFINITY;
+            for s in s.iter_mut().take(live) {
+                *s *= task.scale;
+                block_max = block_max.max(*s);
+            }
+            let new_max = max[g].max(block_max);
+            let alpha = exp(max[g] - new_max);
+            max[g] = new_max;
+            let p: [f32; KEY_BLOCK] =
+                std::array::from_fn(|l| if l < live { exp(s[l] - new_max) } else { 0.0 });
+            for (sum, &p) in sums[g].iter_mut().zip(&p) {
+                *sum = sum.mul_add(alpha, p);
+            }
+            for (d, o) in acc[g * hd..(g + 1) * hd].iter_mut().enumerate() {
+                let mut a = *o * alpha;
+                for (j, &p) in p.iter().enumerate() {
+                    a = p.mul_add(values[j * hd + d].to_f32(), a);
+                }
+                *o = a;
+            }
+        }
+    }
+    std::array::from_fn(|g| reduce_lanes(sums[g]))
+}
+
+/// Inputs below this give `exp(x)` of this (about 1.8e-35): a weight no sum can see.
+const EXP_FLOOR: f32 = -80.0;
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split in two for an exact product with the exponent (Cephes).
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes `expf`'s polynomial, highest power first.
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// `e^x` for `x <= 0` (what softmax needs), within a few ulp: `x = n·ln 2 + r`, Cephes'
+/// polynomial in `r` by fused multiply-adds, `2^n` added to the exponent bits. Inputs
+/// below [`EXP_FLOOR`] are raised to it; `-inf` gives `exp(EXP_FLOOR)`, not zero.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    let x = x.max(EXP_FLOOR);
+    let n = (x * LOG2_E).round_ties_even();
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        p = p.mul_add(r, *c);
+    }
+    let z = r * r;
+    let y = p.mul_add(z, r) + 1.0;
+    f32::from_bits((y.to_bits() as i32).wrapping_add((n as i32) << 23) as u32)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{
+        Element, Task, EXP_FLOOR, EXP_POLY, KEY_BLOCK, LN2_HI, LN2_LO, LOG2_E, QUERY_BLOCK,
+    };
+
+    pub(super) fn mask(count: usize) -> u16 {
+        if count >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << count) - 1
+        }
+    }
+
+    /// See [`Element::load16`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn load_f16(p: *const f16, count: usize) -> __m512 {
+        // SAFETY: the caller's contract; masked lanes are not read.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(count), p.cast())) }
+    }
+
+    /// See [`Element::load16`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn load_f32(p: *const f32, count: usize) -> __m512 {
+        // SAFETY: the caller's contract; masked lanes are not read.
+        unsafe { _mm512_maskz_loadu_ps(mask(count), p) }
+    }
+
+    /// [`super::exp`] on sixteen lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(LOG2_E)),
+        );
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        let z = _mm512_mul_ps(r, r);
+        let y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0));
+        let bits = _mm512_add_epi32(
+            _mm512_castps_si512(y),
+            _mm512_slli_epi32::<23>(_mm512_cvtps_epi32(n)),
+        );
+        _mm512_castsi512_ps(bits)
+    }
+
+    /// [`super::scalar_attend_block`] with the block's scores, softmax and value sums on
+    /// sixteen lanes.
+    ///
+    /// # Safety
+    /// The AVX-512 kernel features must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn attend_block_512<E: Element>(
+        task: &Task<'_, E>,
+        acc: &mut [f32],
+    ) -> [f32; QUERY_BLOCK] {
+        let hd = task.hd;
+        assert!(task.queries.len() >= QUERY_BLOCK * hd && acc.len() >= QUERY_BLOCK * hd);
+        let blocks = task.n_keys.div_ceil(KEY_BLOCK);
+        assert!(
+            task.keys.len() >= blocks * KEY_BLOCK * hd
+                && task.values.len() >= blocks * KEY_BLOCK * hd
+        );
+        let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); QUERY_BLOCK];
+        let mut sums = [_mm512_setzero_ps(); QUERY_BLOCK];
+        let mut p = [[0f32; KEY_BLOCK]; QUERY_BLOCK];
+        let mut alpha = [0f32; QUERY_BLOCK];
+        let scale = _mm512_set1_ps(task.scale);
+        let q = task.queries.as_ptr();
+        for b in 0..blocks {
+            let live = KEY_BLOCK.min(task.n_keys - b * KEY_BLOCK);
+            let live_mask = mask(live);
+            // SAFETY (loads below): the block's keys and values lie inside the slices
+            // (asserted above); queries hold QUERY_BLOCK rows of `hd`.
+            let keys = unsafe { task.keys.as_ptr().add(b * KEY_BLOCK * hd) };
+            let values = unsafe { task.values.as_ptr().add(b * KEY_BLOCK * hd) };
+            let mut s = [_mm512_setzero_ps(); QUERY_BLOCK];
+            for d in 0..hd {
+                let k = unsafe { E::load16(keys.add(d * KEY_BLOCK), KEY_BLOCK) };
+                for (g, s) in s.iter_mut().enumerate() {
+                    let qd = _mm512_set1_ps(unsafe { *q.add(g * hd + d) });
+                    *s = _mm512_fmadd_ps(qd, k, *s);
+                }
+            }
+            for g in 0..QUERY_BLOCK {
+                let scaled = _mm512_mul_ps(s[g], scale);
+                let block_max = _mm512_mask_reduce_max_ps(live_mask, scaled);
+                let old = max[g];
+                let new = _mm512_max_ps(old, _mm512_set1_ps(block_max));
+                max[g] = new;
+                let a = exp16(_mm512_sub_ps(old, new));
+                let pg = _mm512_maskz_mov_ps(live_mask, exp16(_mm512_sub_ps(scaled, new)));
+                sums[g] = _mm512_fmadd_ps(sums[g], a, pg);
+                // SAFETY: `p[g]` holds sixteen values.
+                unsafe { _mm512_storeu_ps(p[g].as_mut_ptr(), pg) };
+                alpha[g] = _mm512_cvtss_f32(a);
+            }
+            for c in (0..hd).step_by(16) {
+                let count = (hd - c).min(16);
+                let cmask = mask(count);
+                let v: [__m512; KEY_BLOCK] =
+                    std::array::from_fn(|j| unsafe { E::load16(values.add(j * hd + c), count) });
+                for g in 0..QUERY_BLOCK {
+                    // SAFETY: `acc` holds QUERY_BLOCK rows of `hd`; masked lanes untouched.
+                    let o = unsafe { acc.as_mut_ptr().add(g * hd + c) };
+                    let mut a = _mm512_mul_ps(
+                        unsafe { _mm512_maskz_loadu_ps(cmask, o) },
+                        _mm512_set1_ps(alpha[g]),
+                    );
+                    for (j, v) in v.iter().enumerate() {
+                        a = _mm512_fmadd_ps(_mm512_set1_ps(p[g][j]), *v, a);
+                    }
+                    unsafe { _mm512_mask_storeu_ps(o, cmask, a) };
+                }
+            }
+        }
+        std::array::from_fn(|g| {
+            let mut lanes = [0f32; KEY_BLOCK];
+            // SAFETY: sixteen values.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sums[g]) };
+            super::reduce_lanes(lanes)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64, spread: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
+            })
+            .collect()
+    }
+
+    /// Softmax attention in f64 from the same (rounded) keys and values.
+    fn naive(att: &DenseAttention, q: &[f32], k: &[f32], v: &[f32], n: usize) -> Vec<f32> {
+        let (heads, hd) = (att.n_head, att.head_dim);
+        let e = heads * hd;
+        let round = |x: f32| match att.kv {
+            KvPrecision::F16 => f16::from_f32(x).to_f32(),
+            KvPrecision::F32 => x,
+        };
+        let mut out = vec![0f32; n * e];
+        for h in 0..heads {
+            for i in 0..n {
+                let s: Vec<f64> = (0..n)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|d| {
+                                f64::from(q[i * e + h * hd + d])
+                                    * f64::from(round(k[j * e + h * hd + d]))
+                            })
+                            .sum::<f64>()
+                            * f64::from(att.scale)
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|s| (s - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for d in 0..hd {
+                    let o: f64 = (0..n)
+                        .map(|j| p[j] * f64::from(round(v[j * e + h * hd + d])))
+                        .sum();
+                    out[i * e + h * hd + d] = (o / l) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn exp_is_within_a_few_ulp_and_exact_at_zero() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        let floor = exp(EXP_FLOOR);
+        assert!(floor > 0.0 && floor < 1e-34);
+        assert_eq!(exp(f32::NEG_INFINITY), floor);
+        let mut x = -79.9f32;
+        while x <= 0.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(exp(x));
+            assert!(
+                ((got - want) / want).abs() < 4e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_reference_bits_and_softmax_attention() {
+        for kv in [KvPrecision::F16, KvPrecision::F32] {
+            // Head sizes with and without a partial sixteen-column chunk, spans with a
+            // partial key block and query block, one row.
+            for (heads, hd, n) in [
+                (2, 72, 37),
+                (1, 64, 16),
+                (3, 40, 1),
+                (2, 16, 50),
+                (1, 100, 33),
+            ] {
+                let e = heads * hd;
+                let att = DenseAttention {
+                    n_head: heads,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    kv,
+                };
+                let (q, k, v) = (
+                    values(n * e, 1, 6.0),
+                    values(n * e, 2, 6.0),
+                    values(n * e, 3, 2.0),
+                );
+                let mut scratch = DenseScratch::default();
+                let mut reference = vec![0f32; n * e];
+                att.run_with(Isa::Scalar, &q, &k, &v, n, &mut reference, &mut scratch);
+                let want = naive(&att, &q, &k, &v, n);
+                for (a, b) in reference.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 2e-6,
+                        "{kv:?} {heads}x{hd} n={n}: {a} vs {b}"
+                    );
+                }
+                for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+                    let mut out = vec![f32::NAN; n * e];
+                    att.run_with(isa, &q, &k, &v, n, &mut out, &mut scratch);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&out),
+                        bits(&reference),
+                        "{isa:?} {kv:?} {heads}x{hd} n={n}"
+                    );
+                }
+            }
+        }
+    }
+}
