@@ -37,7 +37,9 @@ fn main() {
             _ => panic!("unknown type {name}"),
         };
         for (rows, cols, tokens) in SHAPES {
-            let values: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let values: Vec<f32> = (0..rows * cols)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let mut bytes = vec![0u8; rows * row_byte_len(ty, cols).unwrap()];
             ferrox_core::quantize_row(ty, &values, &mut bytes).unwrap();
             let m = WeightMatrix::new(ty, rows, cols, &bytes).unwrap();

@@ -191,6 +191,13 @@ pub(crate) trait Element: Copy + Send + Sync + 'static {
     /// The AVX-512 kernel features; `count` readable elements at `p`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self, count: usize) -> std::arch::x86_64::__m512;
+
+    /// `count` (at most eight) elements at `p` widened to f32, the other lanes zero.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `count` readable elements at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self, count: usize) -> std::arch::x86_64::__m256;
 }
 
 impl Element for f16 {
@@ -205,6 +212,13 @@ impl Element for f16 {
         // SAFETY: the caller's contract.
         unsafe { x86::load_f16(p, count) }
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self, count: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { x86::load8_f16(p, count) }
+    }
 }
 
 impl Element for f32 {
@@ -218,6 +232,13 @@ impl Element for f32 {
     unsafe fn load16(p: *const Self, count: usize) -> std::arch::x86_64::__m512 {
         // SAFETY: the caller's contract.
         unsafe { x86::load_f32(p, count) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self, count: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { x86::load8_f32(p, count) }
     }
 }
 
@@ -286,6 +307,11 @@ fn attend_block<E: Element>(isa: Isa, task: &Task<'_, E>, acc: &mut [f32]) -> [f
     if isa == Isa::Avx512Vnni {
         // SAFETY: `run_with` checked that the instruction set is available.
         return unsafe { x86::attend_block_512(task, acc) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as above.
+        return unsafe { x86::attend_block_256(task, acc) };
     }
     let _ = isa;
     scalar_attend_block(task, acc)
@@ -410,6 +436,169 @@ mod x86 {
     pub(super) unsafe fn load_f32(p: *const f32, count: usize) -> __m512 {
         // SAFETY: the caller's contract; masked lanes are not read.
         unsafe { _mm512_maskz_loadu_ps(mask(count), p) }
+    }
+
+    /// Eight-lane masks: lane `i` set when `i < count`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn mask8(count: usize) -> __m256i {
+        let lanes: [i32; 8] = std::array::from_fn(|i| if i < count { -1 } else { 0 });
+        // SAFETY: eight readable values.
+        unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) }
+    }
+
+    /// See [`Element::load8`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn load8_f16(p: *const f16, count: usize) -> __m256 {
+        if count >= 8 {
+            // SAFETY: the caller's contract.
+            return unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) };
+        }
+        let mut lanes = [f16::ZERO; 8];
+        // SAFETY: the caller's contract: `count` readable halves.
+        unsafe { std::ptr::copy_nonoverlapping(p, lanes.as_mut_ptr(), count) };
+        // SAFETY: eight readable halves.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(lanes.as_ptr().cast())) }
+    }
+
+    /// See [`Element::load8`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn load8_f32(p: *const f32, count: usize) -> __m256 {
+        // SAFETY: the caller's contract; masked lanes are not read.
+        unsafe { _mm256_maskload_ps(p, mask8(count)) }
+    }
+
+    /// [`super::exp`] on eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)),
+        );
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
+        let z = _mm256_mul_ps(r, r);
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0));
+        let bits = _mm256_add_epi32(
+            _mm256_castps_si256(y),
+            _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n)),
+        );
+        _mm256_castsi256_ps(bits)
+    }
+
+    /// Queries per pass of the AVX2 scores (two registers each).
+    const PASS: usize = 4;
+
+    /// [`attend_block_512`] with each block's sixteen lanes in two eight-lane registers,
+    /// the running sums in memory.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_block_256<E: Element>(
+        task: &Task<'_, E>,
+        acc: &mut [f32],
+    ) -> [f32; QUERY_BLOCK] {
+        let hd = task.hd;
+        assert!(task.queries.len() >= QUERY_BLOCK * hd && acc.len() >= QUERY_BLOCK * hd);
+        let blocks = task.n_keys.div_ceil(KEY_BLOCK);
+        assert!(
+            task.keys.len() >= blocks * KEY_BLOCK * hd
+                && task.values.len() >= blocks * KEY_BLOCK * hd
+        );
+        let mut max = [f32::NEG_INFINITY; QUERY_BLOCK];
+        let mut sums = [[0f32; KEY_BLOCK]; QUERY_BLOCK];
+        let mut p = [[0f32; KEY_BLOCK]; QUERY_BLOCK];
+        let mut alpha = [0f32; QUERY_BLOCK];
+        let scale = _mm256_set1_ps(task.scale);
+        let q = task.queries.as_ptr();
+        for b in 0..blocks {
+            let live = KEY_BLOCK.min(task.n_keys - b * KEY_BLOCK);
+            let live_masks = [mask8(live), mask8(live.saturating_sub(8))];
+            // SAFETY (loads below): the block's keys and values lie inside the slices
+            // (asserted above); queries hold QUERY_BLOCK rows of `hd`.
+            let keys = unsafe { task.keys.as_ptr().add(b * KEY_BLOCK * hd) };
+            let values = unsafe { task.values.as_ptr().add(b * KEY_BLOCK * hd) };
+            for g0 in (0..QUERY_BLOCK).step_by(PASS) {
+                let mut s = [[_mm256_setzero_ps(); 2]; PASS];
+                for d in 0..hd {
+                    let k = unsafe {
+                        [
+                            E::load8(keys.add(d * KEY_BLOCK), 8),
+                            E::load8(keys.add(d * KEY_BLOCK + 8), 8),
+                        ]
+                    };
+                    for (g, s) in s.iter_mut().enumerate() {
+                        let qd = _mm256_set1_ps(unsafe { *q.add((g0 + g) * hd + d) });
+                        s[0] = _mm256_fmadd_ps(qd, k[0], s[0]);
+                        s[1] = _mm256_fmadd_ps(qd, k[1], s[1]);
+                    }
+                }
+                for (g, s) in s.iter().enumerate() {
+                    let g = g0 + g;
+                    let scaled = [_mm256_mul_ps(s[0], scale), _mm256_mul_ps(s[1], scale)];
+                    let low = _mm256_set1_ps(f32::NEG_INFINITY);
+                    let live_scores = [
+                        _mm256_blendv_ps(low, scaled[0], _mm256_castsi256_ps(live_masks[0])),
+                        _mm256_blendv_ps(low, scaled[1], _mm256_castsi256_ps(live_masks[1])),
+                    ];
+                    let mut lanes = [0f32; KEY_BLOCK];
+                    // SAFETY: sixteen values.
+                    unsafe {
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), live_scores[0]);
+                        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), live_scores[1]);
+                    }
+                    let block_max = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    let new = max[g].max(block_max);
+                    let a = exp8(_mm256_set1_ps(max[g] - new));
+                    max[g] = new;
+                    let new = _mm256_set1_ps(new);
+                    for h in 0..2 {
+                        let ph = _mm256_and_ps(
+                            exp8(_mm256_sub_ps(scaled[h], new)),
+                            _mm256_castsi256_ps(live_masks[h]),
+                        );
+                        // SAFETY: `sums[g]` and `p[g]` hold sixteen values.
+                        unsafe {
+                            let sum = sums[g].as_mut_ptr().add(8 * h);
+                            _mm256_storeu_ps(sum, _mm256_fmadd_ps(_mm256_loadu_ps(sum), a, ph));
+                            _mm256_storeu_ps(p[g].as_mut_ptr().add(8 * h), ph);
+                        }
+                    }
+                    alpha[g] = _mm256_cvtss_f32(a);
+                }
+            }
+            for c in (0..hd).step_by(8) {
+                let count = (hd - c).min(8);
+                let cmask = mask8(count);
+                for half in 0..2 {
+                    let v: [__m256; 8] = std::array::from_fn(|j| unsafe {
+                        E::load8(values.add((8 * half + j) * hd + c), count)
+                    });
+                    for g in 0..QUERY_BLOCK {
+                        // SAFETY: `acc` holds QUERY_BLOCK rows of `hd`; masked lanes are
+                        // neither read nor written.
+                        let o = unsafe { acc.as_mut_ptr().add(g * hd + c) };
+                        let mut a = unsafe { _mm256_maskload_ps(o, cmask) };
+                        if half == 0 {
+                            a = _mm256_mul_ps(a, _mm256_set1_ps(alpha[g]));
+                        }
+                        for (j, v) in v.iter().enumerate() {
+                            a = _mm256_fmadd_ps(_mm256_set1_ps(p[g][8 * half + j]), *v, a);
+                        }
+                        unsafe { _mm256_maskstore_ps(o, cmask, a) };
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|g| super::reduce_lanes(sums[g]))
     }
 
     /// [`super::exp`] on sixteen lanes.

@@ -4,7 +4,7 @@ use ferrox_gguf::GgmlType;
 
 use rayon::prelude::*;
 
-use crate::kernels::{self, WeightKind, TILE_ROWS, TILE_TOKENS};
+use crate::kernels::{self, WeightKind, TILE_ROWS};
 use crate::packed::{Int8Path, PackedMatrix, Product, GROUP_ROWS, INT8_MIN_TOKENS, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
 use smallvec::SmallVec;
@@ -345,7 +345,7 @@ impl<'a> WeightMatrix<'a> {
 
     /// [`Self::matmul`] for float weights through `gemm`: the activations widened to f32
     /// once, then each task widens a panel of its rows at a time (sized to stay cached)
-    /// and sweeps it, tile by tile, against every group of [`TILE_TOKENS`] tokens. The
+    /// and sweeps it, tile by tile, against every group of the tile's tokens. The
     /// bits are the row kernel's (see [`kernels::FloatGemm`]). Allocates the widened
     /// activations and one panel per task.
     fn matmul_float(&self, gemm: kernels::FloatGemm, xq: &[u8], n_tokens: usize, y: &mut [f32]) {
@@ -360,6 +360,7 @@ impl<'a> WeightMatrix<'a> {
         } else {
             x.chunks_mut(cols).enumerate().for_each(widen_tokens);
         }
+        let (tile_rows, tile_tokens) = (gemm.tile_rows, gemm.tile_tokens);
         let panel_rows = (FLOAT_PANEL_BYTES / (cols * 4)).clamp(TILE_ROWS, MAX_PANEL_ROWS)
             / TILE_ROWS
             * TILE_ROWS;
@@ -375,17 +376,17 @@ impl<'a> WeightMatrix<'a> {
                     (gemm.widen)(self.row_bytes(first + r), widened);
                 }
                 let mut tile: kernels::FloatTile = Default::default();
-                for t0 in (0..n_tokens).step_by(TILE_TOKENS) {
-                    let tokens = TILE_TOKENS.min(n_tokens - t0);
+                for t0 in (0..n_tokens).step_by(tile_tokens) {
+                    let tokens = tile_tokens.min(n_tokens - t0);
                     let xs = &x[t0 * cols..(t0 + tokens) * cols];
-                    for r0 in (0..n).step_by(TILE_ROWS) {
-                        let tile_rows = TILE_ROWS.min(n - r0);
-                        let w = &panel[r0 * cols..(r0 + tile_rows) * cols];
-                        (gemm.tile)(w, tile_rows, xs, tokens, cols, &mut tile);
+                    for r0 in (0..n).step_by(tile_rows) {
+                        let rows = tile_rows.min(n - r0);
+                        let w = &panel[r0 * cols..(r0 + rows) * cols];
+                        (gemm.tile)(w, rows, xs, tokens, cols, &mut tile);
                         for (t, values) in (t0..t0 + tokens).zip(0..) {
                             // SAFETY: this task's rows of token `t`, which no other task
                             // touches.
-                            let y = unsafe { out.rows(t * self.rows + first + r0, tile_rows) };
+                            let y = unsafe { out.rows(t * self.rows + first + r0, rows) };
                             for (y, row) in y.iter_mut().zip(&tile) {
                                 *y = row[values];
                             }

@@ -370,24 +370,29 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     }
 }
 
-/// Weight rows per tile of [`FloatGemm::tile`].
+/// Most weight rows per tile of [`FloatGemm::tile`].
 pub(crate) const TILE_ROWS: usize = 4;
-/// Activation rows per tile of [`FloatGemm::tile`].
+/// Most activation rows per tile of [`FloatGemm::tile`].
 pub(crate) const TILE_TOKENS: usize = 3;
 /// One tile's outputs, `[row][token]`.
 pub(crate) type FloatTile = [[f32; TILE_TOKENS]; TILE_ROWS];
 
 /// Matrix products of float weights (F32, F16, BF16) through widened operands: rows of
 /// the type (weights and activations alike) widened to f32 once, then products by tiles
-/// of up to [`TILE_ROWS`] weight rows and [`TILE_TOKENS`] activation rows. Every output
-/// has exactly the bits the row kernel gives for that row and activation.
+/// of `tile_rows` weight rows and `tile_tokens` activation rows (at most [`TILE_ROWS`]
+/// and [`TILE_TOKENS`]). Every output has exactly the bits the row kernel gives for that
+/// row and activation.
 #[derive(Clone, Copy)]
 pub(crate) struct FloatGemm {
     /// Widens a row of the type's values to f32.
     pub(crate) widen: fn(&[u8], &mut [f32]),
     /// `(w, rows, x, tokens, cols, out)`: `out[r][t]` = widened weight row `r` · widened
     /// activation row `t`, rows of `cols` values back to back.
+    /// `rows` must be `tile_rows` but for the last tile of a panel (fewer), `tokens`
+    /// likewise.
     pub(crate) tile: fn(&[f32], usize, &[f32], usize, usize, &mut FloatTile),
+    pub(crate) tile_rows: usize,
+    pub(crate) tile_tokens: usize,
 }
 
 /// The tiled float products for `kind` on the best instruction set, if it has them.
@@ -403,6 +408,8 @@ pub(crate) fn float_gemm_for(kind: WeightKind, isa: Isa) -> Option<FloatGemm> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => x86::avx512_float_gemm(kind),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::avx2_float_gemm(kind),
         _ => None,
     }
 }

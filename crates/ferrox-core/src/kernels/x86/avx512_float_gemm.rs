@@ -139,6 +139,8 @@ fn entry<E: Lanes16>() -> FloatGemm {
     FloatGemm {
         widen: widen_entry::<E>,
         tile: run::<E>,
+        tile_rows: TILE_ROWS,
+        tile_tokens: TILE_TOKENS,
     }
 }
 

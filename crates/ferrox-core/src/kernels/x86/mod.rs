@@ -9,6 +9,7 @@
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
+mod avx2_float_gemm;
 mod avx2_iq;
 mod avx2_iq1;
 mod avx2_iq2;
@@ -132,4 +133,13 @@ pub(super) fn avx512_float_gemm(kind: WeightKind) -> Option<super::FloatGemm> {
         return None;
     }
     avx512_float_gemm::kernel(kind)
+}
+
+/// The AVX2 tiled products of float weights for `kind`, or `None` if this machine lacks
+/// the features or `kind` is not a float type.
+pub(super) fn avx2_float_gemm(kind: WeightKind) -> Option<super::FloatGemm> {
+    if !avx2_detected() {
+        return None;
+    }
+    avx2_float_gemm::kernel(kind)
 }
