@@ -322,30 +322,36 @@ def report(r):
     return "\n".join(lines) + "\n"
 
 
-# Where the time goes: from `perf record` of `encode_image` on the 224-pixel, 4-layer projector
-# (perf report --no-children --sort symbol), both attention settings.
+# Where the time goes: from `perf record` of `encode_image` on the 448-pixel, 4-layer projector
+# (perf report --no-children --sort symbol), default attention.
 DISCUSSION = """## Where the time goes
 
-A `perf` profile of `encode_image` (448 px, 4 layers, default f16 keys and values) after the
-attention changes of this run's commit: about 55% in the F16 matrix products (the AVX-512
-`float_dot_512` and its leftover values), 15% scoring keys (`flash_attn::x86::scores_512`), 7%
-the 8-wide tail of SigLIP's 72-wide value rows, 6% the online softmax, under 2% for the rest
-(patch embedding, layer norms, GELU, pooling, projector).
+A `perf` profile of `encode_image` (448 px, 4 layers, default f16 keys and values): about 72% in
+the F16 matrix products (`avx512_float_gemm::tile`), 12% in attention
+(`dense_attn::attend_block_512`), under 2% each for the rest (widening rows to f32, rounding
+activations to f16, GELU, layer norms, patch embedding, pooling, projector).
 
-What changed before this run: the f16 attention kernels took SIMD paths only for head sizes that
-are multiples of 32, so SigLIP's 72-wide heads ran the scalar reference with library `fmaf`
-calls, one query at a time; now every head size runs SIMD with a scalar tail (the same bits) and
-the encoder scores eight queries per pass over a head's keys. That took the 448-px encode from
-about 38 s to about 3 s on a quiet machine (this run's machine was about twice as slow as then,
-for both engines).
+Matrix products: ggml runs them through llamafile's tiled sgemm (a 4x6 tile, one accumulator per
+output). Ferrox widens the activations and each panel of weight rows from f16 to f32 once, then
+runs 4-row by 3-token register tiles in which every output keeps the bits of the single-token row
+kernel (two sixteen-lane accumulators per output, hence the narrower tile). On their own
+(`cargo run --release -p ferrox-core --example float_gemm`) they reach 160-180 GFLOP/s on the
+1152-wide products, but 110-140 on the 4304-wide down projection, whose rows of activations do
+not stay cached; that, and fixed costs at 224 px (24 ms against llama.cpp's 9: patch embedding,
+projector, setup), is what is left of the gap at 224 and 448 px.
 
-What is left is the F16 products: ggml runs them through llamafile's tiled sgemm; ferrox's
-kernel takes one weight row against four activation rows at a time, widening both from f16 on
-every load, at about a fifth of the cores' FMA peak at 448 px. A row-and-token tiled kernel that
-keeps its operands in L1 is the next step (kept out of this run).
+Attention (`ferrox_core::dense_attn`): every patch attends to every patch, so the product is laid
+out as a matrix product: keys repacked per head into blocks of sixteen stored dimension by
+dimension, a block's scores sixteen lanes that each query fills with one multiply-add per
+dimension, the online softmax on those lanes (a polynomial `exp` that the scalar reference
+computes with the same operations), values added sixteen columns at a time. It serves f16 and
+f32 keys and values alike, which is why the f32 setting is now as fast as the default, while
+llama.cpp's f32 path (flash attention off) materializes the scores.
 
-f32 keys and values: ferrox's f32 path (`OnlineAttention`) attends one query at a time and is
-now the slower of its two settings.
+Before (0346344, the previous report, on a machine then about twice as slow for both engines):
+llama.cpp / ferrox 0.51x at 224 px, 0.39x at 448, 0.23x at 896, time to first token 0.26x; the
+products took one weight row against four activation rows at a time, widening both from f16 at
+every load, and attention scored each key with horizontal sums.
 
 The two engines' embeddings agree to about 1e-3 (values up to ~3.4) in both settings, the same
 order as the f16 rounding of the weights and of the activations each F16 product makes.
