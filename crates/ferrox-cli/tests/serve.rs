@@ -1471,3 +1471,153 @@ fn serve_takes_images_as_llama_server_does() {
         "{reply}"
     );
 }
+
+/// A one-file HTTP server on a free port, serving until the test ends: `GET /image.png`
+/// gets `png`, `GET /big.png` a response that declares 64 MiB, anything else a 404.
+fn image_server(png: Vec<u8>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let request = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let head = |status: &str, length: usize| {
+                format!("HTTP/1.1 {status}\r\nContent-Type: image/png\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n")
+            };
+            let _ = match request.split(' ').nth(1).unwrap_or("") {
+                "/image.png" => s
+                    .write_all(head("200 OK", png.len()).as_bytes())
+                    .and_then(|_| s.write_all(&png)),
+                "/big.png" => s.write_all(head("200 OK", 64 << 20).as_bytes()),
+                _ => s.write_all(head("404 Not Found", 0).as_bytes()),
+            };
+        }
+    });
+    port
+}
+
+/// The first choice's text of a chat completion reply, or the reply itself.
+fn chat_text(reply: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(reply)
+        .ok()
+        .and_then(|v| {
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .unwrap_or_else(|| panic!("no chat text in {reply}"))
+}
+
+#[test]
+fn serve_fetches_image_urls_only_when_allowed() {
+    use base64::Engine as _;
+    let fixtures = repo_root().join("fixtures/vision");
+    let model = fixtures.join("gemma3.gguf");
+    let mmproj = fixtures.join("gemma3.mmproj.gguf");
+    let png = std::fs::read(fixtures.join("rgb100x60.png")).unwrap();
+    let data_url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png)
+    );
+    let images = image_server(png);
+    let chat = |url: &str| {
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": "Describe:"}}, {{"type": "image_url", "image_url": {{"url": "{url}"}}}}]}}], "max_tokens": 8, "temperature": 0}}"#
+        )
+    };
+    let args = |extra: &'static [&'static str]| {
+        let mut a = vec![
+            "-m".to_string(),
+            model.to_str().unwrap().to_string(),
+            "--mmproj".into(),
+            mmproj.to_str().unwrap().to_string(),
+            "--kv-f32".into(),
+            "-t".into(),
+            "2".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+
+    let server = Server::start(
+        &args(&["--allow-remote-images"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    let post = |body: &str| {
+        http(
+            server.port,
+            "POST",
+            "/v1/chat/completions",
+            Some(body),
+            None,
+        )
+    };
+    let (status, reply) = post(&chat(&data_url));
+    assert_eq!(status, 200, "{reply}");
+    let want = chat_text(&reply);
+    assert!(!want.is_empty());
+    // The same image by URL: fetched, the same answer.
+    let (status, reply) = post(&chat(&format!("http://127.0.0.1:{images}/image.png")));
+    assert_eq!(status, 200, "{reply}\n{}", server.log());
+    assert_eq!(chat_text(&reply), want);
+    assert!(server.log().contains("fetched"), "{}", server.log());
+    // Anthropic's url source.
+    let body = format!(
+        r#"{{"model": "m", "max_tokens": 8, "temperature": 0, "messages": [{{"role": "user", "content": [{{"type": "text", "text": "Describe:"}}, {{"type": "image", "source": {{"type": "url", "url": "http://127.0.0.1:{images}/image.png"}}}}]}}]}}"#
+    );
+    let (status, reply) = http(server.port, "POST", "/v1/messages", Some(&body), None);
+    assert_eq!(status, 200, "{reply}");
+    // Failures are the client's, each named; the server goes on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    for (url, says) in [
+        (
+            format!("http://127.0.0.1:{images}/missing.png"),
+            "HTTP status 404",
+        ),
+        (format!("http://127.0.0.1:{images}/big.png"), "larger than"),
+        (
+            format!("http://127.0.0.1:{closed_port}/image.png"),
+            "fetching",
+        ),
+        (
+            "ftp://127.0.0.1/image.png".to_string(),
+            "http:// or https://",
+        ),
+    ] {
+        let (status, reply) = post(&chat(&url));
+        assert_eq!(status, 400, "{url}: {reply}");
+        assert!(reply.contains(says), "{url}: {reply}");
+    }
+    let (status, reply) = post(&chat(&data_url));
+    assert_eq!((status, chat_text(&reply)), (200, want));
+    drop(server);
+
+    // Without the flag a URL is refused, saying how to allow it.
+    let server = Server::start(
+        &args(&[]).iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    let body = chat(&format!("http://127.0.0.1:{images}/image.png"));
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply.contains("remote_images_disabled") && reply.contains("--allow-remote-images"),
+        "{reply}"
+    );
+    assert!(!server.log().contains("fetched"), "{}", server.log());
+}

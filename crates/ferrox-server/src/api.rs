@@ -59,9 +59,9 @@ pub struct ChatRequest {
     pub template_kwargs: Map<String, Value>,
     /// `tools` and how to use them (None: no tools given).
     pub tools: Option<ToolSpec>,
-    /// The images of `image_url` parts (the file bytes of their data URLs), in order: each
-    /// part's place in its message's text holds the media marker.
-    pub images: Vec<Vec<u8>>,
+    /// The images of `image_url` parts, in order: each part's place in its message's text
+    /// holds the media marker.
+    pub images: Vec<ImageInput>,
 }
 
 /// The largest image (decoded bytes of its data URL) taken in a request.
@@ -71,9 +71,20 @@ pub const MAX_IMAGE_BYTES: usize = 32 << 20;
 /// memory).
 pub const MAX_IMAGES: usize = 16;
 
-/// The file bytes of an `image_url` part's URL: a base64 `data:` URL. Remote URLs are not
-/// fetched.
-fn image_url_bytes(at: &str, part: &Map<String, Value>) -> Result<Vec<u8>, ApiError> {
+/// The longest `http(s)://` image URL taken.
+pub const MAX_IMAGE_URL: usize = 8 << 10;
+
+/// An image as a request gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageInput {
+    /// The file's bytes (a `data:` URL's, a base64 block's).
+    Bytes(Vec<u8>),
+    /// An `http://` or `https://` URL, fetched only with `--allow-remote-images`.
+    Url(String),
+}
+
+/// An `image_url` part's image: a base64 `data:` URL's bytes, or an `http(s)://` URL.
+fn image_url_input(at: &str, part: &Map<String, Value>) -> Result<ImageInput, ApiError> {
     use base64::Engine as _;
     let url = match part.get("image_url") {
         Some(Value::String(u)) => u.as_str(),
@@ -94,10 +105,19 @@ fn image_url_bytes(at: &str, part: &Map<String, Value>) -> Result<Vec<u8>, ApiEr
         }
     };
     let param = format!("{at}.image_url.url");
+    if let Some(url) = remote_image_url(url) {
+        if url.len() > MAX_IMAGE_URL {
+            return Err(ApiError::param(
+                &param,
+                format!("the image URL is longer than {MAX_IMAGE_URL} bytes"),
+            ));
+        }
+        return Ok(ImageInput::Url(url.to_string()));
+    }
     let Some(rest) = url.strip_prefix("data:") else {
-        return Err(ApiError::unsupported(
+        return Err(ApiError::param(
             &param,
-            "only data: URLs (base64) are taken for images; remote URLs are not fetched",
+            "an image URL must be a data: URL (base64) or an http:// or https:// URL",
         ));
     };
     let Some((meta, payload)) = rest.split_once(',') else {
@@ -120,7 +140,14 @@ fn image_url_bytes(at: &str, part: &Map<String, Value>) -> Result<Vec<u8>, ApiEr
     }
     base64::engine::general_purpose::STANDARD
         .decode(payload.trim())
+        .map(ImageInput::Bytes)
         .map_err(|e| ApiError::param(&param, format!("the image's base64 data is invalid: {e}")))
+}
+
+/// `url` if it is an `http://` or `https://` URL (scheme in any case).
+pub(crate) fn remote_image_url(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once("://")?;
+    (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")).then_some(url)
 }
 
 /// The prompt of `/v1/completions`.
@@ -753,7 +780,7 @@ pub(crate) fn check_forced_tools(
 fn normalize_message(
     i: usize,
     message: &Value,
-    images: &mut Vec<Vec<u8>>,
+    images: &mut Vec<ImageInput>,
 ) -> Result<Value, ApiError> {
     let param = format!("messages[{i}]");
     let Some(obj) = message.as_object() else {
@@ -803,7 +830,7 @@ fn normalize_message(
                                     format!("at most {MAX_IMAGES} images in a request"),
                                 ));
                             }
-                            images.push(image_url_bytes(&at, p)?);
+                            images.push(image_url_input(&at, p)?);
                             text.push_str(ferrox_generate::media::MEDIA_MARKER);
                         }
                         Some(other) => {
@@ -1027,7 +1054,7 @@ mod tests {
     fn image_parts_become_markers_and_their_bytes() {
         let png = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}});
         let r = parse_chat(&json!({"messages": [{"role": "user", "content": [png, {"type": "text", "text": "x"}]}]}), 100).unwrap();
-        assert_eq!(r.images, vec![b"hi".to_vec()]);
+        assert_eq!(r.images, vec![ImageInput::Bytes(b"hi".to_vec())]);
         assert_eq!(r.messages[0]["content"], "<__media__>x");
         let many = vec![png; MAX_IMAGES + 1];
         let e = parse_chat(
@@ -1036,8 +1063,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("at most 16 images"), "{e}");
+        let remote = json!({"type": "image_url", "image_url": {"url": "HTTPS://x/y.png"}});
+        let r = parse_chat(
+            &json!({"messages": [{"role": "user", "content": [remote]}]}),
+            100,
+        )
+        .unwrap();
+        assert_eq!(r.images, vec![ImageInput::Url("HTTPS://x/y.png".into())]);
         for (url, needle) in [
-            ("https://x/y.png", "data: URLs"),
+            ("file:///etc/passwd", "http:// or https://"),
+            ("gopher://x/y.png", "data: URL"),
+            (
+                &format!("https://x/{}", "a".repeat(MAX_IMAGE_URL)),
+                "longer than",
+            ),
             ("data:image/png,abc", "base64"),
             ("data:image/png;base64,@@", "invalid"),
         ] {

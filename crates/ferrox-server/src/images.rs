@@ -4,17 +4,26 @@
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::io::Read;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ferrox_generate::media::EncodedImage;
 use ferrox_models::vision::{RgbImage, VisionEncoder};
 
+use crate::api::{ImageInput, MAX_IMAGE_BYTES};
 use crate::error::ApiError;
 use crate::routes::blocking;
 use crate::Ready;
 
 /// Encoded images kept for reuse.
 const CACHED_IMAGES: usize = 32;
+/// How long connecting to an image's server may take.
+const FETCH_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long fetching one image may take in all.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
+/// Redirects followed when fetching an image.
+const FETCH_REDIRECTS: u32 = 5;
 
 /// An image's bytes as the cache knows them: their hash and length.
 type ImageKey = (u64, usize);
@@ -49,11 +58,12 @@ impl ImageCache {
     }
 }
 
-/// Encodes a request's images in order: an undecodable image is a 400 naming it, images
-/// sent to a server without `--mmproj` a 400 saying so.
+/// Encodes a request's images in order, fetching those given by URL: an undecodable image
+/// or a failed fetch is a 400 naming it, images sent to a server without `--mmproj` a 400
+/// saying so, an image URL sent to a server without `--allow-remote-images` as well.
 pub(crate) async fn encode(
     ready: &Arc<Ready>,
-    images: Vec<Vec<u8>>,
+    images: Vec<ImageInput>,
 ) -> Result<Vec<Arc<EncodedImage>>, ApiError> {
     if images.is_empty() {
         return Ok(Vec::new());
@@ -68,12 +78,29 @@ pub(crate) async fn encode(
         )
         .with_code("images_not_supported"));
     };
+    let remote = images.iter().position(|i| matches!(i, ImageInput::Url(_)));
+    if let (Some(i), false) = (remote, ready.allow_remote_images) {
+        return Err(ApiError::param(
+            "messages",
+            format!(
+                "image {}: image URLs are not fetched by this server (start it with \
+                 --allow-remote-images to fetch them); send the image as a data: URL",
+                i + 1
+            ),
+        )
+        .with_code("remote_images_disabled"));
+    }
     let ready = ready.clone();
     blocking(move || {
         images
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, bytes)| {
+            .map(|(i, input)| {
+                let bytes = match input {
+                    ImageInput::Bytes(bytes) => bytes,
+                    ImageInput::Url(url) => fetch(&url, i)?,
+                };
+                let bytes = &bytes;
                 let key = ready.image_cache.key(bytes);
                 if let Some(hit) = ready.image_cache.get(key) {
                     return Ok(hit);
@@ -110,4 +137,43 @@ fn encode_one(
         encoder.bidirectional(),
         encoder.markers(),
     )))
+}
+
+/// The bytes of the image at `url` (image `i` of the request): a status other than success,
+/// a body over [`MAX_IMAGE_BYTES`], a timeout or a network error is a 400 naming the URL.
+fn fetch(url: &str, i: usize) -> Result<Vec<u8>, ApiError> {
+    let fail = |why: String| {
+        ApiError::param(
+            "messages",
+            format!("image {}: fetching {url}: {why}", i + 1),
+        )
+    };
+    let agent = ureq::AgentBuilder::new()
+        .timeout_connect(FETCH_CONNECT_TIMEOUT)
+        .timeout(FETCH_TIMEOUT)
+        .redirects(FETCH_REDIRECTS)
+        .user_agent(concat!("ferrox/", env!("CARGO_PKG_VERSION")))
+        .build();
+    let response = agent.get(url).call().map_err(|e| match e {
+        ureq::Error::Status(code, _) => fail(format!("HTTP status {code}")),
+        ureq::Error::Transport(t) => fail(t.to_string()),
+    })?;
+    let too_large = || fail(format!("the image is larger than {MAX_IMAGE_BYTES} bytes"));
+    let declared = response
+        .header("Content-Length")
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_IMAGE_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    response
+        .into_reader()
+        .take(MAX_IMAGE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(e.to_string()))?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(too_large());
+    }
+    tracing::info!("image {}: fetched {} bytes from {url}", i + 1, bytes.len());
+    Ok(bytes)
 }

@@ -131,6 +131,9 @@ pub struct ServerConfig {
     pub pooling: Option<Pooling>,
     /// The model's vision projector (`--mmproj`): chat requests may then hold images.
     pub mmproj: Option<std::path::PathBuf>,
+    /// Fetch images given by `http(s)://` URLs (`--allow-remote-images`); otherwise only
+    /// `data:` URLs are taken.
+    pub allow_remote_images: bool,
 }
 
 impl Default for ServerConfig {
@@ -156,6 +159,7 @@ impl Default for ServerConfig {
             embeddings: false,
             pooling: None,
             mmproj: None,
+            allow_remote_images: false,
         }
     }
 }

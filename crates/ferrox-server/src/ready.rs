@@ -59,6 +59,8 @@ pub(crate) struct Ready {
     pub rerank_template: Option<String>,
     /// The vision encoder (`--mmproj`), if the server takes images.
     pub vision: Option<Arc<ferrox_models::vision::VisionEncoder>>,
+    /// Whether images may be given by `http(s)://` URLs (`--allow-remote-images`).
+    pub allow_remote_images: bool,
     /// Images encoded lately, for requests that send them again.
     pub image_cache: crate::images::ImageCache,
 }
@@ -319,6 +321,7 @@ pub(crate) fn prepare(
         generates,
         rerank_template,
         vision,
+        allow_remote_images: config.allow_remote_images,
         image_cache: Default::default(),
     })
 }

@@ -94,6 +94,11 @@ pub struct Args {
     /// llama-server does).
     #[arg(long = "no-mmproj")]
     pub no_mmproj: bool,
+    /// Fetch images given by `http://` or `https://` URLs (OpenAI `image_url`, Anthropic
+    /// `url` sources). Off by default: only `data:` URLs are taken, since fetching lets
+    /// any client make this machine open connections to any address it can reach
+    #[arg(long = "allow-remote-images", env = "FERROX_ALLOW_REMOTE_IMAGES")]
+    pub allow_remote_images: bool,
     /// How a text's token embeddings are pooled: none, mean, cls, last, or rank (a
     /// reranker's classification head; default: the file's `pooling_type`, none without one).
     #[arg(long, value_name = "TYPE", value_parser = pooling)]
@@ -227,6 +232,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let config = ServerConfig {
         mmproj,
+        allow_remote_images: args.allow_remote_images,
         speculation,
         cors_origins,
         embeddings: args.embeddings || args.reranking,

@@ -97,7 +97,8 @@ def bad(label, url, needle):
         check(label, needle in str(e), str(e))
 
 
-bad("a remote URL is refused", "https://example.com/cat.png", "data: URLs")
+bad("a remote URL is refused without --allow-remote-images", "https://example.com/cat.png", "--allow-remote-images")
+bad("a file URL is refused", "file:///etc/passwd", "http:// or https://")
 bad("invalid base64 is refused", "data:image/png;base64,@@@@", "base64")
 bad("bytes that are no image are refused", "data:image/png;base64," + base64.b64encode(b"not an image").decode(),
     "could not be decoded")

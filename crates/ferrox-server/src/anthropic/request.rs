@@ -99,7 +99,7 @@ fn required_str<'a>(block: &'a Value, key: &str, at: &str) -> Result<&'a str, An
 /// `tool_result` block as a `tool` message of its own before the user's text.
 fn parse_conversation(
     obj: &Map<String, Value>,
-    images: &mut Vec<Vec<u8>>,
+    images: &mut Vec<crate::api::ImageInput>,
 ) -> Result<Vec<Value>, AnthropicError> {
     let mut messages: Vec<Value> = Vec::new();
     if let Some(system) = obj.get("system").filter(|v| !v.is_null()) {
@@ -122,7 +122,7 @@ fn parse_message(
     m: &Value,
     at: &str,
     messages: &mut Vec<Value>,
-    images: &mut Vec<Vec<u8>>,
+    images: &mut Vec<crate::api::ImageInput>,
 ) -> Result<(), AnthropicError> {
     let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
     if role != "user" && role != "assistant" {
@@ -205,16 +205,31 @@ fn parse_message(
 }
 
 /// An `image` block's bytes: a base64 `source` (URL sources are not fetched).
-fn image_bytes(block: &Value, at: &str) -> Result<Vec<u8>, AnthropicError> {
+fn image_bytes(block: &Value, at: &str) -> Result<crate::api::ImageInput, AnthropicError> {
     use base64::Engine as _;
     let source = block
         .get("source")
         .ok_or_else(|| invalid(format!("{at}.source: Field required")))?;
     match source.get("type").and_then(Value::as_str) {
         Some("base64") => {}
+        Some("url") => {
+            let url = required_str(source, "url", &format!("{at}.source"))?;
+            return match crate::api::remote_image_url(url) {
+                Some(url) if url.len() <= crate::api::MAX_IMAGE_URL => {
+                    Ok(crate::api::ImageInput::Url(url.to_string()))
+                }
+                Some(_) => Err(invalid(format!(
+                    "{at}.source.url: longer than {} bytes",
+                    crate::api::MAX_IMAGE_URL
+                ))),
+                None => Err(invalid(format!(
+                    "{at}.source.url: an http:// or https:// URL is required"
+                ))),
+            };
+        }
         Some(other) => {
             return Err(invalid(format!(
-                "{at}.source.type: '{other}' images are not taken, only 'base64'"
+                "{at}.source.type: '{other}' images are not taken, only 'base64' and 'url'"
             )))
         }
         None => return Err(invalid(format!("{at}.source.type: Field required"))),
@@ -228,6 +243,7 @@ fn image_bytes(block: &Value, at: &str) -> Result<Vec<u8>, AnthropicError> {
     }
     base64::engine::general_purpose::STANDARD
         .decode(data.trim())
+        .map(crate::api::ImageInput::Bytes)
         .map_err(|e| invalid(format!("{at}.source.data: invalid base64: {e}")))
 }
 
@@ -430,13 +446,24 @@ mod tests {
         .starts_with("messages.0.role:"));
         assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}))
             .starts_with("messages.0.content.0.source: Field required"));
-        assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}))
-            .contains("only 'base64'"));
+        assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}))
+            .contains("only 'base64' and 'url'"));
+        assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]}]}))
+            .contains("http:// or https://"));
+        // An http(s) URL is taken here; whether it is fetched is the server's setting.
+        let remote = parse(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]})).unwrap_or_else(|e| panic!("{}", e.0.message));
+        assert_eq!(
+            remote.images,
+            vec![crate::api::ImageInput::Url("https://x/y.png".into())]
+        );
         assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "@@"}}]}]}))
             .contains("invalid base64"));
         let with_image = parse(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}, {"type": "text", "text": "What?"}]}]}))
             .unwrap_or_else(|e| panic!("{}", e.0.message));
-        assert_eq!(with_image.images, vec![b"hi".to_vec()]);
+        assert_eq!(
+            with_image.images,
+            vec![crate::api::ImageInput::Bytes(b"hi".to_vec())]
+        );
         assert_eq!(with_image.messages[0]["content"], "<__media__>What?");
         assert!(message(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "w"}]}]}))
             .starts_with("messages.0.content.0.id:"));

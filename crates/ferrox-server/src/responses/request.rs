@@ -82,7 +82,9 @@ fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
                 Some(url) => Ok(json!({"type": "image_url", "image_url": {"url": url}})),
                 None => Err(param(
                     at,
-                    format!("{at}[{i}].image_url must be a data URL (file ids are not taken)"),
+                    format!(
+                        "{at}[{i}].image_url must be a data: or http(s):// URL (file ids are not taken)"
+                    ),
                 )),
             }
         })
