@@ -13,7 +13,10 @@
 #      ref/<image>.default.embd;
 #   3. `mtmd-ref greedy` runs PROMPT (below) with every image and the F32 projector, 16 tokens
 #      greedily: ref/<image>.greedy.json (f32 K/V cache, flash attention off);
-#   4. ref/manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the settings
+#   4. `mtmd-ref greedy` on each SWEEP prompt (below: images at the very start, after a long
+#      prefix, before a long suffix, two and three images, adjacent images, spanning many
+#      sliding windows), 16 tokens with the F32 projector: ref/sweep-<name>.greedy.json;
+#   5. ref/manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the settings
 #      and shape line `embed` printed for each .embd file.
 #   THREADS (default 2) threads.
 set -euo pipefail
@@ -48,6 +51,42 @@ for img in $IMAGES; do
     echo "$img.greedy.json" >&2
 done
 
+# The sweep: NAME|IMAGES (comma-separated)|PROMPT, positions kept under mtmd-ref's 512.
+FOX="The quick brown fox jumps over the lazy dog. "
+ASK="Tell me about the colours and the shapes you see, in detail please. "
+SWEEP=(
+    "start|rgb64|<__media__>Describe this image."
+    "long-prefix|rgb100x60|<start_of_turn>user
+$FOX$FOX$FOX$FOX<__media__>What is it?<end_of_turn>
+<start_of_turn>model
+"
+    "long-suffix|rgb37x51|<start_of_turn>user
+<__media__>$ASK$ASK$ASK<end_of_turn>
+<start_of_turn>model
+"
+    "two-images|rgb64,gray48|<start_of_turn>user
+First: <__media__> and second: <__media__> compare them.<end_of_turn>
+<start_of_turn>model
+"
+    "adjacent|rgba80,rgb37x51|<__media__><__media__>"
+    "three-images|gray48,rgb100x60,rgb64|<start_of_turn>user
+$FOX<__media__>$FOX<__media__>$ASK<__media__> which is brightest?<end_of_turn>
+<start_of_turn>model
+"
+)
+for entry in "${SWEEP[@]}"; do
+    name="${entry%%|*}"
+    rest="${entry#*|}"
+    images="${rest%%|*}"
+    printf '%s' "${rest#*|}" > "$WORK/sweep.txt"
+    paths=""
+    for img in ${images//,/ }; do
+        paths="$paths${paths:+,}$DIR/$img.png"
+    done
+    "$BIN" greedy "$DIR/gemma3.gguf" "$DIR/gemma3.mmproj.gguf" "$paths" "$THREADS" "$N_PREDICT" \
+        "$WORK/sweep.txt" "$OUT/sweep-$name.greedy.json"
+    echo "sweep-$name.greedy.json" >&2
+done
 llama_cpp_meta > "$WORK/meta.json"
 "$PYTHON" - "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/manifest.json" <<'PY'
 import hashlib, json, os, sys

@@ -2,8 +2,10 @@
 # llama-server's answers for the image fixtures: starts llama-server on the synthetic Gemma 3
 # pair of fixtures/vision (f32 K and V cache, flash attention off, as the f32 comparisons
 # need), sends each image through /v1/chat/completions (an `image_url` data URL, then the
-# text "Describe this image.", temperature 0, 16 tokens) and writes
-# fixtures/vision/ref/server.json: {"settings", "answers": {image: content}}.
+# text "Describe this image.", temperature 0, 16 tokens), then a few conversations (two
+# images in a message, long text around an image, images in two turns) and writes
+# fixtures/vision/ref/server.json: {"settings", "answers": {image: content},
+# "conversations": {name: {messages, content, prompt_tokens}}}.
 #   LLAMA_CPP_BUILD  the llama.cpp build dir with bin/llama-server (default /work/ref/build)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -34,8 +36,40 @@ for name in ["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"]:
     out = json.load(urllib.request.urlopen(r))
     answers[name] = {"content": out["choices"][0]["message"]["content"],
                      "prompt_tokens": out["usage"]["prompt_tokens"]}
+
+def image(name):
+    data = base64.b64encode(open(f"{d}/{name}.png", "rb").read()).decode()
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}}
+
+
+def text(t):
+    return {"type": "text", "text": t}
+
+
+# Several images, long text around them, an image in an earlier turn.
+FOX = "The quick brown fox jumps over the lazy dog. "
+ASK = "Tell me about the colours and the shapes you see, in detail please. "
+conversations = {
+    "two-images": [{"role": "user", "content": [
+        text("First:"), image("rgb64"), text(" and second:"), image("gray48"), text(" compare them.")]}],
+    "long-text": [{"role": "user", "content": [text(FOX * 4), image("rgb100x60"), text(ASK * 3)]}],
+    "two-turns": [
+        {"role": "user", "content": [image("rgb37x51"), text("What is it?")]},
+        {"role": "assistant", "content": "A small picture."},
+        {"role": "user", "content": [image("rgba80"), text("And this one?")]}],
+}
+conversation_answers = {}
+for name, messages in conversations.items():
+    body = {"messages": messages, "max_tokens": 16, "temperature": 0}
+    r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                               data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    out = json.load(urllib.request.urlopen(r))
+    conversation_answers[name] = {"messages": messages,
+                                  "content": out["choices"][0]["message"]["content"],
+                                  "prompt_tokens": out["usage"]["prompt_tokens"]}
 json.dump({"settings": {"server": "llama-server", "cache": "f32", "flash_attn": "off",
                         "max_tokens": 16, "temperature": 0},
-           "answers": answers}, open(f"{d}/ref/server.json", "w"), indent=1, ensure_ascii=False)
+           "answers": answers, "conversations": conversation_answers},
+          open(f"{d}/ref/server.json", "w"), indent=1, ensure_ascii=False)
 print(json.dumps(answers, ensure_ascii=False))
 PY

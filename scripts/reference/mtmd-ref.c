@@ -20,7 +20,7 @@
  *       "warmup_ms" and "encode_ms" (the N times, in milliseconds), OUT holds the last
  *       encoding's embeddings. Unset or 0: one encoding, nothing timed.
  *
- *   mtmd-ref greedy MODEL MMPROJ IMAGE N_THREADS N_PREDICT PROMPT_FILE OUT_JSON
+ *   mtmd-ref greedy MODEL MMPROJ IMAGE[,IMAGE...] N_THREADS N_PREDICT PROMPT_FILE OUT_JSON
  *       Tokenizes the bytes of PROMPT_FILE, which holds mtmd's default media marker, with
  *       mtmd_tokenize (add_special true, so BOS is prepended; parse_special true), evaluates
  *       every chunk with mtmd_helper_eval_chunks (text chunks as token batches; the image chunk
@@ -192,6 +192,17 @@ static mtmd_bitmap * load_image(mtmd_context * ctx, const char * path, uint32_t 
     *nx = mtmd_bitmap_get_nx(w.bitmap);
     *ny = mtmd_bitmap_get_ny(w.bitmap);
     return w.bitmap;
+}
+
+static mtmd_input_chunks * tokenize_many(mtmd_context * ctx, const char * prompt, const mtmd_bitmap ** bitmaps,
+                                         size_t n_bitmaps) {
+    mtmd_input_chunks * chunks = mtmd_input_chunks_init();
+    struct mtmd_input_text text = { prompt, strlen(prompt), true, true };
+    int32_t rc = mtmd_tokenize(ctx, chunks, &text, bitmaps, n_bitmaps);
+    if (rc != 0) {
+        die("mtmd_tokenize failed (%d)", rc);
+    }
+    return chunks;
 }
 
 static mtmd_input_chunks * tokenize(mtmd_context * ctx, const char * prompt, const mtmd_bitmap * bitmap) {
@@ -434,9 +445,28 @@ static int cmd_greedy(int argc, char ** argv) {
     const struct llama_vocab * vocab = llama_model_get_vocab(model);
     int n_vocab = llama_vocab_n_tokens(vocab);
     mtmd_context * mctx = load_mmproj(mmproj_path, model, n_threads);
-    uint32_t bnx, bny;
-    mtmd_bitmap * bitmap = load_image(mctx, image_path, &bnx, &bny);
-    mtmd_input_chunks * chunks = tokenize(mctx, prompt, bitmap);
+    /* IMAGE may list several files, comma-separated, one per media marker in order */
+    enum { MAX_IMAGES = 8 };
+    mtmd_bitmap * bitmaps[MAX_IMAGES];
+    size_t n_images = 0;
+    uint32_t bnx = 0, bny = 0;
+    {
+        char * list = strdup(image_path);
+        for (char * path = strtok(list, ","); path; path = strtok(NULL, ",")) {
+            if (n_images == MAX_IMAGES) {
+                die("at most %d images", MAX_IMAGES);
+            }
+            uint32_t nx, ny;
+            bitmaps[n_images] = load_image(mctx, path, &nx, &ny);
+            if (n_images == 0) {
+                bnx = nx;
+                bny = ny;
+            }
+            n_images++;
+        }
+        free(list);
+    }
+    mtmd_input_chunks * chunks = tokenize_many(mctx, prompt, (const mtmd_bitmap **) bitmaps, n_images);
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = N_CTX;
@@ -545,7 +575,9 @@ static int cmd_greedy(int argc, char ** argv) {
     free(prompt);
     llama_free(lctx);
     mtmd_input_chunks_free(chunks);
-    mtmd_bitmap_free(bitmap);
+    for (size_t i = 0; i < n_images; i++) {
+        mtmd_bitmap_free(bitmaps[i]);
+    }
     mtmd_free(mctx);
     llama_model_free(model);
     return 0;

@@ -1419,6 +1419,9 @@ fn serve_takes_images_as_llama_server_does() {
             "--kv-f32",
             "--parallel",
             "8",
+            // Prompts fed five positions at a time: text chunks end at every image.
+            "--prefill-chunk",
+            "5",
             "-t",
             "2",
             "--api-key",

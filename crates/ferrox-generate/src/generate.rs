@@ -409,18 +409,11 @@ impl<'t> Generation<'t> {
     }
 
     fn end(&mut self, reason: FinishReason, text: &mut String) {
-        let tail = self.stream.flush().to_string();
-        let released = self.stop.push(&tail);
-        self.track_stop(&tail, released.stopped);
-        text.push_str(&released.text);
-        if !released.stopped {
-            text.push_str(&self.stop.flush());
-        }
-        self.finish = Some(if released.stopped {
-            FinishReason::Stop
-        } else {
-            reason
-        });
+        // The bytes of a character the last token left incomplete are not text: left out,
+        // as llama-server leaves them out.
+        self.stream.discard_incomplete();
+        text.push_str(&self.stop.flush());
+        self.finish = Some(reason);
     }
 }
 

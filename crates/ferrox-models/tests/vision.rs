@@ -93,7 +93,7 @@ fn text_model() -> (AnyEngine, Tokenizer) {
     let gguf = Gguf::open(dir().join("gemma3.gguf")).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     let options = EngineOptions {
-        n_ctx: 128,
+        n_ctx: 512,
         threads: 2,
         kv_storage: KvStorage::F32,
         ..EngineOptions::default()
@@ -127,7 +127,19 @@ fn greedy(
     img: Arc<EncodedImage>,
     n: usize,
 ) -> (Vec<u32>, Vec<Vec<f64>>, Vec<u32>) {
-    let prompt = MediaPrompt::build(tok, PROMPT, vec![img], true).unwrap();
+    greedy_with(engine, tok, PROMPT, vec![img], n)
+}
+
+/// `n` greedy tokens after `text` with `images` at its media markers: the ids, each step's
+/// log-probabilities and the prompt's ids.
+fn greedy_with(
+    engine: &AnyEngine,
+    tok: &Tokenizer,
+    text: &str,
+    images: Vec<Arc<EncodedImage>>,
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f64>>, Vec<u32>) {
+    let prompt = MediaPrompt::build(tok, text, images, true).unwrap();
     let mut state = engine.new_state().unwrap();
     let rest = prompt.feed_prefix(engine, &mut state).unwrap();
     let pos = state.len();
@@ -161,6 +173,22 @@ fn check_greedy(embeddings: impl Fn(&str) -> Arc<EncodedImage>, bar: f64) {
         let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let want: Vec<u32> = serde_json::from_value(r["generated"].clone()).unwrap();
         let (ids, lps, prompt_ids) = greedy(&engine, &tok, embeddings(name), want.len());
+        check_against(name, &r, &ids, &lps, &prompt_ids, bar);
+    }
+}
+
+/// Greedy ids, log-probabilities and prompt ids (`ids`, `lps`, `prompt_ids`) against an
+/// `mtmd-ref greedy` reference `r`.
+fn check_against(
+    name: &str,
+    r: &serde_json::Value,
+    ids: &[u32],
+    lps: &[Vec<f64>],
+    prompt_ids: &[u32],
+    bar: f64,
+) {
+    let want: Vec<u32> = serde_json::from_value(r["generated"].clone()).unwrap();
+    {
         // The text chunks tokenize as mtmd's do.
         let chunks = r["chunks"].as_array().unwrap();
         let text: Vec<u32> = chunks
@@ -191,6 +219,43 @@ fn check_greedy(embeddings: impl Fn(&str) -> Arc<EncodedImage>, bar: f64) {
             }
         }
     }
+}
+
+#[test]
+fn image_prompts_of_every_shape_match_llama_cpp() {
+    // Images at the very start, after a long prefix, before a long suffix, two and three in
+    // a prompt, two back to back: positions far past the sliding window (8) on both sides
+    // of each image's bidirectional span (ref/sweep-*.greedy.json, gen-vision-refs.sh).
+    let (engine, tok) = text_model();
+    let enc = encoder("gemma3.mmproj.gguf", true);
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir().join("ref")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("sweep-") {
+            continue;
+        }
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let images: Vec<Arc<EncodedImage>> = r["settings"]["image"]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(|p| {
+                let stem = std::path::Path::new(p)
+                    .file_stem()
+                    .unwrap()
+                    .to_str()
+                    .unwrap();
+                encoded(&enc, stem, true)
+            })
+            .collect();
+        let want = r["generated"].as_array().unwrap().len();
+        let prompt = r["prompt"].as_str().unwrap();
+        let (ids, lps, prompt_ids) = greedy_with(&engine, &tok, prompt, images, want);
+        check_against(&name, &r, &ids, &lps, &prompt_ids, 5e-4);
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "sweep references");
 }
 
 #[test]

@@ -50,6 +50,15 @@ impl<'t> StreamDecoder<'t> {
     pub fn flush(&mut self) -> &str {
         self.utf8.flush()
     }
+
+    /// Ends the stream dropping an incomplete character left over (a generation cut off
+    /// in the middle of a character, as llama-server leaves it out); returns whether there
+    /// was one.
+    pub fn discard_incomplete(&mut self) -> bool {
+        let had = !self.utf8.pending.is_empty();
+        self.utf8.pending.clear();
+        had
+    }
 }
 
 /// The byte-level half of [`StreamDecoder`].
