@@ -346,12 +346,30 @@ impl<'a> WeightMatrix<'a> {
     /// [`Self::matmul`] for float weights through `gemm`: the activations widened to f32
     /// once, then each task widens a panel of its rows at a time (sized to stay cached)
     /// and sweeps it, tile by tile, against every group of the tile's tokens. The
-    /// bits are the row kernel's (see [`kernels::FloatGemm`]). Allocates the widened
-    /// activations and one panel per task.
+    /// bits are the row kernel's (see [`kernels::FloatGemm`]). The widened operands live in
+    /// per-thread buffers kept between products: nothing is allocated once they have grown.
     fn matmul_float(&self, gemm: kernels::FloatGemm, xq: &[u8], n_tokens: usize, y: &mut [f32]) {
+        WIDENED_TOKENS.with(|x| {
+            let mut x = x.borrow_mut();
+            let len = n_tokens * self.cols;
+            if x.len() < len {
+                x.resize(len, 0.0);
+            }
+            self.matmul_float_with(gemm, xq, n_tokens, &mut x[..len], y);
+        });
+    }
+
+    /// [`Self::matmul_float`] with `x` to hold the widened activations.
+    fn matmul_float_with(
+        &self,
+        gemm: kernels::FloatGemm,
+        xq: &[u8],
+        n_tokens: usize,
+        x: &mut [f32],
+        y: &mut [f32],
+    ) {
         let cols = self.cols;
         let act = self.activation_row_bytes;
-        let mut x = vec![0f32; n_tokens * cols];
         let widen_tokens = |(t, out): (usize, &mut [f32])| {
             (gemm.widen)(&xq[t * act..(t + 1) * act], out);
         };
@@ -360,7 +378,6 @@ impl<'a> WeightMatrix<'a> {
         } else {
             x.chunks_mut(cols).enumerate().for_each(widen_tokens);
         }
-        let (tile_rows, tile_tokens) = (gemm.tile_rows, gemm.tile_tokens);
         let panel_rows = (FLOAT_PANEL_BYTES / (cols * 4)).clamp(TILE_ROWS, MAX_PANEL_ROWS)
             / TILE_ROWS
             * TILE_ROWS;
@@ -368,32 +385,16 @@ impl<'a> WeightMatrix<'a> {
             ptr: y.as_mut_ptr(),
             len: y.len(),
         };
+        let x = &*x;
         let run = |rows: std::ops::Range<usize>| {
-            let mut panel = vec![0f32; panel_rows.min(rows.len()) * cols];
-            for first in rows.clone().step_by(panel_rows) {
-                let n = panel_rows.min(rows.end - first);
-                for (r, widened) in panel.chunks_mut(cols).take(n).enumerate() {
-                    (gemm.widen)(self.row_bytes(first + r), widened);
+            WIDENED_PANEL.with(|panel| {
+                let mut panel = panel.borrow_mut();
+                let len = panel_rows.min(rows.len()) * cols;
+                if panel.len() < len {
+                    panel.resize(len, 0.0);
                 }
-                let mut tile: kernels::FloatTile = Default::default();
-                for t0 in (0..n_tokens).step_by(tile_tokens) {
-                    let tokens = tile_tokens.min(n_tokens - t0);
-                    let xs = &x[t0 * cols..(t0 + tokens) * cols];
-                    for r0 in (0..n).step_by(tile_rows) {
-                        let rows = tile_rows.min(n - r0);
-                        let w = &panel[r0 * cols..(r0 + rows) * cols];
-                        (gemm.tile)(w, rows, xs, tokens, cols, &mut tile);
-                        for (t, values) in (t0..t0 + tokens).zip(0..) {
-                            // SAFETY: this task's rows of token `t`, which no other task
-                            // touches.
-                            let y = unsafe { out.rows(t * self.rows + first + r0, rows) };
-                            for (y, row) in y.iter_mut().zip(&tile) {
-                                *y = row[values];
-                            }
-                        }
-                    }
-                }
-            }
+                self.sweep_panels(gemm, rows, panel_rows, &mut panel[..len], x, n_tokens, &out);
+            });
         };
         let chunk = self.rows_per_task(n_tokens);
         if chunk >= self.rows {
@@ -402,6 +403,47 @@ impl<'a> WeightMatrix<'a> {
             (0..self.rows.div_ceil(chunk))
                 .into_par_iter()
                 .for_each(|task| run(task * chunk..((task + 1) * chunk).min(self.rows)));
+        }
+    }
+
+    /// The rows `rows` of [`Self::matmul_float`], `panel_rows` at a time widened into
+    /// `panel`, each swept against every group of tokens of the widened activations `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn sweep_panels(
+        &self,
+        gemm: kernels::FloatGemm,
+        rows: std::ops::Range<usize>,
+        panel_rows: usize,
+        panel: &mut [f32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &Outputs,
+    ) {
+        let cols = self.cols;
+        let (tile_rows, tile_tokens) = (gemm.tile_rows, gemm.tile_tokens);
+        for first in rows.clone().step_by(panel_rows) {
+            let n = panel_rows.min(rows.end - first);
+            for (r, widened) in panel.chunks_mut(cols).take(n).enumerate() {
+                (gemm.widen)(self.row_bytes(first + r), widened);
+            }
+            let mut tile: kernels::FloatTile = Default::default();
+            for t0 in (0..n_tokens).step_by(tile_tokens) {
+                let tokens = tile_tokens.min(n_tokens - t0);
+                let xs = &x[t0 * cols..(t0 + tokens) * cols];
+                for r0 in (0..n).step_by(tile_rows) {
+                    let rows = tile_rows.min(n - r0);
+                    let w = &panel[r0 * cols..(r0 + rows) * cols];
+                    (gemm.tile)(w, rows, xs, tokens, cols, &mut tile);
+                    for (t, values) in (t0..t0 + tokens).zip(0..) {
+                        // SAFETY: this task's rows of token `t`, which no other task
+                        // touches.
+                        let y = unsafe { out.rows(t * self.rows + first + r0, rows) };
+                        for (y, row) in y.iter_mut().zip(&tile) {
+                            *y = row[values];
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -559,6 +601,14 @@ const MIN_TASK_WORK: usize = 16 * 1024;
 const MIN_MATMUL_ROWS: usize = 32;
 /// Weight bytes of a panel of rows in `matmul`, swept against every token while cached.
 const PANEL_BYTES: usize = 128 * 1024;
+thread_local! {
+    /// The widened activations of [`WeightMatrix::matmul_float`] on the calling thread,
+    /// kept for the next product (decoding allocates nothing once warm).
+    static WIDENED_TOKENS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A task's panel of widened weight rows, kept likewise.
+    static WIDENED_PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// From this many tokens a float-weight product goes through widened operands
 /// ([`kernels::FloatGemm`]) where the instruction set has them.
 const FLOAT_GEMM_MIN_TOKENS: usize = 4;

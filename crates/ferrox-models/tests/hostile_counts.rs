@@ -282,3 +282,28 @@ fn placeholder_vocabulary_is_bounded() {
     let tokenizer = Tokenizer::from_gguf(&Gguf::from_bytes(bytes).unwrap()).unwrap();
     assert_eq!(tokenizer.vocab().len(), 300);
 }
+
+#[test]
+fn mrope_sections_are_checked() {
+    use ferrox_gguf::OwnedArray;
+    for arch in ["qwen2vl", "qwen3vl"] {
+        let gguf = Gguf::from_bytes(synthetic::gguf_bytes(arch)).unwrap();
+        let key = format!("{arch}.rope.dimension_sections");
+        let sections = |v: Vec<i32>| OwnedValue::Array(OwnedArray::I32(v));
+        for (value, says) in [
+            (sections(vec![-1, 12, 12, 0]), "none negative"),
+            (sections(vec![0, 0, 0, 0]), "not all zero"),
+            (sections(vec![8, 12, 12, 0, 4]), "at most four"),
+            (sections(vec![40, 40, 0, 0]), "more pairs than"),
+            (sections(vec![i32::MAX, 0, 0, 0]), "more pairs than"),
+            (OwnedValue::String("8,12,12,0".into()), "dimension_sections"),
+        ] {
+            let bytes = hostile::with_value(&gguf, &key, value.clone());
+            let file = Arc::new(Gguf::from_bytes(bytes).unwrap());
+            let err = AnyEngine::from_gguf(file, &EngineOptions::default())
+                .err()
+                .unwrap_or_else(|| panic!("{arch}: {value:?} loaded"));
+            assert!(err.to_string().contains(says), "{arch} {value:?}: {err}");
+        }
+    }
+}

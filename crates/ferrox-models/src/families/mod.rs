@@ -22,8 +22,10 @@ mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen2moe;
+mod qwen2vl;
 mod qwen3;
 mod qwen3moe;
+mod qwen3vl;
 
 use std::sync::Arc;
 
@@ -59,6 +61,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     exaone::ARCH,
     qwen2moe::ARCH,
     qwen3moe::ARCH,
+    qwen2vl::ARCH,
+    qwen3vl::ARCH,
     olmoe::ARCH,
     deepseek2::ARCH,
     mistral4::ARCH,

@@ -94,7 +94,7 @@ pub const MLA_MODELS: &[&str] = &[
 /// and 32 value dims, 4 experts (2 used) in 2 groups (1 kept) with one shared expert, sigmoid
 /// routing with `exp_probs_b`, normalised weights scaled by 2.5, YaRN (factor 4, original
 /// context 64).
-pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep"];
+pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep", "qwen2vl", "qwen3vl"];
 
 /// Tokens in a sweep model's sequence: every prompt length up to this is checked.
 pub const SWEEP_TOKENS: usize = 160;
@@ -403,6 +403,37 @@ pub fn spec(arch: &str) -> Spec {
             rms_eps: 1e-6,
             rope_base: 1000000.0,
             types: same(T::Q8_0),
+        },
+        // Qwen-VL language models (M-RoPE sections), every matrix F32: text-only sweeps.
+        // llama.cpp reads no RMS epsilon for qwen2vl (it normalises with 0): the file says 0
+        // too, so that both engines compute the same.
+        "qwen2vl" => Spec {
+            arch: "qwen2vl",
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 288,
+            seed: 0x011a_0a02,
+            moe: None,
+            mla: None,
+            rms_eps: 0.0,
+            rope_base: 1000000.0,
+            types: same(T::F32),
+        },
+        "qwen3vl" => Spec {
+            arch: "qwen3vl",
+            n_layer: 3,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 352,
+            seed: 0x011a_0a03,
+            moe: None,
+            mla: None,
+            rms_eps: 1e-6,
+            rope_base: 5000000.0,
+            types: same(T::F32),
         },
         "qwen3" => Spec {
             arch: "qwen3",
@@ -991,6 +1022,15 @@ fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values
             // Phi-3 files carry a window; llama.cpp disables Phi's SWA, so it must not matter.
             w.set(key("attention.sliding_window"), 16u32);
         }
+        "qwen2vl" | "qwen3vl" => {
+            // Time, height, width and a fourth section, in rotated pairs (Qwen2.5-VL's
+            // [16, 24, 24, 0] at head size 128, halved). Interleaved (qwen3vl), pairs 24, 27
+            // and 30 take the fourth position: text leaves them still.
+            w.set(
+                key("rope.dimension_sections"),
+                OwnedValue::Array(OwnedArray::I32(vec![8, 12, 12, 0])),
+            );
+        }
         _ => {}
     }
     if let Some(m) = &s.moe {
@@ -1067,7 +1107,7 @@ fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values
             matrix(&mut w, v, &n("attn_k.weight"), t.k, N_EMBD, kv_w, 0.08);
             matrix(&mut w, v, &n("attn_v.weight"), t.v, N_EMBD, kv_w, 0.06);
         }
-        if a == "qwen2" || a == "qwen2moe" {
+        if a == "qwen2" || a == "qwen2moe" || a == "qwen2vl" {
             vector(&mut w, v, &n("attn_q.bias"), q_w, 0.0, 0.2);
             vector(&mut w, v, &n("attn_k.bias"), kv_w, 0.0, 0.2);
             vector(&mut w, v, &n("attn_v.bias"), kv_w, 0.0, 0.1);
@@ -1077,7 +1117,7 @@ fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values
             vector(&mut w, v, &n("attn_q_norm.weight"), q_w, 1.0, 0.1);
             vector(&mut w, v, &n("attn_k_norm.weight"), kv_w, 1.0, 0.1);
         }
-        if a == "qwen3" || a == "gemma3" || a == "qwen3moe" {
+        if a == "qwen3" || a == "gemma3" || a == "qwen3moe" || a == "qwen3vl" {
             vector(&mut w, v, &n("attn_q_norm.weight"), s.head_dim, 1.0, 0.1);
             vector(&mut w, v, &n("attn_k_norm.weight"), s.head_dim, 1.0, 0.1);
         }
