@@ -22,7 +22,7 @@ pub(super) trait FloatLanes {
     fn scalar(bytes: &[u8]) -> f32;
 
     /// What the leftover products are added to.
-    type Sum: Copy;
+    type Sum: LeftoverSum;
 
     /// ggml's reduction of the four accumulators to one value, the start of the sum the
     /// leftovers add to.
@@ -30,12 +30,6 @@ pub(super) trait FloatLanes {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     unsafe fn reduce(acc: [__m256; 4]) -> Self::Sum;
-
-    /// `sum` with the leftover pair `a·b` added, as ggml adds it.
-    fn add_leftover(sum: Self::Sum, a: f32, b: f32) -> Self::Sum;
-
-    /// The dot product.
-    fn end(sum: Self::Sum) -> f32;
 
     /// ggml's reduction of the four accumulators to one value, with the leftover value
     /// pairs multiplied and added to it.
@@ -46,7 +40,41 @@ pub(super) trait FloatLanes {
     unsafe fn finish(acc: [__m256; 4], leftovers: impl Iterator<Item = (f32, f32)>) -> f32 {
         // SAFETY: the caller's contract.
         let start = unsafe { Self::reduce(acc) };
-        Self::end(leftovers.fold(start, |sum, (a, b)| Self::add_leftover(sum, a, b)))
+        leftovers.fold(start, |sum, (a, b)| sum.add(a, b)).end()
+    }
+}
+
+/// A dot product's running sum as ggml adds the leftover values to it.
+pub(super) trait LeftoverSum: Copy {
+    /// The sum with the leftover pair `a·b` added.
+    fn add(self, a: f32, b: f32) -> Self;
+    /// The dot product.
+    fn end(self) -> f32;
+}
+
+/// F32 rows: the sum stays f32 and the C compiler fuses ggml's multiply-adds.
+impl LeftoverSum for f32 {
+    #[inline(always)]
+    fn add(self, a: f32, b: f32) -> f32 {
+        a.mul_add(b, self)
+    }
+
+    #[inline(always)]
+    fn end(self) -> f32 {
+        self
+    }
+}
+
+/// F16 and BF16 rows: ggml sums the leftovers in f64.
+impl LeftoverSum for f64 {
+    #[inline(always)]
+    fn add(self, a: f32, b: f32) -> f64 {
+        self + f64::from(a * b)
+    }
+
+    #[inline(always)]
+    fn end(self) -> f32 {
+        self as f32
     }
 }
 
@@ -88,16 +116,6 @@ impl FloatLanes for F32Lanes {
     unsafe fn reduce(acc: [__m256; 4]) -> f32 {
         reduce_f32x8(acc)
     }
-
-    #[inline(always)]
-    fn add_leftover(sum: f32, a: f32, b: f32) -> f32 {
-        a.mul_add(b, sum)
-    }
-
-    #[inline(always)]
-    fn end(sum: f32) -> f32 {
-        sum
-    }
 }
 
 impl FloatLanes for F16Lanes {
@@ -121,16 +139,6 @@ impl FloatLanes for F16Lanes {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn reduce(acc: [__m256; 4]) -> f64 {
         f64::from(reduce_f32x8(acc))
-    }
-
-    #[inline(always)]
-    fn add_leftover(sum: f64, a: f32, b: f32) -> f64 {
-        sum + f64::from(a * b)
-    }
-
-    #[inline(always)]
-    fn end(sum: f64) -> f32 {
-        sum as f32
     }
 }
 
@@ -157,16 +165,6 @@ impl FloatLanes for Bf16Lanes {
     unsafe fn reduce(acc: [__m256; 4]) -> f64 {
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
         f64::from(hsum_ggml(v))
-    }
-
-    #[inline(always)]
-    fn add_leftover(sum: f64, a: f32, b: f32) -> f64 {
-        sum + f64::from(a * b)
-    }
-
-    #[inline(always)]
-    fn end(sum: f64) -> f32 {
-        sum as f32
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_float::{Bf16Lanes, F16Lanes, F32Lanes, FloatLanes};
+use super::avx2_float::{Bf16Lanes, F16Lanes, F32Lanes, FloatLanes, LeftoverSum};
 use crate::kernels::{FloatGemm, FloatTile, WeightKind};
 
 const STEP: usize = 32;
@@ -46,11 +46,11 @@ fn tile<E: FloatLanes, const T: usize>(w: &[f32], x: &[f32], cols: usize, out: &
     // The leftovers column by column, so that the outputs' sums advance side by side.
     for i in full..cols {
         for (t, sum) in sums.iter_mut().enumerate() {
-            *sum = E::add_leftover(*sum, w[i], x[t * cols + i]);
+            *sum = sum.add(w[i], x[t * cols + i]);
         }
     }
     for (out, &sum) in out[0].iter_mut().zip(&sums) {
-        *out = E::end(sum);
+        *out = sum.end();
     }
 }
 
@@ -74,6 +74,13 @@ fn widen<E: FloatLanes>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The safe entry of [`widen`].
+pub(super) fn widen_entry<E: FloatLanes>(bytes: &[u8], out: &mut [f32]) {
+    // SAFETY: handed out only in the float products' entries, after detecting AVX2, FMA
+    // and F16C (which the AVX-512 kernels' detection includes).
+    unsafe { widen::<E>(bytes, out) }
+}
+
 /// The safe entries for element type `E`.
 fn entry<E: FloatLanes>() -> FloatGemm {
     fn run<E: FloatLanes>(
@@ -93,10 +100,6 @@ fn entry<E: FloatLanes>() -> FloatGemm {
             1 => unsafe { tile::<E, 1>(w, x, cols, out) },
             _ => panic!("float tile of {tokens} tokens (at most {TOKENS})"),
         }
-    }
-    fn widen_entry<E: FloatLanes>(bytes: &[u8], out: &mut [f32]) {
-        // SAFETY: as for `run`.
-        unsafe { widen::<E>(bytes, out) }
     }
     FloatGemm {
         widen: widen_entry::<E>,

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_float::{Bf16Lanes, F16Lanes, F32Lanes};
+use super::avx2_float::{Bf16Lanes, F16Lanes, F32Lanes, LeftoverSum};
 use super::avx512_float::Lanes16;
 use crate::kernels::WeightKind;
 use crate::kernels::{FloatGemm, FloatTile, TILE_ROWS, TILE_TOKENS};
@@ -68,34 +68,14 @@ fn tile<E: Lanes16, const R: usize, const T: usize>(
     for i in full..cols {
         for (r, sums) in sums.iter_mut().enumerate() {
             for (t, sum) in sums.iter_mut().enumerate() {
-                *sum = E::add_leftover(*sum, w[r * cols + i], x[t * cols + i]);
+                *sum = sum.add(w[r * cols + i], x[t * cols + i]);
             }
         }
     }
     for (out, sums) in out.iter_mut().zip(&sums) {
         for (out, &sum) in out.iter_mut().zip(sums) {
-            *out = E::end(sum);
+            *out = sum.end();
         }
-    }
-}
-
-/// Row `bytes` of element type `E` as f32 values.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn widen<E: Lanes16>(bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(bytes.len(), out.len() * E::BYTES, "widened row length");
-    let full = out.len() / 16 * 16;
-    for at in (0..full).step_by(16) {
-        // SAFETY: `bytes` holds the 16 values from `at`; `out` has room for them.
-        unsafe {
-            let v = E::load16(&bytes[at * E::BYTES..]);
-            _mm512_storeu_ps(out.as_mut_ptr().add(at), v);
-        }
-    }
-    for (value, b) in out[full..]
-        .iter_mut()
-        .zip(bytes[full * E::BYTES..].chunks_exact(E::BYTES))
-    {
-        *value = E::scalar(b);
     }
 }
 
@@ -132,12 +112,9 @@ fn entry<E: Lanes16>() -> FloatGemm {
             _ => panic!("float tile of {rows}x{tokens} (at most {TILE_ROWS}x{TILE_TOKENS})"),
         }
     }
-    fn widen_entry<E: Lanes16>(bytes: &[u8], out: &mut [f32]) {
-        // SAFETY: as for `run`.
-        unsafe { widen::<E>(bytes, out) }
-    }
     FloatGemm {
-        widen: widen_entry::<E>,
+        // Widening is a small share of the work: the AVX2 loop serves.
+        widen: super::avx2_float_gemm::widen_entry::<E>,
         tile: run::<E>,
         tile_rows: TILE_ROWS,
         tile_tokens: TILE_TOKENS,
