@@ -49,20 +49,30 @@ pub struct MemoryPlan {
     /// Bytes the routed experts take packed (when their type and shape allow it).
     pub expert_packed_bytes: u64,
     pub experts: ExpertPlacement,
+    /// Bytes left out of the default budget for one sequence's KV cache over the whole
+    /// context ([`kv_reserve`]); 0 when the budget is given.
+    pub kv_reserved: u64,
 }
 
 impl MemoryPlan {
     /// The plan for `gguf` under `options` (`memory_budget`, else a share of the memory the
     /// system has available).
     pub fn new(gguf: &Gguf, options: &EngineOptions) -> Result<MemoryPlan, ModelError> {
-        let (budget, budget_given) = match options.memory_budget {
-            Some(b) => (b, true),
-            None => (default_budget(), false),
+        let (budget, budget_given, kv_reserved) = match options.memory_budget {
+            Some(b) => (b, true, 0),
+            None => {
+                let kv = kv_reserve(gguf, options);
+                (default_budget().saturating_sub(kv), false, kv)
+            }
         };
         // Without packed kernels nothing is packed (see `MatrixRef::pack`): the experts are
         // read in place like every other matrix.
         let repack = options.repack && ferrox_core::packed::available();
-        Self::for_budget(gguf.tensors(), budget, budget_given, repack)
+        let plan = Self::for_budget(gguf.tensors(), budget, budget_given, repack)?;
+        Ok(MemoryPlan {
+            kv_reserved,
+            ..plan
+        })
     }
 
     /// The plan for these tensors under `budget` bytes.
@@ -128,6 +138,7 @@ impl MemoryPlan {
             expert_bytes,
             expert_packed_bytes,
             experts,
+            kv_reserved: 0,
         })
     }
 
@@ -151,6 +162,59 @@ fn expert_packed(t: &TensorInfo) -> Option<(u64, u64)> {
     let halves = if t.name.contains("gate_up") { 2 } else { 1 };
     let per = PackedMatrix::packed_bytes(t.ty, rows / halves, cols)?;
     Some(((per as u64).checked_mul(halves as u64)?, n as u64))
+}
+
+/// Bytes the KV cache of one sequence over the whole context takes (`options.n_ctx`, else
+/// the file's training context) at `options.kv_storage`, from the file's attention shapes:
+/// a latent row per layer (`kv_lora_rank` plus the RoPE dims) or the grouped-query keys and
+/// values (the widest layer's, for every layer). The engines hold that memory once a
+/// sequence fills its context, so the default budget leaves it free for them. 0 when the
+/// file does not say; everything when its counts are absurd (the load then refuses them).
+pub fn kv_reserve(gguf: &Gguf, options: &EngineOptions) -> u64 {
+    let meta = gguf.metadata();
+    let Ok(arch) = meta.architecture() else {
+        return 0;
+    };
+    let keys = crate::hparams::Keys { meta: &meta, arch };
+    let count = |name: &str| keys.opt_usize(name).ok().flatten();
+    let (Some(n_layer), Some(n_ctx_train)) = (count("block_count"), count("context_length")) else {
+        return 0;
+    };
+    let n_ctx = if options.n_ctx > 0 {
+        options.n_ctx
+    } else {
+        n_ctx_train
+    };
+    let widest = |name: &str| -> Option<usize> {
+        let n = n_layer.min(crate::hparams::Keys::MAX_LAYERS);
+        keys.per_layer(name, n).ok().flatten()?.into_iter().max()
+    };
+    let (key_width, value_width) = match count("attention.kv_lora_rank") {
+        Some(rank) => (
+            Some(rank + count("rope.dimension_count").unwrap_or(0)),
+            Some(0),
+        ),
+        None => {
+            let heads = widest("attention.head_count").unwrap_or(0).max(1);
+            let kv_heads = widest("attention.head_count_kv").unwrap_or(heads);
+            let per_head = count("embedding_length").unwrap_or(0) / heads;
+            let width = |name: &str| kv_heads.checked_mul(count(name).unwrap_or(per_head));
+            (
+                width("attention.key_length"),
+                width("attention.value_length"),
+            )
+        }
+    };
+    // Widths beyond any real model's would overflow the row sizes: reserve everything.
+    const MAX_WIDTH: usize = 1 << 32;
+    match (key_width, value_width) {
+        (Some(k), Some(v)) if k <= MAX_WIDTH && v <= MAX_WIDTH => {
+            let row = options.kv_storage.row_bytes(k, v) as u64;
+            row.saturating_mul(n_layer as u64)
+                .saturating_mul(n_ctx as u64)
+        }
+        _ => u64::MAX,
+    }
 }
 
 /// A share of the memory available now, within the cgroup's limit if there is one.

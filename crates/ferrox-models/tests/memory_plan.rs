@@ -148,3 +148,46 @@ fn direct_reads_give_the_same_logits() {
         eprintln!("O_DIRECT refused on the build's disk ({e}): only the fallback was checked");
     }
 }
+
+#[test]
+fn the_default_budget_leaves_the_kv_cache_free() {
+    use ferrox_core::{KvStorage, KvType};
+    use ferrox_models::plan::kv_reserve;
+    // The estimate from the file's shapes is what the engine's memory takes per position,
+    // over the context: grouped-query keys and values (qwen3moe, gemma3 with its widest
+    // layer) and latent rows (deepseek2), f16 and q8_0 caches.
+    let mut checked = 0;
+    for name in ["qwen3moe", "gemma3", "deepseek2", "llama"] {
+        for kv_storage in [KvStorage::F16, KvStorage::uniform(KvType::Q8_0)] {
+            let gguf = Arc::new(Gguf::from_bytes(synthetic::gguf_bytes(name)).unwrap());
+            let options = EngineOptions {
+                n_ctx: 256,
+                threads: 2,
+                kv_storage,
+                ..EngineOptions::default()
+            };
+            let Ok(engine) = AnyEngine::from_gguf(gguf.clone(), &options) else {
+                continue; // a cache type this engine refuses
+            };
+            let per_position = engine.new_state().unwrap().bytes_per_position();
+            let reserve = kv_reserve(&gguf, &options);
+            assert_eq!(
+                reserve as f64,
+                per_position * 256.0,
+                "{name} {kv_storage:?}: reserve {reserve}"
+            );
+            let plan = MemoryPlan::new(&gguf, &options).unwrap();
+            assert_eq!(plan.kv_reserved, reserve, "{name}");
+            // A given budget is the weights' alone.
+            let given = EngineOptions {
+                memory_budget: Some(1 << 40),
+                ..options
+            };
+            let plan = MemoryPlan::new(&gguf, &given).unwrap();
+            assert_eq!((plan.budget, plan.kv_reserved), (1 << 40, 0));
+            checked += 1;
+        }
+    }
+    // Every engine takes an f16 cache; the latent one refuses q8_0.
+    assert_eq!(checked, 7);
+}

@@ -79,6 +79,7 @@ fn print_plan(
             "expert_cache_slots": slots,
             "expert_slot_bytes": slot_bytes,
             "mapped_bytes": plan.mapped_bytes(),
+            "kv_reserved_bytes": plan.kv_reserved,
         });
         serde_json::to_writer(&mut *out, &object)?;
         writeln!(out)?;
@@ -86,9 +87,13 @@ fn print_plan(
     }
     let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let source = if plan.budget_given {
-        "given"
+        "given".to_string()
     } else {
-        "85% of the memory available now"
+        format!(
+            "85% of the memory available now, less {} for one sequence's KV cache over the \
+             whole context",
+            gib(plan.kv_reserved)
+        )
     };
     writeln!(out, "budget:          {} ({source})", gib(plan.budget))?;
     writeln!(

@@ -59,8 +59,9 @@ pub struct ModelArgs {
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Memory the weights may take, e.g. `48G` (default: 85% of what the system has
-    /// available). Routed experts that do not fit stay in the file and stream through a
-    /// cache of packed copies of the most used.
+    /// available, less one sequence's KV cache over the context). Routed experts that do
+    /// not fit stay in the file and stream through a cache of packed copies of the most
+    /// used.
     #[arg(long = "memory-budget", value_parser = byte_size, value_name = "SIZE")]
     pub memory_budget: Option<u64>,
     /// Lock the weights held in memory so that the system never pages them out (as
