@@ -53,6 +53,8 @@ pub struct Scratch {
     qkv: Vec<f32>,
     k16: Vec<f16>,
     v16: Vec<f16>,
+    /// Keys and values repacked for [`ferrox_core::dense_attn`].
+    dense: ferrox_core::dense_attn::DenseScratch,
     attn: Vec<f32>,
     proj: Vec<f32>,
     up: Vec<f32>,
@@ -213,13 +215,45 @@ impl Encoder {
                     rope.apply(kt, hd, angles);
                 });
         }
+        let attn = sized(&mut s.attn, n * e);
+        let bidirectional = !c.causal && !matches!(c.positions, Positions::Alibi { .. });
+        if bidirectional && hd <= ferrox_core::dense_attn::MAX_HEAD_DIM {
+            // Every row of a sequence attends to every row of it: one dense attention per
+            // sequence (its rows are contiguous).
+            let attention = ferrox_core::dense_attn::DenseAttention {
+                n_head: c.n_head,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                kv: if self.rt.kv_storage == KvStorage::F16 {
+                    ferrox_core::dense_attn::KvPrecision::F16
+                } else {
+                    ferrox_core::dense_attn::KvPrecision::F32
+                },
+            };
+            let mut done = 0;
+            for span in spans.iter().filter(|s| s.end > s.start) {
+                let at = span.start * e..span.end * e;
+                let len = span.end - span.start;
+                attention.run(
+                    &q[at.clone()],
+                    &k[at.clone()],
+                    &v[at.clone()],
+                    len,
+                    &mut attn[at],
+                    &mut s.dense,
+                );
+                done += len;
+            }
+            debug_assert_eq!(done, n, "every row in one sequence's span");
+            return self.attention_output(lw, n, s);
+        }
         let f16_rows = (self.rt.kv_storage == KvStorage::F16).then_some((&mut s.k16, &mut s.v16));
         let (keys, values) = kv_rows((&*k, &*v), f16_rows);
         let params = AttentionParams {
             scale: 1.0 / (hd as f32).sqrt(),
             softcap: None,
         };
-        let attn = sized(&mut s.attn, n * e);
+        let attn = &mut s.attn[..n * e];
         let q = &*q;
         attn.par_chunks_mut(hd)
             .enumerate()
@@ -240,6 +274,20 @@ impl Encoder {
                     _ => attend(q_head, &view, span.start, hi, &params, out),
                 }
             });
+        self.attention_output(lw, n, s)
+    }
+
+    /// The attention's output projection and the residual norms, from `s.attn`.
+    fn attention_output(
+        &self,
+        lw: &LayerWeights,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<(), EngineError> {
+        let c = &self.config;
+        let e = c.n_embd;
+        let gguf = &*self.rt.gguf;
+        let attn = &s.attn[..n * e];
         let proj = sized(&mut s.proj, n * e);
         linear(&lw.wo.view(gguf)?, attn, n, proj, &mut s.xq)?;
         if let Some(b) = &lw.wo_bias {
