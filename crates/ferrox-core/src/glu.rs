@@ -48,6 +48,21 @@ pub fn gelu(x: f32) -> f32 {
     f16::from_bits(table()[f16::from_f32(x).to_bits() as usize]).to_f32()
 }
 
+/// ggml's quick GELU of one value, `x * sigmoid(1.702 x)`, through its table as GELU's: the
+/// f16 input indexes f16 results (no clamping at the ends).
+pub fn gelu_quick(x: f32) -> f32 {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                f16::from_f32(x * (1.0 / (1.0 + (-1.702f32 * x).exp()))).to_bits()
+            })
+            .collect()
+    });
+    f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32()
+}
+
 /// `gate[i] = gelu(gate[i]) * up[i]` (ggml's `geglu`: `x * up` at or above 10).
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
     geglu_with(best_isa(), gate, up)

@@ -203,6 +203,10 @@ pub struct SeqInput<'a> {
     pub output: Output,
     /// Rows that stand in for the tokens' embeddings (an image's), if any.
     pub embeddings: Option<InputEmbeddings<'a>>,
+    /// Added to each row's cache position to give its rotary position. Nonzero after an
+    /// image whose rows take another number of rotary positions than rows (a Qwen-VL image
+    /// takes `max(nx, ny)`, see [`ImageGrid`]); 0 otherwise.
+    pub position_shift: isize,
 }
 
 /// Rows given in place of a step's token embeddings (an image's embeddings from a vision
@@ -216,6 +220,26 @@ pub struct InputEmbeddings<'a> {
     /// The rows attend to each other both ways (Gemma 3's image tokens) rather than
     /// causally; they must then fit one micro-batch.
     pub bidirectional: bool,
+    /// The rows are an image's grid of tokens, placed by M-RoPE (Qwen-VL): row `i` turns
+    /// by the rotary positions `(t, t + i / nx, t + i % nx)` (time, row, column; `t` the
+    /// first row's rotary position), for models whose RoPE has M-RoPE sections
+    /// ([`Engine::accepts_image_grids`]). `None`: one position per row.
+    pub grid: Option<ImageGrid>,
+}
+
+/// An image's grid of tokens: `nx` a row, `ny` rows, row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageGrid {
+    pub nx: usize,
+    pub ny: usize,
+}
+
+impl ImageGrid {
+    /// The rotary positions the image takes (llama.cpp's `mtmd_image_tokens_get_n_pos` for
+    /// M-RoPE): the text after it continues from its first position plus this.
+    pub fn n_pos(&self) -> usize {
+        self.nx.max(self.ny)
+    }
 }
 
 /// An engine's activation buffers, kept between steps so decoding does not allocate. Each
@@ -257,6 +281,11 @@ pub trait Engine: Send + Sync + Any {
 
     /// Whether steps may give rows in place of token embeddings ([`SeqInput::embeddings`]).
     fn accepts_embeddings(&self) -> bool {
+        false
+    }
+
+    /// Whether given rows may be an image grid placed by M-RoPE ([`InputEmbeddings::grid`]).
+    fn accepts_image_grids(&self) -> bool {
         false
     }
 
@@ -351,6 +380,8 @@ pub struct SeqWork<'a> {
     pub tokens: &'a [TokenId],
     pub logits: LogitsFor,
     pub output: Output,
+    /// See [`SeqInput::position_shift`].
+    pub position_shift: isize,
 }
 
 /// Runs one step of `engine` over sequences kept in `memory`: grows each sequence's blocks
@@ -389,6 +420,7 @@ pub fn step_sequences_with<E: Engine + ?Sized>(
             logits: w.logits,
             output: w.output,
             embeddings: embeddings.get(i).copied().flatten(),
+            position_shift: w.position_shift,
         })
         .collect();
     let mut view = memory.view(&ids)?;
@@ -407,9 +439,21 @@ pub struct State {
     seq: SeqId,
     scratch: StepScratch,
     logits: Vec<f32>,
+    position_shift: isize,
 }
 
 impl State {
+    /// What the next steps add to their rows' cache positions to give their rotary
+    /// positions ([`SeqInput::position_shift`]): set by whoever feeds images that take
+    /// another number of rotary positions than rows, kept until set again.
+    pub fn set_position_shift(&mut self, shift: isize) {
+        self.position_shift = shift;
+    }
+
+    pub fn position_shift(&self) -> isize {
+        self.position_shift
+    }
+
     /// Positions held.
     pub fn len(&self) -> usize {
         self.memory.len(self.seq)
@@ -471,6 +515,7 @@ pub trait EngineExt: Engine {
             seq,
             scratch: self.new_scratch(),
             logits: Vec::new(),
+            position_shift: 0,
         })
     }
 
@@ -530,12 +575,14 @@ pub trait EngineExt: Engine {
             seq,
             scratch,
             logits: out,
+            position_shift,
         } = state;
         let work = SeqWork {
             seq: *seq,
             tokens,
             logits: rows,
             output,
+            position_shift: *position_shift,
         };
         step_sequences_with(self, memory, scratch, &[work], &[embeddings], &mut [out])?;
         Ok(&state.logits)

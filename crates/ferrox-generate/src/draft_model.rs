@@ -287,6 +287,7 @@ impl DraftSequences {
                     tokens,
                     logits: LogitsFor::Last,
                     output: Output::Logits,
+                    position_shift: 0,
                 })
                 .collect();
             if self.logits.len() < work.len() {

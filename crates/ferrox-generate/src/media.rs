@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use ferrox_engine::{EngineError, EngineExt, InputEmbeddings, LogitsFor, State, TokenId};
+use ferrox_engine::{
+    EngineError, EngineExt, ImageGrid, InputEmbeddings, LogitsFor, State, TokenId,
+};
 use ferrox_tokenizer::tokenizer::Tokenizer;
 
 /// Where an image goes in a prompt's text (llama.cpp's default media marker).
@@ -17,6 +19,9 @@ pub struct EncodedImage {
     pub n_tokens: usize,
     /// The image's tokens attend to each other both ways (Gemma 3).
     pub bidirectional: bool,
+    /// The tokens' grid, when the language model places them by M-RoPE (Qwen-VL): the image
+    /// then takes [`ImageGrid::n_pos`] rotary positions, not one per token.
+    pub grid: Option<ImageGrid>,
     /// The text before and after the embeddings (`<start_of_image>`, `<end_of_image>`).
     pub begin: String,
     pub end: String,
@@ -38,9 +43,23 @@ impl EncodedImage {
             rows,
             n_tokens,
             bidirectional,
+            grid: None,
             begin: markers.0.to_string(),
             end: markers.1.to_string(),
         }
+    }
+
+    /// The image placed as a grid of tokens by M-RoPE (`None`: one position per token).
+    pub fn with_grid(mut self, grid: Option<ImageGrid>) -> EncodedImage {
+        self.grid = grid;
+        self
+    }
+
+    /// Rotary positions the image takes beyond its tokens (negative: fewer): what the
+    /// positions after it are shifted by.
+    pub fn position_shift(&self) -> isize {
+        self.grid
+            .map_or(0, |g| g.n_pos() as isize - self.n_tokens as isize)
     }
 
     /// Position ids for an image's `n_tokens` rows, derived from its content (a hash of the
@@ -75,6 +94,16 @@ pub enum MediaError {
 pub struct PlacedImage {
     pub start: usize,
     pub image: Arc<EncodedImage>,
+}
+
+/// The shift from cache positions to rotary positions at position `at` of a prompt holding
+/// `images`: the sum of the shifts of the images that end by then.
+pub fn position_shift_at(images: &[PlacedImage], at: usize) -> isize {
+    images
+        .iter()
+        .filter(|p| p.start + p.image.n_tokens <= at)
+        .map(|p| p.image.position_shift())
+        .sum()
 }
 
 /// A piece of a prompt.
@@ -206,6 +235,12 @@ impl MediaPrompt {
             .map_or(n, |p| p.start)
     }
 
+    /// The shift from cache positions to rotary positions at position `at` of the prompt
+    /// (after the images that end by then; see [`EncodedImage::position_shift`]).
+    pub fn position_shift_at(&self, at: usize) -> isize {
+        position_shift_at(&self.placed_images(), at)
+    }
+
     /// Feeds every chunk but a final text chunk to `state`, each image in a step of its own;
     /// returns the rest of that final chunk, the prompt to generate after. The positions the
     /// state already holds are taken to be the prompt's start (a reused prefix, which must
@@ -235,6 +270,7 @@ impl MediaPrompt {
                 continue;
             }
             let pos = state.len();
+            state.set_position_shift(self.position_shift_at(pos));
             match chunk {
                 Chunk::Text(t) => {
                     let t = &t[skip..];
@@ -249,6 +285,7 @@ impl MediaPrompt {
                     let embeddings = InputEmbeddings {
                         rows: &img.rows,
                         bidirectional: img.bidirectional,
+                        grid: img.grid,
                     };
                     engine.forward_embeddings(
                         &img.ids,
@@ -260,6 +297,8 @@ impl MediaPrompt {
                 }
             }
         }
+        // The final text, and what is generated after it, follow every image.
+        state.set_position_shift(self.position_shift_at(self.len()));
         let skip = done.saturating_sub(at).min(last.len());
         Ok(last[skip..].to_vec())
     }
@@ -285,6 +324,31 @@ mod tests {
         // the image it goes back to the image's start.
         let kept: Vec<usize> = (0..=9).map(|n| prompt.reusable(n)).collect();
         assert_eq!(kept, [0, 1, 2, 3, 3, 3, 3, 7, 8, 9]);
+    }
+
+    #[test]
+    fn grid_images_shift_the_positions_after_them() {
+        let grid = |nx, ny| {
+            Arc::new(
+                EncodedImage::new(vec![0.5; nx * ny], nx * ny, false, ("", ""))
+                    .with_grid(Some(ImageGrid { nx, ny })),
+            )
+        };
+        // 3x2 tokens take 3 rotary positions, 2x4 take 4.
+        let prompt = MediaPrompt {
+            chunks: vec![
+                Chunk::Text(vec![1, 2]),
+                Chunk::Image(grid(3, 2)),
+                Chunk::Text(vec![3]),
+                Chunk::Image(grid(2, 4)),
+                Chunk::Text(vec![4]),
+            ],
+        };
+        let shifts: Vec<isize> = [0, 2, 5, 8, 9, 16, 17]
+            .iter()
+            .map(|&at| prompt.position_shift_at(at))
+            .collect();
+        assert_eq!(shifts, [0, 0, 0, -3, -3, -3, -7]);
     }
 
     #[test]

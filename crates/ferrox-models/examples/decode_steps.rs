@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokens: p,
             logits: LogitsFor::Last,
             output: ferrox_models::Output::Logits,
+            position_shift: 0,
         })
         .collect();
     let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
@@ -69,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 tokens: &token,
                 logits: LogitsFor::Last,
                 output: ferrox_models::Output::Logits,
+                position_shift: 0,
             })
             .collect();
         let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();

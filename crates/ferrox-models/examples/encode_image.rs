@@ -62,14 +62,14 @@ fn main() {
 
     let start = Instant::now();
     let embeddings = encoder
-        .encode_planar(&planar)
+        .encode_prepared(&planar)
         .unwrap_or_else(|e| fail("encode", &e));
     let warmup_ms = ms(start);
     let mut runs_ms: Vec<f64> = (0..runs)
         .map(|_| {
             let start = Instant::now();
             let again = encoder
-                .encode_planar(&planar)
+                .encode_prepared(&planar)
                 .unwrap_or_else(|e| fail("encode", &e));
             let t = ms(start);
             assert_eq!(again, embeddings, "encodes of one input differ");
@@ -93,7 +93,8 @@ fn main() {
         "image_height": img.height,
         "threads": threads,
         "f32_attention": f32_attention,
-        "image_size": c.image_size,
+        "input_width": planar.width,
+        "input_height": planar.height,
         "patch_size": c.patch_size,
         "n_embd": c.n_embd,
         "n_ff": c.n_ff,

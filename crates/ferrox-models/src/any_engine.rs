@@ -62,6 +62,10 @@ impl Engine for AnyEngine {
         self.0.accepts_embeddings()
     }
 
+    fn accepts_image_grids(&self) -> bool {
+        self.0.accepts_image_grids()
+    }
+
     fn is_encoder(&self) -> bool {
         self.0.is_encoder()
     }

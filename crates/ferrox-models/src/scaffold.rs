@@ -14,6 +14,7 @@ use crate::engine::{EngineError, EngineOptions, Output, SeqInput, WeightMemory};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
+use crate::layers::rope::RopePos;
 use crate::plan::{ExpertPlacement, MemoryPlan, Packing};
 #[cfg(doc)]
 use crate::Engine;
@@ -40,6 +41,10 @@ pub struct Row {
     /// The end (exclusive) of the positions the row attends to: `pos + 1`, or the end of a
     /// bidirectional span it belongs to.
     pub attend_end: usize,
+    /// Where RoPE places the row: its position plus the sequence's shift, or its place in
+    /// an image grid ([`crate::engine::InputEmbeddings::grid`]). Engines without M-RoPE
+    /// sections read `pos`.
+    pub rope: RopePos,
 }
 
 /// `buf[..len]`, grown if needed.
@@ -61,7 +66,7 @@ pub fn layout(
     (n_vocab, n_embd): (usize, usize),
     logits: &mut [&mut Vec<f32>],
     rows: &mut Vec<Row>,
-    (takes_embeddings, embeddings): (bool, &mut Vec<f32>),
+    (takes_embeddings, takes_grids, embeddings): (bool, bool, &mut Vec<f32>),
 ) -> Result<(), EngineError> {
     rows.clear();
     embeddings.clear();
@@ -90,10 +95,19 @@ pub fn layout(
                 e,
                 input.tokens.len(),
                 n_embd,
-                takes_embeddings,
+                (takes_embeddings, takes_grids),
             )?),
             None => None,
         };
+        let rope_start = start
+            .checked_add_signed(input.position_shift)
+            .ok_or_else(|| {
+                EngineError::State(format!(
+                    "a position shift of {} at position {start}",
+                    input.position_shift
+                ))
+            })?;
+        let grid = input.embeddings.and_then(|e| e.grid);
         if given.is_none() {
             if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(EngineError::InvalidToken {
@@ -124,6 +138,14 @@ pub fn layout(
                     Some(true) => needed,
                     _ => start + i + 1,
                 },
+                rope: match grid {
+                    Some(g) => RopePos {
+                        t: rope_start,
+                        y: rope_start + i / g.nx,
+                        x: rope_start + i % g.nx,
+                    },
+                    None => RopePos::at(rope_start + i),
+                },
             });
         }
     }
@@ -135,12 +157,25 @@ fn check_embeddings(
     e: crate::engine::InputEmbeddings<'_>,
     n_tokens: usize,
     n_embd: usize,
-    takes_embeddings: bool,
+    (takes_embeddings, takes_grids): (bool, bool),
 ) -> Result<bool, EngineError> {
     if !takes_embeddings {
         return Err(EngineError::State(
             "this engine takes tokens only, not embeddings in their place".into(),
         ));
+    }
+    if let Some(g) = e.grid {
+        if !takes_grids {
+            return Err(EngineError::State(
+                "an image grid placed by M-RoPE: this model's RoPE has no M-RoPE sections".into(),
+            ));
+        }
+        if g.nx.checked_mul(g.ny) != Some(n_tokens) {
+            return Err(EngineError::State(format!(
+                "an image grid of {}x{} for {n_tokens} rows",
+                g.nx, g.ny
+            )));
+        }
     }
     if e.rows.len() != n_tokens * n_embd {
         return Err(EngineError::State(format!(
@@ -326,6 +361,11 @@ pub trait EngineBody: Send + Sync + 'static {
         false
     }
 
+    /// Whether given rows may be image grids placed by M-RoPE ([`Row::rope`]).
+    fn takes_image_grids(&self) -> bool {
+        false
+    }
+
     /// The file's classification head (rerankers), if the engine loaded one.
     fn classifier(&self) -> Option<&crate::layers::classifier::ClassifierHead> {
         None
@@ -429,6 +469,10 @@ macro_rules! engine_from_body {
                     EngineBody::takes_embeddings(self)
                 }
 
+                fn accepts_image_grids(&self) -> bool {
+                    EngineBody::takes_image_grids(self)
+                }
+
                 fn has_classifier(&self) -> bool {
                     EngineBody::classifier(self).is_some()
                 }
@@ -482,7 +526,11 @@ macro_rules! engine_from_body {
                         engine,
                     } = scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
                     let widths = (self.runtime().n_vocab, self.runtime().n_embd);
-                    let given = (EngineBody::takes_embeddings(self), &mut *embeddings);
+                    let given = (
+                        EngineBody::takes_embeddings(self),
+                        EngineBody::takes_image_grids(self),
+                        &mut *embeddings,
+                    );
                     layout(memory, seqs, widths, logits, rows, given)?;
                     let checkpoints = self.checkpoints();
                     let block = memory.block_tokens();
@@ -732,6 +780,7 @@ mod tests {
             output: Output::Logits,
             embedding: None,
             attend_end,
+            rope: RopePos::at(pos),
         }
     }
 

@@ -112,6 +112,7 @@ fn run(
         tokens,
         logits: LogitsFor::Last,
         output: ferrox_models::Output::Logits,
+        position_shift: 0,
     }];
     step_sequences(e, m, &mut e.new_scratch(), &work, &mut [&mut out]).unwrap();
     out
@@ -147,6 +148,7 @@ fn together(
                 tokens,
                 logits: LogitsFor::Last,
                 output: ferrox_models::Output::Logits,
+                position_shift: 0,
             })
             .collect();
         let mut out = vec![Vec::new(); prompts.len()];

@@ -220,6 +220,7 @@ fn check_together(name: &str, engine: &AnyEngine, fx: &Value) {
                 tokens: &seqs[i][fed[i]..fed[i].saturating_add(chunk).min(seqs[i].len())],
                 logits: LogitsFor::All,
                 output: Output::Embeddings,
+                position_shift: 0,
             })
             .collect();
         let mut bufs: Vec<&mut Vec<f32>> = outs
@@ -371,12 +372,14 @@ fn logits_and_embeddings_share_a_step() {
             tokens: a,
             logits: LogitsFor::All,
             output: Output::Embeddings,
+            position_shift: 0,
         },
         SeqWork {
             seq: sb,
             tokens: b,
             logits: LogitsFor::Last,
             output: Output::Logits,
+            position_shift: 0,
         },
     ];
     let (mut embd, mut logits) = (Vec::new(), Vec::new());

@@ -237,6 +237,7 @@ fn sequences_stepped_together_equal_each_alone() {
                 tokens,
                 logits: LogitsFor::Last,
                 output: ferrox_models::Output::Logits,
+                position_shift: 0,
             })
             .collect();
         let mut outs: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
@@ -320,6 +321,7 @@ fn paged_sequences_equal_contiguous_ones() {
             tokens: chunk,
             logits: LogitsFor::All,
             output: ferrox_models::Output::Logits,
+            position_shift: 0,
         }];
         step_sequences(&decoder, &mut memory, &mut scratch, &work, &mut [&mut out]).unwrap();
         first_logits.extend_from_slice(&out);
@@ -337,12 +339,14 @@ fn paged_sequences_equal_contiguous_ones() {
             tokens: &prompts[1][reused..],
             logits: LogitsFor::All,
             output: ferrox_models::Output::Logits,
+            position_shift: 0,
         },
         SeqWork {
             seq: first.seq,
             tokens: &extra,
             logits: LogitsFor::Last,
             output: ferrox_models::Output::Logits,
+            position_shift: 0,
         },
     ];
     let (mut second_out, mut first_out) = (Vec::new(), Vec::new());
@@ -375,6 +379,7 @@ fn paged_sequences_equal_contiguous_ones() {
             logits: LogitsFor::Last,
             output: ferrox_models::Output::Logits,
             embeddings: None,
+            position_shift: 0,
         }],
         &mut [&mut out],
     );

@@ -140,6 +140,7 @@ fn run(m: &mut SequenceMemory, seq: ferrox_memory::SeqId, tokens: &[u32]) -> Vec
         tokens,
         logits: LogitsFor::Last,
         output: ferrox_models::Output::Logits,
+        position_shift: 0,
     }];
     step_sequences(&Toy, m, &mut Toy.new_scratch(), &work, &mut [&mut out]).unwrap();
     out

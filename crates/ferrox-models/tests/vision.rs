@@ -14,6 +14,7 @@ use std::sync::Arc;
 use ferrox_core::KvStorage;
 use ferrox_generate::media::{EncodedImage, MediaPrompt};
 use ferrox_gguf::Gguf;
+use ferrox_models::engine::ImageGrid;
 use ferrox_models::vision::{RgbImage, VisionEncoder, VisionOptions};
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor};
 use ferrox_tokenizer::tokenizer::Tokenizer;
@@ -90,7 +91,11 @@ fn f16_attention_stays_close_and_differs() {
 }
 
 fn text_model() -> (AnyEngine, Tokenizer) {
-    let gguf = Gguf::open(dir().join("gemma3.gguf")).unwrap();
+    text_model_of("gemma3.gguf")
+}
+
+fn text_model_of(file: &str) -> (AnyEngine, Tokenizer) {
+    let gguf = Gguf::open(dir().join(file)).unwrap();
     let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
     let options = EngineOptions {
         n_ctx: 512,
@@ -120,13 +125,17 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&v| v as f64 - max - sum.ln()).collect()
 }
 
+/// A greedy continuation: the ids, each step's log-probabilities, the prompt's ids and the
+/// rotary positions the prompt took (its length, unless M-RoPE images shifted them).
+struct Greedy {
+    ids: Vec<u32>,
+    lps: Vec<Vec<f64>>,
+    prompt_ids: Vec<u32>,
+    n_pos: usize,
+}
+
 /// Greedy ids and each step's log-probabilities after the prompt with the image.
-fn greedy(
-    engine: &AnyEngine,
-    tok: &Tokenizer,
-    img: Arc<EncodedImage>,
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f64>>, Vec<u32>) {
+fn greedy(engine: &AnyEngine, tok: &Tokenizer, img: Arc<EncodedImage>, n: usize) -> Greedy {
     greedy_with(engine, tok, PROMPT, vec![img], n)
 }
 
@@ -138,7 +147,7 @@ fn greedy_with(
     text: &str,
     images: Vec<Arc<EncodedImage>>,
     n: usize,
-) -> (Vec<u32>, Vec<Vec<f64>>, Vec<u32>) {
+) -> Greedy {
     let prompt = MediaPrompt::build(tok, text, images, true).unwrap();
     let mut state = engine.new_state().unwrap();
     let rest = prompt.feed_prefix(engine, &mut state).unwrap();
@@ -159,8 +168,16 @@ fn greedy_with(
             .unwrap()
             .to_vec();
     }
-    let text_ids = prompt.ids();
-    (ids, lps, text_ids)
+    let n_pos = prompt
+        .len()
+        .checked_add_signed(prompt.position_shift_at(prompt.len()))
+        .unwrap();
+    Greedy {
+        ids,
+        lps,
+        prompt_ids: prompt.ids(),
+        n_pos,
+    }
 }
 
 /// Checks the greedy continuation after each image against libllama's: ids equal, top-5
@@ -172,21 +189,19 @@ fn check_greedy(embeddings: impl Fn(&str) -> Arc<EncodedImage>, bar: f64) {
         let path = dir().join("ref").join(format!("{name}.greedy.json"));
         let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let want: Vec<u32> = serde_json::from_value(r["generated"].clone()).unwrap();
-        let (ids, lps, prompt_ids) = greedy(&engine, &tok, embeddings(name), want.len());
-        check_against(name, &r, &ids, &lps, &prompt_ids, bar);
+        let g = greedy(&engine, &tok, embeddings(name), want.len());
+        check_against(name, &r, &g, bar);
     }
 }
 
-/// Greedy ids, log-probabilities and prompt ids (`ids`, `lps`, `prompt_ids`) against an
-/// `mtmd-ref greedy` reference `r`.
-fn check_against(
-    name: &str,
-    r: &serde_json::Value,
-    ids: &[u32],
-    lps: &[Vec<f64>],
-    prompt_ids: &[u32],
-    bar: f64,
-) {
+/// A greedy continuation against an `mtmd-ref greedy` reference `r`.
+fn check_against(name: &str, r: &serde_json::Value, g: &Greedy, bar: f64) {
+    let Greedy {
+        ids,
+        lps,
+        prompt_ids,
+        n_pos,
+    } = g;
     let want: Vec<u32> = serde_json::from_value(r["generated"].clone()).unwrap();
     {
         // The text chunks tokenize as mtmd's do.
@@ -202,8 +217,8 @@ fn check_against(
             .filter(|&t| t < 0x8000_0000)
             .collect();
         assert_eq!(ours_text, text, "{name}: prompt text ids");
-        assert_eq!(prompt_ids.len(), r["n_past"].as_u64().unwrap() as usize);
-        assert_eq!(ids, want, "{name}: greedy ids");
+        assert_eq!(*n_pos, r["n_past"].as_u64().unwrap() as usize);
+        assert_eq!(*ids, want, "{name}: greedy ids");
         let top5 = r["top5"].as_array().unwrap();
         for (step, (lp, refs)) in lps.iter().zip(top5).enumerate() {
             for pair in refs.as_array().unwrap() {
@@ -251,8 +266,8 @@ fn image_prompts_of_every_shape_match_llama_cpp() {
             .collect();
         let want = r["generated"].as_array().unwrap().len();
         let prompt = r["prompt"].as_str().unwrap();
-        let (ids, lps, prompt_ids) = greedy_with(&engine, &tok, prompt, images, want);
-        check_against(&name, &r, &ids, &lps, &prompt_ids, 5e-4);
+        let g = greedy_with(&engine, &tok, prompt, images, want);
+        check_against(&name, &r, &g, 5e-4);
         checked += 1;
     }
     assert_eq!(checked, 6, "sweep references");
@@ -290,8 +305,8 @@ fn image_tokens_attend_both_ways_as_gemma3_does() {
     // bidirectional span is what makes the match above.
     let (engine, tok) = text_model();
     let enc = encoder("gemma3.mmproj.gguf", true);
-    let (_, both, _) = greedy(&engine, &tok, encoded(&enc, "rgb64", true), 1);
-    let (_, causal, _) = greedy(&engine, &tok, encoded(&enc, "rgb64", false), 1);
+    let both = greedy(&engine, &tok, encoded(&enc, "rgb64", true), 1).lps;
+    let causal = greedy(&engine, &tok, encoded(&enc, "rgb64", false), 1).lps;
     let d = both[0]
         .iter()
         .zip(&causal[0])
@@ -311,8 +326,8 @@ fn an_image_step_equals_itself_batched_with_other_work() {
     let enc = encoder("gemma3.mmproj.gguf", true);
     let a = greedy(&engine, &tok, encoded(&enc, "gray48", true), 4);
     let b = greedy(&engine, &tok, encoded(&enc, "gray48", true), 4);
-    assert_eq!(a.0, b.0);
-    assert_eq!(a.1, b.1);
+    assert_eq!(a.ids, b.ids);
+    assert_eq!(a.lps, b.lps);
 }
 
 #[test]
@@ -324,6 +339,7 @@ fn bad_image_inputs_are_refused_clearly() {
     let e = ferrox_models::engine::InputEmbeddings {
         rows: &rows,
         bidirectional: true,
+        grid: None,
     };
     let err = engine
         .forward_embeddings(&[0x8000_0000; 3], e, 0, &mut state, LogitsFor::Last)
@@ -341,4 +357,93 @@ fn bad_image_inputs_are_refused_clearly() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("clip"), "{err}");
+}
+
+const QWEN_PROMPT: &str =
+    "<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n<|im_start|>assistant\n";
+const QWEN_IMAGES: &[&str] = &[
+    "rgb64",
+    "rgb100x60",
+    "rgb37x51",
+    "rgba80",
+    "gray48",
+    "rgb200x150",
+    "rgb160x130",
+    "rgb90x240",
+];
+
+/// An image through the Qwen2.5-VL projector, as the Qwen-VL text model takes it: causal
+/// rows, placed as a grid by M-RoPE (or, `grid` false, one position per row).
+fn qwen_encoded(enc: &VisionEncoder, name: &str, grid: bool) -> Arc<EncodedImage> {
+    let emb = enc.encode(&image(name)).unwrap();
+    let placed = enc.image_grid(&emb).filter(|_| grid);
+    Arc::new(EncodedImage::new(emb.data, emb.n_tokens, false, enc.markers()).with_grid(placed))
+}
+
+#[test]
+fn qwen_vl_greedy_continuations_match_llama_cpp() {
+    // The image's tokens at M-RoPE grid positions (time fixed at the image's first
+    // position, rows and columns from it), the text after the image max(nx, ny) positions
+    // on (`n_past` of the reference counts rotary positions), causal attention: ids equal
+    // to libllama's after every image (f32 cache, flash attention off).
+    let (engine, tok) = text_model_of("qwen2vl.gguf");
+    assert!(engine.accepts_image_grids());
+    let enc = encoder("qwen25vl.mmproj.gguf", true);
+    for name in QWEN_IMAGES {
+        let path = dir()
+            .join("ref")
+            .join(format!("{name}.qwen25vl.greedy.json"));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let want = r["generated"].as_array().unwrap().len();
+        let g = greedy_with(
+            &engine,
+            &tok,
+            QWEN_PROMPT,
+            vec![qwen_encoded(&enc, name, true)],
+            want,
+        );
+        check_against(name, &r, &g, 5e-4);
+    }
+}
+
+#[test]
+fn qwen_vl_image_positions_are_what_makes_the_match() {
+    // The same rows at one position each (no grid) give other logits, and models without
+    // M-RoPE refuse a grid.
+    let (engine, tok) = text_model_of("qwen2vl.gguf");
+    let enc = encoder("qwen25vl.mmproj.gguf", true);
+    let run = |grid| {
+        greedy_with(
+            &engine,
+            &tok,
+            QWEN_PROMPT,
+            vec![qwen_encoded(&enc, "rgb200x150", grid)],
+            1,
+        )
+        .lps
+    };
+    let (placed, flat) = (run(true), run(false));
+    let d = placed[0]
+        .iter()
+        .zip(&flat[0])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        d > 1e-3,
+        "grid and flat positions gave the same logits ({d})"
+    );
+
+    let (gemma, _) = text_model();
+    assert!(!gemma.accepts_image_grids());
+    let mut state = gemma.new_state().unwrap();
+    let rows = vec![0.0f32; 4 * 128];
+    let e = ferrox_models::engine::InputEmbeddings {
+        rows: &rows,
+        bidirectional: false,
+        grid: Some(ImageGrid { nx: 2, ny: 2 }),
+    };
+    let err = gemma
+        .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains("M-RoPE"), "{err}");
 }

@@ -49,6 +49,25 @@ fn mmproj_files_match_generator() {
 }
 
 #[test]
+fn qwen_files_match_generator() {
+    let text = vision::qwen2vl_text_bytes();
+    assert_same("qwen2vl.gguf", &text);
+    let gguf = Gguf::from_bytes(text).expect("parses");
+    assert_eq!(gguf.metadata().architecture().unwrap(), "qwen2vl");
+    assert_same(
+        "qwen25vl.mmproj.gguf",
+        &vision::qwen_mmproj_bytes(vision::QwenVision::Qwen25Vl),
+    );
+    assert_same(
+        "qwen2vl.mmproj.gguf",
+        &vision::qwen_mmproj_bytes(vision::QwenVision::Qwen2Vl),
+    );
+    for image in vision::qwen_extra_images() {
+        assert_same(&format!("{}.png", image.name), &image.png);
+    }
+}
+
+#[test]
 fn images_match_generator() {
     let images = vision::test_images();
     assert_eq!(images.len(), vision::IMAGES.len());

@@ -115,6 +115,7 @@ fn batched(engine: &impl Engine, prompt: &[u32]) -> usize {
             tokens: if first { prompt } else { &next[i][..] },
             logits: LogitsFor::Last,
             output: ferrox_models::Output::Logits,
+            position_shift: 0,
         });
         let [a, b, c, d] = &mut logits[..] else {
             unreachable!()

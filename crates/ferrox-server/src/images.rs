@@ -131,12 +131,16 @@ fn encode_one(
     let emb = encoder
         .encode(&img)
         .map_err(|e| ApiError::internal(format!("encoding image {}: {e}", i + 1)))?;
-    Ok(Arc::new(EncodedImage::new(
-        emb.data,
-        emb.n_tokens,
-        encoder.bidirectional(),
-        encoder.markers(),
-    )))
+    let grid = encoder.image_grid(&emb);
+    Ok(Arc::new(
+        EncodedImage::new(
+            emb.data,
+            emb.n_tokens,
+            encoder.bidirectional(),
+            encoder.markers(),
+        )
+        .with_grid(grid),
+    ))
 }
 
 /// The bytes of the image at `url` (image `i` of the request): a status other than success,

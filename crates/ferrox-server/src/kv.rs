@@ -45,6 +45,8 @@ pub struct Work<'a> {
     pub embeddings: bool,
     /// Rows in place of the tokens' embeddings (an image's).
     pub given: Option<InputEmbeddings<'a>>,
+    /// See [`ferrox_models::engine::SeqInput::position_shift`].
+    pub position_shift: isize,
 }
 
 pub struct KvPool {
@@ -189,6 +191,7 @@ impl KvPool {
                     true => Output::Embeddings,
                     false => Output::Logits,
                 },
+                position_shift: w.position_shift,
             })
             .collect();
         // Each slot's logits buffer, in the order of `work` (each slot at most once).

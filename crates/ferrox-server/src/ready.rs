@@ -118,6 +118,14 @@ pub fn open_vision(
             engine.architecture()
         );
     }
+    if encoder.grid_positions() && !engine.accepts_image_grids() {
+        bail!(
+            "--mmproj {}: the {} projector places image tokens by M-RoPE (Qwen-VL), which the {} model does not use: not this model's projector",
+            path.display(),
+            encoder.config().projector.name(),
+            engine.architecture()
+        );
+    }
     if encoder.output_width() != engine.embedding_size() {
         bail!(
             "--mmproj {}: the projector writes rows of {} values but the model's embeddings have {}: not this model's projector",

@@ -46,6 +46,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
         logits: true,
         embeddings: false,
         given: None,
+        position_shift: 0,
     }];
     pool.forward(&d, &work).unwrap();
     assert_eq!(pool.usage().used, 3);
@@ -79,6 +80,7 @@ fn blocks_are_promised_allocated_cached_and_reused() {
             logits: true,
             embeddings: false,
             given: None,
+            position_shift: 0,
         }],
     )
     .unwrap();
@@ -125,6 +127,7 @@ fn prefixes_are_shared_only_within_one_cache_salt() {
             logits: true,
             embeddings: false,
             given: None,
+            position_shift: 0,
         }],
     )
     .unwrap();

@@ -307,12 +307,16 @@ pub fn encode_image_file(
     let emb = encoder
         .encode(&img)
         .with_context(|| format!("encoding {}", path.display()))?;
-    Ok(Arc::new(ferrox_generate::media::EncodedImage::new(
-        emb.data,
-        emb.n_tokens,
-        encoder.bidirectional(),
-        encoder.markers(),
-    )))
+    let grid = encoder.image_grid(&emb);
+    Ok(Arc::new(
+        ferrox_generate::media::EncodedImage::new(
+            emb.data,
+            emb.n_tokens,
+            encoder.bidirectional(),
+            encoder.markers(),
+        )
+        .with_grid(grid),
+    ))
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ impl Decoder {
                         .for_each(|h| rms_norm_in_place(h, kn, c.norm_eps));
                 }
                 ROPE_ANGLES.with_borrow_mut(|angles| {
-                    lc.rope.angles(row.pos, angles);
+                    lc.rope.angles_at(row.rope, angles);
                     lc.rope.apply(qt, hd_k, angles);
                     lc.rope.apply(kt, hd_k, angles);
                 });
@@ -349,6 +349,10 @@ impl scaffold::EngineBody for Decoder {
 
     fn takes_embeddings(&self) -> bool {
         true
+    }
+
+    fn takes_image_grids(&self) -> bool {
+        self.config.layers.iter().all(|l| l.rope.mrope.is_some())
     }
 
     /// One key and one value row per position and layer (the widest layer's, for every

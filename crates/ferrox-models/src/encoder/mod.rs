@@ -505,7 +505,7 @@ impl Engine for Encoder {
             engine,
         } = scratch.get::<StepBuffers<Scratch>>();
         let widths = (self.rt.n_vocab, self.rt.n_embd);
-        scaffold::layout(memory, seqs, widths, out, rows, (false, embeddings))?;
+        scaffold::layout(memory, seqs, widths, out, rows, (false, false, embeddings))?;
         self.check(memory, seqs)?;
         self.rt.pool.install(|| {
             for batch in micro_batches(rows) {
@@ -542,6 +542,7 @@ mod tests {
                     output: Output::Embeddings,
                     embedding: None,
                     attend_end: pos + 1,
+                    rope: crate::layers::rope::RopePos::at(pos),
                 })
             })
             .collect()

@@ -1,10 +1,9 @@
 //! Qwen2-VL / Qwen2.5-VL language models: Qwen2 with multimodal RoPE (M-RoPE). M-RoPE splits
 //! each head's rotated pairs into sections (`rope.dimension_sections`: time, height, width
-//! and a fourth) turned by a token's four positions; llama.cpp gives a text token
-//! `[p, p, p, 0]`, so text rotates as NeoX RoPE except the pairs of the fourth section,
-//! which stay still (a divisor of infinity here). Text runs; the image positions that give
-//! the sections different values come with the Qwen-VL vision projectors, which are not
-//! built (their `mmproj` files are refused by projector type).
+//! and a fourth) turned by a row's four positions ([`crate::layers::rope::Mrope`]); llama.cpp
+//! gives a text token `[p, p, p, 0]` (NeoX RoPE but for the fourth section's pairs, which
+//! stay still) and an image token of a Qwen-VL projector its row and column in the image's
+//! grid.
 //!
 //! llama.cpp (this build) reads no RMS-norm epsilon for `qwen2vl` and normalises with 0;
 //! ferrox uses the file's, as the model was trained.
@@ -12,7 +11,7 @@
 use ferrox_gguf::Metadata;
 
 use crate::decoder::{read_common, DecoderConfig};
-use crate::layers::rope::RopeStyle;
+use crate::layers::rope::{Mrope, RopeStyle};
 use crate::ModelError;
 
 /// `qwen2vl`, run by the dense decoder.
@@ -27,11 +26,8 @@ pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     Ok(config)
 }
 
-/// M-RoPE for text tokens (positions `[p, p, p, 0]`): checks what llama.cpp requires
-/// (`rope.dimension_sections`, every head rotated whole) and holds still the pairs that
-/// take the fourth position. `interleaved`: Qwen3-VL's layout, where pair `k` of the
-/// sections' span takes time, height or width by `k mod 3` while that section lasts
-/// (three times its count), and the fourth position past them.
+/// M-RoPE sections on every layer, checked as llama.cpp requires them
+/// (`rope.dimension_sections`, every head rotated whole). `interleaved`: Qwen3-VL's layout.
 pub(super) fn text_mrope(
     meta: &Metadata<'_>,
     arch: &str,
@@ -39,32 +35,11 @@ pub(super) fn text_mrope(
     interleaved: bool,
 ) -> Result<(), ModelError> {
     let sections = read_sections(meta, arch, config)?;
-    let span: usize = sections.iter().sum();
-    let fourth = |pair: usize| {
-        let sector = pair % span;
-        if interleaved {
-            let (kind, within) = (sector % 3, |count: usize| sector < 3 * count);
-            !(kind == 0 && within(sections[0])
-                || kind == 1 && within(sections[1])
-                || kind == 2 && within(sections[2]))
-        } else {
-            sector >= sections[0] + sections[1] + sections[2]
-        }
-    };
     for layer in &mut config.layers {
-        let pairs = layer.rope.n_dims / 2;
-        if (0..pairs).any(fourth) {
-            let base = layer.rope.freq_factors.take();
-            layer.rope.freq_factors = Some(
-                (0..pairs)
-                    .map(|k| match (fourth(k), &base) {
-                        (true, _) => f32::INFINITY,
-                        (false, Some(f)) => f[k],
-                        (false, None) => 1.0,
-                    })
-                    .collect(),
-            );
-        }
+        layer.rope.mrope = Some(Mrope {
+            sections,
+            interleaved,
+        });
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ pub enum Activation {
 }
 
 /// ggml's GELU (through its f16 table) and SiLU, one value at a time.
-pub use ferrox_core::glu::{gelu, silu};
+pub use ferrox_core::glu::{gelu, gelu_quick, silu};
 
 /// `gate[i] = act(gate[i]) * up[i]`, with ggml's arithmetic ([`ferrox_core::glu`]).
 pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {

@@ -10,6 +10,36 @@ pub enum RopeStyle {
     Neox,
 }
 
+/// Multimodal RoPE (Qwen-VL): a head's rotated pairs split into sections turned by a row's
+/// time, height and width positions and a fourth ("extra") one, which is 0 for every row
+/// llama.cpp feeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mrope {
+    /// Pairs per section (`rope.dimension_sections`), in order time, height, width, extra.
+    pub sections: [usize; 4],
+    /// Qwen3-VL's layout: pair `k` of the sections' span takes time, height or width by
+    /// `k mod 3` while that section lasts (three times its count), the extra position
+    /// past them.
+    pub interleaved: bool,
+}
+
+/// A row's rotary position: plain RoPE turns by `t`; M-RoPE by time `t`, row `y` and column
+/// `x` (a text row has all three equal, an image row of a Qwen-VL grid its own row and
+/// column offsets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopePos {
+    pub t: usize,
+    pub y: usize,
+    pub x: usize,
+}
+
+impl RopePos {
+    /// A text row at position `p`.
+    pub fn at(p: usize) -> RopePos {
+        RopePos { t: p, y: p, x: p }
+    }
+}
+
 /// Everything that fixes the rotation angles of one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
@@ -27,6 +57,8 @@ pub struct Rope {
     pub n_ctx_orig: usize,
     /// Per-dimension-pair frequency divisors (`rope_freqs.weight`, Llama 3.1 style).
     pub freq_factors: Option<Vec<f32>>,
+    /// M-RoPE sections, if the layer places rows by several positions.
+    pub mrope: Option<Mrope>,
 }
 
 impl Rope {
@@ -42,6 +74,7 @@ impl Rope {
             beta_slow: 1.0,
             n_ctx_orig: 0,
             freq_factors: None,
+            mrope: None,
         }
     }
 
@@ -67,6 +100,50 @@ impl Rope {
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
             out.push(self.yarn(theta / ff, corr, 2 * i));
             theta *= theta_scale;
+        }
+    }
+
+    /// The (cos, sin) pairs for a row at `pos`: [`Rope::angles`] of `pos.t`, or with M-RoPE
+    /// sections each pair's angle from the position its section takes, as ggml's
+    /// `ggml_mrope_cache_init` builds them (every section's angle advanced by repeated
+    /// multiplication from the first pair on; the extra position is 0).
+    pub fn angles_at(&self, pos: RopePos, out: &mut Vec<(f32, f32)>) {
+        let Some(m) = self.mrope else {
+            return self.angles(pos.t, out);
+        };
+        out.clear();
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let corr = self.corr_dims();
+        let [s0, s1, s2, _] = m.sections;
+        let span = m.sections.iter().sum::<usize>().max(1);
+        let (mut t, mut h, mut w, mut e) = (pos.t as f32, pos.y as f32, pos.x as f32, 0.0f32);
+        for i in 0..self.n_dims / 2 {
+            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+            let sector = i % span;
+            let theta = if m.interleaved {
+                if sector % 3 == 1 && sector < 3 * s1 {
+                    h
+                } else if sector % 3 == 2 && sector < 3 * s2 {
+                    w
+                } else if sector % 3 == 0 && sector < 3 * s0 {
+                    t
+                } else {
+                    e
+                }
+            } else if sector < s0 {
+                t
+            } else if sector < s0 + s1 {
+                h
+            } else if sector < s0 + s1 + s2 {
+                w
+            } else {
+                e
+            };
+            out.push(self.yarn(theta / ff, corr, 2 * i));
+            t *= theta_scale;
+            h *= theta_scale;
+            w *= theta_scale;
+            e *= theta_scale;
         }
     }
 

@@ -237,6 +237,7 @@ impl MlaEngine {
             pos: r.pos - 1,
             logits_row: None,
             attend_end: r.pos,
+            rope: crate::layers::rope::RopePos::at(r.pos - 1),
             ..*r
         }));
         let h = sized(&mut s.mtp.h, pairs.len() * e);
@@ -390,6 +391,7 @@ impl scaffold::EngineBody for MlaEngine {
                     output: crate::engine::Output::Logits,
                     embedding: None,
                     attend_end: pos + i,
+                    rope: crate::layers::rope::RopePos::at(pos - 1 + i),
                 }];
                 self.mtp_rows(mtp, &row, memory, s)?;
                 let x = &s.mtp.residual.x()[..e];

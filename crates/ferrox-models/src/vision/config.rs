@@ -11,22 +11,63 @@ use crate::ModelError;
 pub enum ProjectorKind {
     /// Gemma 3: SigLIP, the patch grid average-pooled, RMS-normed and projected.
     Gemma3,
+    /// Qwen2-VL: a ViT over the image at its own size (two temporal patch kernels, 2D RoPE,
+    /// LayerNorm), 2x2 patches merged and projected by a two-layer MLP.
+    Qwen2Vl,
+    /// Qwen2.5-VL: Qwen2-VL's encoder with RMS norms, a gated SiLU feed-forward and window
+    /// attention in every layer but each `n_wa_pattern`-th.
+    Qwen25Vl,
 }
 
 impl ProjectorKind {
+    const ALL: [ProjectorKind; 3] = [
+        ProjectorKind::Gemma3,
+        ProjectorKind::Qwen2Vl,
+        ProjectorKind::Qwen25Vl,
+    ];
+
     fn from_name(name: &str) -> Option<ProjectorKind> {
-        match name {
-            "gemma3" => Some(ProjectorKind::Gemma3),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             ProjectorKind::Gemma3 => "gemma3",
+            ProjectorKind::Qwen2Vl => "qwen2vl_merger",
+            ProjectorKind::Qwen25Vl => "qwen2.5vl_merger",
         }
     }
+
+    /// Whether the encoder takes the image at (about) its own size, as a grid of merged
+    /// patches whose rows the language model places by M-RoPE (the Qwen-VL family), rather
+    /// than fitted into a fixed square.
+    pub fn dynamic_size(self) -> bool {
+        matches!(self, ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl)
+    }
 }
+
+/// The encoder's normalization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisionNorm {
+    Layer,
+    Rms,
+}
+
+/// Limits of a dynamic-size encoder's input: the image is resized, aspect kept, to sides that
+/// are multiples of `align` pixels with between `min_pixels` and `max_pixels` in all
+/// (llama.cpp's `calc_size_preserved_ratio`, Qwen's "smart resize").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DynamicSize {
+    pub align: usize,
+    pub min_pixels: usize,
+    pub max_pixels: usize,
+}
+
+/// Qwen-VL's image-token limits (llama.cpp's defaults from Qwen2.5-VL's preprocessor).
+const QWEN_MIN_TOKENS: usize = 8;
+const QWEN_MAX_TOKENS: usize = 4096;
+/// Qwen2.5-VL's attention window, in pixels (llama.cpp's default; files do not say).
+const QWEN_WINDOW_PIXELS: usize = 112;
 
 /// The vision feed-forward activation (`clip.use_gelu` / `clip.use_silu`; neither means
 /// the "quick" GELU).
@@ -57,6 +98,13 @@ pub struct ClipConfig {
     pub n_merge: usize,
     pub ffn_act: VisionFfnAct,
     pub resize: ResizeFilter,
+    pub norm: VisionNorm,
+    /// Dynamic-size encoders' input limits (`None`: the fixed `image_size` square).
+    pub dynamic: Option<DynamicSize>,
+    /// Window attention in every layer but each `n_wa_pattern`-th (0: none).
+    pub n_wa_pattern: usize,
+    /// The attention window's side, in merged tokens.
+    pub window_tokens: usize,
 }
 
 /// The longest a side of the encoder's input may be, in patches (bounds the attention's
@@ -83,8 +131,10 @@ impl ClipConfig {
             })?,
         };
         let projector = ProjectorKind::from_name(name).ok_or_else(|| {
+            let built: Vec<&str> = ProjectorKind::ALL.iter().map(|k| k.name()).collect();
             ModelError::Config(format!(
-                "vision projector `{name}` is not supported (supported: gemma3)"
+                "vision projector `{name}` is not supported (supported: {})",
+                built.join(", ")
             ))
         })?;
         let u = |key: &str| -> Result<usize, ModelError> { Ok(meta.get_usize(key)?) };
@@ -176,9 +226,42 @@ impl ClipConfig {
                     .unwrap_or(4),
                 ResizeFilter::Bilinear,
             ),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+                let merge = meta
+                    .opt_usize("clip.vision.spatial_merge_size")?
+                    .unwrap_or(2);
+                if merge != 2 {
+                    // llama.cpp's graph merges 2x2 patches whatever the key says.
+                    return Err(ModelError::Config(format!(
+                        "`clip.vision.spatial_merge_size` {merge}: Qwen-VL encoders merge 2x2 patches"
+                    )));
+                }
+                (merge, ResizeFilter::Bicubic)
+            }
         };
+        let norm = match projector {
+            ProjectorKind::Gemma3 | ProjectorKind::Qwen2Vl => VisionNorm::Layer,
+            ProjectorKind::Qwen25Vl => VisionNorm::Rms,
+        };
+        let n_wa_pattern = match projector {
+            ProjectorKind::Qwen25Vl => meta.get_usize("clip.vision.n_wa_pattern")?,
+            _ => 0,
+        };
+        let dynamic = projector.dynamic_size().then(|| {
+            let area = (patch_size * n_merge).pow(2);
+            DynamicSize {
+                align: patch_size * n_merge,
+                min_pixels: QWEN_MIN_TOKENS * area,
+                max_pixels: QWEN_MAX_TOKENS * area,
+            }
+        });
+        if dynamic.is_some() && !head_dim.is_multiple_of(4) {
+            return Err(ModelError::Config(format!(
+                "a vision head of {head_dim} values: 2D RoPE needs a multiple of 4"
+            )));
+        }
         let per_side = image_size / patch_size;
-        if n_merge == 0 || !per_side.is_multiple_of(n_merge) {
+        if n_merge == 0 || (dynamic.is_none() && !per_side.is_multiple_of(n_merge)) {
             return Err(ModelError::Config(format!(
                 "`clip.vision.projector.scale_factor` {n_merge} must divide the {per_side} \
                  patches a side"
@@ -200,7 +283,37 @@ impl ClipConfig {
             n_merge,
             ffn_act,
             resize,
+            norm,
+            dynamic,
+            n_wa_pattern,
+            window_tokens: (QWEN_WINDOW_PIXELS / patch_size / n_merge).max(1),
         })
+    }
+
+    /// The encoder's input size for an image of `width × height`: the fixed square, or for
+    /// dynamic-size encoders the aspect-keeping aligned size within the pixel limits,
+    /// computed in f32 as llama.cpp does.
+    pub fn input_size(&self, width: usize, height: usize) -> (usize, usize) {
+        let Some(d) = self.dynamic else {
+            return (self.image_size, self.image_size);
+        };
+        let f = d.align as f32;
+        let round = |x: f32| (x / f).round() as usize * d.align;
+        let ceil = |x: f32| (x / f).ceil() as usize * d.align;
+        let floor = |x: f32| (x / f).floor() as usize * d.align;
+        let (w, h) = (width as f32, height as f32);
+        let mut w_bar = d.align.max(round(w));
+        let mut h_bar = d.align.max(round(h));
+        if h_bar * w_bar > d.max_pixels {
+            let beta = (h * w / d.max_pixels as f32).sqrt();
+            h_bar = d.align.max(floor(h / beta));
+            w_bar = d.align.max(floor(w / beta));
+        } else if h_bar * w_bar < d.min_pixels {
+            let beta = (d.min_pixels as f32 / (h * w)).sqrt();
+            h_bar = ceil(h * beta);
+            w_bar = ceil(w * beta);
+        }
+        (w_bar, h_bar)
     }
 
     /// Patches a side of the encoder's square input.
@@ -208,9 +321,14 @@ impl ClipConfig {
         self.image_size / self.patch_size
     }
 
-    /// Tokens one image becomes.
+    /// Tokens one image becomes: for dynamic-size encoders, the most (at the pixel limit).
     pub fn tokens_per_image(&self) -> usize {
-        let side = self.patches_per_side() / self.n_merge;
-        side * side
+        match self.dynamic {
+            Some(d) => d.max_pixels / (d.align * d.align),
+            None => {
+                let side = self.patches_per_side() / self.n_merge;
+                side * side
+            }
+        }
     }
 }

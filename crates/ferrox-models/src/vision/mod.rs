@@ -2,9 +2,17 @@
 //! GGUFs), computed as llama.cpp's `mtmd` computes them, on the shared layers and kernels.
 //!
 //! An image is decoded ([`RgbImage::decode`]), resized and normalized as the projector's
-//! family expects ([`image`]), cut into patches, run through the vision transformer and
-//! projected into the language model's embedding space: one row per image token, placed
-//! into the sequence between the family's markers (see [`VisionEncoder::markers`]).
+//! family expects ([`image`], [`VisionEncoder::preprocess`]), cut into patches, run through
+//! the vision transformer and projected into the language model's embedding space: one row
+//! per image token, placed into the sequence between the family's markers (see
+//! [`VisionEncoder::markers`]).
+//!
+//! Two families: Gemma 3 (a fixed square input, learned positions, pooling) and Qwen-VL
+//! (the image at about its own size, 2D RoPE over patch rows and columns, 2x2 patches
+//! merged; Qwen2.5-VL attends within windows of merged tokens in most layers). The patches
+//! are kept in the order llama.cpp's graph holds them (merged blocks together, windows
+//! together), so that a window is a contiguous run of rows and a merged token four
+//! consecutive rows; the output comes back in raster order.
 //!
 //! Attention: llama.cpp's default runs the encoder's attention through flash attention
 //! with keys and values rounded to f16; [`VisionOptions::f32_attention`] keeps them f32 (its
@@ -14,22 +22,24 @@ pub mod config;
 pub mod image;
 mod weights;
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 use ferrox_gguf::Gguf;
 use rayon::prelude::*;
 
-pub use config::{ClipConfig, ProjectorKind, VisionFfnAct};
+pub use config::{ClipConfig, DynamicSize, ProjectorKind, VisionFfnAct, VisionNorm};
 pub use image::{ImageError, ResizeFilter, RgbImage};
-use weights::{Affine, Norm, ProjectorWeights, VisionWeights, VitLayer};
+use weights::{Affine, MergerProjector, Norm, ProjectorWeights, VisionWeights, VitLayer};
 
-use crate::layers::activation::{gelu, silu};
+use crate::layers::activation::{gelu, gelu_quick, silu};
 use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{layer_norm_in_place, rms_norm_in_place};
 use crate::scaffold::sized;
 use crate::ModelError;
 use ferrox_core::dense_attn::{DenseAttention, DenseScratch, KvPrecision};
+use ferrox_core::glu::{geglu, swiglu};
 
 /// How to run a vision encoder.
 #[derive(Clone, Debug, Default)]
@@ -40,12 +50,24 @@ pub struct VisionOptions {
     pub f32_attention: bool,
 }
 
-/// One image's embeddings: `n_tokens` rows of the language model's width.
+/// One image's embeddings: `n_tokens` rows of the language model's width, a grid of `nx`
+/// tokens a row and `ny` rows (row-major).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageEmbeddings {
     pub n_tokens: usize,
     pub n_embd: usize,
+    pub nx: usize,
+    pub ny: usize,
     pub data: Vec<f32>,
+}
+
+/// An image as the encoder takes it: `width × height` pixels (the encoder's input size for
+/// it), normalized, as planar channels (`[3][height][width]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedImage {
+    pub width: usize,
+    pub height: usize,
+    pub planar: Vec<f32>,
 }
 
 impl ImageEmbeddings {
@@ -75,7 +97,74 @@ struct Scratch {
     attn: Vec<f32>,
     proj: Vec<f32>,
     up: Vec<f32>,
+    gate: Vec<f32>,
     xq: Vec<u8>,
+}
+
+/// Where an input's patches sit in the encoder's rows, and how its attention is cut.
+struct PatchLayout {
+    /// Patches a row and rows of patches.
+    pw: usize,
+    ph: usize,
+    /// Each encoder row's patch (row, column).
+    order: Vec<(usize, usize)>,
+    /// The runs of rows that attend to each other in windowed layers (one run covering
+    /// every row when the encoder has no windows).
+    windows: Vec<Range<usize>>,
+    /// For each output token in raster order, its merged block's index in encoder order
+    /// (merging encoders).
+    merged_rows: Vec<usize>,
+}
+
+impl PatchLayout {
+    /// Raster order, one window.
+    fn raster(pw: usize, ph: usize) -> PatchLayout {
+        PatchLayout {
+            pw,
+            ph,
+            order: (0..ph).flat_map(|y| (0..pw).map(move |x| (y, x))).collect(),
+            windows: std::iter::once(0..pw * ph).collect(),
+            merged_rows: Vec::new(),
+        }
+    }
+
+    /// Qwen-VL's order: 2x2 blocks of patches (block rows, then blocks, then the block's
+    /// rows and columns), blocks grouped into windows of `window` blocks a side (row-major
+    /// windows, row-major inside; `None`: one window of every block).
+    fn merged(pw: usize, ph: usize, window: Option<usize>) -> PatchLayout {
+        let (mw, mh) = (pw / 2, ph / 2);
+        let g = window.unwrap_or(mw.max(mh)).max(1);
+        let mut order = Vec::with_capacity(pw * ph);
+        let mut windows = Vec::new();
+        let mut merged_rows = vec![0; mw * mh];
+        for wy in (0..mh).step_by(g) {
+            for wx in (0..mw).step_by(g) {
+                let first = order.len();
+                for uy in wy..(wy + g).min(mh) {
+                    for ux in wx..(wx + g).min(mw) {
+                        merged_rows[uy * mw + ux] = order.len() / 4;
+                        for dy in 0..2 {
+                            for dx in 0..2 {
+                                order.push((2 * uy + dy, 2 * ux + dx));
+                            }
+                        }
+                    }
+                }
+                windows.push(first..order.len());
+            }
+        }
+        PatchLayout {
+            pw,
+            ph,
+            order,
+            windows,
+            merged_rows,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
 }
 
 impl VisionEncoder {
@@ -89,12 +178,14 @@ impl VisionEncoder {
 
     pub fn load(gguf: Arc<Gguf>, options: &VisionOptions) -> Result<VisionEncoder, ModelError> {
         let config = ClipConfig::read(&gguf.metadata())?;
-        if config.ffn_act == VisionFfnAct::GeluQuick {
+        let weights = VisionWeights::load(&gguf, &config)?;
+        if config.ffn_act == VisionFfnAct::GeluQuick
+            && weights.layers.iter().any(|l| l.gate.is_some())
+        {
             return Err(ModelError::Config(
-                "the vision feed-forward uses the quick GELU, which is not built".into(),
+                "a gated vision feed-forward with the quick GELU is not built".into(),
             ));
         }
-        let weights = VisionWeights::load(&gguf, &config)?;
         let threads = match options.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -132,6 +223,9 @@ impl VisionEncoder {
     pub fn markers(&self) -> (&'static str, &'static str) {
         match self.config.projector {
             ProjectorKind::Gemma3 => ("<start_of_image>", "<end_of_image>"),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+                ("<|vision_start|>", "<|vision_end|>")
+            }
         }
     }
 
@@ -140,95 +234,174 @@ impl VisionEncoder {
     pub fn bidirectional(&self) -> bool {
         match self.config.projector {
             ProjectorKind::Gemma3 => true,
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => false,
         }
     }
 
-    /// The encoder's input: the image fitted into the square input (aspect kept, black
-    /// padding), normalized, as planar channels.
-    pub fn preprocess(&self, img: &RgbImage) -> Result<Vec<f32>, ModelError> {
+    /// The grid the language model places `emb`'s tokens by, for projectors whose tokens
+    /// take M-RoPE grid positions ([`Self::grid_positions`]).
+    pub fn image_grid(&self, emb: &ImageEmbeddings) -> Option<crate::engine::ImageGrid> {
+        self.grid_positions().then_some(crate::engine::ImageGrid {
+            nx: emb.nx,
+            ny: emb.ny,
+        })
+    }
+
+    /// Whether the language model places the image's tokens by M-RoPE grid positions
+    /// (time, row, column), the image taking `max(nx, ny)` positions (Qwen-VL), rather than
+    /// one position per token.
+    pub fn grid_positions(&self) -> bool {
+        self.config.projector.dynamic_size()
+    }
+
+    /// The encoder's input: the image resized to the input size the family takes for it
+    /// ([`ClipConfig::input_size`]; aspect kept, black padding), normalized, as planar
+    /// channels.
+    pub fn preprocess(&self, img: &RgbImage) -> Result<PreparedImage, ModelError> {
         img.check()?;
         let c = &self.config;
-        let s = c.image_size;
-        let fitted = image::resize_padded(img, s, s, c.resize, [0, 0, 0]);
-        Ok(image::normalize_planar(&fitted, c.image_mean, c.image_std))
+        let (width, height) = c.input_size(img.width, img.height);
+        let fitted = image::resize_padded(img, width, height, c.resize, [0, 0, 0]);
+        Ok(PreparedImage {
+            width,
+            height,
+            planar: image::normalize_planar(&fitted, c.image_mean, c.image_std),
+        })
     }
 
     /// The image's embeddings.
     pub fn encode(&self, img: &RgbImage) -> Result<ImageEmbeddings, ModelError> {
-        let planar = self.preprocess(img)?;
-        self.encode_planar(&planar)
+        let prepared = self.preprocess(img)?;
+        self.encode_prepared(&prepared)
     }
 
     /// The embeddings of an already preprocessed input ([`preprocess`](Self::preprocess)).
-    pub fn encode_planar(&self, planar: &[f32]) -> Result<ImageEmbeddings, ModelError> {
+    pub fn encode_prepared(&self, input: &PreparedImage) -> Result<ImageEmbeddings, ModelError> {
         let c = &self.config;
-        if planar.len() != 3 * c.image_size * c.image_size {
+        let (w, h) = (input.width, input.height);
+        let (unit, most) = match c.dynamic {
+            Some(d) => (d.align, d.max_pixels.max(d.min_pixels)),
+            None => (c.image_size, c.image_size * c.image_size),
+        };
+        if w == 0 || h == 0 || !w.is_multiple_of(unit) || !h.is_multiple_of(unit) || w * h > most {
             return Err(ModelError::Config(format!(
-                "{} input values for a {}x{} RGB input",
-                planar.len(),
-                c.image_size,
-                c.image_size
+                "a {w}x{h} input: this encoder takes {}",
+                match c.dynamic {
+                    Some(d) => format!(
+                        "sides that are multiples of {} and at most {most} pixels",
+                        d.align
+                    ),
+                    None => format!("{0}x{0}", c.image_size),
+                }
             )));
         }
+        if input.planar.len() != 3 * w * h {
+            return Err(ModelError::Config(format!(
+                "{} input values for a {w}x{h} RGB input",
+                input.planar.len()
+            )));
+        }
+        let (pw, ph) = (w / c.patch_size, h / c.patch_size);
+        let layout = match c.projector {
+            ProjectorKind::Gemma3 => PatchLayout::raster(pw, ph),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+                PatchLayout::merged(pw, ph, (c.n_wa_pattern > 0).then_some(c.window_tokens))
+            }
+        };
+        let rope = c.dynamic.map(|_| vision_rope(&layout, c.head_dim));
         self.pool.install(|| {
             let mut s = Scratch::default();
-            self.embed_patches(planar, &mut s)?;
-            let n = c.patches_per_side() * c.patches_per_side();
+            self.embed_patches(&input.planar, w, &layout, &mut s)?;
+            let n = layout.len();
             let e = c.n_embd;
             if let Some(norm) = &self.weights.pre_ln {
                 norm_rows(&mut s.x[..n * e], norm, c.eps);
             }
-            for layer in &self.weights.layers {
-                self.layer(layer, n, &mut s)?;
+            let all_rows = 0..n;
+            let everything = std::slice::from_ref(&all_rows);
+            for (il, layer) in self.weights.layers.iter().enumerate() {
+                let windowed = c.n_wa_pattern > 0 && (il + 1) % c.n_wa_pattern != 0;
+                let spans = match windowed {
+                    true => layout.windows.as_slice(),
+                    false => everything,
+                };
+                self.layer(layer, n, rope.as_deref(), spans, &mut s)?;
             }
             if let Some(norm) = &self.weights.post_ln {
                 norm_rows(&mut s.x[..n * e], norm, c.eps);
             }
             match &self.weights.projector {
                 ProjectorWeights::Gemma3(p) => self.gemma3_projector(p, &mut s),
+                ProjectorWeights::Merger(p) => self.merger_projector(p, &layout, &mut s),
             }
         })
     }
 
-    /// The patch convolution (stride = kernel = patch size) as one product, plus its bias,
-    /// plus the position rows.
-    fn embed_patches(&self, planar: &[f32], s: &mut Scratch) -> Result<(), ModelError> {
+    /// The patch convolution (stride = kernel = patch size) as one product per kernel (a
+    /// second temporal kernel's added), plus its bias, plus the position rows; the patches in
+    /// the layout's order.
+    fn embed_patches(
+        &self,
+        planar: &[f32],
+        width: usize,
+        layout: &PatchLayout,
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
-        let (side, p, e) = (c.patches_per_side(), c.patch_size, c.n_embd);
-        let plane = c.image_size * c.image_size;
+        let (p, e) = (c.patch_size, c.n_embd);
+        let plane = planar.len() / 3;
         let cols = 3 * p * p;
-        let n = side * side;
+        let n = layout.len();
         // Each patch's values in the kernel's order: channel, kernel row, column.
         let mut patches = vec![0.0f32; n * cols];
         patches
             .par_chunks_mut(cols)
-            .enumerate()
-            .for_each(|(i, out)| {
-                let (py, px) = (i / side, i % side);
+            .zip(layout.order.par_iter())
+            .for_each(|(out, &(py, px))| {
                 for ch in 0..3 {
                     for ky in 0..p {
                         let y = py * p + ky;
-                        let src = &planar[ch * plane + y * c.image_size + px * p..][..p];
+                        let src = &planar[ch * plane + y * width + px * p..][..p];
                         out[(ch * p + ky) * p..][..p].copy_from_slice(src);
                     }
                 }
             });
         let x = sized(&mut s.x, n * e);
         linear(&self.weights.patch_embd.view()?, &patches, n, x, &mut s.xq)?;
+        if let Some(second) = &self.weights.patch_embd_1 {
+            let y = sized(&mut s.proj, n * e);
+            linear(&second.view()?, &patches, n, y, &mut s.xq)?;
+            residual(&mut s.x[..n * e], y);
+        }
         let bias = self.weights.patch_bias.as_deref();
-        x.par_chunks_mut(e)
-            .zip(self.weights.position_embd.par_chunks(e))
-            .for_each(|(row, pos)| {
+        let positions = self.weights.position_embd.as_deref();
+        s.x[..n * e]
+            .par_chunks_mut(e)
+            .zip(layout.order.par_iter())
+            .for_each(|(row, &(py, px))| {
                 if let Some(b) = bias {
                     row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
                 }
-                row.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
+                if let Some(pos) = positions {
+                    let at = (py * layout.pw + px) * e;
+                    row.iter_mut()
+                        .zip(&pos[at..at + e])
+                        .for_each(|(v, p)| *v += p);
+                }
             });
         Ok(())
     }
 
-    /// One pre-norm transformer layer over the `n` patch rows.
-    fn layer(&self, lw: &VitLayer, n: usize, s: &mut Scratch) -> Result<(), ModelError> {
+    /// One pre-norm transformer layer over the `n` patch rows: `rope` the rows' rotations
+    /// (2D RoPE encoders), `spans` the runs of rows that attend to each other.
+    fn layer(
+        &self,
+        lw: &VitLayer,
+        n: usize,
+        rope: Option<&[(f32, f32)]>,
+        spans: &[Range<usize>],
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let (e, hd) = (c.n_embd, c.head_dim);
         let gguf = &*self.gguf;
@@ -249,6 +422,18 @@ impl VisionEncoder {
         add_bias(q, &lw.q);
         add_bias(k, &lw.k);
         add_bias(v, &lw.v);
+        if let Some(angles) = rope {
+            let pairs = hd / 2;
+            for buf in [&mut *q, &mut *k] {
+                buf.par_chunks_mut(e)
+                    .zip(angles.par_chunks(pairs))
+                    .for_each(|(row, angles)| {
+                        for head in row.chunks_exact_mut(hd) {
+                            rotate_halves(head, angles);
+                        }
+                    });
+            }
+        }
         let attention = DenseAttention {
             n_head: c.n_head,
             head_dim: hd,
@@ -260,7 +445,17 @@ impl VisionEncoder {
             },
         };
         let attn = sized(&mut s.attn, n * e);
-        attention.run(q, k, v, n, attn, &mut s.dense);
+        for span in spans {
+            let rows = span.start * e..span.end * e;
+            attention.run(
+                &q[rows.clone()],
+                &k[rows.clone()],
+                &v[rows.clone()],
+                span.len(),
+                &mut attn[rows],
+                &mut s.dense,
+            );
+        }
         let proj = sized(&mut s.proj, n * e);
         linear(&lw.o.w.view(gguf)?, attn, n, proj, &mut s.xq)?;
         add_bias(proj, &lw.o);
@@ -272,14 +467,34 @@ impl VisionEncoder {
         let up = sized(&mut s.up, n * c.n_ff);
         linear(&lw.up.w.view(gguf)?, xn, n, up, &mut s.xq)?;
         add_bias(up, &lw.up);
-        let act: fn(f32) -> f32 = match c.ffn_act {
-            VisionFfnAct::Gelu => gelu,
-            VisionFfnAct::Silu => silu,
-            VisionFfnAct::GeluQuick => unreachable!("refused at load"),
+        let hidden: &[f32] = match &lw.gate {
+            Some(gate_w) => {
+                // ggml's gated units, row by row: act(gate) * up.
+                let gate = sized(&mut s.gate, n * c.n_ff);
+                linear(&gate_w.w.view(gguf)?, xn, n, gate, &mut s.xq)?;
+                add_bias(gate, gate_w);
+                let glu: fn(&mut [f32], &[f32]) = match c.ffn_act {
+                    VisionFfnAct::Silu => swiglu,
+                    VisionFfnAct::Gelu => geglu,
+                    VisionFfnAct::GeluQuick => unreachable!("refused at load"),
+                };
+                gate.par_chunks_mut(c.n_ff)
+                    .zip(up.par_chunks(c.n_ff))
+                    .for_each(|(g, u)| glu(g, u));
+                gate
+            }
+            None => {
+                let act: fn(f32) -> f32 = match c.ffn_act {
+                    VisionFfnAct::Gelu => gelu,
+                    VisionFfnAct::Silu => silu,
+                    VisionFfnAct::GeluQuick => gelu_quick,
+                };
+                up.par_iter_mut().for_each(|v| *v = act(*v));
+                up
+            }
         };
-        up.par_iter_mut().for_each(|v| *v = act(*v));
         let proj = sized(&mut s.proj, n * e);
-        linear(&lw.down.w.view(gguf)?, up, n, proj, &mut s.xq)?;
+        linear(&lw.down.w.view(gguf)?, hidden, n, proj, &mut s.xq)?;
         add_bias(proj, &lw.down);
         residual(&mut s.x[..n * e], proj);
         Ok(())
@@ -327,15 +542,86 @@ impl VisionEncoder {
         Ok(ImageEmbeddings {
             n_tokens: n_out,
             n_embd: width,
+            nx: out_side,
+            ny: out_side,
+            data,
+        })
+    }
+
+    /// Qwen-VL: each 2x2 block of patches (four consecutive rows) as one row through
+    /// `mm.0`, GELU and `mm.2`; the tokens put back in raster order.
+    fn merger_projector(
+        &self,
+        p: &MergerProjector,
+        layout: &PatchLayout,
+        s: &mut Scratch,
+    ) -> Result<ImageEmbeddings, ModelError> {
+        let c = &self.config;
+        let gguf = &*self.gguf;
+        let (n_out, wide) = (layout.len() / 4, 4 * c.n_embd);
+        let merged = &s.x[..n_out * wide];
+        let hidden = sized(&mut s.up, n_out * wide);
+        linear(&p.mm0.w.view(gguf)?, merged, n_out, hidden, &mut s.xq)?;
+        add_bias(hidden, &p.mm0);
+        hidden.par_iter_mut().for_each(|v| *v = gelu(*v));
+        let width = c.projection_dim;
+        let out = sized(&mut s.proj, n_out * width);
+        linear(&p.mm2.w.view(gguf)?, hidden, n_out, out, &mut s.xq)?;
+        add_bias(out, &p.mm2);
+        let mut data = vec![0.0f32; n_out * width];
+        data.par_chunks_mut(width)
+            .zip(layout.merged_rows.par_iter())
+            .for_each(|(dst, &r)| dst.copy_from_slice(&out[r * width..(r + 1) * width]));
+        Ok(ImageEmbeddings {
+            n_tokens: n_out,
+            n_embd: width,
+            nx: layout.pw / 2,
+            ny: layout.ph / 2,
             data,
         })
     }
 }
 
+/// The rotations of ggml's vision RoPE (`GGML_ROPE_TYPE_VISION`, base 10000) for each row of
+/// the layout: the first quarter of a head's pairs turned by the patch's row, the second by
+/// its column, each section's angle starting at the position and advanced by repeated
+/// multiplication as ggml's cache does. `head_dim / 2` pairs a row.
+fn vision_rope(layout: &PatchLayout, head_dim: usize) -> Vec<(f32, f32)> {
+    let pairs = head_dim / 2;
+    let quarter = head_dim / 4;
+    let theta_scale = 10000.0f32.powf(-2.0 / pairs as f32);
+    let mut out = Vec::with_capacity(layout.len() * pairs);
+    for &(py, px) in &layout.order {
+        let (mut t, mut h) = (py as f32, px as f32);
+        for k in 0..pairs {
+            if k == quarter {
+                h = px as f32;
+            }
+            let theta = if k < quarter { t } else { h };
+            out.push((theta.cos(), theta.sin()));
+            t *= theta_scale;
+            h *= theta_scale;
+        }
+    }
+    out
+}
+
+/// Rotates pairs `(i, i + half)` of one head by the given angles.
+fn rotate_halves(head: &mut [f32], angles: &[(f32, f32)]) {
+    let half = head.len() / 2;
+    for (i, &(cos, sin)) in angles.iter().enumerate() {
+        let (x0, x1) = (head[i], head[i + half]);
+        head[i] = x0 * cos - x1 * sin;
+        head[i + half] = x0 * sin + x1 * cos;
+    }
+}
+
 fn norm_rows(x: &mut [f32], norm: &Norm, eps: f32) {
     let e = norm.weight.len();
-    x.par_chunks_mut(e)
-        .for_each(|row| layer_norm_in_place(row, &norm.weight, Some(&norm.bias), eps));
+    x.par_chunks_mut(e).for_each(|row| match &norm.bias {
+        Some(b) => layer_norm_in_place(row, &norm.weight, Some(b), eps),
+        None => rms_norm_in_place(row, &norm.weight, eps),
+    });
 }
 
 fn add_bias(y: &mut [f32], a: &Affine) {

@@ -4,15 +4,15 @@
 use ferrox_core::WeightMatrix;
 use ferrox_gguf::{GgmlType, Gguf};
 
-use super::config::{ClipConfig, ProjectorKind};
+use super::config::{ClipConfig, ProjectorKind, VisionNorm};
 use crate::tensors::{Loader, MatrixRef};
 use crate::ModelError;
 
-/// A LayerNorm's weight and bias.
+/// A norm's weight and (LayerNorm) bias.
 #[derive(Clone, Debug)]
 pub struct Norm {
     pub weight: Vec<f32>,
-    pub bias: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
 }
 
 /// A matrix and its bias.
@@ -31,6 +31,8 @@ pub struct VitLayer {
     pub o: Affine,
     pub ln2: Norm,
     pub up: Affine,
+    /// The gate of a gated feed-forward (Qwen2.5-VL), if any.
+    pub gate: Option<Affine>,
     pub down: Affine,
 }
 
@@ -62,9 +64,18 @@ pub struct Gemma3Projector {
     pub input_projection: OwnedMatrix,
 }
 
+/// Qwen-VL's patch merger: each 2x2 block of patches as one row of four, through
+/// `mm.0`, GELU and `mm.2`.
+#[derive(Clone, Debug)]
+pub struct MergerProjector {
+    pub mm0: Affine,
+    pub mm2: Affine,
+}
+
 #[derive(Clone, Debug)]
 pub enum ProjectorWeights {
     Gemma3(Gemma3Projector),
+    Merger(Box<MergerProjector>),
 }
 
 #[derive(Clone, Debug)]
@@ -73,9 +84,12 @@ pub struct VisionWeights {
     /// (channel, then kernel row, then column), in the type ggml's convolution multiplies
     /// in (see [`patch_kernel`]).
     pub patch_embd: OwnedMatrix,
+    /// Qwen-VL's second temporal kernel (`v.patch_embd.weight.1`): a still image is both
+    /// frames, so its product is added.
+    pub patch_embd_1: Option<OwnedMatrix>,
     pub patch_bias: Option<Vec<f32>>,
-    /// One learned row per patch position.
-    pub position_embd: Vec<f32>,
+    /// One learned row per patch position (fixed-size encoders).
+    pub position_embd: Option<Vec<f32>>,
     pub pre_ln: Option<Norm>,
     pub layers: Vec<VitLayer>,
     pub post_ln: Option<Norm>,
@@ -88,10 +102,12 @@ impl VisionWeights {
         let e = c.n_embd;
         let p = c.patch_size as u64;
         let norm = |prefix: &str| -> Result<Norm, ModelError> {
-            Ok(Norm {
-                weight: l.vector(&format!("{prefix}.weight"), e)?,
-                bias: l.vector(&format!("{prefix}.bias"), e)?,
-            })
+            let weight = l.vector(&format!("{prefix}.weight"), e)?;
+            let bias = match c.norm {
+                VisionNorm::Layer => Some(l.vector(&format!("{prefix}.bias"), e)?),
+                VisionNorm::Rms => None,
+            };
+            Ok(Norm { weight, bias })
         };
         let opt_norm = |prefix: &str| -> Result<Option<Norm>, ModelError> {
             match l.find(&format!("{prefix}.weight")) {
@@ -105,23 +121,33 @@ impl VisionWeights {
                 b: l.opt_vector(&format!("{name}.bias"), rows)?,
             })
         };
-        let patch_embd = patch_kernel(
-            gguf,
-            &l.matrix_of_shape(
-                "v.patch_embd.weight",
-                &[p, p, 3, e as u64],
-                (3 * c.patch_size * c.patch_size, e),
-            )?,
-        )?;
-        let n_pos = c.patches_per_side() * c.patches_per_side();
-        let position_embd = {
-            let m = l.matrix("v.position_embd.weight", e, n_pos)?;
-            let view = m.view(gguf)?;
-            let mut rows = vec![0.0f32; n_pos * e];
-            for (r, out) in rows.chunks_exact_mut(e).enumerate() {
-                view.dequant_row(r, out)?;
+        let kernel = |name: &str| -> Result<OwnedMatrix, ModelError> {
+            patch_kernel(
+                gguf,
+                &l.matrix_of_shape(
+                    name,
+                    &[p, p, 3, e as u64],
+                    (3 * c.patch_size * c.patch_size, e),
+                )?,
+            )
+        };
+        let patch_embd = kernel("v.patch_embd.weight")?;
+        let patch_embd_1 = match c.projector.dynamic_size() {
+            true => Some(kernel("v.patch_embd.weight.1")?),
+            false => None,
+        };
+        let position_embd = match c.projector.dynamic_size() {
+            true => None,
+            false => {
+                let n_pos = c.patches_per_side() * c.patches_per_side();
+                let m = l.matrix("v.position_embd.weight", e, n_pos)?;
+                let view = m.view(gguf)?;
+                let mut rows = vec![0.0f32; n_pos * e];
+                for (r, out) in rows.chunks_exact_mut(e).enumerate() {
+                    view.dequant_row(r, out)?;
+                }
+                Some(rows)
             }
-            rows
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
@@ -137,6 +163,10 @@ impl VisionWeights {
                 true => (down_name, up_name),
                 false => (up_name, down_name),
             };
+            let gate = match l.find(&format!("{}.weight", blk("ffn_gate"))) {
+                Some(_) => Some(affine(&blk("ffn_gate"), e, c.n_ff)?),
+                None => None,
+            };
             layers.push(VitLayer {
                 ln1: norm(&blk("ln1"))?,
                 q: affine(&blk("attn_q"), e, e)?,
@@ -145,6 +175,7 @@ impl VisionWeights {
                 o: affine(&blk("attn_out"), e, e)?,
                 ln2: norm(&blk("ln2"))?,
                 up: affine(&up_name, e, c.n_ff)?,
+                gate,
                 down: affine(&down_name, c.n_ff, e)?,
             });
         }
@@ -164,9 +195,16 @@ impl VisionWeights {
                     c.projection_dim,
                 )?,
             }),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+                ProjectorWeights::Merger(Box::new(MergerProjector {
+                    mm0: affine("mm.0", 4 * e, 4 * e)?,
+                    mm2: affine("mm.2", 4 * e, c.projection_dim)?,
+                }))
+            }
         };
         Ok(VisionWeights {
             patch_embd,
+            patch_embd_1,
             patch_bias: l.opt_vector("v.patch_embd.bias", e)?,
             position_embd,
             pre_ln: opt_norm("v.pre_ln")?,

@@ -568,3 +568,228 @@ fn adler32(data: &[u8]) -> u32 {
     }
     (b << 16) | a
 }
+
+/// A tiny Qwen-VL pair: a `qwen2vl` text model and Qwen2.5-VL / Qwen2-VL projectors (llama.cpp's
+/// `qwen2.5vl_merger` and `qwen2vl_merger`), all F32.
+///
+/// Text model (`qwen2vl`): n_embd 128, 2 layers, 4 query heads / 2 KV heads of 32, n_ff 256,
+/// Q/K/V biases, M-RoPE sections [4, 6, 6, 0] (Qwen2.5-VL's [16, 24, 24, 0] over 32-wide
+/// heads), base 1e6, untied output. RMS epsilon 0: llama.cpp reads none for `qwen2vl`.
+/// Vocabulary: the SentencePiece-style one with `<|im_start|>`, `<|im_end|>`,
+/// `<|vision_start|>` and `<|vision_end|>` after the byte tokens ([`QWEN_VISION_START_ID`]...).
+///
+/// Projectors: 14-pixel patches (two temporal kernels, no bias), width 64, 3 layers of 4
+/// heads (head dim 16: 2D RoPE over quarters), FFN 128, eps 1e-6, 2x2 merge to the text
+/// width through a 256-wide MLP. Qwen2.5-VL: RMS norms, gated SiLU feed-forward, windows in
+/// layers 0 and 2 (`n_wa_pattern` 2: layer 1 attends to everything); Qwen2-VL: LayerNorms,
+/// quick GELU, no windows. Windows are 112 pixels (4 merged tokens) a side, so an image wider
+/// or taller than 112 pixels has several.
+pub const QWEN_CONTROL_TOKENS: [&str; 4] = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+];
+pub const QWEN_IM_START_ID: u32 = 259;
+pub const QWEN_IM_END_ID: u32 = 260;
+pub const QWEN_VISION_START_ID: u32 = 261;
+pub const QWEN_VISION_END_ID: u32 = 262;
+pub const QWEN_TEXT_N_EMBD: usize = 128;
+pub const QWEN_TEXT_N_LAYER: usize = 2;
+pub const QWEN_TEXT_N_HEAD: usize = 4;
+pub const QWEN_TEXT_N_HEAD_KV: usize = 2;
+pub const QWEN_TEXT_HEAD_DIM: usize = 32;
+pub const QWEN_TEXT_N_FF: usize = 256;
+pub const QWEN_MROPE_SECTIONS: [i32; 4] = [4, 6, 6, 0];
+pub const QWEN_PATCH_SIZE: usize = 14;
+pub const QWEN_VISION_N_EMBD: usize = 64;
+pub const QWEN_VISION_N_FF: usize = 128;
+pub const QWEN_VISION_N_LAYER: usize = 3;
+pub const QWEN_VISION_N_HEAD: usize = 4;
+pub const QWEN_N_WA_PATTERN: usize = 2;
+/// Larger than the Gemma images, for several attention windows: 7x5, 6x5 and 3x9 merged
+/// tokens.
+pub const QWEN_EXTRA_IMAGES: &[(&str, usize, usize, u8)] = &[
+    ("rgb200x150", 200, 150, 2),
+    ("rgb160x130", 160, 130, 2),
+    ("rgb90x240", 90, 240, 2),
+];
+
+const QWEN_TEXT_SEED: u64 = 0x011a_0311;
+const QWEN_MMPROJ_SEED: u64 = 0x011a_0312;
+
+/// Which Qwen-VL projector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QwenVision {
+    Qwen2Vl,
+    Qwen25Vl,
+}
+
+/// The `qwen2vl` text model of the Qwen-VL pair.
+pub fn qwen2vl_text_bytes() -> Vec<u8> {
+    use ferrox_gguf::{OwnedArray, OwnedValue};
+    let a = "qwen2vl";
+    let key = |k: &str| format!("{a}.{k}");
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", a);
+    w.set("general.name", "ferrox synthetic test model");
+    w.set(key("context_length"), 4096u32);
+    w.set(key("embedding_length"), QWEN_TEXT_N_EMBD as u32);
+    w.set(key("block_count"), QWEN_TEXT_N_LAYER as u32);
+    w.set(key("feed_forward_length"), QWEN_TEXT_N_FF as u32);
+    w.set(key("attention.head_count"), QWEN_TEXT_N_HEAD as u32);
+    w.set(key("attention.head_count_kv"), QWEN_TEXT_N_HEAD_KV as u32);
+    w.set(key("rope.dimension_count"), QWEN_TEXT_HEAD_DIM as u32);
+    w.set(key("rope.freq_base"), 1_000_000.0f32);
+    w.set(key("attention.layer_norm_rms_epsilon"), 0.0f32);
+    w.set(
+        key("rope.dimension_sections"),
+        OwnedValue::Array(OwnedArray::I32(QWEN_MROPE_SECTIONS.to_vec())),
+    );
+    super::spm_vocab(&mut w, TEXT_N_VOCAB, &QWEN_CONTROL_TOKENS, &["\u{2581}"]);
+    w.set("tokenizer.ggml.add_space_prefix", false);
+    w.set("tokenizer.chat_template", QWEN_CHAT_TEMPLATE);
+
+    let mut vals = Values(StdRng::seed_from_u64(QWEN_TEXT_SEED));
+    let v = &mut vals;
+    let ty = GgmlType::F32;
+    let (e, f) = (QWEN_TEXT_N_EMBD, QWEN_TEXT_N_FF);
+    let kv_w = QWEN_TEXT_N_HEAD_KV * QWEN_TEXT_HEAD_DIM;
+    matrix(&mut w, v, "token_embd.weight", ty, e, TEXT_N_VOCAB, 0.5);
+    vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
+    matrix(&mut w, v, "output.weight", ty, e, TEXT_N_VOCAB, 0.1);
+    for il in 0..QWEN_TEXT_N_LAYER {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("attn_q.weight"), ty, e, e, 0.15);
+        vector(&mut w, v, &n("attn_q.bias"), e, 0.0, 0.1);
+        matrix(&mut w, v, &n("attn_k.weight"), ty, e, kv_w, 0.15);
+        vector(&mut w, v, &n("attn_k.bias"), kv_w, 0.0, 0.1);
+        matrix(&mut w, v, &n("attn_v.weight"), ty, e, kv_w, 0.1);
+        vector(&mut w, v, &n("attn_v.bias"), kv_w, 0.0, 0.1);
+        matrix(&mut w, v, &n("attn_output.weight"), ty, e, e, 0.08);
+        vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.06);
+    }
+    w.to_bytes()
+}
+
+/// Qwen's turn format, short.
+pub const QWEN_CHAT_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// A Qwen-VL projector (every tensor F32). Tensors, in ggml shape order:
+///
+/// | name | ne |
+/// | --- | --- |
+/// | `v.patch_embd.weight`, `v.patch_embd.weight.1` | [14, 14, 3, 64] |
+/// | `v.blk.N.ln1.weight`, `ln2.weight` (and `.bias`, Qwen2-VL) | [64] |
+/// | `v.blk.N.attn_{q,k,v,out}.{weight,bias}` | [64, 64], [64] |
+/// | `v.blk.N.ffn_up.{weight,bias}` (and `ffn_gate`, Qwen2.5-VL) | [64, 128], [128] |
+/// | `v.blk.N.ffn_down.{weight,bias}` | [128, 64], [64] |
+/// | `v.post_ln.weight` (and `.bias`, Qwen2-VL) | [64] |
+/// | `mm.0.{weight,bias}` | [256, 256], [256] |
+/// | `mm.2.{weight,bias}` | [256, 128], [128] |
+pub fn qwen_mmproj_bytes(kind: QwenVision) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "clip");
+    w.set("general.type", "mmproj");
+    w.set("general.name", "ferrox synthetic test projector");
+    w.set("general.file_type", 0u32);
+    w.set("clip.has_vision_encoder", true);
+    let layer_norm = kind == QwenVision::Qwen2Vl;
+    match kind {
+        QwenVision::Qwen2Vl => {
+            w.set("clip.projector_type", "qwen2vl_merger");
+        }
+        QwenVision::Qwen25Vl => {
+            w.set("clip.projector_type", "qwen2.5vl_merger");
+            w.set("clip.use_silu", true);
+            w.set("clip.vision.n_wa_pattern", QWEN_N_WA_PATTERN as u32);
+        }
+    }
+    let (e, f, p) = (QWEN_VISION_N_EMBD, QWEN_VISION_N_FF, QWEN_PATCH_SIZE);
+    w.set("clip.vision.projection_dim", QWEN_TEXT_N_EMBD as u32);
+    w.set("clip.vision.image_size", 560u32);
+    w.set("clip.vision.patch_size", p as u32);
+    w.set("clip.vision.embedding_length", e as u32);
+    w.set("clip.vision.feed_forward_length", f as u32);
+    w.set("clip.vision.block_count", QWEN_VISION_N_LAYER as u32);
+    w.set(
+        "clip.vision.attention.head_count",
+        QWEN_VISION_N_HEAD as u32,
+    );
+    w.set("clip.vision.attention.layer_norm_epsilon", VISION_EPS);
+    w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
+    w.set("clip.vision.image_std", IMAGE_STD.to_vec());
+
+    let mut vals = Values(StdRng::seed_from_u64(QWEN_MMPROJ_SEED));
+    let v = &mut vals;
+    let f32 = GgmlType::F32;
+    // Two kernels of 14 x 14 x 3 = 588 normalized pixels each: deviation ~1 out.
+    for name in ["v.patch_embd.weight", "v.patch_embd.weight.1"] {
+        let kernel = v.normals(p * p * 3 * e, 0.0, 0.03);
+        add(
+            &mut w,
+            name,
+            f32,
+            &[p as u64, p as u64, 3, e as u64],
+            &kernel,
+        );
+    }
+    let norm = |w: &mut GgufWriter, v: &mut Values, name: &str| {
+        vector(w, v, &format!("{name}.weight"), e, 1.0, 0.1);
+        if layer_norm {
+            vector(w, v, &format!("{name}.bias"), e, 0.0, 0.05);
+        }
+    };
+    for il in 0..QWEN_VISION_N_LAYER {
+        let n = |t: &str| format!("v.blk.{il}.{t}");
+        norm(&mut w, v, &n("ln1"));
+        for (name, std) in [("attn_q", 0.2), ("attn_k", 0.2), ("attn_v", 0.12)] {
+            matrix(&mut w, v, &n(&format!("{name}.weight")), f32, e, e, std);
+            vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
+        }
+        matrix(&mut w, v, &n("attn_out.weight"), f32, e, e, 0.1);
+        vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
+        norm(&mut w, v, &n("ln2"));
+        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.125);
+        vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
+        if kind == QwenVision::Qwen25Vl {
+            matrix(&mut w, v, &n("ffn_gate.weight"), f32, e, f, 0.125);
+            vector(&mut w, v, &n("ffn_gate.bias"), f, 0.0, 0.05);
+        }
+        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.1);
+        vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
+    }
+    norm(&mut w, v, "v.post_ln");
+    matrix(&mut w, v, "mm.0.weight", f32, 4 * e, 4 * e, 0.06);
+    vector(&mut w, v, "mm.0.bias", 4 * e, 0.0, 0.05);
+    // ~0.5 per output value: the size of the text model's token rows.
+    matrix(&mut w, v, "mm.2.weight", f32, 4 * e, QWEN_TEXT_N_EMBD, 0.06);
+    vector(&mut w, v, "mm.2.bias", QWEN_TEXT_N_EMBD, 0.0, 0.05);
+    w.to_bytes()
+}
+
+/// The extra Qwen-VL test images ([`QWEN_EXTRA_IMAGES`]), after [`test_images`]' patterns.
+pub fn qwen_extra_images() -> Vec<TestImage> {
+    QWEN_EXTRA_IMAGES
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, width, height, color_type))| TestImage {
+            name,
+            width,
+            height,
+            color_type,
+            png: png_bytes(
+                width,
+                height,
+                color_type,
+                &pixels(IMAGES.len() + i, width, height, color_type),
+            ),
+        })
+        .collect()
+}

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferrox_generate::generate::{FinishReason, Sampled, TokenConstraint};
+use ferrox_generate::media::position_shift_at;
 use ferrox_models::Engine;
 use rayon::prelude::*;
 
@@ -157,14 +158,21 @@ impl<'t> Batcher<'t> {
                     InputEmbeddings {
                         rows: &placed.image.rows[from..from + p.tokens * width],
                         bidirectional: placed.image.bidirectional,
+                        grid: placed.image.grid,
                     }
                 });
+                // Images are all in the prompt: a decoding step follows every one.
+                let at = match s.next {
+                    Some(_) => usize::MAX,
+                    None => s.fed,
+                };
                 Work {
                     slot: s.slot,
                     tokens,
                     logits: p.logits,
                     embeddings: p.embeddings,
                     given,
+                    position_shift: position_shift_at(&s.job.images, at),
                 }
             })
             .collect();

@@ -1,0 +1,184 @@
+//! Qwen-VL image input against llama.cpp on the synthetic pair of `fixtures/vision/`
+//! (`qwen2vl.gguf` with the Qwen2.5-VL and Qwen2-VL projectors): the input size each image
+//! is resized to, the grid of image tokens, and the projector's embeddings against `mtmd`'s
+//! with flash attention off and, with the defaults (f16 keys and values), within llama.cpp's
+//! own flash-attention on/off band. References:
+//! `scripts/reference/gen-vision-qwen-refs.sh`.
+
+use std::path::PathBuf;
+
+use ferrox_models::vision::{ProjectorKind, RgbImage, VisionEncoder, VisionOptions};
+
+/// Width and height, or tokens a row and rows.
+type Size = (usize, usize);
+
+/// Image, the input llama.cpp resizes it to, and the token grid (nx, ny).
+const IMAGES: &[(&str, Size, Size)] = &[
+    // 64x64 rounds to 56x56, under the 8-token minimum: scaled up to 84x84.
+    ("rgb64", (84, 84), (3, 3)),
+    // 100x60 rounds to 112x56, exactly the minimum.
+    ("rgb100x60", (112, 56), (4, 2)),
+    ("rgb37x51", (84, 112), (3, 4)),
+    ("rgba80", (84, 84), (3, 3)),
+    ("gray48", (84, 84), (3, 3)),
+    // 7x5 merged tokens: windows of 4x4, 3x4, 4x1 and 3x1 in Qwen2.5-VL's windowed layers.
+    ("rgb200x150", (196, 140), (7, 5)),
+    ("rgb160x130", (168, 140), (6, 5)),
+    // Tall: windows of 3x4, 3x4 and 3x1.
+    ("rgb90x240", (84, 252), (3, 9)),
+];
+
+/// How close to llama.cpp (flash attention off) an image's token rows must be: the median
+/// token's largest difference within `median`, every value within `max`. The differences are
+/// summation order, except where an f16 rounding flips: ggml rounds the patch convolution's
+/// inputs and its GELU tables' inputs and outputs to f16, and an intermediate value landing
+/// on the other side of a rounding moves the rows it reaches by up to a few 1e-4.
+/// Qwen2.5-VL (SiLU in its layers, the GELU table only in the merger) matches to about 1e-6
+/// but for the tokens of a window where that happened; Qwen2-VL runs the quick GELU's table
+/// in every layer, and its attention spreads each flip over every token.
+struct Bar {
+    median: f32,
+    max: f32,
+}
+
+const PROJECTORS: &[(&str, ProjectorKind, Bar)] = &[
+    (
+        "qwen25vl",
+        ProjectorKind::Qwen25Vl,
+        Bar {
+            median: 2e-6,
+            max: 5e-4,
+        },
+    ),
+    (
+        "qwen2vl",
+        ProjectorKind::Qwen2Vl,
+        Bar {
+            median: 5e-4,
+            max: 1.5e-3,
+        },
+    ),
+];
+
+/// llama.cpp's flash attention runs fewer than 64 queries through a kernel that rounds the
+/// queries and accumulates the values in f16 (more queries take the tiled kernel, whose
+/// arithmetic the f16 mode here follows): the default-settings band is checked on inputs
+/// of at least that many patches.
+const TILED_MIN_PATCHES: usize = 64;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vision")
+}
+
+fn image(name: &str) -> RgbImage {
+    let bytes = std::fs::read(dir().join(format!("{name}.png"))).unwrap();
+    RgbImage::decode(&bytes).unwrap()
+}
+
+fn reference_embd(name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(dir().join("ref").join(name)).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn encoder(projector: &str, f32_attention: bool) -> VisionEncoder {
+    let options = VisionOptions {
+        threads: 2,
+        f32_attention,
+    };
+    VisionEncoder::open(dir().join(format!("{projector}.mmproj.gguf")), &options).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn qwen_projectors_load_as_their_kind() {
+    for &(name, kind, _) in PROJECTORS {
+        let enc = encoder(name, true);
+        assert_eq!(enc.config().projector, kind);
+        assert_eq!(enc.markers(), ("<|vision_start|>", "<|vision_end|>"));
+        assert!(enc.grid_positions() && !enc.bidirectional());
+    }
+}
+
+#[test]
+fn images_are_resized_as_llama_cpp_does() {
+    let enc = encoder("qwen25vl", true);
+    for &(name, size, grid) in IMAGES {
+        let prepared = enc.preprocess(&image(name)).unwrap();
+        assert_eq!((prepared.width, prepared.height), size, "{name}");
+        let ours = enc.encode_prepared(&prepared).unwrap();
+        assert_eq!((ours.nx, ours.ny), grid, "{name}");
+        assert_eq!(ours.n_tokens, grid.0 * grid.1);
+    }
+    // The limits: a huge image is scaled down under 4096 tokens, a sliver up to 8.
+    let c = enc.config();
+    let (w, h) = c.input_size(16_000, 9_000);
+    assert!(
+        w * h <= 4096 * 28 * 28 && w % 28 == 0 && h % 28 == 0,
+        "{w}x{h}"
+    );
+    let (w, h) = c.input_size(3, 1);
+    assert!(
+        w * h >= 8 * 28 * 28 && w % 28 == 0 && h % 28 == 0,
+        "{w}x{h}"
+    );
+}
+
+#[test]
+fn qwen_embeddings_match_llama_cpp() {
+    for (projector, _, bar) in PROJECTORS {
+        let enc = encoder(projector, true);
+        for &(name, _, (nx, ny)) in IMAGES {
+            let ours = enc.encode(&image(name)).unwrap();
+            assert_eq!((ours.n_tokens, ours.n_embd), (nx * ny, 128));
+            let theirs = reference_embd(&format!("{name}.{projector}.f32.embd"));
+            let per_token: Vec<f32> = ours
+                .data
+                .chunks(128)
+                .zip(theirs.chunks(128))
+                .map(|(a, b)| max_diff(a, b))
+                .collect();
+            let worst = per_token.iter().copied().fold(0.0, f32::max);
+            let mut sorted = per_token.clone();
+            sorted.sort_by(f32::total_cmp);
+            let median = sorted[sorted.len() / 2];
+            assert!(
+                worst <= bar.max && median <= bar.median,
+                "{name} ({projector}): max difference {worst}, median token {median}"
+            );
+        }
+    }
+}
+
+#[test]
+fn default_attention_stays_inside_llama_cpps_band() {
+    let mut checked = 0;
+    for (projector, _, _) in PROJECTORS {
+        let enc = encoder(projector, false);
+        for &(name, _, (nx, ny)) in IMAGES {
+            if 4 * nx * ny < TILED_MIN_PATCHES {
+                continue;
+            }
+            let ours = enc.encode(&image(name)).unwrap();
+            let default = reference_embd(&format!("{name}.{projector}.default.embd"));
+            let off = reference_embd(&format!("{name}.{projector}.f32.embd"));
+            let band = max_diff(&default, &off);
+            let d = max_diff(&ours.data, &default);
+            assert!(
+                d <= band,
+                "{name} ({projector}): {d} from llama.cpp's defaults, its own band {band}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "only {checked} images checked");
+}

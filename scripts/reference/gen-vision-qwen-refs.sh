@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Regenerates the Qwen-VL part of fixtures/vision/ref/: llama.cpp's outputs for the synthetic
+# Qwen-VL pair (crates/ferrox-models/tests/synthetic/vision.rs: qwen2vl.gguf with the
+# qwen25vl.mmproj.gguf and qwen2vl.mmproj.gguf projectors).
+#
+#   1. `write_synthetic fixtures/vision --vision` (re)writes the inputs (deterministic);
+#   2. `mtmd-ref embed` writes each image's projector output with each projector, flash
+#      attention off (ref/<image>.<projector>.f32.embd) and with llama.cpp's defaults (flash
+#      attention on: f16 keys and values; ref/<image>.<projector>.default.embd), raw
+#      little-endian f32 [n_tokens][128], the tokens in raster order of the merged grid;
+#   3. `mtmd-ref greedy` runs PROMPT (below) with each image and the Qwen2.5-VL projector,
+#      16 tokens greedily (f32 K/V cache, flash attention off): ref/<image>.qwen25vl.greedy.json
+#      (the image chunk's M-RoPE positions: t, then row and column offsets from it);
+#   4. ref/qwen-manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the
+#      settings and shape line `embed` printed for each .embd file.
+#   THREADS (default 2) threads.
+set -euo pipefail
+MODEL=/dev/null # common.sh would otherwise fetch the default model; it is not used here
+source "$(dirname "$0")/common.sh"
+cd "$REPO_ROOT"
+DIR=fixtures/vision
+OUT="$DIR/ref"
+N_PREDICT=16
+PROMPT=$'<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n<|im_start|>assistant\n'
+IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240"
+PROJECTORS="qwen25vl qwen2vl"
+
+BIN="$("$REF_DIR/build.sh" mtmd-ref)"
+cargo run -q -p ferrox-models --example write_synthetic -- "$DIR" --vision >&2
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+printf '%s' "$PROMPT" > "$WORK/prompt.txt"
+
+: > "$WORK/embed.jsonl"
+for img in $IMAGES; do
+    for proj in $PROJECTORS; do
+        "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" "$THREADS" \
+            "$OUT/$img.$proj.f32.embd" >> "$WORK/embed.jsonl"
+        MTMD_REF_DEFAULTS=1 "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" \
+            "$THREADS" "$OUT/$img.$proj.default.embd" >> "$WORK/embed.jsonl"
+        echo "$img.$proj" >&2
+    done
+    if [ "${SKIP_GREEDY:-0}" != 1 ]; then
+        "$BIN" greedy "$DIR/qwen2vl.gguf" "$DIR/qwen25vl.mmproj.gguf" "$DIR/$img.png" "$THREADS" \
+            "$N_PREDICT" "$WORK/prompt.txt" "$OUT/$img.qwen25vl.greedy.json"
+        echo "$img.qwen25vl.greedy.json" >&2
+    fi
+done
+llama_cpp_meta > "$WORK/meta.json"
+"$PYTHON" - "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/qwen-manifest.json" <<'PY'
+import hashlib, json, os, sys
+meta_path, embed_path, prompt_path, d, out = sys.argv[1:6]
+meta = json.load(open(meta_path))["llama_cpp"]
+inputs = {}
+for name in sorted(os.listdir(d)):
+    p = os.path.join(d, name)
+    if os.path.isfile(p) and (name.startswith("qwen") or name.endswith(".png")):
+        inputs[name] = {"sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(), "size": os.path.getsize(p)}
+embeds = {}
+for line in open(embed_path):
+    e = json.loads(line)
+    embeds[os.path.basename(e["out"])] = e
+manifest = {"llama_cpp": meta, "inputs": inputs, "prompt": open(prompt_path).read(), "embed": embeds}
+with open(out, "w") as f:
+    json.dump(manifest, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+PY
+echo "$OUT/qwen-manifest.json" >&2
