@@ -6,6 +6,8 @@
 # images in a message, long text around an image, images in two turns) and writes
 # fixtures/vision/ref/server.json: {"settings", "answers": {image: content},
 # "conversations": {name: {messages, content, prompt_tokens}}}.
+#   PAIR=qwen25vl    the synthetic Qwen-VL pair instead (qwen2vl.gguf, qwen25vl.mmproj.gguf,
+#                    the Qwen images too): fixtures/vision/ref/qwen25vl-server.json
 #   LLAMA_CPP_BUILD  the llama.cpp build dir with bin/llama-server (default /work/ref/build)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -13,7 +15,15 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD="${LLAMA_CPP_BUILD:-/work/ref/build}"
 DIR="$ROOT/fixtures/vision"
 PORT="${PORT:-18111}"
-"$BUILD/bin/llama-server" -m "$DIR/gemma3.gguf" --mmproj "$DIR/gemma3.mmproj.gguf" \
+PAIR="${PAIR:-gemma3}"
+case "$PAIR" in
+    gemma3) MODEL=gemma3.gguf; MMPROJ=gemma3.mmproj.gguf; OUT=server.json
+            IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48" ;;
+    qwen25vl) MODEL=qwen2vl.gguf; MMPROJ=qwen25vl.mmproj.gguf; OUT=qwen25vl-server.json
+              IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240" ;;
+    *) echo "PAIR must be gemma3 or qwen25vl" >&2; exit 2 ;;
+esac
+"$BUILD/bin/llama-server" -m "$DIR/$MODEL" --mmproj "$DIR/$MMPROJ" \
     -ctk f32 -ctv f32 -fa off -t 2 -np 1 -c 512 --port "$PORT" --no-webui >/tmp/llama-server-vision.log 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
@@ -21,11 +31,11 @@ for _ in $(seq 1 120); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
     sleep 0.5
 done
-python3 - "$PORT" "$DIR" <<'PY'
+python3 - "$PORT" "$DIR" "$OUT" "$IMAGES" <<'PY'
 import base64, json, sys, urllib.request
-port, d = sys.argv[1], sys.argv[2]
+port, d, out_name, images = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
 answers = {}
-for name in ["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"]:
+for name in images:
     data = base64.b64encode(open(f"{d}/{name}.png", "rb").read()).decode()
     body = {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}},
@@ -70,6 +80,6 @@ for name, messages in conversations.items():
 json.dump({"settings": {"server": "llama-server", "cache": "f32", "flash_attn": "off",
                         "max_tokens": 16, "temperature": 0},
            "answers": answers, "conversations": conversation_answers},
-          open(f"{d}/ref/server.json", "w"), indent=1, ensure_ascii=False)
+          open(f"{d}/ref/{out_name}", "w"), indent=1, ensure_ascii=False)
 print(json.dumps(answers, ensure_ascii=False))
 PY

@@ -1475,6 +1475,66 @@ fn serve_takes_images_as_llama_server_does() {
     );
 }
 
+/// Qwen-VL images: `ferrox serve --mmproj` on the synthetic Qwen2.5-VL pair, f32 cache,
+/// prompts fed five positions at a time, through the official `openai` client: each image's
+/// answer (images of 3x3 to 7x5 tokens, whose tokens take M-RoPE grid positions and shift the
+/// text after them), the conversations with two images and two turns, and 8 concurrent
+/// requests against llama-server's (fixtures/vision/ref/qwen25vl-server.json). A Qwen
+/// projector with a model that has no M-RoPE is refused at start.
+#[test]
+fn serve_takes_qwen_vl_images_as_llama_server_does() {
+    require_openai();
+    let fixtures = repo_root().join("fixtures/vision");
+    let model = fixtures.join("qwen2vl.gguf");
+    let mmproj = fixtures.join("qwen25vl.mmproj.gguf");
+    let server = Server::start(
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--mmproj",
+            mmproj.to_str().unwrap(),
+            "--kv-f32",
+            "--parallel",
+            "8",
+            "--prefill-chunk",
+            "5",
+            "-t",
+            "2",
+            "--api-key",
+            API_KEY,
+        ],
+        &[],
+    );
+    server.wait_ready(Duration::from_secs(60));
+    run_client(
+        &server,
+        "vision_client.py",
+        &[
+            "--api-key",
+            API_KEY,
+            "--fixtures",
+            fixtures.to_str().unwrap(),
+            "--reference",
+            "qwen25vl-server.json",
+            "--model",
+            "qwen2vl.gguf",
+        ],
+        "qwen-vl images",
+    );
+    drop(server);
+
+    let gemma = fixtures.join("gemma3.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["serve", "-m", gemma.to_str().unwrap(), "--mmproj"])
+        .arg(&mmproj)
+        .args(["--port", "0", "-t", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("M-RoPE"), "{stderr}");
+}
+
 /// A one-file HTTP server on a free port, serving until the test ends: `GET /image.png`
 /// gets `png`, `GET /big.png` a response that declares 64 MiB, anything else a 404.
 fn image_server(png: Vec<u8>) -> u16 {

@@ -225,6 +225,9 @@ pub struct InputEmbeddings<'a> {
     /// first row's rotary position), for models whose RoPE has M-RoPE sections
     /// ([`Engine::accepts_image_grids`]). `None`: one position per row.
     pub grid: Option<ImageGrid>,
+    /// The grid index of the first row, when an image is fed in parts (the rest of one
+    /// whose start a reused prefix holds); 0 otherwise.
+    pub grid_first: usize,
 }
 
 /// An image's grid of tokens: `nx` a row, `ny` rows, row-major.

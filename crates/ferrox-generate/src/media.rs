@@ -286,6 +286,7 @@ impl MediaPrompt {
                         rows: &img.rows,
                         bidirectional: img.bidirectional,
                         grid: img.grid,
+                        grid_first: 0,
                     };
                     engine.forward_embeddings(
                         &img.ids,

@@ -107,7 +107,9 @@ pub fn layout(
                     input.position_shift
                 ))
             })?;
-        let grid = input.embeddings.and_then(|e| e.grid);
+        let grid = input
+            .embeddings
+            .and_then(|e| e.grid.map(|g| (g, e.grid_first)));
         if given.is_none() {
             if let Some(&bad) = input.tokens.iter().find(|&&t| t as usize >= n_vocab) {
                 return Err(EngineError::InvalidToken {
@@ -139,11 +141,19 @@ pub fn layout(
                     _ => start + i + 1,
                 },
                 rope: match grid {
-                    Some(g) => RopePos {
-                        t: rope_start,
-                        y: rope_start + i / g.nx,
-                        x: rope_start + i % g.nx,
-                    },
+                    // The image's time position is its first row's; a part starts inside.
+                    Some((g, first)) => {
+                        let t = rope_start.checked_sub(first).ok_or_else(|| {
+                            EngineError::State(format!(
+                                "image rows from {first} at rotary position {rope_start}"
+                            ))
+                        })?;
+                        RopePos {
+                            t,
+                            y: t + (first + i) / g.nx,
+                            x: t + (first + i) % g.nx,
+                        }
+                    }
                     None => RopePos::at(rope_start + i),
                 },
             });
@@ -170,10 +180,18 @@ fn check_embeddings(
                 "an image grid placed by M-RoPE: this model's RoPE has no M-RoPE sections".into(),
             ));
         }
-        if g.nx.checked_mul(g.ny) != Some(n_tokens) {
+        let cells = g.nx.checked_mul(g.ny).unwrap_or(usize::MAX);
+        if g.nx == 0
+            || e.grid_first
+                .checked_add(n_tokens)
+                .is_none_or(|end| end > cells)
+        {
             return Err(EngineError::State(format!(
-                "an image grid of {}x{} for {n_tokens} rows",
-                g.nx, g.ny
+                "rows {}..{} of an image grid of {}x{}",
+                e.grid_first,
+                e.grid_first.saturating_add(n_tokens),
+                g.nx,
+                g.ny
             )));
         }
     }

@@ -340,6 +340,7 @@ fn bad_image_inputs_are_refused_clearly() {
         rows: &rows,
         bidirectional: true,
         grid: None,
+        grid_first: 0,
     };
     let err = engine
         .forward_embeddings(&[0x8000_0000; 3], e, 0, &mut state, LogitsFor::Last)
@@ -441,6 +442,7 @@ fn qwen_vl_image_positions_are_what_makes_the_match() {
         rows: &rows,
         bidirectional: false,
         grid: Some(ImageGrid { nx: 2, ny: 2 }),
+        grid_first: 0,
     };
     let err = gemma
         .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)

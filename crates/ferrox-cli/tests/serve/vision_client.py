@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Images through `ferrox serve --mmproj` with the official `openai` client, on the synthetic
-Gemma 3 pair of fixtures/vision (driven by tests/serve.rs): each image's answer equals
-llama-server's on the same pair (fixtures/vision/ref/server.json), 8 concurrent requests with
+"""Images through `ferrox serve --mmproj` with the official `openai` client, on a synthetic
+pair of fixtures/vision (driven by tests/serve.rs; the Gemma 3 pair by default, `--reference
+qwen25vl-server.json --model qwen2vl.gguf` the Qwen-VL one): each image's answer equals
+llama-server's on the same pair (fixtures/vision/ref/<reference>), 8 concurrent requests with
 different images equal their solo answers, and bad images are 400s naming the problem while
 the server goes on serving. Prints one line per check; exits non-zero if any failed."""
 
@@ -17,11 +18,14 @@ p = argparse.ArgumentParser()
 p.add_argument("--base-url", required=True)
 p.add_argument("--api-key", required=True)
 p.add_argument("--fixtures", required=True)
+p.add_argument("--reference", default="server.json")
+p.add_argument("--model", default="gemma3.gguf")
 args = p.parse_args()
+MODEL = args.model
 
 client = openai.OpenAI(base_url=args.base_url + "/v1", api_key=args.api_key, max_retries=0)
-IMAGES = ["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"]
-reference = json.load(open(f"{args.fixtures}/ref/server.json", encoding="utf-8"))["answers"]
+reference = json.load(open(f"{args.fixtures}/ref/{args.reference}", encoding="utf-8"))["answers"]
+IMAGES = list(reference)
 failed = 0
 
 
@@ -38,7 +42,7 @@ def data_url(name):
 
 def ask(url, text="Describe this image."):
     r = client.chat.completions.create(
-        model="gemma3.gguf",
+        model=MODEL,
         messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": text}]}],
@@ -62,9 +66,9 @@ for name in IMAGES:
           prompt_tokens)
 
 # Two images in a message, long text around an image, images in two turns.
-conversations = json.load(open(f"{args.fixtures}/ref/server.json", encoding="utf-8"))["conversations"]
+conversations = json.load(open(f"{args.fixtures}/ref/{args.reference}", encoding="utf-8"))["conversations"]
 for name, want in conversations.items():
-    r = client.chat.completions.create(model="gemma3.gguf", messages=want["messages"], max_tokens=16,
+    r = client.chat.completions.create(model=MODEL, messages=want["messages"], max_tokens=16,
                                        temperature=0)
     content = r.choices[0].message.content
     check(f"{name}: llama-server's answer", same_text(content, want["content"]),
@@ -84,14 +88,14 @@ import httpx
 headers = {"Authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key}
 png = base64.b64encode(open(f"{args.fixtures}/gray48.png", "rb").read()).decode()
 m = httpx.post(args.base_url + "/v1/messages", headers=headers, timeout=60, json={
-    "model": "gemma3.gguf", "max_tokens": 16, "temperature": 0,
+    "model": MODEL, "max_tokens": 16, "temperature": 0,
     "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
         {"type": "text", "text": "Describe this image."}]}]}).json()
 text = "".join(b.get("text", "") for b in m.get("content", []))
 check("an Anthropic image block gives the chat answer", text == solo["gray48"], f"{m}")
 r = httpx.post(args.base_url + "/v1/responses", headers=headers, timeout=60, json={
-    "model": "gemma3.gguf", "max_output_tokens": 16, "temperature": 0,
+    "model": MODEL, "max_output_tokens": 16, "temperature": 0,
     "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": data_url("gray48")},
         {"type": "input_text", "text": "Describe this image."}]}]}).json()
@@ -112,7 +116,7 @@ bad("a file URL is refused", "file:///etc/passwd", "http:// or https://")
 bad("invalid base64 is refused", "data:image/png;base64,@@@@", "base64")
 bad("bytes that are no image are refused", "data:image/png;base64," + base64.b64encode(b"not an image").decode(),
     "could not be decoded")
-r = client.chat.completions.create(model="gemma3.gguf", messages=[{"role": "user", "content": "Hello"}],
+r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
                                    max_tokens=4, temperature=0)
 check("text requests go on after bad images", r.choices[0].finish_reason in ("length", "stop"))
 sys.exit(1 if failed else 0)

@@ -159,6 +159,7 @@ impl<'t> Batcher<'t> {
                         rows: &placed.image.rows[from..from + p.tokens * width],
                         bidirectional: placed.image.bidirectional,
                         grid: placed.image.grid,
+                        grid_first: s.fed - placed.start,
                     }
                 });
                 // Images are all in the prompt: a decoding step follows every one.
