@@ -180,7 +180,7 @@ fn check_embeddings(
                 "an image grid placed by M-RoPE: this model's RoPE has no M-RoPE sections".into(),
             ));
         }
-        let cells = g.nx.checked_mul(g.ny).unwrap_or(usize::MAX);
+        let cells = g.nx.saturating_mul(g.ny);
         if g.nx == 0
             || e.grid_first
                 .checked_add(n_tokens)
