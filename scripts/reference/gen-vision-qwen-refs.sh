@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Regenerates the Qwen-VL part of fixtures/vision/ref/: llama.cpp's outputs for the synthetic
-# Qwen-VL pair (crates/ferrox-models/tests/synthetic/vision.rs: qwen2vl.gguf with the
-# qwen25vl.mmproj.gguf and qwen2vl.mmproj.gguf projectors).
+# Qwen-VL pairs (crates/ferrox-models/tests/synthetic/vision.rs: qwen2vl.gguf with the
+# qwen25vl.mmproj.gguf and qwen2vl.mmproj.gguf projectors, qwen3vl.gguf with
+# qwen3vl.mmproj.gguf).
 #
 #   1. `write_synthetic fixtures/vision --vision` (re)writes the inputs (deterministic);
 #   2. `mtmd-ref embed` writes each image's projector output with each projector, flash
 #      attention off (ref/<image>.<projector>.f32.embd) and with llama.cpp's defaults (flash
 #      attention on: f16 keys and values; ref/<image>.<projector>.default.embd), raw
-#      little-endian f32 [n_tokens][128], the tokens in raster order of the merged grid;
-#   3. `mtmd-ref greedy` runs PROMPT (below) with each image and the Qwen2.5-VL projector,
-#      16 tokens greedily (f32 K/V cache, flash attention off): ref/<image>.qwen25vl.greedy.json
-#      (the image chunk's M-RoPE positions: t, then row and column offsets from it);
+#      little-endian f32 [n_tokens][128] ([n_tokens][384] for Qwen3-VL: the main projection,
+#      then its two deepstack mergers'), the tokens in raster order of the merged grid;
+#   3. `mtmd-ref greedy` runs PROMPT (below) with each image through the Qwen2.5-VL and the
+#      Qwen3-VL pairs, 16 tokens greedily (f32 K/V cache, flash attention off):
+#      ref/<image>.<qwen25vl|qwen3vl>.greedy.json (the image chunk's M-RoPE positions: t, then
+#      row and column offsets from it);
 #   4. ref/qwen-manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the
 #      settings and shape line `embed` printed for each .embd file.
 #   THREADS (default 2) threads.
@@ -23,7 +26,9 @@ OUT="$DIR/ref"
 N_PREDICT=16
 PROMPT=$'<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n<|im_start|>assistant\n'
 IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240"
-PROJECTORS="qwen25vl qwen2vl"
+PROJECTORS="qwen25vl qwen2vl qwen3vl"
+GREEDY="qwen25vl qwen3vl"
+text_model() { if [ "$1" = qwen3vl ]; then echo qwen3vl.gguf; else echo qwen2vl.gguf; fi; }
 
 BIN="$("$REF_DIR/build.sh" mtmd-ref)"
 cargo run -q -p ferrox-models --example write_synthetic -- "$DIR" --vision >&2
@@ -35,17 +40,18 @@ printf '%s' "$PROMPT" > "$WORK/prompt.txt"
 : > "$WORK/embed.jsonl"
 for img in $IMAGES; do
     for proj in $PROJECTORS; do
-        "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" "$THREADS" \
+        model="$DIR/$(text_model "$proj")"
+        "$BIN" embed "$model" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" "$THREADS" \
             "$OUT/$img.$proj.f32.embd" >> "$WORK/embed.jsonl"
-        MTMD_REF_DEFAULTS=1 "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" \
+        MTMD_REF_DEFAULTS=1 "$BIN" embed "$model" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" \
             "$THREADS" "$OUT/$img.$proj.default.embd" >> "$WORK/embed.jsonl"
         echo "$img.$proj" >&2
     done
-    if [ "${SKIP_GREEDY:-0}" != 1 ]; then
-        "$BIN" greedy "$DIR/qwen2vl.gguf" "$DIR/qwen25vl.mmproj.gguf" "$DIR/$img.png" "$THREADS" \
-            "$N_PREDICT" "$WORK/prompt.txt" "$OUT/$img.qwen25vl.greedy.json"
-        echo "$img.qwen25vl.greedy.json" >&2
-    fi
+    for proj in $GREEDY; do
+        "$BIN" greedy "$DIR/$(text_model "$proj")" "$DIR/$proj.mmproj.gguf" "$DIR/$img.png" \
+            "$THREADS" "$N_PREDICT" "$WORK/prompt.txt" "$OUT/$img.$proj.greedy.json"
+        echo "$img.$proj.greedy.json" >&2
+    done
 done
 llama_cpp_meta > "$WORK/meta.json"
 "$PYTHON" - "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/qwen-manifest.json" <<'PY'

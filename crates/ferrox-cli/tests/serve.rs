@@ -1475,7 +1475,7 @@ fn serve_takes_images_as_llama_server_does() {
     );
 }
 
-/// Qwen-VL images: `ferrox serve --mmproj` on the synthetic Qwen2.5-VL pair, f32 cache,
+/// Qwen-VL images: `ferrox serve --mmproj` on the synthetic Qwen2.5-VL and Qwen3-VL pairs, f32 cache,
 /// prompts fed five positions at a time, through the official `openai` client: each image's
 /// answer (images of 3x3 to 7x5 tokens, whose tokens take M-RoPE grid positions and shift the
 /// text after them), the conversations with two images and two turns, and 8 concurrent
@@ -1485,8 +1485,27 @@ fn serve_takes_images_as_llama_server_does() {
 fn serve_takes_qwen_vl_images_as_llama_server_does() {
     require_openai();
     let fixtures = repo_root().join("fixtures/vision");
-    let model = fixtures.join("qwen2vl.gguf");
+    for (model, projector) in [("qwen2vl", "qwen25vl"), ("qwen3vl", "qwen3vl")] {
+        serve_qwen_pair(&fixtures, model, projector);
+    }
     let mmproj = fixtures.join("qwen25vl.mmproj.gguf");
+    let gemma = fixtures.join("gemma3.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["serve", "-m", gemma.to_str().unwrap(), "--mmproj"])
+        .arg(&mmproj)
+        .args(["--port", "0", "-t", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("M-RoPE"), "{stderr}");
+}
+
+fn serve_qwen_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
+    let model_file = format!("{model}.gguf");
+    let reference = format!("{projector}-server.json");
+    let model = fixtures.join(&model_file);
+    let mmproj = fixtures.join(format!("{projector}.mmproj.gguf"));
     let server = Server::start(
         &[
             "-m",
@@ -1515,24 +1534,12 @@ fn serve_takes_qwen_vl_images_as_llama_server_does() {
             "--fixtures",
             fixtures.to_str().unwrap(),
             "--reference",
-            "qwen25vl-server.json",
+            &reference,
             "--model",
-            "qwen2vl.gguf",
+            &model_file,
         ],
-        "qwen-vl images",
+        projector,
     );
-    drop(server);
-
-    let gemma = fixtures.join("gemma3.gguf");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(["serve", "-m", gemma.to_str().unwrap(), "--mmproj"])
-        .arg(&mmproj)
-        .args(["--port", "0", "-t", "2"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("M-RoPE"), "{stderr}");
 }
 
 /// A one-file HTTP server on a free port, serving until the test ends: `GET /image.png`

@@ -215,7 +215,7 @@ pub struct SeqInput<'a> {
 /// embeddings are (Gemma's `sqrt(n_embd)`), as llama.cpp treats raw embeddings.
 #[derive(Clone, Copy, Debug)]
 pub struct InputEmbeddings<'a> {
-    /// One row of [`Engine::embedding_size`] values per token of the step.
+    /// One row of [`Engine::input_embedding_size`] values per token of the step.
     pub rows: &'a [f32],
     /// The rows attend to each other both ways (Gemma 3's image tokens) rather than
     /// causally; they must then fit one micro-batch.
@@ -290,6 +290,13 @@ pub trait Engine: Send + Sync + Any {
     /// Whether given rows may be an image grid placed by M-RoPE ([`InputEmbeddings::grid`]).
     fn accepts_image_grids(&self) -> bool {
         false
+    }
+
+    /// The width of a given row ([`InputEmbeddings::rows`]): [`Engine::embedding_size`],
+    /// or wider for models that take more than the input with it (Qwen3-VL's deepstack
+    /// features).
+    fn input_embedding_size(&self) -> usize {
+        self.embedding_size()
     }
 
     /// Positions one sequence can hold.

@@ -26,8 +26,8 @@
 //! (`synthetic::qwen3_reranker_bytes`); one `name path bytes` line each.
 //! `--vision` writes the Gemma 3 image-input files of `synthetic::vision` into OUT_DIR:
 //! `gemma3.gguf` (text model), `gemma3.mmproj.gguf` (F32 projector), `gemma3.f16.mmproj.gguf`
-//! (F16 projector), the Qwen-VL pair (`qwen2vl.gguf`, `qwen25vl.mmproj.gguf`,
-//! `qwen2vl.mmproj.gguf`) and the test images `<name>.png`; one `name path bytes` line each
+//! (F16 projector), the Qwen-VL pairs (`qwen2vl.gguf`, `qwen25vl.mmproj.gguf`,
+//! `qwen2vl.mmproj.gguf`; `qwen3vl.gguf`, `qwen3vl.mmproj.gguf`) and the test images `<name>.png`; one `name path bytes` line each
 //! (`fixtures/vision/` holds them).
 //! `--vision-bench OUT_DIR [LAYERS [SIZE...]]` writes the Gemma 3 benchmark files of
 //! `synthetic::vision` for `scripts/bench-vision.sh`: `gemma3-bench.gguf` (text model),
@@ -224,6 +224,11 @@ fn write_vision(dir: &std::path::Path) {
     files.push((
         "qwen2vl.mmproj.gguf".to_string(),
         vision::qwen_mmproj_bytes(vision::QwenVision::Qwen2Vl),
+    ));
+    files.push(("qwen3vl.gguf".to_string(), vision::qwen3vl_text_bytes()));
+    files.push((
+        "qwen3vl.mmproj.gguf".to_string(),
+        vision::qwen3vl_mmproj_bytes(),
     ));
     for image in vision::test_images()
         .into_iter()

@@ -63,7 +63,7 @@ pub fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 pub fn layout(
     memory: &StepMemory<'_>,
     seqs: &[SeqInput<'_>],
-    (n_vocab, n_embd): (usize, usize),
+    (n_vocab, n_embd, input_width): (usize, usize, usize),
     logits: &mut [&mut Vec<f32>],
     rows: &mut Vec<Row>,
     (takes_embeddings, takes_grids, embeddings): (bool, bool, &mut Vec<f32>),
@@ -94,7 +94,7 @@ pub fn layout(
             Some(e) => Some(check_embeddings(
                 e,
                 input.tokens.len(),
-                n_embd,
+                input_width,
                 (takes_embeddings, takes_grids),
             )?),
             None => None,
@@ -118,7 +118,7 @@ pub fn layout(
                 });
             }
         }
-        let first_embedding = embeddings.len() / n_embd.max(1);
+        let first_embedding = embeddings.len() / input_width.max(1);
         if let Some(e) = input.embeddings {
             embeddings.extend_from_slice(e.rows);
         }
@@ -384,6 +384,12 @@ pub trait EngineBody: Send + Sync + 'static {
         false
     }
 
+    /// The width of a given row: the model's, or wider where it carries more than the
+    /// input (Qwen3-VL's deepstack slices).
+    fn input_width(&self) -> usize {
+        self.runtime().n_embd
+    }
+
     /// The file's classification head (rerankers), if the engine loaded one.
     fn classifier(&self) -> Option<&crate::layers::classifier::ClassifierHead> {
         None
@@ -491,6 +497,10 @@ macro_rules! engine_from_body {
                     EngineBody::takes_image_grids(self)
                 }
 
+                fn input_embedding_size(&self) -> usize {
+                    EngineBody::input_width(self)
+                }
+
                 fn has_classifier(&self) -> bool {
                     EngineBody::classifier(self).is_some()
                 }
@@ -543,7 +553,11 @@ macro_rules! engine_from_body {
                         embeddings,
                         engine,
                     } = scratch.get::<StepBuffers<<$engine as EngineBody>::Buffers>>();
-                    let widths = (self.runtime().n_vocab, self.runtime().n_embd);
+                    let widths = (
+                        self.runtime().n_vocab,
+                        self.runtime().n_embd,
+                        EngineBody::input_width(self),
+                    );
                     let given = (
                         EngineBody::takes_embeddings(self),
                         EngineBody::takes_image_grids(self),
@@ -607,10 +621,21 @@ pub fn embed(
     given: &[f32],
     x: &mut [f32],
 ) -> Result<(), EngineError> {
+    embed_given(rows, embd, scale, (given, embd.cols()), x)
+}
+
+/// [`embed`] with given rows `given.1` wide (the first `n_embd` values are the input).
+pub fn embed_given(
+    rows: &[Row],
+    embd: &WeightMatrix<'_>,
+    scale: Option<f32>,
+    (given, width): (&[f32], usize),
+    x: &mut [f32],
+) -> Result<(), EngineError> {
     let n_embd = embd.cols();
     for (row, out) in rows.iter().zip(x.chunks_exact_mut(n_embd)) {
         if let Some(i) = row.embedding {
-            out.copy_from_slice(&given[i * n_embd..(i + 1) * n_embd]);
+            out.copy_from_slice(&given[i * width..i * width + n_embd]);
             continue;
         }
         embd.dequant_row(row.token as usize, out)

@@ -381,29 +381,65 @@ fn qwen_encoded(enc: &VisionEncoder, name: &str, grid: bool) -> Arc<EncodedImage
     Arc::new(EncodedImage::new(emb.data, emb.n_tokens, false, enc.markers()).with_grid(placed))
 }
 
+/// The Qwen-VL pairs: text model, projector, and the bar on the top-5 log-probabilities
+/// with our embeddings (Qwen3-VL's differ from llama.cpp's by up to 5e-4, its GELU table's
+/// flips, and the text model carries that along).
+const QWEN_PAIRS: [(&str, &str, f64); 2] = [
+    ("qwen2vl.gguf", "qwen25vl", 5e-4),
+    ("qwen3vl.gguf", "qwen3vl", 2e-3),
+];
+
+/// Each image's greedy continuation against libllama's; `rows` gives an image's
+/// embeddings and grid from the projector (ours, or llama.cpp's own).
+fn check_qwen_greedy(
+    model: &str,
+    projector: &str,
+    rows: impl Fn(&VisionEncoder, &str) -> Arc<EncodedImage>,
+    bar: f64,
+) {
+    let (engine, tok) = text_model_of(model);
+    assert!(engine.accepts_image_grids());
+    let enc = encoder(&format!("{projector}.mmproj.gguf"), true);
+    assert_eq!(engine.input_embedding_size(), enc.output_width());
+    for name in QWEN_IMAGES {
+        let file = format!("{name}.{projector}.greedy.json");
+        let path = dir().join("ref").join(file);
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let want = r["generated"].as_array().unwrap().len();
+        let g = greedy_with(&engine, &tok, QWEN_PROMPT, vec![rows(&enc, name)], want);
+        check_against(&format!("{name} ({projector})"), &r, &g, bar);
+    }
+}
+
 #[test]
 fn qwen_vl_greedy_continuations_match_llama_cpp() {
     // The image's tokens at M-RoPE grid positions (time fixed at the image's first
     // position, rows and columns from it), the text after the image max(nx, ny) positions
     // on (`n_past` of the reference counts rotary positions), causal attention: ids equal
-    // to libllama's after every image (f32 cache, flash attention off).
-    let (engine, tok) = text_model_of("qwen2vl.gguf");
-    assert!(engine.accepts_image_grids());
-    let enc = encoder("qwen25vl.mmproj.gguf", true);
-    for name in QWEN_IMAGES {
-        let path = dir()
-            .join("ref")
-            .join(format!("{name}.qwen25vl.greedy.json"));
-        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let want = r["generated"].as_array().unwrap().len();
-        let g = greedy_with(
-            &engine,
-            &tok,
-            QWEN_PROMPT,
-            vec![qwen_encoded(&enc, name, true)],
-            want,
+    // to libllama's after every image (f32 cache, flash attention off), for Qwen2.5-VL and
+    // for Qwen3-VL (interleaved M-RoPE; the rows' deepstack slices added after the first
+    // two layers).
+    for (model, projector, bar) in QWEN_PAIRS {
+        check_qwen_greedy(
+            model,
+            projector,
+            |enc, name| qwen_encoded(enc, name, true),
+            bar,
         );
-        check_against(name, &r, &g, 5e-4);
+    }
+}
+
+#[test]
+fn qwen_vl_text_models_take_llama_cpps_image_embeddings_as_libllama_does() {
+    // llama.cpp's own embeddings in (the grid from ours): the language model's side alone.
+    for (model, projector, _) in QWEN_PAIRS {
+        let own = |enc: &VisionEncoder, name: &str| {
+            let ours = qwen_encoded(enc, name, true);
+            let rows = reference_embd(&format!("{name}.{projector}.f32.embd"));
+            let img = EncodedImage::new(rows, ours.n_tokens, false, enc.markers());
+            Arc::new(img.with_grid(ours.grid))
+        };
+        check_qwen_greedy(model, projector, own, 2e-5);
     }
 }
 

@@ -62,6 +62,8 @@ fn qwen_files_match_generator() {
         "qwen2vl.mmproj.gguf",
         &vision::qwen_mmproj_bytes(vision::QwenVision::Qwen2Vl),
     );
+    assert_same("qwen3vl.gguf", &vision::qwen3vl_text_bytes());
+    assert_same("qwen3vl.mmproj.gguf", &vision::qwen3vl_mmproj_bytes());
     for image in vision::qwen_extra_images() {
         assert_same(&format!("{}.png", image.name), &image.png);
     }

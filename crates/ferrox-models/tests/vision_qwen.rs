@@ -35,7 +35,9 @@ const IMAGES: &[(&str, Size, Size)] = &[
 /// on the other side of a rounding moves the rows it reaches by up to a few 1e-4.
 /// Qwen2.5-VL (SiLU in its layers, the GELU table only in the merger) matches to about 1e-6
 /// but for the tokens of a window where that happened; Qwen2-VL runs the quick GELU's table
-/// in every layer, and its attention spreads each flip over every token.
+/// in every layer, and its attention spreads each flip over every token; Qwen3-VL runs
+/// GELU's table in every layer likewise (its rows hold the main projection and two deepstack
+/// mergers' outputs).
 struct Bar {
     median: f32,
     max: f32,
@@ -53,6 +55,14 @@ const PROJECTORS: &[(&str, ProjectorKind, Bar)] = &[
     (
         "qwen2vl",
         ProjectorKind::Qwen2Vl,
+        Bar {
+            median: 5e-4,
+            max: 1.5e-3,
+        },
+    ),
+    (
+        "qwen3vl",
+        ProjectorKind::Qwen3Vl,
         Bar {
             median: 5e-4,
             max: 1.5e-3,
@@ -137,14 +147,17 @@ fn images_are_resized_as_llama_cpp_does() {
 fn qwen_embeddings_match_llama_cpp() {
     for (projector, _, bar) in PROJECTORS {
         let enc = encoder(projector, true);
-        for &(name, _, (nx, ny)) in IMAGES {
+        let width = enc.output_width();
+        for &(name, _, _) in IMAGES {
             let ours = enc.encode(&image(name)).unwrap();
-            assert_eq!((ours.n_tokens, ours.n_embd), (nx * ny, 128));
             let theirs = reference_embd(&format!("{name}.{projector}.f32.embd"));
+            assert_eq!(ours.n_embd, width);
+            assert_eq!(ours.n_tokens, ours.nx * ours.ny);
+            assert_eq!(ours.data.len(), theirs.len(), "{name} ({projector})");
             let per_token: Vec<f32> = ours
                 .data
-                .chunks(128)
-                .zip(theirs.chunks(128))
+                .chunks(width)
+                .zip(theirs.chunks(width))
                 .map(|(a, b)| max_diff(a, b))
                 .collect();
             let worst = per_token.iter().copied().fold(0.0, f32::max);
@@ -164,11 +177,11 @@ fn default_attention_stays_inside_llama_cpps_band() {
     let mut checked = 0;
     for (projector, _, _) in PROJECTORS {
         let enc = encoder(projector, false);
-        for &(name, _, (nx, ny)) in IMAGES {
-            if 4 * nx * ny < TILED_MIN_PATCHES {
+        for &(name, _, _) in IMAGES {
+            let ours = enc.encode(&image(name)).unwrap();
+            if 4 * ours.n_tokens < TILED_MIN_PATCHES {
                 continue;
             }
-            let ours = enc.encode(&image(name)).unwrap();
             let default = reference_embd(&format!("{name}.{projector}.default.embd"));
             let off = reference_embd(&format!("{name}.{projector}.f32.embd"));
             let band = max_diff(&default, &off);
@@ -180,5 +193,19 @@ fn default_attention_stays_inside_llama_cpps_band() {
             checked += 1;
         }
     }
-    assert!(checked >= 6, "only {checked} images checked");
+    assert!(checked >= 9, "only {checked} images checked");
+}
+
+#[test]
+fn qwen3_vl_rows_carry_the_deepstack_features() {
+    // Two deepstack mergers: each token's row is the main projection and their outputs.
+    let enc = encoder("qwen3vl", true);
+    assert_eq!(enc.deepstack_count(), 2);
+    assert_eq!(enc.output_width(), 3 * 128);
+    // Positions: a 6x6 grid, resized to the input unless it is 6x6 patches (64x64 images
+    // become 96x96).
+    let prepared = enc.preprocess(&image("rgb64")).unwrap();
+    assert_eq!((prepared.width, prepared.height), (96, 96));
+    let prepared = enc.preprocess(&image("rgb200x150")).unwrap();
+    assert_eq!((prepared.width, prepared.height), (192, 160));
 }

@@ -126,12 +126,12 @@ pub fn open_vision(
             engine.architecture()
         );
     }
-    if encoder.output_width() != engine.embedding_size() {
+    if encoder.output_width() != engine.input_embedding_size() {
         bail!(
-            "--mmproj {}: the projector writes rows of {} values but the model's embeddings have {}: not this model's projector",
+            "--mmproj {}: the projector writes rows of {} values but the model takes rows of {}: not this model's projector",
             path.display(),
             encoder.output_width(),
-            engine.embedding_size()
+            engine.input_embedding_size()
         );
     }
     Ok(encoder)

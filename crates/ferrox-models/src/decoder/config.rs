@@ -37,6 +37,10 @@ pub struct DecoderConfig {
     pub final_logit_softcap: Option<f32>,
     /// A reranker's scores go through a softmax (the Qwen3 rerankers, as llama.cpp).
     pub rank_softmax: bool,
+    /// Qwen3-VL's deepstack: given input rows hold `1 + deepstack_layers` slices of
+    /// `n_embd`; the first is the input, slice `i + 1` is added to the hidden state after
+    /// layer `i` (token rows have zeros there).
+    pub deepstack_layers: usize,
 }
 
 /// Per-layer attention and FFN geometry.
@@ -175,6 +179,7 @@ pub fn read_common(
         attn_softcap: None,
         final_logit_softcap: None,
         rank_softmax: false,
+        deepstack_layers: 0,
     })
 }
 

@@ -126,10 +126,25 @@ impl Decoder {
         let c = &self.config;
         let x = sized(&mut s.x, rows.len() * c.n_embd);
         let embd = self.weights.token_embd.view(&self.rt.gguf)?;
-        scaffold::embed(rows, &embd, c.embedding_scale, embeddings, x)?;
+        let width = c.n_embd * (1 + c.deepstack_layers);
+        scaffold::embed_given(rows, &embd, c.embedding_scale, (embeddings, width), x)?;
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
             self.ffn_block(lc, lw, rows.len(), s)?;
+            if il < c.deepstack_layers {
+                // A given row's slice `il + 1` joins its hidden state (token rows add zeros).
+                let n_embd = c.n_embd;
+                let slice = (il + 1) * n_embd;
+                s.x[..rows.len() * n_embd]
+                    .par_chunks_mut(n_embd)
+                    .zip(rows.par_iter())
+                    .for_each(|(x, row)| {
+                        if let Some(i) = row.embedding {
+                            let add = &embeddings[i * width + slice..][..n_embd];
+                            x.iter_mut().zip(add).for_each(|(x, a)| *x += a);
+                        }
+                    });
+            }
         }
         scaffold::advance(kv, rows);
         let head = OutputHead {
@@ -353,6 +368,10 @@ impl scaffold::EngineBody for Decoder {
 
     fn takes_image_grids(&self) -> bool {
         self.config.layers.iter().all(|l| l.rope.mrope.is_some())
+    }
+
+    fn input_width(&self) -> usize {
+        self.config.n_embd * (1 + self.config.deepstack_layers)
     }
 
     /// One key and one value row per position and layer (the widest layer's, for every

@@ -505,7 +505,14 @@ impl Engine for Encoder {
             engine,
         } = scratch.get::<StepBuffers<Scratch>>();
         let widths = (self.rt.n_vocab, self.rt.n_embd);
-        scaffold::layout(memory, seqs, widths, out, rows, (false, false, embeddings))?;
+        scaffold::layout(
+            memory,
+            seqs,
+            (widths.0, widths.1, widths.1),
+            out,
+            rows,
+            (false, false, embeddings),
+        )?;
         self.check(memory, seqs)?;
         self.rt.pool.install(|| {
             for batch in micro_batches(rows) {

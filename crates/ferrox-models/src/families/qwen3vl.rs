@@ -19,6 +19,14 @@ pub const ARCH: super::Architecture = super::Architecture {
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
     let mut config = read_common(meta, "qwen3vl", RopeStyle::Neox)?;
     config.qk_norm = true;
+    config.deepstack_layers = meta.opt_usize("qwen3vl.n_deepstack_layers")?.unwrap_or(0);
+    if config.deepstack_layers > config.layers.len() {
+        return Err(ModelError::Config(format!(
+            "`qwen3vl.n_deepstack_layers` = {} with {} layers",
+            config.deepstack_layers,
+            config.layers.len()
+        )));
+    }
     super::qwen2vl::text_mrope(meta, "qwen3vl", &mut config, true)?;
     Ok(config)
 }

@@ -17,13 +17,18 @@ pub enum ProjectorKind {
     /// Qwen2.5-VL: Qwen2-VL's encoder with RMS norms, a gated SiLU feed-forward and window
     /// attention in every layer but each `n_wa_pattern`-th.
     Qwen25Vl,
+    /// Qwen3-VL: Qwen2-VL's encoder with a patch bias, learned positions resized to the
+    /// image, a fused QKV and "deepstack" mergers after some layers whose outputs go
+    /// beside the main projection (the language model adds them after its first layers).
+    Qwen3Vl,
 }
 
 impl ProjectorKind {
-    const ALL: [ProjectorKind; 3] = [
+    const ALL: [ProjectorKind; 4] = [
         ProjectorKind::Gemma3,
         ProjectorKind::Qwen2Vl,
         ProjectorKind::Qwen25Vl,
+        ProjectorKind::Qwen3Vl,
     ];
 
     fn from_name(name: &str) -> Option<ProjectorKind> {
@@ -35,6 +40,7 @@ impl ProjectorKind {
             ProjectorKind::Gemma3 => "gemma3",
             ProjectorKind::Qwen2Vl => "qwen2vl_merger",
             ProjectorKind::Qwen25Vl => "qwen2.5vl_merger",
+            ProjectorKind::Qwen3Vl => "qwen3vl_merger",
         }
     }
 
@@ -42,7 +48,10 @@ impl ProjectorKind {
     /// patches whose rows the language model places by M-RoPE (the Qwen-VL family), rather
     /// than fitted into a fixed square.
     pub fn dynamic_size(self) -> bool {
-        matches!(self, ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl)
+        matches!(
+            self,
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl
+        )
     }
 }
 
@@ -226,7 +235,7 @@ impl ClipConfig {
                     .unwrap_or(4),
                 ResizeFilter::Bilinear,
             ),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
                 let merge = meta
                     .opt_usize("clip.vision.spatial_merge_size")?
                     .unwrap_or(2);
@@ -240,7 +249,9 @@ impl ClipConfig {
             }
         };
         let norm = match projector {
-            ProjectorKind::Gemma3 | ProjectorKind::Qwen2Vl => VisionNorm::Layer,
+            ProjectorKind::Gemma3 | ProjectorKind::Qwen2Vl | ProjectorKind::Qwen3Vl => {
+                VisionNorm::Layer
+            }
             ProjectorKind::Qwen25Vl => VisionNorm::Rms,
         };
         let n_wa_pattern = match projector {

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 
 pub use config::{ClipConfig, DynamicSize, ProjectorKind, VisionFfnAct, VisionNorm};
 pub use image::{ImageError, ResizeFilter, RgbImage};
-use weights::{Affine, MergerProjector, Norm, ProjectorWeights, VisionWeights, VitLayer};
+use weights::{Affine, MergerProjector, Norm, ProjectorWeights, VisionWeights, VitLayer, VitQkv};
 
 use crate::layers::activation::{gelu, gelu_quick, silu};
 use crate::layers::linear::{linear, linear_many};
@@ -208,9 +208,19 @@ impl VisionEncoder {
         &self.config
     }
 
-    /// The language model's width the embeddings have.
+    /// The width of an image token's row: the language model's (Qwen3-VL: times one plus
+    /// the number of deepstack mergers, whose outputs follow the main projection).
     pub fn output_width(&self) -> usize {
-        self.config.projection_dim
+        self.config.projection_dim * (1 + self.deepstack_count())
+    }
+
+    /// Qwen3-VL's deepstack mergers: the language model adds their features after its
+    /// first layers, one each.
+    pub fn deepstack_count(&self) -> usize {
+        match &self.weights.projector {
+            ProjectorWeights::Merger(p) => p.deepstack.len(),
+            ProjectorWeights::Gemma3(_) => 0,
+        }
     }
 
     /// Tokens each image becomes.
@@ -223,7 +233,7 @@ impl VisionEncoder {
     pub fn markers(&self) -> (&'static str, &'static str) {
         match self.config.projector {
             ProjectorKind::Gemma3 => ("<start_of_image>", "<end_of_image>"),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
                 ("<|vision_start|>", "<|vision_end|>")
             }
         }
@@ -234,7 +244,7 @@ impl VisionEncoder {
     pub fn bidirectional(&self) -> bool {
         match self.config.projector {
             ProjectorKind::Gemma3 => true,
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => false,
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => false,
         }
     }
 
@@ -304,7 +314,7 @@ impl VisionEncoder {
         let (pw, ph) = (w / c.patch_size, h / c.patch_size);
         let layout = match c.projector {
             ProjectorKind::Gemma3 => PatchLayout::raster(pw, ph),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
                 PatchLayout::merged(pw, ph, (c.n_wa_pattern > 0).then_some(c.window_tokens))
             }
         };
@@ -319,6 +329,7 @@ impl VisionEncoder {
             }
             let all_rows = 0..n;
             let everything = std::slice::from_ref(&all_rows);
+            let mut deepstack = Vec::new();
             for (il, layer) in self.weights.layers.iter().enumerate() {
                 let windowed = c.n_wa_pattern > 0 && (il + 1) % c.n_wa_pattern != 0;
                 let spans = match windowed {
@@ -326,13 +337,20 @@ impl VisionEncoder {
                     false => everything,
                 };
                 self.layer(layer, n, rope.as_deref(), spans, &mut s)?;
+                if let ProjectorWeights::Merger(p) = &self.weights.projector {
+                    for ds in p.deepstack.iter().filter(|d| d.layer == il) {
+                        deepstack.push(self.deepstack_features(ds, n, &mut s)?);
+                    }
+                }
             }
             if let Some(norm) = &self.weights.post_ln {
                 norm_rows(&mut s.x[..n * e], norm, c.eps);
             }
             match &self.weights.projector {
                 ProjectorWeights::Gemma3(p) => self.gemma3_projector(p, &mut s),
-                ProjectorWeights::Merger(p) => self.merger_projector(p, &layout, &mut s),
+                ProjectorWeights::Merger(p) => {
+                    self.merger_projector(p, &layout, &deepstack, &mut s)
+                }
             }
         })
     }
@@ -374,7 +392,17 @@ impl VisionEncoder {
             residual(&mut s.x[..n * e], y);
         }
         let bias = self.weights.patch_bias.as_deref();
-        let positions = self.weights.position_embd.as_deref();
+        let resized;
+        let positions = match self.weights.position_embd.as_deref() {
+            Some(table)
+                if self.weights.position_side != layout.pw
+                    || self.weights.position_side != layout.ph =>
+            {
+                resized = resize_positions(table, self.weights.position_side, layout.pw, layout.ph);
+                Some(&resized[..])
+            }
+            other => other,
+        };
         s.x[..n * e]
             .par_chunks_mut(e)
             .zip(layout.order.par_iter())
@@ -411,17 +439,35 @@ impl VisionEncoder {
         let q = sized(&mut s.q, n * e);
         let k = sized(&mut s.k, n * e);
         let v = sized(&mut s.v, n * e);
-        let (wq, wk, wv) = (lw.q.w.view(gguf)?, lw.k.w.view(gguf)?, lw.v.w.view(gguf)?);
-        linear_many(
-            &[&wq, &wk, &wv],
-            xn,
-            n,
-            &mut [&mut *q, &mut *k, &mut *v],
-            &mut s.xq,
-        )?;
-        add_bias(q, &lw.q);
-        add_bias(k, &lw.k);
-        add_bias(v, &lw.v);
+        match &lw.qkv {
+            VitQkv::Separate {
+                q: aq,
+                k: ak,
+                v: av,
+            } => {
+                let (wq, wk, wv) = (aq.w.view(gguf)?, ak.w.view(gguf)?, av.w.view(gguf)?);
+                linear_many(
+                    &[&wq, &wk, &wv],
+                    xn,
+                    n,
+                    &mut [&mut *q, &mut *k, &mut *v],
+                    &mut s.xq,
+                )?;
+                add_bias(q, aq);
+                add_bias(k, ak);
+                add_bias(v, av);
+            }
+            VitQkv::Fused(a) => {
+                let fused = sized(&mut s.up, n * 3 * e);
+                linear(&a.w.view(gguf)?, xn, n, fused, &mut s.xq)?;
+                add_bias(fused, a);
+                for (t, row) in fused.chunks_exact(3 * e).enumerate() {
+                    q[t * e..(t + 1) * e].copy_from_slice(&row[..e]);
+                    k[t * e..(t + 1) * e].copy_from_slice(&row[e..2 * e]);
+                    v[t * e..(t + 1) * e].copy_from_slice(&row[2 * e..]);
+                }
+            }
+        }
         if let Some(angles) = rope {
             let pairs = hd / 2;
             for buf in [&mut *q, &mut *k] {
@@ -548,12 +594,40 @@ impl VisionEncoder {
         })
     }
 
+    /// Qwen3-VL's deepstack merger after its layer: the rows merged 2x2, LayerNorm,
+    /// `fc1`, GELU, `fc2`, one row of the language model's width per merged block (encoder
+    /// order).
+    fn deepstack_features(
+        &self,
+        ds: &weights::Deepstack,
+        n: usize,
+        s: &mut Scratch,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let gguf = &*self.gguf;
+        let (n_out, wide) = (n / 4, 4 * c.n_embd);
+        let merged = sized(&mut s.xn, n_out * wide);
+        merged.copy_from_slice(&s.x[..n_out * wide]);
+        norm_rows(merged, &ds.norm, c.eps);
+        let hidden = sized(&mut s.up, n_out * wide);
+        linear(&ds.fc1.w.view(gguf)?, merged, n_out, hidden, &mut s.xq)?;
+        add_bias(hidden, &ds.fc1);
+        hidden.par_iter_mut().for_each(|v| *v = gelu(*v));
+        let mut out = vec![0.0f32; n_out * c.projection_dim];
+        linear(&ds.fc2.w.view(gguf)?, hidden, n_out, &mut out, &mut s.xq)?;
+        add_bias(&mut out, &ds.fc2);
+        Ok(out)
+    }
+
     /// Qwen-VL: each 2x2 block of patches (four consecutive rows) as one row through
-    /// `mm.0`, GELU and `mm.2`; the tokens put back in raster order.
+    /// `mm.0`, GELU and `mm.2`, Qwen3-VL's `deepstack` features beside it (a token's row is
+    /// the main projection, then each deepstack merger's, in layer order); the tokens put back
+    /// in raster order.
     fn merger_projector(
         &self,
         p: &MergerProjector,
         layout: &PatchLayout,
+        deepstack: &[Vec<f32>],
         s: &mut Scratch,
     ) -> Result<ImageEmbeddings, ModelError> {
         let c = &self.config;
@@ -564,14 +638,21 @@ impl VisionEncoder {
         linear(&p.mm0.w.view(gguf)?, merged, n_out, hidden, &mut s.xq)?;
         add_bias(hidden, &p.mm0);
         hidden.par_iter_mut().for_each(|v| *v = gelu(*v));
-        let width = c.projection_dim;
-        let out = sized(&mut s.proj, n_out * width);
+        let dim = c.projection_dim;
+        let out = sized(&mut s.proj, n_out * dim);
         linear(&p.mm2.w.view(gguf)?, hidden, n_out, out, &mut s.xq)?;
         add_bias(out, &p.mm2);
+        let width = dim * (1 + deepstack.len());
         let mut data = vec![0.0f32; n_out * width];
+        let out = &*out;
         data.par_chunks_mut(width)
             .zip(layout.merged_rows.par_iter())
-            .for_each(|(dst, &r)| dst.copy_from_slice(&out[r * width..(r + 1) * width]));
+            .for_each(|(dst, &r)| {
+                let parts = std::iter::once(out).chain(deepstack.iter().map(|d| &d[..]));
+                for (slot, part) in dst.chunks_exact_mut(dim).zip(parts) {
+                    slot.copy_from_slice(&part[r * dim..(r + 1) * dim]);
+                }
+            });
         Ok(ImageEmbeddings {
             n_tokens: n_out,
             n_embd: width,
@@ -603,6 +684,41 @@ fn vision_rope(layout: &PatchLayout, head_dim: usize) -> Vec<(f32, f32)> {
             h *= theta_scale;
         }
     }
+    out
+}
+
+/// A square grid of position rows (`side × side`, `e` values each) resized to `pw × ph` as
+/// ggml's `interpolate` does with bilinear filtering and aligned corners.
+fn resize_positions(table: &[f32], side: usize, pw: usize, ph: usize) -> Vec<f32> {
+    let e = table.len() / (side * side);
+    let scale = |out: usize| -> f32 {
+        if out > 1 && side > 1 {
+            (out - 1) as f32 / (side - 1) as f32
+        } else {
+            out as f32 / side as f32
+        }
+    };
+    let (sx, sy) = (scale(pw), scale(ph));
+    let taps = |i: usize, sf: f32| -> (usize, usize, f32) {
+        let pos = i as f32 / sf;
+        let lo = pos.floor() as isize;
+        let clamp = |v: isize| v.clamp(0, side as isize - 1) as usize;
+        let (a, b) = (clamp(lo), clamp(lo + 1));
+        (a, b, (pos - a as f32).clamp(0.0, 1.0))
+    };
+    let mut out = vec![0.0f32; pw * ph * e];
+    out.par_chunks_mut(e).enumerate().for_each(|(i, row)| {
+        let (y0, y1, dy) = taps(i / pw, sy);
+        let (x0, x1, dx) = taps(i % pw, sx);
+        let at = |y: usize, x: usize| &table[(y * side + x) * e..(y * side + x + 1) * e];
+        let (a, b, c, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
+        for (ch, o) in row.iter_mut().enumerate() {
+            *o = a[ch] * (1.0 - dx) * (1.0 - dy)
+                + b[ch] * dx * (1.0 - dy)
+                + c[ch] * (1.0 - dx) * dy
+                + d[ch] * dx * dy;
+        }
+    });
     out
 }
 

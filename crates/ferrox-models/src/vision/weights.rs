@@ -22,12 +22,20 @@ pub struct Affine {
     pub b: Option<Vec<f32>>,
 }
 
+/// Query, key and value projections: three matrices, or one whose rows are the query's,
+/// the key's, then the value's (Qwen3-VL's `attn_qkv`).
+// One per layer, made once at load: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum VitQkv {
+    Separate { q: Affine, k: Affine, v: Affine },
+    Fused(Affine),
+}
+
 #[derive(Clone, Debug)]
 pub struct VitLayer {
     pub ln1: Norm,
-    pub q: Affine,
-    pub k: Affine,
-    pub v: Affine,
+    pub qkv: VitQkv,
     pub o: Affine,
     pub ln2: Norm,
     pub up: Affine,
@@ -65,11 +73,22 @@ pub struct Gemma3Projector {
 }
 
 /// Qwen-VL's patch merger: each 2x2 block of patches as one row of four, through
-/// `mm.0`, GELU and `mm.2`.
+/// `mm.0`, GELU and `mm.2`; Qwen3-VL's deepstack mergers besides.
 #[derive(Clone, Debug)]
 pub struct MergerProjector {
     pub mm0: Affine,
     pub mm2: Affine,
+    pub deepstack: Vec<Deepstack>,
+}
+
+/// A Qwen3-VL deepstack merger after vision layer `layer`: the layer's output merged 2x2,
+/// LayerNorm over the merged row, `fc1`, GELU, `fc2`.
+#[derive(Clone, Debug)]
+pub struct Deepstack {
+    pub layer: usize,
+    pub norm: Norm,
+    pub fc1: Affine,
+    pub fc2: Affine,
 }
 
 #[derive(Clone, Debug)]
@@ -88,8 +107,10 @@ pub struct VisionWeights {
     /// frames, so its product is added.
     pub patch_embd_1: Option<OwnedMatrix>,
     pub patch_bias: Option<Vec<f32>>,
-    /// One learned row per patch position (fixed-size encoders).
+    /// One learned row per patch position of a `position_side` square (Gemma 3's, the
+    /// input's; Qwen3-VL's, resized to each input).
     pub position_embd: Option<Vec<f32>>,
+    pub position_side: usize,
     pub pre_ln: Option<Norm>,
     pub layers: Vec<VitLayer>,
     pub post_ln: Option<Norm>,
@@ -136,10 +157,25 @@ impl VisionWeights {
             true => Some(kernel("v.patch_embd.weight.1")?),
             false => None,
         };
-        let position_embd = match c.projector.dynamic_size() {
-            true => None,
-            false => {
-                let n_pos = c.patches_per_side() * c.patches_per_side();
+        let position_side = match c.projector {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => 0,
+            ProjectorKind::Gemma3 => c.patches_per_side(),
+            ProjectorKind::Qwen3Vl => {
+                let t = l.require("v.position_embd.weight")?;
+                let n = t.shape.get(1).copied().unwrap_or(0) as usize;
+                let side = (n as f64).sqrt() as usize;
+                if side == 0 || side * side != n {
+                    return Err(ModelError::Config(format!(
+                        "`v.position_embd.weight` holds {n} positions: a square grid is needed"
+                    )));
+                }
+                side
+            }
+        };
+        let position_embd = match position_side {
+            0 => None,
+            side => {
+                let n_pos = side * side;
                 let m = l.matrix("v.position_embd.weight", e, n_pos)?;
                 let view = m.view(gguf)?;
                 let mut rows = vec![0.0f32; n_pos * e];
@@ -167,11 +203,17 @@ impl VisionWeights {
                 Some(_) => Some(affine(&blk("ffn_gate"), e, c.n_ff)?),
                 None => None,
             };
+            let qkv = match l.find(&format!("{}.weight", blk("attn_qkv"))) {
+                Some(_) => VitQkv::Fused(affine(&blk("attn_qkv"), e, 3 * e)?),
+                None => VitQkv::Separate {
+                    q: affine(&blk("attn_q"), e, e)?,
+                    k: affine(&blk("attn_k"), e, e)?,
+                    v: affine(&blk("attn_v"), e, e)?,
+                },
+            };
             layers.push(VitLayer {
                 ln1: norm(&blk("ln1"))?,
-                q: affine(&blk("attn_q"), e, e)?,
-                k: affine(&blk("attn_k"), e, e)?,
-                v: affine(&blk("attn_v"), e, e)?,
+                qkv,
                 o: affine(&blk("attn_out"), e, e)?,
                 ln2: norm(&blk("ln2"))?,
                 up: affine(&up_name, e, c.n_ff)?,
@@ -195,10 +237,27 @@ impl VisionWeights {
                     c.projection_dim,
                 )?,
             }),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
+                let mut deepstack = Vec::new();
+                for il in 0..c.n_layer {
+                    let name = |t: &str| format!("v.deepstack.{il}.{t}");
+                    if l.find(&name("fc1.weight")).is_none() {
+                        continue;
+                    }
+                    deepstack.push(Deepstack {
+                        layer: il,
+                        norm: Norm {
+                            weight: l.vector(&name("norm.weight"), 4 * e)?,
+                            bias: Some(l.vector(&name("norm.bias"), 4 * e)?),
+                        },
+                        fc1: affine(&name("fc1"), 4 * e, 4 * e)?,
+                        fc2: affine(&name("fc2"), 4 * e, c.projection_dim)?,
+                    });
+                }
                 ProjectorWeights::Merger(Box::new(MergerProjector {
                     mm0: affine("mm.0", 4 * e, 4 * e)?,
                     mm2: affine("mm.2", 4 * e, c.projection_dim)?,
+                    deepstack,
                 }))
             }
         };
@@ -207,6 +266,7 @@ impl VisionWeights {
             patch_embd_1,
             patch_bias: l.opt_vector("v.patch_embd.bias", e)?,
             position_embd,
+            position_side,
             pre_ln: opt_norm("v.pre_ln")?,
             layers,
             post_ln: opt_norm("v.post_ln")?,

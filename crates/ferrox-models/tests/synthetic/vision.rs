@@ -793,3 +793,177 @@ pub fn qwen_extra_images() -> Vec<TestImage> {
         })
         .collect()
 }
+
+/// A tiny Qwen3-VL pair: a `qwen3vl` text model (n_embd 128, 3 layers, 4 query heads / 2 KV
+/// heads of 32 with Q/K norms, n_ff 256, interleaved M-RoPE sections [6, 5, 5, 0], 2
+/// deepstack layers) and its `qwen3vl_merger` projector (16-pixel patches, two temporal
+/// kernels with a bias, learned positions on a 6x6 grid resized to each input, width 64, 3
+/// layers of 4 heads with a fused QKV, GELU FFN 128, LayerNorms, deepstack mergers after
+/// layers 0 and 1), all F32, the Qwen vocabulary and template of [`qwen2vl_text_bytes`].
+pub const QWEN3_DEEPSTACK_LAYERS: [usize; 2] = [0, 1];
+/// More layers than deepstack slices: llama.cpp's graph adds a slice after a layer even when
+/// it is the last one, whose rows have already been cut to the outputs, and fails there.
+pub const QWEN3_TEXT_N_LAYER: usize = 3;
+pub const QWEN3_PATCH_SIZE: usize = 16;
+/// 96 pixels: a 6x6 grid of positions, the input size of a 64x64 image.
+pub const QWEN3_IMAGE_SIZE: usize = 96;
+pub const QWEN3_MROPE_SECTIONS: [i32; 4] = [6, 5, 5, 0];
+const QWEN3_TEXT_SEED: u64 = 0x011a_0321;
+const QWEN3_MMPROJ_SEED: u64 = 0x011a_0322;
+
+/// The `qwen3vl` text model of the Qwen3-VL pair.
+pub fn qwen3vl_text_bytes() -> Vec<u8> {
+    use ferrox_gguf::{OwnedArray, OwnedValue};
+    let a = "qwen3vl";
+    let key = |k: &str| format!("{a}.{k}");
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", a);
+    w.set("general.name", "ferrox synthetic test model");
+    w.set(key("context_length"), 4096u32);
+    w.set(key("embedding_length"), QWEN_TEXT_N_EMBD as u32);
+    w.set(key("block_count"), QWEN3_TEXT_N_LAYER as u32);
+    w.set(key("feed_forward_length"), QWEN_TEXT_N_FF as u32);
+    w.set(key("attention.head_count"), QWEN_TEXT_N_HEAD as u32);
+    w.set(key("attention.head_count_kv"), QWEN_TEXT_N_HEAD_KV as u32);
+    w.set(key("attention.key_length"), QWEN_TEXT_HEAD_DIM as u32);
+    w.set(key("attention.value_length"), QWEN_TEXT_HEAD_DIM as u32);
+    w.set(key("rope.dimension_count"), QWEN_TEXT_HEAD_DIM as u32);
+    w.set(key("rope.freq_base"), 5_000_000.0f32);
+    w.set(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
+    w.set(
+        key("n_deepstack_layers"),
+        QWEN3_DEEPSTACK_LAYERS.len() as u32,
+    );
+    w.set(
+        key("rope.dimension_sections"),
+        OwnedValue::Array(OwnedArray::I32(QWEN3_MROPE_SECTIONS.to_vec())),
+    );
+    super::spm_vocab(&mut w, TEXT_N_VOCAB, &QWEN_CONTROL_TOKENS, &["\u{2581}"]);
+    w.set("tokenizer.ggml.add_space_prefix", false);
+    w.set("tokenizer.chat_template", QWEN_CHAT_TEMPLATE);
+
+    let mut vals = Values(StdRng::seed_from_u64(QWEN3_TEXT_SEED));
+    let v = &mut vals;
+    let ty = GgmlType::F32;
+    let (e, f, hd) = (QWEN_TEXT_N_EMBD, QWEN_TEXT_N_FF, QWEN_TEXT_HEAD_DIM);
+    let kv_w = QWEN_TEXT_N_HEAD_KV * hd;
+    matrix(&mut w, v, "token_embd.weight", ty, e, TEXT_N_VOCAB, 0.5);
+    vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
+    matrix(&mut w, v, "output.weight", ty, e, TEXT_N_VOCAB, 0.1);
+    for il in 0..QWEN3_TEXT_N_LAYER {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("attn_q.weight"), ty, e, e, 0.15);
+        matrix(&mut w, v, &n("attn_k.weight"), ty, e, kv_w, 0.15);
+        matrix(&mut w, v, &n("attn_v.weight"), ty, e, kv_w, 0.1);
+        vector(&mut w, v, &n("attn_q_norm.weight"), hd, 1.5, 0.2);
+        vector(&mut w, v, &n("attn_k_norm.weight"), hd, 1.5, 0.2);
+        matrix(&mut w, v, &n("attn_output.weight"), ty, e, e, 0.08);
+        vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
+        matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.08);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.06);
+    }
+    w.to_bytes()
+}
+
+/// The Qwen3-VL projector (every tensor F32). Beyond [`qwen_mmproj_bytes`]'s Qwen2-VL
+/// tensors (without its separate Q/K/V): `v.patch_embd.bias` [64], `v.position_embd.weight`
+/// [64, 36], `v.blk.N.attn_qkv.{weight,bias}` [64, 192], [192], and for each deepstack
+/// layer N `v.deepstack.N.norm.{weight,bias}` [256], `v.deepstack.N.fc1.{weight,bias}`
+/// [256, 256], [256], `v.deepstack.N.fc2.{weight,bias}` [256, 128], [128].
+pub fn qwen3vl_mmproj_bytes() -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "clip");
+    w.set("general.type", "mmproj");
+    w.set("general.name", "ferrox synthetic test projector");
+    w.set("general.file_type", 0u32);
+    w.set("clip.has_vision_encoder", true);
+    w.set("clip.projector_type", "qwen3vl_merger");
+    w.set("clip.use_gelu", true);
+    let (e, f, p) = (QWEN_VISION_N_EMBD, QWEN_VISION_N_FF, QWEN3_PATCH_SIZE);
+    let side = QWEN3_IMAGE_SIZE / p;
+    w.set("clip.vision.projection_dim", QWEN_TEXT_N_EMBD as u32);
+    w.set("clip.vision.image_size", QWEN3_IMAGE_SIZE as u32);
+    w.set("clip.vision.patch_size", p as u32);
+    w.set("clip.vision.embedding_length", e as u32);
+    w.set("clip.vision.feed_forward_length", f as u32);
+    w.set("clip.vision.block_count", QWEN_VISION_N_LAYER as u32);
+    w.set(
+        "clip.vision.attention.head_count",
+        QWEN_VISION_N_HEAD as u32,
+    );
+    w.set("clip.vision.attention.layer_norm_epsilon", VISION_EPS);
+    w.set("clip.vision.spatial_merge_size", 2u32);
+    w.set(
+        "clip.vision.is_deepstack_layers",
+        (0..QWEN_VISION_N_LAYER)
+            .map(|il| QWEN3_DEEPSTACK_LAYERS.contains(&il))
+            .collect::<Vec<bool>>(),
+    );
+    w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
+    w.set("clip.vision.image_std", IMAGE_STD.to_vec());
+
+    let mut vals = Values(StdRng::seed_from_u64(QWEN3_MMPROJ_SEED));
+    let v = &mut vals;
+    let f32 = GgmlType::F32;
+    for name in ["v.patch_embd.weight", "v.patch_embd.weight.1"] {
+        let kernel = v.normals(p * p * 3 * e, 0.0, 0.026);
+        add(
+            &mut w,
+            name,
+            f32,
+            &[p as u64, p as u64, 3, e as u64],
+            &kernel,
+        );
+    }
+    vector(&mut w, v, "v.patch_embd.bias", e, 0.0, 0.1);
+    matrix(
+        &mut w,
+        v,
+        "v.position_embd.weight",
+        f32,
+        e,
+        side * side,
+        0.3,
+    );
+    let norm = |w: &mut GgufWriter, v: &mut Values, name: &str, width: usize| {
+        vector(w, v, &format!("{name}.weight"), width, 1.0, 0.1);
+        vector(w, v, &format!("{name}.bias"), width, 0.0, 0.05);
+    };
+    for il in 0..QWEN_VISION_N_LAYER {
+        let n = |t: &str| format!("v.blk.{il}.{t}");
+        norm(&mut w, v, &n("ln1"), e);
+        matrix(&mut w, v, &n("attn_qkv.weight"), f32, e, 3 * e, 0.18);
+        vector(&mut w, v, &n("attn_qkv.bias"), 3 * e, 0.0, 0.05);
+        matrix(&mut w, v, &n("attn_out.weight"), f32, e, e, 0.1);
+        vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
+        norm(&mut w, v, &n("ln2"), e);
+        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.125);
+        vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
+        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.1);
+        vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
+    }
+    for &il in &QWEN3_DEEPSTACK_LAYERS {
+        let n = |t: &str| format!("v.deepstack.{il}.{t}");
+        norm(&mut w, v, &n("norm"), 4 * e);
+        matrix(&mut w, v, &n("fc1.weight"), f32, 4 * e, 4 * e, 0.06);
+        vector(&mut w, v, &n("fc1.bias"), 4 * e, 0.0, 0.05);
+        matrix(
+            &mut w,
+            v,
+            &n("fc2.weight"),
+            f32,
+            4 * e,
+            QWEN_TEXT_N_EMBD,
+            0.04,
+        );
+        vector(&mut w, v, &n("fc2.bias"), QWEN_TEXT_N_EMBD, 0.0, 0.02);
+    }
+    norm(&mut w, v, "v.post_ln", e);
+    matrix(&mut w, v, "mm.0.weight", f32, 4 * e, 4 * e, 0.06);
+    vector(&mut w, v, "mm.0.bias", 4 * e, 0.0, 0.05);
+    matrix(&mut w, v, "mm.2.weight", f32, 4 * e, QWEN_TEXT_N_EMBD, 0.06);
+    vector(&mut w, v, "mm.2.bias", QWEN_TEXT_N_EMBD, 0.0, 0.05);
+    w.to_bytes()
+}

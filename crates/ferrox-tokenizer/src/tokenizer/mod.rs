@@ -29,7 +29,7 @@ mod wpm;
 use ferrox_gguf::{Gguf, Metadata};
 
 use special::SpecialTokens;
-pub use stream::StreamDecoder;
+pub use stream::{lossy_utf8, StreamDecoder};
 pub use tiktoken::{tiktoken_metadata, TiktokenRanks, MAX_TIKTOKEN_TOKENS};
 pub use vocab::{NormalizerOptions, TokenAttr, TokenId, TokenType, Vocab, VocabKind};
 
