@@ -75,6 +75,9 @@ pub struct DynamicSize {
 /// Qwen-VL's image-token limits (llama.cpp's defaults from Qwen2.5-VL's preprocessor).
 const QWEN_MIN_TOKENS: usize = 8;
 const QWEN_MAX_TOKENS: usize = 4096;
+/// The most pixels a dynamic-size input may have, whatever the file says (4x the most a
+/// real Qwen-VL file allows: 4096 tokens of 32x32 pixels).
+const MAX_DYNAMIC_PIXELS: usize = 1 << 24;
 /// Qwen2.5-VL's attention window, in pixels (llama.cpp's default; files do not say).
 const QWEN_WINDOW_PIXELS: usize = 112;
 
@@ -259,11 +262,14 @@ impl ClipConfig {
             _ => 0,
         };
         let dynamic = projector.dynamic_size().then(|| {
-            let area = (patch_size * n_merge).pow(2);
+            let align = patch_size.saturating_mul(n_merge);
+            let area = align.saturating_mul(align);
+            // A hostile patch size must not make the resized input huge.
+            let max_pixels = QWEN_MAX_TOKENS.saturating_mul(area).min(MAX_DYNAMIC_PIXELS);
             DynamicSize {
-                align: patch_size * n_merge,
-                min_pixels: QWEN_MIN_TOKENS * area,
-                max_pixels: QWEN_MAX_TOKENS * area,
+                align,
+                min_pixels: QWEN_MIN_TOKENS.saturating_mul(area).min(max_pixels),
+                max_pixels,
             }
         });
         if dynamic.is_some() && !head_dim.is_multiple_of(4) {
