@@ -53,3 +53,27 @@ with open(model, "rb") as f:
 print(json.dumps({"llama_cpp": meta, "model": {"file": os.path.basename(model), "sha256": h.hexdigest(), "size": os.path.getsize(model)}}))
 PY
 }
+
+# vision_manifest META EMBED_JSONL PROMPT_FILE DIR OUT REGEX: the manifest of a vision fixture
+# set: llama.cpp's build (META, from llama_cpp_meta), the sha256 of the files of DIR whose
+# names match REGEX, the prompt, and each `mtmd-ref embed` line of EMBED_JSONL by its output.
+vision_manifest() {
+    "$PYTHON" - "$@" <<'PY'
+import hashlib, json, os, re, sys
+meta_path, embed_path, prompt_path, d, out, pattern = sys.argv[1:7]
+meta = json.load(open(meta_path))["llama_cpp"]
+inputs = {}
+for name in sorted(os.listdir(d)):
+    p = os.path.join(d, name)
+    if os.path.isfile(p) and re.fullmatch(pattern, name):
+        inputs[name] = {"sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(), "size": os.path.getsize(p)}
+embeds = {}
+for line in open(embed_path):
+    e = json.loads(line)
+    embeds[os.path.basename(e["out"])] = e
+manifest = {"llama_cpp": meta, "inputs": inputs, "prompt": open(prompt_path).read(), "embed": embeds}
+with open(out, "w") as f:
+    json.dump(manifest, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+PY
+}

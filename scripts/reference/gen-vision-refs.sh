@@ -88,27 +88,5 @@ for entry in "${SWEEP[@]}"; do
     echo "sweep-$name.greedy.json" >&2
 done
 llama_cpp_meta > "$WORK/meta.json"
-"$PYTHON" - "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/manifest.json" <<'PY'
-import hashlib, json, os, sys
-meta_path, embed_path, prompt_path, d, out = sys.argv[1:6]
-meta = json.load(open(meta_path))["llama_cpp"]
-inputs = {}
-for name in sorted(os.listdir(d)):
-    p = os.path.join(d, name)
-    if os.path.isfile(p) and (name.endswith(".gguf") or name.endswith(".png")):
-        inputs[name] = {"sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(), "size": os.path.getsize(p)}
-embeds = {}
-for line in open(embed_path):
-    e = json.loads(line)
-    embeds[os.path.basename(e["out"])] = e
-manifest = {
-    "llama_cpp": meta,
-    "inputs": inputs,
-    "prompt": open(prompt_path).read(),
-    "embed": embeds,
-}
-with open(out, "w") as f:
-    json.dump(manifest, f, indent=1, ensure_ascii=False)
-    f.write("\n")
-PY
+vision_manifest "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/manifest.json" '.*\.(gguf|png)'
 echo "$OUT/manifest.json" >&2

@@ -1409,27 +1409,7 @@ fn serve_takes_images_as_llama_server_does() {
     require_openai();
     let fixtures = repo_root().join("fixtures/vision");
     let model = fixtures.join("gemma3.gguf");
-    let mmproj = fixtures.join("gemma3.mmproj.gguf");
-    let server = Server::start(
-        &[
-            "-m",
-            model.to_str().unwrap(),
-            "--mmproj",
-            mmproj.to_str().unwrap(),
-            "--kv-f32",
-            "--parallel",
-            "8",
-            // Prompts fed five positions at a time: text chunks end at every image.
-            "--prefill-chunk",
-            "5",
-            "-t",
-            "2",
-            "--api-key",
-            API_KEY,
-        ],
-        &[],
-    );
-    server.wait_ready(Duration::from_secs(60));
+    let server = vision_server(&fixtures, "gemma3.gguf", "gemma3.mmproj.gguf");
     assert!(
         server.log().contains("16 tokens per image"),
         "{}",
@@ -1501,11 +1481,10 @@ fn serve_takes_qwen_vl_images_as_llama_server_does() {
     assert!(stderr.contains("M-RoPE"), "{stderr}");
 }
 
-fn serve_qwen_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
-    let model_file = format!("{model}.gguf");
-    let reference = format!("{projector}-server.json");
-    let model = fixtures.join(&model_file);
-    let mmproj = fixtures.join(format!("{projector}.mmproj.gguf"));
+/// `ferrox serve` on a pair of `fixtures/vision` with an f32 cache (the f32 comparisons), 8
+/// sequences, prompts fed five positions at a time (text chunks end at every image), ready.
+fn vision_server(fixtures: &std::path::Path, model: &str, mmproj: &str) -> Server {
+    let (model, mmproj) = (fixtures.join(model), fixtures.join(mmproj));
     let server = Server::start(
         &[
             "-m",
@@ -1525,6 +1504,13 @@ fn serve_qwen_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
         &[],
     );
     server.wait_ready(Duration::from_secs(60));
+    server
+}
+
+fn serve_qwen_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
+    let model_file = format!("{model}.gguf");
+    let reference = format!("{projector}-server.json");
+    let server = vision_server(fixtures, &model_file, &format!("{projector}.mmproj.gguf"));
     run_client(
         &server,
         "vision_client.py",

@@ -29,6 +29,10 @@
 //! (F16 projector), the Qwen-VL pairs (`qwen2vl.gguf`, `qwen25vl.mmproj.gguf`,
 //! `qwen2vl.mmproj.gguf`; `qwen3vl.gguf`, `qwen3vl.mmproj.gguf`) and the test images `<name>.png`; one `name path bytes` line each
 //! (`fixtures/vision/` holds them).
+//! `--vision-bench-qwen OUT_DIR [LAYERS [SIZE...]]` writes the Qwen2.5-VL benchmark files:
+//! `qwen25vl-bench.gguf` (a 2048-wide `qwen2vl` text model of one layer, for the width),
+//! `qwen25vl-bench-l<LAYERS>.mmproj.gguf` (`synthetic::vision::qwen25vl_bench_shape`, default
+//! 8 layers) and the images `bench<SIZE>.png`.
 //! `--vision-bench OUT_DIR [LAYERS [SIZE...]]` writes the Gemma 3 benchmark files of
 //! `synthetic::vision` for `scripts/bench-vision.sh`: `gemma3-bench.gguf` (text model),
 //! `gemma3-bench-<SIZE>-l<LAYERS>.mmproj.gguf` (F16 projectors, LAYERS default 4, SIZE each of
@@ -47,7 +51,7 @@ use std::path::PathBuf;
 use ferrox_gguf::GgmlType;
 
 fn usage() -> ! {
-    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE | --vision | --vision-bench [LAYERS [SIZE...]] | ...]");
+    eprintln!("usage: write_synthetic OUT_DIR [--all TYPE | --vision | --vision-bench [LAYERS [SIZE...]] | --vision-bench-qwen [LAYERS [SIZE...]] | ...]");
     std::process::exit(2);
 }
 
@@ -70,6 +74,16 @@ fn main() {
                 _ => synthetic::vision::BENCH_IMAGE_SIZES.to_vec(),
             };
             write_vision_bench(&PathBuf::from(dir), layers, &sizes);
+            return;
+        }
+        [dir, flag, rest @ ..] if flag == "--vision-bench-qwen" => {
+            let number = |s: &String| s.parse::<usize>().unwrap_or_else(|_| usage());
+            let layers = rest.first().map_or(8, number);
+            let sizes: Vec<usize> = match rest.get(1..) {
+                Some(sizes) if !sizes.is_empty() => sizes.iter().map(number).collect(),
+                _ => synthetic::vision::BENCH_IMAGE_SIZES.to_vec(),
+            };
+            write_vision_bench_qwen(&PathBuf::from(dir), layers, &sizes);
             return;
         }
         [dir, flag] if flag == "--encoders" => {
@@ -264,6 +278,26 @@ fn write_vision_bench(dir: &std::path::Path, layers: usize, sizes: &[usize]) {
             vec![(name, vision::gemma3_bench_mmproj_bytes(size, layers))],
         );
     }
+}
+
+fn write_vision_bench_qwen(dir: &std::path::Path, layers: usize, sizes: &[usize]) {
+    use synthetic::vision;
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let shape = vision::qwen25vl_bench_shape(layers);
+    let mut files = vec![
+        (
+            "qwen25vl-bench.gguf".to_string(),
+            vision::qwen2vl_text_bytes_with(vision::QWEN_BENCH_TEXT_N_EMBD, 1),
+        ),
+        (
+            format!("qwen25vl-bench-l{layers}.mmproj.gguf"),
+            vision::qwen_mmproj_bytes_with(vision::QwenVision::Qwen25Vl, &shape, GgmlType::F16),
+        ),
+    ];
+    for &size in sizes {
+        files.push((format!("bench{size}.png"), vision::bench_image_png(size, 0)));
+    }
+    write_files(dir, files);
 }
 
 /// Writes `DIR/NAME` for each file, with one `name path bytes` line.

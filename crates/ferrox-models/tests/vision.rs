@@ -8,53 +8,22 @@
 //! every step; with the defaults (f16 attention), the embeddings inside llama.cpp's own
 //! flash-attention on/off band. References: `scripts/reference/gen-vision-refs.sh`.
 
-use std::path::PathBuf;
+mod vision_common;
+
 use std::sync::Arc;
 
 use ferrox_core::KvStorage;
 use ferrox_generate::media::{EncodedImage, MediaPrompt};
 use ferrox_gguf::Gguf;
 use ferrox_models::engine::ImageGrid;
-use ferrox_models::vision::{RgbImage, VisionEncoder, VisionOptions};
+use ferrox_models::vision::{VisionEncoder, VisionOptions};
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor};
 use ferrox_tokenizer::tokenizer::Tokenizer;
+use vision_common::{dir, encoder, image, max_diff, reference_embd};
 
 const IMAGES: &[&str] = &["rgb64", "rgb100x60", "rgb37x51", "rgba80", "gray48"];
 const PROMPT: &str =
     "<start_of_turn>user\n<__media__>Describe this image.<end_of_turn>\n<start_of_turn>model\n";
-
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vision")
-}
-
-fn image(name: &str) -> RgbImage {
-    let bytes = std::fs::read(dir().join(format!("{name}.png"))).unwrap();
-    RgbImage::decode(&bytes).unwrap()
-}
-
-fn reference_embd(name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(dir().join("ref").join(name)).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-fn encoder(mmproj: &str, f32_attention: bool) -> VisionEncoder {
-    let options = VisionOptions {
-        threads: 2,
-        f32_attention,
-    };
-    VisionEncoder::open(dir().join(mmproj), &options).unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn projector_embeddings_match_llama_cpp() {

@@ -5,9 +5,10 @@
 //! own flash-attention on/off band. References:
 //! `scripts/reference/gen-vision-qwen-refs.sh`.
 
-use std::path::PathBuf;
+mod vision_common;
 
-use ferrox_models::vision::{ProjectorKind, RgbImage, VisionEncoder, VisionOptions};
+use ferrox_models::vision::ProjectorKind;
+use vision_common::{encoder, image, max_diff, reference_embd};
 
 /// Width and height, or tokens a row and rows.
 type Size = (usize, usize);
@@ -76,43 +77,10 @@ const PROJECTORS: &[(&str, ProjectorKind, Bar)] = &[
 /// of at least that many patches.
 const TILED_MIN_PATCHES: usize = 64;
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/vision")
-}
-
-fn image(name: &str) -> RgbImage {
-    let bytes = std::fs::read(dir().join(format!("{name}.png"))).unwrap();
-    RgbImage::decode(&bytes).unwrap()
-}
-
-fn reference_embd(name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(dir().join("ref").join(name)).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-fn encoder(projector: &str, f32_attention: bool) -> VisionEncoder {
-    let options = VisionOptions {
-        threads: 2,
-        f32_attention,
-    };
-    VisionEncoder::open(dir().join(format!("{projector}.mmproj.gguf")), &options).unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 #[test]
 fn qwen_projectors_load_as_their_kind() {
     for &(name, kind, _) in PROJECTORS {
-        let enc = encoder(name, true);
+        let enc = encoder(&format!("{name}.mmproj.gguf"), true);
         assert_eq!(enc.config().projector, kind);
         assert_eq!(enc.markers(), ("<|vision_start|>", "<|vision_end|>"));
         assert!(enc.grid_positions() && !enc.bidirectional());
@@ -121,7 +89,7 @@ fn qwen_projectors_load_as_their_kind() {
 
 #[test]
 fn images_are_resized_as_llama_cpp_does() {
-    let enc = encoder("qwen25vl", true);
+    let enc = encoder("qwen25vl.mmproj.gguf", true);
     for &(name, size, grid) in IMAGES {
         let prepared = enc.preprocess(&image(name)).unwrap();
         assert_eq!((prepared.width, prepared.height), size, "{name}");
@@ -146,7 +114,7 @@ fn images_are_resized_as_llama_cpp_does() {
 #[test]
 fn qwen_embeddings_match_llama_cpp() {
     for (projector, _, bar) in PROJECTORS {
-        let enc = encoder(projector, true);
+        let enc = encoder(&format!("{projector}.mmproj.gguf"), true);
         let width = enc.output_width();
         for &(name, _, _) in IMAGES {
             let ours = enc.encode(&image(name)).unwrap();
@@ -176,7 +144,7 @@ fn qwen_embeddings_match_llama_cpp() {
 fn default_attention_stays_inside_llama_cpps_band() {
     let mut checked = 0;
     for (projector, _, _) in PROJECTORS {
-        let enc = encoder(projector, false);
+        let enc = encoder(&format!("{projector}.mmproj.gguf"), false);
         for &(name, _, _) in IMAGES {
             let ours = enc.encode(&image(name)).unwrap();
             if 4 * ours.n_tokens < TILED_MIN_PATCHES {
@@ -199,7 +167,7 @@ fn default_attention_stays_inside_llama_cpps_band() {
 #[test]
 fn qwen3_vl_rows_carry_the_deepstack_features() {
     // Two deepstack mergers: each token's row is the main projection and their outputs.
-    let enc = encoder("qwen3vl", true);
+    let enc = encoder("qwen3vl.mmproj.gguf", true);
     assert_eq!(enc.deepstack_count(), 2);
     assert_eq!(enc.output_width(), 3 * 128);
     // Positions: a 6x6 grid, resized to the input unless it is 6x6 patches (64x64 images

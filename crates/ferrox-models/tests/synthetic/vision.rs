@@ -627,46 +627,98 @@ pub enum QwenVision {
 
 /// The `qwen2vl` text model of the Qwen-VL pair.
 pub fn qwen2vl_text_bytes() -> Vec<u8> {
+    qwen2vl_text_bytes_with(QWEN_TEXT_N_EMBD, QWEN_TEXT_N_LAYER)
+}
+
+/// A `qwen2vl` text model of `n_embd` (4 heads of `n_embd / 4`, 2 KV heads) and `n_layer`
+/// layers, the tiny pair's otherwise: a benchmark projector's text model, which
+/// `mtmd-ref embed` needs for its width.
+pub fn qwen2vl_text_bytes_with(n_embd: usize, n_layer: usize) -> Vec<u8> {
+    let scale = (n_embd / QWEN_TEXT_N_HEAD / QWEN_TEXT_HEAD_DIM) as i32;
+    qwen_text_bytes(&QwenText {
+        arch: "qwen2vl",
+        n_embd,
+        n_layer,
+        qwen3: false,
+        deepstack: 0,
+        sections: QWEN_MROPE_SECTIONS.map(|c| c * scale),
+        rope_base: 1_000_000.0,
+        eps: 0.0,
+        seed: QWEN_TEXT_SEED,
+    })
+}
+
+/// A Qwen-VL text model's settings: Qwen2-VL's (Q/K/V biases) or Qwen3-VL's (Q/K norms,
+/// explicit head sizes, `deepstack` layers).
+struct QwenText {
+    arch: &'static str,
+    n_embd: usize,
+    n_layer: usize,
+    qwen3: bool,
+    deepstack: usize,
+    sections: [i32; 4],
+    rope_base: f32,
+    eps: f32,
+    seed: u64,
+}
+
+fn qwen_text_bytes(t: &QwenText) -> Vec<u8> {
     use ferrox_gguf::{OwnedArray, OwnedValue};
-    let a = "qwen2vl";
+    let a = t.arch;
     let key = |k: &str| format!("{a}.{k}");
     let mut w = GgufWriter::new();
     w.set("general.architecture", a);
     w.set("general.name", "ferrox synthetic test model");
     w.set(key("context_length"), 4096u32);
-    w.set(key("embedding_length"), QWEN_TEXT_N_EMBD as u32);
-    w.set(key("block_count"), QWEN_TEXT_N_LAYER as u32);
+    w.set(key("embedding_length"), t.n_embd as u32);
+    w.set(key("block_count"), t.n_layer as u32);
     w.set(key("feed_forward_length"), QWEN_TEXT_N_FF as u32);
     w.set(key("attention.head_count"), QWEN_TEXT_N_HEAD as u32);
     w.set(key("attention.head_count_kv"), QWEN_TEXT_N_HEAD_KV as u32);
-    w.set(key("rope.dimension_count"), QWEN_TEXT_HEAD_DIM as u32);
-    w.set(key("rope.freq_base"), 1_000_000.0f32);
-    w.set(key("attention.layer_norm_rms_epsilon"), 0.0f32);
+    let head_dim = t.n_embd / QWEN_TEXT_N_HEAD;
+    if t.qwen3 {
+        w.set(key("attention.key_length"), head_dim as u32);
+        w.set(key("attention.value_length"), head_dim as u32);
+    }
+    w.set(key("rope.dimension_count"), head_dim as u32);
+    w.set(key("rope.freq_base"), t.rope_base);
+    w.set(key("attention.layer_norm_rms_epsilon"), t.eps);
+    if t.deepstack > 0 {
+        w.set(key("n_deepstack_layers"), t.deepstack as u32);
+    }
     w.set(
         key("rope.dimension_sections"),
-        OwnedValue::Array(OwnedArray::I32(QWEN_MROPE_SECTIONS.to_vec())),
+        OwnedValue::Array(OwnedArray::I32(t.sections.to_vec())),
     );
     super::spm_vocab(&mut w, TEXT_N_VOCAB, &QWEN_CONTROL_TOKENS, &["\u{2581}"]);
     w.set("tokenizer.ggml.add_space_prefix", false);
     w.set("tokenizer.chat_template", QWEN_CHAT_TEMPLATE);
 
-    let mut vals = Values(StdRng::seed_from_u64(QWEN_TEXT_SEED));
+    let mut vals = Values(StdRng::seed_from_u64(t.seed));
     let v = &mut vals;
     let ty = GgmlType::F32;
-    let (e, f) = (QWEN_TEXT_N_EMBD, QWEN_TEXT_N_FF);
-    let kv_w = QWEN_TEXT_N_HEAD_KV * QWEN_TEXT_HEAD_DIM;
+    let (e, f) = (t.n_embd, QWEN_TEXT_N_FF);
+    let kv_w = QWEN_TEXT_N_HEAD_KV * head_dim;
     matrix(&mut w, v, "token_embd.weight", ty, e, TEXT_N_VOCAB, 0.5);
     vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
     matrix(&mut w, v, "output.weight", ty, e, TEXT_N_VOCAB, 0.1);
-    for il in 0..QWEN_TEXT_N_LAYER {
+    for il in 0..t.n_layer {
         let n = |t: &str| format!("blk.{il}.{t}");
         vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
-        matrix(&mut w, v, &n("attn_q.weight"), ty, e, e, 0.15);
-        vector(&mut w, v, &n("attn_q.bias"), e, 0.0, 0.1);
-        matrix(&mut w, v, &n("attn_k.weight"), ty, e, kv_w, 0.15);
-        vector(&mut w, v, &n("attn_k.bias"), kv_w, 0.0, 0.1);
-        matrix(&mut w, v, &n("attn_v.weight"), ty, e, kv_w, 0.1);
-        vector(&mut w, v, &n("attn_v.bias"), kv_w, 0.0, 0.1);
+        for (name, rows, std) in [
+            ("attn_q", e, 0.15),
+            ("attn_k", kv_w, 0.15),
+            ("attn_v", kv_w, 0.1),
+        ] {
+            matrix(&mut w, v, &n(&format!("{name}.weight")), ty, e, rows, std);
+            if !t.qwen3 {
+                vector(&mut w, v, &n(&format!("{name}.bias")), rows, 0.0, 0.1);
+            }
+        }
+        if t.qwen3 {
+            vector(&mut w, v, &n("attn_q_norm.weight"), head_dim, 1.5, 0.2);
+            vector(&mut w, v, &n("attn_k_norm.weight"), head_dim, 1.5, 0.2);
+        }
         matrix(&mut w, v, &n("attn_output.weight"), ty, e, e, 0.08);
         vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
         matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.08);
@@ -694,6 +746,55 @@ pub const QWEN_CHAT_TEMPLATE: &str = "{% for message in messages %}\
 /// | `mm.0.{weight,bias}` | [256, 256], [256] |
 /// | `mm.2.{weight,bias}` | [256, 128], [128] |
 pub fn qwen_mmproj_bytes(kind: QwenVision) -> Vec<u8> {
+    qwen_mmproj_bytes_with(kind, &QWEN_MMPROJ, GgmlType::F32)
+}
+
+/// A Qwen-VL projector's shapes.
+#[derive(Clone, Copy, Debug)]
+pub struct QwenMmprojShape {
+    pub patch_size: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_wa_pattern: usize,
+    /// The text model's width.
+    pub projection_dim: usize,
+}
+
+/// The tiny test projectors' shapes.
+pub const QWEN_MMPROJ: QwenMmprojShape = QwenMmprojShape {
+    patch_size: QWEN_PATCH_SIZE,
+    n_embd: QWEN_VISION_N_EMBD,
+    n_ff: QWEN_VISION_N_FF,
+    n_layer: QWEN_VISION_N_LAYER,
+    n_head: QWEN_VISION_N_HEAD,
+    n_wa_pattern: QWEN_N_WA_PATTERN,
+    projection_dim: QWEN_TEXT_N_EMBD,
+};
+
+/// A benchmark projector: Qwen2.5-VL-7B's vision tower (width 1280, FFN 3420, 16 heads of
+/// 80, 14-pixel patches, full attention every 8th layer) with `n_layer` layers instead of 32,
+/// projecting to a 2048-wide text model (Qwen2.5-VL-3B's), stored as the converter writes
+/// `mmproj-*-F16.gguf` (F16 matrices, F32 norms and biases).
+pub fn qwen25vl_bench_shape(n_layer: usize) -> QwenMmprojShape {
+    QwenMmprojShape {
+        patch_size: 14,
+        n_embd: 1280,
+        n_ff: 3420,
+        n_layer,
+        n_head: 16,
+        n_wa_pattern: 8,
+        projection_dim: QWEN_BENCH_TEXT_N_EMBD,
+    }
+}
+
+/// The benchmark projectors' text width.
+pub const QWEN_BENCH_TEXT_N_EMBD: usize = 2048;
+
+/// A Qwen-VL projector of the given shapes; `ty` is the attention, FFN and merger
+/// matrices' type (F32 or F16); patch kernels, norms and biases are F32.
+pub fn qwen_mmproj_bytes_with(kind: QwenVision, shape: &QwenMmprojShape, ty: GgmlType) -> Vec<u8> {
     let mut w = GgufWriter::new();
     w.set("general.architecture", "clip");
     w.set("general.type", "mmproj");
@@ -708,20 +809,17 @@ pub fn qwen_mmproj_bytes(kind: QwenVision) -> Vec<u8> {
         QwenVision::Qwen25Vl => {
             w.set("clip.projector_type", "qwen2.5vl_merger");
             w.set("clip.use_silu", true);
-            w.set("clip.vision.n_wa_pattern", QWEN_N_WA_PATTERN as u32);
+            w.set("clip.vision.n_wa_pattern", shape.n_wa_pattern as u32);
         }
     }
-    let (e, f, p) = (QWEN_VISION_N_EMBD, QWEN_VISION_N_FF, QWEN_PATCH_SIZE);
-    w.set("clip.vision.projection_dim", QWEN_TEXT_N_EMBD as u32);
+    let (e, f, p) = (shape.n_embd, shape.n_ff, shape.patch_size);
+    w.set("clip.vision.projection_dim", shape.projection_dim as u32);
     w.set("clip.vision.image_size", 560u32);
     w.set("clip.vision.patch_size", p as u32);
     w.set("clip.vision.embedding_length", e as u32);
     w.set("clip.vision.feed_forward_length", f as u32);
-    w.set("clip.vision.block_count", QWEN_VISION_N_LAYER as u32);
-    w.set(
-        "clip.vision.attention.head_count",
-        QWEN_VISION_N_HEAD as u32,
-    );
+    w.set("clip.vision.block_count", shape.n_layer as u32);
+    w.set("clip.vision.attention.head_count", shape.n_head as u32);
     w.set("clip.vision.attention.layer_norm_epsilon", VISION_EPS);
     w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
     w.set("clip.vision.image_std", IMAGE_STD.to_vec());
@@ -729,6 +827,9 @@ pub fn qwen_mmproj_bytes(kind: QwenVision) -> Vec<u8> {
     let mut vals = Values(StdRng::seed_from_u64(QWEN_MMPROJ_SEED));
     let v = &mut vals;
     let f32 = GgmlType::F32;
+    // Deviations that keep the tiny projector's scale of activations at other widths.
+    let (g_e, g_f) = (gain(QWEN_VISION_N_EMBD, e), gain(QWEN_VISION_N_FF, f));
+    let g_m = gain(4 * QWEN_VISION_N_EMBD, 4 * e);
     // Two kernels of 14 x 14 x 3 = 588 normalized pixels each: deviation ~1 out.
     for name in ["v.patch_embd.weight", "v.patch_embd.weight.1"] {
         let kernel = v.normals(p * p * 3 * e, 0.0, 0.03);
@@ -746,31 +847,40 @@ pub fn qwen_mmproj_bytes(kind: QwenVision) -> Vec<u8> {
             vector(w, v, &format!("{name}.bias"), e, 0.0, 0.05);
         }
     };
-    for il in 0..QWEN_VISION_N_LAYER {
+    for il in 0..shape.n_layer {
         let n = |t: &str| format!("v.blk.{il}.{t}");
         norm(&mut w, v, &n("ln1"));
         for (name, std) in [("attn_q", 0.2), ("attn_k", 0.2), ("attn_v", 0.12)] {
-            matrix(&mut w, v, &n(&format!("{name}.weight")), f32, e, e, std);
+            matrix(
+                &mut w,
+                v,
+                &n(&format!("{name}.weight")),
+                ty,
+                e,
+                e,
+                std * g_e,
+            );
             vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
         }
-        matrix(&mut w, v, &n("attn_out.weight"), f32, e, e, 0.1);
+        matrix(&mut w, v, &n("attn_out.weight"), ty, e, e, 0.1 * g_e);
         vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
         norm(&mut w, v, &n("ln2"));
-        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.125);
+        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.125 * g_e);
         vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
         if kind == QwenVision::Qwen25Vl {
-            matrix(&mut w, v, &n("ffn_gate.weight"), f32, e, f, 0.125);
+            matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.125 * g_e);
             vector(&mut w, v, &n("ffn_gate.bias"), f, 0.0, 0.05);
         }
-        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.1);
+        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.1 * g_f);
         vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
     }
     norm(&mut w, v, "v.post_ln");
-    matrix(&mut w, v, "mm.0.weight", f32, 4 * e, 4 * e, 0.06);
+    matrix(&mut w, v, "mm.0.weight", ty, 4 * e, 4 * e, 0.06 * g_m);
     vector(&mut w, v, "mm.0.bias", 4 * e, 0.0, 0.05);
     // ~0.5 per output value: the size of the text model's token rows.
-    matrix(&mut w, v, "mm.2.weight", f32, 4 * e, QWEN_TEXT_N_EMBD, 0.06);
-    vector(&mut w, v, "mm.2.bias", QWEN_TEXT_N_EMBD, 0.0, 0.05);
+    let out = shape.projection_dim;
+    matrix(&mut w, v, "mm.2.weight", ty, 4 * e, out, 0.06 * g_m);
+    vector(&mut w, v, "mm.2.bias", out, 0.0, 0.05);
     w.to_bytes()
 }
 
@@ -813,58 +923,17 @@ const QWEN3_MMPROJ_SEED: u64 = 0x011a_0322;
 
 /// The `qwen3vl` text model of the Qwen3-VL pair.
 pub fn qwen3vl_text_bytes() -> Vec<u8> {
-    use ferrox_gguf::{OwnedArray, OwnedValue};
-    let a = "qwen3vl";
-    let key = |k: &str| format!("{a}.{k}");
-    let mut w = GgufWriter::new();
-    w.set("general.architecture", a);
-    w.set("general.name", "ferrox synthetic test model");
-    w.set(key("context_length"), 4096u32);
-    w.set(key("embedding_length"), QWEN_TEXT_N_EMBD as u32);
-    w.set(key("block_count"), QWEN3_TEXT_N_LAYER as u32);
-    w.set(key("feed_forward_length"), QWEN_TEXT_N_FF as u32);
-    w.set(key("attention.head_count"), QWEN_TEXT_N_HEAD as u32);
-    w.set(key("attention.head_count_kv"), QWEN_TEXT_N_HEAD_KV as u32);
-    w.set(key("attention.key_length"), QWEN_TEXT_HEAD_DIM as u32);
-    w.set(key("attention.value_length"), QWEN_TEXT_HEAD_DIM as u32);
-    w.set(key("rope.dimension_count"), QWEN_TEXT_HEAD_DIM as u32);
-    w.set(key("rope.freq_base"), 5_000_000.0f32);
-    w.set(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
-    w.set(
-        key("n_deepstack_layers"),
-        QWEN3_DEEPSTACK_LAYERS.len() as u32,
-    );
-    w.set(
-        key("rope.dimension_sections"),
-        OwnedValue::Array(OwnedArray::I32(QWEN3_MROPE_SECTIONS.to_vec())),
-    );
-    super::spm_vocab(&mut w, TEXT_N_VOCAB, &QWEN_CONTROL_TOKENS, &["\u{2581}"]);
-    w.set("tokenizer.ggml.add_space_prefix", false);
-    w.set("tokenizer.chat_template", QWEN_CHAT_TEMPLATE);
-
-    let mut vals = Values(StdRng::seed_from_u64(QWEN3_TEXT_SEED));
-    let v = &mut vals;
-    let ty = GgmlType::F32;
-    let (e, f, hd) = (QWEN_TEXT_N_EMBD, QWEN_TEXT_N_FF, QWEN_TEXT_HEAD_DIM);
-    let kv_w = QWEN_TEXT_N_HEAD_KV * hd;
-    matrix(&mut w, v, "token_embd.weight", ty, e, TEXT_N_VOCAB, 0.5);
-    vector(&mut w, v, "output_norm.weight", e, 1.0, 0.1);
-    matrix(&mut w, v, "output.weight", ty, e, TEXT_N_VOCAB, 0.1);
-    for il in 0..QWEN3_TEXT_N_LAYER {
-        let n = |t: &str| format!("blk.{il}.{t}");
-        vector(&mut w, v, &n("attn_norm.weight"), e, 1.0, 0.1);
-        matrix(&mut w, v, &n("attn_q.weight"), ty, e, e, 0.15);
-        matrix(&mut w, v, &n("attn_k.weight"), ty, e, kv_w, 0.15);
-        matrix(&mut w, v, &n("attn_v.weight"), ty, e, kv_w, 0.1);
-        vector(&mut w, v, &n("attn_q_norm.weight"), hd, 1.5, 0.2);
-        vector(&mut w, v, &n("attn_k_norm.weight"), hd, 1.5, 0.2);
-        matrix(&mut w, v, &n("attn_output.weight"), ty, e, e, 0.08);
-        vector(&mut w, v, &n("ffn_norm.weight"), e, 1.0, 0.1);
-        matrix(&mut w, v, &n("ffn_gate.weight"), ty, e, f, 0.08);
-        matrix(&mut w, v, &n("ffn_up.weight"), ty, e, f, 0.08);
-        matrix(&mut w, v, &n("ffn_down.weight"), ty, f, e, 0.06);
-    }
-    w.to_bytes()
+    qwen_text_bytes(&QwenText {
+        arch: "qwen3vl",
+        n_embd: QWEN_TEXT_N_EMBD,
+        n_layer: QWEN3_TEXT_N_LAYER,
+        qwen3: true,
+        deepstack: QWEN3_DEEPSTACK_LAYERS.len(),
+        sections: QWEN3_MROPE_SECTIONS,
+        rope_base: 5_000_000.0,
+        eps: 1e-6,
+        seed: QWEN3_TEXT_SEED,
+    })
 }
 
 /// The Qwen3-VL projector (every tensor F32). Beyond [`qwen_mmproj_bytes`]'s Qwen2-VL
