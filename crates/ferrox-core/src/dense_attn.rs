@@ -35,7 +35,17 @@ pub enum KvPrecision {
     F16,
     /// Kept f32.
     F32,
+    /// Keys, values and queries rounded to f16 and each output accumulated in f16, one key
+    /// at a time: the arithmetic of ggml's one-query flash-attention kernel, which llama.cpp's
+    /// CPU backend runs when an attention has fewer than [`TILED_MIN_QUERIES`] queries (from
+    /// there on, its tiled kernel, which [`KvPrecision::F16`] follows). Scalar only: it is
+    /// for small inputs.
+    F16Accumulated,
 }
+
+/// The fewest queries for which llama.cpp's CPU flash attention takes its tiled kernel
+/// (`GGML_FA_TILE_Q`).
+pub const TILED_MIN_QUERIES: usize = 64;
 
 /// The shape of one dense attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -101,6 +111,7 @@ impl DenseAttention {
         }
         let isa = if isa.is_available() { isa } else { Isa::Scalar };
         match self.kv {
+            KvPrecision::F16Accumulated => self.attend_f16_accumulated(q, k, v, n, out),
             KvPrecision::F16 => {
                 let (kt, vt) = repack(
                     k,
@@ -128,6 +139,49 @@ impl DenseAttention {
                 self.attend_all::<f32>(isa, q, kt, vt, n, out);
             }
         }
+    }
+
+    /// [`KvPrecision::F16Accumulated`]: for each query and head, ggml's online softmax with
+    /// the output held in f16 (`v·w + acc` fused, then rounded; a new maximum scales it,
+    /// rounded), the sum in f32, the output divided by the sum at the end.
+    fn attend_f16_accumulated(&self, q: &[f32], k: &[f32], v: &[f32], n: usize, out: &mut [f32]) {
+        let (heads, hd) = (self.n_head, self.head_dim);
+        let e = heads * hd;
+        let round = |x: f32| f16::from_f32(x).to_f32();
+        let keys: Vec<f32> = k.iter().map(|&x| round(x)).collect();
+        let values: Vec<f32> = v.iter().map(|&x| round(x)).collect();
+        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (t, h) = (i / heads, i % heads);
+            let qh: Vec<f32> = q[t * e + h * hd..][..hd]
+                .iter()
+                .map(|&x| round(x))
+                .collect();
+            let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+            o.fill(0.0);
+            for j in 0..n {
+                let kj = &keys[j * e + h * hd..][..hd];
+                let dot = kj
+                    .iter()
+                    .zip(&qh)
+                    .fold(0.0f32, |acc, (a, b)| a.mul_add(*b, acc));
+                let s = dot * self.scale;
+                let (mut ms, mut vs) = (1.0f32, 1.0f32);
+                if s > max {
+                    ms = (max - s).exp();
+                    max = s;
+                    o.iter_mut().for_each(|x| *x = round(*x * ms));
+                } else {
+                    vs = (s - max).exp();
+                }
+                let vj = &values[j * e + h * hd..][..hd];
+                o.iter_mut()
+                    .zip(vj)
+                    .for_each(|(x, &vv)| *x = round(vv.mul_add(vs, *x)));
+                sum = sum.mul_add(ms, vs);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            o.iter_mut().for_each(|x| *x *= inv);
+        });
     }
 
     fn attend_all<E: Element>(
@@ -724,7 +778,7 @@ mod tests {
         let (heads, hd) = (att.n_head, att.head_dim);
         let e = heads * hd;
         let round = |x: f32| match att.kv {
-            KvPrecision::F16 => f16::from_f32(x).to_f32(),
+            KvPrecision::F16 | KvPrecision::F16Accumulated => f16::from_f32(x).to_f32(),
             KvPrecision::F32 => x,
         };
         let mut out = vec![0f32; n * e];
@@ -819,6 +873,46 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn f16_accumulation_rounds_as_ggmls_one_query_kernel() {
+        let (heads, hd, n) = (2, 40, 23);
+        let e = heads * hd;
+        let (q, k, v) = (
+            values(n * e, 4, 6.0),
+            values(n * e, 5, 6.0),
+            values(n * e, 6, 2.0),
+        );
+        let att = |kv| DenseAttention {
+            n_head: heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            kv,
+        };
+        let mut scratch = DenseScratch::default();
+        let mut acc = vec![0f32; n * e];
+        att(KvPrecision::F16Accumulated).run(&q, &k, &v, n, &mut acc, &mut scratch);
+        let mut tiled = vec![0f32; n * e];
+        att(KvPrecision::F16).run(&q, &k, &v, n, &mut tiled, &mut scratch);
+        // Softmax attention to within f16 roundings, and not the f32-accumulated result.
+        let want = naive(&att(KvPrecision::F16Accumulated), &q, &k, &v, n);
+        let (mut worst, mut differ) = (0f32, 0);
+        for ((a, w), t) in acc.iter().zip(&want).zip(&tiled) {
+            worst = worst.max((a - w).abs());
+            differ += usize::from(a != t);
+        }
+        assert!(worst < 4e-3 && worst > 0.0, "largest difference {worst}");
+        assert!(
+            differ > n * e / 4,
+            "only {differ} outputs differ from f32 accumulation"
+        );
+        // One key: the output is its value rounded to f16, exactly.
+        let mut one = vec![0f32; e];
+        att(KvPrecision::F16Accumulated).run(&q[..e], &k[..e], &v[..e], 1, &mut one, &mut scratch);
+        for (o, x) in one.iter().zip(&v[..e]) {
+            assert_eq!(*o, f16::from_f32(*x).to_f32());
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::layers::linear::{linear, linear_many};
 use crate::layers::norm::{layer_norm_in_place, rms_norm_in_place};
 use crate::scaffold::sized;
 use crate::ModelError;
-use ferrox_core::dense_attn::{DenseAttention, DenseScratch, KvPrecision};
+use ferrox_core::dense_attn::{DenseAttention, DenseScratch, KvPrecision, TILED_MIN_QUERIES};
 use ferrox_core::glu::{geglu, swiglu};
 
 /// How to run a vision encoder.
@@ -484,10 +484,12 @@ impl VisionEncoder {
             n_head: c.n_head,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
-            kv: if self.f32_attention {
-                KvPrecision::F32
-            } else {
-                KvPrecision::F16
+            // llama.cpp's kernel depends on the queries of the whole image (its windows
+            // are a mask over every row).
+            kv: match (self.f32_attention, n < TILED_MIN_QUERIES) {
+                (true, _) => KvPrecision::F32,
+                (false, true) => KvPrecision::F16Accumulated,
+                (false, false) => KvPrecision::F16,
             },
         };
         let attn = sized(&mut s.attn, n * e);
