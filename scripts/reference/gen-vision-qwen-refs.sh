@@ -14,7 +14,10 @@
 #      Qwen3-VL pairs, 16 tokens greedily (f32 K/V cache, flash attention off):
 #      ref/<image>.<qwen25vl|qwen3vl>.greedy.json (the image chunk's M-RoPE positions: t, then
 #      row and column offsets from it);
-#   4. ref/qwen-manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the
+#   4. with llama.cpp's token limits (--image-min-tokens 40 on rgb100x60, --image-max-tokens 12
+#      on rgb200x150), Qwen2.5-VL, flash attention off: ref/rgb100x60.qwen25vl.min40.embd and
+#      ref/rgb200x150.qwen25vl.max12.embd;
+#   5. ref/qwen-manifest.json: llama.cpp's build, the inputs' sha256, the prompt, and the
 #      settings and shape line `embed` printed for each .embd file.
 #   THREADS (default 2) threads.
 set -euo pipefail
@@ -53,6 +56,11 @@ for img in $IMAGES; do
         echo "$img.$proj.greedy.json" >&2
     done
 done
+# Token limits (llama.cpp's --image-min-tokens / --image-max-tokens), Qwen2.5-VL, f32.
+MTMD_REF_IMAGE_MIN_TOKENS=40 "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/qwen25vl.mmproj.gguf" \
+    "$DIR/rgb100x60.png" "$THREADS" "$OUT/rgb100x60.qwen25vl.min40.embd" >> "$WORK/embed.jsonl"
+MTMD_REF_IMAGE_MAX_TOKENS=12 "$BIN" embed "$DIR/qwen2vl.gguf" "$DIR/qwen25vl.mmproj.gguf" \
+    "$DIR/rgb200x150.png" "$THREADS" "$OUT/rgb200x150.qwen25vl.max12.embd" >> "$WORK/embed.jsonl"
 llama_cpp_meta > "$WORK/meta.json"
 vision_manifest "$WORK/meta.json" "$WORK/embed.jsonl" "$WORK/prompt.txt" "$DIR" "$OUT/qwen-manifest.json" '(qwen.*|.*\.png)'
 echo "$OUT/qwen-manifest.json" >&2

@@ -40,7 +40,9 @@
  * results depend on summation order only. greedy's llama_context: n_ctx 512, n_batch = n_ubatch
  * = 512 (the whole image in one batch), f32 K and V cache, flash attention off, llama.cpp's
  * defaults otherwise. MTMD_REF_DEFAULTS=1 instead keeps llama.cpp's defaults for both (flash
- * attention AUTO, f16 K and V cache), as llama-mtmd-cli runs. MTMD_REF_VERBOSE=1 shows
+ * attention AUTO, f16 K and V cache), as llama-mtmd-cli runs. MTMD_REF_IMAGE_MIN_TOKENS=N and
+ * MTMD_REF_IMAGE_MAX_TOKENS=N set the projector's token limits (llama.cpp's --image-min-tokens
+ * and --image-max-tokens; dynamic-size projectors only). MTMD_REF_VERBOSE=1 shows
  * llama.cpp's log on stderr.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -176,6 +178,14 @@ static mtmd_context * load_mmproj(const char * path, const struct llama_model * 
     p.print_timings = false;
     p.n_threads = n_threads;
     p.flash_attn_type = fa_type();
+    const char * lo = getenv("MTMD_REF_IMAGE_MIN_TOKENS");
+    const char * hi = getenv("MTMD_REF_IMAGE_MAX_TOKENS");
+    if (lo) {
+        p.image_min_tokens = atoi(lo);
+    }
+    if (hi) {
+        p.image_max_tokens = atoi(hi);
+    }
     mtmd_context * ctx = mtmd_init_from_file(path, model, p);
     if (!ctx) {
         die("unable to load mmproj %s", path);

@@ -50,6 +50,7 @@ fn main() {
     let options = VisionOptions {
         threads,
         f32_attention,
+        ..VisionOptions::default()
     };
     let encoder = VisionEncoder::open(mmproj, &options).unwrap_or_else(|e| fail(mmproj, &e));
     let bytes = std::fs::read(image).unwrap_or_else(|e| fail(image, &e));

@@ -7,7 +7,7 @@
 
 mod vision_common;
 
-use ferrox_models::vision::ProjectorKind;
+use ferrox_models::vision::{ProjectorKind, VisionEncoder, VisionOptions};
 use vision_common::{encoder, image, max_diff, reference_embd};
 
 /// Width and height, or tokens a row and rows.
@@ -169,4 +169,45 @@ fn qwen3_vl_rows_carry_the_deepstack_features() {
     assert_eq!((prepared.width, prepared.height), (96, 96));
     let prepared = enc.preprocess(&image("rgb200x150")).unwrap();
     assert_eq!((prepared.width, prepared.height), (192, 160));
+}
+
+#[test]
+fn token_limits_resize_as_llama_cpps_flags_do() {
+    // --image-min-tokens 40 scales 100x60 up to 9x5 tokens, --image-max-tokens 12 scales
+    // 200x150 down to 4x3 (ref/*.min40.embd, *.max12.embd).
+    let limited = |min, max| {
+        let options = VisionOptions {
+            threads: 2,
+            f32_attention: true,
+            image_min_tokens: min,
+            image_max_tokens: max,
+        };
+        VisionEncoder::open(vision_common::dir().join("qwen25vl.mmproj.gguf"), &options)
+    };
+    for (min, max, name, grid, reference) in [
+        (
+            Some(40),
+            None,
+            "rgb100x60",
+            (9, 5),
+            "rgb100x60.qwen25vl.min40.embd",
+        ),
+        (
+            None,
+            Some(12),
+            "rgb200x150",
+            (4, 3),
+            "rgb200x150.qwen25vl.max12.embd",
+        ),
+    ] {
+        let enc = limited(min, max).unwrap();
+        let ours = enc.encode(&image(name)).unwrap();
+        assert_eq!((ours.nx, ours.ny), grid, "{name}");
+        let d = max_diff(&ours.data, &reference_embd(reference));
+        assert!(d <= 5e-4, "{name}: {d}");
+    }
+    for (min, max) in [(Some(0), None), (None, Some(0)), (Some(20), Some(10))] {
+        let err = limited(min, max).err().expect("refused");
+        assert!(err.to_string().contains("image token limits"), "{err}");
+    }
 }

@@ -134,6 +134,9 @@ pub struct ServerConfig {
     /// Fetch images given by `http(s)://` URLs (`--allow-remote-images`); otherwise only
     /// `data:` URLs are taken.
     pub allow_remote_images: bool,
+    /// The fewest and most tokens an image may become with a dynamic-size projector
+    /// (`--image-min-tokens` / `--image-max-tokens`); `None`: the projector family's.
+    pub image_tokens: (Option<usize>, Option<usize>),
 }
 
 impl Default for ServerConfig {
@@ -160,6 +163,7 @@ impl Default for ServerConfig {
             pooling: None,
             mmproj: None,
             allow_remote_images: false,
+            image_tokens: (None, None),
         }
     }
 }

@@ -88,7 +88,7 @@ fn vision_encoder(
     let Some(path) = &config.mmproj else {
         return Ok(None);
     };
-    let encoder = open_vision(path, engine)?;
+    let encoder = open_vision(path, engine, config.image_tokens)?;
     tracing::info!(
         "vision projector {} ({}, {} tokens per image)",
         path.display(),
@@ -100,15 +100,19 @@ fn vision_encoder(
 
 /// The vision encoder of an `mmproj` file (`--mmproj`) for `engine`'s model, run with the
 /// engine's threads, its attention in f32 when the engine's cache is (llama.cpp's flash
-/// attention off). The model must take embeddings of the projector's output width.
+/// attention off), `image_tokens` the fewest and most tokens an image may become (dynamic-size
+/// projectors). The model must take embeddings of the projector's output width.
 pub fn open_vision(
     path: &std::path::Path,
     engine: &AnyEngine,
+    (image_min_tokens, image_max_tokens): (Option<usize>, Option<usize>),
 ) -> anyhow::Result<ferrox_models::vision::VisionEncoder> {
     use ferrox_models::vision::{VisionEncoder, VisionOptions};
     let options = VisionOptions {
         threads: engine.threads(),
         f32_attention: engine.memory_spec().storage == ferrox_core::KvStorage::F32,
+        image_min_tokens,
+        image_max_tokens,
     };
     let encoder = VisionEncoder::open(path, &options)
         .with_context(|| format!("--mmproj {}", path.display()))?;

@@ -45,6 +45,8 @@ pub struct Args {
     /// to the next message.
     #[arg(long = "mmproj", value_name = "FILE")]
     pub mmproj: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub image_tokens: model::ImageTokenArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -100,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         messages.push(ChatMessage::new("system", system));
     }
     let vision = match &args.mmproj {
-        Some(path) => Some(model::open_vision(path, decoder)?),
+        Some(path) => Some(model::open_vision(path, decoder, &args.image_tokens)?),
         None => None,
     };
     // The images of the conversation, in the order of their markers in it, and those

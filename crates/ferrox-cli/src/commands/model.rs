@@ -285,13 +285,42 @@ fn with_load_progress<T>(gguf: &Gguf, name: &str, total: u64, load: impl FnOnce(
     out
 }
 
+/// How many tokens an image may become with a projector that takes images at their own size
+/// (Qwen-VL), as llama.cpp's flags say it.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct ImageTokenArgs {
+    /// The fewest tokens an image may become (dynamic-size projectors; default: the
+    /// projector family's, 8 for Qwen-VL). Qwen-VL grounds better from 1024.
+    #[arg(
+        long = "image-min-tokens",
+        value_name = "N",
+        env = "FERROX_IMAGE_MIN_TOKENS"
+    )]
+    pub min: Option<usize>,
+    /// The most tokens an image may become (default: the family's, 4096 for Qwen-VL).
+    #[arg(
+        long = "image-max-tokens",
+        value_name = "N",
+        env = "FERROX_IMAGE_MAX_TOKENS"
+    )]
+    pub max: Option<usize>,
+}
+
+impl ImageTokenArgs {
+    pub fn limits(&self) -> (Option<usize>, Option<usize>) {
+        (self.min, self.max)
+    }
+}
+
 /// The vision projector of `--mmproj FILE` for the loaded model (`ferrox_server::open_vision`:
 /// the server's checks); a file that cannot feed the model is an input error.
 pub fn open_vision(
     path: &std::path::Path,
     engine: &AnyEngine,
+    tokens: &ImageTokenArgs,
 ) -> anyhow::Result<ferrox_models::vision::VisionEncoder> {
-    ferrox_server::open_vision(path, engine).map_err(|e| super::InputError(format!("{e:#}")).into())
+    ferrox_server::open_vision(path, engine, tokens.limits())
+        .map_err(|e| super::InputError(format!("{e:#}")).into())
 }
 
 /// An image file decoded and encoded for a prompt; a file that cannot be read or decoded is

@@ -79,6 +79,8 @@ pub struct VisionArgs {
     /// With -hf: do not fetch the repository's vision projector.
     #[arg(long = "no-mmproj")]
     pub no_mmproj: bool,
+    #[command(flatten)]
+    pub image_tokens: super::model::ImageTokenArgs,
 }
 
 impl VisionArgs {
@@ -106,7 +108,7 @@ impl VisionArgs {
             )
             .into());
         };
-        let encoder = model::open_vision(&path, engine)?;
+        let encoder = model::open_vision(&path, engine, &self.image_tokens)?;
         self.images
             .iter()
             .map(|p| model::encode_image_file(&encoder, p))

@@ -99,6 +99,8 @@ pub struct Args {
     /// any client make this machine open connections to any address it can reach
     #[arg(long = "allow-remote-images", env = "FERROX_ALLOW_REMOTE_IMAGES")]
     pub allow_remote_images: bool,
+    #[command(flatten)]
+    pub image_tokens: super::model::ImageTokenArgs,
     /// How a text's token embeddings are pooled: none, mean, cls, last, or rank (a
     /// reranker's classification head; default: the file's `pooling_type`, none without one).
     #[arg(long, value_name = "TYPE", value_parser = pooling)]
@@ -233,6 +235,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let config = ServerConfig {
         mmproj,
         allow_remote_images: args.allow_remote_images,
+        image_tokens: args.image_tokens.limits(),
         speculation,
         cors_origins,
         embeddings: args.embeddings || args.reranking,

@@ -307,6 +307,39 @@ impl ClipConfig {
         })
     }
 
+    /// Sets a dynamic-size encoder's token limits (llama.cpp's `--image-min-tokens` /
+    /// `--image-max-tokens`), each `None` keeping the family's; fixed-size encoders ignore
+    /// them, as llama.cpp does. A minimum above the maximum, or 0, is refused.
+    pub fn limit_image_tokens(
+        &mut self,
+        min: Option<usize>,
+        max: Option<usize>,
+    ) -> Result<(), ModelError> {
+        let Some(d) = &mut self.dynamic else {
+            return Ok(());
+        };
+        if min == Some(0) || max == Some(0) {
+            return Err(ModelError::Config(
+                "image token limits must be positive".into(),
+            ));
+        }
+        if let (Some(lo), Some(hi)) = (min, max) {
+            if lo > hi {
+                return Err(ModelError::Config(format!(
+                    "image token limits: a minimum of {lo} above a maximum of {hi}"
+                )));
+            }
+        }
+        let area = d.align.saturating_mul(d.align);
+        let max_pixels = max.map_or(d.max_pixels, |n| {
+            n.saturating_mul(area).min(MAX_DYNAMIC_PIXELS)
+        });
+        let min_pixels = min.map_or(d.min_pixels, |n| n.saturating_mul(area));
+        d.max_pixels = max_pixels;
+        d.min_pixels = min_pixels.min(max_pixels);
+        Ok(())
+    }
+
     /// The encoder's input size for an image of `width × height`: the fixed square, or for
     /// dynamic-size encoders the aspect-keeping aligned size within the pixel limits,
     /// computed in f32 as llama.cpp does.

@@ -48,6 +48,11 @@ pub struct VisionOptions {
     pub threads: usize,
     /// Attention with f32 keys and values (llama.cpp's `--flash-attn off`) instead of f16.
     pub f32_attention: bool,
+    /// The fewest and the most tokens an image may become, for encoders that take images at
+    /// their own size (llama.cpp's `--image-min-tokens` / `--image-max-tokens`); `None`:
+    /// the family's defaults (Qwen-VL: 8 and 4096).
+    pub image_min_tokens: Option<usize>,
+    pub image_max_tokens: Option<usize>,
 }
 
 /// One image's embeddings: `n_tokens` rows of the language model's width, a grid of `nx`
@@ -177,7 +182,8 @@ impl VisionEncoder {
     }
 
     pub fn load(gguf: Arc<Gguf>, options: &VisionOptions) -> Result<VisionEncoder, ModelError> {
-        let config = ClipConfig::read(&gguf.metadata())?;
+        let mut config = ClipConfig::read(&gguf.metadata())?;
+        config.limit_image_tokens(options.image_min_tokens, options.image_max_tokens)?;
         let weights = VisionWeights::load(&gguf, &config)?;
         if config.ffn_act == VisionFfnAct::GeluQuick
             && weights.layers.iter().any(|l| l.gate.is_some())

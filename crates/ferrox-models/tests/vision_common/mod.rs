@@ -29,6 +29,7 @@ pub fn encoder(mmproj: &str, f32_attention: bool) -> VisionEncoder {
     let options = VisionOptions {
         threads: 2,
         f32_attention,
+        ..VisionOptions::default()
     };
     VisionEncoder::open(dir().join(mmproj), &options).unwrap()
 }
