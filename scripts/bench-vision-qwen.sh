@@ -13,13 +13,20 @@
 # `encode_image` (ferrox-models example) against `mtmd-ref embed` with MTMD_REF_REPEAT
 # (llama.cpp's mtmd_encode_chunk): both load the projector, encode once to warm up and time
 # RUNS encodes of the preprocessed image; attention as each engine defaults (f16 K/V) and
-# with f32 K/V (llama.cpp: flash attention off). The engines alternate within each of REPS
+# with f32 K/V (llama.cpp: flash attention off). Time to first token: `ferrox serve --mmproj`
+# against `llama-server --mmproj` (each with its default attention), streamed chat requests
+# holding one 896x896 PNG (a different one each time) and a short text, max_tokens 1, TTFT_REPS
+# (default 4) alternated requests after a warm-up each. The text model is 2048 wide and one
+# layer deep: the time is the image's (decode, encode, 1024 image tokens prefilled).
+# The engines alternate within each of REPS
 # repetitions (default 3); medians are reported. THREADS (default 2) both sides. OUT
 # (default docs/BENCHMARKS-VISION-QWEN.md) is the report, the raw measurements $OUT.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export THREADS="${THREADS:-2}" REPS="${REPS:-3}" RUNS="${RUNS:-2}" LAYERS="${LAYERS:-8}"
 export SIZES="${SIZES:-224 448 896}" OUT="${OUT:-docs/BENCHMARKS-VISION-QWEN.md}"
+export TTFT_REPS="${TTFT_REPS:-4}" LLAMA_CPP_BUILD="${LLAMA_CPP_BUILD:-/work/ref/build}"
+cargo build --release -p ferrox-cli >&2
 cargo build --release -p ferrox-models --example write_synthetic --example encode_image >&2
 export MTMD_REF="$(scripts/reference/build.sh mtmd-ref)"
 export WORK="$(mktemp -d)"
@@ -28,8 +35,13 @@ trap 'rm -rf "$WORK"' EXIT
 target/release/examples/write_synthetic "$WORK" --vision-bench-qwen "$LAYERS" $SIZES >&2
 export REV="$(git rev-parse --short HEAD)"
 python3 - <<'PY'
-import datetime, json, os, statistics, subprocess, sys
+import datetime, importlib.util, json, os, statistics, subprocess, sys
 import numpy as np
+
+# The time-to-first-token request and health wait of the Gemma benchmark.
+_spec = importlib.util.spec_from_file_location("bench_vision", "scripts/bench-vision.py")
+bench_vision = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_vision)
 
 E = os.environ
 WORK, OUT, THREADS = E["WORK"], E["OUT"], E["THREADS"]
@@ -70,6 +82,30 @@ for size in SIZES:
         r["max_diff"], r["max_abs"] = float(np.abs(a - b).max()), float(np.abs(b).max())
         res[f"{size}/{key}"] = r
 
+ports = {"ferrox": 18441, "llama": 18442}
+cmds = {
+    "ferrox": ["target/release/ferrox", "serve", "-m", TEXT, "--mmproj", MM, "-t", THREADS, "-c", "4096",
+               "--parallel", "1", "--port", str(ports["ferrox"]), "--no-auth", "--body-limit", "16"],
+    "llama": [os.path.join(E["LLAMA_CPP_BUILD"], "bin", "llama-server"), "-m", TEXT, "--mmproj", MM, "-t", THREADS,
+              "-c", "4096", "-np", "1", "--port", str(ports["llama"]), "--no-webui"],
+}
+procs, ttft = {}, {"ferrox": [], "llama": []}
+try:
+    for name, cmd in cmds.items():
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{WORK}/{name}.log", "w"))
+        bench_vision.wait_health(ports[name], procs[name], name)
+        bench_vision.ttft(ports[name], f"{WORK}/ttft0.png")  # warm-up, not counted
+    for rep in range(int(E["TTFT_REPS"])):
+        for name in (["ferrox", "llama"] if rep % 2 == 0 else ["llama", "ferrox"]):
+            ms, _ = bench_vision.ttft(ports[name], f"{WORK}/ttft{1 + rep % 7}.png")
+            ttft[name].append(ms)
+            print(f"ttft rep {rep} {name}: {ms:.0f} ms", file=sys.stderr, flush=True)
+finally:
+    for p in procs.values():
+        p.terminate()
+        p.wait(timeout=30)
+res["ttft"] = ttft
+
 json.dump(res, open(OUT + ".json", "w"), indent=1)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 lines = [
@@ -100,7 +136,14 @@ for size in SIZES:
         lines.append(f"| {size} px | {r['tokens']} | {label} | {f:.0f} | {l:.0f} | {l / f:.2f}x | "
                      f"{f * 32 / LAYERS:.0f} | {r['max_diff']:.1e} (values up to {r['max_abs']:.1f}) |")
 lines += ["", "The largest difference is between the two engines' embeddings of the last timed encode, "
-          "same settings."]
+          "same settings.", "", "## Time to first token", "",
+          f"`ferrox serve --mmproj` against `llama-server --mmproj`, each with its default attention: streamed "
+          f"chat requests holding one 896x896 PNG (1024 image tokens; a different image each time) and a short "
+          f"text, max_tokens 1; {len(ttft['ferrox'])} requests each after a warm-up, alternated. The text model "
+          f"is 2048 wide and one layer deep, so the time is the image's: decoding, encoding, its tokens prefilled.",
+          "", "| ferrox ms | llama-server ms | ratio |", "|---|---|---|",
+          f"| {statistics.median(ttft['ferrox']):.0f} | {statistics.median(ttft['llama']):.0f} | "
+          f"{statistics.median(ttft['llama']) / statistics.median(ttft['ferrox']):.2f}x |"]
 open(OUT, "w").write("\n".join(lines) + "\n")
 print(OUT, file=sys.stderr)
 PY

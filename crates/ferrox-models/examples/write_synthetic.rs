@@ -32,7 +32,7 @@
 //! `--vision-bench-qwen OUT_DIR [LAYERS [SIZE...]]` writes the Qwen2.5-VL benchmark files:
 //! `qwen25vl-bench.gguf` (a 2048-wide `qwen2vl` text model of one layer, for the width),
 //! `qwen25vl-bench-l<LAYERS>.mmproj.gguf` (`synthetic::vision::qwen25vl_bench_shape`, default
-//! 8 layers) and the images `bench<SIZE>.png`.
+//! 8 layers), the images `bench<SIZE>.png` and 896-pixel `ttft<I>.png`.
 //! `--vision-bench OUT_DIR [LAYERS [SIZE...]]` writes the Gemma 3 benchmark files of
 //! `synthetic::vision` for `scripts/bench-vision.sh`: `gemma3-bench.gguf` (text model),
 //! `gemma3-bench-<SIZE>-l<LAYERS>.mmproj.gguf` (F16 projectors, LAYERS default 4, SIZE each of
@@ -296,6 +296,9 @@ fn write_vision_bench_qwen(dir: &std::path::Path, layers: usize, sizes: &[usize]
     ];
     for &size in sizes {
         files.push((format!("bench{size}.png"), vision::bench_image_png(size, 0)));
+    }
+    for i in 0..TTFT_IMAGES {
+        files.push((format!("ttft{i}.png"), vision::bench_image_png(896, i + 1)));
     }
     write_files(dir, files);
 }

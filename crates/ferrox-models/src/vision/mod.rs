@@ -9,7 +9,8 @@
 //!
 //! Two families: Gemma 3 (a fixed square input, learned positions, pooling) and Qwen-VL
 //! (the image at about its own size, 2D RoPE over patch rows and columns, 2x2 patches
-//! merged; Qwen2.5-VL attends within windows of merged tokens in most layers). The patches
+//! merged; Qwen2.5-VL attends within windows of merged tokens in most layers, Qwen3-VL adds
+//! learned positions resized to the image and deepstack features beside the tokens). The patches
 //! are kept in the order llama.cpp's graph holds them (merged blocks together, windows
 //! together), so that a window is a contiguous run of rows and a merged token four
 //! consecutive rows; the output comes back in raster order.
