@@ -292,6 +292,12 @@ pub trait Engine: Send + Sync + Any {
         false
     }
 
+    /// Whether given rows may attend to each other both ways
+    /// ([`InputEmbeddings::bidirectional`]).
+    fn accepts_bidirectional(&self) -> bool {
+        false
+    }
+
     /// The width of a given row ([`InputEmbeddings::rows`]): [`Engine::embedding_size`],
     /// or wider for models that take more than the input with it (Qwen3-VL's deepstack
     /// features).

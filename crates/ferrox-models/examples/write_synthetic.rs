@@ -244,6 +244,16 @@ fn write_vision(dir: &std::path::Path) {
         "qwen3vl.mmproj.gguf".to_string(),
         vision::qwen3vl_mmproj_bytes(),
     ));
+    files.push(("kimi.gguf".to_string(), vision::kimi_text_bytes()));
+    for (name, kind) in [
+        ("kimivl", vision::KimiVision::KimiVl),
+        ("kimik25", vision::KimiVision::KimiK25),
+    ] {
+        files.push((
+            format!("{name}.mmproj.gguf"),
+            vision::kimi_mmproj_bytes(kind),
+        ));
+    }
     for image in vision::test_images()
         .into_iter()
         .chain(vision::qwen_extra_images())

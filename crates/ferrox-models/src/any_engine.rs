@@ -66,6 +66,10 @@ impl Engine for AnyEngine {
         self.0.accepts_image_grids()
     }
 
+    fn accepts_bidirectional(&self) -> bool {
+        self.0.accepts_bidirectional()
+    }
+
     fn input_embedding_size(&self) -> usize {
         self.0.input_embedding_size()
     }

@@ -66,7 +66,7 @@ pub fn layout(
     (n_vocab, n_embd, input_width): (usize, usize, usize),
     logits: &mut [&mut Vec<f32>],
     rows: &mut Vec<Row>,
-    (takes_embeddings, takes_grids, embeddings): (bool, bool, &mut Vec<f32>),
+    (takes, embeddings): (InputKinds, &mut Vec<f32>),
 ) -> Result<(), EngineError> {
     rows.clear();
     embeddings.clear();
@@ -91,12 +91,7 @@ pub fn layout(
             });
         }
         let given = match input.embeddings {
-            Some(e) => Some(check_embeddings(
-                e,
-                input.tokens.len(),
-                input_width,
-                (takes_embeddings, takes_grids),
-            )?),
+            Some(e) => Some(check_embeddings(e, input.tokens.len(), input_width, takes)?),
             None => None,
         };
         let rope_start = start
@@ -162,20 +157,35 @@ pub fn layout(
     Ok(())
 }
 
+/// What given rows an engine takes in place of tokens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InputKinds {
+    pub embeddings: bool,
+    /// Image grids placed by M-RoPE.
+    pub grids: bool,
+    /// Rows attending to each other both ways.
+    pub bidirectional: bool,
+}
+
 /// Checks a sequence's given embeddings; returns whether they are bidirectional.
 fn check_embeddings(
     e: crate::engine::InputEmbeddings<'_>,
     n_tokens: usize,
     n_embd: usize,
-    (takes_embeddings, takes_grids): (bool, bool),
+    takes: InputKinds,
 ) -> Result<bool, EngineError> {
-    if !takes_embeddings {
+    if !takes.embeddings {
         return Err(EngineError::State(
             "this engine takes tokens only, not embeddings in their place".into(),
         ));
     }
+    if e.bidirectional && !takes.bidirectional {
+        return Err(EngineError::State(
+            "rows attending both ways: this engine's attention is causal only".into(),
+        ));
+    }
     if let Some(g) = e.grid {
-        if !takes_grids {
+        if !takes.grids {
             return Err(EngineError::State(
                 "an image grid placed by M-RoPE: this model's RoPE has no M-RoPE sections".into(),
             ));
@@ -374,8 +384,13 @@ pub trait EngineBody: Send + Sync + 'static {
     }
 
     /// Whether rows may come as given embeddings ([`Row::embedding`], handed to
-    /// [`micro_batch`](Self::micro_batch)) and attend bidirectionally ([`Row::attend_end`]).
+    /// [`micro_batch`](Self::micro_batch)).
     fn takes_embeddings(&self) -> bool {
+        false
+    }
+
+    /// Whether given rows may attend bidirectionally ([`Row::attend_end`]).
+    fn takes_bidirectional(&self) -> bool {
         false
     }
 
@@ -497,6 +512,10 @@ macro_rules! engine_from_body {
                     EngineBody::takes_image_grids(self)
                 }
 
+                fn accepts_bidirectional(&self) -> bool {
+                    EngineBody::takes_bidirectional(self)
+                }
+
                 fn input_embedding_size(&self) -> usize {
                     EngineBody::input_width(self)
                 }
@@ -558,11 +577,12 @@ macro_rules! engine_from_body {
                         self.runtime().n_embd,
                         EngineBody::input_width(self),
                     );
-                    let given = (
-                        EngineBody::takes_embeddings(self),
-                        EngineBody::takes_image_grids(self),
-                        &mut *embeddings,
-                    );
+                    let takes = $crate::scaffold::InputKinds {
+                        embeddings: EngineBody::takes_embeddings(self),
+                        grids: EngineBody::takes_image_grids(self),
+                        bidirectional: EngineBody::takes_bidirectional(self),
+                    };
+                    let given = (takes, &mut *embeddings);
                     layout(memory, seqs, widths, logits, rows, given)?;
                     let checkpoints = self.checkpoints();
                     let block = memory.block_tokens();
@@ -683,15 +703,16 @@ pub struct Residual {
 }
 
 impl Residual {
-    /// Starts the stream from the rows' token embeddings (times `scale`, if any).
+    /// Starts the stream from the rows' token embeddings, or the step's `given` rows for
+    /// rows that have one.
     pub fn embed(
         &mut self,
         rows: &[Row],
         embd: &WeightMatrix<'_>,
-        scale: Option<f32>,
+        given: &[f32],
     ) -> Result<(), EngineError> {
         let x = sized(&mut self.x, rows.len() * embd.cols());
-        embed(rows, embd, scale, &[], x)
+        embed(rows, embd, None, given, x)
     }
 
     /// One pre-norm sublayer: `x += f(rms_norm(x; norm))`, `f` writing its output into the

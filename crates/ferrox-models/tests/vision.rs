@@ -366,8 +366,19 @@ fn check_qwen_greedy(
     rows: impl Fn(&VisionEncoder, &str) -> Arc<EncodedImage>,
     bar: f64,
 ) {
+    assert!(text_model_of(model).0.accepts_image_grids());
+    check_pair_greedy((model, projector), QWEN_PROMPT, rows, bar);
+}
+
+/// Each image of [`QWEN_IMAGES`] through the `(text model, projector)` pair after `prompt`:
+/// the greedy continuation against libllama's (`<image>.<projector>.greedy.json`).
+fn check_pair_greedy(
+    (model, projector): (&str, &str),
+    prompt: &str,
+    rows: impl Fn(&VisionEncoder, &str) -> Arc<EncodedImage>,
+    bar: f64,
+) {
     let (engine, tok) = text_model_of(model);
-    assert!(engine.accepts_image_grids());
     let enc = encoder(&format!("{projector}.mmproj.gguf"), true);
     assert_eq!(engine.input_embedding_size(), enc.output_width());
     for name in QWEN_IMAGES {
@@ -375,7 +386,7 @@ fn check_qwen_greedy(
         let path = dir().join("ref").join(file);
         let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let want = r["generated"].as_array().unwrap().len();
-        let g = greedy_with(&engine, &tok, QWEN_PROMPT, vec![rows(&enc, name)], want);
+        let g = greedy_with(&engine, &tok, prompt, vec![rows(&enc, name)], want);
         check_against(&format!("{name} ({projector})"), &r, &g, bar);
     }
 }
@@ -453,4 +464,56 @@ fn qwen_vl_image_positions_are_what_makes_the_match() {
         .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)
         .unwrap_err();
     assert!(err.to_string().contains("M-RoPE"), "{err}");
+}
+
+const KIMI_PROMPT: &str = "<|im_user|>user<|im_middle|><__media__>Describe this image.\
+<|im_end|><|im_assistant|>assistant<|im_middle|>";
+
+#[test]
+fn kimi_greedy_continuations_match_llama_cpp() {
+    // The deepseek2 (MLA) text model takes the image rows at plain positions, causally:
+    // ids equal to libllama's after every image (f32 cache, flash attention off) through
+    // both Kimi projectors; the top-5 log-probabilities carry our embeddings' differences
+    // (up to 7e-4, ggml's f16 GELU table flipping).
+    let (engine, _) = text_model_of("kimi.gguf");
+    assert!(engine.accepts_embeddings() && !engine.accepts_image_grids());
+    for projector in ["kimivl", "kimik25"] {
+        let ours = |enc: &VisionEncoder, name: &str| encoded(enc, name, false);
+        check_pair_greedy(("kimi.gguf", projector), KIMI_PROMPT, ours, 2e-3);
+    }
+}
+
+#[test]
+fn the_mla_model_takes_llama_cpps_image_embeddings_as_libllama_does() {
+    // llama.cpp's own embeddings in: the language model's side alone.
+    for projector in ["kimivl", "kimik25"] {
+        let own = |enc: &VisionEncoder, name: &str| {
+            let rows = reference_embd(&format!("{name}.{projector}.f32.embd"));
+            let n = rows.len() / enc.output_width();
+            Arc::new(EncodedImage::new(rows, n, false, enc.markers()))
+        };
+        check_pair_greedy(("kimi.gguf", projector), KIMI_PROMPT, own, 2e-5);
+    }
+}
+
+#[test]
+fn causal_engines_refuse_rows_that_attend_both_ways() {
+    // The MLA engine's attention is causal only: Gemma 3's bidirectional image rows are
+    // refused by name rather than attended causally.
+    let (engine, _) = text_model_of("kimi.gguf");
+    assert!(!engine.accepts_bidirectional());
+    let mut state = engine.new_state().unwrap();
+    let rows = vec![0.0f32; 4 * 128];
+    let e = ferrox_models::engine::InputEmbeddings {
+        rows: &rows,
+        bidirectional: true,
+        grid: None,
+        grid_first: 0,
+    };
+    let err = engine
+        .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains("both ways"), "{err}");
+    let (gemma, _) = text_model();
+    assert!(gemma.accepts_bidirectional());
 }

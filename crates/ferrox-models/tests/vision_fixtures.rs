@@ -1,4 +1,4 @@
-//! The Gemma 3 image-input fixtures in `fixtures/vision/` (text model, F32 and F16 projectors,
+//! The image-input fixtures in `fixtures/vision/` (text models, projectors,
 //! test images) are exactly what `synthetic::vision` generates, so that the files llama.cpp's
 //! reference outputs were computed from and the generator cannot drift apart. Regenerate them
 //! with `cargo run -p ferrox-models --example write_synthetic -- fixtures/vision --vision`
@@ -96,4 +96,20 @@ fn reference_embeddings_have_the_projector_shape() {
             );
         }
     }
+}
+
+#[test]
+fn kimi_files_match_generator() {
+    let text = vision::kimi_text_bytes();
+    assert_same("kimi.gguf", &text);
+    let gguf = Gguf::from_bytes(text).expect("parses");
+    assert_eq!(gguf.metadata().architecture().unwrap(), "deepseek2");
+    assert_same(
+        "kimivl.mmproj.gguf",
+        &vision::kimi_mmproj_bytes(vision::KimiVision::KimiVl),
+    );
+    assert_same(
+        "kimik25.mmproj.gguf",
+        &vision::kimi_mmproj_bytes(vision::KimiVision::KimiK25),
+    );
 }

@@ -114,11 +114,20 @@ pub fn open_vision(
         image_min_tokens,
         image_max_tokens,
     };
-    let encoder = VisionEncoder::open(path, &options)
+    let mut encoder = VisionEncoder::open(path, &options)
         .with_context(|| format!("--mmproj {}", path.display()))?;
+    encoder.fit_markers_to(engine.gguf());
     if !engine.accepts_embeddings() {
         bail!(
             "--mmproj: the {} engine does not take image embeddings",
+            engine.architecture()
+        );
+    }
+    if encoder.bidirectional() && !engine.accepts_bidirectional() {
+        bail!(
+            "--mmproj {}: the {} projector's image tokens attend to each other both ways, which the {} engine's attention does not do: not this model's projector",
+            path.display(),
+            encoder.config().projector.name(),
             engine.architecture()
         );
     }

@@ -366,6 +366,10 @@ impl scaffold::EngineBody for Decoder {
         true
     }
 
+    fn takes_bidirectional(&self) -> bool {
+        true
+    }
+
     fn takes_image_grids(&self) -> bool {
         self.config.layers.iter().all(|l| l.rope.mrope.is_some())
     }

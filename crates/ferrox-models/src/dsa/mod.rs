@@ -150,7 +150,7 @@ impl scaffold::EngineBody for DsaEngine {
         let c = &self.config;
         let (n, eps, gguf) = (rows.len(), c.mla.norm_eps, &*self.rt.gguf);
         s.residual
-            .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
+            .embed(rows, &self.weights.token_embd.view(gguf)?, &[])?;
         // Selecting grows nothing once these hold the largest context and this many rows.
         s.indexer.reserve(self.rt.n_ctx, c.indexer.top_k);
         s.selection.reserve(n, c.indexer.top_k.min(self.rt.n_ctx));

@@ -511,7 +511,7 @@ impl Engine for Encoder {
             (widths.0, widths.1, widths.1),
             out,
             rows,
-            (false, false, embeddings),
+            (scaffold::InputKinds::default(), embeddings),
         )?;
         self.check(memory, seqs)?;
         self.rt.pool.install(|| {

@@ -172,7 +172,7 @@ impl MlaEngine {
     /// One micro-batch of rows through every layer, then the output head.
     fn run_layers(
         &self,
-        rows: &[Row],
+        (rows, embeddings): (&[Row], &[f32]),
         memory: &mut StepMemory<'_>,
         seq_logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
@@ -180,13 +180,13 @@ impl MlaEngine {
         let c = &self.config;
         let gguf = &*self.rt.gguf;
         s.residual
-            .embed(rows, &self.weights.token_embd.view(gguf)?, None)?;
+            .embed(rows, &self.weights.token_embd.view(gguf)?, embeddings)?;
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let (residual, mut buffers) = s.layer_buffers(false);
             self.layer(lw, &c.ffn[il], il, rows, memory, residual, &mut buffers)?;
         }
         if let Some(mtp) = &self.weights.mtp {
-            self.mtp_follow(mtp, rows, memory, s)?;
+            self.mtp_follow(mtp, (rows, embeddings), memory, s)?;
         }
         scaffold::advance(memory, rows);
         let head = OutputHead {
@@ -205,7 +205,7 @@ impl MlaEngine {
     fn mtp_follow(
         &self,
         mtp: &MtpBlock,
-        rows: &[Row],
+        (rows, embeddings): (&[Row], &[f32]),
         memory: &mut StepMemory<'_>,
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
@@ -244,18 +244,18 @@ impl MlaEngine {
         for (t, r) in pairs.iter().enumerate() {
             read_hidden(memory, r.seq, r.pos, &mut h[t * e..(t + 1) * e]);
         }
-        let result = self.mtp_rows(mtp, &pairs, memory, s);
+        let result = self.mtp_rows(mtp, (&pairs, embeddings), memory, s);
         s.mtp.rows = pairs;
         result
     }
 
-    /// The multi-token-prediction block over `rows` (each the token after its position)
-    /// with the final states in `s.mtp.h`: its latent rows written, its output in
-    /// `s.mtp.residual`.
+    /// The multi-token-prediction block over `rows` (each the token after its position, or
+    /// the given embedding that stood in for it) with the final states in `s.mtp.h`: its
+    /// latent rows written, its output in `s.mtp.residual`.
     fn mtp_rows(
         &self,
         mtp: &MtpBlock,
-        rows: &[Row],
+        (rows, embeddings): (&[Row], &[f32]),
         memory: &mut StepMemory<'_>,
         s: &mut Scratch,
     ) -> Result<(), EngineError> {
@@ -266,7 +266,7 @@ impl MlaEngine {
         }
         let embd = mtp.embd.as_ref().unwrap_or(&self.weights.token_embd);
         let embedded = sized(&mut s.mtp.embedded, n * e);
-        scaffold::embed(rows, &embd.view(gguf)?, None, &[], embedded)?;
+        scaffold::embed(rows, &embd.view(gguf)?, None, embeddings, embedded)?;
         let joined = sized(&mut s.mtp.joined, 2 * n * e);
         for t in 0..n {
             let (en, hn) = joined[2 * t * e..2 * (t + 1) * e].split_at_mut(e);
@@ -344,6 +344,10 @@ impl scaffold::EngineBody for MlaEngine {
         spec
     }
 
+    fn takes_embeddings(&self) -> bool {
+        true
+    }
+
     fn has_mtp(&self) -> bool {
         self.weights.mtp.is_some()
     }
@@ -393,7 +397,7 @@ impl scaffold::EngineBody for MlaEngine {
                     attend_end: pos + i,
                     rope: crate::layers::rope::RopePos::at(pos - 1 + i),
                 }];
-                self.mtp_rows(mtp, &row, memory, s)?;
+                self.mtp_rows(mtp, (&row, &[]), memory, s)?;
                 let x = &s.mtp.residual.x()[..e];
                 // The next input is the block's normed output.
                 crate::layers::norm::rms_norm(x, &mtp.head_norm, head.eps, &mut s.mtp.h[..e]);
@@ -413,11 +417,11 @@ impl scaffold::EngineBody for MlaEngine {
     fn micro_batch(
         &self,
         rows: &[Row],
-        _embeddings: &[f32],
+        embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
-        self.run_layers(rows, memory, logits, buffers)
+        self.run_layers((rows, embeddings), memory, logits, buffers)
     }
 }

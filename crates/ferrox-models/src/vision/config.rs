@@ -21,14 +21,23 @@ pub enum ProjectorKind {
     /// image, a fused QKV and "deepstack" mergers after some layers whose outputs go
     /// beside the main projection (the language model adds them after its first layers).
     Qwen3Vl,
+    /// Kimi-VL (MoonViT): a ViT over the image at its own size (learned positions resized
+    /// to it, 2D RoPE over the halves of each head, LayerNorm), `n_merge x n_merge` patches
+    /// LayerNormed, merged and projected by a two-layer MLP; tokens in plain positions.
+    KimiVl,
+    /// Kimi-K2.5 (MoonViT3d, also GLM-5.2-V's): Kimi-VL's encoder with a fused QKV and the
+    /// positions resized bicubically from a grid of their own width and height.
+    KimiK25,
 }
 
 impl ProjectorKind {
-    const ALL: [ProjectorKind; 4] = [
+    const ALL: [ProjectorKind; 6] = [
         ProjectorKind::Gemma3,
         ProjectorKind::Qwen2Vl,
         ProjectorKind::Qwen25Vl,
         ProjectorKind::Qwen3Vl,
+        ProjectorKind::KimiVl,
+        ProjectorKind::KimiK25,
     ];
 
     fn from_name(name: &str) -> Option<ProjectorKind> {
@@ -41,17 +50,30 @@ impl ProjectorKind {
             ProjectorKind::Qwen2Vl => "qwen2vl_merger",
             ProjectorKind::Qwen25Vl => "qwen2.5vl_merger",
             ProjectorKind::Qwen3Vl => "qwen3vl_merger",
+            ProjectorKind::KimiVl => "kimivl",
+            ProjectorKind::KimiK25 => "kimik25",
         }
     }
 
-    /// Whether the encoder takes the image at (about) its own size, as a grid of merged
-    /// patches whose rows the language model places by M-RoPE (the Qwen-VL family), rather
-    /// than fitted into a fixed square.
-    pub fn dynamic_size(self) -> bool {
+    /// The Qwen-VL family: two temporal patch kernels, 2x2 merging in blocks, tokens placed
+    /// by M-RoPE.
+    pub fn qwen(self) -> bool {
         matches!(
             self,
             ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl
         )
+    }
+
+    /// The Kimi family (MoonViT): raster patches, 2D RoPE over head halves, merged patches
+    /// LayerNormed and projected.
+    pub fn kimi(self) -> bool {
+        matches!(self, ProjectorKind::KimiVl | ProjectorKind::KimiK25)
+    }
+
+    /// Whether the encoder takes the image at (about) its own size, as a grid of merged
+    /// patches (the Qwen-VL and Kimi families), rather than fitted into a fixed square.
+    pub fn dynamic_size(self) -> bool {
+        self.qwen() || self.kimi()
     }
 }
 
@@ -70,11 +92,18 @@ pub struct DynamicSize {
     pub align: usize,
     pub min_pixels: usize,
     pub max_pixels: usize,
+    /// Whether `--image-min-tokens` / `--image-max-tokens` apply: llama.cpp ignores them
+    /// for a Kimi-K2.5 file that states its own pixel limits.
+    pub adjustable: bool,
 }
 
-/// Qwen-VL's image-token limits (llama.cpp's defaults from Qwen2.5-VL's preprocessor).
-const QWEN_MIN_TOKENS: usize = 8;
-const QWEN_MAX_TOKENS: usize = 4096;
+/// Image-token limits by family, llama.cpp's: Qwen-VL's (from Qwen2.5-VL's preprocessor),
+/// Kimi-VL's, and Kimi-K2.5's when the file states no pixel limits.
+const QWEN_TOKENS: (usize, usize) = (8, 4096);
+const KIMIVL_TOKENS: (usize, usize) = (8, 1024);
+const KIMIK25_TOKENS: (usize, usize) = (2, 4096);
+/// The most patches merged into one token a side.
+const MAX_MERGE: usize = 8;
 /// The most pixels a dynamic-size input may have, whatever the file says (4x the most a
 /// real Qwen-VL file allows: 4096 tokens of 32x32 pixels).
 const MAX_DYNAMIC_PIXELS: usize = 1 << 24;
@@ -117,6 +146,8 @@ pub struct ClipConfig {
     pub n_wa_pattern: usize,
     /// The attention window's side, in merged tokens.
     pub window_tokens: usize,
+    /// The epsilon of the norm over the patches before merging (Kimi's projector).
+    pub merge_norm_eps: f32,
 }
 
 /// The longest a side of the encoder's input may be, in patches (bounds the attention's
@@ -250,28 +281,31 @@ impl ClipConfig {
                 }
                 (merge, ResizeFilter::Bicubic)
             }
+            ProjectorKind::KimiVl | ProjectorKind::KimiK25 => {
+                let merge = meta
+                    .opt_usize("clip.vision.projector.scale_factor")?
+                    .unwrap_or(0);
+                if !(2..=MAX_MERGE).contains(&merge) {
+                    return Err(ModelError::Config(format!(
+                        "`clip.vision.projector.scale_factor` {merge}: Kimi encoders merge \
+                         2 to {MAX_MERGE} patches a side"
+                    )));
+                }
+                (merge, ResizeFilter::Bicubic)
+            }
         };
         let norm = match projector {
-            ProjectorKind::Gemma3 | ProjectorKind::Qwen2Vl | ProjectorKind::Qwen3Vl => {
-                VisionNorm::Layer
-            }
             ProjectorKind::Qwen25Vl => VisionNorm::Rms,
+            _ => VisionNorm::Layer,
         };
         let n_wa_pattern = match projector {
             ProjectorKind::Qwen25Vl => meta.get_usize("clip.vision.n_wa_pattern")?,
             _ => 0,
         };
-        let dynamic = projector.dynamic_size().then(|| {
-            let align = patch_size.saturating_mul(n_merge);
-            let area = align.saturating_mul(align);
-            // A hostile patch size must not make the resized input huge.
-            let max_pixels = QWEN_MAX_TOKENS.saturating_mul(area).min(MAX_DYNAMIC_PIXELS);
-            DynamicSize {
-                align,
-                min_pixels: QWEN_MIN_TOKENS.saturating_mul(area).min(max_pixels),
-                max_pixels,
-            }
-        });
+        let dynamic = match projector.dynamic_size() {
+            true => Some(dynamic_limits(meta, projector, patch_size, n_merge)?),
+            false => None,
+        };
         if dynamic.is_some() && !head_dim.is_multiple_of(4) {
             return Err(ModelError::Config(format!(
                 "a vision head of {head_dim} values: 2D RoPE needs a multiple of 4"
@@ -304,6 +338,11 @@ impl ClipConfig {
             dynamic,
             n_wa_pattern,
             window_tokens: (QWEN_WINDOW_PIXELS / patch_size / n_merge).max(1),
+            merge_norm_eps: match projector {
+                // llama.cpp's Kimi-VL graph uses PyTorch's default, whatever the file says.
+                ProjectorKind::KimiVl => 1e-5,
+                _ => eps,
+            },
         })
     }
 
@@ -315,7 +354,7 @@ impl ClipConfig {
         min: Option<usize>,
         max: Option<usize>,
     ) -> Result<(), ModelError> {
-        let Some(d) = &mut self.dynamic else {
+        let Some(d) = self.dynamic.as_mut().filter(|d| d.adjustable) else {
             return Ok(());
         };
         if min == Some(0) || max == Some(0) {
@@ -381,4 +420,38 @@ impl ClipConfig {
             }
         }
     }
+}
+
+/// A dynamic-size encoder's input limits: the family's token limits as pixels of merged
+/// patches, or (Kimi-K2.5) the file's `clip.vision.image_{min,max}_pixels` when it states
+/// both; capped at [`MAX_DYNAMIC_PIXELS`] whatever the file says.
+fn dynamic_limits(
+    meta: &Metadata<'_>,
+    projector: ProjectorKind,
+    patch_size: usize,
+    n_merge: usize,
+) -> Result<DynamicSize, ModelError> {
+    let align = patch_size.saturating_mul(n_merge);
+    let area = align.saturating_mul(align);
+    let from_tokens = |(lo, hi): (usize, usize)| (lo.saturating_mul(area), hi.saturating_mul(area));
+    let ((min_pixels, max_pixels), adjustable) = match projector {
+        ProjectorKind::KimiVl => (from_tokens(KIMIVL_TOKENS), true),
+        ProjectorKind::KimiK25 => {
+            let min = meta.opt_usize("clip.vision.image_min_pixels")?.unwrap_or(0);
+            let max = meta.opt_usize("clip.vision.image_max_pixels")?.unwrap_or(0);
+            match min > 0 && max > 0 {
+                true => ((min, max), false),
+                false => (from_tokens(KIMIK25_TOKENS), true),
+            }
+        }
+        _ => (from_tokens(QWEN_TOKENS), true),
+    };
+    // A hostile patch size or pixel limit must not make the resized input huge.
+    let max_pixels = max_pixels.min(MAX_DYNAMIC_PIXELS);
+    Ok(DynamicSize {
+        align,
+        min_pixels: min_pixels.min(max_pixels),
+        max_pixels,
+        adjustable,
+    })
 }

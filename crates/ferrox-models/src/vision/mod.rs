@@ -7,13 +7,15 @@
 //! per image token, placed into the sequence between the family's markers (see
 //! [`VisionEncoder::markers`]).
 //!
-//! Two families: Gemma 3 (a fixed square input, learned positions, pooling) and Qwen-VL
+//! Three families: Gemma 3 (a fixed square input, learned positions, pooling), Qwen-VL
 //! (the image at about its own size, 2D RoPE over patch rows and columns, 2x2 patches
 //! merged; Qwen2.5-VL attends within windows of merged tokens in most layers, Qwen3-VL adds
-//! learned positions resized to the image and deepstack features beside the tokens). The patches
-//! are kept in the order llama.cpp's graph holds them (merged blocks together, windows
-//! together), so that a window is a contiguous run of rows and a merged token four
-//! consecutive rows; the output comes back in raster order.
+//! learned positions resized to the image and deepstack features beside the tokens) and
+//! Kimi (MoonViT: the image at about its own size, learned positions resized to it, 2D RoPE
+//! over the two halves of each head, merged patches LayerNormed and projected). The patches
+//! are kept in the order llama.cpp's graph holds them (Qwen-VL: merged blocks together,
+//! windows together, so that a window is a contiguous run of rows and a merged token four
+//! consecutive rows; the others: raster order); the output comes back in raster order.
 //!
 //! Attention: llama.cpp's default runs the encoder's attention through flash attention
 //! with keys and values rounded to f16; [`VisionOptions::f32_attention`] keeps them f32 (its
@@ -21,6 +23,7 @@
 
 pub mod config;
 pub mod image;
+mod positions;
 mod weights;
 
 use std::ops::Range;
@@ -32,7 +35,9 @@ use rayon::prelude::*;
 
 pub use config::{ClipConfig, DynamicSize, ProjectorKind, VisionFfnAct, VisionNorm};
 pub use image::{ImageError, ResizeFilter, RgbImage};
-use weights::{Affine, MergerProjector, Norm, ProjectorWeights, VisionWeights, VitLayer, VitQkv};
+use weights::{
+    Affine, KimiProjector, MergerProjector, Norm, ProjectorWeights, VisionWeights, VitLayer, VitQkv,
+};
 
 use crate::layers::activation::{gelu, gelu_quick, silu};
 use crate::layers::linear::{linear, linear_many};
@@ -89,6 +94,18 @@ pub struct VisionEncoder {
     weights: VisionWeights,
     pool: rayon::ThreadPool,
     f32_attention: bool,
+    markers: (&'static str, &'static str),
+}
+
+/// How a 2D RoPE encoder pairs a head's values and which patch coordinate turns which part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VisionRope {
+    /// ggml's vision mode (Qwen-VL): pairs `(i, i + head/2)`, the first quarter of the
+    /// pairs by the patch's row, the second by its column.
+    Halves,
+    /// `build_rope_2d` (Kimi): adjacent pairs, the first half of the head by the patch's
+    /// column, the second by its row.
+    Adjacent,
 }
 
 /// The encoder's activations for one image.
@@ -202,13 +219,43 @@ impl VisionEncoder {
             .thread_name(|i| format!("vision-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("vision thread pool: {e}")))?;
+        let markers = match config.projector {
+            ProjectorKind::Gemma3 => ("<start_of_image>", "<end_of_image>"),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
+                ("<|vision_start|>", "<|vision_end|>")
+            }
+            ProjectorKind::KimiVl => ("<|media_start|>", "<|media_end|>"),
+            ProjectorKind::KimiK25 => ("<|media_begin|>", "<|media_end|>"),
+        };
         Ok(VisionEncoder {
             gguf,
             config,
             weights,
             pool,
             f32_attention: options.f32_attention,
+            markers,
         })
+    }
+
+    /// Picks the markers the language model's vocabulary has where the family's differ by
+    /// model (llama.cpp decides the same way): GLM-5.2-V reuses Kimi-K2.5's projector but
+    /// marks images with `<|begin_of_image|>` / `<|end_of_image|>`.
+    pub fn fit_markers_to(&mut self, text_model: &Gguf) {
+        if self.config.projector != ProjectorKind::KimiK25 {
+            return;
+        }
+        let has_glm_marker = text_model
+            .metadata()
+            .get_array("tokenizer.ggml.tokens")
+            .ok()
+            .is_some_and(|tokens| {
+                tokens
+                    .iter()
+                    .any(|t| t.as_str() == Some("<|begin_of_image|>"))
+            });
+        if has_glm_marker {
+            self.markers = ("<|begin_of_image|>", "<|end_of_image|>");
+        }
     }
 
     pub fn config(&self) -> &ClipConfig {
@@ -226,7 +273,7 @@ impl VisionEncoder {
     pub fn deepstack_count(&self) -> usize {
         match &self.weights.projector {
             ProjectorWeights::Merger(p) => p.deepstack.len(),
-            ProjectorWeights::Gemma3(_) => 0,
+            ProjectorWeights::Gemma3(_) | ProjectorWeights::Kimi(_) => 0,
         }
     }
 
@@ -238,21 +285,13 @@ impl VisionEncoder {
     /// The text around an image's embeddings in the prompt (tokenized with the model's
     /// vocabulary, special tokens parsed).
     pub fn markers(&self) -> (&'static str, &'static str) {
-        match self.config.projector {
-            ProjectorKind::Gemma3 => ("<start_of_image>", "<end_of_image>"),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
-                ("<|vision_start|>", "<|vision_end|>")
-            }
-        }
+        self.markers
     }
 
     /// Whether the image's tokens attend to each other both ways in the language model
     /// (Gemma 3), rather than causally.
     pub fn bidirectional(&self) -> bool {
-        match self.config.projector {
-            ProjectorKind::Gemma3 => true,
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => false,
-        }
+        self.config.projector == ProjectorKind::Gemma3
     }
 
     /// The grid the language model places `emb`'s tokens by, for projectors whose tokens
@@ -268,7 +307,7 @@ impl VisionEncoder {
     /// (time, row, column), the image taking `max(nx, ny)` positions (Qwen-VL), rather than
     /// one position per token.
     pub fn grid_positions(&self) -> bool {
-        self.config.projector.dynamic_size()
+        self.config.projector.qwen()
     }
 
     /// The encoder's input: the image resized to the input size the family takes for it
@@ -319,13 +358,17 @@ impl VisionEncoder {
             )));
         }
         let (pw, ph) = (w / c.patch_size, h / c.patch_size);
-        let layout = match c.projector {
-            ProjectorKind::Gemma3 => PatchLayout::raster(pw, ph),
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => {
-                PatchLayout::merged(pw, ph, (c.n_wa_pattern > 0).then_some(c.window_tokens))
+        let (layout, rope_kind) = match c.projector {
+            ProjectorKind::Gemma3 => (PatchLayout::raster(pw, ph), None),
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl | ProjectorKind::Qwen3Vl => (
+                PatchLayout::merged(pw, ph, (c.n_wa_pattern > 0).then_some(c.window_tokens)),
+                Some(VisionRope::Halves),
+            ),
+            ProjectorKind::KimiVl | ProjectorKind::KimiK25 => {
+                (PatchLayout::raster(pw, ph), Some(VisionRope::Adjacent))
             }
         };
-        let rope = c.dynamic.map(|_| vision_rope(&layout, c.head_dim));
+        let rope = rope_kind.map(|kind| (kind, vision_rope(&layout, c.head_dim, kind)));
         self.pool.install(|| {
             let mut s = Scratch::default();
             self.embed_patches(&input.planar, w, &layout, &mut s)?;
@@ -343,7 +386,8 @@ impl VisionEncoder {
                     true => layout.windows.as_slice(),
                     false => everything,
                 };
-                self.layer(layer, n, rope.as_deref(), spans, &mut s)?;
+                let rope = rope.as_ref().map(|(kind, angles)| (*kind, &angles[..]));
+                self.layer(layer, n, rope, spans, &mut s)?;
                 if let ProjectorWeights::Merger(p) = &self.weights.projector {
                     for ds in p.deepstack.iter().filter(|d| d.layer == il) {
                         deepstack.push(self.deepstack_features(ds, n, &mut s)?);
@@ -358,6 +402,7 @@ impl VisionEncoder {
                 ProjectorWeights::Merger(p) => {
                     self.merger_projector(p, &layout, &deepstack, &mut s)
                 }
+                ProjectorWeights::Kimi(p) => self.kimi_projector(p, &layout, &mut s),
             }
         })
     }
@@ -401,11 +446,14 @@ impl VisionEncoder {
         let bias = self.weights.patch_bias.as_deref();
         let resized;
         let positions = match self.weights.position_embd.as_deref() {
-            Some(table)
-                if self.weights.position_side != layout.pw
-                    || self.weights.position_side != layout.ph =>
-            {
-                resized = resize_positions(table, self.weights.position_side, layout.pw, layout.ph);
+            Some(table) if self.weights.position_grid != (layout.pw, layout.ph) => {
+                let from = self.weights.position_grid;
+                let to = (layout.pw, layout.ph);
+                resized = match c.projector {
+                    ProjectorKind::KimiVl => positions::bilinear_antialiased(table, from, to),
+                    ProjectorKind::KimiK25 => positions::bicubic_columns_inner(table, from, to),
+                    _ => positions::bilinear_aligned(table, from, to),
+                };
                 Some(&resized[..])
             }
             other => other,
@@ -433,7 +481,7 @@ impl VisionEncoder {
         &self,
         lw: &VitLayer,
         n: usize,
-        rope: Option<&[(f32, f32)]>,
+        rope: Option<(VisionRope, &[(f32, f32)])>,
         spans: &[Range<usize>],
         s: &mut Scratch,
     ) -> Result<(), ModelError> {
@@ -475,14 +523,18 @@ impl VisionEncoder {
                 }
             }
         }
-        if let Some(angles) = rope {
+        if let Some((kind, angles)) = rope {
             let pairs = hd / 2;
+            let rotate = match kind {
+                VisionRope::Halves => rotate_halves,
+                VisionRope::Adjacent => rotate_adjacent,
+            };
             for buf in [&mut *q, &mut *k] {
                 buf.par_chunks_mut(e)
                     .zip(angles.par_chunks(pairs))
                     .for_each(|(row, angles)| {
                         for head in row.chunks_exact_mut(hd) {
-                            rotate_halves(head, angles);
+                            rotate(head, angles);
                         }
                     });
             }
@@ -672,62 +724,81 @@ impl VisionEncoder {
     }
 }
 
-/// The rotations of ggml's vision RoPE (`GGML_ROPE_TYPE_VISION`, base 10000) for each row of
-/// the layout: the first quarter of a head's pairs turned by the patch's row, the second by
-/// its column, each section's angle starting at the position and advanced by repeated
-/// multiplication as ggml's cache does. `head_dim / 2` pairs a row.
-fn vision_rope(layout: &PatchLayout, head_dim: usize) -> Vec<(f32, f32)> {
+impl VisionEncoder {
+    /// Kimi: each patch row LayerNormed, the `n_merge x n_merge` patches of each output
+    /// token (its rows of patches in turn, each left to right) as one row through `mm.1`,
+    /// GELU and `mm.2`; the tokens in raster order.
+    fn kimi_projector(
+        &self,
+        p: &KimiProjector,
+        layout: &PatchLayout,
+        s: &mut Scratch,
+    ) -> Result<ImageEmbeddings, ModelError> {
+        let c = &self.config;
+        let gguf = &*self.gguf;
+        let (m, e) = (c.n_merge, c.n_embd);
+        let (nx, ny) = (layout.pw / m, layout.ph / m);
+        let (n_out, wide) = (nx * ny, m * m * e);
+        let x = &s.x[..layout.len() * e];
+        let merged = sized(&mut s.xn, n_out * wide);
+        merged
+            .par_chunks_mut(wide)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let (ty, tx) = (t / nx, t % nx);
+                for (j, out) in row.chunks_exact_mut(e).enumerate() {
+                    let patch = (ty * m + j / m) * layout.pw + tx * m + j % m;
+                    out.copy_from_slice(&x[patch * e..(patch + 1) * e]);
+                    layer_norm_in_place(
+                        out,
+                        &p.input_norm.weight,
+                        p.input_norm.bias.as_deref(),
+                        c.merge_norm_eps,
+                    );
+                }
+            });
+        let hidden = sized(&mut s.up, n_out * wide);
+        linear(&p.mm1.w.view(gguf)?, merged, n_out, hidden, &mut s.xq)?;
+        add_bias(hidden, &p.mm1);
+        hidden.par_iter_mut().for_each(|v| *v = gelu(*v));
+        let dim = c.projection_dim;
+        let mut data = vec![0.0f32; n_out * dim];
+        linear(&p.mm2.w.view(gguf)?, hidden, n_out, &mut data, &mut s.xq)?;
+        add_bias(&mut data, &p.mm2);
+        Ok(ImageEmbeddings {
+            n_tokens: n_out,
+            n_embd: dim,
+            nx,
+            ny,
+            data,
+        })
+    }
+}
+
+/// The rotations of a 2D RoPE encoder (base 10000) for each row of the layout,
+/// `head_dim / 2` pairs a row: the first half of the pairs turned by one coordinate of the
+/// patch (the row for [`VisionRope::Halves`], the column for [`VisionRope::Adjacent`]), the
+/// second half by the other, each half's angle starting at the coordinate and advanced by
+/// repeated multiplication as ggml's rotation cache does.
+fn vision_rope(layout: &PatchLayout, head_dim: usize, kind: VisionRope) -> Vec<(f32, f32)> {
     let pairs = head_dim / 2;
     let quarter = head_dim / 4;
     let theta_scale = 10000.0f32.powf(-2.0 / pairs as f32);
     let mut out = Vec::with_capacity(layout.len() * pairs);
     for &(py, px) in &layout.order {
-        let (mut t, mut h) = (py as f32, px as f32);
+        let (first, second) = match kind {
+            VisionRope::Halves => (py as f32, px as f32),
+            VisionRope::Adjacent => (px as f32, py as f32),
+        };
+        let mut theta = first;
         for k in 0..pairs {
             if k == quarter {
-                h = px as f32;
+                theta = second;
             }
-            let theta = if k < quarter { t } else { h };
             out.push((theta.cos(), theta.sin()));
-            t *= theta_scale;
-            h *= theta_scale;
+            theta *= theta_scale;
         }
     }
-    out
-}
-
-/// A square grid of position rows (`side × side`, `e` values each) resized to `pw × ph` as
-/// ggml's `interpolate` does with bilinear filtering and aligned corners.
-fn resize_positions(table: &[f32], side: usize, pw: usize, ph: usize) -> Vec<f32> {
-    let e = table.len() / (side * side);
-    let scale = |out: usize| -> f32 {
-        if out > 1 && side > 1 {
-            (out - 1) as f32 / (side - 1) as f32
-        } else {
-            out as f32 / side as f32
-        }
-    };
-    let (sx, sy) = (scale(pw), scale(ph));
-    let taps = |i: usize, sf: f32| -> (usize, usize, f32) {
-        let pos = i as f32 / sf;
-        let lo = pos.floor() as isize;
-        let clamp = |v: isize| v.clamp(0, side as isize - 1) as usize;
-        let (a, b) = (clamp(lo), clamp(lo + 1));
-        (a, b, (pos - a as f32).clamp(0.0, 1.0))
-    };
-    let mut out = vec![0.0f32; pw * ph * e];
-    out.par_chunks_mut(e).enumerate().for_each(|(i, row)| {
-        let (y0, y1, dy) = taps(i / pw, sy);
-        let (x0, x1, dx) = taps(i % pw, sx);
-        let at = |y: usize, x: usize| &table[(y * side + x) * e..(y * side + x + 1) * e];
-        let (a, b, c, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
-        for (ch, o) in row.iter_mut().enumerate() {
-            *o = a[ch] * (1.0 - dx) * (1.0 - dy)
-                + b[ch] * dx * (1.0 - dy)
-                + c[ch] * (1.0 - dx) * dy
-                + d[ch] * dx * dy;
-        }
-    });
     out
 }
 
@@ -738,6 +809,15 @@ fn rotate_halves(head: &mut [f32], angles: &[(f32, f32)]) {
         let (x0, x1) = (head[i], head[i + half]);
         head[i] = x0 * cos - x1 * sin;
         head[i + half] = x0 * sin + x1 * cos;
+    }
+}
+
+/// Rotates pairs `(2i, 2i + 1)` of one head by the given angles.
+fn rotate_adjacent(head: &mut [f32], angles: &[(f32, f32)]) {
+    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(angles) {
+        let (x0, x1) = (pair[0], pair[1]);
+        pair[0] = x0 * cos - x1 * sin;
+        pair[1] = x0 * sin + x1 * cos;
     }
 }
 

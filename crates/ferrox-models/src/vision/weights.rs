@@ -91,10 +91,20 @@ pub struct Deepstack {
     pub fc2: Affine,
 }
 
+/// Kimi's projector: each patch row LayerNormed, `n_merge x n_merge` of them as one row
+/// through `mm.1`, GELU and `mm.2`.
+#[derive(Clone, Debug)]
+pub struct KimiProjector {
+    pub input_norm: Norm,
+    pub mm1: Affine,
+    pub mm2: Affine,
+}
+
 #[derive(Clone, Debug)]
 pub enum ProjectorWeights {
     Gemma3(Gemma3Projector),
     Merger(Box<MergerProjector>),
+    Kimi(Box<KimiProjector>),
 }
 
 #[derive(Clone, Debug)]
@@ -107,10 +117,11 @@ pub struct VisionWeights {
     /// frames, so its product is added.
     pub patch_embd_1: Option<OwnedMatrix>,
     pub patch_bias: Option<Vec<f32>>,
-    /// One learned row per patch position of a `position_side` square (Gemma 3's, the
-    /// input's; Qwen3-VL's, resized to each input).
+    /// One learned row per patch position of a grid of `position_grid` (columns, rows),
+    /// in raster order (Gemma 3's, the input's; Qwen3-VL's and Kimi's, resized to each
+    /// input).
     pub position_embd: Option<Vec<f32>>,
-    pub position_side: usize,
+    pub position_grid: (usize, usize),
     pub pre_ln: Option<Norm>,
     pub layers: Vec<VitLayer>,
     pub post_ln: Option<Norm>,
@@ -153,30 +164,55 @@ impl VisionWeights {
             )
         };
         let patch_embd = kernel("v.patch_embd.weight")?;
-        let patch_embd_1 = match c.projector.dynamic_size() {
+        let patch_embd_1 = match c.projector.qwen() {
             true => Some(kernel("v.patch_embd.weight.1")?),
             false => None,
         };
-        let position_side = match c.projector {
-            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => 0,
-            ProjectorKind::Gemma3 => c.patches_per_side(),
-            ProjectorKind::Qwen3Vl => {
-                let t = l.require("v.position_embd.weight")?;
+        const POSITIONS: &str = "v.position_embd.weight";
+        let position_grid = match c.projector {
+            ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => (0, 0),
+            ProjectorKind::Gemma3 => (c.patches_per_side(), c.patches_per_side()),
+            ProjectorKind::Qwen3Vl | ProjectorKind::KimiVl => {
+                let t = l.require(POSITIONS)?;
                 let n = t.shape.get(1).copied().unwrap_or(0) as usize;
                 let side = (n as f64).sqrt() as usize;
-                if side == 0 || side * side != n {
+                if side == 0 || side * side != n || side > MAX_POSITION_SIDE {
                     return Err(ModelError::Config(format!(
-                        "`v.position_embd.weight` holds {n} positions: a square grid is needed"
+                        "`{POSITIONS}` holds {n} positions: a square grid of at most \
+                         {MAX_POSITION_SIDE} a side is needed"
                     )));
                 }
-                side
+                (side, side)
+            }
+            // [n_embd, width, height].
+            ProjectorKind::KimiK25 => {
+                let t = l.require(POSITIONS)?;
+                match t.shape.as_slice() {
+                    &[_, w, h]
+                        if (1..=MAX_POSITION_SIDE as u64).contains(&w)
+                            && (1..=MAX_POSITION_SIDE as u64).contains(&h) =>
+                    {
+                        (w as usize, h as usize)
+                    }
+                    shape => {
+                        return Err(ModelError::Config(format!(
+                            "`{POSITIONS}` of shape {shape:?}: Kimi-K2.5 keeps [n_embd, width, \
+                             height], at most {MAX_POSITION_SIDE} a side"
+                        )))
+                    }
+                }
             }
         };
-        let position_embd = match position_side {
-            0 => None,
-            side => {
-                let n_pos = side * side;
-                let m = l.matrix("v.position_embd.weight", e, n_pos)?;
+        let position_embd = match position_grid {
+            (0, _) | (_, 0) => None,
+            (gw, gh) => {
+                let n_pos = gw * gh;
+                let m = match c.projector {
+                    ProjectorKind::KimiK25 => {
+                        l.matrix_of_shape(POSITIONS, &[e as u64, gw as u64, gh as u64], (e, n_pos))?
+                    }
+                    _ => l.matrix(POSITIONS, e, n_pos)?,
+                };
                 let view = m.view(gguf)?;
                 let mut rows = vec![0.0f32; n_pos * e];
                 for (r, out) in rows.chunks_exact_mut(e).enumerate() {
@@ -260,13 +296,24 @@ impl VisionWeights {
                     deepstack,
                 }))
             }
+            ProjectorKind::KimiVl | ProjectorKind::KimiK25 => {
+                let wide = c.n_merge * c.n_merge * e;
+                ProjectorWeights::Kimi(Box::new(KimiProjector {
+                    input_norm: Norm {
+                        weight: l.vector("mm.input_norm.weight", e)?,
+                        bias: Some(l.vector("mm.input_norm.bias", e)?),
+                    },
+                    mm1: affine("mm.1", wide, wide)?,
+                    mm2: affine("mm.2", wide, c.projection_dim)?,
+                }))
+            }
         };
         Ok(VisionWeights {
             patch_embd,
             patch_embd_1,
             patch_bias: l.opt_vector("v.patch_embd.bias", e)?,
             position_embd,
-            position_side,
+            position_grid,
             pre_ln: opt_norm("v.pre_ln")?,
             layers,
             post_ln: opt_norm("v.post_ln")?,
@@ -274,6 +321,9 @@ impl VisionWeights {
         })
     }
 }
+
+/// The widest grid of learned positions taken (real files hold 64).
+const MAX_POSITION_SIDE: usize = 1024;
 
 /// ggml's `conv_2d` unfolds the image into f16 columns (f32 for a bf16 kernel) and
 /// multiplies them by the kernel in that type: an f32 or f16 kernel becomes f16 (its values

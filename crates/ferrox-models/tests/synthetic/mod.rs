@@ -276,6 +276,7 @@ impl MlaSpec {
             temperature: None,
             dsa: None,
             mtp: false,
+            control_tokens: &[],
         }
     }
 }
@@ -314,6 +315,9 @@ pub struct MlaSpec {
     pub dsa: Option<dsa::DsaSpec>,
     /// One multi-token-prediction block (`blk.{n_layer}`, `nextn_predict_layers` 1).
     pub mtp: bool,
+    /// Control tokens after the byte tokens of the vocabulary (an image-input model's
+    /// markers), and then the word-start mark as a piece of its own.
+    pub control_tokens: &'static [&'static str],
 }
 
 /// The experts of an MoE family's layers.
@@ -1260,7 +1264,10 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
         w.set(key("block_count"), n_blocks as u32);
         w.set(key("nextn_predict_layers"), 1u32);
     }
-    vocab(&mut w, s.n_vocab);
+    match m.control_tokens {
+        [] => vocab(&mut w, s.n_vocab),
+        control => spm_vocab(&mut w, s.n_vocab, control, &["\u{2581}"]),
+    }
 
     let mut vals = Values(StdRng::seed_from_u64(s.seed));
     let v = &mut vals;

@@ -1036,3 +1036,164 @@ pub fn qwen3vl_mmproj_bytes() -> Vec<u8> {
     vector(&mut w, v, "mm.2.bias", QWEN_TEXT_N_EMBD, 0.0, 0.05);
     w.to_bytes()
 }
+
+/// A tiny Kimi pair: a `deepseek2` text model (the `deepseek2-sweep` shapes: n_embd 128, 2
+/// layers of 2 MLA heads, the first dense, then 4 experts; every matrix F32) whose vocabulary
+/// holds Kimi's turn and image markers, and its two projectors (14-pixel patches with a bias,
+/// width 64, 3 layers of 4 heads of 16, GELU FFN 128, LayerNorms with eps 1e-5, 2x2 merge
+/// to the text width through a 256-wide MLP, all F32):
+/// - `kimivl`: separate Q/K/V, learned positions on a 6x6 grid, llama.cpp's limits of 8 to
+///   1024 tokens;
+/// - `kimik25`: a fused QKV, learned positions on a grid 5 wide and 7 tall
+///   (`[n_embd, width, height]`, resized bicubically), the file's own pixel limits (8 to
+///   4096 patches, as the converter writes them from `in_patch_limit`).
+pub const KIMI_CONTROL_TOKENS: [&str; 7] = [
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<|media_start|>",
+    "<|media_end|>",
+    "<|media_begin|>",
+];
+pub const KIMI_PATCH_SIZE: usize = 14;
+pub const KIMI_VISION_N_EMBD: usize = 64;
+pub const KIMI_VISION_N_FF: usize = 128;
+pub const KIMI_VISION_N_LAYER: usize = 3;
+pub const KIMI_VISION_N_HEAD: usize = 4;
+pub const KIMI_VISION_EPS: f32 = 1e-5;
+/// Kimi-VL's square grid of learned positions, and Kimi-K2.5's (width, height).
+pub const KIMIVL_POSITION_SIDE: usize = 6;
+pub const KIMIK25_POSITION_GRID: (usize, usize) = (5, 7);
+/// Kimi-K2.5's pixel limits in patches (the converter's `in_patch_limit` and minimum).
+pub const KIMIK25_PATCH_LIMITS: (usize, usize) = (8, 4096);
+const KIMI_TEXT_SEED: u64 = 0x011a_0331;
+const KIMI_MMPROJ_SEED: u64 = 0x011a_0332;
+
+/// Which Kimi projector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KimiVision {
+    KimiVl,
+    KimiK25,
+}
+
+/// The `deepseek2` text model of the Kimi pair.
+pub fn kimi_text_bytes() -> Vec<u8> {
+    let mut s = super::spec("deepseek2-sweep");
+    s.seed = KIMI_TEXT_SEED;
+    s.n_vocab = TEXT_N_VOCAB;
+    s.mla = s.mla.map(|m| super::MlaSpec {
+        control_tokens: &KIMI_CONTROL_TOKENS,
+        ..m
+    });
+    super::spec_gguf_bytes(s)
+}
+
+/// A Kimi projector (every tensor F32). Tensors, in ggml shape order:
+///
+/// | name | ne |
+/// | --- | --- |
+/// | `v.patch_embd.weight`, `.bias` | [14, 14, 3, 64], [64] |
+/// | `v.position_embd.weight` | Kimi-VL [64, 36]; Kimi-K2.5 [64, 5, 7] |
+/// | `v.blk.N.ln1`, `ln2`, `.weight` and `.bias` | [64] |
+/// | `v.blk.N.attn_{q,k,v}` (Kimi-VL) or `attn_qkv` (Kimi-K2.5), `attn_out`, with biases | [64, 64] or [64, 192] |
+/// | `v.blk.N.ffn_up`, `ffn_down`, with biases | [64, 128], [128, 64] |
+/// | `v.post_ln.weight`, `.bias` | [64] |
+/// | `mm.input_norm.weight`, `.bias` | [64] |
+/// | `mm.1.{weight,bias}` | [256, 256], [256] |
+/// | `mm.2.{weight,bias}` | [256, 128], [128] |
+pub fn kimi_mmproj_bytes(kind: KimiVision) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "clip");
+    w.set("general.type", "mmproj");
+    w.set("general.name", "ferrox synthetic test projector");
+    w.set("general.file_type", 0u32);
+    w.set("clip.has_vision_encoder", true);
+    let (e, f, p) = (KIMI_VISION_N_EMBD, KIMI_VISION_N_FF, KIMI_PATCH_SIZE);
+    let (gw, gh) = match kind {
+        KimiVision::KimiVl => (KIMIVL_POSITION_SIDE, KIMIVL_POSITION_SIDE),
+        KimiVision::KimiK25 => KIMIK25_POSITION_GRID,
+    };
+    match kind {
+        KimiVision::KimiVl => {
+            w.set("clip.projector_type", "kimivl");
+        }
+        KimiVision::KimiK25 => {
+            w.set("clip.projector_type", "kimik25");
+            w.set("vision.pos_emb_height", gh as u32);
+            w.set("vision.pos_emb_width", gw as u32);
+            w.set("vision.pos_emb_time", 4u32);
+            let (lo, hi) = KIMIK25_PATCH_LIMITS;
+            w.set("clip.vision.image_min_pixels", (lo * p * p) as u32);
+            w.set("clip.vision.image_max_pixels", (hi * p * p) as u32);
+        }
+    }
+    w.set("clip.use_gelu", true);
+    w.set("clip.vision.projector.scale_factor", 2u32);
+    w.set("clip.vision.projection_dim", QWEN_TEXT_N_EMBD as u32);
+    w.set("clip.vision.image_size", (gh * p) as u32);
+    w.set("clip.vision.patch_size", p as u32);
+    w.set("clip.vision.embedding_length", e as u32);
+    w.set("clip.vision.feed_forward_length", f as u32);
+    w.set("clip.vision.block_count", KIMI_VISION_N_LAYER as u32);
+    w.set(
+        "clip.vision.attention.head_count",
+        KIMI_VISION_N_HEAD as u32,
+    );
+    w.set("clip.vision.attention.layer_norm_epsilon", KIMI_VISION_EPS);
+    w.set("clip.vision.image_mean", IMAGE_MEAN.to_vec());
+    w.set("clip.vision.image_std", IMAGE_STD.to_vec());
+
+    let mut vals = Values(StdRng::seed_from_u64(KIMI_MMPROJ_SEED));
+    let v = &mut vals;
+    let f32 = GgmlType::F32;
+    let kernel = v.normals(p * p * 3 * e, 0.0, 0.03);
+    add(
+        &mut w,
+        "v.patch_embd.weight",
+        f32,
+        &[p as u64, p as u64, 3, e as u64],
+        &kernel,
+    );
+    vector(&mut w, v, "v.patch_embd.bias", e, 0.0, 0.1);
+    let positions = v.normals(e * gw * gh, 0.0, 0.3);
+    let shape = match kind {
+        KimiVision::KimiVl => vec![e as u64, (gw * gh) as u64],
+        KimiVision::KimiK25 => vec![e as u64, gw as u64, gh as u64],
+    };
+    add(&mut w, "v.position_embd.weight", f32, &shape, &positions);
+    let norm = |w: &mut GgufWriter, v: &mut Values, name: &str| {
+        vector(w, v, &format!("{name}.weight"), e, 1.0, 0.1);
+        vector(w, v, &format!("{name}.bias"), e, 0.0, 0.05);
+    };
+    for il in 0..KIMI_VISION_N_LAYER {
+        let n = |t: &str| format!("v.blk.{il}.{t}");
+        norm(&mut w, v, &n("ln1"));
+        match kind {
+            KimiVision::KimiVl => {
+                for (name, std) in [("attn_q", 0.2), ("attn_k", 0.2), ("attn_v", 0.12)] {
+                    matrix(&mut w, v, &n(&format!("{name}.weight")), f32, e, e, std);
+                    vector(&mut w, v, &n(&format!("{name}.bias")), e, 0.0, 0.05);
+                }
+            }
+            KimiVision::KimiK25 => {
+                matrix(&mut w, v, &n("attn_qkv.weight"), f32, e, 3 * e, 0.18);
+                vector(&mut w, v, &n("attn_qkv.bias"), 3 * e, 0.0, 0.05);
+            }
+        }
+        matrix(&mut w, v, &n("attn_out.weight"), f32, e, e, 0.1);
+        vector(&mut w, v, &n("attn_out.bias"), e, 0.0, 0.05);
+        norm(&mut w, v, &n("ln2"));
+        matrix(&mut w, v, &n("ffn_up.weight"), f32, e, f, 0.125);
+        vector(&mut w, v, &n("ffn_up.bias"), f, 0.0, 0.05);
+        matrix(&mut w, v, &n("ffn_down.weight"), f32, f, e, 0.1);
+        vector(&mut w, v, &n("ffn_down.bias"), e, 0.0, 0.05);
+    }
+    norm(&mut w, v, "v.post_ln");
+    norm(&mut w, v, "mm.input_norm");
+    matrix(&mut w, v, "mm.1.weight", f32, 4 * e, 4 * e, 0.06);
+    vector(&mut w, v, "mm.1.bias", 4 * e, 0.0, 0.05);
+    matrix(&mut w, v, "mm.2.weight", f32, 4 * e, QWEN_TEXT_N_EMBD, 0.06);
+    vector(&mut w, v, "mm.2.bias", QWEN_TEXT_N_EMBD, 0.0, 0.05);
+    w.to_bytes()
+}
