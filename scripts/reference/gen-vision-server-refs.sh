@@ -9,6 +9,8 @@
 #   PAIR=qwen25vl    the synthetic Qwen2.5-VL pair instead (qwen2vl.gguf, qwen25vl.mmproj.gguf,
 #                    the Qwen images too): fixtures/vision/ref/qwen25vl-server.json;
 #   PAIR=qwen3vl     the Qwen3-VL pair (qwen3vl.gguf, qwen3vl.mmproj.gguf): qwen3vl-server.json
+#   PAIR=kimivl      the Kimi-VL pair (kimi.gguf, kimivl.mmproj.gguf): kimivl-server.json
+#   PAIR=kimik25     the Kimi-K2.5 pair (kimi.gguf, kimik25.mmproj.gguf): kimik25-server.json
 #   LLAMA_CPP_BUILD  the llama.cpp build dir with bin/llama-server (default /work/ref/build)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -24,7 +26,9 @@ case "$PAIR" in
               IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240" ;;
     qwen3vl) MODEL=qwen3vl.gguf; MMPROJ=qwen3vl.mmproj.gguf; OUT=qwen3vl-server.json
              IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240" ;;
-    *) echo "PAIR must be gemma3, qwen25vl or qwen3vl" >&2; exit 2 ;;
+    kimivl|kimik25) MODEL=kimi.gguf; MMPROJ=$PAIR.mmproj.gguf; OUT=$PAIR-server.json
+             IMAGES="rgb64 rgb100x60 rgb37x51 rgba80 gray48 rgb200x150 rgb160x130 rgb90x240" ;;
+    *) echo "PAIR must be gemma3, qwen25vl, qwen3vl, kimivl or kimik25" >&2; exit 2 ;;
 esac
 "$BUILD/bin/llama-server" -m "$DIR/$MODEL" --mmproj "$DIR/$MMPROJ" \
     -ctk f32 -ctv f32 -fa off -t 2 -np 1 -c 512 --port "$PORT" --no-webui >/tmp/llama-server-vision.log 2>&1 &

@@ -1466,7 +1466,7 @@ fn serve_takes_qwen_vl_images_as_llama_server_does() {
     require_openai();
     let fixtures = repo_root().join("fixtures/vision");
     for (model, projector) in [("qwen2vl", "qwen25vl"), ("qwen3vl", "qwen3vl")] {
-        serve_qwen_pair(&fixtures, model, projector);
+        serve_vision_pair(&fixtures, model, projector);
     }
     let mmproj = fixtures.join("qwen25vl.mmproj.gguf");
     let gemma = fixtures.join("gemma3.gguf");
@@ -1479,6 +1479,30 @@ fn serve_takes_qwen_vl_images_as_llama_server_does() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("M-RoPE"), "{stderr}");
+}
+
+#[test]
+fn serve_takes_kimi_images_as_llama_server_does() {
+    // The deepseek2 (MLA) text model with Kimi-VL's and Kimi-K2.5's projectors: answers
+    // equal to llama-server's on eight images and three conversations, eight concurrent
+    // requests equal to their solo answers.
+    require_openai();
+    let fixtures = repo_root().join("fixtures/vision");
+    for projector in ["kimivl", "kimik25"] {
+        serve_vision_pair(&fixtures, "kimi", projector);
+    }
+    // Gemma 3's image tokens attend both ways: the MLA engine's attention cannot.
+    let mmproj = fixtures.join("gemma3.mmproj.gguf");
+    let kimi = fixtures.join("kimi.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["serve", "-m", kimi.to_str().unwrap(), "--mmproj"])
+        .arg(&mmproj)
+        .args(["--port", "0", "-t", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("both ways"), "{stderr}");
 }
 
 /// `ferrox serve` on a pair of `fixtures/vision` with an f32 cache (the f32 comparisons), 8
@@ -1507,7 +1531,9 @@ fn vision_server(fixtures: &std::path::Path, model: &str, mmproj: &str) -> Serve
     server
 }
 
-fn serve_qwen_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
+/// The answers of `ferrox serve` on `<model>.gguf` with `<projector>.mmproj.gguf` against
+/// llama-server's (`ref/<projector>-server.json`), through the official client.
+fn serve_vision_pair(fixtures: &std::path::Path, model: &str, projector: &str) {
     let model_file = format!("{model}.gguf");
     let reference = format!("{projector}-server.json");
     let server = vision_server(fixtures, &model_file, &format!("{projector}.mmproj.gguf"));

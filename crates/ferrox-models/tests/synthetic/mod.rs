@@ -276,7 +276,7 @@ impl MlaSpec {
             temperature: None,
             dsa: None,
             mtp: false,
-            control_tokens: &[],
+            chat: None,
         }
     }
 }
@@ -315,9 +315,16 @@ pub struct MlaSpec {
     pub dsa: Option<dsa::DsaSpec>,
     /// One multi-token-prediction block (`blk.{n_layer}`, `nextn_predict_layers` 1).
     pub mtp: bool,
-    /// Control tokens after the byte tokens of the vocabulary (an image-input model's
-    /// markers), and then the word-start mark as a piece of its own.
-    pub control_tokens: &'static [&'static str],
+    /// A chat model's control tokens and template (otherwise the plain vocabulary).
+    pub chat: Option<ChatVocab>,
+}
+
+/// Control tokens after the byte tokens of the vocabulary (turn and image markers), then
+/// the word-start mark as a piece of its own, and a chat template.
+#[derive(Clone, Copy, Debug)]
+pub struct ChatVocab {
+    pub control: &'static [&'static str],
+    pub template: &'static str,
 }
 
 /// The experts of an MoE family's layers.
@@ -1264,9 +1271,12 @@ fn mla_gguf_bytes(s: &Spec, m: &MlaSpec) -> Vec<u8> {
         w.set(key("block_count"), n_blocks as u32);
         w.set(key("nextn_predict_layers"), 1u32);
     }
-    match m.control_tokens {
-        [] => vocab(&mut w, s.n_vocab),
-        control => spm_vocab(&mut w, s.n_vocab, control, &["\u{2581}"]),
+    match m.chat {
+        None => vocab(&mut w, s.n_vocab),
+        Some(chat) => {
+            spm_vocab(&mut w, s.n_vocab, chat.control, &["\u{2581}"]);
+            w.set("tokenizer.chat_template", chat.template);
+        }
     }
 
     let mut vals = Values(StdRng::seed_from_u64(s.seed));

@@ -1083,11 +1083,19 @@ pub fn kimi_text_bytes() -> Vec<u8> {
     s.seed = KIMI_TEXT_SEED;
     s.n_vocab = TEXT_N_VOCAB;
     s.mla = s.mla.map(|m| super::MlaSpec {
-        control_tokens: &KIMI_CONTROL_TOKENS,
+        chat: Some(super::ChatVocab {
+            control: &KIMI_CONTROL_TOKENS,
+            template: KIMI_CHAT_TEMPLATE,
+        }),
         ..m
     });
     super::spec_gguf_bytes(s)
 }
+
+/// Kimi's turn format, short.
+pub const KIMI_CHAT_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_' + message['role'] + '|>' + message['role'] + '<|im_middle|>' + message['content'] + '<|im_end|>' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}";
 
 /// A Kimi projector (every tensor F32). Tensors, in ggml shape order:
 ///
