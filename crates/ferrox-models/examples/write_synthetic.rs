@@ -245,6 +245,7 @@ fn write_vision(dir: &std::path::Path) {
         vision::qwen3vl_mmproj_bytes(),
     ));
     files.push(("kimi.gguf".to_string(), vision::kimi_text_bytes()));
+    files.push(("glm5v.gguf".to_string(), vision::glm5v_text_bytes()));
     for (name, kind) in [
         ("kimivl", vision::KimiVision::KimiVl),
         ("kimik25", vision::KimiVision::KimiK25),

@@ -371,7 +371,8 @@ fn check_qwen_greedy(
 }
 
 /// Each image of [`QWEN_IMAGES`] through the `(text model, projector)` pair after `prompt`:
-/// the greedy continuation against libllama's (`<image>.<projector>.greedy.json`).
+/// the greedy continuation against libllama's (`<image>.<projector>.greedy.json`; the
+/// GLM-5.2-V pair's, named by its text model, `<image>.glm5v.greedy.json`).
 fn check_pair_greedy(
     (model, projector): (&str, &str),
     prompt: &str,
@@ -379,10 +380,13 @@ fn check_pair_greedy(
     bar: f64,
 ) {
     let (engine, tok) = text_model_of(model);
-    let enc = encoder(&format!("{projector}.mmproj.gguf"), true);
+    let mut enc = encoder(&format!("{projector}.mmproj.gguf"), true);
+    enc.fit_markers_to(engine.gguf());
     assert_eq!(engine.input_embedding_size(), enc.output_width());
+    let stem = model.trim_end_matches(".gguf");
+    let reference = if stem == "kimi" { projector } else { stem };
     for name in QWEN_IMAGES {
-        let file = format!("{name}.{projector}.greedy.json");
+        let file = format!("{name}.{reference}.greedy.json");
         let path = dir().join("ref").join(file);
         let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let want = r["generated"].as_array().unwrap().len();
@@ -516,4 +520,28 @@ fn causal_engines_refuse_rows_that_attend_both_ways() {
     assert!(err.to_string().contains("both ways"), "{err}");
     let (gemma, _) = text_model();
     assert!(gemma.accepts_bidirectional());
+}
+
+const GLM_PROMPT: &str = "<|user|><__media__>Describe this image.<|assistant|>";
+
+#[test]
+fn glm5v_greedy_continuations_match_llama_cpp() {
+    // GLM-5.2-V: Kimi-K2.5's projector with a glm-dsa (sparse attention over MLA) text
+    // model, the images between GLM's markers (its vocabulary has them): ids equal to
+    // libllama's after every image, with our embeddings and with llama.cpp's own.
+    let (engine, _) = text_model_of("glm5v.gguf");
+    assert!(engine.accepts_embeddings());
+    let pair = ("glm5v.gguf", "kimik25");
+    check_pair_greedy(
+        pair,
+        GLM_PROMPT,
+        |enc, name| encoded(enc, name, false),
+        2e-3,
+    );
+    let own = |enc: &VisionEncoder, name: &str| {
+        let rows = reference_embd(&format!("{name}.kimik25.f32.embd"));
+        let n = rows.len() / enc.output_width();
+        Arc::new(EncodedImage::new(rows, n, false, enc.markers()))
+    };
+    check_pair_greedy(pair, GLM_PROMPT, own, 2e-5);
 }

@@ -104,6 +104,10 @@ fn kimi_files_match_generator() {
     assert_same("kimi.gguf", &text);
     let gguf = Gguf::from_bytes(text).expect("parses");
     assert_eq!(gguf.metadata().architecture().unwrap(), "deepseek2");
+    let glm = vision::glm5v_text_bytes();
+    assert_same("glm5v.gguf", &glm);
+    let gguf = Gguf::from_bytes(glm).expect("parses");
+    assert_eq!(gguf.metadata().architecture().unwrap(), "glm-dsa");
     assert_same(
         "kimivl.mmproj.gguf",
         &vision::kimi_mmproj_bytes(vision::KimiVision::KimiVl),

@@ -139,10 +139,14 @@ impl scaffold::EngineBody for DsaEngine {
         }
     }
 
+    fn takes_embeddings(&self) -> bool {
+        true
+    }
+
     fn micro_batch(
         &self,
         rows: &[Row],
-        _embeddings: &[f32],
+        embeddings: &[f32],
         memory: &mut StepMemory<'_>,
         logits: &mut [&mut Vec<f32>],
         s: &mut Scratch,
@@ -150,7 +154,7 @@ impl scaffold::EngineBody for DsaEngine {
         let c = &self.config;
         let (n, eps, gguf) = (rows.len(), c.mla.norm_eps, &*self.rt.gguf);
         s.residual
-            .embed(rows, &self.weights.token_embd.view(gguf)?, &[])?;
+            .embed(rows, &self.weights.token_embd.view(gguf)?, embeddings)?;
         // Selecting grows nothing once these hold the largest context and this many rows.
         s.indexer.reserve(self.rt.n_ctx, c.indexer.top_k);
         s.selection.reserve(n, c.indexer.top_k.min(self.rt.n_ctx));

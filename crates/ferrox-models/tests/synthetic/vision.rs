@@ -1097,6 +1097,35 @@ pub const KIMI_CHAT_TEMPLATE: &str = "{% for message in messages %}\
 {{ '<|im_' + message['role'] + '|>' + message['role'] + '<|im_middle|>' + message['content'] + '<|im_end|>' }}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}";
 
+/// GLM-5.2-V's markers and turns: its text model (`glm-dsa`) takes Kimi-K2.5's projector.
+pub const GLM_CONTROL_TOKENS: [&str; 4] = [
+    "<|user|>",
+    "<|assistant|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+];
+pub const GLM_CHAT_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|' + message['role'] + '|>' + message['content'] }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}";
+const GLM_TEXT_SEED: u64 = 0x011a_0341;
+
+/// A `glm-dsa` text model (the synthetic glm-dsa's shapes: DeepSeek Sparse Attention over
+/// MLA, every matrix F32) whose vocabulary holds GLM-5.2-V's turn and image markers: with
+/// `kimik25.mmproj.gguf`, a GLM-5.2-V pair.
+pub fn glm5v_text_bytes() -> Vec<u8> {
+    let mut s = super::spec("glm-dsa");
+    s.seed = GLM_TEXT_SEED;
+    s.n_vocab = TEXT_N_VOCAB;
+    s.mla = s.mla.map(|m| super::MlaSpec {
+        chat: Some(super::ChatVocab {
+            control: &GLM_CONTROL_TOKENS,
+            template: GLM_CHAT_TEMPLATE,
+        }),
+        ..m
+    });
+    super::spec_gguf_bytes(s)
+}
+
 /// A Kimi projector (every tensor F32). Tensors, in ggml shape order:
 ///
 /// | name | ne |
