@@ -601,6 +601,7 @@ sweep_tests! {
     mistral4_sweep => "mistral4-sweep",
     qwen2vl => "qwen2vl",
     qwen3vl => "qwen3vl",
+    qwen3vlmoe => "qwen3vlmoe",
     qwen3moe_mxfp4 => "qwen3moe.mxfp4",
     llama_tq2_0 => "llama.tq2_0",
     llama_iq_mix => "llama.iq-mix",

@@ -112,12 +112,12 @@ impl RouterConfig {
     ///
     /// * `{arch}.expert_count`, `{arch}.expert_used_count`: required (a missing one is an
     ///   error naming the key).
-    /// * gating: `qwen2moe`, `qwen3moe`, `olmoe` and `llama` (Mixtral) always use softmax,
+    /// * gating: `qwen2moe`, `qwen3moe`, `qwen3vlmoe`, `olmoe` and `llama` (Mixtral) always use softmax,
     ///   as llama.cpp hard-codes; other architectures read `{arch}.expert_gating_func`
     ///   (1 softmax, 2 sigmoid, 3 softmax-weight; absent or 0 means softmax, except the
     ///   GLM-4.7-Lite files llama.cpp recognises under `deepseek2`: 47 or 48 layers and a
     ///   154880-token vocabulary, which mean sigmoid).
-    /// * normalisation: always on for `qwen3moe` and `llama`, always off for `qwen2moe` and
+    /// * normalisation: always on for `qwen3moe`, `qwen3vlmoe` and `llama`, always off for `qwen2moe` and
     ///   `olmoe`, otherwise `{arch}.expert_weights_norm` (default false).
     /// * `{arch}.expert_weights_scale` (default 0: no scaling).
     /// * `{arch}.expert_group_count` / `{arch}.expert_group_used_count` (default 0: no groups).
@@ -126,7 +126,7 @@ impl RouterConfig {
         let n_expert = count(md, &key("expert_count"))?;
         let n_used = count(md, &key("expert_used_count"))?;
         let gating = match arch {
-            "qwen2moe" | "qwen3moe" | "olmoe" | "llama" => Gating::Softmax,
+            "qwen2moe" | "qwen3moe" | "qwen3vlmoe" | "olmoe" | "llama" => Gating::Softmax,
             _ => {
                 let k = key("expert_gating_func");
                 match md.opt_u32(&k)?.unwrap_or(0) {
@@ -145,7 +145,7 @@ impl RouterConfig {
             }
         };
         let norm_weights = match arch {
-            "qwen3moe" | "llama" => true,
+            "qwen3moe" | "qwen3vlmoe" | "llama" => true,
             "qwen2moe" | "olmoe" => false,
             _ => md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false),
         };

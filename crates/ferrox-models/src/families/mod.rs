@@ -26,6 +26,7 @@ mod qwen2vl;
 mod qwen3;
 mod qwen3moe;
 mod qwen3vl;
+mod qwen3vlmoe;
 
 use std::sync::Arc;
 
@@ -63,6 +64,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     qwen3moe::ARCH,
     qwen2vl::ARCH,
     qwen3vl::ARCH,
+    qwen3vlmoe::ARCH,
     olmoe::ARCH,
     deepseek2::ARCH,
     mistral4::ARCH,

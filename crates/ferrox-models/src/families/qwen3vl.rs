@@ -2,7 +2,7 @@
 //! for text, NeoX RoPE with the pairs of the fourth position held still (see
 //! [`super::qwen2vl`]; with Qwen3-VL's sections [24, 20, 20, 0], pairs 61 and 62). The
 //! "deepstack" inputs that image rows add to the first layers' outputs are zero for text
-//! tokens. Images need the Qwen3-VL projector, which is not built.
+//! tokens.
 
 use ferrox_gguf::Metadata;
 
@@ -17,16 +17,23 @@ pub const ARCH: super::Architecture = super::Architecture {
 };
 
 pub fn config(meta: &Metadata<'_>) -> Result<DecoderConfig, ModelError> {
-    let mut config = read_common(meta, "qwen3vl", RopeStyle::Neox)?;
+    config_of(meta, "qwen3vl")
+}
+
+/// Qwen3-VL's attention, M-RoPE and deepstack under `arch`'s keys (the MoE variant's too).
+pub fn config_of(meta: &Metadata<'_>, arch: &str) -> Result<DecoderConfig, ModelError> {
+    let mut config = read_common(meta, arch, RopeStyle::Neox)?;
     config.qk_norm = true;
-    config.deepstack_layers = meta.opt_usize("qwen3vl.n_deepstack_layers")?.unwrap_or(0);
+    config.deepstack_layers = meta
+        .opt_usize(&format!("{arch}.n_deepstack_layers"))?
+        .unwrap_or(0);
     if config.deepstack_layers > config.layers.len() {
         return Err(ModelError::Config(format!(
-            "`qwen3vl.n_deepstack_layers` = {} with {} layers",
+            "`{arch}.n_deepstack_layers` = {} with {} layers",
             config.deepstack_layers,
             config.layers.len()
         )));
     }
-    super::qwen2vl::text_mrope(meta, "qwen3vl", &mut config, true)?;
+    super::qwen2vl::text_mrope(meta, arch, &mut config, true)?;
     Ok(config)
 }

@@ -94,7 +94,13 @@ pub const MLA_MODELS: &[&str] = &[
 /// and 32 value dims, 4 experts (2 used) in 2 groups (1 kept) with one shared expert, sigmoid
 /// routing with `exp_probs_b`, normalised weights scaled by 2.5, YaRN (factor 4, original
 /// context 64).
-pub const SWEEP_MODELS: &[&str] = &["deepseek2-sweep", "mistral4-sweep", "qwen2vl", "qwen3vl"];
+pub const SWEEP_MODELS: &[&str] = &[
+    "deepseek2-sweep",
+    "mistral4-sweep",
+    "qwen2vl",
+    "qwen3vl",
+    "qwen3vlmoe",
+];
 
 /// Tokens in a sweep model's sequence: every prompt length up to this is checked.
 pub const SWEEP_TOKENS: usize = 160;
@@ -445,6 +451,16 @@ pub fn spec(arch: &str) -> Spec {
             rms_eps: 1e-6,
             rope_base: 5000000.0,
             types: same(T::F32),
+        },
+        // Qwen3-VL's attention and M-RoPE with qwen3moe's experts, every matrix F32.
+        "qwen3vlmoe" => Spec {
+            arch: "qwen3vlmoe",
+            seed: 0x011a_0a04,
+            mla: None,
+            rms_eps: 1e-6,
+            rope_base: 5000000.0,
+            types: same(T::F32),
+            ..spec("qwen3moe")
         },
         "qwen3" => Spec {
             arch: "qwen3",
@@ -1033,7 +1049,7 @@ fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values
             // Phi-3 files carry a window; llama.cpp disables Phi's SWA, so it must not matter.
             w.set(key("attention.sliding_window"), 16u32);
         }
-        "qwen2vl" | "qwen3vl" => {
+        "qwen2vl" | "qwen3vl" | "qwen3vlmoe" => {
             // Time, height, width and a fourth section, in rotated pairs (Qwen2.5-VL's
             // [16, 24, 24, 0] at head size 128, halved). Interleaved (qwen3vl), pairs 24, 27
             // and 30 take the fourth position: text leaves them still.
@@ -1128,7 +1144,10 @@ fn spec_gguf_bytes_with(s: Spec, extra: impl FnOnce(&mut GgufWriter, &mut Values
             vector(&mut w, v, &n("attn_q_norm.weight"), q_w, 1.0, 0.1);
             vector(&mut w, v, &n("attn_k_norm.weight"), kv_w, 1.0, 0.1);
         }
-        if a == "qwen3" || a == "gemma3" || a == "qwen3moe" || a == "qwen3vl" {
+        if matches!(
+            a,
+            "qwen3" | "gemma3" | "qwen3moe" | "qwen3vl" | "qwen3vlmoe"
+        ) {
             vector(&mut w, v, &n("attn_q_norm.weight"), s.head_dim, 1.0, 0.1);
             vector(&mut w, v, &n("attn_k_norm.weight"), s.head_dim, 1.0, 0.1);
         }
