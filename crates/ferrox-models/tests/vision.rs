@@ -383,8 +383,12 @@ fn check_pair_greedy(
     let mut enc = encoder(&format!("{projector}.mmproj.gguf"), true);
     enc.fit_markers_to(engine.gguf());
     assert_eq!(engine.input_embedding_size(), enc.output_width());
-    let stem = model.trim_end_matches(".gguf");
-    let reference = if stem == "kimi" { projector } else { stem };
+    // The GLM-5.2-V pair's references are named by its text model (its projector is
+    // Kimi-K2.5's), every other pair's by its projector.
+    let reference = match model {
+        "glm5v.gguf" => "glm5v",
+        _ => projector,
+    };
     for name in QWEN_IMAGES {
         let file = format!("{name}.{reference}.greedy.json");
         let path = dir().join("ref").join(file);
