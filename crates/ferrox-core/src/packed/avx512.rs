@@ -17,7 +17,7 @@ use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
 
-use super::avx512_kquants::{AffineKBlock, I8KBlock, Iq4XsBlock, Q6KBlock};
+use super::avx512_kquants::{AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -33,10 +33,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q6K => groups::<Q6KBlock>,
         PackedFormat::I8K => groups::<I8KBlock>,
         PackedFormat::Iq4Xs => groups::<Iq4XsBlock>,
-        // No AVX-512 kernel for these yet: the AVX2 one, which gives the same bits (every
-        // CPU with AVX-512 VNNI that `Isa::Avx512Vnni` admits has AVX2, FMA and F16C too,
-        // see `Isa::is_available`).
-        PackedFormat::Q2K | PackedFormat::Q3K => super::avx2::kernel(format),
+        PackedFormat::Q2K => groups::<Q2KBlock>,
+        PackedFormat::Q3K => groups::<Q3KBlock>,
     }
 }
 

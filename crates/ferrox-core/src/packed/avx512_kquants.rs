@@ -1,8 +1,9 @@
-//! The AVX-512 VNNI kernels over packed Q4_K, Q5_K and Q6_K groups (and I8K, the
-//! i-quants' int8 form, as Q6_K with full-byte codes): per sub-block one exact
+//! The AVX-512 VNNI kernels over packed Q2_K, Q3_K, Q4_K, Q5_K and Q6_K groups (and I8K,
+//! the i-quants' int8 form, as Q6_K with full-byte codes): per sub-block one exact
 //! integer sum per row by `vpdpbusd` (as for the 32-value formats), scaled by the row's
-//! sub-block scale with an integer multiply; the minimums (Q4_K) or the codes' offset of 32
-//! (Q6_K) by `vpdpwssd` against pairs of the activation's sums of 16 values;
+//! sub-block scale with an integer multiply; the minimums (Q2_K, Q4_K) or the codes'
+//! offset (Q3_K's 4, Q6_K's 32) by `vpdpwssd` against pairs of the activation's sums of
+//! 16 values;
 //! then per super-block and token one or two fused multiply-adds for all sixteen rows,
 //! as the scalar reference does row by row.
 //!
@@ -13,8 +14,9 @@ use std::arch::x86_64::*;
 
 use super::avx512::{broadcast_i32, dot32, nibbles, Block};
 use super::layout::{
-    affine_k_codes_at, iq4xs_codes_at, q6k_high_at, q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT,
-    IQ4NL_CODES, IQ4XS_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
+    affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
+    q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, Q2K_DMIN_AT,
+    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
     Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
@@ -22,6 +24,8 @@ use super::{PackedFormat, GROUP_ROWS};
 /// Q4_K, or Q5_K when `FIFTH` (the same with a fifth bit per code).
 pub(super) struct AffineKBlock<const FIFTH: bool>;
 pub(super) struct Q6KBlock;
+pub(super) struct Q2KBlock;
+pub(super) struct Q3KBlock;
 pub(super) struct I8KBlock;
 pub(super) struct Iq4XsBlock;
 
@@ -183,8 +187,137 @@ impl Block for I8KBlock {
     }
 }
 
+/// The four quads of a Q2_K or Q3_K code vector at `p`: quad `k` in bits `2k..2k+2` of
+/// each byte, moved down and masked (what a 16-bit shift brings from the next byte lands
+/// above bit 1, where the mask clears it).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn two_bit_quads(p: *const u8) -> [__m512i; 4] {
+    let mask = _mm512_set1_epi8(3);
+    // SAFETY: the caller passes a whole 64-byte vector.
+    let v = unsafe { _mm512_loadu_si512(p.cast()) };
+    [
+        _mm512_and_si512(v, mask),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(v), mask),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(v), mask),
+    ]
+}
+
+impl Block for Q3KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q3K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            offset_block::<N, 2>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
+                |s| {
+                    // Bit 4i + k of a plane byte is the third bit of quad k of sub-block
+                    // 2p + i: a test against it gives the bytes to add 4 to.
+                    let plane = _mm512_loadu_si512(block.add(q3k_high_at(s / 2)).cast());
+                    let low = two_bit_quads(block.add(q3k_low_at(s)));
+                    std::array::from_fn(|k| {
+                        let bit = _mm512_set1_epi8((1u8 << (4 * (s % 2) + k)) as i8);
+                        let third = _mm512_test_epi8_mask(plane, bit);
+                        _mm512_mask_add_epi8(low[k], third, low[k], _mm512_set1_epi8(4))
+                    })
+                },
+            )
+        }
+    }
+}
+
+impl Block for Q2KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q2K;
+
+    /// Per sub-block of 16 values `Σ code·x` by `vpdpbusd` times its 4-bit scale; the
+    /// minimums (the scale bytes' high nibbles) by `vpdpwssd` against the activation's
+    /// pairs of sums of 16; then the scalar reference's two fused multiply-adds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let zero = _mm512_setzero_si512();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut scaled = [zero; N];
+            let mut mins = [zero; N];
+            for p in 0..8 {
+                // Lane r: row r's scale bytes (`m << 4 | scale`) of sub-blocks 2p and 2p + 1
+                // as two i16.
+                let pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                    block.add(Q2K_SCALES_AT + 32 * p).cast(),
+                ));
+                let scale_pair = _mm512_and_si512(pair, _mm512_set1_epi16(15));
+                let scales = [
+                    _mm512_srli_epi32::<16>(_mm512_slli_epi32::<16>(scale_pair)),
+                    _mm512_srli_epi32::<16>(scale_pair),
+                ];
+                let min_pair = _mm512_srli_epi16::<4>(pair);
+                for (i, scale) in scales.iter().enumerate() {
+                    let s = 2 * p + i;
+                    let codes = two_bit_quads(block.add(q2k_codes_at(s)));
+                    for t in 0..N {
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                        let sum = sixteen(&codes, x);
+                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
+                    }
+                }
+                for t in 0..N {
+                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
+                    mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
+                }
+            }
+            let dw = f16x16(block);
+            let dmin = f16x16(block.add(Q2K_DMIN_AT));
+            for t in 0..N {
+                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+                let s = _mm512_cvtepi32_ps(scaled[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
+                let m = _mm512_cvtepi32_ps(mins[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
+            }
+        }
+    }
+}
+
+/// `Σ code·x` per row lane over one sub-block of 16 values: `codes[k]` holds values
+/// `4k..4k + 4` of each row (unsigned), `x` the 16 activation bytes.
+///
+/// # Safety
+/// The CPU has the kernels' features; `x` addresses 16 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn sixteen(codes: &[__m512i; 4], x: *const u8) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
+        let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
+        let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
+        let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
+        _mm512_add_epi32(even, odd)
+    }
+}
+
 /// A super-block of signed scales per 16 values and unsigned codes offset by `1 << SHIFT`
-/// (Q6_K, I8K): `codes(s)` gives sub-block `s`'s four code vectors.
+/// (Q3_K, Q6_K, I8K): `codes(s)` gives sub-block `s`'s four code vectors.
 #[inline(always)]
 unsafe fn offset_block<const N: usize, const SHIFT: u32>(
     block: *const u8,
@@ -201,6 +334,7 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
         for p in 0..8 {
             // Lane r: row r's scales 2p and 2p + 1 as two i16.
             const _: () = assert!(Q6K_SCALES_AT == I8K_SCALES_AT);
+            const _: () = assert!(Q6K_SCALES_AT == Q3K_SCALES_AT);
             let pair =
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(block.add(Q6K_SCALES_AT + 32 * p).cast()));
             let scales = [
@@ -212,11 +346,7 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
                 let codes = codes(s);
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let even = _mm512_dpbusd_epi32(zero, codes[0], broadcast_i32(x));
-                    let even = _mm512_dpbusd_epi32(even, codes[2], broadcast_i32(x.add(8)));
-                    let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
-                    let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
-                    let sum = _mm512_add_epi32(even, odd);
+                    let sum = sixteen(&codes, x);
                     scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
                 }
             }

@@ -14,7 +14,7 @@
 //! Every result is computed by the same operations whatever the number of tokens, the
 //! split of rows across threads or the instruction set: the scalar reference and the
 //! AVX2 and AVX-512 kernels give the same bits, and a row's logits do not depend on its
-//! batch. (Q2_K and Q3_K have no AVX-512 kernel yet: AVX-512 machines run their AVX2 one.)
+//! batch.
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
 //! formats are described in `layout.rs`; a block of the others is `[16 f16 scales]`, for
