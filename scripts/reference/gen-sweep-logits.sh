@@ -35,6 +35,9 @@
 #                              llama.cpp requires for a quantized V, into .../fixtures/kv-q8_0/ (kv-q4_0/ ...), with
 #                              `quantization_effect`: how far that run lands from llama.cpp's
 #                              own f32-cache run of the same file (fixtures/sweep/).
+#   gen-sweep-logits.sh kv-q8_0-f16v  a q8_0 K with the default f16 V (what `-ctk q8_0` alone
+#                              gives; kv-q4_0-f16v likewise), the same models, into
+#                              .../fixtures/kv-q8_0-f16v/: llama.cpp accumulates an f16 V in f16.
 #
 #   ONLY="exaone.f32 ..." regenerates just those models' files.
 set -euo pipefail
@@ -55,6 +58,9 @@ case "$SET" in
     deepseek4-default) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
     kv-q8_0|kv-q4_0|kv-q4_1|kv-q5_0|kv-q5_1|kv-iq4_nl|kv-bf16) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
+    kv-q8_0-f16v|kv-q4_0-f16v) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"; KV_TYPE="${KV_TYPE%-f16v}"
+        KV_TYPE_V=f16
+        ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
     *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE]" >&2
        exit 2 ;;
 esac
@@ -71,7 +77,7 @@ while read -r name path _; do
     case "$name" in *.f32) greedy="$N_GREEDY" ;; *) greedy="$N_GREEDY_MLA" ;; esac
     echo "sweep: $name" >&2
     if [ -n "${KV_TYPE:-}" ]; then
-        LLAMA_REF_FLASH_ATTN=1 LLAMA_REF_KV_TYPE="$KV_TYPE" \
+        LLAMA_REF_FLASH_ATTN=1 LLAMA_REF_KV_TYPE="$KV_TYPE" LLAMA_REF_KV_TYPE_V="${KV_TYPE_V:-$KV_TYPE}" \
             "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
     elif [ -n "${DEFAULTS:-}" ]; then
         "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"

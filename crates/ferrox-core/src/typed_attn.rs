@@ -11,7 +11,8 @@
 //!   `exp(s − max)`;
 //! * each value row is decoded to f32 and added as `acc = v·w + acc` with fused
 //!   multiply-adds (`ggml_vec_mad_f32`), per element, so every instruction set gives the
-//!   same bits.
+//!   same bits; f16 values (a quantized K with the default V) are accumulated in f16 as ggml
+//!   does (`VKQ16`: every scaling and every fused multiply-add rounded to f16).
 //!
 //! The queries of a group sharing one KV head go together, key by key, so each key and value
 //! row is read and decoded once for all of them.
@@ -188,11 +189,12 @@ impl TypedGroup {
                 let value = &run.values[(start + j) * run.value_stride..][..self.value_bytes];
                 decode_row(self.isa, self.values, value, &mut self.rows[j * dv..][..dv]);
             }
+            let in_f16 = self.values == KvType::F16;
             for g in 0..n {
                 let acc = &mut self.acc[g * dv..(g + 1) * dv];
                 accumulate(
                     self.isa,
-                    acc,
+                    (acc, in_f16),
                     &self.rows[..nb * dv],
                     &ms[g][..nb],
                     &vs[g][..nb],
@@ -236,23 +238,34 @@ fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
 }
 
 /// For each value row `j` of `rows` (`acc.len()` values each) in order: `acc = acc·ms[j]`
-/// where `ms[j] != 1`, then `acc[i] = row[i]·vs[j] + acc[i]`, fused, element by element.
-fn accumulate(isa: Isa, acc: &mut [f32], rows: &[f32], ms: &[f32], vs: &[f32]) {
+/// where `ms[j] != 1`, then `acc[i] = row[i]·vs[j] + acc[i]`, fused, element by element;
+/// with `in_f16`, each result rounded to f16 (ggml's f16 accumulator for f16 values:
+/// `ggml_vec_scale_f16`, `ggml_vec_mad_f16`).
+fn accumulate(isa: Isa, (acc, in_f16): (&mut [f32], bool), rows: &[f32], ms: &[f32], vs: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
-        // SAFETY: `isa` is available (checked when the group started) and has FMA.
-        unsafe { x86::accumulate(acc, rows, ms, vs) };
+        // SAFETY: `isa` is available (checked when the group started) and has FMA and F16C.
+        unsafe {
+            match in_f16 {
+                true => x86::accumulate::<true>(acc, rows, ms, vs),
+                false => x86::accumulate::<false>(acc, rows, ms, vs),
+            }
+        };
         return;
     }
     let _ = isa;
     let dv = acc.len();
+    let round = |x: f32| match in_f16 {
+        true => half::f16::from_f32(x).to_f32(),
+        false => x,
+    };
     for ((row, &m), &v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
         if m != 1.0 {
-            acc.iter_mut().for_each(|a| *a *= m);
+            acc.iter_mut().for_each(|a| *a = round(*a * m));
         }
         acc.iter_mut()
             .zip(row)
-            .for_each(|(a, &x)| *a = x.mul_add(v, *a));
+            .for_each(|(a, &x)| *a = round(x.mul_add(v, *a)));
     }
 }
 
@@ -278,10 +291,30 @@ mod x86 {
         }
     }
 
+    /// `x` rounded to f16 (to nearest, ties to even) and back.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn through_f16(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
     /// [`super::accumulate`] with 32 accumulators at a time in registers (the same
-    /// operations per element).
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn accumulate(acc: &mut [f32], rows: &[f32], ms: &[f32], vs: &[f32]) {
+    /// operations per element); `F16` rounds each result to f16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn accumulate<const F16: bool>(
+        acc: &mut [f32],
+        rows: &[f32],
+        ms: &[f32],
+        vs: &[f32],
+    ) {
+        let round = |x: __m256| if F16 { through_f16(x) } else { x };
+        let round1 = |x: f32| {
+            if F16 {
+                half::f16::from_f32(x).to_f32()
+            } else {
+                x
+            }
+        };
         let dv = acc.len();
         let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
         let whole = dv - dv % 32;
@@ -299,12 +332,12 @@ mod x86 {
                 for j in 0..n {
                     if ms[j] != 1.0 {
                         let m = _mm256_set1_ps(ms[j]);
-                        a.iter_mut().for_each(|a| *a = _mm256_mul_ps(*a, m));
+                        a.iter_mut().for_each(|a| *a = round(_mm256_mul_ps(*a, m)));
                     }
                     let v = _mm256_set1_ps(vs[j]);
                     let r = rows.as_ptr().add(j * dv + i);
                     for (k, a) in a.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(r.add(8 * k)), v, *a);
+                        *a = round(_mm256_fmadd_ps(_mm256_loadu_ps(r.add(8 * k)), v, *a));
                     }
                 }
                 for (k, a) in a.iter().enumerate() {
@@ -317,9 +350,9 @@ mod x86 {
             let mut a = acc[d];
             for j in 0..n {
                 if ms[j] != 1.0 {
-                    a *= ms[j];
+                    a = round1(a * ms[j]);
                 }
-                a = rows[j * dv + d].mul_add(vs[j], a);
+                a = round1(rows[j * dv + d].mul_add(vs[j], a));
             }
             acc[d] = a;
         }
@@ -352,16 +385,31 @@ mod tests {
 
     #[test]
     fn accumulation_is_the_same_on_every_isa() {
-        for dv in [64, 77, 128] {
+        for (dv, in_f16) in [64, 77, 128]
+            .into_iter()
+            .flat_map(|d| [(d, false), (d, true)])
+        {
             let rows = values(5 * dv, 9);
-            let start = values(dv, 10);
+            // An f16 accumulator holds f16 values.
+            let start: Vec<f32> = values(dv, 10)
+                .into_iter()
+                .map(|x| match in_f16 {
+                    true => half::f16::from_f32(x).to_f32(),
+                    false => x,
+                })
+                .collect();
             let ms = [0.5, 1.0, 1.0, 0.25, 1.0];
             let vs = [1.0, 0.3, 0.7, 1.0, 0.01];
             let mut reference = start.clone();
-            accumulate(Isa::Scalar, &mut reference, &rows, &ms, &vs);
+            accumulate(Isa::Scalar, (&mut reference, in_f16), &rows, &ms, &vs);
+            // Every value is an f16 one when accumulating in f16, and not otherwise.
+            let representable = reference
+                .iter()
+                .all(|&a| half::f16::from_f32(a).to_f32() == a);
+            assert_eq!(representable, in_f16, "head {dv}");
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
                 let mut acc = start.clone();
-                accumulate(isa, &mut acc, &rows, &ms, &vs);
+                accumulate(isa, (&mut acc, in_f16), &rows, &ms, &vs);
                 assert!(acc
                     .iter()
                     .zip(&reference)

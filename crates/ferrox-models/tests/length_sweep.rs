@@ -622,13 +622,25 @@ sweep_tests! {
 /// its f32-cache run over the sequence, 0.037-0.71 at q8_0, 0.29-1.3 at q4_0). The bar is a
 /// quarter of that at every step: ours lands within 0.3-14% of it (phi3 at q8_0 the most),
 /// while a cache not rotated misses at the first or second position of every model.
-fn quantized_cache_sweep(name: &str, ty: KvType) {
-    let dir = format!("kv-{}", ty.name());
+///
+/// A quantized K with the default f16 V (`-ctk q8_0` alone, `fixtures/kv-<type>-f16v/`) is held
+/// the same way: there llama.cpp accumulates the values in f16, as ours does.
+fn quantized_cache_sweep(name: &str, cache: KvStorage) {
+    let (ty, values) = (cache.keys, cache.values);
+    let dir = match values == ty {
+        true => format!("kv-{}", ty.name()),
+        false => format!("kv-{}-{}v", ty.name(), values.name()),
+    };
     let fx = fixture(&dir, name);
     assert_eq!(
         fx["settings"]["type_k"],
         ty.name(),
         "{name}: the fixture's cache"
+    );
+    assert_eq!(
+        fx["settings"]["type_v"],
+        values.name(),
+        "{name}: the fixture's value cache"
     );
     let effect = fx["quantization_effect"]["sequence_max_abs_logprob"]
         .as_f64()
@@ -638,15 +650,16 @@ fn quantized_cache_sweep(name: &str, ty: KvType) {
         "{name}: rounding the cache changed nothing ({effect})"
     );
     let bar = Bar {
-        kv_storage: KvStorage::uniform(ty),
+        kv_storage: cache,
         tolerance: QUANTIZED_CACHE_SHARE * effect,
         outlier_positions: 0,
         greedy_misses: None,
     };
     sweep_with(name, synthetic::sweep_gguf_bytes(name), fx, &bar);
     eprintln!(
-        "{name} ({} cache): held within {:.2e}",
+        "{name} ({}/{} cache): held within {:.2e}",
         ty.name(),
+        values.name(),
         bar.tolerance
     );
 }
@@ -656,10 +669,13 @@ fn quantized_cache_sweep(name: &str, ty: KvType) {
 const QUANTIZED_CACHE_SHARE: f64 = 0.25;
 
 macro_rules! quantized_cache_tests {
-    ($($test:ident => $name:literal, $ty:ident;)*) => {
+    ($($test:ident => $name:literal, $ty:ident $(/ $v:ident)?;)*) => {
         $(#[test]
         fn $test() {
-            quantized_cache_sweep($name, KvType::$ty);
+            #[allow(unused_mut)]
+            let mut cache = KvStorage::uniform(KvType::$ty);
+            $(cache.values = KvType::$v;)?
+            quantized_cache_sweep($name, cache);
         })*
     };
 }
@@ -680,4 +696,9 @@ quantized_cache_tests! {
     llama_q5_1_cache => "llama.f32", Q5_1;
     llama_iq4_nl_cache => "llama.f32", Iq4Nl;
     llama_bf16_cache => "llama.f32", Bf16;
+    llama_q8_0_f16v_cache => "llama.f32", Q8_0 / F16;
+    qwen2_q8_0_f16v_cache => "qwen2.f32", Q8_0 / F16;
+    gemma3_q8_0_f16v_cache => "gemma3.f32", Q8_0 / F16;
+    phi3_q8_0_f16v_cache => "phi3.f32", Q8_0 / F16;
+    qwen3moe_q8_0_f16v_cache => "qwen3moe.f32", Q8_0 / F16;
 }
