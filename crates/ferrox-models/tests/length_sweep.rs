@@ -624,7 +624,9 @@ sweep_tests! {
 /// while a cache not rotated misses at the first or second position of every model.
 ///
 /// A quantized K with the default f16 V (`-ctk q8_0` alone, `fixtures/kv-<type>-f16v/`) is held
-/// the same way: there llama.cpp accumulates the values in f16, as ours does.
+/// the same way: there llama.cpp accumulates the values in f16, as ours does. So are the MLA
+/// models' quantized latent caches (deepseek2, mistral4; not rotated, as llama.cpp does not
+/// rotate a cache without values of its own).
 fn quantized_cache_sweep(name: &str, cache: KvStorage) {
     let (ty, values) = (cache.keys, cache.values);
     let dir = match values == ty {
@@ -696,6 +698,10 @@ quantized_cache_tests! {
     llama_q5_1_cache => "llama.f32", Q5_1;
     llama_iq4_nl_cache => "llama.f32", Iq4Nl;
     llama_bf16_cache => "llama.f32", Bf16;
+    deepseek2_q8_0_cache => "deepseek2.f32", Q8_0;
+    mistral4_q8_0_cache => "mistral4.f32", Q8_0;
+    deepseek2_q4_0_cache => "deepseek2.f32", Q4_0;
+    mistral4_q4_0_cache => "mistral4.f32", Q4_0;
     llama_q8_0_f16v_cache => "llama.f32", Q8_0 / F16;
     qwen2_q8_0_f16v_cache => "qwen2.f32", Q8_0 / F16;
     gemma3_q8_0_f16v_cache => "gemma3.f32", Q8_0 / F16;

@@ -41,6 +41,40 @@ fn cache_holds_only_the_latent_and_the_rope_part() {
 }
 
 #[test]
+fn a_quantized_latent_cache_takes_its_blocks_where_it_is_built() {
+    use ferrox_core::KvType;
+    // `-ctk q8_0`: the latent rows as Q8_0 blocks of 32 (34 bytes), whatever `-ctv` says (the
+    // rows hold the values too).
+    let mut storage = KvStorage::uniform(KvType::Q8_0);
+    storage.values = KvType::F16;
+    let spec = synthetic::spec("deepseek2");
+    let mla = spec.mla.as_ref().unwrap();
+    let e = engine("deepseek2", storage);
+    let width = mla.kv_lora_rank + mla.qk_rope;
+    let per_token = width / 32 * 34 * spec.n_layer;
+    let state = e.new_state().unwrap();
+    assert_eq!(state.bytes_per_position(), per_token as f64);
+    // Refused by name: an `attn_kv_b` file (llama.cpp caches whole heads for it), and the
+    // multi-token-prediction block (its stored states would be rounded with the cache).
+    let refused = |name: &str, mtp: bool| {
+        let gguf = Gguf::from_bytes(synthetic::gguf_bytes(name)).expect("parse");
+        let options = EngineOptions {
+            n_ctx: 96,
+            threads: 2,
+            kv_storage: KvStorage::uniform(KvType::Q8_0),
+            mtp,
+            ..EngineOptions::default()
+        };
+        ferrox_models::load_as::<MlaEngine>(Arc::new(gguf), &options)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    assert!(refused("deepseek2-kvb", false).contains("attn_kv_b"));
+    assert!(refused("deepseek2-mtp", true).contains("multi-token-prediction"));
+}
+
+#[test]
 fn truncation_rolls_the_sequence_back() {
     let e = engine("deepseek2-v3", KvStorage::F16);
     let tokens = synthetic::token_ids("deepseek2-v3");

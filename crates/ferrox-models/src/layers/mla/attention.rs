@@ -570,7 +570,7 @@ fn decompressed(
             let v16 = to_f16(values, &mut s.values16);
             (KvRows::F16(k16), KvRows::F16(v16))
         }
-        other => unreachable!("MLA engines refuse a {} cache at load", other.name()),
+        other => unreachable!("a {} latent cache is always read absorbed", other.name()),
     };
 
     let q = &mut s.q[seg.start * h * dk..seg.end * h * dk];
