@@ -1468,17 +1468,23 @@ fn serve_takes_qwen_vl_images_as_llama_server_does() {
     for (model, projector) in [("qwen2vl", "qwen25vl"), ("qwen3vl", "qwen3vl")] {
         serve_vision_pair(&fixtures, model, projector);
     }
-    let mmproj = fixtures.join("qwen25vl.mmproj.gguf");
-    let gemma = fixtures.join("gemma3.gguf");
+    assert_mmproj_refused(&fixtures, ("gemma3", "qwen25vl"), "M-RoPE");
+}
+
+/// `ferrox serve` with `<model>.gguf` and `<projector>.mmproj.gguf` of `fixtures` refuses to
+/// start, saying `why`.
+fn assert_mmproj_refused(fixtures: &std::path::Path, (model, projector): (&str, &str), why: &str) {
+    let model = fixtures.join(format!("{model}.gguf"));
+    let mmproj = fixtures.join(format!("{projector}.mmproj.gguf"));
     let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(["serve", "-m", gemma.to_str().unwrap(), "--mmproj"])
+        .args(["serve", "-m", model.to_str().unwrap(), "--mmproj"])
         .arg(&mmproj)
         .args(["--port", "0", "-t", "2"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("M-RoPE"), "{stderr}");
+    assert!(stderr.contains(why), "{stderr}");
 }
 
 #[test]
@@ -1492,17 +1498,7 @@ fn serve_takes_kimi_images_as_llama_server_does() {
         serve_vision_pair(&fixtures, "kimi", projector);
     }
     // Gemma 3's image tokens attend both ways: the MLA engine's attention cannot.
-    let mmproj = fixtures.join("gemma3.mmproj.gguf");
-    let kimi = fixtures.join("kimi.gguf");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(["serve", "-m", kimi.to_str().unwrap(), "--mmproj"])
-        .arg(&mmproj)
-        .args(["--port", "0", "-t", "2"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("both ways"), "{stderr}");
+    assert_mmproj_refused(&fixtures, ("kimi", "gemma3"), "both ways");
 }
 
 /// `ferrox serve` on a pair of `fixtures/vision` with an f32 cache (the f32 comparisons), 8

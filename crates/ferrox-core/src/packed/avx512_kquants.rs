@@ -96,20 +96,9 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
             for s in 0..8 {
                 let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
                 let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
-                for t in 0..N {
-                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * s));
-                    mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
-                }
+                add_pair_sums(xs, b, s, min_pair, &mut mins);
             }
-            let dw = f16x16(block);
-            let dmin = f16x16(block.add(Q4K_DMIN_AT));
-            for t in 0..N {
-                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-                let s = _mm512_cvtepi32_ps(scaled[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
-                let m = _mm512_cvtepi32_ps(mins[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
-            }
+            add_affine_block(block, Q4K_DMIN_AT, b, xs, (&scaled, &mins), acc);
         }
     }
 }
@@ -279,20 +268,61 @@ impl Block for Q2KBlock {
                         scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
                     }
                 }
-                for t in 0..N {
-                    let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
-                    mins[t] = _mm512_dpwssd_epi32(mins[t], min_pair, sums);
-                }
+                add_pair_sums(xs, b, p, min_pair, &mut mins);
             }
-            let dw = f16x16(block);
-            let dmin = f16x16(block.add(Q2K_DMIN_AT));
-            for t in 0..N {
-                let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
-                let s = _mm512_cvtepi32_ps(scaled[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
-                let m = _mm512_cvtepi32_ps(mins[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
-            }
+            add_affine_block(block, Q2K_DMIN_AT, b, xs, (&scaled, &mins), acc);
+        }
+    }
+}
+
+/// `sums[t] += Σ pair·x_sums` for the activations' pair `p` of sums of 16 values (i16 lanes
+/// against the two i16 sums of each row's pair of sub-blocks).
+///
+/// # Safety
+/// The CPU has the kernels' features; each token's block `b` is whole.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn add_pair_sums<const N: usize>(
+    xs: &[*const u8],
+    b: usize,
+    p: usize,
+    pair: __m512i,
+    sums: &mut [__m512i; N],
+) {
+    for (t, sum) in sums.iter_mut().enumerate() {
+        // SAFETY: the caller's contract.
+        let x = unsafe { broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p)) };
+        *sum = _mm512_dpwssd_epi32(*sum, pair, x);
+    }
+}
+
+/// An affine K-quant super-block's float step (Q2_K, Q4_K, Q5_K): the scaled sums times
+/// `d·dy`, less the minimums' sums times `dmin·dy`, as the scalar reference's two fused
+/// multiply-adds.
+///
+/// # Safety
+/// The CPU has the kernels' features; `block` is a whole group block, each token's block
+/// `b` is whole.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn add_affine_block<const N: usize>(
+    block: *const u8,
+    dmin_at: usize,
+    b: usize,
+    xs: &[*const u8],
+    (scaled, mins): (&[__m512i; N], &[__m512i; N]),
+    acc: &mut [__m512; N],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let dw = f16x16(block);
+        let dmin = f16x16(block.add(dmin_at));
+        for t in 0..N {
+            let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
+            let s = _mm512_cvtepi32_ps(scaled[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), s, acc[t]);
+            let m = _mm512_cvtepi32_ps(mins[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), m, acc[t]);
         }
     }
 }
@@ -350,10 +380,7 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
                     scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
                 }
             }
-            for t in 0..N {
-                let sums = broadcast_i32(xs[t].add(b * Q8K_BYTES + Q8K_SUMS_AT + 4 * p));
-                offsets[t] = _mm512_dpwssd_epi32(offsets[t], pair, sums);
-            }
+            add_pair_sums(xs, b, p, pair, &mut offsets);
         }
         let dw = f16x16(block);
         for t in 0..N {

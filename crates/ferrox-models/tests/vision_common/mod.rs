@@ -41,3 +41,29 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Each image's embeddings through `projector` with the default (f16) attention lie within
+/// llama.cpp's own flash-attention on/off band (`<image>.<projector>.default.embd` against
+/// `.f32.embd`); returns how many were checked.
+pub fn check_default_band(
+    projector: &str,
+    images: impl IntoIterator<Item = &'static str>,
+) -> usize {
+    let enc = encoder(&format!("{projector}.mmproj.gguf"), false);
+    let mut checked = 0;
+    for name in images {
+        // Under 64 patches llama.cpp's one-query kernel runs (queries rounded, outputs
+        // accumulated in f16), from there its tiled one: both are followed.
+        let ours = enc.encode(&image(name)).unwrap();
+        let default = reference_embd(&format!("{name}.{projector}.default.embd"));
+        let off = reference_embd(&format!("{name}.{projector}.f32.embd"));
+        let band = max_diff(&default, &off);
+        let d = max_diff(&ours.data, &default);
+        assert!(
+            d <= band,
+            "{name} ({projector}): {d} from llama.cpp's defaults, its own band {band}"
+        );
+        checked += 1;
+    }
+    checked
+}
