@@ -27,8 +27,10 @@
 //! `--vision` writes the Gemma 3 image-input files of `synthetic::vision` into OUT_DIR:
 //! `gemma3.gguf` (text model), `gemma3.mmproj.gguf` (F32 projector), `gemma3.f16.mmproj.gguf`
 //! (F16 projector), the Qwen-VL pairs (`qwen2vl.gguf`, `qwen25vl.mmproj.gguf`,
-//! `qwen2vl.mmproj.gguf`; `qwen3vl.gguf`, `qwen3vl.mmproj.gguf`) and the test images `<name>.png`; one `name path bytes` line each
-//! (`fixtures/vision/` holds them).
+//! `qwen2vl.mmproj.gguf`; `qwen3vl.gguf`, `qwen3vl.mmproj.gguf`), the Kimi pairs (`kimi.gguf`,
+//! `kimivl.mmproj.gguf`, `kimik25.mmproj.gguf`), the GLM-5.2-V text model (`glm5v.gguf`) and
+//! the test images `<name>.png`; one `name path bytes` line each (`fixtures/vision/` holds
+//! them).
 //! `--vision-bench-qwen OUT_DIR [LAYERS [SIZE...]]` writes the Qwen2.5-VL benchmark files:
 //! `qwen25vl-bench.gguf` (a 2048-wide `qwen2vl` text model of one layer, for the width),
 //! `qwen25vl-bench-l<LAYERS>.mmproj.gguf` (`synthetic::vision::qwen25vl_bench_shape`, default

@@ -707,4 +707,6 @@ quantized_cache_tests! {
     gemma3_q8_0_f16v_cache => "gemma3.f32", Q8_0 / F16;
     phi3_q8_0_f16v_cache => "phi3.f32", Q8_0 / F16;
     qwen3moe_q8_0_f16v_cache => "qwen3moe.f32", Q8_0 / F16;
+    llama_q4_0_f16v_cache => "llama.f32", Q4_0 / F16;
+    qwen3moe_q4_0_f16v_cache => "qwen3moe.f32", Q4_0 / F16;
 }
