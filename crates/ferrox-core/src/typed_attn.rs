@@ -237,6 +237,11 @@ fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     crate::quant::dequantize_row(ty.ggml(), bytes, out).expect("a row is whole blocks of its type");
 }
 
+/// `x` rounded to f16 (to nearest, ties to even) and back: an f16 accumulator's value.
+fn through_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
 /// For each value row `j` of `rows` (`acc.len()` values each) in order: `acc = acc·ms[j]`
 /// where `ms[j] != 1`, then `acc[i] = row[i]·vs[j] + acc[i]`, fused, element by element;
 /// with `in_f16`, each result rounded to f16 (ggml's f16 accumulator for f16 values:
@@ -255,10 +260,7 @@ fn accumulate(isa: Isa, (acc, in_f16): (&mut [f32], bool), rows: &[f32], ms: &[f
     }
     let _ = isa;
     let dv = acc.len();
-    let round = |x: f32| match in_f16 {
-        true => half::f16::from_f32(x).to_f32(),
-        false => x,
-    };
+    let round = |x: f32| if in_f16 { through_f16(x) } else { x };
     for ((row, &m), &v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
         if m != 1.0 {
             acc.iter_mut().for_each(|a| *a = round(*a * m));
@@ -291,10 +293,10 @@ mod x86 {
         }
     }
 
-    /// `x` rounded to f16 (to nearest, ties to even) and back.
+    /// [`super::through_f16`] of eight values.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn through_f16(x: __m256) -> __m256 {
+    fn through_f16x8(x: __m256) -> __m256 {
         _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
 
@@ -307,14 +309,8 @@ mod x86 {
         ms: &[f32],
         vs: &[f32],
     ) {
-        let round = |x: __m256| if F16 { through_f16(x) } else { x };
-        let round1 = |x: f32| {
-            if F16 {
-                half::f16::from_f32(x).to_f32()
-            } else {
-                x
-            }
-        };
+        let round = |x: __m256| if F16 { through_f16x8(x) } else { x };
+        let round1 = |x: f32| if F16 { super::through_f16(x) } else { x };
         let dv = acc.len();
         let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
         let whole = dv - dv % 32;
@@ -393,19 +389,14 @@ mod tests {
             // An f16 accumulator holds f16 values.
             let start: Vec<f32> = values(dv, 10)
                 .into_iter()
-                .map(|x| match in_f16 {
-                    true => half::f16::from_f32(x).to_f32(),
-                    false => x,
-                })
+                .map(|x| if in_f16 { through_f16(x) } else { x })
                 .collect();
             let ms = [0.5, 1.0, 1.0, 0.25, 1.0];
             let vs = [1.0, 0.3, 0.7, 1.0, 0.01];
             let mut reference = start.clone();
             accumulate(Isa::Scalar, (&mut reference, in_f16), &rows, &ms, &vs);
             // Every value is an f16 one when accumulating in f16, and not otherwise.
-            let representable = reference
-                .iter()
-                .all(|&a| half::f16::from_f32(a).to_f32() == a);
+            let representable = reference.iter().all(|&a| through_f16(a) == a);
             assert_eq!(representable, in_f16, "head {dv}");
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
                 let mut acc = start.clone();

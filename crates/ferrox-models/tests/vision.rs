@@ -302,19 +302,9 @@ fn an_image_step_equals_itself_batched_with_other_work() {
 #[test]
 fn bad_image_inputs_are_refused_clearly() {
     let (engine, _) = text_model();
-    let mut state = engine.new_state().unwrap();
     // Rows of the wrong width.
-    let rows = vec![0.0f32; 3 * 100];
-    let e = ferrox_models::engine::InputEmbeddings {
-        rows: &rows,
-        bidirectional: true,
-        grid: None,
-        grid_first: 0,
-    };
-    let err = engine
-        .forward_embeddings(&[0x8000_0000; 3], e, 0, &mut state, LogitsFor::Last)
-        .unwrap_err();
-    assert!(err.to_string().contains("embedding values"), "{err}");
+    let err = refused_rows(&engine, (3, 100), true, None);
+    assert!(err.contains("embedding values"), "{err}");
     // More images than markers.
     let tok = Tokenizer::from_gguf(&Gguf::open(dir().join("gemma3.gguf")).unwrap()).unwrap();
     let enc = encoder("gemma3.mmproj.gguf", true);
@@ -460,18 +450,31 @@ fn qwen_vl_image_positions_are_what_makes_the_match() {
 
     let (gemma, _) = text_model();
     assert!(!gemma.accepts_image_grids());
-    let mut state = gemma.new_state().unwrap();
-    let rows = vec![0.0f32; 4 * 128];
+    let err = refused_rows(&gemma, (4, 128), false, Some(ImageGrid { nx: 2, ny: 2 }));
+    assert!(err.contains("M-RoPE"), "{err}");
+}
+
+/// The error `engine` gives for `n` zero rows of `width` values in place of tokens, laid out
+/// as `bidirectional` and `grid` say.
+fn refused_rows(
+    engine: &AnyEngine,
+    (n, width): (usize, usize),
+    bidirectional: bool,
+    grid: Option<ImageGrid>,
+) -> String {
+    let mut state = engine.new_state().unwrap();
+    let rows = vec![0.0f32; n * width];
     let e = ferrox_models::engine::InputEmbeddings {
         rows: &rows,
-        bidirectional: false,
-        grid: Some(ImageGrid { nx: 2, ny: 2 }),
+        bidirectional,
+        grid,
         grid_first: 0,
     };
-    let err = gemma
-        .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)
-        .unwrap_err();
-    assert!(err.to_string().contains("M-RoPE"), "{err}");
+    let tokens = vec![0x8000_0000; n];
+    engine
+        .forward_embeddings(&tokens, e, 0, &mut state, LogitsFor::Last)
+        .unwrap_err()
+        .to_string()
 }
 
 const KIMI_PROMPT: &str = "<|im_user|>user<|im_middle|><__media__>Describe this image.\
@@ -510,18 +513,8 @@ fn causal_engines_refuse_rows_that_attend_both_ways() {
     // refused by name rather than attended causally.
     let (engine, _) = text_model_of("kimi.gguf");
     assert!(!engine.accepts_bidirectional());
-    let mut state = engine.new_state().unwrap();
-    let rows = vec![0.0f32; 4 * 128];
-    let e = ferrox_models::engine::InputEmbeddings {
-        rows: &rows,
-        bidirectional: true,
-        grid: None,
-        grid_first: 0,
-    };
-    let err = engine
-        .forward_embeddings(&[0x8000_0000; 4], e, 0, &mut state, LogitsFor::Last)
-        .unwrap_err();
-    assert!(err.to_string().contains("both ways"), "{err}");
+    let err = refused_rows(&engine, (4, 128), true, None);
+    assert!(err.contains("both ways"), "{err}");
     let (gemma, _) = text_model();
     assert!(gemma.accepts_bidirectional());
 }

@@ -286,18 +286,19 @@ fn with_load_progress<T>(gguf: &Gguf, name: &str, total: u64, load: impl FnOnce(
 }
 
 /// How many tokens an image may become with a projector that takes images at their own size
-/// (Qwen-VL), as llama.cpp's flags say it.
+/// (Qwen-VL, Kimi), as llama.cpp's flags say it.
 #[derive(clap::Args, Clone, Copy, Debug, Default)]
 pub struct ImageTokenArgs {
     /// The fewest tokens an image may become (dynamic-size projectors; default: the
-    /// projector family's, 8 for Qwen-VL). Qwen-VL grounds better from 1024.
+    /// projector family's, 8 for Qwen-VL and Kimi-VL). Qwen-VL grounds better from 1024.
     #[arg(
         long = "image-min-tokens",
         value_name = "N",
         env = "FERROX_IMAGE_MIN_TOKENS"
     )]
     pub min: Option<usize>,
-    /// The most tokens an image may become (default: the family's, 4096 for Qwen-VL).
+    /// The most tokens an image may become (default: the family's, 4096 for Qwen-VL, 1024
+    /// for Kimi-VL; a Kimi-K2.5 file's own pixel limits stand, as in llama.cpp).
     #[arg(
         long = "image-max-tokens",
         value_name = "N",
