@@ -150,6 +150,10 @@ pub struct ClipConfig {
     pub merge_norm_eps: f32,
 }
 
+/// The most layers a vision encoder may have (real ones have up to about 48; a count from a
+/// hostile file must not size anything).
+const MAX_LAYERS: usize = 1024;
+
 /// The longest a side of the encoder's input may be, in patches (bounds the attention's
 /// memory for a hostile file).
 const MAX_PATCHES_PER_SIDE: usize = 256;
@@ -196,6 +200,11 @@ impl ClipConfig {
                      give every head its own keys ({n_head})"
                 )));
             }
+        }
+        if n_layer == 0 || n_layer > MAX_LAYERS {
+            return Err(ModelError::Config(format!(
+                "`clip.vision.block_count` is {n_layer}: a vision encoder has 1 to {MAX_LAYERS} layers"
+            )));
         }
         if n_embd == 0 || n_head == 0 || !n_embd.is_multiple_of(n_head) || n_ff == 0 {
             return Err(ModelError::Config(format!(
