@@ -18,10 +18,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{check_rows, f32_at, hsums_i32};
-use crate::quant::kquants::q8_k::{CODES_AT, Q8K, SUMS_AT};
+use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
 use crate::quant::kquants::QK_K;
-use crate::quant::BlockFormat;
 
 /// An i-quant as the shared kernel [`iq_dot`] sees it: value `e` of a block is
 /// `d·scale(e)·w(e)·FACTOR` with small integers `scale` (per 16 or 32 values) and `w`.
@@ -140,29 +138,43 @@ fn super_block<F: IqAvx2, const N: usize>(
 /// through a general register.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn lane_sum_f32(v: __m256i) -> f32 {
+pub(super) fn lane_sum_f32(v: __m256i) -> f32 {
     let q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
     let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01>(q));
     _mm_cvtss_f32(_mm_cvtepi32_ps(q))
 }
 
-/// One weight row of format `F` against `N` Q8_K activation rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn iq_dot<F: IqAvx2, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    check_rows(w, F::BYTES, Q8K::BYTES, &xs);
-    let mut sums = [0f32; N];
-    for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
-        let at = i * Q8K::BYTES;
-        let isums = super_block::<F, N>(block, &xs, at);
-        let dw = F::d(block);
-        if N == 1 {
-            sums[0] = (dw * f32_at(xs[0], at)).mul_add(lane_sum_f32(isums[0]), sums[0]);
-            continue;
+/// Defines `$name::<F, N>(w, xs)`: one weight row of format `F` against `N` Q8_K
+/// activation rows, compiled with `$features`, each super-block's integer sums from
+/// `$super_block::<F, N>(block, &xs, at)`. The AVX2 and AVX-512 kernels share it, so both
+/// apply the same float operations to the same integers.
+macro_rules! iq_rows {
+    ($features:literal, $name:ident, $bound:path, $super_block:ident) => {
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<F: $bound, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+            use $crate::kernels::x86::avx2_common::{check_rows, f32_at, hsums_i32};
+            use $crate::quant::kquants::q8_k::Q8K;
+            use $crate::quant::BlockFormat;
+            check_rows(w, F::BYTES, Q8K::BYTES, &xs);
+            let mut sums = [0f32; N];
+            for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
+                let at = i * Q8K::BYTES;
+                let isums = $super_block::<F, N>(block, &xs, at);
+                let dw = F::d(block);
+                if N == 1 {
+                    let isum = $crate::kernels::x86::avx2_iq::lane_sum_f32(isums[0]);
+                    sums[0] = (dw * f32_at(xs[0], at)).mul_add(isum, sums[0]);
+                    continue;
+                }
+                for ((sum, isum), x) in sums.iter_mut().zip(hsums_i32(isums)).zip(&xs) {
+                    *sum = (dw * f32_at(x, at)).mul_add(isum as f32, *sum);
+                }
+            }
+            sums.map(|s| F::FACTOR.map_or(s, |f| f * s))
         }
-        for ((sum, isum), x) in sums.iter_mut().zip(hsums_i32(isums)).zip(&xs) {
-            *sum = (dw * f32_at(x, at)).mul_add(isum as f32, *sum);
-        }
-    }
-    sums.map(|s| F::FACTOR.map_or(s, |f| f * s))
+    };
 }
+pub(super) use iq_rows;
+
+iq_rows!("avx2,fma,f16c", iq_dot, IqAvx2, super_block);

@@ -28,14 +28,14 @@ fn points(indices: [usize; 4]) -> __m256i {
 /// `8c + δ + BIAS` from the coordinates `c` (−1, 0, 1) and `δ + BIAS` per value.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn biased(coordinates: __m256i, delta_plus_bias: __m256i) -> __m256i {
+pub(super) fn biased(coordinates: __m256i, delta_plus_bias: __m256i) -> __m256i {
     _mm256_add_epi8(
         _mm256_sign_epi8(_mm256_set1_epi8(8), coordinates),
         delta_plus_bias,
     )
 }
 
-struct S;
+pub(super) struct S;
 
 impl IqAvx2 for S {
     const BYTES: usize = Iq1S::BYTES;
@@ -71,12 +71,53 @@ impl IqAvx2 for S {
         let c = points(std::array::from_fn(|l| {
             ((low >> (8 * l)) & 0xFF) as usize | (usize::from((high >> (3 * l)) & 7) << 8)
         }));
-        // The shift's sign (bit 15) holds for all 32 values: δ + 9 is 8 or 10.
-        biased(c, _mm256_set1_epi8(10 - 2 * (high >> 15) as i8))
+        biased(c, s_delta_plus_bias(high))
     }
 }
 
-struct M;
+pub(super) struct M;
+
+/// IQ1_S sub-block `ib`'s `δ + BIAS` per value from its word `high`: the shift's sign
+/// (bit 15) holds for all 32 values, so it is 8 or 10.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn s_delta_plus_bias(high: u16) -> __m256i {
+    _mm256_set1_epi8(10 - 2 * (high >> 15) as i8)
+}
+
+/// IQ1_M sub-block `ib`'s 16-bit word of high index bits and shift signs.
+#[inline]
+fn m_high(block: &[u8], ib: usize) -> u32 {
+    u32::from(u16::from_le_bytes(
+        *block[M_HIGH_AT + 2 * ib..]
+            .first_chunk()
+            .expect("two high bytes"),
+    ))
+}
+
+/// IQ1_M sub-block `ib`'s `δ + BIAS` per value: each group of eight has its own shift sign.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn m_delta_plus_bias(block: &[u8], ib: usize) -> __m256i {
+    let high = m_high(block, ib);
+    // Each group's shift sign: bit 3 of its nibble (bits 3 and 7 of the two bytes).
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(high as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+        ),
+    );
+    let bit = _mm256_setr_epi64x(
+        0x0808_0808_0808_0808,
+        0x8080_8080_8080_8080u64 as i64,
+        0x0808_0808_0808_0808,
+        0x8080_8080_8080_8080u64 as i64,
+    );
+    let minus = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    // δ + 9: 8 where the shift is negative, 10 elsewhere.
+    _mm256_blendv_epi8(_mm256_set1_epi8(10), _mm256_set1_epi8(8), minus)
+}
 
 impl IqAvx2 for M {
     const BYTES: usize = Iq1M::BYTES;
@@ -108,36 +149,13 @@ impl IqAvx2 for M {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
-        let high = u32::from(u16::from_le_bytes(
-            *block[M_HIGH_AT + 2 * ib..]
-                .first_chunk()
-                .expect("two high bytes"),
-        ));
+        let high = m_high(block, ib);
         let low = u32::from_le_bytes(*block[4 * ib..].first_chunk().expect("four index bytes"));
         // Group l: index bits 8..11 and shift sign in nibble l of `high`.
         let c = points(std::array::from_fn(|l| {
             ((low >> (8 * l)) & 0xFF) as usize | (((high >> (4 * l)) & 7) << 8) as usize
         }));
-        // Each group's shift sign: bit 3 of its nibble (bits 3 and 7 of the two bytes).
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(high as i32),
-            _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, //
-                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-            ),
-        );
-        let bit = _mm256_setr_epi64x(
-            0x0808_0808_0808_0808,
-            0x8080_8080_8080_8080u64 as i64,
-            0x0808_0808_0808_0808,
-            0x8080_8080_8080_8080u64 as i64,
-        );
-        let minus = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        // δ + 9: 8 where the shift is negative, 10 elsewhere.
-        biased(
-            c,
-            _mm256_blendv_epi8(_mm256_set1_epi8(10), _mm256_set1_epi8(8), minus),
-        )
+        biased(c, m_delta_plus_bias(block, ib))
     }
 }
 

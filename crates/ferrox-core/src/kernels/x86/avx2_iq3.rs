@@ -29,7 +29,7 @@ fn u64_at(block: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(*block[at..].first_chunk().expect("eight index bytes"))
 }
 
-struct Xxs;
+pub(super) struct Xxs;
 
 impl IqAvx2 for Xxs {
     const BYTES: usize = Iq3Xxs::BYTES;
@@ -64,7 +64,7 @@ impl IqAvx2 for Xxs {
     }
 }
 
-struct S;
+pub(super) struct S;
 
 impl IqAvx2 for S {
     const BYTES: usize = Iq3S::BYTES;

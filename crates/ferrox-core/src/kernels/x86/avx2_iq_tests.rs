@@ -1,11 +1,11 @@
-//! The i-quant AVX2 kernels against the scalar reference (`kernels/dot_iq.rs`), bit for bit,
+//! The i-quant AVX2 and AVX-512 kernels against the scalar reference (`kernels/dot_iq.rs`), bit for bit,
 //! on blocks and activations built to reach the edges: extreme scales, activation codes of
 //! −128 and 127.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{avx2_detected, avx2_iq1, avx2_iq2, avx2_iq3};
+use super::{avx2_detected, avx2_iq1, avx2_iq2, avx2_iq3, avx512_iq, avx512_iq_detected};
 use crate::quant::iq1::{Iq1M, Iq1S, M_SCALES_AT};
 use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
 use crate::quant::iq3::{Iq3S, Iq3Xxs};
@@ -35,7 +35,8 @@ struct Type {
 macro_rules! kernel {
     ($f:path, $n:literal) => {{
         fn run(w: &[u8], xs: [&[u8]; $n]) -> [f32; $n] {
-            // SAFETY: only called after `avx2_detected()`.
+            // SAFETY: only called after `avx2_detected()` (and, for the AVX-512 kernels,
+            // `avx512_iq_detected()`).
             unsafe { $f(w, xs) }
         }
         run
@@ -109,6 +110,34 @@ fn types() -> [Type; 7] {
             avx2_iq1::iq1_m_dot
         ),
     ]
+}
+
+/// The AVX-512 kernels, as [`types`] lists the AVX2 ones.
+fn zmm_types() -> [Type; 7] {
+    use avx2_iq2::{Iq2SAvx2, Iq2XsAvx2, Iq2XxsAvx2};
+    use avx512_iq::iq_dot_zmm;
+    let avx2 = types();
+    [
+        iq_type!("IQ2_XXS", avx2[0].bytes, avx2[0].d_at, avx2[0].reference, iq_dot_zmm::<Iq2XxsAvx2, _>),
+        iq_type!("IQ2_XS", avx2[1].bytes, avx2[1].d_at, avx2[1].reference, iq_dot_zmm::<Iq2XsAvx2, _>),
+        iq_type!("IQ2_S", avx2[2].bytes, avx2[2].d_at, avx2[2].reference, iq_dot_zmm::<Iq2SAvx2, _>),
+        iq_type!("IQ3_XXS", avx2[3].bytes, avx2[3].d_at, avx2[3].reference, iq_dot_zmm::<avx2_iq3::Xxs, _>),
+        iq_type!("IQ3_S", avx2[4].bytes, avx2[4].d_at, avx2[4].reference, iq_dot_zmm::<avx2_iq3::S, _>),
+        iq_type!("IQ1_S", avx2[5].bytes, avx2[5].d_at, avx2[5].reference, iq_dot_zmm::<avx2_iq1::S, _>),
+        iq_type!("IQ1_M", avx2[6].bytes, avx2[6].d_at, avx2[6].reference, iq_dot_zmm::<avx2_iq1::M, _>),
+    ]
+}
+
+/// Every kernel this machine can run: the AVX2 ones, and the AVX-512 ones where it has
+/// their features (the test says which it checked).
+fn kernels_here() -> Vec<Type> {
+    let mut all: Vec<Type> = types().into();
+    if avx512_iq_detected() {
+        all.extend(zmm_types());
+    } else {
+        eprintln!("this machine has no AVX-512 VBMI/BITALG: the AVX2 kernels only");
+    }
+    all
 }
 
 /// A finite f16: mostly ordinary scales, sometimes the extremes (largest, smallest
@@ -200,7 +229,7 @@ fn iq_kernels_give_the_scalar_arithmetic_bit_for_bit() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(0x1A_E4AC7);
-    for ty in types() {
+    for ty in kernels_here() {
         for case in 0..300 {
             let blocks = rng.random_range(1..5);
             let w = random_weights(&mut rng, &ty, blocks);
@@ -235,7 +264,7 @@ fn codes_of_minus_128_are_exact() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(0x80);
-    for ty in types() {
+    for ty in kernels_here() {
         let w = random_weights(&mut rng, &ty, 2);
         let mut x = random_activation(&mut rng, 2);
         for xb in x.chunks_exact_mut(Q8K_BYTES) {

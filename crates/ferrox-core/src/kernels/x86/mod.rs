@@ -23,6 +23,7 @@ mod avx2_ternary;
 mod avx512_common;
 mod avx512_float;
 mod avx512_float_gemm;
+mod avx512_iq;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
@@ -41,6 +42,14 @@ pub(super) fn avx512_vnni_detected() -> bool {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512dq")
         && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Whether the AVX-512 i-quant kernels ([`avx512_iq`]) may run: VNNI's set plus VBMI
+/// and BITALG.
+pub(super) fn avx512_iq_detected() -> bool {
+    avx512_vnni_detected()
+        && is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("avx512bitalg")
 }
 
 /// Safe `DotKernel` entries for an AVX2 driver `$run::<N>(w, xs)`.
@@ -113,6 +122,9 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
     if !(avx2_detected() && avx512_vnni_detected()) {
         return None;
     }
+    if let Some(kernel) = avx512_iq_kernel(kind) {
+        return Some(kernel);
+    }
     Some(match kind {
         K::F32 => avx512_float::entry::<F32Lanes>(),
         K::F16 => avx512_float::entry::<F16Lanes>(),
@@ -122,6 +134,42 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Q8_0 => avx512_legacy::entry::<Q8_0Zmm>(),
         K::Q4K => avx512_kquants::entry::<Q4KZmm>(),
         K::Q6K => avx512_kquants::entry::<Q6KZmm>(),
+        _ => return None,
+    })
+}
+
+/// The AVX-512 i-quant kernels for `kind`, or `None` if this machine lacks their features
+/// or `kind` is not an i-quant.
+fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
+    use avx512_iq::iq_dot_zmm;
+    use WeightKind as K;
+
+    /// Safe entries for `iq_dot_zmm::<$format, N>`.
+    macro_rules! zmm_entry {
+        ($format:ty) => {{
+            struct Rows;
+            impl RowKernel for Rows {
+                fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+                    // SAFETY: these entries are only handed out below, after
+                    // `avx512_iq_detected()` (which implies AVX2, FMA and F16C here).
+                    unsafe { iq_dot_zmm::<$format, N>(w, xs) }
+                }
+            }
+            row_kernel_entry::<Rows>()
+        }};
+    }
+
+    if !(avx2_detected() && avx512_iq_detected()) {
+        return None;
+    }
+    Some(match kind {
+        K::Iq2Xxs => zmm_entry!(avx2_iq2::Iq2XxsAvx2),
+        K::Iq2Xs => zmm_entry!(avx2_iq2::Iq2XsAvx2),
+        K::Iq2S => zmm_entry!(avx2_iq2::Iq2SAvx2),
+        K::Iq3Xxs => zmm_entry!(avx2_iq3::Xxs),
+        K::Iq3S => zmm_entry!(avx2_iq3::S),
+        K::Iq1S => zmm_entry!(avx2_iq1::S),
+        K::Iq1M => zmm_entry!(avx2_iq1::M),
         _ => return None,
     })
 }

@@ -1,0 +1,334 @@
+//! AVX-512 kernels of the i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+//! with Q8_K activations, for CPUs with VNNI, VBMI and BITALG (Ice Lake, Zen 4 and later).
+//! They compute the AVX2 kernels' integers ([`super::avx2_iq`]) and apply the same float
+//! operations, so the results are the scalar reference's bits.
+//!
+//! What is cheaper here, per super-block and not per sub-block:
+//! - signs: the parity-completed 7-bit sign fields of IQ2_XXS, IQ2_XS and IQ3_XXS become
+//!   32-bit masks for all eight sub-blocks at once (`vpmultishiftqb` picks the fields,
+//!   `vpopcntb` gives each one's parity); a sub-block then negates its grid bytes with one
+//!   masked subtract. IQ2_S and IQ3_S store their sign bits as such masks already;
+//! - grid indices with high bits elsewhere in the block (IQ1_S, IQ1_M, IQ2_XS, IQ2_S,
+//!   IQ3_S): all of a super-block's indices assembled in vector registers and stored, so a
+//!   grid point costs two loads and no scalar shifting;
+//! - `vpdpwssd` applies a sub-block's scale and accumulates in one instruction.
+
+use std::arch::x86_64::*;
+
+use super::avx2_iq::{iq_rows, IqAvx2};
+use super::{avx2_iq1, avx2_iq2, avx2_iq3};
+use crate::quant::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::iq1::{Iq1S, M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
+use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
+use crate::quant::iq3::{S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT};
+use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
+use crate::quant::kquants::QK_K;
+
+/// What a super-block's sub-blocks read, made once per super-block.
+#[repr(C, align(64))]
+pub(super) struct Prepared {
+    /// Sub-block `ib`'s signs: bit `j` set where value `32ib + j` is negative.
+    signs: [u32; 8],
+    /// Grid index `g` (for 8-value grids `g = 4ib + l`, for 4-value ones `8ib + k`).
+    index: [u16; 64],
+}
+
+/// An i-quant as the AVX-512 kernel sees it: the AVX2 description plus the per-super-block
+/// preparation.
+pub(super) trait IqZmm: IqAvx2 {
+    /// Fills the parts of `prepared` that [`IqZmm::biased_zmm`] reads.
+    ///
+    /// # Safety
+    /// The CPU must have this module's features; `block` is one whole block.
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared);
+
+    /// Sub-block `ib`'s 32 weights plus the bias, as [`IqAvx2::biased`].
+    ///
+    /// # Safety
+    /// As [`IqZmm::prepare`], after it ran on this block.
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i;
+}
+
+/// `grid` with the bytes whose bit in `negative` is set negated, plus `bias`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn signed_biased(grid: __m256i, negative: u32, bias: i8) -> __m256i {
+    let bias = _mm256_set1_epi8(bias);
+    _mm256_mask_sub_epi8(_mm256_add_epi8(grid, bias), negative, bias, grid)
+}
+
+/// Eight-bit sign masks from 7-bit fields: byte `b` of each 64-bit lane of `words` takes
+/// the seven bits at offset `offsets[b]` of that lane, and its parity as bit 7 (the even
+/// count of minus signs ggml's `keven_signs` completes).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
+    let fields = _mm512_and_si512(
+        _mm512_multishift_epi64_epi8(_mm512_set1_epi64(i64::from_le_bytes(offsets)), words),
+        _mm512_set1_epi8(0x7F),
+    );
+    let parity = _mm512_and_si512(_mm512_popcnt_epi8(fields), _mm512_set1_epi8(1));
+    // Bit 0 of each byte to bit 7: within a 16-bit lane neither byte spills.
+    _mm512_or_si512(fields, _mm512_slli_epi16::<7>(parity))
+}
+
+/// The 64 bytes at `bytes[at..]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn load_64(bytes: &[u8], at: usize) -> __m512i {
+    let chunk: &[u8; 64] = bytes[at..].first_chunk().expect("64 bytes");
+    // SAFETY: `chunk` is 64 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm512_loadu_si512(chunk.as_ptr().cast()) }
+}
+
+/// The 32 bytes at `bytes[at..]`, each widened to 16 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn widen_32(bytes: &[u8], at: usize) -> __m512i {
+    let chunk: &[u8; 32] = bytes[at..].first_chunk().expect("32 bytes");
+    // SAFETY: `chunk` is 32 readable bytes; `loadu` has no alignment requirement.
+    _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) })
+}
+
+#[inline]
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(*bytes[at..].first_chunk().expect("four bytes"))
+}
+
+#[inline]
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(*bytes[at..].first_chunk().expect("eight bytes"))
+}
+
+/// Stores the low 32 bits of each 64-bit lane of `v` as the eight sign masks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn store_signs(prepared: &mut Prepared, v: __m512i) {
+    // SAFETY: `signs` is 32 writable bytes.
+    unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(v)) }
+}
+
+/// Stores `v`'s 32 u16 lanes as indices `32h..32h + 32`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn store_indices(prepared: &mut Prepared, h: usize, v: __m512i) {
+    let half: &mut [u16; 32] = (&mut prepared.index[32 * h..]).first_chunk_mut().expect("32");
+    // SAFETY: `half` is 64 writable bytes.
+    unsafe { _mm512_storeu_si512(half.as_mut_ptr().cast(), v) }
+}
+
+/// Four 8-value grid points, the first in the low 64 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn points8(grid: &[u64], index: impl Fn(usize) -> usize) -> __m256i {
+    let p: [u64; 4] = std::array::from_fn(|l| grid[index(l)]);
+    _mm256_set_epi64x(p[3] as i64, p[2] as i64, p[1] as i64, p[0] as i64)
+}
+
+/// Eight 4-value grid points, the first in the low 32 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn points4(grid: &[u32], index: impl Fn(usize) -> usize) -> __m256i {
+    let p: [i32; 8] = std::array::from_fn(|k| grid[index(k)] as i32);
+    _mm256_setr_epi32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
+}
+
+/// 8-value-grid indices `qs | (high << 8)` for all 32 groups: `qs` the 32 low bytes at
+/// `low_at`; group `4ib + l`'s high bits are `(word(ib) >> (step·l)) & mask`, `word(ib)`
+/// the 16-bit word `ib` at `words_at` (IQ1_S, IQ1_M).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn indices_from_words(block: &[u8], low_at: usize, words_at: usize, step: u16, mask: u16) -> __m512i {
+    let words: &[u8; 16] = block[words_at..].first_chunk().expect("eight words");
+    // SAFETY: `words` is 16 readable bytes.
+    let words = unsafe { _mm_loadu_si128(words.as_ptr().cast()) };
+    let spread = _mm512_permutexvar_epi16(
+        _mm512_set_epi16(
+            7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, //
+            3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0,
+        ),
+        _mm512_castsi128_si512(words),
+    );
+    let s = u64::from(step);
+    let shifts = _mm512_set1_epi64(((3 * s) << 48 | (2 * s) << 32 | s << 16) as i64);
+    let high = _mm512_and_si512(_mm512_srlv_epi16(spread, shifts), _mm512_set1_epi16(mask as i16));
+    _mm512_or_si512(widen_32(block, low_at), _mm512_slli_epi16::<8>(high))
+}
+
+impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        // Sub-block ib's eight bytes are 64-bit lane ib: four indices, then the word of
+        // four 7-bit sign fields (bits 32.., 39.., 46.., 53..) and the scale.
+        let signs = even_signs_zmm(load_64(block, QS_AT), [32, 39, 46, 53, 0, 0, 0, 0]);
+        store_signs(prepared, signs);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let at = QS_AT + 8 * ib;
+        let grid = points8(&IQ2XXS_GRID, |l| usize::from(block[at + l]));
+        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+    }
+}
+
+impl IqZmm for avx2_iq2::Iq2XsAvx2 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        // Four 16-bit words per sub-block: a 9-bit index, then a 7-bit sign field.
+        let words = load_64(block, QS_AT);
+        store_signs(prepared, even_signs_zmm(words, [9, 25, 41, 57, 0, 0, 0, 0]));
+        store_indices(prepared, 0, _mm512_and_si512(words, _mm512_set1_epi16(511)));
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let grid = points8(&IQ2XS_GRID, |l| usize::from(prepared.index[4 * ib + l]));
+        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+    }
+}
+
+impl IqZmm for avx2_iq2::Iq2SAvx2 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        // Group g = 4ib + l takes bits 2l.. of high byte ib: bits 2g.. of the 64-bit word.
+        let qh = _mm512_set1_epi64(u64_at(block, S_QH_AT) as i64);
+        let offsets: [u8; 64] = std::array::from_fn(|b| if b % 2 == 0 { b as u8 } else { 0 });
+        // SAFETY: `offsets` is 64 readable bytes.
+        let offsets = unsafe { _mm512_loadu_si512(offsets.as_ptr().cast()) };
+        let high = _mm512_and_si512(_mm512_multishift_epi64_epi8(offsets, qh), _mm512_set1_epi16(3));
+        let index = _mm512_or_si512(widen_32(block, QS_AT), _mm512_slli_epi16::<8>(high));
+        store_indices(prepared, 0, index);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let grid = points8(&IQ2S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
+        signed_biased(grid, u32_at(block, IQ2S_SIGNS_AT + 4 * ib), Self::BIAS)
+    }
+}
+
+impl IqZmm for avx2_iq3::Xxs {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        // Eight 32-bit words of four 7-bit sign fields and a scale, two per 64-bit lane.
+        let chunk: &[u8; 32] = block[XXS_SCALES_AT..].first_chunk().expect("sign words");
+        // SAFETY: `chunk` is 32 readable bytes.
+        let words = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) });
+        let signs = even_signs_zmm(words, [0, 7, 14, 21, 32, 39, 46, 53]);
+        // SAFETY: `signs` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), _mm512_castsi512_si256(signs)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let at = XXS_INDICES_AT + 8 * ib;
+        let grid = points4(&IQ3XXS_GRID, |k| usize::from(block[at + k]));
+        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+    }
+}
+
+impl IqZmm for avx2_iq3::S {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        // Index e's ninth bit is bit e of the eight high bytes.
+        let high = u64_at(block, S_HIGH_AT);
+        for h in 0..2 {
+            let ninth = _mm512_maskz_mov_epi16((high >> (32 * h)) as u32, _mm512_set1_epi16(0x100));
+            let index = _mm512_or_si512(widen_32(block, S_INDICES_AT + 32 * h), ninth);
+            store_indices(prepared, h, index);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let grid = points4(&IQ3S_GRID, |k| usize::from(prepared.index[8 * ib + k]));
+        signed_biased(grid, u32_at(block, S_SIGNS_AT + 4 * ib), Self::BIAS)
+    }
+}
+
+impl IqZmm for avx2_iq1::S {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        let index = indices_from_words(block, IQ1S_AT, IQ1S_HIGH_AT, 3, 7);
+        store_indices(prepared, 0, index);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let c = points8(&IQ1S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
+        avx2_iq1::biased(c, avx2_iq1::s_delta_plus_bias(Iq1S::high(block, ib)))
+    }
+}
+
+impl IqZmm for avx2_iq1::M {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
+        let index = indices_from_words(block, 0, M_HIGH_AT, 4, 7);
+        store_indices(prepared, 0, index);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let c = points8(&IQ1S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
+        avx2_iq1::biased(c, avx2_iq1::m_delta_plus_bias(block, ib))
+    }
+}
+
+/// One super-block's exact integer sums against each row, as the AVX2 kernel's
+/// `super_block` computes them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+fn super_block_zmm<F: IqZmm, const N: usize>(block: &[u8], xs: &[&[u8]; N], at: usize) -> [__m256i; N] {
+    // SAFETY: this function's features are the ones `scales`, `prepare` and `biased_zmm`
+    // need; `block` is one whole block.
+    let scales = unsafe { F::scales(block) };
+    let minus_bias = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+    let mut isums = xs.map(|x| {
+        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
+        // `check_rows`).
+        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
+        _mm256_madd_epi16(group_sums, minus_bias)
+    });
+    let mut prepared = Prepared { signs: [0; 8], index: [0; 64] };
+    // SAFETY: as above.
+    unsafe { F::prepare(block, &mut prepared) };
+    let halves = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    for ib in 0..QK_K / 32 {
+        // SAFETY: as above, after `prepare`.
+        let biased = unsafe { F::biased_zmm(block, &prepared, ib) };
+        let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales);
+        let sub_scales = if F::SCALE_PER_32 { pair } else { _mm256_shuffle_epi8(pair, halves) };
+        for (s, x) in isums.iter_mut().zip(xs) {
+            // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
+            let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+            // |pair sum| <= 2·2B·128 < 2¹⁵: no saturation.
+            *s = _mm256_dpwssd_epi32(*s, _mm256_maddubs_epi16(biased, q), sub_scales);
+        }
+    }
+    isums
+}
+
+iq_rows!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
+    iq_dot_zmm,
+    IqZmm,
+    super_block_zmm
+);
