@@ -16,6 +16,36 @@ pub(crate) static IQ3S_GRID: [u32; 512] = words32(include_bytes!("grids/iq3s.bin
 /// IQ1_S and IQ1_M: 2048 points of 8 signed coordinates (−1, 0, 1 as i8 bytes).
 pub(crate) static IQ1S_GRID: [u64; 2048] = words64(include_bytes!("grids/iq1s.bin"));
 
+/// The grids with their format's largest coordinate `B` added to every coordinate, for
+/// kernels that turn `±w` into the unsigned `B ± w` as `B + w` or `2B − (B + w)`.
+pub(crate) static IQ2XXS_GRID_BIASED: [u64; 256] = plus64(words64(include_bytes!("grids/iq2xxs.bin")), 43);
+pub(crate) static IQ2XS_GRID_BIASED: [u64; 512] = plus64(words64(include_bytes!("grids/iq2xs.bin")), 43);
+pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] = plus64(words64(include_bytes!("grids/iq2s.bin")), 43);
+pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] = plus32(words32(include_bytes!("grids/iq3xxs.bin")), 62);
+pub(crate) static IQ3S_GRID_BIASED: [u32; 512] = plus32(words32(include_bytes!("grids/iq3s.bin")), 15);
+
+/// Every byte of every point plus `bias` (no byte may carry: the coordinates are small).
+const fn plus64<const N: usize>(mut grid: [u64; N], bias: u8) -> [u64; N] {
+    let mut i = 0;
+    while i < N {
+        assert!(grid[i] & 0x8080_8080_8080_8080 == 0 && bias < 0x80);
+        grid[i] += u64::from_le_bytes([bias; 8]);
+        i += 1;
+    }
+    grid
+}
+
+/// As [`plus64`], for four-coordinate points.
+const fn plus32<const N: usize>(mut grid: [u32; N], bias: u8) -> [u32; N] {
+    let mut i = 0;
+    while i < N {
+        assert!(grid[i] & 0x8080_8080 == 0 && bias < 0x80);
+        grid[i] += u32::from_le_bytes([bias; 4]);
+        i += 1;
+    }
+    grid
+}
+
 /// The sign patterns of the IQ2/IQ3 formats: 7 stored bits, the eighth sign making the
 /// number of negative values even.
 pub(crate) static KSIGNS_IQ2XS: [u8; 128] = even_signs();

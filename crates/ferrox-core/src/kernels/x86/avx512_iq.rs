@@ -17,7 +17,10 @@ use std::arch::x86_64::*;
 
 use super::avx2_iq::{iq_rows, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
-use crate::quant::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::grids::{
+    IQ1S_GRID, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
+    IQ3XXS_GRID_BIASED,
+};
 use crate::quant::iq1::{Iq1S, M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
 use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
 use crate::quant::iq3::{S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT};
@@ -31,6 +34,17 @@ pub(super) struct Prepared {
     signs: [u32; 8],
     /// Grid index `g` (for 8-value grids `g = 4ib + l`, for 4-value ones `8ib + k`).
     index: [u16; 64],
+}
+
+impl Prepared {
+    /// Sub-block `ib`'s sign mask, loaded from memory: moving it out of the vector it was
+    /// made in (extract, move to a general register, move to a mask register) costs
+    /// several times more on current cores.
+    #[inline]
+    fn sign_mask(&self, ib: usize) -> u32 {
+        // SAFETY: a reference to an initialized u32.
+        unsafe { std::ptr::read_volatile(&self.signs[ib]) }
+    }
 }
 
 /// An i-quant as the AVX-512 kernel sees it: the AVX2 description plus the per-super-block
@@ -49,12 +63,12 @@ pub(super) trait IqZmm: IqAvx2 {
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i;
 }
 
-/// `grid` with the bytes whose bit in `negative` is set negated, plus `bias`.
+/// `B ± w` from the biased grid bytes `B + w`: `2B − (B + w)` where `negative` has the
+/// byte's bit set.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
-fn signed_biased(grid: __m256i, negative: u32, bias: i8) -> __m256i {
-    let bias = _mm256_set1_epi8(bias);
-    _mm256_mask_sub_epi8(_mm256_add_epi8(grid, bias), negative, bias, grid)
+fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __m256i {
+    _mm256_mask_sub_epi8(biased_grid, negative, _mm256_set1_epi8(2 * bias), biased_grid)
 }
 
 /// Eight-bit sign masks from 7-bit fields: byte `b` of each 64-bit lane of `words` takes
@@ -169,8 +183,8 @@ impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         let at = QS_AT + 8 * ib;
-        let grid = points8(&IQ2XXS_GRID, |l| usize::from(block[at + l]));
-        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+        let grid = points8(&IQ2XXS_GRID_BIASED, |l| usize::from(block[at + l]));
+        signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
 
@@ -187,8 +201,8 @@ impl IqZmm for avx2_iq2::Iq2XsAvx2 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points8(&IQ2XS_GRID, |l| usize::from(prepared.index[4 * ib + l]));
-        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+        let grid = points8(&IQ2XS_GRID_BIASED, |l| usize::from(prepared.index[4 * ib + l]));
+        signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
 
@@ -209,7 +223,7 @@ impl IqZmm for avx2_iq2::Iq2SAvx2 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points8(&IQ2S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
+        let grid = points8(&IQ2S_GRID_BIASED, |l| usize::from(prepared.index[4 * ib + l]));
         signed_biased(grid, u32_at(block, IQ2S_SIGNS_AT + 4 * ib), Self::BIAS)
     }
 }
@@ -231,8 +245,8 @@ impl IqZmm for avx2_iq3::Xxs {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         let at = XXS_INDICES_AT + 8 * ib;
-        let grid = points4(&IQ3XXS_GRID, |k| usize::from(block[at + k]));
-        signed_biased(grid, prepared.signs[ib], Self::BIAS)
+        let grid = points4(&IQ3XXS_GRID_BIASED, |k| usize::from(block[at + k]));
+        signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
 
@@ -252,7 +266,7 @@ impl IqZmm for avx2_iq3::S {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points4(&IQ3S_GRID, |k| usize::from(prepared.index[8 * ib + k]));
+        let grid = points4(&IQ3S_GRID_BIASED, |k| usize::from(prepared.index[8 * ib + k]));
         signed_biased(grid, u32_at(block, S_SIGNS_AT + 4 * ib), Self::BIAS)
     }
 }
