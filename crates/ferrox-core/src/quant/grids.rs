@@ -24,12 +24,20 @@ pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] = plus64(words64(include_bytes!(
 pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] = plus32(words32(include_bytes!("grids/iq3xxs.bin")), 62);
 pub(crate) static IQ3S_GRID_BIASED: [u32; 512] = plus32(words32(include_bytes!("grids/iq3s.bin")), 15);
 
-/// Every byte of every point plus `bias` (no byte may carry: the coordinates are small).
+/// IQ1_S and IQ1_M with 1 added to every coordinate: 0, 1, 2.
+pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] = plus64(words64(include_bytes!("grids/iq1s.bin")), 1);
+
+/// Every byte of every point plus `bias`, each byte on its own (wrapping, no carries).
 const fn plus64<const N: usize>(mut grid: [u64; N], bias: u8) -> [u64; N] {
     let mut i = 0;
     while i < N {
-        assert!(grid[i] & 0x8080_8080_8080_8080 == 0 && bias < 0x80);
-        grid[i] += u64::from_le_bytes([bias; 8]);
+        let mut bytes = grid[i].to_le_bytes();
+        let mut j = 0;
+        while j < 8 {
+            bytes[j] = bytes[j].wrapping_add(bias);
+            j += 1;
+        }
+        grid[i] = u64::from_le_bytes(bytes);
         i += 1;
     }
     grid

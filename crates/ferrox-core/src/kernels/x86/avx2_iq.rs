@@ -43,7 +43,30 @@ pub(super) trait IqAvx2 {
     /// The CPU must support AVX2, FMA and F16C.
     unsafe fn scales(block: &[u8]) -> __m256i;
 
-    /// Sub-block `ib`'s 32 weights plus the bias, `w + BIAS` (values `32ib..32ib + 32`).
+    /// The multipliers of each 16 values' products, from [`IqAvx2::scales`]'s `scales`
+    /// (by default those).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn product_scales(scales: __m256i) -> __m256i {
+        scales
+    }
+
+    /// The multipliers of the activations' sums of 16 codes that remove what the weights'
+    /// offsets added (by default the bias's share, `−B·scale`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_factors(_block: &[u8], scales: __m256i) -> __m256i {
+        _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(Self::BIAS)))
+    }
+
+    /// Sub-block `ib`'s 32 weights plus their offset, unsigned (values `32ib..32ib + 32`):
+    /// by default `w + BIAS`.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
@@ -96,14 +119,16 @@ fn super_block<F: IqAvx2, const N: usize>(
     at: usize,
 ) -> [__m256i; N] {
     // SAFETY: this function's features are the ones `scales` and `biased` need.
-    let scales = unsafe { F::scales(block) };
-    // The sums start at minus the bias's share, −B·Σ scale·(sum of 16 codes), exact.
-    let minus_bias = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+    let (scales, group_factors) = unsafe {
+        let scales = F::scales(block);
+        (F::product_scales(scales), F::group_factors(block, scales))
+    };
+    // The sums start at minus the offsets' share, e.g. −B·Σ scale·(sum of 16 codes), exact.
     let mut isums = xs.map(|x| {
         // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
         // `iq_dot`).
         let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
-        _mm256_madd_epi16(group_sums, minus_bias)
+        _mm256_madd_epi16(group_sums, group_factors)
     });
     // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32 lane
     // gets that pair, then the low half repeats its first i16, the high half its second.

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use super::avx2_common::{f16_at, load_16};
 use super::avx2_iq::{iq_dot, odd, IqAvx2};
-use crate::quant::grids::IQ1S_GRID;
+use crate::quant::grids::{IQ1S_GRID, IQ1S_GRID_PLUS_1};
 use crate::quant::iq1::{Iq1M, Iq1S, DELTA, M_HIGH_AT, M_SCALES_AT, S_HIGH_AT, S_INDICES_AT};
 use crate::quant::BlockFormat;
 
@@ -35,11 +35,15 @@ pub(super) fn biased(coordinates: __m256i, delta_plus_bias: __m256i) -> __m256i 
     )
 }
 
+/// IQ1_S as its ternary grid plus one (0, 1, 2: unsigned, no signs to apply): a value
+/// `8c + δ` is `8·(c + 1) + (δ − 8)`, so the products take the scales times 8 and the
+/// activations' group sums the factor `ls·(δ − 8)`.
 pub(super) struct S;
 
 impl IqAvx2 for S {
     const BYTES: usize = Iq1S::BYTES;
-    const BIAS: i8 = BIAS;
+    /// Bounds `c + 1`; the offset itself is `group_factors`'s.
+    const BIAS: i8 = 2;
     const FACTOR: Option<f32> = Some(DELTA);
     const SCALE_PER_32: bool = true;
 
@@ -61,6 +65,22 @@ impl IqAvx2 for S {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn product_scales(scales: __m256i) -> __m256i {
+        _mm256_slli_epi16::<3>(scales)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_factors(block: &[u8], scales: __m256i) -> __m256i {
+        // Sub-block ib's shift sign is bit 15 of its word: δ − 8 = −7 + 2·(0 or −1).
+        let minus = _mm_srai_epi16::<15>(load_16(&block[S_HIGH_AT..]));
+        let shift = _mm_add_epi16(_mm_set1_epi16(-7), _mm_add_epi16(minus, minus));
+        let per_16 = _mm256_set_m128i(_mm_unpackhi_epi16(shift, shift), _mm_unpacklo_epi16(shift, shift));
+        _mm256_mullo_epi16(scales, per_16)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
         let high = Iq1S::high(block, ib);
         let low = u32::from_le_bytes(
@@ -68,22 +88,15 @@ impl IqAvx2 for S {
                 .first_chunk()
                 .expect("four index bytes"),
         );
-        let c = points(std::array::from_fn(|l| {
+        let indices: [usize; 4] = std::array::from_fn(|l| {
             ((low >> (8 * l)) & 0xFF) as usize | (usize::from((high >> (3 * l)) & 7) << 8)
-        }));
-        biased(c, s_delta_plus_bias(high))
+        });
+        let p = indices.map(|i| IQ1S_GRID_PLUS_1[i] as i64);
+        _mm256_set_epi64x(p[3], p[2], p[1], p[0])
     }
 }
 
 pub(super) struct M;
-
-/// IQ1_S sub-block `ib`'s `δ + BIAS` per value from its word `high`: the shift's sign
-/// (bit 15) holds for all 32 values, so it is 8 or 10.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn s_delta_plus_bias(high: u16) -> __m256i {
-    _mm256_set1_epi8(10 - 2 * (high >> 15) as i8)
-}
 
 /// IQ1_M sub-block `ib`'s 16-bit word of high index bits and shift signs.
 #[inline]

@@ -18,10 +18,10 @@ use std::arch::x86_64::*;
 use super::avx2_iq::{iq_rows, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
-    IQ1S_GRID, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
+    IQ1S_GRID, IQ1S_GRID_PLUS_1, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
     IQ3XXS_GRID_BIASED,
 };
-use crate::quant::iq1::{Iq1S, M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
+use crate::quant::iq1::{M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
 use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
 use crate::quant::iq3::{S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT};
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
@@ -56,7 +56,7 @@ pub(super) trait IqZmm: IqAvx2 {
     /// The CPU must have this module's features; `block` is one whole block.
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared);
 
-    /// Sub-block `ib`'s 32 weights plus the bias, as [`IqAvx2::biased`].
+    /// Sub-block `ib`'s 32 weights plus their offset (unsigned), as [`IqAvx2::biased`].
     ///
     /// # Safety
     /// As [`IqZmm::prepare`], after it ran on this block.
@@ -281,9 +281,9 @@ impl IqZmm for avx2_iq1::S {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
-    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let c = points8(&IQ1S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
-        avx2_iq1::biased(c, avx2_iq1::s_delta_plus_bias(Iq1S::high(block, ib)))
+    unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        // The grid plus one, as the AVX2 kernel (see there).
+        points8(&IQ1S_GRID_PLUS_1, |l| usize::from(prepared.index[4 * ib + l]))
     }
 }
 
@@ -310,13 +310,15 @@ impl IqZmm for avx2_iq1::M {
 fn super_block_zmm<F: IqZmm, const N: usize>(block: &[u8], xs: &[&[u8]; N], at: usize) -> [__m256i; N] {
     // SAFETY: this function's features are the ones `scales`, `prepare` and `biased_zmm`
     // need; `block` is one whole block.
-    let scales = unsafe { F::scales(block) };
-    let minus_bias = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+    let (scales, group_factors) = unsafe {
+        let scales = F::scales(block);
+        (F::product_scales(scales), F::group_factors(block, scales))
+    };
     let mut isums = xs.map(|x| {
         // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
         // `check_rows`).
         let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
-        _mm256_madd_epi16(group_sums, minus_bias)
+        _mm256_madd_epi16(group_sums, group_factors)
     });
     let mut prepared = Prepared { signs: [0; 8], index: [0; 64] };
     // SAFETY: as above.
@@ -346,3 +348,4 @@ iq_rows!(
     IqZmm,
     super_block_zmm
 );
+
