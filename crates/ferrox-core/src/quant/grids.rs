@@ -26,6 +26,8 @@ pub(crate) static IQ3S_GRID_BIASED: [u32; 512] = plus32(words32(include_bytes!("
 
 /// IQ1_S and IQ1_M with 1 added to every coordinate: 0, 1, 2.
 pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] = plus64(words64(include_bytes!("grids/iq1s.bin")), 1);
+/// `8·(c + 1)`: 0, 8, 16 (a shift of the whole word: no byte exceeds 2 before it).
+pub(crate) static IQ1S_GRID_PLUS_1_TIMES_8: [u64; 2048] = times8(IQ1S_GRID_PLUS_1);
 
 /// Every byte of every point plus `bias`, each byte on its own (wrapping, no carries).
 const fn plus64<const N: usize>(mut grid: [u64; N], bias: u8) -> [u64; N] {
@@ -38,6 +40,16 @@ const fn plus64<const N: usize>(mut grid: [u64; N], bias: u8) -> [u64; N] {
             j += 1;
         }
         grid[i] = u64::from_le_bytes(bytes);
+        i += 1;
+    }
+    grid
+}
+
+const fn times8<const N: usize>(mut grid: [u64; N]) -> [u64; N] {
+    let mut i = 0;
+    while i < N {
+        assert!(grid[i] & 0xFCFC_FCFC_FCFC_FCFC == 0);
+        grid[i] <<= 3;
         i += 1;
     }
     grid

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use super::avx2_iq::{iq_rows, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
-    IQ1S_GRID, IQ1S_GRID_PLUS_1, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
+    IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
     IQ3XXS_GRID_BIASED,
 };
 use crate::quant::iq1::{M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
@@ -287,19 +287,40 @@ impl IqZmm for avx2_iq1::S {
     }
 }
 
+/// IQ1_M's weights `8c + δ + 9` as `8·(c + 1) + (δ + 1)` with `δ + 1` 0 or 2: a table of
+/// `8·(c + 1)` and one masked add of 2 where the group's shift is positive.
 impl IqZmm for avx2_iq1::M {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         let index = indices_from_words(block, 0, M_HIGH_AT, 4, 7);
         store_indices(prepared, 0, index);
+        // Group l of sub-block ib shifts down where bit 4l + 3 of word ib is set. 64-bit
+        // lane j of `words` holds words 4(j/2).., so output lane j (sub-blocks 2j, 2j + 1)
+        // finds word ib at bit 16·(ib % 4).
+        let chunk: &[u8; 16] = block[M_HIGH_AT..].first_chunk().expect("eight words");
+        // SAFETY: `chunk` is 16 readable bytes.
+        let words = _mm256_castsi128_si256(unsafe { _mm_loadu_si128(chunk.as_ptr().cast()) });
+        let words = _mm256_permutexvar_epi64(_mm256_setr_epi64x(0, 0, 1, 1), words);
+        let offsets: [u8; 32] = std::array::from_fn(|b| {
+            let (ib, l) = (b / 4, b % 4);
+            (16 * (ib % 4) + 4 * l + 3) as u8
+        });
+        // SAFETY: `offsets` is 32 readable bytes.
+        let offsets = unsafe { _mm256_loadu_si256(offsets.as_ptr().cast()) };
+        let up = _mm256_testn_epi8_mask(_mm256_multishift_epi64_epi8(offsets, words), _mm256_set1_epi8(1));
+        // One byte per group: 0xFF where the shift is positive; sub-block ib's four are
+        // the 32 bits of its mask.
+        let bytes = _mm256_maskz_mov_epi8(up, _mm256_set1_epi8(-1));
+        // SAFETY: `signs` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), bytes) }
     }
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
-    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let c = points8(&IQ1S_GRID, |l| usize::from(prepared.index[4 * ib + l]));
-        avx2_iq1::biased(c, avx2_iq1::m_delta_plus_bias(block, ib))
+    unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
+        let eights = points8(&IQ1S_GRID_PLUS_1_TIMES_8, |l| usize::from(prepared.index[4 * ib + l]));
+        _mm256_mask_add_epi8(eights, prepared.sign_mask(ib), eights, _mm256_set1_epi8(2))
     }
 }
 
@@ -323,15 +344,21 @@ fn super_block_zmm<F: IqZmm, const N: usize>(block: &[u8], xs: &[&[u8]; N], at: 
     let mut prepared = Prepared { signs: [0; 8], index: [0; 64] };
     // SAFETY: as above.
     unsafe { F::prepare(block, &mut prepared) };
-    let halves = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
-        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-    );
     for ib in 0..QK_K / 32 {
         // SAFETY: as above, after `prepare`.
         let biased = unsafe { F::biased_zmm(block, &prepared, ib) };
+        // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32
+        // lane gets that pair, then, where each covers 16 values, the low half repeats
+        // the first, the high half the second.
         let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales);
-        let sub_scales = if F::SCALE_PER_32 { pair } else { _mm256_shuffle_epi8(pair, halves) };
+        let sub_scales = if F::SCALE_PER_32 {
+            pair
+        } else {
+            _mm256_shuffle_epi8(pair, _mm256_setr_epi8(
+                0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+                2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+            ))
+        };
         for (s, x) in isums.iter_mut().zip(xs) {
             // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
             let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
