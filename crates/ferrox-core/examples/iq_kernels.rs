@@ -14,7 +14,7 @@ use ferrox_core::{row_byte_len, GgmlType, WeightMatrix};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const SHAPES: [(usize, usize); 3] = [(1536, 1536), (8960, 1536), (96, 24576)];
+const SHAPES: [(usize, usize); 2] = [(1536, 1536), (8960, 1536)];
 const TOKENS: [usize; 3] = [1, 8, 128];
 
 fn parse(name: &str) -> GgmlType {
