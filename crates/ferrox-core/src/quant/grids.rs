@@ -18,14 +18,20 @@ pub(crate) static IQ1S_GRID: [u64; 2048] = words64(include_bytes!("grids/iq1s.bi
 
 /// The grids with their format's largest coordinate `B` added to every coordinate, for
 /// kernels that turn `±w` into the unsigned `B ± w` as `B + w` or `2B − (B + w)`.
-pub(crate) static IQ2XXS_GRID_BIASED: [u64; 256] = plus64(words64(include_bytes!("grids/iq2xxs.bin")), 43);
-pub(crate) static IQ2XS_GRID_BIASED: [u64; 512] = plus64(words64(include_bytes!("grids/iq2xs.bin")), 43);
-pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] = plus64(words64(include_bytes!("grids/iq2s.bin")), 43);
-pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] = plus32(words32(include_bytes!("grids/iq3xxs.bin")), 62);
-pub(crate) static IQ3S_GRID_BIASED: [u32; 512] = plus32(words32(include_bytes!("grids/iq3s.bin")), 15);
+pub(crate) static IQ2XXS_GRID_BIASED: [u64; 256] =
+    plus64(words64(include_bytes!("grids/iq2xxs.bin")), 43);
+pub(crate) static IQ2XS_GRID_BIASED: [u64; 512] =
+    plus64(words64(include_bytes!("grids/iq2xs.bin")), 43);
+pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] =
+    plus64(words64(include_bytes!("grids/iq2s.bin")), 43);
+pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] =
+    plus32(words32(include_bytes!("grids/iq3xxs.bin")), 62);
+pub(crate) static IQ3S_GRID_BIASED: [u32; 512] =
+    plus32(words32(include_bytes!("grids/iq3s.bin")), 15);
 
 /// IQ1_S and IQ1_M with 1 added to every coordinate: 0, 1, 2.
-pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] = plus64(words64(include_bytes!("grids/iq1s.bin")), 1);
+pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] =
+    plus64(words64(include_bytes!("grids/iq1s.bin")), 1);
 /// `8·(c + 1)`: 0, 8, 16 (a shift of the whole word: no byte exceeds 2 before it).
 pub(crate) static IQ1S_GRID_PLUS_1_TIMES_8: [u64; 2048] = times8(IQ1S_GRID_PLUS_1);
 

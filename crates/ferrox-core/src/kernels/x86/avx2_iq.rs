@@ -109,6 +109,29 @@ pub(super) fn odd(s: __m256i) -> __m256i {
     _mm256_or_si256(_mm256_slli_epi16::<1>(s), _mm256_set1_epi16(1))
 }
 
+/// A super-block's product scales, and each row's sums started at minus the weights'
+/// offsets' share (e.g. −B·Σ scale·(sum of 16 codes), exact). Both kernels begin here.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn initial_sums<F: IqAvx2, const N: usize>(
+    block: &[u8],
+    xs: &[&[u8]; N],
+    at: usize,
+) -> (__m256i, [__m256i; N]) {
+    // SAFETY: this function's features are the ones `scales` and its hooks need.
+    let (scales, group_factors) = unsafe {
+        let scales = F::scales(block);
+        (F::product_scales(scales), F::group_factors(block, scales))
+    };
+    let isums = xs.map(|x| {
+        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
+        // `check_rows`).
+        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
+        _mm256_madd_epi16(group_sums, group_factors)
+    });
+    (scales, isums)
+}
+
 /// One super-block's exact integer sums against each row, in eight i32 lanes per row.
 /// `at` is the block's offset in the activation rows.
 #[inline]
@@ -118,18 +141,7 @@ fn super_block<F: IqAvx2, const N: usize>(
     xs: &[&[u8]; N],
     at: usize,
 ) -> [__m256i; N] {
-    // SAFETY: this function's features are the ones `scales` and `biased` need.
-    let (scales, group_factors) = unsafe {
-        let scales = F::scales(block);
-        (F::product_scales(scales), F::group_factors(block, scales))
-    };
-    // The sums start at minus the offsets' share, e.g. −B·Σ scale·(sum of 16 codes), exact.
-    let mut isums = xs.map(|x| {
-        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
-        // `iq_dot`).
-        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
-        _mm256_madd_epi16(group_sums, group_factors)
-    });
+    let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
     // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32 lane
     // gets that pair, then the low half repeats its first i16, the high half its second.
     let mut lane = _mm256_setzero_si256();

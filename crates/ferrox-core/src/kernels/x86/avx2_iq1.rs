@@ -75,7 +75,10 @@ impl IqAvx2 for S {
         // Sub-block ib's shift sign is bit 15 of its word: δ − 8 = −7 + 2·(0 or −1).
         let minus = _mm_srai_epi16::<15>(load_16(&block[S_HIGH_AT..]));
         let shift = _mm_add_epi16(_mm_set1_epi16(-7), _mm_add_epi16(minus, minus));
-        let per_16 = _mm256_set_m128i(_mm_unpackhi_epi16(shift, shift), _mm_unpacklo_epi16(shift, shift));
+        let per_16 = _mm256_set_m128i(
+            _mm_unpackhi_epi16(shift, shift),
+            _mm_unpacklo_epi16(shift, shift),
+        );
         _mm256_mullo_epi16(scales, per_16)
     }
 

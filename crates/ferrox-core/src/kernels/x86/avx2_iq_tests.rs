@@ -118,13 +118,55 @@ fn zmm_types() -> [Type; 7] {
     use avx512_iq::iq_dot_zmm;
     let avx2 = types();
     [
-        iq_type!("IQ2_XXS", avx2[0].bytes, avx2[0].d_at, avx2[0].reference, iq_dot_zmm::<Iq2XxsAvx2, _>),
-        iq_type!("IQ2_XS", avx2[1].bytes, avx2[1].d_at, avx2[1].reference, iq_dot_zmm::<Iq2XsAvx2, _>),
-        iq_type!("IQ2_S", avx2[2].bytes, avx2[2].d_at, avx2[2].reference, iq_dot_zmm::<Iq2SAvx2, _>),
-        iq_type!("IQ3_XXS", avx2[3].bytes, avx2[3].d_at, avx2[3].reference, iq_dot_zmm::<avx2_iq3::Xxs, _>),
-        iq_type!("IQ3_S", avx2[4].bytes, avx2[4].d_at, avx2[4].reference, iq_dot_zmm::<avx2_iq3::S, _>),
-        iq_type!("IQ1_S", avx2[5].bytes, avx2[5].d_at, avx2[5].reference, iq_dot_zmm::<avx2_iq1::S, _>),
-        iq_type!("IQ1_M", avx2[6].bytes, avx2[6].d_at, avx2[6].reference, iq_dot_zmm::<avx2_iq1::M, _>),
+        iq_type!(
+            "IQ2_XXS",
+            avx2[0].bytes,
+            avx2[0].d_at,
+            avx2[0].reference,
+            iq_dot_zmm::<Iq2XxsAvx2, _>
+        ),
+        iq_type!(
+            "IQ2_XS",
+            avx2[1].bytes,
+            avx2[1].d_at,
+            avx2[1].reference,
+            iq_dot_zmm::<Iq2XsAvx2, _>
+        ),
+        iq_type!(
+            "IQ2_S",
+            avx2[2].bytes,
+            avx2[2].d_at,
+            avx2[2].reference,
+            iq_dot_zmm::<Iq2SAvx2, _>
+        ),
+        iq_type!(
+            "IQ3_XXS",
+            avx2[3].bytes,
+            avx2[3].d_at,
+            avx2[3].reference,
+            iq_dot_zmm::<avx2_iq3::Xxs, _>
+        ),
+        iq_type!(
+            "IQ3_S",
+            avx2[4].bytes,
+            avx2[4].d_at,
+            avx2[4].reference,
+            iq_dot_zmm::<avx2_iq3::S, _>
+        ),
+        iq_type!(
+            "IQ1_S",
+            avx2[5].bytes,
+            avx2[5].d_at,
+            avx2[5].reference,
+            iq_dot_zmm::<avx2_iq1::S, _>
+        ),
+        iq_type!(
+            "IQ1_M",
+            avx2[6].bytes,
+            avx2[6].d_at,
+            avx2[6].reference,
+            iq_dot_zmm::<avx2_iq1::M, _>
+        ),
     ]
 }
 

@@ -15,16 +15,16 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{iq_rows, IqAvx2};
+use super::avx2_iq::{initial_sums, iq_rows, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
-    IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED, IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED,
-    IQ3XXS_GRID_BIASED,
+    IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED,
+    IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED, IQ3XXS_GRID_BIASED,
 };
 use crate::quant::iq1::{M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
 use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
 use crate::quant::iq3::{S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT};
-use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
+use crate::quant::kquants::q8_k::CODES_AT;
 use crate::quant::kquants::QK_K;
 
 /// What a super-block's sub-blocks read, made once per super-block.
@@ -66,16 +66,25 @@ pub(super) trait IqZmm: IqAvx2 {
 /// `B ± w` from the biased grid bytes `B + w`: `2B − (B + w)` where `negative` has the
 /// byte's bit set.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __m256i {
-    _mm256_mask_sub_epi8(biased_grid, negative, _mm256_set1_epi8(2 * bias), biased_grid)
+    _mm256_mask_sub_epi8(
+        biased_grid,
+        negative,
+        _mm256_set1_epi8(2 * bias),
+        biased_grid,
+    )
 }
 
 /// Eight-bit sign masks from 7-bit fields: byte `b` of each 64-bit lane of `words` takes
 /// the seven bits at offset `offsets[b]` of that lane, and its parity as bit 7 (the even
 /// count of minus signs ggml's `keven_signs` completes).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
     let fields = _mm512_and_si512(
         _mm512_multishift_epi64_epi8(_mm512_set1_epi64(i64::from_le_bytes(offsets)), words),
@@ -88,7 +97,9 @@ fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
 
 /// The 64 bytes at `bytes[at..]`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn load_64(bytes: &[u8], at: usize) -> __m512i {
     let chunk: &[u8; 64] = bytes[at..].first_chunk().expect("64 bytes");
     // SAFETY: `chunk` is 64 readable bytes; `loadu` has no alignment requirement.
@@ -97,7 +108,9 @@ fn load_64(bytes: &[u8], at: usize) -> __m512i {
 
 /// The 32 bytes at `bytes[at..]`, each widened to 16 bits.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn widen_32(bytes: &[u8], at: usize) -> __m512i {
     let chunk: &[u8; 32] = bytes[at..].first_chunk().expect("32 bytes");
     // SAFETY: `chunk` is 32 readable bytes; `loadu` has no alignment requirement.
@@ -116,7 +129,9 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 /// Stores the low 32 bits of each 64-bit lane of `v` as the eight sign masks.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn store_signs(prepared: &mut Prepared, v: __m512i) {
     // SAFETY: `signs` is 32 writable bytes.
     unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(v)) }
@@ -124,16 +139,20 @@ fn store_signs(prepared: &mut Prepared, v: __m512i) {
 
 /// Stores `v`'s 32 u16 lanes as indices `32h..32h + 32`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn store_indices(prepared: &mut Prepared, h: usize, v: __m512i) {
-    let half: &mut [u16; 32] = (&mut prepared.index[32 * h..]).first_chunk_mut().expect("32");
+    let half: &mut [u16; 32] = prepared.index[32 * h..].first_chunk_mut().expect("32");
     // SAFETY: `half` is 64 writable bytes.
     unsafe { _mm512_storeu_si512(half.as_mut_ptr().cast(), v) }
 }
 
 /// Four 8-value grid points, the first in the low 64 bits.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn points8(grid: &[u64], index: impl Fn(usize) -> usize) -> __m256i {
     let p: [u64; 4] = std::array::from_fn(|l| grid[index(l)]);
     _mm256_set_epi64x(p[3] as i64, p[2] as i64, p[1] as i64, p[0] as i64)
@@ -141,7 +160,9 @@ fn points8(grid: &[u64], index: impl Fn(usize) -> usize) -> __m256i {
 
 /// Eight 4-value grid points, the first in the low 32 bits.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
 fn points4(grid: &[u32], index: impl Fn(usize) -> usize) -> __m256i {
     let p: [i32; 8] = std::array::from_fn(|k| grid[index(k)] as i32);
     _mm256_setr_epi32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
@@ -151,8 +172,16 @@ fn points4(grid: &[u32], index: impl Fn(usize) -> usize) -> __m256i {
 /// `low_at`; group `4ib + l`'s high bits are `(word(ib) >> (step·l)) & mask`, `word(ib)`
 /// the 16-bit word `ib` at `words_at` (IQ1_S, IQ1_M).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
-fn indices_from_words(block: &[u8], low_at: usize, words_at: usize, step: u16, mask: u16) -> __m512i {
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn indices_from_words(
+    block: &[u8],
+    low_at: usize,
+    words_at: usize,
+    step: u16,
+    mask: u16,
+) -> __m512i {
     let words: &[u8; 16] = block[words_at..].first_chunk().expect("eight words");
     // SAFETY: `words` is 16 readable bytes.
     let words = unsafe { _mm_loadu_si128(words.as_ptr().cast()) };
@@ -165,13 +194,18 @@ fn indices_from_words(block: &[u8], low_at: usize, words_at: usize, step: u16, m
     );
     let s = u64::from(step);
     let shifts = _mm512_set1_epi64(((3 * s) << 48 | (2 * s) << 32 | s << 16) as i64);
-    let high = _mm512_and_si512(_mm512_srlv_epi16(spread, shifts), _mm512_set1_epi16(mask as i16));
+    let high = _mm512_and_si512(
+        _mm512_srlv_epi16(spread, shifts),
+        _mm512_set1_epi16(mask as i16),
+    );
     _mm512_or_si512(widen_32(block, low_at), _mm512_slli_epi16::<8>(high))
 }
 
 impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Sub-block ib's eight bytes are 64-bit lane ib: four indices, then the word of
         // four 7-bit sign fields (bits 32.., 39.., 46.., 53..) and the scale.
@@ -180,7 +214,9 @@ impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         let at = QS_AT + 8 * ib;
         let grid = points8(&IQ2XXS_GRID_BIASED, |l| usize::from(block[at + l]));
@@ -190,7 +226,9 @@ impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
 
 impl IqZmm for avx2_iq2::Iq2XsAvx2 {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Four 16-bit words per sub-block: a 9-bit index, then a 7-bit sign field.
         let words = load_64(block, QS_AT);
@@ -199,38 +237,53 @@ impl IqZmm for avx2_iq2::Iq2XsAvx2 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points8(&IQ2XS_GRID_BIASED, |l| usize::from(prepared.index[4 * ib + l]));
+        let grid = points8(&IQ2XS_GRID_BIASED, |l| {
+            usize::from(prepared.index[4 * ib + l])
+        });
         signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
 
 impl IqZmm for avx2_iq2::Iq2SAvx2 {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Group g = 4ib + l takes bits 2l.. of high byte ib: bits 2g.. of the 64-bit word.
         let qh = _mm512_set1_epi64(u64_at(block, S_QH_AT) as i64);
         let offsets: [u8; 64] = std::array::from_fn(|b| if b % 2 == 0 { b as u8 } else { 0 });
         // SAFETY: `offsets` is 64 readable bytes.
         let offsets = unsafe { _mm512_loadu_si512(offsets.as_ptr().cast()) };
-        let high = _mm512_and_si512(_mm512_multishift_epi64_epi8(offsets, qh), _mm512_set1_epi16(3));
+        let high = _mm512_and_si512(
+            _mm512_multishift_epi64_epi8(offsets, qh),
+            _mm512_set1_epi16(3),
+        );
         let index = _mm512_or_si512(widen_32(block, QS_AT), _mm512_slli_epi16::<8>(high));
         store_indices(prepared, 0, index);
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points8(&IQ2S_GRID_BIASED, |l| usize::from(prepared.index[4 * ib + l]));
+        let grid = points8(&IQ2S_GRID_BIASED, |l| {
+            usize::from(prepared.index[4 * ib + l])
+        });
         signed_biased(grid, u32_at(block, IQ2S_SIGNS_AT + 4 * ib), Self::BIAS)
     }
 }
 
 impl IqZmm for avx2_iq3::Xxs {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Eight 32-bit words of four 7-bit sign fields and a scale, two per 64-bit lane.
         let chunk: &[u8; 32] = block[XXS_SCALES_AT..].first_chunk().expect("sign words");
@@ -238,11 +291,18 @@ impl IqZmm for avx2_iq3::Xxs {
         let words = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) });
         let signs = even_signs_zmm(words, [0, 7, 14, 21, 32, 39, 46, 53]);
         // SAFETY: `signs` is 32 writable bytes.
-        unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), _mm512_castsi512_si256(signs)) }
+        unsafe {
+            _mm256_storeu_si256(
+                prepared.signs.as_mut_ptr().cast(),
+                _mm512_castsi512_si256(signs),
+            )
+        }
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         let at = XXS_INDICES_AT + 8 * ib;
         let grid = points4(&IQ3XXS_GRID_BIASED, |k| usize::from(block[at + k]));
@@ -252,7 +312,9 @@ impl IqZmm for avx2_iq3::Xxs {
 
 impl IqZmm for avx2_iq3::S {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Index e's ninth bit is bit e of the eight high bytes.
         let high = u64_at(block, S_HIGH_AT);
@@ -264,26 +326,36 @@ impl IqZmm for avx2_iq3::S {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let grid = points4(&IQ3S_GRID_BIASED, |k| usize::from(prepared.index[8 * ib + k]));
+        let grid = points4(&IQ3S_GRID_BIASED, |k| {
+            usize::from(prepared.index[8 * ib + k])
+        });
         signed_biased(grid, u32_at(block, S_SIGNS_AT + 4 * ib), Self::BIAS)
     }
 }
 
 impl IqZmm for avx2_iq1::S {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         let index = indices_from_words(block, IQ1S_AT, IQ1S_HIGH_AT, 3, 7);
         store_indices(prepared, 0, index);
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         // The grid plus one, as the AVX2 kernel (see there).
-        points8(&IQ1S_GRID_PLUS_1, |l| usize::from(prepared.index[4 * ib + l]))
+        points8(&IQ1S_GRID_PLUS_1, |l| {
+            usize::from(prepared.index[4 * ib + l])
+        })
     }
 }
 
@@ -291,7 +363,9 @@ impl IqZmm for avx2_iq1::S {
 /// `8·(c + 1)` and one masked add of 2 where the group's shift is positive.
 impl IqZmm for avx2_iq1::M {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         let index = indices_from_words(block, 0, M_HIGH_AT, 4, 7);
         store_indices(prepared, 0, index);
@@ -308,7 +382,10 @@ impl IqZmm for avx2_iq1::M {
         });
         // SAFETY: `offsets` is 32 readable bytes.
         let offsets = unsafe { _mm256_loadu_si256(offsets.as_ptr().cast()) };
-        let up = _mm256_testn_epi8_mask(_mm256_multishift_epi64_epi8(offsets, words), _mm256_set1_epi8(1));
+        let up = _mm256_testn_epi8_mask(
+            _mm256_multishift_epi64_epi8(offsets, words),
+            _mm256_set1_epi8(1),
+        );
         // One byte per group: 0xFF where the shift is positive; sub-block ib's four are
         // the 32 bits of its mask.
         let bytes = _mm256_maskz_mov_epi8(up, _mm256_set1_epi8(-1));
@@ -317,9 +394,13 @@ impl IqZmm for avx2_iq1::M {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+    )]
     unsafe fn biased_zmm(_block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let eights = points8(&IQ1S_GRID_PLUS_1_TIMES_8, |l| usize::from(prepared.index[4 * ib + l]));
+        let eights = points8(&IQ1S_GRID_PLUS_1_TIMES_8, |l| {
+            usize::from(prepared.index[4 * ib + l])
+        });
         _mm256_mask_add_epi8(eights, prepared.sign_mask(ib), eights, _mm256_set1_epi8(2))
     }
 }
@@ -327,22 +408,21 @@ impl IqZmm for avx2_iq1::M {
 /// One super-block's exact integer sums against each row, as the AVX2 kernel's
 /// `super_block` computes them.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
-fn super_block_zmm<F: IqZmm, const N: usize>(block: &[u8], xs: &[&[u8]; N], at: usize) -> [__m256i; N] {
-    // SAFETY: this function's features are the ones `scales`, `prepare` and `biased_zmm`
-    // need; `block` is one whole block.
-    let (scales, group_factors) = unsafe {
-        let scales = F::scales(block);
-        (F::product_scales(scales), F::group_factors(block, scales))
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn super_block_zmm<F: IqZmm, const N: usize>(
+    block: &[u8],
+    xs: &[&[u8]; N],
+    at: usize,
+) -> [__m256i; N] {
+    let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
+    let mut prepared = Prepared {
+        signs: [0; 8],
+        index: [0; 64],
     };
-    let mut isums = xs.map(|x| {
-        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
-        // `check_rows`).
-        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
-        _mm256_madd_epi16(group_sums, group_factors)
-    });
-    let mut prepared = Prepared { signs: [0; 8], index: [0; 64] };
-    // SAFETY: as above.
+    // SAFETY: this function's features are the ones `prepare` and `biased_zmm` need;
+    // `block` is one whole block.
     unsafe { F::prepare(block, &mut prepared) };
     for ib in 0..QK_K / 32 {
         // SAFETY: as above, after `prepare`.
@@ -354,10 +434,13 @@ fn super_block_zmm<F: IqZmm, const N: usize>(block: &[u8], xs: &[&[u8]; N], at: 
         let sub_scales = if F::SCALE_PER_32 {
             pair
         } else {
-            _mm256_shuffle_epi8(pair, _mm256_setr_epi8(
-                0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
-                2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-            ))
+            _mm256_shuffle_epi8(
+                pair,
+                _mm256_setr_epi8(
+                    0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                ),
+            )
         };
         for (s, x) in isums.iter_mut().zip(xs) {
             // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
@@ -375,4 +458,3 @@ iq_rows!(
     IqZmm,
     super_block_zmm
 );
-
