@@ -4,36 +4,44 @@
 //! (little endian, one point per u64 or u32, byte `j` the point's coordinate `j`).
 
 /// IQ2_XXS: 256 points of 8 coordinates from {8, 25, 43}.
-pub(crate) static IQ2XXS_GRID: [u64; 256] = words64(include_bytes!("grids/iq2xxs.bin"));
+pub(crate) static IQ2XXS_GRID: [u64; 256] = IQ2XXS_POINTS;
 /// IQ2_XS: 512 points of 8 coordinates.
-pub(crate) static IQ2XS_GRID: [u64; 512] = words64(include_bytes!("grids/iq2xs.bin"));
+pub(crate) static IQ2XS_GRID: [u64; 512] = IQ2XS_POINTS;
 /// IQ2_S: 1024 points of 8 coordinates.
-pub(crate) static IQ2S_GRID: [u64; 1024] = words64(include_bytes!("grids/iq2s.bin"));
+pub(crate) static IQ2S_GRID: [u64; 1024] = IQ2S_POINTS;
 /// IQ3_XXS: 256 points of 4 coordinates.
-pub(crate) static IQ3XXS_GRID: [u32; 256] = words32(include_bytes!("grids/iq3xxs.bin"));
+pub(crate) static IQ3XXS_GRID: [u32; 256] = IQ3XXS_POINTS;
 /// IQ3_S: 512 points of 4 coordinates.
-pub(crate) static IQ3S_GRID: [u32; 512] = words32(include_bytes!("grids/iq3s.bin"));
+pub(crate) static IQ3S_GRID: [u32; 512] = IQ3S_POINTS;
 /// IQ1_S and IQ1_M: 2048 points of 8 signed coordinates (−1, 0, 1 as i8 bytes).
-pub(crate) static IQ1S_GRID: [u64; 2048] = words64(include_bytes!("grids/iq1s.bin"));
+pub(crate) static IQ1S_GRID: [u64; 2048] = IQ1S_POINTS;
+
+const IQ2XXS_POINTS: [u64; 256] = words64(include_bytes!("grids/iq2xxs.bin"));
+const IQ2XS_POINTS: [u64; 512] = words64(include_bytes!("grids/iq2xs.bin"));
+const IQ2S_POINTS: [u64; 1024] = words64(include_bytes!("grids/iq2s.bin"));
+const IQ3XXS_POINTS: [u32; 256] = words32(include_bytes!("grids/iq3xxs.bin"));
+const IQ3S_POINTS: [u32; 512] = words32(include_bytes!("grids/iq3s.bin"));
+const IQ1S_POINTS: [u64; 2048] = words64(include_bytes!("grids/iq1s.bin"));
+
+/// The largest coordinate of the IQ2 grids (checked by the tests below).
+pub(crate) const IQ2_LARGEST: u8 = 43;
+/// The largest coordinate of the IQ3_XXS grid.
+pub(crate) const IQ3XXS_LARGEST: u8 = 62;
+/// The largest coordinate of the IQ3_S grid.
+pub(crate) const IQ3S_LARGEST: u8 = 15;
 
 /// The grids with their format's largest coordinate `B` added to every coordinate, for
 /// kernels that turn `±w` into the unsigned `B ± w` as `B + w` or `2B − (B + w)`.
-pub(crate) static IQ2XXS_GRID_BIASED: [u64; 256] =
-    plus64(words64(include_bytes!("grids/iq2xxs.bin")), 43);
-pub(crate) static IQ2XS_GRID_BIASED: [u64; 512] =
-    plus64(words64(include_bytes!("grids/iq2xs.bin")), 43);
-pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] =
-    plus64(words64(include_bytes!("grids/iq2s.bin")), 43);
-pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] =
-    plus32(words32(include_bytes!("grids/iq3xxs.bin")), 62);
-pub(crate) static IQ3S_GRID_BIASED: [u32; 512] =
-    plus32(words32(include_bytes!("grids/iq3s.bin")), 15);
+pub(crate) static IQ2XXS_GRID_BIASED: [u64; 256] = plus64(IQ2XXS_POINTS, IQ2_LARGEST);
+pub(crate) static IQ2XS_GRID_BIASED: [u64; 512] = plus64(IQ2XS_POINTS, IQ2_LARGEST);
+pub(crate) static IQ2S_GRID_BIASED: [u64; 1024] = plus64(IQ2S_POINTS, IQ2_LARGEST);
+pub(crate) static IQ3XXS_GRID_BIASED: [u32; 256] = plus32(IQ3XXS_POINTS, IQ3XXS_LARGEST);
+pub(crate) static IQ3S_GRID_BIASED: [u32; 512] = plus32(IQ3S_POINTS, IQ3S_LARGEST);
 
 /// IQ1_S and IQ1_M with 1 added to every coordinate: 0, 1, 2.
-pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] =
-    plus64(words64(include_bytes!("grids/iq1s.bin")), 1);
+pub(crate) static IQ1S_GRID_PLUS_1: [u64; 2048] = plus64(IQ1S_POINTS, 1);
 /// `8·(c + 1)`: 0, 8, 16 (a shift of the whole word: no byte exceeds 2 before it).
-pub(crate) static IQ1S_GRID_PLUS_1_TIMES_8: [u64; 2048] = times8(IQ1S_GRID_PLUS_1);
+pub(crate) static IQ1S_GRID_PLUS_1_TIMES_8: [u64; 2048] = times8(plus64(IQ1S_POINTS, 1));
 
 /// Every byte of every point plus `bias`, each byte on its own (wrapping, no carries).
 const fn plus64<const N: usize>(mut grid: [u64; N], bias: u8) -> [u64; N] {
@@ -155,6 +163,9 @@ mod tests {
         };
         assert_eq!(levels(&IQ3XXS_GRID), [4, 12, 20, 28, 36, 44, 52, 62].into());
         assert_eq!(levels(&IQ3S_GRID), [1, 3, 5, 7, 9, 11, 13, 15].into());
+        assert_eq!(coordinates(&IQ2XXS_GRID).last(), Some(&IQ2_LARGEST));
+        assert_eq!(levels(&IQ3XXS_GRID).last(), Some(&IQ3XXS_LARGEST));
+        assert_eq!(levels(&IQ3S_GRID).last(), Some(&IQ3S_LARGEST));
     }
 
     #[test]

@@ -9,14 +9,14 @@ use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7, f16_at};
 use super::avx2_iq::{iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
-use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ2_LARGEST};
 use crate::quant::iq2::{
     s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
 use crate::quant::BlockFormat;
 
 /// The largest grid coordinate.
-const BIAS: i8 = 43;
+const BIAS: i8 = IQ2_LARGEST as i8;
 
 pub(super) struct Iq2XxsAvx2;
 pub(super) struct Iq2XsAvx2;

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux, f16_at};
 use super::avx2_iq::{iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
-use crate::quant::grids::{IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
 use crate::quant::iq3::{
     Iq3S, Iq3Xxs, S_HIGH_AT, S_INDICES_AT, S_SCALES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT,
 };
@@ -34,7 +34,7 @@ pub(super) struct Xxs;
 impl IqAvx2 for Xxs {
     const BYTES: usize = Iq3Xxs::BYTES;
     /// The largest grid coordinate.
-    const BIAS: i8 = 62;
+    const BIAS: i8 = IQ3XXS_LARGEST as i8;
     const FACTOR: Option<f32> = Some(0.25);
     const SCALE_PER_32: bool = true;
 
@@ -69,7 +69,7 @@ pub(super) struct S;
 impl IqAvx2 for S {
     const BYTES: usize = Iq3S::BYTES;
     /// The largest grid coordinate.
-    const BIAS: i8 = 15;
+    const BIAS: i8 = IQ3S_LARGEST as i8;
     const FACTOR: Option<f32> = None;
     const SCALE_PER_32: bool = true;
 

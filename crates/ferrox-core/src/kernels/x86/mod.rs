@@ -122,12 +122,8 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
     if !(avx2_detected() && avx512_vnni_detected()) {
         return None;
     }
-    // The AVX-512 i-quant kernels give the scalar reference's bits (tested) and are
-    // switched on once a whole test run has passed with them.
-    if AVX512_IQ_DISPATCHED {
-        if let Some(kernel) = avx512_iq_kernel(kind) {
-            return Some(kernel);
-        }
+    if let Some(kernel) = avx512_iq_kernel(kind) {
+        return Some(kernel);
     }
     Some(match kind {
         K::F32 => avx512_float::entry::<F32Lanes>(),
@@ -141,9 +137,6 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
         _ => return None,
     })
 }
-
-/// Whether [`avx512_iq_kernel`] is consulted (see where it is called).
-const AVX512_IQ_DISPATCHED: bool = false;
 
 /// The AVX-512 i-quant kernels for `kind`, or `None` if this machine lacks their features
 /// or `kind` is not an i-quant.
