@@ -170,12 +170,42 @@ fn zmm_types() -> [Type; 7] {
     ]
 }
 
+/// The AVX-512 kernels that decode grid points from codes ([`super::avx512_iq_codes`]).
+fn codes_types() -> [Type; 3] {
+    use super::avx512_iq_codes::iq_dot_codes;
+    let avx2 = types();
+    [
+        iq_type!(
+            "IQ2_XS (codes)",
+            avx2[1].bytes,
+            avx2[1].d_at,
+            avx2[1].reference,
+            iq_dot_codes::<avx2_iq2::Iq2XsAvx2, _>
+        ),
+        iq_type!(
+            "IQ3_XXS (codes)",
+            avx2[3].bytes,
+            avx2[3].d_at,
+            avx2[3].reference,
+            iq_dot_codes::<avx2_iq3::Xxs, _>
+        ),
+        iq_type!(
+            "IQ3_S (codes)",
+            avx2[4].bytes,
+            avx2[4].d_at,
+            avx2[4].reference,
+            iq_dot_codes::<avx2_iq3::S, _>
+        ),
+    ]
+}
+
 /// Every kernel this machine can run: the AVX2 ones, and the AVX-512 ones where it has
 /// their features (the test says which it checked).
 fn kernels_here() -> Vec<Type> {
     let mut all: Vec<Type> = types().into();
     if avx512_iq_detected() {
         all.extend(zmm_types());
+        all.extend(codes_types());
     } else {
         eprintln!("this machine has no AVX-512 VBMI/BITALG: the AVX2 kernels only");
     }

@@ -36,7 +36,31 @@ pub(super) struct Prepared {
     index: [u16; 64],
 }
 
+impl Default for Prepared {
+    fn default() -> Self {
+        Prepared {
+            signs: [0; 8],
+            index: [0; 64],
+        }
+    }
+}
+
 impl Prepared {
+    /// The grid indices [`IqZmm::prepare`] stored.
+    pub(super) fn index(&self) -> &[u16; 64] {
+        &self.index
+    }
+
+    /// Sub-blocks `2j` and `2j + 1`'s sign masks as one, loaded from memory (as
+    /// [`Prepared::sign_mask`]).
+    #[inline]
+    pub(super) fn pair_sign_mask(&self, j: usize) -> u64 {
+        let pair: &[u32; 2] = self.signs[2 * j..].first_chunk().expect("two masks");
+        // SAFETY: `pair` is 8 initialized bytes at an 8-byte aligned address (the struct
+        // is 64-byte aligned, `signs` first).
+        unsafe { std::ptr::read_volatile(pair.as_ptr().cast::<u64>()) }
+    }
+
     /// Sub-block `ib`'s sign mask, loaded from memory: moving it out of the vector it was
     /// made in (extract, move to a general register, move to a mask register) costs
     /// several times more on current cores.
@@ -417,10 +441,7 @@ fn super_block_zmm<F: IqZmm, const N: usize>(
     at: usize,
 ) -> [__m256i; N] {
     let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
-    let mut prepared = Prepared {
-        signs: [0; 8],
-        index: [0; 64],
-    };
+    let mut prepared = Prepared::default();
     // SAFETY: this function's features are the ones `prepare` and `biased_zmm` need;
     // `block` is one whole block.
     unsafe { F::prepare(block, &mut prepared) };

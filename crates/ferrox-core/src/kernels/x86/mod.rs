@@ -24,6 +24,7 @@ mod avx512_common;
 mod avx512_float;
 mod avx512_float_gemm;
 mod avx512_iq;
+mod avx512_iq_codes;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
@@ -159,15 +160,29 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
         }};
     }
 
+    /// Safe entries for `iq_dot_codes::<$format, N>`.
+    macro_rules! codes_entry {
+        ($format:ty) => {{
+            struct Rows;
+            impl RowKernel for Rows {
+                fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+                    // SAFETY: as `zmm_entry`'s.
+                    unsafe { avx512_iq_codes::iq_dot_codes::<$format, N>(w, xs) }
+                }
+            }
+            row_kernel_entry::<Rows>()
+        }};
+    }
+
     if !(avx2_detected() && avx512_iq_detected()) {
         return None;
     }
     Some(match kind {
         K::Iq2Xxs => zmm_entry!(avx2_iq2::Iq2XxsAvx2),
-        K::Iq2Xs => zmm_entry!(avx2_iq2::Iq2XsAvx2),
+        K::Iq2Xs => codes_entry!(avx2_iq2::Iq2XsAvx2),
         K::Iq2S => zmm_entry!(avx2_iq2::Iq2SAvx2),
-        K::Iq3Xxs => zmm_entry!(avx2_iq3::Xxs),
-        K::Iq3S => zmm_entry!(avx2_iq3::S),
+        K::Iq3Xxs => codes_entry!(avx2_iq3::Xxs),
+        K::Iq3S => codes_entry!(avx2_iq3::S),
         K::Iq1S => zmm_entry!(avx2_iq1::S),
         K::Iq1M => zmm_entry!(avx2_iq1::M),
         _ => return None,
