@@ -16,6 +16,7 @@ use std::arch::x86_64::*;
 
 use super::avx2_iq::{initial_sums, iq_rows};
 use super::avx512_iq::{IqZmm, Prepared};
+use super::avx512_kquants::Q6K_SCALE_INDEX;
 use super::{avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
     IQ2XS_GRID, IQ2_LARGEST, IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST,
@@ -206,34 +207,15 @@ const fn field_offsets(point: usize) -> u64 {
     u64::from_le_bytes(out)
 }
 
-/// `vpermw` indices that give every u16 lane of 64 weights' products (values `2i, 2i+1`)
-/// the scale of its 16 values: group `4j + i/8` of the super-block's 16.
-const fn scale_spread(j: usize) -> [u16; 32] {
-    let mut out = [0u16; 32];
-    let mut i = 0;
-    while i < 32 {
-        out[i] = (4 * j + i / 8) as u16;
-        i += 1;
-    }
-    out
-}
-
 /// [`spread`] for each pair of sub-blocks.
 static SPREAD_8: [[u16; 32]; 4] = [spread(8, 0), spread(8, 8), spread(8, 16), spread(8, 24)];
 static SPREAD_4: [[u16; 32]; 2] = [spread(4, 0), spread(4, 16)];
-/// [`scale_spread`] for each pair of sub-blocks.
-static SCALE_SPREAD: [[u16; 32]; 4] = [
-    scale_spread(0),
-    scale_spread(1),
-    scale_spread(2),
-    scale_spread(3),
-];
-
 #[inline]
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn load_u16s(lanes: &[u16; 32]) -> __m512i {
+fn load_u16s<T: Copy>(lanes: &[T; 32]) -> __m512i {
+    const { assert!(std::mem::size_of::<T>() == 2) };
     // SAFETY: `lanes` is 64 readable bytes.
     unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }
 }
@@ -290,7 +272,9 @@ fn super_block_codes<F: IqCodes, const N: usize>(
             _mm512_set1_epi8(2 * F::BIAS),
             biased,
         );
-        let pair_scales = _mm512_permutexvar_epi16(load_u16s(&SCALE_SPREAD[j]), scales);
+        // Every u16 lane of the 64 values' products (values 2i, 2i + 1) gets the scale
+        // of its 16 values, as Q6_K's chunk pairs.
+        let pair_scales = _mm512_permutexvar_epi16(load_u16s(&Q6K_SCALE_INDEX[j]), scales);
         for (s, x) in sums.iter_mut().zip(xs) {
             // SAFETY: codes `64j..64j + 64` of this block, in bounds as the sums
             // `initial_sums` read.

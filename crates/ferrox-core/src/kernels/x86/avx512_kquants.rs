@@ -83,7 +83,8 @@ const Q4K_SCALE_INDEX: [[i16; 32]; 4] = [
     q4k_scale_index(2),
     q4k_scale_index(3),
 ];
-const Q6K_SCALE_INDEX: [[i16; 32]; 4] = [
+/// For the chunk pair `j` (64 values), each word's 16-value scale: `4j + w/8`.
+pub(super) const Q6K_SCALE_INDEX: [[i16; 32]; 4] = [
     q6k_scale_index(0),
     q6k_scale_index(1),
     q6k_scale_index(2),
