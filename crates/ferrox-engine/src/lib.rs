@@ -107,6 +107,11 @@ pub struct ExpertCacheStats {
     pub misses: u64,
     /// Bytes of the file packed into slots.
     pub bytes_read: u64,
+    /// Experts whose pages a layer asked for ahead, on the next layer's behalf (those its
+    /// router picks for this layer's input, when not cached).
+    pub ahead_asked: u64,
+    /// Of those, the ones the next layer then used.
+    pub ahead_used: u64,
 }
 
 impl Default for EngineOptions {

@@ -219,6 +219,33 @@ pub struct MoeWeights {
     /// The cache the experts stream through, and this layer's key in it, when the memory
     /// plan leaves them in the file.
     pub streamed: Option<(Arc<ExpertCache>, usize)>,
+    /// The next MoE layer's router and streamed experts, when both layers stream (see
+    /// [`link_lookahead`]).
+    pub lookahead: Option<Box<MoeWeights>>,
+}
+
+/// Links each MoE layer whose experts stream to the next MoE layer of `layers` (in order)
+/// whose experts stream too: its steps then ask for the experts that layer will likely use
+/// while computing their own (see [`ferrox_moe::MoeExperts::with_lookahead`]).
+pub fn link_lookahead<'w>(layers: impl IntoIterator<Item = &'w mut MoeWeights>) {
+    let mut layers: Vec<&mut MoeWeights> = layers.into_iter().collect();
+    for i in 1..layers.len() {
+        let next = &*layers[i];
+        let link = (next.streamed.is_some()).then(|| {
+            Box::new(MoeWeights {
+                gate_inp: next.gate_inp.clone(),
+                gate_exps: next.gate_exps.clone(),
+                up_exps: next.up_exps.clone(),
+                down_exps: next.down_exps.clone(),
+                shared: None,
+                selection_bias: next.selection_bias.clone(),
+                streamed: next.streamed.clone(),
+                lookahead: None,
+            })
+        });
+        let layer = &mut *layers[i - 1];
+        layer.lookahead = link.filter(|_| layer.streamed.is_some());
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -307,16 +334,31 @@ impl MoeWeights {
         scratch
             .router_logits(&self.gate_inp.view(gguf)?, xn, router_logits)
             .map_err(moe_error)?;
-        ferrox_moe::moe_ffn(
-            router,
-            &self.experts(gguf)?.with_shared(self.shared_expert(gguf)?),
-            xn,
-            router_logits,
-            self.selection_bias.as_deref(),
-            out,
-            scratch,
-        )
-        .map_err(moe_error)
+        let experts = self.experts(gguf)?.with_shared(self.shared_expert(gguf)?);
+        let mut run = |experts: &ferrox_moe::MoeExperts<'_>| {
+            ferrox_moe::moe_ffn(
+                router,
+                experts,
+                xn,
+                router_logits,
+                self.selection_bias.as_deref(),
+                out,
+                scratch,
+            )
+            .map_err(moe_error)
+        };
+        match &self.lookahead {
+            Some(next) => {
+                let next_router = next.gate_inp.view(gguf)?;
+                let next_experts = next.experts(gguf)?;
+                run(&experts.with_lookahead(ferrox_moe::Lookahead {
+                    gate_inp: &next_router,
+                    selection_bias: next.selection_bias.as_deref(),
+                    experts: &next_experts,
+                }))
+            }
+            None => run(&experts),
+        }
     }
 
     pub fn shared_expert<'a>(
@@ -554,6 +596,7 @@ impl Loader<'_> {
             down_exps: self.experts(&FFN_DOWN_EXPS.layer(il), mc.n_ff_exp, n_embd, n_expert)?,
             shared,
             streamed: None,
+            lookahead: None,
         })
     }
 

@@ -8,7 +8,7 @@
 //! once packed. Products always go through packed copies, so every result is the
 //! one the model gives with all of its experts packed at load, whatever was cached.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -67,6 +67,8 @@ pub struct ExpertCache {
     hits: AtomicU64,
     misses: AtomicU64,
     bytes_read: AtomicU64,
+    ahead_asked: AtomicU64,
+    ahead_used: AtomicU64,
 }
 
 struct Slots {
@@ -78,6 +80,8 @@ struct Slots {
     misses_since_aging: usize,
     /// Where direct reads land before they are packed.
     direct: DirectBuffer,
+    /// `(layer, expert)` pairs asked for ahead and not yet looked for by their layer.
+    asked_ahead: HashSet<(usize, usize)>,
 }
 
 struct Slot {
@@ -118,6 +122,7 @@ impl ExpertCache {
                 clock: 0,
                 misses_since_aging: 0,
                 direct: DirectBuffer::default(),
+                asked_ahead: HashSet::new(),
             }),
             capacity,
             slot_bytes,
@@ -125,6 +130,8 @@ impl ExpertCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
+            ahead_asked: AtomicU64::new(0),
+            ahead_used: AtomicU64::new(0),
         }
     }
 
@@ -152,6 +159,8 @@ impl ExpertCache {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            ahead_asked: self.ahead_asked.load(Ordering::Relaxed),
+            ahead_used: self.ahead_used.load(Ordering::Relaxed),
         }
     }
 
@@ -193,7 +202,17 @@ impl CachedExperts<'_> {
     /// Asks for the file pages of those of `ids` not cached, so that their reads start
     /// before they are packed.
     pub(crate) fn prefetch(&self, tensors: LayerTensors<'_, '_>, ids: &[usize]) {
-        let state = self.cache.lock();
+        let mut state = self.cache.lock();
+        if !state.asked_ahead.is_empty() {
+            let used = ids
+                .iter()
+                .filter(|&&e| state.asked_ahead.contains(&(self.layer, e)))
+                .count();
+            self.cache
+                .ahead_used
+                .fetch_add(used as u64, Ordering::Relaxed);
+            state.asked_ahead.retain(|&(layer, _)| layer != self.layer);
+        }
         for &e in ids {
             if !state.index.contains_key(&(self.layer, e)) {
                 for t in tensors.iter().flatten() {
@@ -201,6 +220,24 @@ impl CachedExperts<'_> {
                 }
             }
         }
+    }
+
+    /// Asks for the file pages of those of `ids` not cached on behalf of a later step of
+    /// this layer (the layer before it guessed them), and notes them to count how many it
+    /// then uses.
+    pub(crate) fn prefetch_ahead(&self, tensors: LayerTensors<'_, '_>, ids: &[usize]) {
+        let mut state = self.cache.lock();
+        let mut asked = 0;
+        for &e in ids {
+            let key = (self.layer, e);
+            if !state.index.contains_key(&key) && state.asked_ahead.insert(key) {
+                asked += 1;
+                for t in tensors.iter().flatten() {
+                    self.pages.prefetch(t.expert_bytes(e));
+                }
+            }
+        }
+        self.cache.ahead_asked.fetch_add(asked, Ordering::Relaxed);
     }
 
     /// Calls `f` with the packed views of experts `ids` (distinct, at most

@@ -221,7 +221,25 @@ pub struct MoeExperts<'a> {
     shared: Option<SharedExpert<'a>>,
     /// Experts streamed from the file through a cache of packed copies.
     cache: Option<CachedExperts<'a>>,
+    /// The next MoE layer, whose experts this one asks for ahead.
+    lookahead: Option<Lookahead<'a>>,
 }
+
+/// The next MoE layer as seen from the one before it (see [`MoeExperts::with_lookahead`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Lookahead<'a> {
+    /// Its router (`ffn_gate_inp`).
+    pub gate_inp: &'a WeightMatrix<'a>,
+    /// Its `exp_probs_b`, if any.
+    pub selection_bias: Option<&'a [f32]>,
+    /// Its experts (only streamed ones are asked for).
+    pub experts: &'a MoeExperts<'a>,
+}
+
+/// Most tokens in a step whose next layer's experts are asked for ahead: a decode step's or
+/// a small batch's. A long prompt's steps use most experts of every layer, and asking for a
+/// whole layer ahead would only compete with this layer's reads.
+const LOOKAHEAD_TOKENS: usize = 16;
 
 impl<'a> MoeExperts<'a> {
     /// Checks that gate and up are `{n_embd, n_ff, n_expert}` and down `{n_ff, n_embd,
@@ -267,6 +285,7 @@ impl<'a> MoeExperts<'a> {
             activation,
             shared: None,
             cache: None,
+            lookahead: None,
         })
     }
 
@@ -286,6 +305,23 @@ impl<'a> MoeExperts<'a> {
         }
     }
 
+    /// These experts asking, once they have asked for their own experts' pages, for those
+    /// of the experts the next MoE layer's router picks for this layer's input (the
+    /// residual stream changes little from one layer to the next), so that the next
+    /// layer's reads overlap this layer's products. Only streamed experts (see
+    /// [`Self::with_cache`]) are asked for; results do not change.
+    pub fn with_lookahead(self, lookahead: Lookahead<'a>) -> Self {
+        MoeExperts {
+            lookahead: Some(lookahead),
+            ..self
+        }
+    }
+
+    /// Gate (if any), up, down.
+    fn tensors(&self) -> crate::cache::LayerTensors<'_, 'a> {
+        [self.gate.as_ref(), Some(&self.up), Some(&self.down)]
+    }
+
     /// Calls `f` with the matrices of experts `ids` (distinct, at most
     /// [`Self::max_pass_experts`]).
     fn with_views<R>(
@@ -294,11 +330,7 @@ impl<'a> MoeExperts<'a> {
         f: impl for<'b> FnOnce(&[ExpertViews<'b>]) -> Result<R, MoeError>,
     ) -> Result<R, MoeError> {
         match &self.cache {
-            Some(cache) => cache.with_views(
-                [self.gate.as_ref(), Some(&self.up), Some(&self.down)],
-                ids,
-                f,
-            ),
+            Some(cache) => cache.with_views(self.tensors(), ids, f),
             None => {
                 let views: SmallVec<[ExpertViews<'_>; CHUNK_EXPERTS]> = ids
                     .iter()
@@ -363,6 +395,9 @@ pub struct MoeScratch {
     assign: Vec<(usize, usize, usize)>,
     /// The distinct experts of `assign`.
     needed: Vec<usize>,
+    /// The next layer's router logits and distinct experts for this layer's input.
+    ahead_logits: Vec<f32>,
+    ahead: Vec<usize>,
     xq_gate: Vec<u8>,
     xq_up: Vec<u8>,
     xg_gate: Vec<u8>,
@@ -555,7 +590,6 @@ pub fn moe_ffn(
 ) -> Result<(), MoeError> {
     router.validate()?;
     let (n_embd, n_expert) = (experts.n_embd(), experts.n_expert());
-    let n_used = router.n_used;
     if router.n_expert != n_expert {
         return Err(MoeError::Shape(format!(
             "router has {} experts, tensors {n_expert}",
@@ -599,7 +633,7 @@ pub fn moe_ffn(
         );
         s.routes.extend_from_slice(&s.route_tmp);
     }
-    run_routes(experts, x, n_used, out, s)
+    run_routes(router, experts, x, out, s)
 }
 
 /// [`moe_ffn`] with the experts chosen outside the router: `chosen` holds `n_used` experts
@@ -652,7 +686,43 @@ pub fn moe_ffn_chosen(
     if n_tokens == 0 {
         return Ok(());
     }
-    run_routes(experts, x, n_used, out, s)
+    run_routes(router, experts, x, out, s)
+}
+
+/// Asks for the pages of the streamed experts `next`'s router picks for `x` (see
+/// [`MoeExperts::with_lookahead`]).
+fn ask_ahead(
+    router: &RouterConfig,
+    next: &Lookahead<'_>,
+    x: &[f32],
+    s: &mut MoeScratch,
+) -> Result<(), MoeError> {
+    let Some(cache) = &next.experts.cache else {
+        return Ok(());
+    };
+    let n_expert = next.experts.n_expert();
+    if next.gate_inp.rows() != n_expert || router.n_expert != n_expert {
+        return Err(MoeError::Shape(format!(
+            "the next layer's router has {} experts, its tensors {n_expert}",
+            next.gate_inp.rows()
+        )));
+    }
+    router_logits_with(next.gate_inp, x, &mut s.ahead_logits, &mut s.router_xq)?;
+    s.ahead.clear();
+    for logits in s.ahead_logits.chunks_exact(n_expert) {
+        crate::routing::route_into(
+            router,
+            logits,
+            next.selection_bias,
+            &mut s.route_tmp,
+            &mut s.route_scratch,
+        );
+        s.ahead.extend(s.route_tmp.iter().map(|&(e, _)| e));
+    }
+    s.ahead.sort_unstable();
+    s.ahead.dedup();
+    cache.prefetch_ahead(next.experts.tensors(), &s.ahead);
+    Ok(())
 }
 
 /// Quantizes every token once per activation type for the experts' products, with the
@@ -682,12 +752,13 @@ fn quantize_tokens(
 /// The experts of `scratch.routes` (`n_used` per token) over `x`, weighted and summed per
 /// token into `out`, and the shared expert's output added when one is attached.
 fn run_routes(
+    router: &RouterConfig,
     experts: &MoeExperts<'_>,
     x: &[f32],
-    n_used: usize,
     out: &mut [f32],
     s: &mut MoeScratch,
 ) -> Result<(), MoeError> {
+    let n_used = router.n_used;
     let n_embd = experts.n_embd();
     let n_tokens = x.len() / n_embd;
     // List (expert, token, slot) triples grouped by expert.
@@ -703,14 +774,12 @@ fn run_routes(
         s.needed.clear();
         s.needed.extend(s.assign.iter().map(|a| a.0));
         s.needed.dedup();
-        cache.prefetch(
-            [
-                experts.gate.as_ref(),
-                Some(&experts.up),
-                Some(&experts.down),
-            ],
-            &s.needed,
-        );
+        cache.prefetch(experts.tensors(), &s.needed);
+    }
+    if let Some(next) = &experts.lookahead {
+        if n_tokens <= LOOKAHEAD_TOKENS {
+            ask_ahead(router, next, x, s)?;
+        }
     }
 
     // The activations, quantized with the first chunk's views (see `quantize_tokens`):

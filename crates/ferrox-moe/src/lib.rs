@@ -22,7 +22,8 @@ mod error;
 pub use cache::{CachedExperts, ExpertCache, ExpertCacheStats, MappedPages};
 pub use error::MoeError;
 pub use experts::{
-    moe_ffn, moe_ffn_chosen, router_logits, Activation, ExpertTensor, MoeExperts, MoeScratch,
+    moe_ffn, moe_ffn_chosen, router_logits, Activation, ExpertTensor, Lookahead, MoeExperts,
+    MoeScratch,
 };
 pub use routing::{
     route, route_into, weigh_chosen_into, Gating, MoeHparams, RouteScratch, RouterConfig,

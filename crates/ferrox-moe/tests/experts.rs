@@ -3,7 +3,8 @@ use ferrox_core::{quantize_row, row_byte_len, GgmlType, WeightMatrix};
 use ferrox_moe::numerics::{self, swiglu};
 use ferrox_moe::{
     moe_ffn, route, router_logits, shared_expert_gate, Activation, CachedExperts, ExpertCache,
-    ExpertTensor, Gating, MappedPages, MoeExperts, MoeScratch, RouterConfig, SharedExpert,
+    ExpertTensor, Gating, Lookahead, MappedPages, MoeExperts, MoeScratch, RouterConfig,
+    SharedExpert,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -580,5 +581,98 @@ fn streamed_experts_equal_packed_ones_bit_for_bit_at_any_cache_size() {
             assert_eq!(pages.released.load(Ordering::Relaxed), stats.bytes_read);
             assert!(pages.prefetched.load(Ordering::Relaxed) > 0);
         }
+    }
+}
+
+/// A layer linked to the next one asks for the pages of the experts the next layer's router
+/// picks for its input (decode-sized steps only), the next layer counts those it then uses,
+/// and neither layer's results change.
+#[test]
+fn layers_ask_ahead_for_the_next_layers_experts() {
+    let models = [Model::new(41), Model::new(42)];
+    let packs: Vec<[Vec<PackedMatrix>; 3]> = models
+        .iter()
+        .map(|m| {
+            [
+                packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
+            ]
+        })
+        .collect();
+    let c = &configs()[0];
+    let act = Activation::SwiGlu;
+    let slot_bytes = packs[0].iter().map(|p| p[0].n_bytes() as u64).sum();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let per_expert =
+        ((models[1].gate.len() + models[1].up.len() + models[1].down.len()) / N_EXPERT) as u64;
+    for n_tokens in [1, 3, 40] {
+        let cache = ExpertCache::new(2, slot_bytes);
+        let pages = PageLog::default();
+        let streamed = |layer: usize| {
+            models[layer].experts(act).with_cache(CachedExperts {
+                cache: &cache,
+                layer,
+                pages: &pages,
+            })
+        };
+        let next_router = models[1].gate_inp();
+        let next = streamed(1);
+        let first = streamed(0).with_lookahead(Lookahead {
+            gate_inp: &next_router,
+            selection_bias: None,
+            experts: &next,
+        });
+        let x = inputs(70 + n_tokens as u64, n_tokens);
+        let mut s = MoeScratch::default();
+        // What the next layer's router picks for x: the experts it will use on x.
+        let mut next_logits = Vec::new();
+        router_logits(&next_router, &x, &mut next_logits).unwrap();
+        let mut want_next = vec![0f32; x.len()];
+        let packed_next = packed_model_experts(&models[1], &packs[1], act);
+        moe_ffn(
+            c,
+            &packed_next,
+            &x,
+            &next_logits,
+            None,
+            &mut want_next,
+            &mut s,
+        )
+        .unwrap();
+        let mut picked: Vec<usize> = s.routes.iter().map(|r| r.0).collect();
+        picked.sort_unstable();
+        picked.dedup();
+
+        let mut logits = Vec::new();
+        router_logits(&models[0].gate_inp(), &x, &mut logits).unwrap();
+        let mut want = vec![0f32; x.len()];
+        let packed_first = packed_model_experts(&models[0], &packs[0], act);
+        moe_ffn(c, &packed_first, &x, &logits, None, &mut want, &mut s).unwrap();
+        let mut own: Vec<usize> = s.routes.iter().map(|r| r.0).collect();
+        own.sort_unstable();
+        own.dedup();
+
+        let mut got = vec![f32::NAN; x.len()];
+        moe_ffn(c, &first, &x, &logits, None, &mut got, &mut s).unwrap();
+        assert_eq!(bits(&got), bits(&want), "n {n_tokens}");
+        let stats = cache.stats();
+        let own_bytes = own.len() as u64 * per_expert;
+        let prefetched = pages.prefetched.load(Ordering::Relaxed);
+        if n_tokens <= 16 {
+            // Nothing of layer 1 was cached: every pick was asked for.
+            assert_eq!(stats.ahead_asked, picked.len() as u64, "n {n_tokens}");
+            assert_eq!(prefetched, own_bytes + picked.len() as u64 * per_expert);
+        } else {
+            assert_eq!(stats.ahead_asked, 0, "n {n_tokens}");
+            assert_eq!(prefetched, own_bytes);
+        }
+        assert_eq!(stats.ahead_used, 0);
+
+        // The next layer on the same input uses exactly what was asked for.
+        let mut got_next = vec![f32::NAN; x.len()];
+        moe_ffn(c, &next, &x, &next_logits, None, &mut got_next, &mut s).unwrap();
+        assert_eq!(bits(&got_next), bits(&want_next), "n {n_tokens}");
+        assert_eq!(cache.stats().ahead_used, cache.stats().ahead_asked);
     }
 }

@@ -328,6 +328,16 @@ impl Metrics {
                     "Bytes of routed experts read from the file into the cache.",
                     cache.bytes_read,
                 ),
+                (
+                    "ferrox_expert_ahead_asked_total",
+                    "Routed experts whose pages a layer asked for on the next layer's behalf.",
+                    cache.ahead_asked,
+                ),
+                (
+                    "ferrox_expert_ahead_used_total",
+                    "Of the experts asked for ahead, those the next layer used.",
+                    cache.ahead_used,
+                ),
             ] {
                 let _ = writeln!(
                     out,

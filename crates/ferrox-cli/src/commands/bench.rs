@@ -565,11 +565,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         memory.packed_bytes as f64 / (1 << 20) as f64,
         memory.mapped_bytes as f64 / (1 << 20) as f64,
         memory.expert_cache.map_or(String::new(), |c| format!(
-            "; experts streamed through {} cached ({} hits, {} misses, {:.1} MiB read)",
+            "; experts streamed through {} cached ({} hits, {} misses, {:.1} MiB read; \
+             {} asked for a layer ahead, {} of them used)",
             c.slots,
             c.hits,
             c.misses,
-            c.bytes_read as f64 / (1 << 20) as f64
+            c.bytes_read as f64 / (1 << 20) as f64,
+            c.ahead_asked,
+            c.ahead_used,
         ))
     );
     if !llama.is_empty() {
@@ -779,6 +782,8 @@ fn weight_memory_json(m: &ferrox_models::engine::WeightMemory) -> Value {
             "hits": c.hits,
             "misses": c.misses,
             "bytes_read": c.bytes_read,
+            "ahead_asked": c.ahead_asked,
+            "ahead_used": c.ahead_used,
         })),
     })
 }

@@ -239,6 +239,14 @@ pub fn report_streamed_experts(engine: &impl Engine, tokens: usize) {
         mib(c.bytes_read),
         mib(c.bytes_read / tokens.max(1) as u64),
     );
+    if c.ahead_asked > 0 {
+        eprintln!(
+            "experts asked for a layer ahead: {}, of which the layer used {} ({:.1}%)",
+            c.ahead_asked,
+            c.ahead_used,
+            100.0 * c.ahead_used as f64 / c.ahead_asked as f64,
+        );
+    }
 }
 
 fn mib(bytes: u64) -> String {

@@ -135,6 +135,9 @@ def weight_placement_is_reported():
     assert metric("ferrox_expert_cache_misses_total") > 0
     assert metric("ferrox_expert_cache_hits_total") > 0
     assert metric("ferrox_expert_bytes_read_total") > 0
+    # Its first MoE layer asks ahead for the second's experts at decode steps.
+    asked = metric("ferrox_expert_ahead_asked_total")
+    assert asked > 0 and 0 <= metric("ferrox_expert_ahead_used_total") <= asked
     assert metric("ferrox_weight_mapped_bytes") > 0
 
 

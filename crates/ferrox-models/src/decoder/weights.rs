@@ -166,7 +166,12 @@ impl DecoderWeights {
                 FfnWeights::Moe(moe) => moe.pack(gguf)?,
             }
         }
-        matrices.into_iter().try_for_each(|m| m.pack(gguf))
+        matrices.into_iter().try_for_each(|m| m.pack(gguf))?;
+        crate::tensors::link_lookahead(self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+            FfnWeights::Moe(moe) => Some(moe),
+            FfnWeights::Dense { .. } => None,
+        }));
+        Ok(())
     }
 
     /// Bytes of weights one decoded token reads (every matrix once, one embedding row).

@@ -113,6 +113,7 @@ fn load_moe(
         selection_bias: Some(l.vector(&FFN_EXP_PROBS_B.layer_bias(il), n_expert)?),
         shared,
         streamed: None,
+        lookahead: None,
     })
 }
 

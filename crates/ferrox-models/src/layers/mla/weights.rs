@@ -196,7 +196,12 @@ impl MlaWeights {
         }
         self.layers
             .iter_mut()
-            .try_for_each(|layer| layer.pack(gguf))
+            .try_for_each(|layer| layer.pack(gguf))?;
+        crate::tensors::link_lookahead(self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+            MlaFfn::Moe(moe) => Some(moe),
+            MlaFfn::Dense(_) => None,
+        }));
+        Ok(())
     }
 
     pub fn load(gguf: &Gguf, c: &MlaConfig) -> Result<MlaWeights, ModelError> {
