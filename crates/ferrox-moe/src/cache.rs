@@ -82,6 +82,52 @@ struct Slots {
     direct: DirectBuffer,
     /// `(layer, expert)` pairs asked for ahead and not yet looked for by their layer.
     asked_ahead: HashSet<(usize, usize)>,
+    /// Whether asking ahead pays: recent asks and uses (see [`CachedExperts::prefetch_ahead`]).
+    ahead_record: AheadRecord,
+}
+
+/// How well recent guesses of the next layer's experts did. A wrong guess reads an expert
+/// nobody uses, so after a first [`AheadRecord::TRIAL`] of guesses, guessing stops while
+/// fewer than half of the recent ones were used; one call in [`AheadRecord::PROBE`] still
+/// guesses, the older record counting half from then on, so that guessing resumes soon
+/// once the guesses get better (another text).
+#[derive(Default)]
+struct AheadRecord {
+    asked: u64,
+    used: u64,
+    tried: bool,
+    calls_skipped: u64,
+}
+
+impl AheadRecord {
+    const TRIAL: u64 = 64;
+    /// Counts are halved past this many asks: the record follows the recent text.
+    const WINDOW: u64 = 512;
+    const PROBE: u64 = 16;
+
+    /// Whether this call guesses.
+    fn guess(&mut self) -> bool {
+        if !self.tried || 2 * self.used >= self.asked {
+            return true;
+        }
+        self.calls_skipped += 1;
+        if !self.calls_skipped.is_multiple_of(Self::PROBE) {
+            return false;
+        }
+        self.asked /= 2;
+        self.used /= 2;
+        true
+    }
+
+    fn record(&mut self, asked: u64, used: u64) {
+        self.asked += asked;
+        self.used += used;
+        self.tried |= self.asked >= Self::TRIAL;
+        if self.asked > Self::WINDOW {
+            self.asked /= 2;
+            self.used /= 2;
+        }
+    }
 }
 
 struct Slot {
@@ -123,6 +169,7 @@ impl ExpertCache {
                 misses_since_aging: 0,
                 direct: DirectBuffer::default(),
                 asked_ahead: HashSet::new(),
+                ahead_record: AheadRecord::default(),
             }),
             capacity,
             slot_bytes,
@@ -211,6 +258,7 @@ impl CachedExperts<'_> {
             self.cache
                 .ahead_used
                 .fetch_add(used as u64, Ordering::Relaxed);
+            state.ahead_record.record(0, used as u64);
             state.asked_ahead.retain(|&(layer, _)| layer != self.layer);
         }
         for &e in ids {
@@ -222,11 +270,14 @@ impl CachedExperts<'_> {
         }
     }
 
-    /// Asks for the file pages of those of `ids` not cached on behalf of a later step of
-    /// this layer (the layer before it guessed them), and notes them to count how many it
-    /// then uses.
+    /// Asks for the file pages of those of `ids` not cached on behalf of this layer's next
+    /// use (the layer before it guessed them), and notes them to count how many it then
+    /// uses; while too few guesses are used, asks only now and then (see [`AheadRecord`]).
     pub(crate) fn prefetch_ahead(&self, tensors: LayerTensors<'_, '_>, ids: &[usize]) {
         let mut state = self.cache.lock();
+        if !state.ahead_record.guess() {
+            return;
+        }
         let mut asked = 0;
         for &e in ids {
             let key = (self.layer, e);
@@ -238,6 +289,7 @@ impl CachedExperts<'_> {
             }
         }
         self.cache.ahead_asked.fetch_add(asked, Ordering::Relaxed);
+        state.ahead_record.record(asked, 0);
     }
 
     /// Calls `f` with the packed views of experts `ids` (distinct, at most
@@ -373,5 +425,65 @@ impl CachedExperts<'_> {
         self.cache.misses.fetch_add(1, Ordering::Relaxed);
         self.cache.bytes_read.fetch_add(read, Ordering::Relaxed);
         Ok(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrox_core::GgmlType;
+
+    /// Counts the bytes asked for.
+    #[derive(Default)]
+    struct Asked(AtomicU64);
+
+    impl MappedPages for Asked {
+        fn prefetch(&self, bytes: &[u8]) {
+            self.0.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        fn release(&self, _bytes: &[u8]) {}
+    }
+
+    #[test]
+    fn guessing_ahead_stops_while_guesses_go_unused_and_resumes_when_they_are_used() {
+        const EXPERTS: usize = 64;
+        let bytes = vec![0u8; EXPERTS * 4 * 32 * 4];
+        let tensor = ExpertTensor::new(GgmlType::F32, [32, 4, EXPERTS], &bytes).unwrap();
+        let tensors: LayerTensors<'_, '_> = [None, Some(&tensor), None];
+        let cache = ExpertCache::new(2, 1);
+        let pages = Asked::default();
+        let layer = CachedExperts {
+            cache: &cache,
+            layer: 1,
+            pages: &pages,
+        };
+        let guess = |step: usize| [step % EXPERTS, (step + 1) % EXPERTS];
+        // Wrong guesses: the layer then needs other experts.
+        for step in 0..400 {
+            layer.prefetch_ahead(tensors, &guess(step));
+            layer.prefetch(tensors, &[(step + 7) % EXPERTS]);
+        }
+        let wrong = cache.stats();
+        assert_eq!(wrong.ahead_used, 0);
+        // A trial, then one call in PROBE.
+        let trial = AheadRecord::TRIAL;
+        assert!(wrong.ahead_asked >= trial, "{wrong:?}");
+        assert!(
+            wrong.ahead_asked <= trial + 2 + 2 * (400 / AheadRecord::PROBE),
+            "{wrong:?}"
+        );
+        assert!(pages.0.load(Ordering::Relaxed) > 0);
+        // Right guesses: the probes find them used, and guessing resumes.
+        for step in 0..400 {
+            layer.prefetch_ahead(tensors, &guess(step));
+            layer.prefetch(tensors, &guess(step));
+        }
+        let right = cache.stats();
+        let (asked, used) = (
+            right.ahead_asked - wrong.ahead_asked,
+            right.ahead_used - wrong.ahead_used,
+        );
+        assert_eq!(asked, used);
+        assert!(asked > 400, "{right:?}");
     }
 }
