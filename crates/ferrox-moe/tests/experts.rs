@@ -483,6 +483,20 @@ impl MappedPages for PageLog {
     }
 }
 
+/// Each model's gate, up and down experts, packed.
+fn layer_packs(models: &[Model]) -> Vec<[Vec<PackedMatrix>; 3]> {
+    models
+        .iter()
+        .map(|m| {
+            [
+                packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
+                packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
+            ]
+        })
+        .collect()
+}
+
 /// The experts of `m`, each packed (as a model whose experts all fit in memory has them).
 fn packed_model_experts<'a>(
     m: &'a Model,
@@ -511,16 +525,7 @@ fn packed_model_experts<'a>(
 fn streamed_experts_equal_packed_ones_bit_for_bit_at_any_cache_size() {
     // Two layers (two models) share one cache, each under its own key.
     let models = [Model::new(31), Model::new(32)];
-    let packs: Vec<[Vec<PackedMatrix>; 3]> = models
-        .iter()
-        .map(|m| {
-            [
-                packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
-                packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
-                packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
-            ]
-        })
-        .collect();
+    let packs = layer_packs(&models);
     let c = &configs()[0];
     let slot_bytes = packs[0].iter().map(|p| p[0].n_bytes() as u64).sum();
     for act in [Activation::SwiGlu, Activation::Gelu] {
@@ -590,16 +595,7 @@ fn streamed_experts_equal_packed_ones_bit_for_bit_at_any_cache_size() {
 #[test]
 fn layers_ask_ahead_for_the_next_layers_experts() {
     let models = [Model::new(41), Model::new(42)];
-    let packs: Vec<[Vec<PackedMatrix>; 3]> = models
-        .iter()
-        .map(|m| {
-            [
-                packed_experts(TY[0], &m.gate, N_FF, N_EMBD, N_EXPERT),
-                packed_experts(TY[1], &m.up, N_FF, N_EMBD, N_EXPERT),
-                packed_experts(TY[2], &m.down, N_EMBD, N_FF, N_EXPERT),
-            ]
-        })
-        .collect();
+    let packs = layer_packs(&models);
     let c = &configs()[0];
     let act = Activation::SwiGlu;
     let slot_bytes = packs[0].iter().map(|p| p[0].n_bytes() as u64).sum();
