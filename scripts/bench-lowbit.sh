@@ -20,7 +20,9 @@
 # llama-imatrix, llama-perplexity, llama-bench. WORK (default ~/.cache/ferrox/lowbit) keeps the
 # made files between runs. THREADS (2), CHUNKS (8), IMATRIX_CHUNKS (16), REPS (3), TG (64),
 # PP (256), TYPES and OUT (docs/BENCHMARKS-LOWBIT.md) can be set; SKIP_SPEED=1 only scores (no
-# table is written then), FRESH=1 scores again what earlier runs scored.
+# table is written then), FRESH=1 scores again what earlier runs scored. IK_LLAMA_BENCH, the
+# path of an ik_llama.cpp llama-bench, adds its speed beside (scripts/ik-llama-bench.sh: with
+# its run-time repacking and flash attention), each type's pair alternated as llama.cpp's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +40,11 @@ for tool in llama-quantize llama-imatrix llama-perplexity llama-bench; do
     [ -x "$BUILD/$tool" ] || { echo "error: $BUILD/$tool not found (set LLAMA_CPP_BUILD)" >&2; exit 1; }
 done
 mkdir -p "$WORK"
+IK="${IK_LLAMA_BENCH:-}"
+if [ -n "$IK" ]; then
+    [ -x "$IK" ] || { echo "error: IK_LLAMA_BENCH=$IK is not executable" >&2; exit 1; }
+    export IK_LLAMA_BENCH="$IK"
+fi
 
 SOURCE="$(scripts/fetch-model.sh qwen-1.5b)"
 TEXT="$(scripts/reference/fetch-ppl-text.sh)"
@@ -86,26 +93,33 @@ for type in $TYPES; do
     [ -n "${SKIP_SPEED:-}" ] && continue
     "$FERROX" bench -m "$file" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" \
         --compare "$BUILD/llama-bench" --json > "$WORK/$type.bench.json" 2> "$WORK/$type.bench.err"
+    rm -f "$WORK/$type.ik.json"
+    [ -z "$IK" ] || "$FERROX" bench -m "$file" -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" \
+        --compare scripts/ik-llama-bench.sh --json > "$WORK/$type.ik.json" 2> "$WORK/$type.ik.err"
     read -r lppl _ _ < <(summary "$WORK/$type.llama.ppl")
     read -r fppl _ _ < <(summary "$WORK/$type.ferrox.ppl")
     read -r _ lkld ltop < <(summary "$WORK/$type.llama.kl")
     read -r _ fkld ftop < <(summary "$WORK/$type.ferrox.kl")
     size=$(du -m "$file" | cut -f1)
     rows+=("$(python3 - "$type" "$size" "$fppl" "$lppl" "$fkld" "$lkld" "$ftop" "$ltop" \
-        "$WORK/$type.bench.json" <<'PY'
-import json, sys
-ty, size, fppl, lppl, fkld, lkld, ftop, ltop, bench = sys.argv[1:10]
+        "$WORK/$type.bench.json" "$WORK/$type.ik.json" <<'PY'
+import json, os, sys
+ty, size, fppl, lppl, fkld, lkld, ftop, ltop, bench, ik = sys.argv[1:11]
 def ratio(a, b):
     try: return f"{float(a) / float(b):.3f}"
     except (ValueError, ZeroDivisionError): return "?"
-rows = json.load(open(bench))
-def cell(kind):
+def cell(path, kind, other_only=False):
+    # ferrox's and the other engine's t/s and their ratio, from one alternated pair.
+    if not os.path.exists(path):
+        return "— | —" if other_only else "? | ? | ?"
+    rows = json.load(open(path))
     row = next((r for r in rows if (r["n_gen"] > 0) == (kind == "tg")), None)
-    if row is None or "llama_cpp_avg_ts" not in row: return "? | ? | ?"
+    if row is None or "llama_cpp_avg_ts" not in row:
+        return "? | ?" if other_only else "? | ? | ?"
     f, l = row["avg_ts"], row["llama_cpp_avg_ts"]
-    return f"{f:.1f} | {l:.1f} | {f / l:.2f}"
+    return f"{l:.1f} | {f / l:.2f}" if other_only else f"{f:.1f} | {l:.1f} | {f / l:.2f}"
 print(f"| {ty} | {size} | {fppl} | {lppl} | {ratio(fppl, lppl)} | {fkld} | {lkld} | {ftop} | {ltop} | "
-      f"{cell('tg')} | {cell('pp')} |")
+      f"{cell(bench, 'tg')} | {cell(bench, 'pp')} | {cell(ik, 'tg', True)} | {cell(ik, 'pp', True)} |")
 PY
 )")
     echo "${rows[-1]}" >&2
@@ -121,10 +135,11 @@ done
     echo "Perplexity and KL divergence (against the Q8_0) on $CHUNKS chunks of 512 of the text of"
     echo "\`scripts/reference/fetch-ppl-text.sh\`, each engine on the same file; speed from"
     echo "\`ferrox bench --compare llama-bench\` (tg$TG, pp$PP, $REPS repetitions), $THREADS threads,"
+    [ -z "$IK" ] || echo "and against ik_llama.cpp's llama-bench (\`scripts/ik-llama-bench.sh\`, its own pair per type),"
     echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')."
     echo
-    echo "| type | MiB | ferrox PPL | llama.cpp PPL | ratio | ferrox KLD | llama.cpp KLD | ferrox same top % | llama.cpp same top % | ferrox tg t/s | llama.cpp tg t/s | tg ratio | ferrox pp t/s | llama.cpp pp t/s | pp ratio |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| type | MiB | ferrox PPL | llama.cpp PPL | ratio | ferrox KLD | llama.cpp KLD | ferrox same top % | llama.cpp same top % | ferrox tg t/s | llama.cpp tg t/s | tg ratio | ferrox pp t/s | llama.cpp pp t/s | pp ratio | ik_llama.cpp tg t/s | tg / ik | ik_llama.cpp pp t/s | pp / ik |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
     echo "For a prompt, both engines unpack i-quant rows to int8 once per tile and run an int8 product"
