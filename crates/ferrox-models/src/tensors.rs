@@ -231,16 +231,12 @@ pub fn link_lookahead<'w>(layers: impl IntoIterator<Item = &'w mut MoeWeights>) 
     let mut layers: Vec<&mut MoeWeights> = layers.into_iter().collect();
     for i in 1..layers.len() {
         let next = &*layers[i];
-        let link = (next.streamed.is_some()).then(|| {
+        // Its router and experts only (no shared expert, no link of its own).
+        let link = next.streamed.is_some().then(|| {
             Box::new(MoeWeights {
-                gate_inp: next.gate_inp.clone(),
-                gate_exps: next.gate_exps.clone(),
-                up_exps: next.up_exps.clone(),
-                down_exps: next.down_exps.clone(),
                 shared: None,
-                selection_bias: next.selection_bias.clone(),
-                streamed: next.streamed.clone(),
                 lookahead: None,
+                ..next.clone()
             })
         });
         let layer = &mut *layers[i - 1];

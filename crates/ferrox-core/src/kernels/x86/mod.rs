@@ -145,46 +145,33 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
     use avx512_iq::iq_dot_zmm;
     use WeightKind as K;
 
-    /// Safe entries for `iq_dot_zmm::<$format, N>`.
+    /// Safe entries for `$kernel::<$format, N>`.
     macro_rules! zmm_entry {
-        ($format:ty) => {{
+        ($kernel:ident, $format:ty) => {{
             struct Rows;
             impl RowKernel for Rows {
                 fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
                     // SAFETY: these entries are only handed out below, after
                     // `avx512_iq_detected()` (which implies AVX2, FMA and F16C here).
-                    unsafe { iq_dot_zmm::<$format, N>(w, xs) }
+                    unsafe { $kernel::<$format, N>(w, xs) }
                 }
             }
             row_kernel_entry::<Rows>()
         }};
     }
-
-    /// Safe entries for `iq_dot_codes::<$format, N>`.
-    macro_rules! codes_entry {
-        ($format:ty) => {{
-            struct Rows;
-            impl RowKernel for Rows {
-                fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-                    // SAFETY: as `zmm_entry`'s.
-                    unsafe { avx512_iq_codes::iq_dot_codes::<$format, N>(w, xs) }
-                }
-            }
-            row_kernel_entry::<Rows>()
-        }};
-    }
+    use avx512_iq_codes::iq_dot_codes;
 
     if !(avx2_detected() && avx512_iq_detected()) {
         return None;
     }
     Some(match kind {
-        K::Iq2Xxs => zmm_entry!(avx2_iq2::Iq2XxsAvx2),
-        K::Iq2Xs => codes_entry!(avx2_iq2::Iq2XsAvx2),
-        K::Iq2S => zmm_entry!(avx2_iq2::Iq2SAvx2),
-        K::Iq3Xxs => codes_entry!(avx2_iq3::Xxs),
-        K::Iq3S => codes_entry!(avx2_iq3::S),
-        K::Iq1S => zmm_entry!(avx2_iq1::S),
-        K::Iq1M => zmm_entry!(avx2_iq1::M),
+        K::Iq2Xxs => zmm_entry!(iq_dot_zmm, avx2_iq2::Iq2XxsAvx2),
+        K::Iq2Xs => zmm_entry!(iq_dot_codes, avx2_iq2::Iq2XsAvx2),
+        K::Iq2S => zmm_entry!(iq_dot_zmm, avx2_iq2::Iq2SAvx2),
+        K::Iq3Xxs => zmm_entry!(iq_dot_codes, avx2_iq3::Xxs),
+        K::Iq3S => zmm_entry!(iq_dot_codes, avx2_iq3::S),
+        K::Iq1S => zmm_entry!(iq_dot_zmm, avx2_iq1::S),
+        K::Iq1M => zmm_entry!(iq_dot_zmm, avx2_iq1::M),
         _ => return None,
     })
 }
