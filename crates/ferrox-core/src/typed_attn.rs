@@ -60,6 +60,8 @@ pub struct TypedGroup {
     acc: Box<[f32]>,
     /// A block's value rows, decoded.
     rows: Box<[f32]>,
+    /// A block's key rows side by side, where the cache interleaves other heads' keys.
+    key_rows: Box<[u8]>,
     isa: Isa,
 }
 
@@ -83,6 +85,7 @@ impl Default for TypedGroup {
             sum: [0.0; MAX_GROUP],
             acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
             rows: vec![0.0; BLOCK_KEYS * MAX_HEAD_DIM].into_boxed_slice(),
+            key_rows: vec![0; BLOCK_KEYS * MAX_QUERY_BYTES].into_boxed_slice(),
             isa: Isa::Scalar,
         }
     }
@@ -149,21 +152,21 @@ impl TypedGroup {
         let mut start = 0;
         while start < run.len {
             let nb = (run.len - start).min(BLOCK_KEYS);
-            for j in 0..nb {
-                let key = &run.keys[(start + j) * run.key_stride..][..self.key_bytes];
-                let query = |g: usize| &self.queries[g * self.query_bytes..][..self.query_bytes];
-                let mut g = 0;
-                while g + 4 <= n {
-                    let four = dot.dot4(key, [query(g), query(g + 1), query(g + 2), query(g + 3)]);
-                    for (i, score) in four.into_iter().enumerate() {
-                        scores[g + i][j] = score;
-                    }
-                    g += 4;
+            let kb = self.key_bytes;
+            let keys = if run.key_stride == kb {
+                &run.keys[start * kb..][..nb * kb]
+            } else {
+                for (j, row) in self.key_rows.chunks_exact_mut(kb).take(nb).enumerate() {
+                    row.copy_from_slice(&run.keys[(start + j) * run.key_stride..][..kb]);
                 }
-                for (g, row) in scores.iter_mut().enumerate().take(n).skip(g) {
-                    row[j] = dot.dot(key, query(g));
-                }
-            }
+                &self.key_rows[..nb * kb]
+            };
+            score_block(
+                &dot,
+                keys,
+                (&self.queries, self.query_bytes, n),
+                &mut scores,
+            );
             for g in 0..n {
                 let (mut max, mut sum) = (self.max[g], self.sum[g]);
                 for j in 0..nb {
@@ -219,6 +222,32 @@ impl TypedGroup {
             {
                 *o = a * inv;
             }
+        }
+    }
+}
+
+/// `scores[g][j]`: key `j` of `keys` (consecutive rows) against query `g` of the `n`
+/// rounded queries, every key through one panel call for the whole group (four or eight
+/// queries, the last repeated to fill it), each score the bits the keys' dot kernel gives
+/// for that pair alone.
+fn score_block(
+    dot: &RowDot,
+    keys: &[u8],
+    (queries, query_bytes, n): (&[u8], usize, usize),
+    scores: &mut [[f32; BLOCK_KEYS]; MAX_GROUP],
+) {
+    let query = |g: usize| &queries[g.min(n - 1) * query_bytes..][..query_bytes];
+    let mut out = [0f32; BLOCK_KEYS * MAX_GROUP];
+    let width = if n <= 4 { 4 } else { 8 };
+    let out = &mut out[..keys.len() / dot.row_bytes() * width];
+    if width == 4 {
+        dot.panel4(keys, std::array::from_fn(query), out);
+    } else {
+        dot.panel8(keys, std::array::from_fn(query), out);
+    }
+    for (j, key_scores) in out.chunks_exact(width).enumerate() {
+        for (g, &score) in key_scores.iter().take(n).enumerate() {
+            scores[g][j] = score;
         }
     }
 }
@@ -439,17 +468,28 @@ mod tests {
             let mut vb = vec![0u8; vals.bytes(n * dv)];
             quantize_row(keys.ggml(), &kf, &mut kb).unwrap();
             quantize_row(vals.ggml(), &vf, &mut vb).unwrap();
-            // Three queries; the first alone must give the bits it gives in the group.
-            let qs = values(3 * dk, 3);
+            // Seven queries; the first ones alone or in smaller groups must give the bits
+            // they give in the whole group.
+            let qs = values(7 * dk, 3);
             let q = &qs[..dk];
-            let run = |lo: usize, hi: usize| TypedRun {
-                keys: &kb[keys.bytes(lo * dk)..],
-                key_stride: keys.bytes(dk),
+            // The same keys as a cache holding two heads stores them: another head's key
+            // after each.
+            let key_bytes = keys.bytes(dk);
+            let interleaved: Vec<u8> = kb
+                .chunks_exact(key_bytes)
+                .flat_map(|k| k.iter().chain(k.iter().rev()).copied())
+                .collect();
+            let run = |lo: usize, hi: usize, strided: bool| TypedRun {
+                keys: match strided {
+                    false => &kb[lo * key_bytes..],
+                    true => &interleaved[2 * lo * key_bytes..],
+                },
+                key_stride: if strided { 2 * key_bytes } else { key_bytes },
                 values: &vb[vals.bytes(lo * dv)..],
                 value_stride: vals.bytes(dv),
                 len: hi - lo,
             };
-            let attend = |isa: Isa, split: usize, n_queries: usize| {
+            let attend = |isa: Isa, split: usize, n_queries: usize, strided: bool| {
                 let shape = GroupShape {
                     n_queries,
                     head_dim_k: dk,
@@ -459,25 +499,35 @@ mod tests {
                 };
                 let mut group = TypedGroup::default();
                 group.start_with(isa, (keys, vals), shape, &qs).unwrap();
-                group.attend_run(&run(0, split));
-                group.attend_run(&run(split, n));
+                group.attend_run(&run(0, split, strided));
+                group.attend_run(&run(split, n, strided));
                 let mut out = vec![0f32; n_queries * dv];
                 group.finish(&mut out);
                 out
             };
             let mut results = Vec::new();
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-                let whole = attend(isa, n, 3);
-                // Splits, and the first query alone.
-                for (split, n_queries) in [(0, 3), (1, 3), (16, 3), (n, 1), (7, 1)] {
-                    let got = attend(isa, split, n_queries);
+                let whole = attend(isa, n, 7, false);
+                // Splits, strided keys, and the first queries alone or in smaller groups.
+                for (split, n_queries, strided) in [
+                    (0, 7, false),
+                    (1, 7, true),
+                    (16, 7, false),
+                    (n, 7, true),
+                    (n, 1, false),
+                    (7, 1, true),
+                    (n, 3, false),
+                    (20, 4, true),
+                    (n, 5, false),
+                ] {
+                    let got = attend(isa, split, n_queries, strided);
                     let same = got
                         .iter()
                         .zip(&whole)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{keys:?}/{vals:?} {isa:?} split {split} of {n_queries}"
+                        "{keys:?}/{vals:?} {isa:?} split {split} of {n_queries} (strided: {strided})"
                     );
                 }
                 results.push(whole[..dv].to_vec());

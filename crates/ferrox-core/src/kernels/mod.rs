@@ -151,6 +151,7 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, Q
 pub struct RowDot {
     one: DotFn<1>,
     panel4: PanelFn<4>,
+    panel8: PanelFn<8>,
     dot_ty: GgmlType,
     row_bytes: usize,
     activation_bytes: usize,
@@ -173,6 +174,7 @@ impl RowDot {
         Ok(RowDot {
             one: kernel.one,
             panel4: kernel.panel4,
+            panel8: kernel.panel8,
             dot_ty,
             row_bytes: quant::row_byte_len(ty, values)?,
             activation_bytes: quant::row_byte_len(dot_ty, values)?,
@@ -182,6 +184,11 @@ impl RowDot {
     /// The type activations are quantized to ([`vec_dot_type`]).
     pub fn vec_dot_type(&self) -> GgmlType {
         self.dot_ty
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
     }
 
     /// Bytes of one activation.
@@ -199,14 +206,39 @@ impl RowDot {
         (self.one)(w, [x])[0]
     }
 
-    /// The row `w` times four activations, each with exactly the bits [`dot`](Self::dot)
-    /// gives (the row is decoded once for all four where the kernel can).
+    /// Consecutive rows (`rows`, whole rows of this kernel's length) times four
+    /// activations: `out[r * 4 + t]` is row `r` times `xs[t]`, exactly the bits
+    /// [`dot`](Self::dot) gives (each row is decoded once for all four where the kernel can).
+    ///
+    /// # Panics
+    /// When a length does not fit this kernel, or `out` does not hold four values per row.
     #[inline]
-    pub fn dot4(&self, w: &[u8], xs: [&[u8]; 4]) -> [f32; 4] {
-        xs.iter().for_each(|x| self.check(w, x));
-        let mut out = [0f32; 4];
-        (self.panel4)(w, self.row_bytes, xs, &mut out);
-        out
+    pub fn panel4(&self, rows: &[u8], xs: [&[u8]; 4], out: &mut [f32]) {
+        self.check_panel(rows, &xs, out);
+        (self.panel4)(rows, self.row_bytes, xs, out);
+    }
+
+    /// [`panel4`](Self::panel4) with eight activations: `out[r * 8 + t]`.
+    #[inline]
+    pub fn panel8(&self, rows: &[u8], xs: [&[u8]; 8], out: &mut [f32]) {
+        self.check_panel(rows, &xs, out);
+        (self.panel8)(rows, self.row_bytes, xs, out);
+    }
+
+    #[inline]
+    fn check_panel(&self, rows: &[u8], xs: &[&[u8]], out: &[f32]) {
+        let n_rows = rows.len() / self.row_bytes;
+        assert!(
+            rows.len() == n_rows * self.row_bytes && out.len() == n_rows * xs.len(),
+            "{} bytes of rows of {} with {} outputs for {} activations",
+            rows.len(),
+            self.row_bytes,
+            out.len(),
+            xs.len()
+        );
+        if let Some(row) = rows.get(..self.row_bytes) {
+            xs.iter().for_each(|x| self.check(row, x));
+        }
     }
 
     #[inline]
