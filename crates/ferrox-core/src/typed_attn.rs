@@ -277,12 +277,24 @@ fn through_f16(x: f32) -> f32 {
 /// `ggml_vec_scale_f16`, `ggml_vec_mad_f16`).
 fn accumulate(isa: Isa, (acc, in_f16): (&mut [f32], bool), rows: &[f32], ms: &[f32], vs: &[f32]) {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni {
+        // SAFETY: `isa` is available (checked when the group started): AVX-512F on top of
+        // AVX2, FMA and F16C.
+        unsafe {
+            match in_f16 {
+                true => x86::accumulate_512::<true>(acc, rows, ms, vs),
+                false => x86::accumulate_512::<false>(acc, rows, ms, vs),
+            }
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: `isa` is available (checked when the group started) and has FMA and F16C.
         unsafe {
             match in_f16 {
-                true => x86::accumulate::<true>(acc, rows, ms, vs),
-                false => x86::accumulate::<false>(acc, rows, ms, vs),
+                true => x86::accumulate::<true>(acc, rows, ms, vs, 0),
+                false => x86::accumulate::<false>(acc, rows, ms, vs, 0),
             }
         };
         return;
@@ -329,21 +341,74 @@ mod x86 {
         _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
 
-    /// [`super::accumulate`] with 32 accumulators at a time in registers (the same
-    /// operations per element); `F16` rounds each result to f16.
+    /// [`super::through_f16`] of sixteen values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn through_f16x16(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// [`accumulate`] with 64 accumulators at a time in four 512-bit registers (a head of
+    /// 64 in one pass over the rows), the rest by [`accumulate`].
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn accumulate_512<const F16: bool>(
+        acc: &mut [f32],
+        rows: &[f32],
+        ms: &[f32],
+        vs: &[f32],
+    ) {
+        let round = |x: __m512| if F16 { through_f16x16(x) } else { x };
+        let dv = acc.len();
+        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
+        let whole = dv - dv % 64;
+        for i in (0..whole).step_by(64) {
+            // SAFETY: `i + 64 <= dv`: every access is inside `acc` and inside row `j` of `rows`.
+            unsafe {
+                let p = acc.as_mut_ptr().add(i);
+                let mut a = [
+                    _mm512_loadu_ps(p),
+                    _mm512_loadu_ps(p.add(16)),
+                    _mm512_loadu_ps(p.add(32)),
+                    _mm512_loadu_ps(p.add(48)),
+                ];
+                for j in 0..n {
+                    if ms[j] != 1.0 {
+                        let m = _mm512_set1_ps(ms[j]);
+                        for a in &mut a {
+                            *a = round(_mm512_mul_ps(*a, m));
+                        }
+                    }
+                    let v = _mm512_set1_ps(vs[j]);
+                    let r = rows.as_ptr().add(j * dv + i);
+                    for (k, a) in a.iter_mut().enumerate() {
+                        *a = round(_mm512_fmadd_ps(_mm512_loadu_ps(r.add(16 * k)), v, *a));
+                    }
+                }
+                for (k, a) in a.iter().enumerate() {
+                    _mm512_storeu_ps(p.add(16 * k), *a);
+                }
+            }
+        }
+        // SAFETY: this function's features include `accumulate`'s.
+        unsafe { accumulate::<F16>(acc, rows, ms, vs, whole) };
+    }
+
+    /// [`super::accumulate`] of the accumulators from `from` on, with 32 at a time in
+    /// registers (the same operations per element); `F16` rounds each result to f16.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn accumulate<const F16: bool>(
         acc: &mut [f32],
         rows: &[f32],
         ms: &[f32],
         vs: &[f32],
+        from: usize,
     ) {
         let round = |x: __m256| if F16 { through_f16x8(x) } else { x };
         let round1 = |x: f32| if F16 { super::through_f16(x) } else { x };
         let dv = acc.len();
         let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
-        let whole = dv - dv % 32;
-        let mut i = 0;
+        let whole = from + (dv - from) / 32 * 32;
+        let mut i = from;
         while i < whole {
             // SAFETY: `i + 32 <= dv`: every access is inside `acc` and inside row `j` of `rows`.
             unsafe {

@@ -445,6 +445,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .into_iter()
         .filter(|t| t.0 + t.1 > 0)
         .collect();
+    // Positions held at the end of the longest test, and what each takes.
+    let deepest = args.n_depth + tests.iter().map(|t| t.0 + t.1).max().unwrap_or(0);
+    let kv_per_position = state.bytes_per_position();
     let engines = 1 + usize::from(args.compare.is_some());
     let bar = indicatif::ProgressBar::new((tests.len() * engines) as u64);
     bar.set_style(
@@ -538,6 +541,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     row["bound_share"] = json!(share);
                 }
                 row["weight_memory"] = weight_memory_json(&memory);
+                row["kv_bytes_per_position"] = json!(kv_per_position);
                 row
             })
             .collect();
@@ -560,6 +564,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!("\nmodel: {file_name}");
+    let storage = model_args.kv_storage();
+    println!(
+        "sequence memory: {kv_per_position:.0} bytes per position (K {}, V {}), {:.1} MiB at the deepest test",
+        storage.keys.name(),
+        storage.values.name(),
+        kv_per_position * deepest as f64 / (1 << 20) as f64
+    );
     println!(
         "weights: {:.1} MiB packed in memory, {:.1} MiB read from the mapped file{}",
         memory.packed_bytes as f64 / (1 << 20) as f64,
