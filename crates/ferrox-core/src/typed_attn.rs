@@ -236,7 +236,10 @@ fn score_block(
     (queries, query_bytes, n): (&[u8], usize, usize),
     scores: &mut [[f32; BLOCK_KEYS]; MAX_GROUP],
 ) {
-    let query = |g: usize| &queries[g.min(n - 1) * query_bytes..][..query_bytes];
+    let Some(last) = n.checked_sub(1) else {
+        return;
+    };
+    let query = |g: usize| &queries[g.min(last) * query_bytes..][..query_bytes];
     let mut out = [0f32; BLOCK_KEYS * MAX_GROUP];
     let width = if n <= 4 { 4 } else { 8 };
     let out = &mut out[..keys.len() / dot.row_bytes() * width];
@@ -348,6 +351,46 @@ mod x86 {
         _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
 
+    /// Accumulators `from..to` (whole chunks of four registers of `$lanes` values), each
+    /// row `j` scaling them by `ms[j]` where it is not 1, then adding `row·vs[j]` fused,
+    /// every result passed through `$round`: the same operations per element at any width.
+    macro_rules! accumulate_chunks {
+        (($acc:ident, $rows:ident, $ms:ident, $vs:ident, $n:ident), $from:expr, $to:expr,
+         $lanes:literal, $load:path, $store:path, $set1:path, $mul:path, $fma:path,
+         $round:expr) => {{
+            let dv = $acc.len();
+            for i in ($from..$to).step_by(4 * $lanes) {
+                // SAFETY: `i + 4·lanes <= to <= dv`: every access is inside `acc` and inside
+                // row `j` of `rows`.
+                unsafe {
+                    let p = $acc.as_mut_ptr().add(i);
+                    let mut a = [
+                        $load(p),
+                        $load(p.add($lanes)),
+                        $load(p.add(2 * $lanes)),
+                        $load(p.add(3 * $lanes)),
+                    ];
+                    for j in 0..$n {
+                        if $ms[j] != 1.0 {
+                            let m = $set1($ms[j]);
+                            for a in &mut a {
+                                *a = $round($mul(*a, m));
+                            }
+                        }
+                        let v = $set1($vs[j]);
+                        let r = $rows.as_ptr().add(j * dv + i);
+                        for (k, a) in a.iter_mut().enumerate() {
+                            *a = $round($fma($load(r.add($lanes * k)), v, *a));
+                        }
+                    }
+                    for (k, a) in a.iter().enumerate() {
+                        $store(p.add($lanes * k), *a);
+                    }
+                }
+            }
+        }};
+    }
+
     /// [`accumulate`] with 64 accumulators at a time in four 512-bit registers (a head of
     /// 64 in one pass over the rows), the rest by [`accumulate`].
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -358,37 +401,20 @@ mod x86 {
         vs: &[f32],
     ) {
         let round = |x: __m512| if F16 { through_f16x16(x) } else { x };
-        let dv = acc.len();
-        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
-        let whole = dv - dv % 64;
-        for i in (0..whole).step_by(64) {
-            // SAFETY: `i + 64 <= dv`: every access is inside `acc` and inside row `j` of `rows`.
-            unsafe {
-                let p = acc.as_mut_ptr().add(i);
-                let mut a = [
-                    _mm512_loadu_ps(p),
-                    _mm512_loadu_ps(p.add(16)),
-                    _mm512_loadu_ps(p.add(32)),
-                    _mm512_loadu_ps(p.add(48)),
-                ];
-                for j in 0..n {
-                    if ms[j] != 1.0 {
-                        let m = _mm512_set1_ps(ms[j]);
-                        for a in &mut a {
-                            *a = round(_mm512_mul_ps(*a, m));
-                        }
-                    }
-                    let v = _mm512_set1_ps(vs[j]);
-                    let r = rows.as_ptr().add(j * dv + i);
-                    for (k, a) in a.iter_mut().enumerate() {
-                        *a = round(_mm512_fmadd_ps(_mm512_loadu_ps(r.add(16 * k)), v, *a));
-                    }
-                }
-                for (k, a) in a.iter().enumerate() {
-                    _mm512_storeu_ps(p.add(16 * k), *a);
-                }
-            }
-        }
+        let n = ms.len().min(vs.len()).min(rows.len() / acc.len().max(1));
+        let whole = acc.len() / 64 * 64;
+        accumulate_chunks!(
+            (acc, rows, ms, vs, n),
+            0,
+            whole,
+            16,
+            _mm512_loadu_ps,
+            _mm512_storeu_ps,
+            _mm512_set1_ps,
+            _mm512_mul_ps,
+            _mm512_fmadd_ps,
+            round
+        );
         // SAFETY: this function's features include `accumulate`'s.
         unsafe { accumulate::<F16>(acc, rows, ms, vs, whole) };
     }
@@ -408,34 +434,18 @@ mod x86 {
         let dv = acc.len();
         let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
         let whole = from + (dv - from) / 32 * 32;
-        let mut i = from;
-        while i < whole {
-            // SAFETY: `i + 32 <= dv`: every access is inside `acc` and inside row `j` of `rows`.
-            unsafe {
-                let p = acc.as_mut_ptr().add(i);
-                let mut a = [
-                    _mm256_loadu_ps(p),
-                    _mm256_loadu_ps(p.add(8)),
-                    _mm256_loadu_ps(p.add(16)),
-                    _mm256_loadu_ps(p.add(24)),
-                ];
-                for j in 0..n {
-                    if ms[j] != 1.0 {
-                        let m = _mm256_set1_ps(ms[j]);
-                        a.iter_mut().for_each(|a| *a = round(_mm256_mul_ps(*a, m)));
-                    }
-                    let v = _mm256_set1_ps(vs[j]);
-                    let r = rows.as_ptr().add(j * dv + i);
-                    for (k, a) in a.iter_mut().enumerate() {
-                        *a = round(_mm256_fmadd_ps(_mm256_loadu_ps(r.add(8 * k)), v, *a));
-                    }
-                }
-                for (k, a) in a.iter().enumerate() {
-                    _mm256_storeu_ps(p.add(8 * k), *a);
-                }
-            }
-            i += 32;
-        }
+        accumulate_chunks!(
+            (acc, rows, ms, vs, n),
+            from,
+            whole,
+            8,
+            _mm256_loadu_ps,
+            _mm256_storeu_ps,
+            _mm256_set1_ps,
+            _mm256_mul_ps,
+            _mm256_fmadd_ps,
+            round
+        );
         for d in whole..dv {
             let mut a = acc[d];
             for j in 0..n {
