@@ -20,6 +20,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::kernels::{best_isa, Isa};
+use crate::online_softmax::exp;
 
 /// Keys per block: the lanes of one AVX-512 register.
 pub const KEY_BLOCK: usize = 16;
@@ -424,49 +425,14 @@ fn scalar_attend_block<E: Element>(task: &Task<'_, E>, acc: &mut [f32]) -> [f32;
     std::array::from_fn(|g| reduce_lanes(sums[g]))
 }
 
-/// Inputs below this give `exp(x)` of this (about 1.8e-35): a weight no sum can see.
-const EXP_FLOOR: f32 = -80.0;
-const LOG2_E: f32 = std::f32::consts::LOG2_E;
-/// ln 2 split in two for an exact product with the exponent (Cephes).
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// Cephes `expf`'s polynomial, highest power first.
-const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
-/// `e^x` for `x <= 0` (what softmax needs), within a few ulp: `x = n·ln 2 + r`, Cephes'
-/// polynomial in `r` by fused multiply-adds, `2^n` added to the exponent bits. Inputs
-/// below [`EXP_FLOOR`] are raised to it; `-inf` gives `exp(EXP_FLOOR)`, not zero.
-#[inline]
-pub fn exp(x: f32) -> f32 {
-    let x = x.max(EXP_FLOOR);
-    let n = (x * LOG2_E).round_ties_even();
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        p = p.mul_add(r, *c);
-    }
-    let z = r * r;
-    let y = p.mul_add(z, r) + 1.0;
-    f32::from_bits((y.to_bits() as i32).wrapping_add((n as i32) << 23) as u32)
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     use half::f16;
 
-    use super::{
-        Element, Task, EXP_FLOOR, EXP_POLY, KEY_BLOCK, LN2_HI, LN2_LO, LOG2_E, QUERY_BLOCK,
-    };
+    use super::{Element, Task, KEY_BLOCK, QUERY_BLOCK};
+    use crate::online_softmax::x86::{exp16, exp8};
 
     pub(super) fn mask(count: usize) -> u16 {
         if count >= 16 {
@@ -522,29 +488,6 @@ mod x86 {
     pub(super) unsafe fn load8_f32(p: *const f32, count: usize) -> __m256 {
         // SAFETY: the caller's contract; masked lanes are not read.
         unsafe { _mm256_maskload_ps(p, mask8(count)) }
-    }
-
-    /// [`super::exp`] on eight lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)),
-        );
-        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-        let mut p = _mm256_set1_ps(EXP_POLY[0]);
-        for c in &EXP_POLY[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-        }
-        let z = _mm256_mul_ps(r, r);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0));
-        let bits = _mm256_add_epi32(
-            _mm256_castps_si256(y),
-            _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n)),
-        );
-        _mm256_castsi256_ps(bits)
     }
 
     /// Queries per pass of the AVX2 scores (two registers each).
@@ -653,29 +596,6 @@ mod x86 {
             }
         }
         std::array::from_fn(|g| super::reduce_lanes(sums[g]))
-    }
-
-    /// [`super::exp`] on sixteen lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(x, _mm512_set1_ps(LOG2_E)),
-        );
-        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
-        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-        let mut p = _mm512_set1_ps(EXP_POLY[0]);
-        for c in &EXP_POLY[1..] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
-        }
-        let z = _mm512_mul_ps(r, r);
-        let y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0));
-        let bits = _mm512_add_epi32(
-            _mm512_castps_si512(y),
-            _mm512_slli_epi32::<23>(_mm512_cvtps_epi32(n)),
-        );
-        _mm512_castsi512_ps(bits)
     }
 
     /// [`super::scalar_attend_block`] with the block's scores, softmax and value sums on
@@ -807,25 +727,6 @@ mod tests {
             }
         }
         out
-    }
-
-    #[test]
-    fn exp_is_within_a_few_ulp_and_exact_at_zero() {
-        assert_eq!(exp(0.0), 1.0);
-        assert_eq!(exp(-0.0), 1.0);
-        let floor = exp(EXP_FLOOR);
-        assert!(floor > 0.0 && floor < 1e-34);
-        assert_eq!(exp(f32::NEG_INFINITY), floor);
-        let mut x = -79.9f32;
-        while x <= 0.0 {
-            let want = f64::from(x).exp();
-            let got = f64::from(exp(x));
-            assert!(
-                ((got - want) / want).abs() < 4e-7,
-                "exp({x}) = {got}, want {want}"
-            );
-            x += 0.0137;
-        }
     }
 
     #[test]

@@ -10,19 +10,19 @@
 //! instruction set, the scalar code included, gives the same bits, however keys are split
 //! into runs (paged caches) or queries into groups (tested).
 //!
-//! Keys are taken in blocks: scores of a block first, then the value rows of the block are
-//! read once for all the group's queries while their accumulators stay in registers.
+//! Keys are taken in blocks: scores of a block first (their horizontal sums eight keys at a
+//! time), the softmax steps of every query at once ([`crate::online_softmax`]), then the
+//! value rows of the block are read once for all the group's queries while their
+//! accumulators stay in registers.
 
 use half::f16;
 
 use crate::kernels::{best_isa, Isa};
+pub use crate::online_softmax::MAX_GROUP;
+use crate::online_softmax::{KeyBlock, RunningSoftmax, BLOCK_KEYS};
 
 /// Largest head size.
 pub const MAX_HEAD_DIM: usize = 1024;
-/// Most queries per group.
-pub const MAX_GROUP: usize = 8;
-/// Keys scored before their values are accumulated.
-const BLOCK_KEYS: usize = 16;
 
 /// The shape of one group of queries and how their scores are formed.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -52,8 +52,7 @@ pub struct KvRun<'a> {
 /// [`start`](Self::start) it for each group).
 pub struct GroupState {
     shape: GroupShape,
-    max: [f32; MAX_GROUP],
-    sum: [f32; MAX_GROUP],
+    softmax: RunningSoftmax,
     /// Accumulators, `head_dim_v` per query.
     acc: Box<[f32]>,
     /// The queries, `head_dim_k` per query.
@@ -70,8 +69,7 @@ impl Default for GroupState {
                 scale: 1.0,
                 softcap: None,
             },
-            max: [f32::NEG_INFINITY; MAX_GROUP],
-            sum: [0.0; MAX_GROUP],
+            softmax: RunningSoftmax::default(),
             acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
             queries: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
         }
@@ -85,8 +83,7 @@ impl GroupState {
         assert!(n <= MAX_GROUP && dk <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM);
         self.queries[..n * dk].copy_from_slice(&queries[..n * dk]);
         self.shape = shape;
-        self.max = [f32::NEG_INFINITY; MAX_GROUP];
-        self.sum = [0.0; MAX_GROUP];
+        self.softmax = RunningSoftmax::default();
         self.acc[..n * dv].fill(0.0);
     }
 
@@ -105,96 +102,66 @@ impl GroupState {
             assert!(run.keys.len() >= (run.len - 1) * run.key_stride + dk);
             assert!(run.values.len() >= (run.len - 1) * run.value_stride + dv);
         }
-        let (scale, cap) = match shape.softcap {
-            Some(cap) => (shape.scale / cap, cap),
-            None => (shape.scale, 0.0),
-        };
-        let mut ms = [[1.0f32; BLOCK_KEYS]; MAX_GROUP];
-        let mut vs = [[0.0f32; BLOCK_KEYS]; MAX_GROUP];
-        let mut scores = [[0.0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut scores: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
+        let mut ms: KeyBlock = [[1.0; MAX_GROUP]; BLOCK_KEYS];
+        let mut vs: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
         let mut start = 0;
         while start < run.len {
             let n = (run.len - start).min(BLOCK_KEYS);
             let keys = &run.keys[start * run.key_stride..];
             self.score_block(isa, keys, run.key_stride, n, &mut scores);
-            let rows = scores.iter().zip(ms.iter_mut().zip(vs.iter_mut()));
-            for (g, (scores, (ms, vs))) in rows.enumerate().take(g_n) {
-                let (mut max, mut sum) = (self.max[g], self.sum[g]);
-                for j in 0..n {
-                    let mut s = scores[j] * scale;
-                    if shape.softcap.is_some() {
-                        s = cap * s.tanh();
-                    }
-                    let (m, v) = if s > max {
-                        let m = (max - s).exp();
-                        max = s;
-                        (m, 1.0)
-                    } else {
-                        (1.0, (s - max).exp())
-                    };
-                    sum = sum * m + v;
-                    ms[j] = m;
-                    vs[j] = v;
-                }
-                self.max[g] = max;
-                self.sum[g] = sum;
-            }
+            self.softmax.step(
+                isa,
+                (shape.scale, shape.softcap),
+                (g_n, n),
+                &mut scores,
+                &mut ms,
+                &mut vs,
+            );
             let block = ValueBlock {
                 values: &run.values[start * run.value_stride..],
                 stride: run.value_stride,
                 n,
                 dv,
             };
-            accumulate_values(
-                isa,
-                &block,
-                &ms[..g_n],
-                &vs[..g_n],
-                &mut self.acc[..g_n * dv],
-            );
+            accumulate_values(isa, &block, (&ms, &vs, g_n), &mut self.acc[..g_n * dv]);
             start += n;
         }
     }
 
-    /// `scores[g][j] = q_g·k_j` for the first `n` keys at `keys` ([`dot`]'s bits), each
+    /// `scores[j][g] = q_g·k_j` for the first `n` keys at `keys` ([`dot`]'s bits), each
     /// key read once for the whole group where a kernel exists.
-    fn score_block(
-        &self,
-        isa: Isa,
-        keys: &[f16],
-        stride: usize,
-        n: usize,
-        scores: &mut [[f32; BLOCK_KEYS]; MAX_GROUP],
-    ) {
+    fn score_block(&self, isa: Isa, keys: &[f16], stride: usize, n: usize, scores: &mut KeyBlock) {
         let (g_n, dk) = (self.shape.n_queries, self.shape.head_dim_k);
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() && isa.is_available() {
-            let per_pass = if isa == Isa::Avx512Vnni { 4 } else { 2 };
+            let per_pass = if isa == Isa::Avx512Vnni { MAX_GROUP } else { 2 };
             for g0 in (0..g_n).step_by(per_pass) {
                 let group = (g_n - g0).min(per_pass);
-                let queries = &self.queries[g0 * dk..(g0 + group) * dk];
-                let scores = &mut scores[g0..];
-                // SAFETY: the kernel's features are available; `keys` holds `n` rows at
-                // `stride` (checked by the caller), `queries` `group` rows of `dk`.
-                unsafe {
-                    if isa == Isa::Avx512Vnni {
-                        x86::scores_512(keys, stride, n, queries, group, dk, scores)
-                    } else {
-                        x86::scores_256(keys, stride, n, queries, group, dk, scores)
-                    }
+                let queries = (&self.queries[g0 * dk..(g0 + group) * dk], g0);
+                macro_rules! run {
+                    ($kernel:ident, $($g:literal)*) => {
+                        match group {
+                            // SAFETY: the kernel's features are available; `keys` holds `n`
+                            // rows at `stride` (checked by the caller), `queries` `group`
+                            // rows of `dk`.
+                            $($g => unsafe { x86::$kernel::<$g>(keys, stride, n, queries, dk, scores) },)*
+                            _ => unreachable!("at most {per_pass} queries per pass"),
+                        }
+                    };
+                }
+                if isa == Isa::Avx512Vnni {
+                    run!(scores_512, 1 2 3 4 5 6 7 8);
+                } else {
+                    run!(scores_256, 1 2);
                 }
             }
             return;
         }
         let _ = isa;
-        for (q, scores) in self
-            .queries
-            .chunks_exact(dk)
-            .zip(scores.iter_mut())
-            .take(g_n)
-        {
-            for (j, score) in scores[..n].iter_mut().enumerate() {
-                *score = dot(&keys[j * stride..][..dk], q);
+        for (g, q) in self.queries.chunks_exact(dk).take(g_n).enumerate() {
+            for (j, scores) in scores[..n].iter_mut().enumerate() {
+                scores[g] = dot(&keys[j * stride..][..dk], q);
             }
         }
     }
@@ -203,8 +170,8 @@ impl GroupState {
     pub fn finish(&self, out: &mut [f32]) {
         let dv = self.shape.head_dim_v;
         for g in 0..self.shape.n_queries {
-            let inv = if self.sum[g] > 0.0 {
-                1.0 / self.sum[g]
+            let inv = if self.softmax.sum[g] > 0.0 {
+                1.0 / self.softmax.sum[g]
             } else {
                 0.0
             };
@@ -231,8 +198,7 @@ struct ValueBlock<'a> {
 fn accumulate_values(
     isa: Isa,
     block: &ValueBlock<'_>,
-    ms: &[[f32; BLOCK_KEYS]],
-    vs: &[[f32; BLOCK_KEYS]],
+    (ms, vs, n_queries): (&KeyBlock, &KeyBlock, usize),
     acc: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -245,14 +211,15 @@ fn accumulate_values(
             0
         };
         if chunk > 0 {
-            for (g0, (ms4, vs4)) in ms.chunks(4).zip(vs.chunks(4)).enumerate() {
-                let acc = &mut acc[g0 * 4 * block.dv..];
+            for g0 in (0..n_queries).step_by(4) {
+                let queries = (g0, (n_queries - g0).min(4));
+                let acc = &mut acc[g0 * block.dv..];
                 // SAFETY: the kernel's features are available; every slice holds the rows
                 // the block reads and writes.
                 unsafe {
                     match chunk {
-                        x86::CHUNK_512 => x86::accumulate_512(block, ms4, vs4, acc),
-                        _ => x86::accumulate_256(block, ms4, vs4, acc),
+                        x86::CHUNK_512 => x86::accumulate_512(block, ms, vs, queries, acc),
+                        _ => x86::accumulate_256(block, ms, vs, queries, acc),
                     }
                 }
             }
@@ -261,13 +228,13 @@ fn accumulate_values(
             let cols = block.dv - block.dv % chunk;
             if cols < block.dv {
                 // SAFETY: the kernels above needed FMA, so it is available.
-                unsafe { x86::scalar_accumulate_fma(block, ms, vs, acc, cols) };
+                unsafe { x86::scalar_accumulate_fma(block, (ms, vs, n_queries), acc, cols) };
             }
             return;
         }
     }
     let _ = isa;
-    scalar_accumulate(block, ms, vs, acc, 0);
+    scalar_accumulate(block, (ms, vs, n_queries), acc, 0);
 }
 
 /// Values per step of [`dot`].
@@ -303,17 +270,16 @@ pub fn dot(k: &[f16], q: &[f32]) -> f32 {
 #[inline(always)]
 fn scalar_accumulate(
     block: &ValueBlock<'_>,
-    ms: &[[f32; BLOCK_KEYS]],
-    vs: &[[f32; BLOCK_KEYS]],
+    (ms, vs, n_queries): (&KeyBlock, &KeyBlock, usize),
     acc: &mut [f32],
     from: usize,
 ) {
     let dv = block.dv;
-    for (g, acc) in acc.chunks_exact_mut(dv).enumerate().take(ms.len()) {
+    for (g, acc) in acc.chunks_exact_mut(dv).enumerate().take(n_queries) {
         let acc = &mut acc[from..];
         for j in 0..block.n {
             let v = &block.values[j * block.stride + from..][..dv - from];
-            let (m, w) = (ms[g][j], vs[g][j]);
+            let (m, w) = (ms[j][g], vs[j][g]);
             if m != 1.0 {
                 acc.iter_mut().for_each(|a| *a *= m);
             }
@@ -328,42 +294,40 @@ fn scalar_accumulate(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{ValueBlock, BLOCK_KEYS};
+    use super::{KeyBlock, ValueBlock, BLOCK_KEYS};
 
     use super::DOT_STEP;
 
-    /// `scores[g][j] = q_g·k_j` in [`super::dot`]'s order: two accumulators of sixteen
-    /// lanes (the AVX2 kernel's `[a0 | a1]` and `[a2 | a3]`) over steps of 32 values, then
-    /// `(acc0 + acc1)`, its two halves added, and the horizontal sum.
+    /// `scores[j][g0 + g] = q_g·k_j` for `G` queries in [`super::dot`]'s order: two
+    /// accumulators of sixteen lanes per query (the AVX2 kernel's `[a0 | a1]` and
+    /// `[a2 | a3]`) over steps of 32 values, then `(acc0 + acc1)` and its two halves added:
+    /// the AVX2 kernel's eight-lane total, summed by [`finish_scores`].
     ///
-    /// A tail shorter than a step adds on in order, as in [`super::dot`].
-    ///
-    /// SAFETY: needs the AVX-512 kernel features; `keys` holds `n` rows of `dk` at
-    /// `stride`, `queries` holds `group` (1 to 4) rows of `dk`.
+    /// SAFETY: needs the AVX-512 kernel features; `keys` holds `n` (at most a block) rows
+    /// of `dk` at `stride`, `queries` holds `G` (at most eight) rows of `dk`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn scores_512(
+    pub unsafe fn scores_512<const G: usize>(
         keys: &[half::f16],
         stride: usize,
         n: usize,
-        queries: &[f32],
-        group: usize,
+        (queries, g0): (&[f32], usize),
         dk: usize,
-        scores: &mut [[f32; BLOCK_KEYS]],
+        scores: &mut KeyBlock,
     ) {
-        debug_assert!(group <= 4 && queries.len() >= group * dk);
-        #[allow(clippy::needless_range_loop)] // `j` indexes the keys by pointer as well
-        for j in 0..n {
+        debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
+        let whole = dk - dk % DOT_STEP;
+        let mut totals = [[_mm256_setzero_ps(); G]; BLOCK_KEYS];
+        for (j, totals) in totals.iter_mut().enumerate().take(n) {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
-            let mut acc = [[_mm512_setzero_ps(); 2]; 4];
-            let whole = dk - dk % DOT_STEP;
+            let mut acc = [[_mm512_setzero_ps(); 2]; G];
             let mut i = 0;
             while i < whole {
                 // SAFETY: `i + 32 <= dk`: inside the row and every query.
                 unsafe {
                     let k0 = load_h512(k.add(i));
                     let k1 = load_h512(k.add(i + 16));
-                    for (g, acc) in acc.iter_mut().enumerate().take(group) {
+                    for (g, acc) in acc.iter_mut().enumerate() {
                         let q = queries.as_ptr().add(g * dk + i);
                         acc[0] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(q), acc[0]);
                         acc[1] = _mm512_fmadd_ps(k1, _mm512_loadu_ps(q.add(16)), acc[1]);
@@ -371,18 +335,16 @@ mod x86 {
                 }
                 i += DOT_STEP;
             }
-            for (g, acc) in acc.iter().enumerate().take(group) {
+            for (total, acc) in totals.iter_mut().zip(&acc) {
                 let pairs = _mm512_add_ps(acc[0], acc[1]);
-                let total = _mm256_add_ps(
+                *total = _mm256_add_ps(
                     _mm512_castps512_ps256(pairs),
                     _mm512_extractf32x8_ps::<1>(pairs),
                 );
-                // SAFETY: AVX2 is part of the AVX-512 kernel features; the tail lies inside
-                // the row and the query.
-                scores[g][j] =
-                    unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
+        // SAFETY: AVX2 is part of the AVX-512 kernel features; the caller's contract.
+        unsafe { finish_scores(&totals, keys, stride, n, (queries, g0), dk, scores) }
     }
 
     /// [`super::scalar_accumulate`] compiled with FMA (its `mul_add`s one instruction each
@@ -392,12 +354,11 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scalar_accumulate_fma(
         block: &ValueBlock<'_>,
-        ms: &[[f32; BLOCK_KEYS]],
-        vs: &[[f32; BLOCK_KEYS]],
+        blocks: (&KeyBlock, &KeyBlock, usize),
         acc: &mut [f32],
         from: usize,
     ) {
-        super::scalar_accumulate(block, ms, vs, acc, from)
+        super::scalar_accumulate(block, blocks, acc, from)
     }
 
     /// `sum` with `k[i]·q[i]` added for `i` in `whole..dk`, one at a time, unfused: the
@@ -420,44 +381,32 @@ mod x86 {
         sum
     }
 
-    /// The lanes `l` and `l + 4` added, then the four sums pairwise.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum256(total: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(total);
-        let hi = _mm256_extractf128_ps::<1>(total);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_hadd_ps(s, s);
-        _mm_cvtss_f32(_mm_hadd_ps(s, s))
-    }
-
-    /// [`scores_512`] with eight-lane registers: four accumulators per query, two queries
-    /// per pass.
+    /// [`scores_512`] with eight-lane registers: four accumulators per query, `G` (1 or 2)
+    /// queries per pass.
     ///
-    /// SAFETY: needs AVX2, FMA and F16C; as [`scores_512`] with `group` 1 or 2.
+    /// SAFETY: needs AVX2, FMA and F16C; as [`scores_512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores_256(
+    pub unsafe fn scores_256<const G: usize>(
         keys: &[half::f16],
         stride: usize,
         n: usize,
-        queries: &[f32],
-        group: usize,
+        (queries, g0): (&[f32], usize),
         dk: usize,
-        scores: &mut [[f32; BLOCK_KEYS]],
+        scores: &mut KeyBlock,
     ) {
-        debug_assert!(group <= 2 && queries.len() >= group * dk);
-        #[allow(clippy::needless_range_loop)] // `j` indexes the keys by pointer as well
-        for j in 0..n {
+        debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
+        let whole = dk - dk % DOT_STEP;
+        let mut totals = [[_mm256_setzero_ps(); G]; BLOCK_KEYS];
+        for (j, totals) in totals.iter_mut().enumerate().take(n) {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
-            let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-            let whole = dk - dk % DOT_STEP;
+            let mut acc = [[_mm256_setzero_ps(); 4]; G];
             let mut i = 0;
             while i < whole {
                 // SAFETY: `i + 32 <= dk`: inside the row and every query.
                 unsafe {
                     let kv: [__m256; 4] = std::array::from_fn(|r| load_h256(k.add(i + 8 * r)));
-                    for (g, acc) in acc.iter_mut().enumerate().take(group) {
+                    for (g, acc) in acc.iter_mut().enumerate() {
                         let q = queries.as_ptr().add(g * dk + i);
                         for r in 0..4 {
                             acc[r] = _mm256_fmadd_ps(kv[r], _mm256_loadu_ps(q.add(8 * r)), acc[r]);
@@ -466,14 +415,75 @@ mod x86 {
                 }
                 i += DOT_STEP;
             }
-            for (g, acc) in acc.iter().enumerate().take(group) {
-                let total =
+            for (total, acc) in totals.iter_mut().zip(&acc) {
+                *total =
                     _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-                // SAFETY: AVX2 is enabled here; the tail lies inside the row and the query.
-                scores[g][j] =
-                    unsafe { add_tail(hsum256(total), k, &queries[g * dk..], whole, dk) };
             }
         }
+        // SAFETY: the caller's contract.
+        unsafe { finish_scores(&totals, keys, stride, n, (queries, g0), dk, scores) }
+    }
+
+    /// `scores[j][g0 + g]` from each key's and query's eight-lane total: the lanes `l` and
+    /// `l + 4` added, then the four sums pairwise, for eight keys at once (the additions
+    /// [`super::dot`] makes for each), then any tail shorter than a step, in order.
+    ///
+    /// SAFETY: needs AVX2; `keys` holds `n` rows of `dk` at `stride`, `queries` `G` rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish_scores<const G: usize>(
+        totals: &[[__m256; G]; BLOCK_KEYS],
+        keys: &[half::f16],
+        stride: usize,
+        n: usize,
+        (queries, g0): (&[f32], usize),
+        dk: usize,
+        scores: &mut KeyBlock,
+    ) {
+        let whole = dk - dk % DOT_STEP;
+        for g in 0..G {
+            for j0 in (0..n).step_by(8) {
+                let sums = hsum8(std::array::from_fn(|t| totals[j0 + t][g]));
+                let mut lanes = [0f32; 8];
+                // SAFETY: eight values.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+                for t in 0..(n - j0).min(8) {
+                    let j = j0 + t;
+                    // `hsum8` leaves the even keys in the low half, the odd ones in the high.
+                    let mut sum = lanes[t / 2 + 4 * (t % 2)];
+                    if whole < dk {
+                        // SAFETY: row `j` lies inside `keys`; the query holds `dk` values.
+                        sum = unsafe {
+                            add_tail(
+                                sum,
+                                keys.as_ptr().add(j * stride),
+                                &queries[g * dk..],
+                                whole,
+                                dk,
+                            )
+                        };
+                    }
+                    scores[j][g0 + g] = sum;
+                }
+            }
+        }
+    }
+
+    /// The horizontal sums of eight totals `t[k]` (lanes `l` and `l + 4` added, then the
+    /// four sums pairwise: `(s0 + s1) + (s2 + s3)`), as the lanes
+    /// `[t0, t2, t4, t6, t1, t3, t5, t7]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum8(t: [__m256; 8]) -> __m256 {
+        let halves = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        let low = _mm256_hadd_ps(halves(t[0], t[1]), halves(t[2], t[3]));
+        let high = _mm256_hadd_ps(halves(t[4], t[5]), halves(t[6], t[7]));
+        _mm256_hadd_ps(low, high)
     }
 
     /// Values per register group: four zmm registers.
@@ -482,7 +492,7 @@ mod x86 {
     pub const CHUNK_256: usize = 16;
 
     macro_rules! accumulate_body {
-        ($block:ident, $ms:ident, $vs:ident, $acc:ident, $G:literal, $R:literal, $W:literal,
+        ($block:ident, $ms:ident, $vs:ident, $g0:ident, $acc:ident, $G:literal, $R:literal, $W:literal,
          $vec:ty, $load_h:expr, $load_f:expr, $store_f:expr,
          $set1:expr, $mul:expr, $fma:expr) => {{
             let dv = $block.dv;
@@ -502,14 +512,14 @@ mod x86 {
                         v[r] = $load_h(row.add(r * $W));
                     }
                     for g in 0..$G {
-                        let m = $ms[g][j];
+                        let m = $ms[j][$g0 + g];
                         if m != 1.0 {
                             let mv = $set1(m);
                             for r in 0..$R {
                                 acc[g][r] = $mul(acc[g][r], mv);
                             }
                         }
-                        let w = $set1($vs[g][j]);
+                        let w = $set1($vs[j][$g0 + g]);
                         for r in 0..$R {
                             acc[g][r] = $fma(v[r], w, acc[g][r]);
                         }
@@ -530,34 +540,35 @@ mod x86 {
          $store_f:expr, $set1:expr, $mul:expr, $fma:expr) => {
             /// The columns past the last whole chunk are left to the caller.
             ///
-            /// SAFETY: needs the named target features; `acc` holds `ms.len()` rows of
-            /// `dv` values, each value row `dv` halves.
+            /// SAFETY: needs the named target features; `acc` holds `group` (1 to 4) rows
+            /// of `dv` values (queries `g0..g0 + group`), each value row `dv` halves.
             #[target_feature(enable = $feat)]
             pub unsafe fn $name(
                 block: &ValueBlock<'_>,
-                ms: &[[f32; BLOCK_KEYS]],
-                vs: &[[f32; BLOCK_KEYS]],
+                ms: &KeyBlock,
+                vs: &KeyBlock,
+                (g0, group): (usize, usize),
                 acc: &mut [f32],
             ) {
-                debug_assert!(acc.len() >= ms.len() * block.dv);
+                debug_assert!(acc.len() >= group * block.dv && g0 + group <= ms[0].len());
                 // SAFETY: bounds as stated by the caller; every pointer offset stays inside.
                 unsafe {
-                    match ms.len() {
+                    match group {
                         1 => accumulate_body!(
-                            block, ms, vs, acc, 1, $R, $W, $vec, $load_h, $load_f, $store_f, $set1,
-                            $mul, $fma
+                            block, ms, vs, g0, acc, 1, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $set1, $mul, $fma
                         ),
                         2 => accumulate_body!(
-                            block, ms, vs, acc, 2, $R, $W, $vec, $load_h, $load_f, $store_f, $set1,
-                            $mul, $fma
+                            block, ms, vs, g0, acc, 2, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $set1, $mul, $fma
                         ),
                         3 => accumulate_body!(
-                            block, ms, vs, acc, 3, $R, $W, $vec, $load_h, $load_f, $store_f, $set1,
-                            $mul, $fma
+                            block, ms, vs, g0, acc, 3, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $set1, $mul, $fma
                         ),
                         _ => accumulate_body!(
-                            block, ms, vs, acc, 4, $R, $W, $vec, $load_h, $load_f, $store_f, $set1,
-                            $mul, $fma
+                            block, ms, vs, g0, acc, 4, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            $set1, $mul, $fma
                         ),
                     }
                 }
@@ -640,11 +651,11 @@ mod tests {
                     s = cap * s.tanh();
                 }
                 let (m, w) = if s > max {
-                    let m = (max - s).exp();
+                    let m = crate::online_softmax::exp(max - s);
                     max = s;
                     (m, 1.0)
                 } else {
-                    (1.0, (s - max).exp())
+                    (1.0, crate::online_softmax::exp(s - max))
                 };
                 let v = &run.values[j * run.value_stride..][..dv];
                 for (a, x) in acc.iter_mut().zip(v) {

@@ -20,6 +20,7 @@ pub mod hadamard;
 pub mod kernels;
 pub mod kv_cache;
 pub mod matrix;
+pub mod online_softmax;
 pub mod packed;
 pub mod quant;
 pub mod relu_scores;

@@ -8,7 +8,8 @@
 //!   ([`crate::kernels::RowDot`]), bit-identical to ggml's;
 //! * `s = score·scale` (`cap·tanh(s)` with a soft cap), then the online softmax: on a new
 //!   maximum the accumulator is scaled by `exp(old − new)`, otherwise the key weighs
-//!   `exp(s − max)`;
+//!   `exp(s − max)` ([`crate::online_softmax`]: every query of the group stepped at once,
+//!   with an exponential within a few ulp of `expf`);
 //! * each value row is decoded to f32 and added as `acc = v·w + acc` with fused
 //!   multiply-adds (`ggml_vec_mad_f32`), per element, so every instruction set gives the
 //!   same bits; f16 values (a quantized K with the default V) are accumulated in f16 as ggml
@@ -17,8 +18,9 @@
 //! The queries of a group sharing one KV head go together, key by key, so each key and value
 //! row is read and decoded once for all of them.
 
-use crate::flash_attn::{GroupShape, MAX_GROUP};
+use crate::flash_attn::GroupShape;
 use crate::kernels::{best_isa, quantize_activation, Isa, RowDot};
+use crate::online_softmax::{KeyBlock, RunningSoftmax, BLOCK_KEYS, MAX_GROUP};
 use crate::quant::QuantError;
 use crate::KvType;
 
@@ -26,8 +28,6 @@ use crate::KvType;
 pub const MAX_HEAD_DIM: usize = crate::flash_attn::MAX_HEAD_DIM;
 /// Bytes of the largest quantized query (an f32 row of `MAX_HEAD_DIM`).
 const MAX_QUERY_BYTES: usize = 4 * MAX_HEAD_DIM;
-/// Keys scored before their values are added.
-const BLOCK_KEYS: usize = 16;
 
 /// A run of consecutive cached positions of one KV head, as bytes of its types.
 #[derive(Clone, Copy, Debug)]
@@ -54,8 +54,7 @@ pub struct TypedGroup {
     query_bytes: usize,
     /// The queries, rounded to the keys' vec-dot type, `query_bytes` each.
     queries: Box<[u8]>,
-    max: [f32; MAX_GROUP],
-    sum: [f32; MAX_GROUP],
+    softmax: RunningSoftmax,
     /// Accumulators, `head_dim_v` per query.
     acc: Box<[f32]>,
     /// A block's value rows, decoded.
@@ -81,8 +80,7 @@ impl Default for TypedGroup {
             value_bytes: 0,
             query_bytes: 0,
             queries: vec![0; MAX_GROUP * MAX_QUERY_BYTES].into_boxed_slice(),
-            max: [f32::NEG_INFINITY; MAX_GROUP],
-            sum: [0.0; MAX_GROUP],
+            softmax: RunningSoftmax::default(),
             acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
             rows: vec![0.0; BLOCK_KEYS * MAX_HEAD_DIM].into_boxed_slice(),
             key_rows: vec![0; BLOCK_KEYS * MAX_QUERY_BYTES].into_boxed_slice(),
@@ -129,8 +127,7 @@ impl TypedGroup {
         self.shape = shape;
         self.key_bytes = keys.bytes(dk);
         self.value_bytes = values.bytes(dv);
-        self.max = [f32::NEG_INFINITY; MAX_GROUP];
-        self.sum = [0.0; MAX_GROUP];
+        self.softmax = RunningSoftmax::default();
         self.acc[..n * dv].fill(0.0);
         Ok(())
     }
@@ -142,13 +139,9 @@ impl TypedGroup {
         let dot = self.dot.expect("a started group");
         let shape = self.shape;
         let (n, dv) = (shape.n_queries, shape.head_dim_v);
-        let (scale, cap) = match shape.softcap {
-            Some(cap) => (shape.scale / cap, Some(cap)),
-            None => (shape.scale, None),
-        };
-        let mut scores = [[0f32; BLOCK_KEYS]; MAX_GROUP];
-        let mut ms = [[1f32; BLOCK_KEYS]; MAX_GROUP];
-        let mut vs = [[0f32; BLOCK_KEYS]; MAX_GROUP];
+        let mut scores: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
+        let mut ms: KeyBlock = [[1.0; MAX_GROUP]; BLOCK_KEYS];
+        let mut vs: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
         let mut start = 0;
         while start < run.len {
             let nb = (run.len - start).min(BLOCK_KEYS);
@@ -167,42 +160,25 @@ impl TypedGroup {
                 (&self.queries, self.query_bytes, n),
                 &mut scores,
             );
-            for g in 0..n {
-                let (mut max, mut sum) = (self.max[g], self.sum[g]);
-                for j in 0..nb {
-                    let mut s = scores[g][j] * scale;
-                    if let Some(cap) = cap {
-                        s = cap * s.tanh();
-                    }
-                    let (m, v) = if s > max {
-                        let m = (max - s).exp();
-                        max = s;
-                        (m, 1.0)
-                    } else {
-                        (1.0, (s - max).exp())
-                    };
-                    sum = sum * m + v;
-                    ms[g][j] = m;
-                    vs[g][j] = v;
-                }
-                self.max[g] = max;
-                self.sum[g] = sum;
-            }
+            self.softmax.step(
+                self.isa,
+                (shape.scale, shape.softcap),
+                (n, nb),
+                &mut scores,
+                &mut ms,
+                &mut vs,
+            );
             for j in 0..nb {
                 let value = &run.values[(start + j) * run.value_stride..][..self.value_bytes];
                 decode_row(self.isa, self.values, value, &mut self.rows[j * dv..][..dv]);
             }
             let in_f16 = self.values == KvType::F16;
-            for g in 0..n {
-                let acc = &mut self.acc[g * dv..(g + 1) * dv];
-                accumulate(
-                    self.isa,
-                    (acc, in_f16),
-                    &self.rows[..nb * dv],
-                    &ms[g][..nb],
-                    &vs[g][..nb],
-                );
-            }
+            accumulate(
+                self.isa,
+                (&mut self.acc[..n * dv], dv, in_f16),
+                &self.rows[..nb * dv],
+                (&ms[..nb], &vs[..nb]),
+            );
             start += nb;
         }
     }
@@ -211,11 +187,8 @@ impl TypedGroup {
     pub fn finish(&self, out: &mut [f32]) {
         let dv = self.shape.head_dim_v;
         for g in 0..self.shape.n_queries {
-            let inv = if self.sum[g] == 0.0 {
-                0.0
-            } else {
-                1.0 / self.sum[g]
-            };
+            let sum = self.softmax.sum[g];
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
             for (o, a) in out[g * dv..(g + 1) * dv]
                 .iter_mut()
                 .zip(&self.acc[g * dv..])
@@ -226,7 +199,7 @@ impl TypedGroup {
     }
 }
 
-/// `scores[g][j]`: key `j` of `keys` (consecutive rows) against query `g` of the `n`
+/// `scores[j][g]`: key `j` of `keys` (consecutive rows) against query `g` of the `n`
 /// rounded queries, every key through one panel call for the whole group (four or eight
 /// queries, the last repeated to fill it), each score the bits the keys' dot kernel gives
 /// for that pair alone.
@@ -234,7 +207,7 @@ fn score_block(
     dot: &RowDot,
     keys: &[u8],
     (queries, query_bytes, n): (&[u8], usize, usize),
-    scores: &mut [[f32; BLOCK_KEYS]; MAX_GROUP],
+    scores: &mut KeyBlock,
 ) {
     let Some(last) = n.checked_sub(1) else {
         return;
@@ -248,10 +221,8 @@ fn score_block(
     } else {
         dot.panel8(keys, std::array::from_fn(query), out);
     }
-    for (j, key_scores) in out.chunks_exact(width).enumerate() {
-        for (g, &score) in key_scores.iter().take(n).enumerate() {
-            scores[g][j] = score;
-        }
+    for (key_scores, scores) in out.chunks_exact(width).zip(scores.iter_mut()) {
+        scores[..n].copy_from_slice(&key_scores[..n]);
     }
 }
 
@@ -274,44 +245,59 @@ fn through_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// For each value row `j` of `rows` (`acc.len()` values each) in order: `acc = acc·ms[j]`
-/// where `ms[j] != 1`, then `acc[i] = row[i]·vs[j] + acc[i]`, fused, element by element;
-/// with `in_f16`, each result rounded to f16 (ggml's f16 accumulator for f16 values:
-/// `ggml_vec_scale_f16`, `ggml_vec_mad_f16`).
-fn accumulate(isa: Isa, (acc, in_f16): (&mut [f32], bool), rows: &[f32], ms: &[f32], vs: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni {
-        // SAFETY: `isa` is available (checked when the group started): AVX-512F on top of
-        // AVX2, FMA and F16C.
-        unsafe {
-            match in_f16 {
-                true => x86::accumulate_512::<true>(acc, rows, ms, vs),
-                false => x86::accumulate_512::<false>(acc, rows, ms, vs),
-            }
-        };
-        return;
-    }
+/// Query `g`'s column of a block's steps (`ms` or `vs`): row `j` is key `j`.
+type Steps<'a> = &'a [[f32; MAX_GROUP]];
+
+/// For each query `g` (`dv` accumulators in `acc` each) and value row `j` of `rows` in
+/// order: `acc = acc·ms[j][g]` where `ms[j][g] != 1`, then `acc[i] = row[i]·vs[j][g] +
+/// acc[i]`, fused, element by element; with `in_f16`, each result rounded to f16 (ggml's
+/// f16 accumulator for f16 values: `ggml_vec_scale_f16`, `ggml_vec_mad_f16`). The SIMD code
+/// keeps up to four queries' accumulators in registers, each row loaded once for them.
+fn accumulate(
+    isa: Isa,
+    (acc, dv, in_f16): (&mut [f32], usize, bool),
+    rows: &[f32],
+    (ms, vs): (Steps<'_>, Steps<'_>),
+) {
+    let n_queries = acc.len() / dv.max(1);
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
-        // SAFETY: `isa` is available (checked when the group started) and has FMA and F16C.
-        unsafe {
-            match in_f16 {
-                true => x86::accumulate::<true>(acc, rows, ms, vs, 0),
-                false => x86::accumulate::<false>(acc, rows, ms, vs, 0),
+        let wide = isa == Isa::Avx512Vnni;
+        for g0 in (0..n_queries).step_by(4) {
+            let group = (g0 + 4).min(n_queries) - g0;
+            let acc = &mut acc[g0 * dv..(g0 + group) * dv];
+            let steps = (ms, vs, g0);
+            macro_rules! pass {
+                ($($g:literal)*) => {
+                    // SAFETY: `isa` is available (checked when the group started): AVX2, FMA
+                    // and F16C, and AVX-512F where wide; `acc` holds the pass's queries.
+                    unsafe {
+                        match (group, in_f16, wide) {
+                            $(($g, true, true) => x86::accumulate_512::<true, $g>(acc, dv, rows, steps),
+                            ($g, false, true) => x86::accumulate_512::<false, $g>(acc, dv, rows, steps),
+                            ($g, true, false) => x86::accumulate::<true, $g>(acc, dv, rows, steps, 0),
+                            ($g, false, false) => x86::accumulate::<false, $g>(acc, dv, rows, steps, 0),)*
+                            _ => unreachable!("one to four queries per pass"),
+                        }
+                    }
+                };
             }
-        };
+            pass!(1 2 3 4);
+        }
         return;
     }
     let _ = isa;
-    let dv = acc.len();
     let round = |x: f32| if in_f16 { through_f16(x) } else { x };
-    for ((row, &m), &v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
-        if m != 1.0 {
-            acc.iter_mut().for_each(|a| *a = round(*a * m));
+    for (g, acc) in acc.chunks_exact_mut(dv).enumerate() {
+        for ((row, m), v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
+            let (m, v) = (m[g], v[g]);
+            if m != 1.0 {
+                acc.iter_mut().for_each(|a| *a = round(*a * m));
+            }
+            acc.iter_mut()
+                .zip(row)
+                .for_each(|(a, &x)| *a = round(x.mul_add(v, *a)));
         }
-        acc.iter_mut()
-            .zip(row)
-            .for_each(|(a, &x)| *a = round(x.mul_add(v, *a)));
     }
 }
 
@@ -320,6 +306,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use crate::kernels::x86::avx2_common::f16_at;
+    use crate::online_softmax::MAX_GROUP;
 
     /// Q8_0 blocks (an f16 scale, 32 signed codes) to f32: each code times the scale.
     #[target_feature(enable = "avx2,f16c")]
@@ -351,63 +338,70 @@ mod x86 {
         _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
 
-    /// Accumulators `from..to` (whole chunks of four registers of `$lanes` values), each
-    /// row `j` scaling them by `ms[j]` where it is not 1, then adding `row·vs[j]` fused,
-    /// every result passed through `$round`: the same operations per element at any width.
+    /// Accumulators `from..to` of `G` queries (whole chunks of four registers of `$lanes`
+    /// values per query), each row `j` loaded once, then for each query `g` scaling them by
+    /// `ms[j][g0 + g]` where it is not 1 and adding `row·vs[j][g0 + g]` fused, every result
+    /// passed through `$round`: the same operations per element at any width.
     macro_rules! accumulate_chunks {
-        (($acc:ident, $rows:ident, $ms:ident, $vs:ident, $n:ident), $from:expr, $to:expr,
-         $lanes:literal, $load:path, $store:path, $set1:path, $mul:path, $fma:path,
-         $round:expr) => {{
-            let dv = $acc.len();
+        (($acc:ident, $dv:ident, $rows:ident, $ms:ident, $vs:ident, $g0:ident, $n:ident), $G:ident,
+         $from:expr, $to:expr, $lanes:literal, $vec:ty, $load:path, $store:path, $set1:path,
+         $mul:path, $fma:path, $round:expr) => {{
             for i in ($from..$to).step_by(4 * $lanes) {
-                // SAFETY: `i + 4·lanes <= to <= dv`: every access is inside `acc` and inside
-                // row `j` of `rows`.
+                // SAFETY: `i + 4·lanes <= to <= dv`: every access is inside query `g`'s
+                // accumulators in `acc` and inside row `j` of `rows`.
                 unsafe {
-                    let p = $acc.as_mut_ptr().add(i);
-                    let mut a = [
-                        $load(p),
-                        $load(p.add($lanes)),
-                        $load(p.add(2 * $lanes)),
-                        $load(p.add(3 * $lanes)),
-                    ];
+                    let mut a: [[$vec; 4]; $G] = std::array::from_fn(|g| {
+                        let p = $acc.as_ptr().add(g * $dv + i);
+                        std::array::from_fn(|k| $load(p.add($lanes * k)))
+                    });
                     for j in 0..$n {
-                        if $ms[j] != 1.0 {
-                            let m = $set1($ms[j]);
-                            for a in &mut a {
-                                *a = $round($mul(*a, m));
+                        let r = $rows.as_ptr().add(j * $dv + i);
+                        let x: [$vec; 4] = std::array::from_fn(|k| $load(r.add($lanes * k)));
+                        for (g, a) in a.iter_mut().enumerate() {
+                            let m = $ms[j][$g0 + g];
+                            if m != 1.0 {
+                                let m = $set1(m);
+                                for a in a.iter_mut() {
+                                    *a = $round($mul(*a, m));
+                                }
+                            }
+                            let v = $set1($vs[j][$g0 + g]);
+                            for (a, x) in a.iter_mut().zip(&x) {
+                                *a = $round($fma(*x, v, *a));
                             }
                         }
-                        let v = $set1($vs[j]);
-                        let r = $rows.as_ptr().add(j * dv + i);
-                        for (k, a) in a.iter_mut().enumerate() {
-                            *a = $round($fma($load(r.add($lanes * k)), v, *a));
-                        }
                     }
-                    for (k, a) in a.iter().enumerate() {
-                        $store(p.add($lanes * k), *a);
+                    for (g, a) in a.iter().enumerate() {
+                        let p = $acc.as_mut_ptr().add(g * $dv + i);
+                        for (k, a) in a.iter().enumerate() {
+                            $store(p.add($lanes * k), *a);
+                        }
                     }
                 }
             }
         }};
     }
 
-    /// [`accumulate`] with 64 accumulators at a time in four 512-bit registers (a head of
-    /// 64 in one pass over the rows), the rest by [`accumulate`].
+    /// [`accumulate`] with 64 accumulators per query at a time in four 512-bit registers (a
+    /// head of 64 in one pass over the rows), the rest by [`accumulate`].
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn accumulate_512<const F16: bool>(
+    pub unsafe fn accumulate_512<const F16: bool, const G: usize>(
         acc: &mut [f32],
+        dv: usize,
         rows: &[f32],
-        ms: &[f32],
-        vs: &[f32],
+        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
     ) {
         let round = |x: __m512| if F16 { through_f16x16(x) } else { x };
-        let n = ms.len().min(vs.len()).min(rows.len() / acc.len().max(1));
-        let whole = acc.len() / 64 * 64;
+        assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);
+        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
+        let whole = dv / 64 * 64;
         accumulate_chunks!(
-            (acc, rows, ms, vs, n),
+            (acc, dv, rows, ms, vs, g0, n),
+            G,
             0,
             whole,
             16,
+            __m512,
             _mm512_loadu_ps,
             _mm512_storeu_ps,
             _mm512_set1_ps,
@@ -416,29 +410,32 @@ mod x86 {
             round
         );
         // SAFETY: this function's features include `accumulate`'s.
-        unsafe { accumulate::<F16>(acc, rows, ms, vs, whole) };
+        unsafe { accumulate::<F16, G>(acc, dv, rows, (ms, vs, g0), whole) };
     }
 
-    /// [`super::accumulate`] of the accumulators from `from` on, with 32 at a time in
-    /// registers (the same operations per element); `F16` rounds each result to f16.
+    /// [`super::accumulate`] of `G` queries' accumulators from `from` on, with 32 per query
+    /// at a time in registers (the same operations per element); `F16` rounds each result
+    /// to f16.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate<const F16: bool>(
+    pub unsafe fn accumulate<const F16: bool, const G: usize>(
         acc: &mut [f32],
+        dv: usize,
         rows: &[f32],
-        ms: &[f32],
-        vs: &[f32],
+        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
         from: usize,
     ) {
         let round = |x: __m256| if F16 { through_f16x8(x) } else { x };
         let round1 = |x: f32| if F16 { super::through_f16(x) } else { x };
-        let dv = acc.len();
+        assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);
         let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
         let whole = from + (dv - from) / 32 * 32;
         accumulate_chunks!(
-            (acc, rows, ms, vs, n),
+            (acc, dv, rows, ms, vs, g0, n),
+            G,
             from,
             whole,
             8,
+            __m256,
             _mm256_loadu_ps,
             _mm256_storeu_ps,
             _mm256_set1_ps,
@@ -446,15 +443,18 @@ mod x86 {
             _mm256_fmadd_ps,
             round
         );
-        for d in whole..dv {
-            let mut a = acc[d];
-            for j in 0..n {
-                if ms[j] != 1.0 {
-                    a = round1(a * ms[j]);
+        for g in 0..G {
+            for d in whole..dv {
+                let mut a = acc[g * dv + d];
+                for j in 0..n {
+                    let m = ms[j][g0 + g];
+                    if m != 1.0 {
+                        a = round1(a * m);
+                    }
+                    a = round1(rows[j * dv + d].mul_add(vs[j][g0 + g], a));
                 }
-                a = round1(rows[j * dv + d].mul_add(vs[j], a));
+                acc[g * dv + d] = a;
             }
-            acc[d] = a;
         }
     }
 }
@@ -495,16 +495,30 @@ mod tests {
                 .into_iter()
                 .map(|x| if in_f16 { through_f16(x) } else { x })
                 .collect();
-            let ms = [0.5, 1.0, 1.0, 0.25, 1.0];
-            let vs = [1.0, 0.3, 0.7, 1.0, 0.01];
+            // Six queries' steps, each its own (a rescale for some, at different keys).
+            let ms: [[f32; MAX_GROUP]; 5] = std::array::from_fn(|j| {
+                std::array::from_fn(|g| {
+                    if (j + g) % 3 == 0 {
+                        0.5 / (g + 1) as f32
+                    } else {
+                        1.0
+                    }
+                })
+            });
+            let vs: [[f32; MAX_GROUP]; 5] =
+                std::array::from_fn(|j| std::array::from_fn(|g| 0.1 + 0.07 * (j * 8 + g) as f32));
+            let start: Vec<f32> = (0..6)
+                .flat_map(|g| start.iter().map(move |x| x * (g + 1) as f32))
+                .map(|x| if in_f16 { through_f16(x) } else { x })
+                .collect();
             let mut reference = start.clone();
-            accumulate(Isa::Scalar, (&mut reference, in_f16), &rows, &ms, &vs);
+            accumulate(Isa::Scalar, (&mut reference, dv, in_f16), &rows, (&ms, &vs));
             // Every value is an f16 one when accumulating in f16, and not otherwise.
             let representable = reference.iter().all(|&a| through_f16(a) == a);
             assert_eq!(representable, in_f16, "head {dv}");
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
                 let mut acc = start.clone();
-                accumulate(isa, (&mut acc, in_f16), &rows, &ms, &vs);
+                accumulate(isa, (&mut acc, dv, in_f16), &rows, (&ms, &vs));
                 assert!(acc
                     .iter()
                     .zip(&reference)

@@ -191,6 +191,32 @@ pub(super) fn hsum_ggml(v: __m256) -> f32 {
     hsum4_ggml(q)
 }
 
+/// [`hsum_ggml`] of eight registers at once, the same additions for each: lane `k` of the
+/// result is `hsum_ggml(t[k])`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum8_ggml(t: [__m256; 8]) -> __m256 {
+    // Two registers' `high + low` (four lanes each) side by side.
+    let halves = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x31>(a, b),
+            _mm256_permute2f128_ps::<0x20>(a, b),
+        )
+    };
+    // `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]` per 128-bit lane.
+    let pairs = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let low = pairs(halves(t[0], t[1]), halves(t[2], t[3]));
+    let high = pairs(halves(t[4], t[5]), halves(t[6], t[7]));
+    // `[t0, t2, t4, t6 | t1, t3, t5, t7]`, then in order.
+    let sums = _mm256_hadd_ps(low, high);
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
 /// The tail of [`hsum_ggml`] on four lanes: `(v0+v2) + (v1+v3)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::hsum_ggml;
+use super::avx2_common::{hsum8_ggml, hsum_ggml};
 
 /// The f16 at `p`, as bits.
 #[inline(always)]
@@ -99,13 +99,20 @@ pub(super) unsafe fn f16_broadcast(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_set1_epi16(unsafe { u16_at(p) } as i16))
 }
 
-/// ggml's horizontal sum of each 8-lane half: `(low half, high half)`.
+/// ggml's horizontal sum ([`hsum_ggml`]) of each register of `v` into `out`, eight at a
+/// time (short tiles' results are mostly reductions).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn hsum_halves(v: __m512) -> (f32, f32) {
-    let low = _mm512_castps512_ps256(v);
-    let high = _mm512_extractf32x8_ps::<1>(v);
-    (hsum_ggml(low), hsum_ggml(high))
+pub(super) fn hsum_each(v: &[__m256], out: &mut [f32]) {
+    let whole = v.len() / 8 * 8;
+    for (v, out) in v[..whole].chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        let sums = hsum8_ggml(std::array::from_fn(|k| v[k]));
+        // SAFETY: eight values.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sums) };
+    }
+    for (v, out) in v[whole..].iter().zip(&mut out[whole..]) {
+        *out = hsum_ggml(*v);
+    }
 }
 
 /// Rows of a panel, two to a register. A tile of `P` pairs reads rows `r .. r + 2P`; the

@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::avx512_common::{
-    f16_broadcast, f16_quad, hsum_halves, load_pair_32, nibble_pair, pair_rows, panel_shape,
+    f16_broadcast, f16_quad, hsum_each, load_pair_32, nibble_pair, pair_rows, panel_shape,
     prefetch_ahead, prefetch_distance, prefetch_start, u16_at, u32_at,
 };
 use crate::kernels::DotKernel;
@@ -224,14 +224,18 @@ unsafe fn tile<L: LegacyZmm, const N: usize, const P: usize, const PREPARED: boo
         }
     }
     // Plain loops: LLVM does not inline target-feature closures into `array::map`.
-    let mut results = [[[0.0; N]; 2]; P];
+    let mut halves = [[[_mm256_setzero_ps(); N]; 2]; P];
     for p in 0..P {
         for t in 0..N {
-            let (low, high) = hsum_halves(acc[p][t]);
-            results[p][0][t] = low;
-            results[p][1][t] = high;
+            halves[p][0][t] = _mm512_castps512_ps256(acc[p][t]);
+            halves[p][1][t] = _mm512_extractf32x8_ps::<1>(acc[p][t]);
         }
     }
+    let mut results = [[[0.0; N]; 2]; P];
+    hsum_each(
+        halves.as_flattened().as_flattened(),
+        results.as_flattened_mut().as_flattened_mut(),
+    );
     results
 }
 
