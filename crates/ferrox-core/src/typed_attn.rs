@@ -150,7 +150,7 @@ impl TypedGroup {
                 &run.keys[start * kb..][..nb * kb]
             } else {
                 for (j, row) in self.key_rows.chunks_exact_mut(kb).take(nb).enumerate() {
-                    row.copy_from_slice(&run.keys[(start + j) * run.key_stride..][..kb]);
+                    copy_short(row, &run.keys[(start + j) * run.key_stride..][..kb]);
                 }
                 &self.key_rows[..nb * kb]
             };
@@ -226,14 +226,41 @@ fn score_block(
     }
 }
 
+/// `dst = src` for a row of a few dozen bytes, without a call to `memcpy`: 32 bytes at a
+/// time, then 4, then single bytes.
+#[inline]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len());
+    let mut d = dst.chunks_exact_mut(32);
+    let mut s = src.chunks_exact(32);
+    for (d, s) in (&mut d).zip(&mut s) {
+        d.copy_from_slice(s);
+    }
+    let (d, s) = (d.into_remainder(), s.remainder());
+    let mut d4 = d.chunks_exact_mut(4);
+    let mut s4 = s.chunks_exact(4);
+    for (d, s) in (&mut d4).zip(&mut s4) {
+        d.copy_from_slice(s);
+    }
+    for (d, s) in d4.into_remainder().iter_mut().zip(s4.remainder()) {
+        *d = *s;
+    }
+}
+
 /// Decodes one cached row of `ty` into `out` (as [`crate::quant::dequantize_row`], whose bits
-/// the AVX2 decoding of Q8_0 gives).
+/// the SIMD decoding of Q8_0 gives).
 fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && ty == KvType::Q8_0 {
         assert_eq!(bytes.len(), ty.bytes(out.len()), "whole Q8_0 blocks");
-        // SAFETY: `isa` is available and has AVX2 and F16C; the lengths pair up (checked).
-        unsafe { x86::decode_q8_0(bytes, out) };
+        // SAFETY: `isa` is available and has AVX2 and F16C (and AVX-512F where named); the
+        // lengths pair up (checked).
+        unsafe {
+            match isa {
+                Isa::Avx512Vnni => x86::decode_q8_0_512(bytes, out),
+                _ => x86::decode_q8_0(bytes, out),
+            }
+        };
         return;
     }
     let _ = isa;
@@ -319,6 +346,22 @@ mod x86 {
                     let codes = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
                     let values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
                     _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_mul_ps(values, d));
+                }
+            }
+        }
+    }
+
+    /// [`decode_q8_0`] sixteen values at a time.
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    pub unsafe fn decode_q8_0_512(bytes: &[u8], out: &mut [f32]) {
+        for (block, out) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = _mm512_set1_ps(f16_at(block, 0));
+            for k in 0..2 {
+                // SAFETY: the block holds 32 codes after its scale; `out` holds 32 values.
+                unsafe {
+                    let codes = _mm_loadu_si128(block.as_ptr().add(2 + 16 * k).cast());
+                    let values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), _mm512_mul_ps(values, d));
                 }
             }
         }

@@ -64,10 +64,17 @@ pub struct Scratch {
 }
 
 /// The largest divisor of `n` not above `cap`.
-fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
-    (1..=cap.min(n))
+/// Query heads per attention task: the largest number (a divisor of the heads sharing a KV
+/// head, at most `cap`) that still gives every thread the same number of tasks, or at least
+/// two each; else one. Heads attended together read (and decode) each key and value once.
+fn heads_per_task(rows: usize, n_head: usize, group: usize, cap: usize, threads: usize) -> usize {
+    (1..=cap.min(group))
         .rev()
-        .find(|&d| n.is_multiple_of(d))
+        .filter(|&d| group.is_multiple_of(d))
+        .find(|&d| {
+            let tasks = rows * n_head / d;
+            tasks.is_multiple_of(threads) || tasks >= 2 * threads
+        })
         .unwrap_or(1)
 }
 
@@ -237,13 +244,15 @@ impl Decoder {
         };
         let group = lc.n_head / lc.n_head_kv;
         // Heads sharing a KV head are attended together (the keys and values are read once
-        // for all of them); with few rows, one head per task keeps every thread busy. The
-        // results are the same bits either way.
-        let per_task = if n * lc.n_head_kv >= 2 * self.threads() {
-            largest_divisor_at_most(group, ferrox_core::flash_attn::MAX_GROUP)
-        } else {
-            1
-        };
+        // for all of them) as far as every thread stays busy. The results are the same bits
+        // either way.
+        let per_task = heads_per_task(
+            n,
+            lc.n_head,
+            group,
+            ferrox_core::flash_attn::MAX_GROUP,
+            self.threads(),
+        );
         let tasks_per_row = lc.n_head / per_task;
         let attn = sized(&mut s.attn, n * lc.n_head * hd_v);
         let q = &*q;
@@ -395,5 +404,26 @@ impl scaffold::EngineBody for Decoder {
         buffers: &mut Scratch,
     ) -> Result<(), EngineError> {
         self.run_layers(rows, embeddings, memory, logits, buffers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_task;
+
+    #[test]
+    fn heads_go_together_while_every_thread_stays_busy() {
+        // Qwen2.5-0.5B decode (14 heads, 7 per KV head) on two threads: one task per KV head.
+        assert_eq!(heads_per_task(1, 14, 7, 8, 2), 7);
+        // Gemma-3-270M decode (4 heads on one KV head): two tasks of two.
+        assert_eq!(heads_per_task(1, 4, 4, 8, 2), 2);
+        // Sixteen threads and one row: a head per task.
+        assert_eq!(heads_per_task(1, 14, 7, 8, 16), 1);
+        // A prompt: whole groups, capped.
+        assert_eq!(heads_per_task(64, 14, 7, 8, 16), 7);
+        assert_eq!(heads_per_task(64, 32, 16, 8, 16), 8);
+        // Three threads, two KV heads of six: 4 tasks of three would leave one thread with
+        // two, 6 tasks of two are even.
+        assert_eq!(heads_per_task(1, 12, 6, 8, 3), 2);
     }
 }
