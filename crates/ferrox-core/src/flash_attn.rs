@@ -293,6 +293,7 @@ fn scalar_accumulate(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     use super::{KeyBlock, ValueBlock, BLOCK_KEYS};
 
@@ -316,7 +317,8 @@ mod x86 {
     ) {
         debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
         let whole = dk - dk % DOT_STEP;
-        let mut totals = [[_mm256_setzero_ps(); G]; BLOCK_KEYS];
+        // Written for the first `n` keys, read only there (no clearing of the rest).
+        let mut totals = [[MaybeUninit::<__m256>::uninit(); G]; BLOCK_KEYS];
         for (j, totals) in totals.iter_mut().enumerate().take(n) {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
@@ -337,10 +339,10 @@ mod x86 {
             }
             for (total, acc) in totals.iter_mut().zip(&acc) {
                 let pairs = _mm512_add_ps(acc[0], acc[1]);
-                *total = _mm256_add_ps(
+                total.write(_mm256_add_ps(
                     _mm512_castps512_ps256(pairs),
                     _mm512_extractf32x8_ps::<1>(pairs),
-                );
+                ));
             }
         }
         // SAFETY: AVX2 is part of the AVX-512 kernel features; the caller's contract.
@@ -396,7 +398,8 @@ mod x86 {
     ) {
         debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
         let whole = dk - dk % DOT_STEP;
-        let mut totals = [[_mm256_setzero_ps(); G]; BLOCK_KEYS];
+        // Written for the first `n` keys, read only there (no clearing of the rest).
+        let mut totals = [[MaybeUninit::<__m256>::uninit(); G]; BLOCK_KEYS];
         for (j, totals) in totals.iter_mut().enumerate().take(n) {
             // SAFETY: row `j` lies inside `keys` (the caller's contract).
             let k = unsafe { keys.as_ptr().add(j * stride) };
@@ -416,8 +419,10 @@ mod x86 {
                 i += DOT_STEP;
             }
             for (total, acc) in totals.iter_mut().zip(&acc) {
-                *total =
-                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+                total.write(_mm256_add_ps(
+                    _mm256_add_ps(acc[0], acc[2]),
+                    _mm256_add_ps(acc[1], acc[3]),
+                ));
             }
         }
         // SAFETY: the caller's contract.
@@ -428,11 +433,12 @@ mod x86 {
     /// `l + 4` added, then the four sums pairwise, for eight keys at once (the additions
     /// [`super::dot`] makes for each), then any tail shorter than a step, in order.
     ///
-    /// SAFETY: needs AVX2; `keys` holds `n` rows of `dk` at `stride`, `queries` `G` rows.
+    /// SAFETY: needs AVX2; `totals` holds the first `n` (at least one) keys' values, `keys`
+    /// `n` rows of `dk` at `stride`, `queries` `G` rows.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn finish_scores<const G: usize>(
-        totals: &[[__m256; G]; BLOCK_KEYS],
+        totals: &[[MaybeUninit<__m256>; G]; BLOCK_KEYS],
         keys: &[half::f16],
         stride: usize,
         n: usize,
@@ -443,7 +449,10 @@ mod x86 {
         let whole = dk - dk % DOT_STEP;
         for g in 0..G {
             for j0 in (0..n).step_by(8) {
-                let sums = hsum8(std::array::from_fn(|t| totals[j0 + t][g]));
+                // SAFETY: keys past the `n` written repeat the last one.
+                let sums = hsum8(std::array::from_fn(|t| unsafe {
+                    totals[(j0 + t).min(n - 1)][g].assume_init()
+                }));
                 let mut lanes = [0f32; 8];
                 // SAFETY: eight values.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };

@@ -168,6 +168,32 @@ impl TypedGroup {
                 &mut ms,
                 &mut vs,
             );
+            #[cfg(target_arch = "x86_64")]
+            if self.isa == Isa::Avx512Vnni && self.values == KvType::Q8_0 && dv.is_multiple_of(32) {
+                let last = (start + nb - 1) * run.value_stride + self.value_bytes;
+                let values = &run.values[start * run.value_stride..last];
+                for g0 in (0..n).step_by(MAX_GROUP) {
+                    let group = (n - g0).min(MAX_GROUP);
+                    let acc = &mut self.acc[g0 * dv..(g0 + group) * dv];
+                    let rows = (values, run.value_stride, nb);
+                    let steps = (&ms[..nb], &vs[..nb], g0);
+                    macro_rules! pass {
+                        ($($g:literal)*) => {
+                            match group {
+                                // SAFETY: the group started on this (available) instruction
+                                // set; the rows are whole Q8_0 blocks of `dv` values.
+                                $($g => unsafe {
+                                    x86::accumulate_q8_0_512::<$g>(acc, dv, rows, steps)
+                                },)*
+                                _ => unreachable!("at most {MAX_GROUP} queries"),
+                            }
+                        };
+                    }
+                    pass!(1 2 3 4 5 6 7 8);
+                }
+                start += nb;
+                continue;
+            }
             for j in 0..nb {
                 let value = &run.values[(start + j) * run.value_stride..][..self.value_bytes];
                 decode_row(self.isa, self.values, value, &mut self.rows[j * dv..][..dv]);
@@ -362,6 +388,59 @@ mod x86 {
                     let codes = _mm_loadu_si128(block.as_ptr().add(2 + 16 * k).cast());
                     let values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
                     _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), _mm512_mul_ps(values, d));
+                }
+            }
+        }
+    }
+
+    /// [`super::accumulate`] of `G` queries (`g0..g0 + G` of the steps) straight from `n`
+    /// Q8_0 value rows at `stride` in `values`: a block (32 columns) at a time, each block
+    /// decoded once for every query as [`decode_q8_0`] decodes it (code times scale), then
+    /// added with the same operations per element.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn accumulate_q8_0_512<const G: usize>(
+        acc: &mut [f32],
+        dv: usize,
+        (values, stride, n): (&[u8], usize, usize),
+        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
+    ) {
+        let blocks = dv / 32;
+        assert!(dv.is_multiple_of(32) && acc.len() >= G * dv && g0 + G <= MAX_GROUP);
+        assert!(n <= ms.len() && n <= vs.len());
+        assert!(n == 0 || values.len() >= (n - 1) * stride + blocks * 34);
+        for b in 0..blocks {
+            // SAFETY: block `b` of each of the `n` rows lies inside `values` (asserted), the
+            // queries' 32 columns inside `acc`.
+            unsafe {
+                let mut a: [[__m512; 2]; G] = std::array::from_fn(|g| {
+                    let p = acc.as_ptr().add(g * dv + 32 * b);
+                    [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
+                });
+                for j in 0..n {
+                    let block = values.as_ptr().add(j * stride + 34 * b);
+                    let scale = block.cast::<u16>().read_unaligned();
+                    let d =
+                        _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(scale))));
+                    let x: [__m512; 2] = std::array::from_fn(|k| {
+                        let codes = _mm_loadu_si128(block.add(2 + 16 * k).cast());
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), d)
+                    });
+                    for (g, a) in a.iter_mut().enumerate() {
+                        let m = ms[j][g0 + g];
+                        if m != 1.0 {
+                            let m = _mm512_set1_ps(m);
+                            a[0] = _mm512_mul_ps(a[0], m);
+                            a[1] = _mm512_mul_ps(a[1], m);
+                        }
+                        let v = _mm512_set1_ps(vs[j][g0 + g]);
+                        a[0] = _mm512_fmadd_ps(x[0], v, a[0]);
+                        a[1] = _mm512_fmadd_ps(x[1], v, a[1]);
+                    }
+                }
+                for (g, a) in a.iter().enumerate() {
+                    let p = acc.as_mut_ptr().add(g * dv + 32 * b);
+                    _mm512_storeu_ps(p, a[0]);
+                    _mm512_storeu_ps(p.add(16), a[1]);
                 }
             }
         }
@@ -568,6 +647,58 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits()));
             }
         }
+    }
+
+    /// Q8_0 value rows added straight from their blocks (strided, any number of queries)
+    /// give the bits of decoding them and adding the decoded rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_0_values_from_their_blocks_give_the_decoded_bits() {
+        if !Isa::Avx512Vnni.is_available() {
+            eprintln!("no AVX-512 here: Q8_0 values are decoded, then added (tested above)");
+            return;
+        }
+        let (dv, n) = (96, 11);
+        let stride = KvType::Q8_0.bytes(2 * dv);
+        let mut bytes = vec![0u8; n * stride];
+        quantize_row(KvType::Q8_0.ggml(), &values(n * 2 * dv, 5), &mut bytes).unwrap();
+        let mut decoded = vec![0f32; n * dv];
+        for (j, row) in decoded.chunks_exact_mut(dv).enumerate() {
+            decode_row(
+                Isa::Scalar,
+                KvType::Q8_0,
+                &bytes[j * stride..][..KvType::Q8_0.bytes(dv)],
+                row,
+            );
+        }
+        let ms: [[f32; MAX_GROUP]; 11] = std::array::from_fn(|j| {
+            std::array::from_fn(|g| {
+                if (j + 2 * g) % 4 == 0 {
+                    0.25 + 0.01 * g as f32
+                } else {
+                    1.0
+                }
+            })
+        });
+        let vs: [[f32; MAX_GROUP]; 11] =
+            std::array::from_fn(|j| std::array::from_fn(|g| 0.2 + 0.03 * (j * 8 + g) as f32));
+        let start = values(MAX_GROUP * dv, 6);
+        let mut want = start.clone();
+        accumulate(Isa::Scalar, (&mut want, dv, false), &decoded, (&ms, &vs));
+        macro_rules! check {
+            ($($g:literal)*) => {$(
+                let mut got = start[..$g * dv].to_vec();
+                // SAFETY: AVX-512 is available; `n` rows of whole blocks at `stride`.
+                unsafe {
+                    x86::accumulate_q8_0_512::<$g>(&mut got, dv, (&bytes, stride, n), (&ms, &vs, 0))
+                };
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} queries", $g
+                );
+            )*};
+        }
+        check!(1 2 3 4 5 6 7 8);
     }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
