@@ -316,8 +316,10 @@ fn accumulate(
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         let wide = isa == Isa::Avx512Vnni;
-        for g0 in (0..n_queries).step_by(4) {
-            let group = (g0 + 4).min(n_queries) - g0;
+        // AVX2 has sixteen registers: two queries (eight accumulators) per pass.
+        let per_pass = if wide { 4 } else { 2 };
+        for g0 in (0..n_queries).step_by(per_pass) {
+            let group = (g0 + per_pass).min(n_queries) - g0;
             let acc = &mut acc[g0 * dv..(g0 + group) * dv];
             let steps = (ms, vs, g0);
             macro_rules! pass {
