@@ -138,14 +138,21 @@ impl GroupState {
             let per_pass = if isa == Isa::Avx512Vnni { MAX_GROUP } else { 2 };
             for g0 in (0..g_n).step_by(per_pass) {
                 let group = (g_n - g0).min(per_pass);
-                let queries = (&self.queries[g0 * dk..(g0 + group) * dk], g0);
+                let pass = ScorePass {
+                    keys,
+                    stride,
+                    n,
+                    queries: &self.queries[g0 * dk..(g0 + group) * dk],
+                    g0,
+                    dk,
+                };
                 macro_rules! run {
                     ($kernel:ident, $($g:literal)*) => {
                         match group {
                             // SAFETY: the kernel's features are available; `keys` holds `n`
                             // rows at `stride` (checked by the caller), `queries` `group`
                             // rows of `dk`.
-                            $($g => unsafe { x86::$kernel::<$g>(keys, stride, n, queries, dk, scores) },)*
+                            $($g => unsafe { x86::$kernel::<$g>(pass, scores) },)*
                             _ => unreachable!("at most {per_pass} queries per pass"),
                         }
                     };
@@ -183,6 +190,19 @@ impl GroupState {
             }
         }
     }
+}
+
+/// A block's keys and one pass of queries over them, for the score kernels.
+#[derive(Clone, Copy)]
+struct ScorePass<'a> {
+    /// `n` key rows of `dk` values at `stride`.
+    keys: &'a [f16],
+    stride: usize,
+    n: usize,
+    /// The pass's queries, `dk` values each; the first is query `g0` of the group.
+    queries: &'a [f32],
+    g0: usize,
+    dk: usize,
 }
 
 /// The value rows of one block of keys.
@@ -295,7 +315,8 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    use super::{KeyBlock, ValueBlock, BLOCK_KEYS};
+    use super::{KeyBlock, ScorePass, ValueBlock, BLOCK_KEYS};
+    use crate::kernels::x86::avx2_common::hsum8_adjacent;
 
     use super::DOT_STEP;
 
@@ -307,14 +328,15 @@ mod x86 {
     /// SAFETY: needs the AVX-512 kernel features; `keys` holds `n` (at most a block) rows
     /// of `dk` at `stride`, `queries` holds `G` (at most eight) rows of `dk`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn scores_512<const G: usize>(
-        keys: &[half::f16],
-        stride: usize,
-        n: usize,
-        (queries, g0): (&[f32], usize),
-        dk: usize,
-        scores: &mut KeyBlock,
-    ) {
+    pub unsafe fn scores_512<const G: usize>(pass: ScorePass<'_>, scores: &mut KeyBlock) {
+        let ScorePass {
+            keys,
+            stride,
+            n,
+            queries,
+            dk,
+            ..
+        } = pass;
         debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
         let whole = dk - dk % DOT_STEP;
         // Written for the first `n` keys, read only there (no clearing of the rest).
@@ -346,7 +368,7 @@ mod x86 {
             }
         }
         // SAFETY: AVX2 is part of the AVX-512 kernel features; the caller's contract.
-        unsafe { finish_scores(&totals, keys, stride, n, (queries, g0), dk, scores) }
+        unsafe { finish_scores(&totals, pass, scores) }
     }
 
     /// [`super::scalar_accumulate`] compiled with FMA (its `mul_add`s one instruction each
@@ -388,14 +410,15 @@ mod x86 {
     ///
     /// SAFETY: needs AVX2, FMA and F16C; as [`scores_512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores_256<const G: usize>(
-        keys: &[half::f16],
-        stride: usize,
-        n: usize,
-        (queries, g0): (&[f32], usize),
-        dk: usize,
-        scores: &mut KeyBlock,
-    ) {
+    pub unsafe fn scores_256<const G: usize>(pass: ScorePass<'_>, scores: &mut KeyBlock) {
+        let ScorePass {
+            keys,
+            stride,
+            n,
+            queries,
+            dk,
+            ..
+        } = pass;
         debug_assert!(queries.len() >= G * dk && n <= BLOCK_KEYS);
         let whole = dk - dk % DOT_STEP;
         // Written for the first `n` keys, read only there (no clearing of the rest).
@@ -426,7 +449,7 @@ mod x86 {
             }
         }
         // SAFETY: the caller's contract.
-        unsafe { finish_scores(&totals, keys, stride, n, (queries, g0), dk, scores) }
+        unsafe { finish_scores(&totals, pass, scores) }
     }
 
     /// `scores[j][g0 + g]` from each key's and query's eight-lane total: the lanes `l` and
@@ -439,27 +462,30 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn finish_scores<const G: usize>(
         totals: &[[MaybeUninit<__m256>; G]; BLOCK_KEYS],
-        keys: &[half::f16],
-        stride: usize,
-        n: usize,
-        (queries, g0): (&[f32], usize),
-        dk: usize,
+        pass: ScorePass<'_>,
         scores: &mut KeyBlock,
     ) {
+        let ScorePass {
+            keys,
+            stride,
+            n,
+            queries,
+            g0,
+            dk,
+        } = pass;
         let whole = dk - dk % DOT_STEP;
         for g in 0..G {
             for j0 in (0..n).step_by(8) {
                 // SAFETY: keys past the `n` written repeat the last one.
-                let sums = hsum8(std::array::from_fn(|t| unsafe {
+                let sums = hsum8_adjacent(std::array::from_fn(|t| unsafe {
                     totals[(j0 + t).min(n - 1)][g].assume_init()
                 }));
                 let mut lanes = [0f32; 8];
                 // SAFETY: eight values.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-                for t in 0..(n - j0).min(8) {
+                for (t, &sum) in lanes.iter().enumerate().take(n - j0) {
                     let j = j0 + t;
-                    // `hsum8` leaves the even keys in the low half, the odd ones in the high.
-                    let mut sum = lanes[t / 2 + 4 * (t % 2)];
+                    let mut sum = sum;
                     if whole < dk {
                         // SAFETY: row `j` lies inside `keys`; the query holds `dk` values.
                         sum = unsafe {
@@ -476,23 +502,6 @@ mod x86 {
                 }
             }
         }
-    }
-
-    /// The horizontal sums of eight totals `t[k]` (lanes `l` and `l + 4` added, then the
-    /// four sums pairwise: `(s0 + s1) + (s2 + s3)`), as the lanes
-    /// `[t0, t2, t4, t6, t1, t3, t5, t7]`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum8(t: [__m256; 8]) -> __m256 {
-        let halves = |a: __m256, b: __m256| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a, b),
-                _mm256_permute2f128_ps::<0x31>(a, b),
-            )
-        };
-        let low = _mm256_hadd_ps(halves(t[0], t[1]), halves(t[2], t[3]));
-        let high = _mm256_hadd_ps(halves(t[4], t[5]), halves(t[6], t[7]));
-        _mm256_hadd_ps(low, high)
     }
 
     /// Values per register group: four zmm registers.

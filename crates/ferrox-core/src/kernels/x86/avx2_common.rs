@@ -191,18 +191,29 @@ pub(super) fn hsum_ggml(v: __m256) -> f32 {
     hsum4_ggml(q)
 }
 
+/// `high + low` (four lanes) of two registers side by side: the first step of every
+/// horizontal sum below.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn halves_added(a: __m256, b: __m256) -> __m256 {
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x31>(a, b),
+        _mm256_permute2f128_ps::<0x20>(a, b),
+    )
+}
+
+/// The lanes `[t0, t2, t4, t6 | t1, t3, t5, t7]` in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn in_order(sums: __m256) -> __m256 {
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
 /// [`hsum_ggml`] of eight registers at once, the same additions for each: lane `k` of the
 /// result is `hsum_ggml(t[k])`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn hsum8_ggml(t: [__m256; 8]) -> __m256 {
-    // Two registers' `high + low` (four lanes each) side by side.
-    let halves = |a: __m256, b: __m256| {
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x31>(a, b),
-            _mm256_permute2f128_ps::<0x20>(a, b),
-        )
-    };
     // `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]` per 128-bit lane.
     let pairs = |a: __m256, b: __m256| {
         _mm256_add_ps(
@@ -210,11 +221,19 @@ pub(crate) fn hsum8_ggml(t: [__m256; 8]) -> __m256 {
             _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
         )
     };
-    let low = pairs(halves(t[0], t[1]), halves(t[2], t[3]));
-    let high = pairs(halves(t[4], t[5]), halves(t[6], t[7]));
-    // `[t0, t2, t4, t6 | t1, t3, t5, t7]`, then in order.
-    let sums = _mm256_hadd_ps(low, high);
-    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    let low = pairs(halves_added(t[0], t[1]), halves_added(t[2], t[3]));
+    let high = pairs(halves_added(t[4], t[5]), halves_added(t[6], t[7]));
+    in_order(_mm256_hadd_ps(low, high))
+}
+
+/// The horizontal sums of eight registers at once, lane `k` of the result for `t[k]`: its
+/// lanes `l` and `l + 4` added, then the four sums pairwise, `(s0 + s1) + (s2 + s3)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum8_adjacent(t: [__m256; 8]) -> __m256 {
+    let low = _mm256_hadd_ps(halves_added(t[0], t[1]), halves_added(t[2], t[3]));
+    let high = _mm256_hadd_ps(halves_added(t[4], t[5]), halves_added(t[6], t[7]));
+    in_order(_mm256_hadd_ps(low, high))
 }
 
 /// The tail of [`hsum_ggml`] on four lanes: `(v0+v2) + (v1+v3)`.
