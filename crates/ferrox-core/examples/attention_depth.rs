@@ -4,7 +4,8 @@
 //! sequence memory stores them.
 //!
 //! `cargo run --release -p ferrox-core --example attention_depth -- [POSITIONS] [QUERIES]
-//! [CACHE]` (16384, 7 and every cache by default; CACHE: flash, f16, q8_0, q4_0). Prints the
+//! [CACHE]` (16384, 7 and every cache by default; CACHE: flash, f16, q8_0, q4_0, q8_0/f16 for
+//! q8_0 keys with f16 values). Prints the
 //! fastest of many runs and the rate at which the cache's bytes were read.
 
 use std::hint::black_box;
@@ -81,40 +82,38 @@ fn main() {
         report("f16 (flash_attn)", time, positions * HEAD * 4);
     }
 
-    for (name, ty) in [
-        ("f16", KvType::F16),
-        ("q8_0", KvType::Q8_0),
-        ("q4_0", KvType::Q4_0),
+    for (name, kt, vt) in [
+        ("f16", KvType::F16, KvType::F16),
+        ("q8_0", KvType::Q8_0, KvType::Q8_0),
+        ("q4_0", KvType::Q4_0, KvType::Q4_0),
+        ("q8_0/f16", KvType::Q8_0, KvType::F16),
     ] {
         if !chosen(name) {
             continue;
         }
-        let row = ty.bytes(HEADS * HEAD);
-        let mut kb = vec![0u8; positions * row];
-        let mut vb = vec![0u8; positions * row];
+        let (k_row, v_row) = (kt.bytes(HEADS * HEAD), vt.bytes(HEADS * HEAD));
+        let mut kb = vec![0u8; positions * k_row];
+        let mut vb = vec![0u8; positions * v_row];
         for p in 0..positions {
             let at = p * HEADS * HEAD..(p + 1) * HEADS * HEAD;
-            quantize_row(ty.ggml(), &keys[at.clone()], &mut kb[p * row..][..row]).unwrap();
-            quantize_row(ty.ggml(), &values[at], &mut vb[p * row..][..row]).unwrap();
+            quantize_row(kt.ggml(), &keys[at.clone()], &mut kb[p * k_row..][..k_row]).unwrap();
+            quantize_row(vt.ggml(), &values[at], &mut vb[p * v_row..][..v_row]).unwrap();
         }
         let mut group = TypedGroup::default();
         let time = fastest(|| {
-            group.start((ty, ty), shape, &queries).unwrap();
+            group.start((kt, vt), shape, &queries).unwrap();
             group.attend_run(&TypedRun {
                 keys: &kb,
-                key_stride: row,
+                key_stride: k_row,
                 values: &vb,
-                value_stride: row,
+                value_stride: v_row,
                 len: positions,
             });
             group.finish(&mut out);
             black_box(&out);
         });
-        report(
-            &format!("{ty:?} (typed)"),
-            time,
-            positions * ty.bytes(HEAD) * 2,
-        );
+        let bytes = positions * (kt.bytes(HEAD) + vt.bytes(HEAD));
+        report(&format!("{name} (typed)"), time, bytes);
     }
 }
 

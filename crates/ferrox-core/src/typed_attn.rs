@@ -274,17 +274,20 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
 }
 
 /// Decodes one cached row of `ty` into `out` (as [`crate::quant::dequantize_row`], whose bits
-/// the SIMD decoding of Q8_0 gives).
+/// the SIMD decodings of Q8_0, Q4_0 and f16 give: each value one exact conversion and at
+/// most one rounding, the same).
 fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && ty == KvType::Q8_0 {
-        assert_eq!(bytes.len(), ty.bytes(out.len()), "whole Q8_0 blocks");
+    if isa.has_avx2() && matches!(ty, KvType::Q8_0 | KvType::Q4_0 | KvType::F16) {
+        assert_eq!(bytes.len(), ty.bytes(out.len()), "whole blocks of {ty:?}");
         // SAFETY: `isa` is available and has AVX2 and F16C (and AVX-512F where named); the
         // lengths pair up (checked).
         unsafe {
-            match isa {
-                Isa::Avx512Vnni => x86::decode_q8_0_512(bytes, out),
-                _ => x86::decode_q8_0(bytes, out),
+            match (ty, isa) {
+                (KvType::Q8_0, Isa::Avx512Vnni) => x86::decode_q8_0_512(bytes, out),
+                (KvType::Q8_0, _) => x86::decode_q8_0(bytes, out),
+                (KvType::Q4_0, _) => x86::decode_q4_0(bytes, out),
+                _ => x86::decode_f16(bytes, out),
             }
         };
         return;
@@ -376,6 +379,46 @@ mod x86 {
                     _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_mul_ps(values, d));
                 }
             }
+        }
+    }
+
+    /// Q4_0 blocks (an f16 scale, 16 bytes of two codes each: values `j` and `j + 16` in
+    /// byte `j`) to f32: each code less 8, times the scale.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn decode_q4_0(bytes: &[u8], out: &mut [f32]) {
+        let (mask, mid) = (_mm_set1_epi8(0x0F), _mm256_set1_epi32(8));
+        for (block, out) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: the block holds 16 bytes of codes after its scale.
+            let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+            let halves = [
+                _mm_and_si128(packed, mask),
+                _mm_and_si128(_mm_srli_epi16::<4>(packed), mask),
+            ];
+            for (k, codes) in halves.into_iter().enumerate() {
+                for (h, codes) in [codes, _mm_srli_si128::<8>(codes)].into_iter().enumerate() {
+                    let ints = _mm256_sub_epi32(_mm256_cvtepu8_epi32(codes), mid);
+                    let values = _mm256_mul_ps(_mm256_cvtepi32_ps(ints), d);
+                    // SAFETY: `out` holds the block's 32 values.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(16 * k + 8 * h), values) };
+                }
+            }
+        }
+    }
+
+    /// f16 values to f32, eight at a time (the tail one by one; every conversion exact).
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn decode_f16(bytes: &[u8], out: &mut [f32]) {
+        let whole = out.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: `bytes` holds two bytes per value of `out` (the caller's contract).
+            unsafe {
+                let halves = _mm_loadu_si128(bytes.as_ptr().add(2 * i).cast());
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(halves));
+            }
+        }
+        for (i, out) in out.iter_mut().enumerate().skip(whole) {
+            *out = f16_at(bytes, 2 * i);
         }
     }
 
