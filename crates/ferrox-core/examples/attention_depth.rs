@@ -35,7 +35,12 @@ fn fastest(mut run: impl FnMut()) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().unwrap());
+    let number = |i: usize, default: usize| {
+        args.get(i).map_or(default, |a| {
+            a.parse()
+                .unwrap_or_else(|_| panic!("POSITIONS and QUERIES are whole numbers, not {a:?}"))
+        })
+    };
     let positions = number(0, 16384);
     let n_queries = number(1, 7);
     let only = args.get(2).map(String::as_str);

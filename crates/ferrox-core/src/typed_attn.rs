@@ -169,7 +169,8 @@ impl TypedGroup {
                 &mut vs,
             );
             #[cfg(target_arch = "x86_64")]
-            if self.isa == Isa::Avx512Vnni && self.values == KvType::Q8_0 && dv.is_multiple_of(32) {
+            // (Q8_0 rows are whole 32-value blocks: a head of them is too.)
+            if self.isa == Isa::Avx512Vnni && self.values == KvType::Q8_0 {
                 let last = (start + nb - 1) * run.value_stride + self.value_bytes;
                 let values = &run.values[start * run.value_stride..last];
                 for g0 in (0..n).step_by(MAX_GROUP) {
@@ -280,13 +281,11 @@ fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && matches!(ty, KvType::Q8_0 | KvType::Q4_0 | KvType::F16) {
         assert_eq!(bytes.len(), ty.bytes(out.len()), "whole blocks of {ty:?}");
-        // SAFETY: `isa` is available and has AVX2 and F16C (and AVX-512F where named); the
-        // lengths pair up (checked).
+        // SAFETY: `isa` is available and has AVX2 and F16C; the lengths pair up (checked).
         unsafe {
-            match (ty, isa) {
-                (KvType::Q8_0, Isa::Avx512Vnni) => x86::decode_q8_0_512(bytes, out),
-                (KvType::Q8_0, _) => x86::decode_q8_0(bytes, out),
-                (KvType::Q4_0, _) => x86::decode_q4_0(bytes, out),
+            match ty {
+                KvType::Q8_0 => x86::decode_q8_0(bytes, out),
+                KvType::Q4_0 => x86::decode_q4_0(bytes, out),
                 _ => x86::decode_f16(bytes, out),
             }
         };
@@ -419,22 +418,6 @@ mod x86 {
         }
         for (i, out) in out.iter_mut().enumerate().skip(whole) {
             *out = f16_at(bytes, 2 * i);
-        }
-    }
-
-    /// [`decode_q8_0`] sixteen values at a time.
-    #[target_feature(enable = "avx512f,avx2,f16c")]
-    pub unsafe fn decode_q8_0_512(bytes: &[u8], out: &mut [f32]) {
-        for (block, out) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-            let d = _mm512_set1_ps(f16_at(block, 0));
-            for k in 0..2 {
-                // SAFETY: the block holds 32 codes after its scale; `out` holds 32 values.
-                unsafe {
-                    let codes = _mm_loadu_si128(block.as_ptr().add(2 + 16 * k).cast());
-                    let values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-                    _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), _mm512_mul_ps(values, d));
-                }
-            }
         }
     }
 
