@@ -19,7 +19,7 @@ use half::f16;
 
 use crate::kernels::{best_isa, Isa};
 pub use crate::online_softmax::MAX_GROUP;
-use crate::online_softmax::{KeyBlock, RunningSoftmax, BLOCK_KEYS};
+use crate::online_softmax::{KeyBlock, RunningSoftmax, Steps, BLOCK_KEYS};
 
 /// Largest head size.
 pub const MAX_HEAD_DIM: usize = 1024;
@@ -110,7 +110,7 @@ impl GroupState {
             let n = (run.len - start).min(BLOCK_KEYS);
             let keys = &run.keys[start * run.key_stride..];
             self.score_block(isa, keys, run.key_stride, n, &mut scores);
-            self.softmax.step(
+            let rescaled = self.softmax.step(
                 isa,
                 (shape.scale, shape.softcap),
                 (g_n, n),
@@ -124,7 +124,8 @@ impl GroupState {
                 n,
                 dv,
             };
-            accumulate_values(isa, &block, (&ms, &vs, g_n), &mut self.acc[..g_n * dv]);
+            let steps = Steps::new(&ms[..n], &vs[..n], rescaled);
+            accumulate_values(isa, &block, (steps, g_n), &mut self.acc[..g_n * dv]);
             start += n;
         }
     }
@@ -218,7 +219,7 @@ struct ValueBlock<'a> {
 fn accumulate_values(
     isa: Isa,
     block: &ValueBlock<'_>,
-    (ms, vs, n_queries): (&KeyBlock, &KeyBlock, usize),
+    (steps, n_queries): (Steps<'_>, usize),
     acc: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -238,8 +239,8 @@ fn accumulate_values(
                 // the block reads and writes.
                 unsafe {
                     match chunk {
-                        x86::CHUNK_512 => x86::accumulate_512(block, ms, vs, queries, acc),
-                        _ => x86::accumulate_256(block, ms, vs, queries, acc),
+                        x86::CHUNK_512 => x86::accumulate_512(block, steps, queries, acc),
+                        _ => x86::accumulate_256(block, steps, queries, acc),
                     }
                 }
             }
@@ -248,13 +249,13 @@ fn accumulate_values(
             let cols = block.dv - block.dv % chunk;
             if cols < block.dv {
                 // SAFETY: the kernels above needed FMA, so it is available.
-                unsafe { x86::scalar_accumulate_fma(block, (ms, vs, n_queries), acc, cols) };
+                unsafe { x86::scalar_accumulate_fma(block, (steps, n_queries), acc, cols) };
             }
             return;
         }
     }
     let _ = isa;
-    scalar_accumulate(block, (ms, vs, n_queries), acc, 0);
+    scalar_accumulate(block, (steps, n_queries), acc, 0);
 }
 
 /// Values per step of [`dot`].
@@ -290,7 +291,7 @@ pub fn dot(k: &[f16], q: &[f32]) -> f32 {
 #[inline(always)]
 fn scalar_accumulate(
     block: &ValueBlock<'_>,
-    (ms, vs, n_queries): (&KeyBlock, &KeyBlock, usize),
+    (steps, n_queries): (Steps<'_>, usize),
     acc: &mut [f32],
     from: usize,
 ) {
@@ -299,7 +300,7 @@ fn scalar_accumulate(
         let acc = &mut acc[from..];
         for j in 0..block.n {
             let v = &block.values[j * block.stride + from..][..dv - from];
-            let (m, w) = (ms[j][g], vs[j][g]);
+            let (m, w) = (steps.ms[j][g], steps.vs[j][g]);
             if m != 1.0 {
                 acc.iter_mut().for_each(|a| *a *= m);
             }
@@ -317,6 +318,7 @@ mod x86 {
 
     use super::{KeyBlock, ScorePass, ValueBlock, BLOCK_KEYS};
     use crate::kernels::x86::avx2_common::hsum8_adjacent;
+    use crate::online_softmax::{Steps, MAX_GROUP};
 
     use super::DOT_STEP;
 
@@ -378,11 +380,11 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scalar_accumulate_fma(
         block: &ValueBlock<'_>,
-        blocks: (&KeyBlock, &KeyBlock, usize),
+        steps: (Steps<'_>, usize),
         acc: &mut [f32],
         from: usize,
     ) {
-        super::scalar_accumulate(block, blocks, acc, from)
+        super::scalar_accumulate(block, steps, acc, from)
     }
 
     /// `sum` with `k[i]·q[i]` added for `i` in `whole..dk`, one at a time, unfused: the
@@ -510,7 +512,7 @@ mod x86 {
     pub const CHUNK_256: usize = 16;
 
     macro_rules! accumulate_body {
-        ($block:ident, $ms:ident, $vs:ident, $g0:ident, $acc:ident, $G:literal, $R:literal, $W:literal,
+        ($block:ident, $steps:ident, $g0:ident, $acc:ident, $G:literal, $R:literal, $W:literal,
          $vec:ty, $load_h:expr, $load_f:expr, $store_f:expr,
          $set1:expr, $mul:expr, $fma:expr) => {{
             let dv = $block.dv;
@@ -529,15 +531,19 @@ mod x86 {
                     for r in 0..$R {
                         v[r] = $load_h(row.add(r * $W));
                     }
-                    for g in 0..$G {
-                        let m = $ms[j][$g0 + g];
-                        if m != 1.0 {
-                            let mv = $set1(m);
-                            for r in 0..$R {
-                                acc[g][r] = $mul(acc[g][r], mv);
+                    if $steps.rescales(j) {
+                        for g in 0..$G {
+                            let m = $steps.ms[j][$g0 + g];
+                            if m != 1.0 {
+                                let mv = $set1(m);
+                                for r in 0..$R {
+                                    acc[g][r] = $mul(acc[g][r], mv);
+                                }
                             }
                         }
-                        let w = $set1($vs[j][$g0 + g]);
+                    }
+                    for g in 0..$G {
+                        let w = $set1($steps.vs[j][$g0 + g]);
                         for r in 0..$R {
                             acc[g][r] = $fma(v[r], w, acc[g][r]);
                         }
@@ -563,29 +569,29 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub unsafe fn $name(
                 block: &ValueBlock<'_>,
-                ms: &KeyBlock,
-                vs: &KeyBlock,
+                steps: Steps<'_>,
                 (g0, group): (usize, usize),
                 acc: &mut [f32],
             ) {
-                debug_assert!(acc.len() >= group * block.dv && g0 + group <= ms[0].len());
+                assert!(acc.len() >= group * block.dv && g0 + group <= MAX_GROUP);
+                assert!(block.n <= steps.len());
                 // SAFETY: bounds as stated by the caller; every pointer offset stays inside.
                 unsafe {
                     match group {
                         1 => accumulate_body!(
-                            block, ms, vs, g0, acc, 1, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            block, steps, g0, acc, 1, $R, $W, $vec, $load_h, $load_f, $store_f,
                             $set1, $mul, $fma
                         ),
                         2 => accumulate_body!(
-                            block, ms, vs, g0, acc, 2, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            block, steps, g0, acc, 2, $R, $W, $vec, $load_h, $load_f, $store_f,
                             $set1, $mul, $fma
                         ),
                         3 => accumulate_body!(
-                            block, ms, vs, g0, acc, 3, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            block, steps, g0, acc, 3, $R, $W, $vec, $load_h, $load_f, $store_f,
                             $set1, $mul, $fma
                         ),
                         _ => accumulate_body!(
-                            block, ms, vs, g0, acc, 4, $R, $W, $vec, $load_h, $load_f, $store_f,
+                            block, steps, g0, acc, 4, $R, $W, $vec, $load_h, $load_f, $store_f,
                             $set1, $mul, $fma
                         ),
                     }

@@ -19,6 +19,54 @@ pub const MAX_GROUP: usize = 8;
 /// One value per key of a block and query of a group, key-major: `block[j][g]`.
 pub type KeyBlock = [[f32; MAX_GROUP]; BLOCK_KEYS];
 
+/// A block's softmax steps as the value kernels take them: key `j`'s factors `ms[j]` and
+/// `vs[j]` (query `g` in lane `g`), and `rescaled`, bit `j` set where some query's `ms[j]`
+/// may differ from 1 (clear only where all are 1). Past the first keys a new maximum is
+/// rare: the kernels test one bit per key, not each query's factor.
+#[derive(Clone, Copy, Debug)]
+pub struct Steps<'a> {
+    pub ms: &'a [[f32; MAX_GROUP]],
+    pub vs: &'a [[f32; MAX_GROUP]],
+    pub rescaled: u32,
+}
+
+impl<'a> Steps<'a> {
+    /// The steps of `ms.len()` keys (at most [`BLOCK_KEYS`]) with [`RunningSoftmax::step`]'s
+    /// `rescaled`.
+    pub fn new(ms: &'a [[f32; MAX_GROUP]], vs: &'a [[f32; MAX_GROUP]], rescaled: u32) -> Self {
+        assert!(ms.len() <= BLOCK_KEYS && vs.len() == ms.len());
+        Steps { ms, vs, rescaled }
+    }
+
+    /// Steps whose rescaled keys are found by looking at every lane of `ms`.
+    pub fn scanned(ms: &'a [[f32; MAX_GROUP]], vs: &'a [[f32; MAX_GROUP]]) -> Self {
+        let rescaled = ms
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.iter().any(|&m| m != 1.0))
+            .fold(0, |bits, (j, _)| bits | 1 << j);
+        Steps::new(ms, vs, rescaled)
+    }
+
+    /// Keys in the block.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.ms.len()
+    }
+
+    /// Whether the block has no keys.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ms.is_empty()
+    }
+
+    /// Whether some query may rescale its accumulators at key `j`.
+    #[inline(always)]
+    pub fn rescales(&self, j: usize) -> bool {
+        self.rescaled >> j & 1 != 0
+    }
+}
+
 /// Inputs below this give `exp(x)` of this (about 1.8e-35): a weight no sum can see.
 pub(crate) const EXP_FLOOR: f32 = -80.0;
 pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -73,8 +121,10 @@ impl RunningSoftmax {
     /// The steps of the first `n_keys` keys of a block for the first `n_queries` queries:
     /// from their raw scores (`scores[j][g]`, overwritten) the rescale `ms[j][g]` and weight
     /// `vs[j][g]` of each key, the maxima and sums moved past them. Other lanes hold
-    /// nothing meaningful afterwards.
+    /// nothing meaningful afterwards. Returns the keys (bit `j`) at which some query's
+    /// maximum rose: the only ones whose `ms` can differ from 1 ([`Steps::rescaled`]).
     #[allow(clippy::too_many_arguments)]
+    #[must_use]
     pub fn step(
         &mut self,
         isa: Isa,
@@ -83,7 +133,7 @@ impl RunningSoftmax {
         scores: &mut KeyBlock,
         ms: &mut KeyBlock,
         vs: &mut KeyBlock,
-    ) {
+    ) -> u32 {
         assert!(n_queries <= MAX_GROUP && n_keys <= BLOCK_KEYS);
         let scale = match softcap {
             Some(cap) => {
@@ -101,10 +151,10 @@ impl RunningSoftmax {
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() && isa.is_available() {
             // SAFETY: AVX2 (with FMA, part of every such instruction set here) is available.
-            unsafe { x86::step_256(self, scale, n_keys, scores, ms, vs) };
-            return;
+            return unsafe { x86::step_256(self, scale, (n_queries, n_keys), scores, ms, vs) };
         }
         let _ = isa;
+        let mut rescaled = 0;
         for g in 0..n_queries {
             let (mut max, mut sum) = (self.max[g], self.sum[g]);
             for j in 0..n_keys {
@@ -112,6 +162,7 @@ impl RunningSoftmax {
                 let (m, v) = if s > max {
                     let m = exp(max - s);
                     max = s;
+                    rescaled |= 1 << j;
                     (m, 1.0)
                 } else {
                     (1.0, exp(s - max))
@@ -123,6 +174,7 @@ impl RunningSoftmax {
             self.max[g] = max;
             self.sum[g] = sum;
         }
+        rescaled
     }
 }
 
@@ -185,11 +237,13 @@ pub(crate) mod x86 {
     pub unsafe fn step_256(
         state: &mut RunningSoftmax,
         scale: f32,
-        n_keys: usize,
+        (n_queries, n_keys): (usize, usize),
         scores: &KeyBlock,
         ms: &mut KeyBlock,
         vs: &mut KeyBlock,
-    ) {
+    ) -> u32 {
+        let lanes = (1u32 << n_queries) - 1;
+        let mut rescaled = 0;
         let one = _mm256_set1_ps(1.0);
         let scale = _mm256_set1_ps(scale);
         // SAFETY: every row and both state arrays hold eight values.
@@ -206,6 +260,8 @@ pub(crate) mod x86 {
                 ));
                 let m = _mm256_blendv_ps(one, e, new);
                 let v = _mm256_blendv_ps(e, one, new);
+                let rose = _mm256_movemask_ps(new) as u32 & lanes;
+                rescaled |= u32::from(rose != 0) << j;
                 max = _mm256_blendv_ps(max, s, new);
                 sum = _mm256_add_ps(_mm256_mul_ps(sum, m), v);
                 _mm256_storeu_ps(ms[j].as_mut_ptr(), m);
@@ -214,6 +270,7 @@ pub(crate) mod x86 {
             _mm256_storeu_ps(state.max.as_mut_ptr(), max);
             _mm256_storeu_ps(state.sum.as_mut_ptr(), sum);
         }
+        rescaled
     }
 }
 
@@ -318,7 +375,7 @@ mod tests {
                 for (b, block) in blocks.iter().enumerate() {
                     let n_keys = if b == 4 { 5 } else { BLOCK_KEYS };
                     let (mut s, mut ms, mut vs) = (*block, [[0.0; 8]; 16], [[0.0; 8]; 16]);
-                    state.step(
+                    let rescaled = state.step(
                         isa,
                         (0.7, softcap),
                         (n_queries, n_keys),
@@ -329,7 +386,12 @@ mod tests {
                     for j in 0..n_keys {
                         out.extend_from_slice(&ms[j][..n_queries]);
                         out.extend_from_slice(&vs[j][..n_queries]);
+                        // A key whose factor is not 1 for some query is marked.
+                        let rescales = ms[j][..n_queries].iter().any(|&m| m != 1.0);
+                        assert!(!rescales || rescaled >> j & 1 != 0, "{isa:?} key {j}");
                     }
+                    assert_eq!(rescaled >> n_keys, 0, "{isa:?}: keys past the block");
+                    out.push(f32::from_bits(rescaled));
                 }
                 out.extend_from_slice(&state.max[..n_queries]);
                 out.extend_from_slice(&state.sum[..n_queries]);

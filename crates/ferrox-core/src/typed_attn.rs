@@ -20,7 +20,7 @@
 
 use crate::flash_attn::GroupShape;
 use crate::kernels::{best_isa, quantize_activation, Isa, RowDot};
-use crate::online_softmax::{KeyBlock, RunningSoftmax, BLOCK_KEYS, MAX_GROUP};
+use crate::online_softmax::{KeyBlock, RunningSoftmax, Steps, BLOCK_KEYS, MAX_GROUP};
 use crate::quant::QuantError;
 use crate::KvType;
 
@@ -160,7 +160,7 @@ impl TypedGroup {
                 (&self.queries, self.query_bytes, n),
                 &mut scores,
             );
-            self.softmax.step(
+            let rescaled = self.softmax.step(
                 self.isa,
                 (shape.scale, shape.softcap),
                 (n, nb),
@@ -177,7 +177,7 @@ impl TypedGroup {
                     let group = (n - g0).min(MAX_GROUP);
                     let acc = &mut self.acc[g0 * dv..(g0 + group) * dv];
                     let rows = (values, run.value_stride, nb);
-                    let steps = (&ms[..nb], &vs[..nb], g0);
+                    let steps = (Steps::new(&ms[..nb], &vs[..nb], rescaled), g0);
                     macro_rules! pass {
                         ($($g:literal)*) => {
                             match group {
@@ -204,7 +204,7 @@ impl TypedGroup {
                 self.isa,
                 (&mut self.acc[..n * dv], dv, in_f16),
                 &self.rows[..nb * dv],
-                (&ms[..nb], &vs[..nb]),
+                Steps::new(&ms[..nb], &vs[..nb], rescaled),
             );
             start += nb;
         }
@@ -300,9 +300,6 @@ fn through_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// Query `g`'s column of a block's steps (`ms` or `vs`): row `j` is key `j`.
-type Steps<'a> = &'a [[f32; MAX_GROUP]];
-
 /// For each query `g` (`dv` accumulators in `acc` each) and value row `j` of `rows` in
 /// order: `acc = acc·ms[j][g]` where `ms[j][g] != 1`, then `acc[i] = row[i]·vs[j][g] +
 /// acc[i]`, fused, element by element; with `in_f16`, each result rounded to f16 (ggml's
@@ -312,7 +309,7 @@ fn accumulate(
     isa: Isa,
     (acc, dv, in_f16): (&mut [f32], usize, bool),
     rows: &[f32],
-    (ms, vs): (Steps<'_>, Steps<'_>),
+    steps: Steps<'_>,
 ) {
     let n_queries = acc.len() / dv.max(1);
     #[cfg(target_arch = "x86_64")]
@@ -323,7 +320,7 @@ fn accumulate(
         for g0 in (0..n_queries).step_by(per_pass) {
             let group = (g0 + per_pass).min(n_queries) - g0;
             let acc = &mut acc[g0 * dv..(g0 + group) * dv];
-            let steps = (ms, vs, g0);
+            let steps = (steps, g0);
             macro_rules! pass {
                 ($($g:literal)*) => {
                     // SAFETY: `isa` is available (checked when the group started): AVX2, FMA
@@ -346,7 +343,7 @@ fn accumulate(
     let _ = isa;
     let round = |x: f32| if in_f16 { through_f16(x) } else { x };
     for (g, acc) in acc.chunks_exact_mut(dv).enumerate() {
-        for ((row, m), v) in rows.chunks_exact(dv).zip(ms).zip(vs) {
+        for ((row, m), v) in rows.chunks_exact(dv).zip(steps.ms).zip(steps.vs) {
             let (m, v) = (m[g], v[g]);
             if m != 1.0 {
                 acc.iter_mut().for_each(|a| *a = round(*a * m));
@@ -363,7 +360,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use crate::kernels::x86::avx2_common::f16_at;
-    use crate::online_softmax::MAX_GROUP;
+    use crate::online_softmax::{Steps, MAX_GROUP};
 
     /// Q8_0 blocks (an f16 scale, 32 signed codes) to f32: each code times the scale.
     #[target_feature(enable = "avx2,f16c")]
@@ -430,8 +427,9 @@ mod x86 {
         acc: &mut [f32],
         dv: usize,
         (values, stride, n): (&[u8], usize, usize),
-        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
+        (steps, g0): (Steps<'_>, usize),
     ) {
+        let (ms, vs) = (steps.ms, steps.vs);
         let blocks = dv / 32;
         assert!(dv.is_multiple_of(32) && acc.len() >= G * dv && g0 + G <= MAX_GROUP);
         assert!(n <= ms.len() && n <= vs.len());
@@ -453,13 +451,17 @@ mod x86 {
                         let codes = _mm_loadu_si128(block.add(2 + 16 * k).cast());
                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), d)
                     });
-                    for (g, a) in a.iter_mut().enumerate() {
-                        let m = ms[j][g0 + g];
-                        if m != 1.0 {
-                            let m = _mm512_set1_ps(m);
-                            a[0] = _mm512_mul_ps(a[0], m);
-                            a[1] = _mm512_mul_ps(a[1], m);
+                    if steps.rescales(j) {
+                        for (g, a) in a.iter_mut().enumerate() {
+                            let m = ms[j][g0 + g];
+                            if m != 1.0 {
+                                let m = _mm512_set1_ps(m);
+                                a[0] = _mm512_mul_ps(a[0], m);
+                                a[1] = _mm512_mul_ps(a[1], m);
+                            }
                         }
+                    }
+                    for (g, a) in a.iter_mut().enumerate() {
                         let v = _mm512_set1_ps(vs[j][g0 + g]);
                         a[0] = _mm512_fmadd_ps(x[0], v, a[0]);
                         a[1] = _mm512_fmadd_ps(x[1], v, a[1]);
@@ -493,7 +495,7 @@ mod x86 {
     /// `ms[j][g0 + g]` where it is not 1 and adding `row·vs[j][g0 + g]` fused, every result
     /// passed through `$round`: the same operations per element at any width.
     macro_rules! accumulate_chunks {
-        (($acc:ident, $dv:ident, $rows:ident, $ms:ident, $vs:ident, $g0:ident, $n:ident), $G:ident,
+        (($acc:ident, $dv:ident, $rows:ident, $steps:ident, $g0:ident, $n:ident), $G:ident,
          $from:expr, $to:expr, $lanes:literal, $vec:ty, $load:path, $store:path, $set1:path,
          $mul:path, $fma:path, $round:expr) => {{
             for i in ($from..$to).step_by(4 * $lanes) {
@@ -507,15 +509,19 @@ mod x86 {
                     for j in 0..$n {
                         let r = $rows.as_ptr().add(j * $dv + i);
                         let x: [$vec; 4] = std::array::from_fn(|k| $load(r.add($lanes * k)));
-                        for (g, a) in a.iter_mut().enumerate() {
-                            let m = $ms[j][$g0 + g];
-                            if m != 1.0 {
-                                let m = $set1(m);
-                                for a in a.iter_mut() {
-                                    *a = $round($mul(*a, m));
+                        if $steps.rescales(j) {
+                            for (g, a) in a.iter_mut().enumerate() {
+                                let m = $steps.ms[j][$g0 + g];
+                                if m != 1.0 {
+                                    let m = $set1(m);
+                                    for a in a.iter_mut() {
+                                        *a = $round($mul(*a, m));
+                                    }
                                 }
                             }
-                            let v = $set1($vs[j][$g0 + g]);
+                        }
+                        for (g, a) in a.iter_mut().enumerate() {
+                            let v = $set1($steps.vs[j][$g0 + g]);
                             for (a, x) in a.iter_mut().zip(&x) {
                                 *a = $round($fma(*x, v, *a));
                             }
@@ -539,14 +545,14 @@ mod x86 {
         acc: &mut [f32],
         dv: usize,
         rows: &[f32],
-        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
+        (steps, g0): (Steps<'_>, usize),
     ) {
         let round = |x: __m512| if F16 { through_f16x16(x) } else { x };
         assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);
-        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
+        let n = steps.len().min(rows.len() / dv.max(1));
         let whole = dv / 64 * 64;
         accumulate_chunks!(
-            (acc, dv, rows, ms, vs, g0, n),
+            (acc, dv, rows, steps, g0, n),
             G,
             0,
             whole,
@@ -560,7 +566,7 @@ mod x86 {
             round
         );
         // SAFETY: this function's features include `accumulate`'s.
-        unsafe { accumulate::<F16, G>(acc, dv, rows, (ms, vs, g0), whole) };
+        unsafe { accumulate::<F16, G>(acc, dv, rows, (steps, g0), whole) };
     }
 
     /// [`super::accumulate`] of `G` queries' accumulators from `from` on, with 32 per query
@@ -571,16 +577,16 @@ mod x86 {
         acc: &mut [f32],
         dv: usize,
         rows: &[f32],
-        (ms, vs, g0): (super::Steps<'_>, super::Steps<'_>, usize),
+        (steps, g0): (Steps<'_>, usize),
         from: usize,
     ) {
         let round = |x: __m256| if F16 { through_f16x8(x) } else { x };
         let round1 = |x: f32| if F16 { super::through_f16(x) } else { x };
         assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);
-        let n = ms.len().min(vs.len()).min(rows.len() / dv.max(1));
+        let n = steps.len().min(rows.len() / dv.max(1));
         let whole = from + (dv - from) / 32 * 32;
         accumulate_chunks!(
-            (acc, dv, rows, ms, vs, g0, n),
+            (acc, dv, rows, steps, g0, n),
             G,
             from,
             whole,
@@ -597,11 +603,11 @@ mod x86 {
             for d in whole..dv {
                 let mut a = acc[g * dv + d];
                 for j in 0..n {
-                    let m = ms[j][g0 + g];
+                    let m = steps.ms[j][g0 + g];
                     if m != 1.0 {
                         a = round1(a * m);
                     }
-                    a = round1(rows[j * dv + d].mul_add(vs[j][g0 + g], a));
+                    a = round1(rows[j * dv + d].mul_add(steps.vs[j][g0 + g], a));
                 }
                 acc[g * dv + d] = a;
             }
@@ -657,18 +663,19 @@ mod tests {
             });
             let vs: [[f32; MAX_GROUP]; 5] =
                 std::array::from_fn(|j| std::array::from_fn(|g| 0.1 + 0.07 * (j * 8 + g) as f32));
+            let steps = Steps::scanned(&ms, &vs);
             let start: Vec<f32> = (0..6)
                 .flat_map(|g| start.iter().map(move |x| x * (g + 1) as f32))
                 .map(|x| if in_f16 { through_f16(x) } else { x })
                 .collect();
             let mut reference = start.clone();
-            accumulate(Isa::Scalar, (&mut reference, dv, in_f16), &rows, (&ms, &vs));
+            accumulate(Isa::Scalar, (&mut reference, dv, in_f16), &rows, steps);
             // Every value is an f16 one when accumulating in f16, and not otherwise.
             let representable = reference.iter().all(|&a| through_f16(a) == a);
             assert_eq!(representable, in_f16, "head {dv}");
             for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
                 let mut acc = start.clone();
-                accumulate(isa, (&mut acc, dv, in_f16), &rows, (&ms, &vs));
+                accumulate(isa, (&mut acc, dv, in_f16), &rows, steps);
                 assert!(acc
                     .iter()
                     .zip(&reference)
@@ -710,15 +717,16 @@ mod tests {
         });
         let vs: [[f32; MAX_GROUP]; 11] =
             std::array::from_fn(|j| std::array::from_fn(|g| 0.2 + 0.03 * (j * 8 + g) as f32));
+        let steps = Steps::scanned(&ms, &vs);
         let start = values(MAX_GROUP * dv, 6);
         let mut want = start.clone();
-        accumulate(Isa::Scalar, (&mut want, dv, false), &decoded, (&ms, &vs));
+        accumulate(Isa::Scalar, (&mut want, dv, false), &decoded, steps);
         macro_rules! check {
             ($($g:literal)*) => {$(
                 let mut got = start[..$g * dv].to_vec();
                 // SAFETY: AVX-512 is available; `n` rows of whole blocks at `stride`.
                 unsafe {
-                    x86::accumulate_q8_0_512::<$g>(&mut got, dv, (&bytes, stride, n), (&ms, &vs, 0))
+                    x86::accumulate_q8_0_512::<$g>(&mut got, dv, (&bytes, stride, n), (steps, 0))
                 };
                 assert!(
                     got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
