@@ -4,7 +4,7 @@ use ferrox_gguf::GgmlType;
 
 use rayon::prelude::*;
 
-use crate::kernels::{self, WeightKind, TILE_ROWS};
+use crate::kernels::{self, PanelRows, WeightKind, TILE_ROWS};
 use crate::packed::{Int8Path, PackedMatrix, Product, GROUP_ROWS, INT8_MIN_TOKENS, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
 use smallvec::SmallVec;
@@ -187,7 +187,7 @@ impl<'a> WeightMatrix<'a> {
         let kernel = kernels::best_kernel(self.kind);
         let row_bytes = self.bytes_per_row;
         let run = |(weights, out): (&[u8], &mut [f32])| {
-            (kernel.panel1)(weights, row_bytes, [xq], out);
+            (kernel.panel1)(weights, PanelRows::dense(weights, row_bytes), [xq], out);
         };
         let chunk = self.rows_per_task(1);
         if chunk >= self.rows {
@@ -467,6 +467,7 @@ impl<'a> WeightMatrix<'a> {
         for first in rows.clone().step_by(panel_rows) {
             let n = panel_rows.min(rows.end - first);
             let weights = &self.bytes[first * row_bytes..(first + n) * row_bytes];
+            let rows = PanelRows::dense(weights, row_bytes);
             let scatter = |t0: usize, width: usize, tile: &[f32]| {
                 for k in 0..width {
                     // SAFETY: this task's rows of token `t0 + k` (bounds checked by
@@ -480,18 +481,18 @@ impl<'a> WeightMatrix<'a> {
             let mut t = 0;
             while t + 8 <= n_tokens {
                 let xs = std::array::from_fn(|i| token(t + i));
-                (kernel.panel8)(weights, row_bytes, xs, &mut tile[..8 * n]);
+                (kernel.panel8)(weights, rows, xs, &mut tile[..8 * n]);
                 scatter(t, 8, &tile[..8 * n]);
                 t += 8;
             }
             if t + 4 <= n_tokens {
                 let xs = std::array::from_fn(|i| token(t + i));
-                (kernel.panel4)(weights, row_bytes, xs, &mut tile[..4 * n]);
+                (kernel.panel4)(weights, rows, xs, &mut tile[..4 * n]);
                 scatter(t, 4, &tile[..4 * n]);
                 t += 4;
             }
             while t < n_tokens {
-                (kernel.panel1)(weights, row_bytes, [token(t)], &mut tile[..n]);
+                (kernel.panel1)(weights, rows, [token(t)], &mut tile[..n]);
                 scatter(t, 1, &tile[..n]);
                 t += 1;
             }

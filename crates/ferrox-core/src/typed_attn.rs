@@ -59,8 +59,6 @@ pub struct TypedGroup {
     acc: Box<[f32]>,
     /// A block's value rows, decoded.
     rows: Box<[f32]>,
-    /// A block's key rows side by side, where the cache interleaves other heads' keys.
-    key_rows: Box<[u8]>,
     isa: Isa,
 }
 
@@ -83,7 +81,6 @@ impl Default for TypedGroup {
             softmax: RunningSoftmax::default(),
             acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
             rows: vec![0.0; BLOCK_KEYS * MAX_HEAD_DIM].into_boxed_slice(),
-            key_rows: vec![0; BLOCK_KEYS * MAX_QUERY_BYTES].into_boxed_slice(),
             isa: Isa::Scalar,
         }
     }
@@ -145,18 +142,10 @@ impl TypedGroup {
         let mut start = 0;
         while start < run.len {
             let nb = (run.len - start).min(BLOCK_KEYS);
-            let kb = self.key_bytes;
-            let keys = if run.key_stride == kb {
-                &run.keys[start * kb..][..nb * kb]
-            } else {
-                for (j, row) in self.key_rows.chunks_exact_mut(kb).take(nb).enumerate() {
-                    copy_short(row, &run.keys[(start + j) * run.key_stride..][..kb]);
-                }
-                &self.key_rows[..nb * kb]
-            };
+            let keys = (&run.keys[start * run.key_stride..], run.key_stride);
             score_block(
                 &dot,
-                keys,
+                (keys, nb),
                 (&self.queries, self.query_bytes, n),
                 &mut scores,
             );
@@ -226,13 +215,13 @@ impl TypedGroup {
     }
 }
 
-/// `scores[j][g]`: key `j` of `keys` (consecutive rows) against query `g` of the `n`
-/// rounded queries, every key through one panel call for the whole group (four or eight
-/// queries, the last repeated to fill it), each score the bits the keys' dot kernel gives
-/// for that pair alone.
+/// `scores[j][g]`: key `j` of the `n_keys` at `keys` (rows `stride` bytes apart) against
+/// query `g` of the `n` rounded queries, every key through one panel call for the whole
+/// group (four or eight queries, the last repeated to fill it), read where it lies, each
+/// score the bits the keys' dot kernel gives for that pair alone.
 fn score_block(
     dot: &RowDot,
-    keys: &[u8],
+    (keys, n_keys): ((&[u8], usize), usize),
     (queries, query_bytes, n): (&[u8], usize, usize),
     scores: &mut KeyBlock,
 ) {
@@ -242,7 +231,7 @@ fn score_block(
     let query = |g: usize| &queries[g.min(last) * query_bytes..][..query_bytes];
     let mut out = [0f32; BLOCK_KEYS * MAX_GROUP];
     let width = if n <= 4 { 4 } else { 8 };
-    let out = &mut out[..keys.len() / dot.row_bytes() * width];
+    let out = &mut out[..n_keys * width];
     if width == 4 {
         dot.panel4(keys, std::array::from_fn(query), out);
     } else {
@@ -250,27 +239,6 @@ fn score_block(
     }
     for (key_scores, scores) in out.chunks_exact(width).zip(scores.iter_mut()) {
         scores[..n].copy_from_slice(&key_scores[..n]);
-    }
-}
-
-/// `dst = src` for a row of a few dozen bytes, without a call to `memcpy`: 32 bytes at a
-/// time, then 4, then single bytes.
-#[inline]
-fn copy_short(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len());
-    let mut d = dst.chunks_exact_mut(32);
-    let mut s = src.chunks_exact(32);
-    for (d, s) in (&mut d).zip(&mut s) {
-        d.copy_from_slice(s);
-    }
-    let (d, s) = (d.into_remainder(), s.remainder());
-    let mut d4 = d.chunks_exact_mut(4);
-    let mut s4 = s.chunks_exact(4);
-    for (d, s) in (&mut d4).zip(&mut s4) {
-        d.copy_from_slice(s);
-    }
-    for (d, s) in d4.into_remainder().iter_mut().zip(s4.remainder()) {
-        *d = *s;
     }
 }
 

@@ -206,39 +206,49 @@ impl RowDot {
         (self.one)(w, [x])[0]
     }
 
-    /// Consecutive rows (`rows`, whole rows of this kernel's length) times four
-    /// activations: `out[r * 4 + t]` is row `r` times `xs[t]`, exactly the bits
+    /// `out.len() / 4` rows, row `r` at `rows[r * stride..]` (this kernel's length each),
+    /// times four activations: `out[r * 4 + t]` is row `r` times `xs[t]`, exactly the bits
     /// [`dot`](Self::dot) gives (each row is decoded once for all four where the kernel can).
     ///
     /// # Panics
-    /// When a length does not fit this kernel, or `out` does not hold four values per row.
+    /// When a length does not fit this kernel, the rows overlap or do not lie inside
+    /// `rows`, or `out` does not hold four values per row.
     #[inline]
-    pub fn panel4(&self, rows: &[u8], xs: [&[u8]; 4], out: &mut [f32]) {
-        self.check_panel(rows, &xs, out);
-        (self.panel4)(rows, self.row_bytes, xs, out);
+    pub fn panel4(&self, (rows, stride): (&[u8], usize), xs: [&[u8]; 4], out: &mut [f32]) {
+        let layout = self.check_panel((rows, stride), &xs, out);
+        (self.panel4)(rows, layout, xs, out);
     }
 
     /// [`panel4`](Self::panel4) with eight activations: `out[r * 8 + t]`.
     #[inline]
-    pub fn panel8(&self, rows: &[u8], xs: [&[u8]; 8], out: &mut [f32]) {
-        self.check_panel(rows, &xs, out);
-        (self.panel8)(rows, self.row_bytes, xs, out);
+    pub fn panel8(&self, (rows, stride): (&[u8], usize), xs: [&[u8]; 8], out: &mut [f32]) {
+        let layout = self.check_panel((rows, stride), &xs, out);
+        (self.panel8)(rows, layout, xs, out);
     }
 
     #[inline]
-    fn check_panel(&self, rows: &[u8], xs: &[&[u8]], out: &[f32]) {
-        let n_rows = rows.len() / self.row_bytes;
+    fn check_panel(&self, (rows, stride): (&[u8], usize), xs: &[&[u8]], out: &[f32]) -> PanelRows {
+        let layout = PanelRows {
+            count: out.len() / xs.len().max(1),
+            stride,
+            bytes: self.row_bytes,
+        };
         assert!(
-            rows.len() == n_rows * self.row_bytes && out.len() == n_rows * xs.len(),
-            "{} bytes of rows of {} with {} outputs for {} activations",
-            rows.len(),
+            stride >= self.row_bytes
+                && rows.len() >= layout.span()
+                && out.len() == layout.count * xs.len(),
+            "{} rows of {} bytes at a stride of {} in {} bytes with {} outputs for {} activations",
+            layout.count,
             self.row_bytes,
+            stride,
+            rows.len(),
             out.len(),
             xs.len()
         );
         if let Some(row) = rows.get(..self.row_bytes) {
             xs.iter().for_each(|x| self.check(row, x));
         }
+        layout
     }
 
     #[inline]
@@ -291,6 +301,7 @@ pub fn panel_dot_with(
             actual: out.len(),
         });
     }
+    let layout = PanelRows::dense(w, row_bytes);
     let mut tile = vec![0f32; rows * 8];
     let mut t = 0;
     while t < n {
@@ -301,9 +312,9 @@ pub fn panel_dot_with(
         };
         let tile = &mut tile[..rows * width];
         match width {
-            8 => (kernel.panel8)(w, row_bytes, std::array::from_fn(|i| xs[t + i]), tile),
-            4 => (kernel.panel4)(w, row_bytes, std::array::from_fn(|i| xs[t + i]), tile),
-            _ => (kernel.panel1)(w, row_bytes, [xs[t]], tile),
+            8 => (kernel.panel8)(w, layout, std::array::from_fn(|i| xs[t + i]), tile),
+            4 => (kernel.panel4)(w, layout, std::array::from_fn(|i| xs[t + i]), tile),
+            _ => (kernel.panel1)(w, layout, [xs[t]], tile),
         }
         for (r, values) in tile.chunks_exact(width).enumerate() {
             out[r * n + t..r * n + t + width].copy_from_slice(values);
@@ -346,10 +357,43 @@ fn check_activation_len(kind: WeightKind, cols: usize, actual: usize) -> Result<
 /// exactly as many values.
 pub(crate) type DotFn<const N: usize> = fn(&[u8], [&[u8]; N]) -> [f32; N];
 
-/// A panel of weight rows against `N` activation rows: `w` holds whole rows of
-/// `row_bytes` bytes each, and `out[r * N + t]` receives row `r` times `xs[t]`. Callers
+/// A panel of weight rows against `N` activation rows: `w` holds the rows where
+/// [`PanelRows`] says, and `out[r * N + t]` receives row `r` times `xs[t]`. Callers
 /// guarantee the lengths (`out` holds exactly `N` values per row).
-pub(crate) type PanelFn<const N: usize> = fn(&[u8], usize, [&[u8]; N], &mut [f32]);
+pub(crate) type PanelFn<const N: usize> = fn(&[u8], PanelRows, [&[u8]; N], &mut [f32]);
+
+/// Where a panel's rows lie in its bytes: `count` rows of `bytes` bytes (whole blocks),
+/// row `r` at `r · stride` (cached keys of several heads lie interleaved, read in place).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PanelRows {
+    pub(crate) count: usize,
+    pub(crate) stride: usize,
+    pub(crate) bytes: usize,
+}
+
+impl PanelRows {
+    /// Consecutive rows of `row_bytes` filling `w`.
+    pub(crate) fn dense(w: &[u8], row_bytes: usize) -> PanelRows {
+        PanelRows {
+            count: w.len().checked_div(row_bytes).unwrap_or(0),
+            stride: row_bytes,
+            bytes: row_bytes,
+        }
+    }
+
+    /// Bytes from the first row's start to the last row's end.
+    pub(crate) fn span(&self) -> usize {
+        self.count
+            .checked_sub(1)
+            .map_or(0, |last| last * self.stride + self.bytes)
+    }
+
+    /// Row `r` of `w`.
+    #[inline(always)]
+    pub(crate) fn row<'a>(&self, w: &'a [u8], r: usize) -> &'a [u8] {
+        &w[r * self.stride..][..self.bytes]
+    }
+}
 
 /// The kernels for one weight type on one instruction set. Every panel output is exactly
 /// the bits `one` gives for that row and activation alone, whatever the panel's size and
@@ -376,11 +420,12 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     }
     fn panel<K: RowKernel, const N: usize>(
         w: &[u8],
-        row_bytes: usize,
+        rows: PanelRows,
         xs: [&[u8]; N],
         out: &mut [f32],
     ) {
-        for (row, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(N)) {
+        let rows = (0..rows.count).map(|r| rows.row(w, r));
+        for (row, out) in rows.zip(out.chunks_exact_mut(N)) {
             let mut quads = xs.chunks_exact(4);
             let mut at = 0;
             for quad in &mut quads {

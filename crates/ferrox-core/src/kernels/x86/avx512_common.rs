@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{hsum8_ggml, hsum_ggml};
+use crate::kernels::PanelRows;
 
 /// The f16 at `p`, as bits.
 #[inline(always)]
@@ -115,12 +116,13 @@ pub(super) fn hsum_each(v: &[__m256], out: &mut [f32]) {
     }
 }
 
-/// Rows of a panel, two to a register. A tile of `P` pairs reads rows `r .. r + 2P`; the
-/// last tile repeats its last row to fill its pairs (the copies' results are dropped).
+/// Rows of a panel (`stride` bytes apart), two to a register. A tile of `P` pairs reads
+/// rows `r .. r + 2P`; the last tile repeats its last row to fill its pairs (the copies'
+/// results are dropped).
 #[inline(always)]
 pub(super) fn pair_rows<const P: usize>(
     base: *const u8,
-    row_bytes: usize,
+    stride: usize,
     first: usize,
     rows: usize,
 ) -> [[*const u8; 2]; P] {
@@ -128,34 +130,37 @@ pub(super) fn pair_rows<const P: usize>(
     for (p, pair) in pairs.iter_mut().enumerate() {
         for (h, row) in pair.iter_mut().enumerate() {
             let r = (first + 2 * p + h).min(rows - 1);
-            *row = base.wrapping_add(r * row_bytes);
+            *row = base.wrapping_add(r * stride);
         }
     }
     pairs
 }
 
-/// Checks a panel's lengths: `w` whole rows of `row_bytes` (whole blocks of `block_bytes`),
-/// each activation `blocks · act_block_bytes` long, `out` `N` values per row. Returns the
-/// number of rows and of blocks per row.
+/// Checks a panel's lengths: `rows` inside `w` (whole blocks of `block_bytes` each, rows
+/// not overlapping), each activation `blocks · act_block_bytes` long, `out` `N` values per
+/// row. Returns the number of blocks per row.
 pub(super) fn panel_shape<const N: usize>(
     w: &[u8],
-    row_bytes: usize,
+    rows: PanelRows,
     block_bytes: usize,
     xs: &[&[u8]; N],
     act_block_bytes: usize,
     out: &[f32],
-) -> (usize, usize) {
+) -> usize {
     assert!(
-        row_bytes > 0 && row_bytes.is_multiple_of(block_bytes),
+        rows.bytes > 0 && rows.bytes.is_multiple_of(block_bytes),
         "row length"
     );
-    assert_eq!(w.len() % row_bytes, 0, "whole rows");
-    let (rows, blocks) = (w.len() / row_bytes, row_bytes / block_bytes);
-    assert_eq!(out.len(), rows * N, "output length");
+    assert!(
+        rows.stride >= rows.bytes && w.len() >= rows.span(),
+        "rows inside the slice"
+    );
+    let blocks = rows.bytes / block_bytes;
+    assert_eq!(out.len(), rows.count * N, "output length");
     for x in xs {
         assert_eq!(x.len(), blocks * act_block_bytes, "activation row length");
     }
-    (rows, blocks)
+    blocks
 }
 
 /// The f16 at `p0` in lanes 0..4 and the one at `p1` in lanes 4..8, as f32.

@@ -19,7 +19,7 @@ use super::avx512_common::{
     f16_pair, f16_pair4, fold_halves, join, pair_rows, panel_shape, prefetch_ahead,
     prefetch_distance, prefetch_start, u32_at,
 };
-use crate::kernels::DotKernel;
+use crate::kernels::{DotKernel, PanelRows};
 use crate::quant::kquants::{q4_q5_k, q6_k, q8_k};
 
 const Q8K_BYTES: usize = 292;
@@ -332,16 +332,17 @@ unsafe fn tile<S: SuperZmm, const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn panel<S: SuperZmm, const N: usize>(
     w: &[u8],
-    row_bytes: usize,
+    layout: PanelRows,
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
-    let (rows, blocks) = panel_shape(w, row_bytes, S::BYTES, &xs, Q8K_BYTES, out);
+    let blocks = panel_shape(w, layout, S::BYTES, &xs, Q8K_BYTES, out);
+    let rows = layout.count;
     let xs = xs.map(<[u8]>::as_ptr);
-    let prefetch = prefetch_distance(2 * row_bytes);
+    let prefetch = prefetch_distance(2 * layout.stride);
     prefetch_start(w, prefetch);
     for first in (0..rows).step_by(2) {
-        let [tile_rows] = pair_rows::<1>(w.as_ptr(), row_bytes, first, rows);
+        let [tile_rows] = pair_rows::<1>(w.as_ptr(), layout.stride, first, rows);
         // SAFETY: every pointer is a row of `w` (whole blocks), every activation holds
         // `blocks` blocks: checked by `panel_shape`.
         let results = unsafe { tile::<S, N>(tile_rows, blocks, &xs, prefetch) };
@@ -357,18 +358,18 @@ pub(super) fn entry<S: SuperZmm>() -> DotKernel {
     fn one<S: SuperZmm>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
         let mut out = [0.0];
         if !w.is_empty() {
-            panel_entry::<S, 1>(w, w.len(), xs, &mut out);
+            panel_entry::<S, 1>(w, PanelRows::dense(w, w.len()), xs, &mut out);
         }
         out
     }
     fn panel_entry<S: SuperZmm, const N: usize>(
         w: &[u8],
-        row_bytes: usize,
+        rows: PanelRows,
         xs: [&[u8]; N],
         out: &mut [f32],
     ) {
         // SAFETY: handed out only by `avx512_vnni_kernel`, after detecting the features.
-        unsafe { panel::<S, N>(w, row_bytes, xs, out) }
+        unsafe { panel::<S, N>(w, rows, xs, out) }
     }
     DotKernel {
         one: one::<S>,

@@ -30,7 +30,7 @@ use super::avx512_common::{
     f16_broadcast, f16_quad, hsum_each, load_pair_32, nibble_pair, pair_rows, panel_shape,
     prefetch_ahead, prefetch_distance, prefetch_start, u16_at, u32_at,
 };
-use crate::kernels::DotKernel;
+use crate::kernels::{DotKernel, PanelRows};
 
 const Q8_0_BYTES: usize = 34;
 const Q8_0_CODES_AT: usize = 2;
@@ -290,16 +290,16 @@ impl<const N: usize> Prepared<N> {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn panel<L: LegacyZmm, const N: usize>(
     w: &[u8],
-    row_bytes: usize,
+    rows: PanelRows,
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
     if N == 1 {
         // SAFETY: the caller's contract.
-        unsafe { panel_tiles::<L, N, 4>(w, row_bytes, xs, out) }
+        unsafe { panel_tiles::<L, N, 4>(w, rows, xs, out) }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { panel_tiles::<L, N, 2>(w, row_bytes, xs, out) }
+        unsafe { panel_tiles::<L, N, 2>(w, rows, xs, out) }
     }
 }
 
@@ -310,13 +310,14 @@ unsafe fn panel<L: LegacyZmm, const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn panel_tiles<L: LegacyZmm, const N: usize, const P: usize>(
     w: &[u8],
-    row_bytes: usize,
+    layout: PanelRows,
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
-    let (rows, blocks) = panel_shape(w, row_bytes, L::BYTES, &xs, Q8_0_BYTES, out);
+    let blocks = panel_shape(w, layout, L::BYTES, &xs, Q8_0_BYTES, out);
+    let rows = layout.count;
     let xs = xs.map(<[u8]>::as_ptr);
-    let prefetch = prefetch_distance(2 * P * row_bytes);
+    let prefetch = prefetch_distance(2 * P * layout.stride);
     prefetch_start(w, prefetch);
     // Several tokens and rows short enough: prepare each activation block's scale and
     // correction once for the whole panel.
@@ -327,7 +328,7 @@ unsafe fn panel_tiles<L: LegacyZmm, const N: usize, const P: usize>(
         unsafe { prepared.fill(&xs, blocks, L::BIAS) };
     }
     for first in (0..rows).step_by(2 * P) {
-        let tile_rows = pair_rows::<P>(w.as_ptr(), row_bytes, first, rows);
+        let tile_rows = pair_rows::<P>(w.as_ptr(), layout.stride, first, rows);
         // SAFETY: every pointer is a row of `w` (whole blocks), every activation holds
         // `blocks` blocks: checked by `panel_shape`; `prepared` was filled if used.
         let results = unsafe {
@@ -349,18 +350,18 @@ pub(super) fn entry<L: LegacyZmm>() -> DotKernel {
     fn one<L: LegacyZmm>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
         let mut out = [0.0];
         if !w.is_empty() {
-            panel_entry::<L, 1>(w, w.len(), xs, &mut out);
+            panel_entry::<L, 1>(w, PanelRows::dense(w, w.len()), xs, &mut out);
         }
         out
     }
     fn panel_entry<L: LegacyZmm, const N: usize>(
         w: &[u8],
-        row_bytes: usize,
+        rows: PanelRows,
         xs: [&[u8]; N],
         out: &mut [f32],
     ) {
         // SAFETY: handed out only by `avx512_vnni_kernel`, after detecting the features.
-        unsafe { panel::<L, N>(w, row_bytes, xs, out) }
+        unsafe { panel::<L, N>(w, rows, xs, out) }
     }
     DotKernel {
         one: one::<L>,
