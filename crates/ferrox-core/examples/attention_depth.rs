@@ -4,9 +4,10 @@
 //! sequence memory stores them.
 //!
 //! `cargo run --release -p ferrox-core --example attention_depth -- [POSITIONS] [QUERIES]
-//! [CACHE]` (16384, 7 and every cache by default; CACHE: flash, f16, q8_0, q4_0, q8_0/f16 for
-//! q8_0 keys with f16 values). Prints the
-//! fastest of many runs and the rate at which the cache's bytes were read.
+//! [CACHE] [PAGE]` (16384, 7, every cache and one run of all positions by default; CACHE:
+//! flash, f16, q8_0, q4_0, q8_0/f16 for q8_0 keys with f16 values; PAGE: positions per run,
+//! as the server's paged memory hands them over, 16 there). Prints the fastest of many
+//! runs and the rate at which the cache's bytes were read.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -45,6 +46,12 @@ fn main() {
     let n_queries = number(1, 7);
     let only = args.get(2).map(String::as_str);
     let chosen = |name: &str| only.is_none_or(|o| o == name);
+    let page = number(3, positions).max(1);
+    let pages = || {
+        (0..positions)
+            .step_by(page)
+            .map(move |p| p..(p + page).min(positions))
+    };
     let mut rng = StdRng::seed_from_u64(7);
     let keys: Vec<f32> = (0..positions * HEADS * HEAD)
         .map(|_| rng.random_range(-1.0..1.0))
@@ -63,27 +70,30 @@ fn main() {
         softcap: None,
     };
     let mut out = vec![0f32; n_queries * HEAD];
-    println!("{positions} positions, {n_queries} queries of head {HEAD}, one thread");
+    println!(
+        "{positions} positions in runs of {}, {n_queries} queries of head {HEAD}, one thread",
+        page.min(positions)
+    );
 
     let kh: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
     let vh: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
     let mut state = GroupState::default();
-    let time = fastest(|| {
-        if !chosen("flash") {
-            return;
-        }
-        state.start(shape, &queries);
-        state.attend_run(&KvRun {
-            keys: &kh,
-            key_stride: HEADS * HEAD,
-            values: &vh,
-            value_stride: HEADS * HEAD,
-            len: positions,
-        });
-        state.finish(&mut out);
-        black_box(&out);
-    });
     if chosen("flash") {
+        let stride = HEADS * HEAD;
+        let time = fastest(|| {
+            state.start(shape, &queries);
+            for run in pages() {
+                state.attend_run(&KvRun {
+                    keys: &kh[run.start * stride..],
+                    key_stride: stride,
+                    values: &vh[run.start * stride..],
+                    value_stride: stride,
+                    len: run.len(),
+                });
+            }
+            state.finish(&mut out);
+            black_box(&out);
+        });
         report("f16 (flash_attn)", time, positions * HEAD * 4);
     }
 
@@ -107,13 +117,15 @@ fn main() {
         let mut group = TypedGroup::default();
         let time = fastest(|| {
             group.start((kt, vt), shape, &queries).unwrap();
-            group.attend_run(&TypedRun {
-                keys: &kb,
-                key_stride: k_row,
-                values: &vb,
-                value_stride: v_row,
-                len: positions,
-            });
+            for run in pages() {
+                group.attend_run(&TypedRun {
+                    keys: &kb[run.start * k_row..],
+                    key_stride: k_row,
+                    values: &vb[run.start * v_row..],
+                    value_stride: v_row,
+                    len: run.len(),
+                });
+            }
             group.finish(&mut out);
             black_box(&out);
         });
