@@ -38,8 +38,10 @@ impl<'a> Steps<'a> {
         Steps { ms, vs, rescaled }
     }
 
-    /// Steps whose rescaled keys are found by looking at every lane of `ms`.
-    pub fn scanned(ms: &'a [[f32; MAX_GROUP]], vs: &'a [[f32; MAX_GROUP]]) -> Self {
+    /// Steps whose rescaled keys are found by looking at every lane of `ms` (for tests of
+    /// the value kernels with made-up factors).
+    #[cfg(test)]
+    pub(crate) fn scanned(ms: &'a [[f32; MAX_GROUP]], vs: &'a [[f32; MAX_GROUP]]) -> Self {
         let rescaled = ms
             .iter()
             .enumerate()
@@ -50,14 +52,8 @@ impl<'a> Steps<'a> {
 
     /// Keys in the block.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ms.len()
-    }
-
-    /// Whether the block has no keys.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.ms.is_empty()
     }
 
     /// Whether some query may rescale its accumulators at key `j`.

@@ -49,7 +49,6 @@ pub struct TypedGroup {
     dot: Option<RowDot>,
     values: KvType,
     shape: GroupShape,
-    key_bytes: usize,
     value_bytes: usize,
     query_bytes: usize,
     /// The queries, rounded to the keys' vec-dot type, `query_bytes` each.
@@ -74,7 +73,6 @@ impl Default for TypedGroup {
                 scale: 1.0,
                 softcap: None,
             },
-            key_bytes: 0,
             value_bytes: 0,
             query_bytes: 0,
             queries: vec![0; MAX_GROUP * MAX_QUERY_BYTES].into_boxed_slice(),
@@ -122,7 +120,6 @@ impl TypedGroup {
         self.dot = Some(dot);
         self.values = values;
         self.shape = shape;
-        self.key_bytes = keys.bytes(dk);
         self.value_bytes = values.bytes(dv);
         self.softmax = RunningSoftmax::default();
         self.acc[..n * dv].fill(0.0);
@@ -142,6 +139,8 @@ impl TypedGroup {
         let mut start = 0;
         while start < run.len {
             let nb = (run.len - start).min(BLOCK_KEYS);
+            // The rest of the run, not just this block: the panels ask ahead for the lines
+            // of the keys that follow (measured faster than cutting to the block).
             let keys = (&run.keys[start * run.key_stride..], run.key_stride);
             score_block(
                 &dot,
