@@ -9,7 +9,7 @@
 //! `vpmaddubsw` multiplies the unsigned codes by the signed activation bytes in pairs,
 //! `vpmaddwd` by ones widens the pairs to one i32 per four values, as `vpdpbusd` does at
 //! once. A pair of products fits an i16 for codes below 128; Q8_0's codes go back to
-//! signed and through ggml's sign trick (`|x|` times `w` with `x`'s sign).
+//! signed and through a sign trick (`|w|` times `x` with `w`'s sign).
 //!
 //! Only [`kernel`] hands these functions out, and the packed products ask for it only
 //! after detecting AVX2, FMA and F16C, so the `unsafe` calls are sound.
@@ -104,13 +104,17 @@ fn both_halves(v: __m256i) -> __m256i {
 }
 
 /// `acc + Σ` over four values of eight rows: signed `codes` (each row's four bytes in its
-/// lane) times the four signed activation bytes at `x`, by ggml's sign trick.
+/// lane, `magnitudes` their absolute values) times the four signed activation bytes at
+/// `x`, as `|w|·(x·sgn w)`: each product is `w·x` exactly (activation codes are never
+/// −128, so `x·sgn w` fits a byte; a code of −128 has magnitude 128 as an unsigned byte),
+/// and a pair of them stays below 2¹⁵. The magnitudes are the block's, shared by all
+/// tokens, so a token pays one `sign` per four values where `|x|·(w·sgn x)` pays two.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot4_signed(acc: __m256i, codes: __m256i, x: *const u8) -> __m256i {
+unsafe fn dot4_signed(acc: __m256i, codes: __m256i, magnitudes: __m256i, x: *const u8) -> __m256i {
     // SAFETY: the caller passes four readable bytes.
     let x = _mm256_set1_epi32(unsafe { x.cast::<i32>().read_unaligned() });
-    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(codes, x));
+    let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, codes));
     _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
@@ -319,22 +323,23 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
         } else {
             f16x8(block.add(16 * half))
         };
-        for t in 0..N {
-            let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
-            // Signed codes (Q8_0, IQ4_NL) by ggml's sign trick; unsigned ones `w + bias`
-            // start from `-bias·Σx`.
-            let signed = matches!(F, Q8_0 | IQ4_NL);
-            let mut sum = if signed {
-                _mm256_setzero_si256()
-            } else {
-                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
-                _mm256_set1_epi32(bias * -x_sum)
-            };
-            if signed {
-                for (k, &code) in codes.iter().enumerate() {
-                    sum = dot4_signed(sum, code, a.add(4 * k));
+        let activations: [*const u8; N] =
+            std::array::from_fn(|t| xs[t].add(b * ACTIVATION_BLOCK_BYTES));
+        let mut sums = [_mm256_setzero_si256(); N];
+        if matches!(F, Q8_0 | IQ4_NL) {
+            // Signed codes by the sign trick, four values at a time for every token, so
+            // that a code vector and its magnitudes are live only while they serve.
+            for (k, &code) in codes.iter().enumerate() {
+                let magnitude = _mm256_abs_epi8(code);
+                for (sum, a) in sums.iter_mut().zip(activations) {
+                    *sum = dot4_signed(*sum, code, magnitude, a.add(4 * k));
                 }
-            } else {
+            }
+        } else {
+            for (sum, a) in sums.iter_mut().zip(activations) {
+                // Unsigned codes `w + bias` start from `-bias·Σx`.
+                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                *sum = _mm256_set1_epi32(bias * -x_sum);
                 // Four-bit codes: all 32 products in i16 halves before one widening; five-bit
                 // codes and MXFP4's (below 25): two runs of 16 (see `pairs8`).
                 let run = if matches!(F, Q4_0 | Q4_1) { 8 } else { 4 };
@@ -344,17 +349,19 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
                         let p = pairs8(codes[k], codes[k + 1], a.add(4 * k));
                         pairs = _mm256_add_epi16(pairs, p);
                     }
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
                 }
             }
+        }
+        for ((acc, sum), a) in acc.iter_mut().zip(sums).zip(activations) {
             let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), acc[t]);
+            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), *acc);
             if PackedFormat::from_id(F).has_min() {
                 // `d·code + m`: the minimums against the activations' sum.
                 let m = f16x8(block.add(SCALES_BYTES + 16 * half));
                 let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
                 let x_sum = _mm256_set1_ps(x_sum as f32);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(m, dy), x_sum, acc[t]);
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(m, dy), x_sum, *acc);
             }
         }
     }

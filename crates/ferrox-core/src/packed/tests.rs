@@ -258,6 +258,47 @@ fn packed_products_follow_the_file_blocks_exactly() {
     }
 }
 
+/// Q8_0 codes anywhere in the byte range (a writer other than `llama-quantize` may store
+/// −128, which ggml's quantizer never does) give the file blocks' exact products on every
+/// instruction set and for any number of tokens per pass.
+#[test]
+fn q8_0_products_take_every_code_exactly() {
+    let (rows, cols) = (32, 256);
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut bytes = vec![0u8; rows * quant::row_byte_len(GgmlType::Q8_0, cols).unwrap()];
+    rng.fill(&mut bytes[..]);
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for (b, block) in bytes.chunks_exact_mut(34).enumerate() {
+        block[..2].copy_from_slice(&scale);
+        // Every block holds −128 and 127 codes.
+        block[2 + b % 32] = 0x80;
+        block[2 + (b + 7) % 32] = 0x7F;
+    }
+    let m = PackedMatrix::pack(GgmlType::Q8_0, rows, cols, &bytes, |_| {}).unwrap();
+    let row_bytes = bytes.len() / rows;
+    for n in [1, 2, 3, 4, 8] {
+        let (x, xq) = activations(&m, n, 12 + n as u64);
+        for isa in isas() {
+            let mut y = vec![0f32; n * rows];
+            m.matmul_with(isa, &xq, n, &mut y).unwrap();
+            for t in 0..n {
+                for r in 0..rows {
+                    let want = from_file_blocks(
+                        GgmlType::Q8_0,
+                        &bytes[r * row_bytes..(r + 1) * row_bytes],
+                        &x[t * cols..(t + 1) * cols],
+                    );
+                    assert_eq!(
+                        y[t * rows + r].to_bits(),
+                        want.to_bits(),
+                        "{isa:?} {n} tokens: token {t} row {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Every instruction set, every batch size and any thread count give the same bits as
 /// the scalar reference for one token alone.
 #[test]
