@@ -243,7 +243,10 @@ impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
     )]
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
         let at = QS_AT + 8 * ib;
-        let grid = points8(&IQ2XXS_GRID_BIASED, |l| usize::from(block[at + l]));
+        // One load for the four indices: byte loads would be four, and the loads, not the
+        // arithmetic, set this kernel's pace.
+        let indices = u32_at(block, at);
+        let grid = points8(&IQ2XXS_GRID_BIASED, |l| ((indices >> (8 * l)) & 0xFF) as usize);
         signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
