@@ -234,25 +234,38 @@ fn packed_products_follow_the_file_blocks_exactly() {
         for (rows, cols) in shapes(ty, &[(16, 32), (32, 96), (48, 640)]) {
             let bytes = random_rows(ty, rows, cols, 1);
             let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
-            let (x, xq) = activations(&m, 3, 2);
-            let row_bytes = bytes.len() / rows;
-            for isa in isas() {
-                let mut y = vec![0f32; 3 * rows];
-                m.matmul_with(isa, &xq, 3, &mut y).unwrap();
-                for t in 0..3 {
-                    for r in 0..rows {
-                        let want = from_file_blocks(
-                            ty,
-                            &bytes[r * row_bytes..(r + 1) * row_bytes],
-                            &x[t * cols..(t + 1) * cols],
-                        );
-                        assert_eq!(
-                            y[t * rows + r].to_bits(),
-                            want.to_bits(),
-                            "{ty} {rows}x{cols} {isa:?} token {t} row {r}"
-                        );
-                    }
-                }
+            assert_products_follow_the_file_blocks(ty, &m, &bytes, 3, 2);
+        }
+    }
+}
+
+/// `m` (packed from the file rows `bytes` of type `ty`) against `n` activation rows made
+/// from `seed`: every instruction set's outputs have the bits of [`from_file_blocks`].
+fn assert_products_follow_the_file_blocks(
+    ty: GgmlType,
+    m: &PackedMatrix,
+    bytes: &[u8],
+    n: usize,
+    seed: u64,
+) {
+    let (rows, cols) = (m.rows(), m.cols());
+    let (x, xq) = activations(m, n, seed);
+    let row_bytes = bytes.len() / rows;
+    for isa in isas() {
+        let mut y = vec![0f32; n * rows];
+        m.matmul_with(isa, &xq, n, &mut y).unwrap();
+        for t in 0..n {
+            for r in 0..rows {
+                let want = from_file_blocks(
+                    ty,
+                    &bytes[r * row_bytes..(r + 1) * row_bytes],
+                    &x[t * cols..(t + 1) * cols],
+                );
+                assert_eq!(
+                    y[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{ty} {rows}x{cols} {isa:?} {n} tokens: token {t} row {r}"
+                );
             }
         }
     }
@@ -275,27 +288,8 @@ fn q8_0_products_take_every_code_exactly() {
         block[2 + (b + 7) % 32] = 0x7F;
     }
     let m = PackedMatrix::pack(GgmlType::Q8_0, rows, cols, &bytes, |_| {}).unwrap();
-    let row_bytes = bytes.len() / rows;
     for n in [1, 2, 3, 4, 8] {
-        let (x, xq) = activations(&m, n, 12 + n as u64);
-        for isa in isas() {
-            let mut y = vec![0f32; n * rows];
-            m.matmul_with(isa, &xq, n, &mut y).unwrap();
-            for t in 0..n {
-                for r in 0..rows {
-                    let want = from_file_blocks(
-                        GgmlType::Q8_0,
-                        &bytes[r * row_bytes..(r + 1) * row_bytes],
-                        &x[t * cols..(t + 1) * cols],
-                    );
-                    assert_eq!(
-                        y[t * rows + r].to_bits(),
-                        want.to_bits(),
-                        "{isa:?} {n} tokens: token {t} row {r}"
-                    );
-                }
-            }
-        }
+        assert_products_follow_the_file_blocks(GgmlType::Q8_0, &m, &bytes, n, 12 + n as u64);
     }
 }
 

@@ -246,7 +246,9 @@ impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
         // One load for the four indices: byte loads would be four, and the loads, not the
         // arithmetic, set this kernel's pace.
         let indices = u32_at(block, at);
-        let grid = points8(&IQ2XXS_GRID_BIASED, |l| ((indices >> (8 * l)) & 0xFF) as usize);
+        let grid = points8(&IQ2XXS_GRID_BIASED, |l| {
+            ((indices >> (8 * l)) & 0xFF) as usize
+        });
         signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
     }
 }
