@@ -29,7 +29,8 @@ LAYERS="${LAYERS:-4}"
 DIR="${FERROX_BENCH_DIR:-$HOME/.cache/ferrox/bench-moe}"
 [ -x "$BENCH" ] || { echo "error: $BENCH not found (set LLAMA_CPP_BUILD)" >&2; exit 1; }
 
-cargo build --release -p ferrox-cli -p ferrox-models --example write_moe_bench >&2
+cargo build --release -p ferrox-cli >&2
+cargo build --release -p ferrox-models --example write_moe_bench >&2
 FERROX=target/release/ferrox
 mkdir -p "$DIR"
 WORK="$(mktemp -d)"

@@ -1,7 +1,7 @@
 //! A `qwen3moe` model of real shapes, as large as asked, for the memory planner's runs on
-//! files larger than memory: written to disk tensor by tensor (the routed experts as random
-//! Q4_0 blocks, streamed), never held whole in memory. For speed and memory measurements,
-//! not parity.
+//! files larger than memory and for MoE speed at frontier expert shapes: written to disk
+//! tensor by tensor (the routed experts as random blocks of their type, streamed), never
+//! held whole in memory. For speed and memory measurements, not parity.
 
 use std::io::Write;
 use std::path::Path;
@@ -19,6 +19,8 @@ pub struct LargeMoe {
     pub n_expert: usize,
     pub n_used: usize,
     pub n_ff_exp: usize,
+    /// The routed experts' type: Q4_0, Q4_K or IQ2_XXS.
+    pub expert_type: GgmlType,
 }
 
 impl LargeMoe {
@@ -31,12 +33,35 @@ impl LargeMoe {
             n_expert: 128,
             n_used: 8,
             n_ff_exp: 1536,
+            expert_type: GgmlType::Q4_0,
+        }
+    }
+
+    /// DeepSeek-V3's routed experts (7168 wide, 256 experts of 2048, 8 used) in a
+    /// `qwen3moe` body (56 query heads of 128; no MLA, shared expert or dense layers).
+    pub fn deepseek_v3_experts(n_layer: usize, expert_type: GgmlType) -> LargeMoe {
+        LargeMoe {
+            n_layer,
+            n_embd: 7168,
+            n_expert: 256,
+            n_used: 8,
+            n_ff_exp: 2048,
+            expert_type,
+        }
+    }
+
+    /// Kimi-K2's routed experts (7168 wide, 384 experts of 2048, 8 used), likewise.
+    pub fn kimi_k2_experts(n_layer: usize, expert_type: GgmlType) -> LargeMoe {
+        LargeMoe {
+            n_expert: 384,
+            ..Self::deepseek_v3_experts(n_layer, expert_type)
         }
     }
 
     /// Bytes of one layer's routed experts.
     pub fn expert_layer_bytes(&self) -> u64 {
-        3 * (self.n_expert * self.n_ff_exp * self.n_embd / 32 * 18) as u64
+        let (block_values, block_bytes) = random_block_shape(self.expert_type);
+        3 * (self.n_expert * self.n_ff_exp * self.n_embd / block_values * block_bytes) as u64
     }
 }
 
@@ -103,6 +128,8 @@ pub fn write(path: &Path, s: LargeMoe) -> ferrox_gguf::Result<()> {
             std(d) * 2.0,
         );
         let (e, f) = (s.n_expert as u64, s.n_ff_exp as u64);
+        let ty = s.expert_type;
+        let (block_values, block_bytes) = random_block_shape(ty);
         for (k, (name, shape, inputs)) in [
             ("ffn_gate_exps.weight", [d as u64, f, e], d),
             ("ffn_up_exps.weight", [d as u64, f, e], d),
@@ -111,42 +138,81 @@ pub fn write(path: &Path, s: LargeMoe) -> ferrox_gguf::Result<()> {
         .into_iter()
         .enumerate()
         {
-            let blocks = shape[0] * shape[1] * shape[2] / 32;
+            let blocks = shape[0] * shape[1] * shape[2] / block_values as u64;
             let seed = 0x5eed ^ ((il as u64) << 8) ^ k as u64;
-            // Codes uniform in -8..8 have a deviation of about 4.6.
-            let scale = q4_0_scale(std(inputs) / 4.6);
-            w.add_streamed_tensor(n(name), q4, &shape, blocks * 18, move |out| {
-                random_q4_0(out, blocks, scale, seed)
+            let scales = random_block_scales(ty, std(inputs));
+            let len = blocks * block_bytes as u64;
+            w.add_streamed_tensor(n(name), ty, &shape, len, move |out| {
+                random_blocks(out, (blocks, block_bytes), &scales, seed)
             })?;
         }
     }
     w.write_file(path)
 }
 
-/// The f16 bytes of a Q4_0 block's scale `d`: those of a block whose largest value is `-8d`.
-fn q4_0_scale(d: f32) -> [u8; 2] {
-    let mut values = [0f32; 32];
-    values[0] = -8.0 * d;
-    let mut block = [0u8; 18];
-    ferrox_core::quantize_row(GgmlType::Q4_0, &values, &mut block).expect("one Q4_0 block");
-    [block[0], block[1]]
+/// Values and bytes per block of the expert types [`write`] can fill with random blocks.
+fn random_block_shape(ty: GgmlType) -> (usize, usize) {
+    match ty {
+        GgmlType::Q4_0 => (32, 18),
+        GgmlType::Q4K => (256, 144),
+        GgmlType::Iq2Xxs => (256, 66),
+        other => panic!("no random blocks of {other:?}"),
+    }
 }
 
-/// `blocks` Q4_0 blocks of scale `scale` and random codes.
-fn random_q4_0(out: &mut dyn Write, blocks: u64, scale: [u8; 2], seed: u64) -> std::io::Result<()> {
+/// The fixed leading bytes of every random block of `ty` whose values have a deviation
+/// near `std`: the f16 scales, the rest of each block being random codes.
+fn random_block_scales(ty: GgmlType, std: f32) -> Vec<u8> {
+    let f16 = |x: f32| f16_bytes(x).to_vec();
+    match ty {
+        // The scale of a block whose largest value is -8d: codes uniform in -8..8 have a
+        // deviation of about 4.6.
+        GgmlType::Q4_0 => {
+            let mut values = [0f32; 32];
+            values[0] = -8.0 * std / 4.6;
+            let mut block = [0u8; 18];
+            ferrox_core::quantize_row(GgmlType::Q4_0, &values, &mut block).expect("a block");
+            block[..2].to_vec()
+        }
+        // d and dmin: random 6-bit sub-block scales (mean 31.5) times codes uniform in
+        // 0..16 (deviation 4.6), minus random minimums.
+        GgmlType::Q4K => [f16(std / (31.5 * 4.6)), f16(std / (31.5 * 4.6) * 7.5)].concat(),
+        // d: random 4-bit scales (0.25·(s + 0.5), mean 2) times grid values near 25.
+        GgmlType::Iq2Xxs => f16(std / (2.0 * 25.0)),
+        other => panic!("no random blocks of {other:?}"),
+    }
+}
+
+/// The f16 nearest below a positive `x` in f16's normal range (a scale need not round).
+fn f16_bytes(x: f32) -> [u8; 2] {
+    assert!(
+        (6.2e-5..65000.0).contains(&x),
+        "a scale of {x} is outside f16's normal range"
+    );
+    let bits = x.to_bits();
+    let exponent = (bits >> 23) as i32 - 127 + 15;
+    (((exponent as u32) << 10 | (bits >> 13) & 0x3FF) as u16).to_le_bytes()
+}
+
+/// `blocks` blocks of `block_bytes` each: `scales` first, random bytes after.
+fn random_blocks(
+    out: &mut dyn Write,
+    (blocks, block_bytes): (u64, usize),
+    scales: &[u8],
+    seed: u64,
+) -> std::io::Result<()> {
     const CHUNK: u64 = 1 << 16;
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut codes = vec![0u8; (CHUNK * 16) as usize];
-    let mut buf = vec![0u8; (CHUNK * 18) as usize];
+    let mut buf = vec![0u8; CHUNK as usize * block_bytes];
     let mut left = blocks;
     while left > 0 {
         let n = left.min(CHUNK) as usize;
-        rng.fill_bytes(&mut codes[..n * 16]);
-        for (block, code) in buf.chunks_exact_mut(18).zip(codes.chunks_exact(16)).take(n) {
-            block[..2].copy_from_slice(&scale);
-            block[2..].copy_from_slice(code);
+        let buf = &mut buf[..n * block_bytes];
+        rng.fill_bytes(buf);
+        for block in buf.chunks_exact_mut(block_bytes) {
+            block[..scales.len()].copy_from_slice(scales);
         }
-        out.write_all(&buf[..n * 18])?;
+        out.write_all(buf)?;
         left -= n as u64;
     }
     Ok(())
