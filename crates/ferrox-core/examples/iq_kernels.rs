@@ -1,6 +1,6 @@
 //! The i-quant kernels' time per matrix product on one thread, at Qwen2.5-1.5B's attention
-//! (1536 x 1536) and FFN (8960 x 1536) shapes, against 1, 8 and 128 activation rows (128:
-//! the int8 prompt path).
+//! (1536 x 1536) and FFN (8960 x 1536) shapes, against 1, 3, 6, 8 and 128 activation rows
+//! (3 and 6: what an MoE prompt hands most experts; 128: the int8 prompt path).
 //!
 //! `cargo run --release -p ferrox-core --example iq_kernels -- [TYPE...]` (TYPE: iq2_xxs,
 //! iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default). Prints the fastest of
@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const SHAPES: [(usize, usize); 2] = [(1536, 1536), (8960, 1536)];
-const TOKENS: [usize; 3] = [1, 8, 128];
+const TOKENS: [usize; 5] = [1, 3, 6, 8, 128];
 
 fn parse(name: &str) -> GgmlType {
     match name {

@@ -464,12 +464,18 @@ impl<'a> WeightMatrix<'a> {
         let panel_rows = (PANEL_BYTES / row_bytes).clamp(4, MAX_PANEL_ROWS) / 4 * 4;
         let mut tile = [0f32; MAX_PANEL_ROWS * 8];
         let token = |t: usize| &xq[t * act..(t + 1) * act];
+        // The i-quants' rows cost far more to decode than to multiply: tokens left over take
+        // one panel of four (2-4 left) or eight (5-7; the AVX-512 kernels decode a row once
+        // for all eight), the last token repeated and its extra outputs dropped, rather than
+        // a pass each. An MoE prompt hands most experts that few.
+        let pad_remainder = Int8Path::for_type(self.ty, self.cols).is_some();
         for first in rows.clone().step_by(panel_rows) {
             let n = panel_rows.min(rows.end - first);
             let weights = &self.bytes[first * row_bytes..(first + n) * row_bytes];
             let rows = PanelRows::dense(weights, row_bytes);
-            let scatter = |t0: usize, width: usize, tile: &[f32]| {
-                for k in 0..width {
+            // Tokens `t0..t0 + count` of a tile of `width` tokens per row.
+            let scatter = |t0: usize, (count, width): (usize, usize), tile: &[f32]| {
+                for k in 0..count {
                     // SAFETY: this task's rows of token `t0 + k` (bounds checked by
                     // `rows`), which no other task touches.
                     let y = unsafe { out.rows((t0 + k) * self.rows + first, n) };
@@ -479,22 +485,25 @@ impl<'a> WeightMatrix<'a> {
                 }
             };
             let mut t = 0;
-            while t + 8 <= n_tokens {
-                let xs = std::array::from_fn(|i| token(t + i));
-                (kernel.panel8)(weights, rows, xs, &mut tile[..8 * n]);
-                scatter(t, 8, &tile[..8 * n]);
-                t += 8;
-            }
-            if t + 4 <= n_tokens {
-                let xs = std::array::from_fn(|i| token(t + i));
-                (kernel.panel4)(weights, rows, xs, &mut tile[..4 * n]);
-                scatter(t, 4, &tile[..4 * n]);
-                t += 4;
-            }
             while t < n_tokens {
-                (kernel.panel1)(weights, rows, [token(t)], &mut tile[..n]);
-                scatter(t, 1, &tile[..n]);
-                t += 1;
+                let left = n_tokens - t;
+                if left >= 8 || (pad_remainder && left >= 5) {
+                    let count = left.min(8);
+                    let xs = std::array::from_fn(|i| token(t + i.min(count - 1)));
+                    (kernel.panel8)(weights, rows, xs, &mut tile[..8 * n]);
+                    scatter(t, (count, 8), &tile[..8 * n]);
+                    t += count;
+                } else if left >= 4 || (pad_remainder && left >= 2) {
+                    let count = left.min(4);
+                    let xs = std::array::from_fn(|i| token(t + i.min(count - 1)));
+                    (kernel.panel4)(weights, rows, xs, &mut tile[..4 * n]);
+                    scatter(t, (count, 4), &tile[..4 * n]);
+                    t += count;
+                } else {
+                    (kernel.panel1)(weights, rows, [token(t)], &mut tile[..n]);
+                    scatter(t, (1, 1), &tile[..n]);
+                    t += 1;
+                }
             }
         }
     }

@@ -621,7 +621,8 @@ fn bits(values: &[f32]) -> Vec<u32> {
 
 /// `matmul` output for token t, row r, must be the very bits `matvec` gives for token t.
 /// (From `INT8_MIN_TOKENS` tokens on, the i-quants go through their int8 form: 37 rows
-/// are two whole groups of sixteen and a rest, 64 rows four groups.)
+/// are two whole groups of sixteen and a rest, 64 rows four groups. Below it, the
+/// i-quants' leftover tokens take padded panels of four or eight: 2, 3, 5, 6, 7 and 13.)
 #[test]
 fn matmul_is_bit_identical_to_matvec() {
     let mut rng = StdRng::seed_from_u64(0xBA7C);
@@ -638,6 +639,8 @@ fn matmul_is_bit_identical_to_matvec() {
             (37, 24),
             (64, 21),
             (19, 5),
+            (11, 2),
+            (23, 7),
         ];
         for (rows, tokens) in shapes {
             let m = TestMatrix::random(&mut rng, ty, rows, cols);

@@ -410,6 +410,10 @@ pub(crate) struct DotKernel {
 /// are used); panels are built from it row by row.
 pub(crate) trait RowKernel {
     fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N];
+
+    /// Whether [`Self::dot`] takes eight activation rows at once as well as it takes four
+    /// (the row is decoded once for all eight); otherwise panels of eight run as two of four.
+    const EIGHT_AT_ONCE: bool = false;
 }
 
 /// The panels of a [`RowKernel`]: each row against the activations four at a time, then
@@ -426,6 +430,10 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     ) {
         let rows = (0..rows.count).map(|r| rows.row(w, r));
         for (row, out) in rows.zip(out.chunks_exact_mut(N)) {
+            if N == 8 && K::EIGHT_AT_ONCE {
+                out.copy_from_slice(&K::dot(row, xs));
+                continue;
+            }
             let mut quads = xs.chunks_exact(4);
             let mut at = 0;
             for quad in &mut quads {

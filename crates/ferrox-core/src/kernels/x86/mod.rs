@@ -155,6 +155,8 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
                     // `avx512_iq_detected()` (which implies AVX2, FMA and F16C here).
                     unsafe { $kernel::<$format, N>(w, xs) }
                 }
+
+                const EIGHT_AT_ONCE: bool = true;
             }
             row_kernel_entry::<Rows>()
         }};
