@@ -406,8 +406,8 @@ pub(crate) struct DotKernel {
     pub(crate) panel8: PanelFn<8>,
 }
 
-/// A kernel computing one weight row against `N` activation rows at a time (`N` = 1 or 4
-/// are used); panels are built from it row by row.
+/// A kernel computing one weight row against `N` activation rows at a time (`N` = 1 and 4
+/// are used, and 8 where [`RowKernel::EIGHT_AT_ONCE`]); panels are built from it row by row.
 pub(crate) trait RowKernel {
     fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N];
 
@@ -416,8 +416,8 @@ pub(crate) trait RowKernel {
     const EIGHT_AT_ONCE: bool = false;
 }
 
-/// The panels of a [`RowKernel`]: each row against the activations four at a time, then
-/// one at a time.
+/// The panels of a [`RowKernel`]: each row against the activations eight at a time where
+/// the kernel takes eight, else four at a time, then one at a time.
 pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     fn one<K: RowKernel>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
         K::dot(w, xs)
