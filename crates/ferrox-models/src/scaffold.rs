@@ -625,6 +625,29 @@ pub(crate) struct StepBuffers<B> {
     pub(crate) engine: B,
 }
 
+/// Before the last layer's feed-forward, whose output only the output head reads: keeps the
+/// rows that give something back (`logits_row`), their hidden states (rows of `width` in
+/// `x`) moved to the front in order, as llama.cpp keeps only its output rows
+/// (`inp_out_ids`) there. `kept` then holds those rows; `false` (and nothing moved) when
+/// every row gives something back. Each row's products do not depend on the others', so
+/// what the kept rows give back is unchanged.
+pub fn keep_output_rows(rows: &[Row], x: &mut [f32], width: usize, kept: &mut Vec<Row>) -> bool {
+    if rows.iter().all(|r| r.logits_row.is_some()) {
+        return false;
+    }
+    kept.clear();
+    for (t, row) in rows.iter().enumerate() {
+        if row.logits_row.is_some() {
+            let to = kept.len();
+            if to != t {
+                x.copy_within(t * width..(t + 1) * width, to * width);
+            }
+            kept.push(*row);
+        }
+    }
+    true
+}
+
 /// Marks each sequence of a finished micro-batch filled up to its last row.
 pub fn advance(memory: &mut StepMemory<'_>, rows: &[Row]) {
     for row in rows {

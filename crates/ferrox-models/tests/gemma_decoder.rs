@@ -59,6 +59,13 @@ fn prefill_equals_token_by_token() {
         .forward_batch(&tokens, 0, &mut tail_state, LogitsFor::From(from))
         .unwrap();
     assert_eq!(tail, &all[from * n_vocab..]);
+    // The last layer's feed-forward runs only for the rows that give logits back: the
+    // same bits as when every row does.
+    let mut last_state = decoder.new_state().unwrap();
+    let last = decoder
+        .forward_batch(&tokens, 0, &mut last_state, LogitsFor::Last)
+        .unwrap();
+    assert_eq!(last, &all[(tokens.len() - 1) * n_vocab..]);
 }
 
 /// Drives any engine greedily.

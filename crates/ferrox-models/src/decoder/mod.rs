@@ -58,6 +58,8 @@ pub struct Scratch {
     /// Activations quantized for the integer kernels.
     xq: Vec<u8>,
     head: HeadScratch,
+    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
+    output_rows: Vec<Row>,
     /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
@@ -135,9 +137,20 @@ impl Decoder {
         let embd = self.weights.token_embd.view(&self.rt.gguf)?;
         let width = c.n_embd * (1 + c.deepstack_layers);
         scaffold::embed_given(rows, &embd, c.embedding_scale, (embeddings, width), x)?;
+        let last = c.layers.len().saturating_sub(1);
+        let mut pruned = false;
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
-            self.ffn_block(lc, lw, rows.len(), s)?;
+            let mut n = rows.len();
+            if il == last && il >= c.deepstack_layers {
+                pruned = scaffold::keep_output_rows(rows, &mut s.x, c.n_embd, &mut s.output_rows);
+                if pruned {
+                    n = s.output_rows.len();
+                }
+            }
+            if n > 0 {
+                self.ffn_block(lc, lw, n, s)?;
+            }
             if il < c.deepstack_layers {
                 // A given row's slice `il + 1` joins its hidden state (token rows add zeros).
                 let n_embd = c.n_embd;
@@ -160,7 +173,8 @@ impl Decoder {
             output: self.weights.output.view(&self.rt.gguf)?,
             softcap: c.final_logit_softcap,
         };
-        head.run(rows, &s.x, seq_logits, &mut s.head)
+        let out_rows = if pruned { &s.output_rows[..] } else { rows };
+        head.run(out_rows, &s.x, seq_logits, &mut s.head)
     }
 
     fn attention_block(
