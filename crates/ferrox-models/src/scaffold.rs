@@ -756,6 +756,11 @@ impl Residual {
         Ok(())
     }
 
+    /// [`keep_output_rows`] on the stream (rows of `width`).
+    pub fn keep_output_rows(&mut self, rows: &[Row], width: usize, kept: &mut Vec<Row>) -> bool {
+        keep_output_rows(rows, &mut self.x, width, kept)
+    }
+
     /// The stream (`n × n_embd` rows).
     pub fn x(&self) -> &[f32] {
         &self.x

@@ -68,6 +68,8 @@ pub struct Scratch {
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
     mtp: MtpScratch,
+    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
+    output_rows: Vec<Row>,
 }
 
 impl Scratch {
@@ -82,6 +84,7 @@ impl Scratch {
             attn: &mut self.attn,
             router_logits: &mut self.router_logits,
             moe: &mut self.moe,
+            output_rows: &mut self.output_rows,
         };
         (residual, buffers)
     }
@@ -185,9 +188,25 @@ impl MlaEngine {
         let gguf = &*self.rt.gguf;
         s.residual
             .embed(rows, &self.weights.token_embd.view(gguf)?, embeddings)?;
+        // The multi-token-prediction block reads every row's final state.
+        let last = match self.weights.mtp {
+            None => self.weights.layers.len().checked_sub(1),
+            Some(_) => None,
+        };
+        let mut pruned = false;
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let (residual, mut buffers) = s.layer_buffers(false);
-            self.layer(lw, &c.ffn[il], il, rows, memory, residual, &mut buffers)?;
+            let keep = Some(il) == last;
+            pruned = self.layer(
+                lw,
+                &c.ffn[il],
+                il,
+                rows,
+                memory,
+                residual,
+                &mut buffers,
+                keep,
+            )?;
         }
         if let Some(mtp) = &self.weights.mtp {
             self.mtp_follow(mtp, (rows, embeddings), memory, s)?;
@@ -199,7 +218,8 @@ impl MlaEngine {
             output: self.weights.output.view(&self.rt.gguf)?,
             softcap: None,
         };
-        head.run(rows, s.residual.x(), seq_logits, &mut s.head)
+        let out_rows = if pruned { &s.output_rows[..] } else { rows };
+        head.run(out_rows, s.residual.x(), seq_logits, &mut s.head)
     }
 }
 
@@ -282,7 +302,8 @@ impl MlaEngine {
         let (lw, il) = (&mtp.layer, c.n_layer());
         let kind = c.mtp_ffn.as_ref().expect("a loaded block has its FFN kind");
         let (residual, mut buffers) = s.layer_buffers(true);
-        self.layer(lw, kind, il, rows, memory, residual, &mut buffers)
+        self.layer(lw, kind, il, rows, memory, residual, &mut buffers, false)?;
+        Ok(())
     }
 
     /// Layer `il` (attention, then its FFN of kind `kind`) over the rows of `residual`.
@@ -296,16 +317,24 @@ impl MlaEngine {
         memory: &mut StepMemory<'_>,
         residual: &mut scaffold::Residual,
         b: &mut LayerBuffers<'_>,
-    ) -> Result<(), EngineError> {
+        keep_output_rows: bool,
+    ) -> Result<bool, EngineError> {
         let (c, gguf) = (&self.config, &*self.rt.gguf);
-        let (n, eps) = (rows.len(), c.norm_eps);
+        let (mut n, eps) = (rows.len(), c.norm_eps);
         residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
             let path = |n, end| self.path_for(n, end);
             attention::attention(c, lw, gguf, il, rows, xn, memory, path, b.attn, out)
         })?;
-        residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
-            Ok(ffn(gguf, &lw.ffn, kind, xn, out, b.router_logits, b.moe)?)
-        })
+        let pruned = keep_output_rows && residual.keep_output_rows(rows, c.n_embd, b.output_rows);
+        if pruned {
+            n = b.output_rows.len();
+        }
+        if n > 0 {
+            residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
+                Ok(ffn(gguf, &lw.ffn, kind, xn, out, b.router_logits, b.moe)?)
+            })?;
+        }
+        Ok(pruned)
     }
 }
 
@@ -314,6 +343,8 @@ struct LayerBuffers<'a> {
     attn: &'a mut AttnScratch,
     router_logits: &'a mut Vec<f32>,
     moe: &'a mut ferrox_moe::MoeScratch,
+    /// The rows the last layer's feed-forward runs for.
+    output_rows: &'a mut Vec<Row>,
 }
 
 /// The options with the latent cache's type: it holds keys only (the values are each row's

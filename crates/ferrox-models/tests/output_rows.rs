@@ -1,0 +1,61 @@
+//! The last layer's feed-forward runs only for the rows that give logits back (llama.cpp
+//! keeps only its output rows there too): what those rows give back is the same, bit for
+//! bit, as when every row of the prompt asks for logits.
+
+mod synthetic;
+
+use std::sync::Arc;
+
+use ferrox_core::GgmlType;
+use ferrox_gguf::Gguf;
+use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor};
+
+fn check(arch: &str, all: Option<GgmlType>) {
+    let gguf = Gguf::from_bytes(synthetic::gguf_bytes_with(arch, all)).unwrap();
+    let options = EngineOptions {
+        n_ctx: 128,
+        threads: 2,
+        ..EngineOptions::default()
+    };
+    let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
+    let tokens = synthetic::token_ids(arch);
+    let (n, n_vocab) = (tokens.len(), engine.vocab_size());
+    let run = |which| -> Vec<u32> {
+        let mut state = engine.new_state().unwrap();
+        let logits = engine.forward_batch(&tokens, 0, &mut state, which).unwrap();
+        logits.iter().map(|x| x.to_bits()).collect()
+    };
+    let every = run(LogitsFor::All);
+    assert_eq!(every.len(), n * n_vocab);
+    assert!(
+        run(LogitsFor::Last) == every[(n - 1) * n_vocab..],
+        "{arch} ({all:?}): the last row's logits change when the others ask for none"
+    );
+    let from = n / 2;
+    assert!(
+        run(LogitsFor::From(from)) == every[from * n_vocab..],
+        "{arch} ({all:?}): the second half's logits change when the first half asks for none"
+    );
+}
+
+#[test]
+fn dense_decoders_give_the_same_logits() {
+    for arch in ["llama", "gemma3"] {
+        check(arch, None);
+        check(arch, Some(GgmlType::F32));
+    }
+}
+
+#[test]
+fn moe_decoders_give_the_same_logits() {
+    check("qwen3moe", None);
+    check("qwen3moe", Some(GgmlType::F32));
+}
+
+#[test]
+fn mla_engines_give_the_same_logits() {
+    for arch in ["deepseek2", "deepseek2-v3"] {
+        check(arch, None);
+        check(arch, Some(GgmlType::F32));
+    }
+}
