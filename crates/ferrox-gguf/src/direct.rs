@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -40,13 +41,14 @@ impl DirectFile {
         }
     }
 
-    /// Reads `len` bytes at `offset` into `buf` (grown as needed) and returns them.
-    pub(crate) fn read<'b>(
+    /// Reads `len` bytes at `offset` into `buf` (grown as needed) and returns where in `buf`
+    /// they lie.
+    pub(crate) fn read(
         &self,
         offset: u64,
         len: usize,
-        buf: &'b mut DirectBuffer,
-    ) -> io::Result<&'b [u8]> {
+        buf: &mut DirectBuffer,
+    ) -> io::Result<Range<usize>> {
         let start = offset / ALIGN * ALIGN;
         let end = (offset + len as u64).div_ceil(ALIGN) * ALIGN;
         let span = (end - start) as usize;
@@ -69,7 +71,7 @@ impl DirectFile {
                 format!("{len} bytes at {offset}: the file ends first"),
             ));
         }
-        Ok(&buf.map()[skip..skip + len])
+        Ok(skip..skip + len)
     }
 }
 
@@ -86,6 +88,13 @@ impl DirectBuffer {
             self.map = Some(memmap2::MmapMut::map_anon(len.max(ALIGN as usize))?);
         }
         Ok(())
+    }
+
+    /// The bytes a read put at `span` (as [`Gguf::read_direct_span`] gave it back).
+    ///
+    /// [`Gguf::read_direct_span`]: crate::Gguf::read_direct_span
+    pub fn bytes(&self, span: Range<usize>) -> &[u8] {
+        &self.map()[span]
     }
 
     fn map(&self) -> &[u8] {

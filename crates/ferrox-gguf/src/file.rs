@@ -324,6 +324,17 @@ impl Gguf {
         bytes: &[u8],
         buf: &'b mut DirectBuffer,
     ) -> Option<std::io::Result<&'b [u8]>> {
+        let span = self.read_direct_span(bytes, buf)?;
+        Some(span.map(|span| buf.bytes(span)))
+    }
+
+    /// As [`Gguf::read_direct`], with the place of the bytes in `buf` given back instead of
+    /// a borrow of it (for a read made on another thread, which then hands `buf` back).
+    pub fn read_direct_span(
+        &self,
+        bytes: &[u8],
+        buf: &mut DirectBuffer,
+    ) -> Option<std::io::Result<std::ops::Range<usize>>> {
         let files = self.direct.get()?;
         for (shard, file) in self.shards.iter().zip(files) {
             let (Storage::Mapped(map), Some(file)) = (&shard.storage, file) else {

@@ -337,6 +337,58 @@ impl<'g> Packing<'g> {
         Ok(packed)
     }
 
+    /// Packs matrices of one type and shape one after another (a tensor's experts), each as
+    /// [`Packing::pack_matrix`] would. With direct reads on, the next matrix's bytes are read
+    /// on a thread of their own while the pool packs the current one: reading waits on the
+    /// disk, packing on the cores, so the two overlap instead of taking turns.
+    pub fn pack_in_turn<'p>(
+        &self,
+        ty: GgmlType,
+        (rows, cols): (usize, usize),
+        parts: &[&'p [u8]],
+    ) -> Result<Vec<PackedMatrix>, ModelError> {
+        if !self.gguf.direct_io() || parts.len() < 2 {
+            return parts
+                .iter()
+                .map(|bytes| self.pack_matrix(ty, rows, cols, bytes))
+                .collect();
+        }
+        let gguf = self.gguf;
+        let release = |part: &[u8]| gguf.release_pages(part);
+        let direct_error = |e: std::io::Error| ModelError::Config(format!("direct read: {e}"));
+        std::thread::scope(|scope| {
+            let read_ahead = |bytes: &'p [u8]| {
+                let mut buf = lock(&self.buffers).pop().unwrap_or_default();
+                scope.spawn(move || {
+                    let span = gguf.read_direct_span(bytes, &mut buf);
+                    (buf, span)
+                })
+            };
+            let mut packed = Vec::with_capacity(parts.len());
+            let mut reading = Some(read_ahead(parts[0]));
+            for (i, bytes) in parts.iter().enumerate() {
+                let (buf, span) = reading
+                    .take()
+                    .expect("a read is under way for every part")
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                reading = parts.get(i + 1).map(|&next| read_ahead(next));
+                let matrix = match span {
+                    Some(span) => {
+                        let copy = buf.bytes(span.map_err(direct_error)?);
+                        PackedMatrix::pack(ty, rows, cols, copy, release)
+                    }
+                    None => PackedMatrix::pack(ty, rows, cols, bytes, release),
+                };
+                lock(&self.buffers).push(buf);
+                let matrix = matrix?;
+                self.packed(&matrix);
+                packed.push(matrix);
+            }
+            Ok(packed)
+        })
+    }
+
     /// Bytes of packed copies made so far.
     pub fn packed_bytes(&self) -> u64 {
         self.packed_bytes.load(Ordering::Relaxed)

@@ -179,9 +179,8 @@ impl ExpertRef {
         {
             return Ok(());
         }
-        let packed = (0..t.n_expert())
-            .map(|e| gguf.pack_matrix(t.ty(), t.rows(), t.cols(), t.expert_bytes(e)))
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        let experts: Vec<&[u8]> = (0..t.n_expert()).map(|e| t.expert_bytes(e)).collect();
+        let packed = gguf.pack_in_turn(t.ty(), (t.rows(), t.cols()), &experts)?;
         self.packed = Some(packed.into());
         Ok(())
     }
