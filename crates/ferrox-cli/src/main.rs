@@ -111,12 +111,29 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+/// The libraries' warnings (a `--mlock` or `--direct-io` the system refuses, an unpinned
+/// `--numa` worker) on stderr; `RUST_LOG` shows more. `serve` starts its own logging.
+fn init_warnings() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .without_time()
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let matches = command_with_env().get_matches_from(llama_cpp_flags(std::env::args_os()));
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_warnings();
+    }
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Tokenize(args) => commands::tokenize::run_tokenize(args),

@@ -77,6 +77,24 @@ pub struct EngineOptions {
     /// Read the weights that are copied at load or into the experts' cache past the page
     /// cache (`--direct-io`), where the filesystem allows it.
     pub direct_io: bool,
+    /// Where the worker threads run on a machine with several memory nodes (`--numa`).
+    pub numa: NumaPolicy,
+}
+
+/// How worker threads are placed on the machine's memory nodes (`--numa`, with llama.cpp's
+/// meanings).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NumaPolicy {
+    /// Threads run wherever the system schedules them.
+    #[default]
+    Off,
+    /// Worker `i` runs on the CPUs of node `i mod nodes`: the threads, and the memory they
+    /// touch first, spread evenly over the nodes.
+    Distribute,
+    /// Every worker runs on the CPUs of the node the process started on.
+    Isolate,
+    /// Every worker runs on the CPUs the process was given (`numactl --physcpubind`/`-N`).
+    Numactl,
 }
 
 /// Where an engine's weights live, as the memory planner placed them at load.
@@ -125,6 +143,7 @@ impl Default for EngineOptions {
             memory_budget: None,
             mlock: false,
             direct_io: false,
+            numa: NumaPolicy::Off,
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod kimi;
 pub mod layers;
 pub mod mla;
 pub mod names;
+pub mod numa;
 pub mod plan;
 pub mod scaffold;
 pub(crate) mod tensors;
@@ -29,8 +30,8 @@ pub use families::load_as;
 /// The interface the engines implement (the `ferrox-engine` crate).
 pub use ferrox_engine as engine;
 pub use ferrox_engine::{
-    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, ModelError, Output,
-    SeqInput, SeqWork, State, StepScratch, TokenId,
+    step_sequences, Engine, EngineError, EngineExt, EngineOptions, LogitsFor, ModelError,
+    NumaPolicy, Output, SeqInput, SeqWork, State, StepScratch, TokenId,
 };
 pub use mla::{AttentionPath, MlaEngine};
 

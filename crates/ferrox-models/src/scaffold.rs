@@ -10,7 +10,7 @@ use ferrox_gguf::Gguf;
 use ferrox_memory::{MemorySpec, StepMemory};
 use rayon::prelude::*;
 
-use crate::engine::{EngineError, EngineOptions, Output, SeqInput, WeightMemory};
+use crate::engine::{EngineError, EngineOptions, NumaPolicy, Output, SeqInput, WeightMemory};
 use crate::layers::activation::softcap;
 use crate::layers::linear::linear;
 use crate::layers::norm::{rms_norm, rms_norm_in_place};
@@ -273,9 +273,25 @@ impl Runtime {
         name: &str,
     ) -> Result<Runtime, ModelError> {
         let name = name.to_string();
+        let numa = options.numa;
+        let topology = (numa != NumaPolicy::Off).then(|| {
+            let topology = crate::numa::Topology::read();
+            tracing::info!("{}", topology.describe(numa));
+            (topology, crate::numa::current_cpu())
+        });
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .thread_name(move |i| format!("{name}-{i}"))
+            .start_handler(move |i| {
+                let Some((topology, cpu)) = &topology else {
+                    return;
+                };
+                if let Some(cpus) = topology.cpus_for_worker(numa, i, *cpu) {
+                    if let Err(e) = crate::numa::pin_current_thread(cpus) {
+                        tracing::warn!("--numa: worker {i} stays unpinned ({e})");
+                    }
+                }
+            })
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start the thread pool: {e}")))?;
         pool.broadcast(|_| {

@@ -61,6 +61,9 @@ pub struct Args {
     /// Memory the weights may take (see `run --memory-budget`).
     #[arg(long = "memory-budget", value_parser = super::model::byte_size, value_name = "SIZE")]
     pub memory_budget: Option<u64>,
+    /// Worker threads on the memory nodes (see `run --numa`); passed to llama-bench too.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub numa: Option<super::model::NumaArg>,
     /// The K cache's type (`-ctk` as llama-bench; f16 by default), passed to llama-bench too.
     #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
     pub cache_type_k: Option<KvType>,
@@ -342,18 +345,22 @@ fn human_params(n: u64) -> String {
 }
 
 /// llama-bench's JSON results for one test, run as its own process (with its weight
-/// repacking off too when `repack` is false).
+/// repacking off too when `repack` is false, and the same `--numa`).
 fn llama_bench(
     binary: &Path,
     model: &Path,
     m: &Measurement,
     threads: usize,
     reps: usize,
-    (repack, cache): (bool, KvStorage),
+    (repack, cache, numa): (bool, KvStorage, Option<super::model::NumaArg>),
 ) -> anyhow::Result<f64> {
     let mut command = Command::new(binary);
     if !repack {
         command.args(["--repack", "0"]);
+    }
+    if let Some(numa) = numa {
+        let name = clap::ValueEnum::to_possible_value(&numa).expect("no variant is skipped");
+        command.args(["--numa", name.get_name()]);
     }
     if cache != KvStorage::F16 {
         command.args(["-ctk", cache.keys.name(), "-ctv", cache.values.name()]);
@@ -418,6 +425,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         memory_budget: args.memory_budget,
         mlock: false,
         direct_io: false,
+        numa: args.numa,
         mtp: false,
     };
     if args.speculation.kind()? != SpecType::None {
@@ -475,7 +483,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &m,
                 threads,
                 args.repetitions,
-                (!args.no_repack, model_args.kv_storage()),
+                (!args.no_repack, model_args.kv_storage(), args.numa),
             )?;
             let bandwidth = before.into_iter().chain(beside()).collect();
             llama.push(PeerMeasurement { avg_ts, bandwidth });

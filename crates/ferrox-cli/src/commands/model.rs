@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use ferrox_core::{KvStorage, KvType};
 use ferrox_gguf::Gguf;
-use ferrox_models::{default_model_path, AnyEngine, Engine, EngineOptions};
+use ferrox_models::{default_model_path, AnyEngine, Engine, EngineOptions, NumaPolicy};
 use ferrox_tokenizer::tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -73,9 +73,34 @@ pub struct ModelArgs {
     /// filesystem allows it: the packed copy is all that stays in memory.
     #[arg(long = "direct-io", visible_alias = "dio")]
     pub direct_io: bool,
+    /// Run the worker threads on the machine's memory nodes, as llama.cpp's `--numa`:
+    /// `distribute` (worker i on the CPUs of node i mod nodes), `isolate` (on the node the
+    /// process started on) or `numactl` (on the CPUs `numactl` gave the process). Off by
+    /// default.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub numa: Option<NumaArg>,
     /// Load the file's multi-token-prediction block (set by `--spec-type draft-mtp`).
     #[arg(skip)]
     pub mtp: bool,
+}
+
+/// `--numa`'s policies, by llama.cpp's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NumaArg {
+    Distribute,
+    Isolate,
+    Numactl,
+}
+
+impl NumaArg {
+    pub fn policy(arg: Option<NumaArg>) -> NumaPolicy {
+        match arg {
+            None => NumaPolicy::Off,
+            Some(NumaArg::Distribute) => NumaPolicy::Distribute,
+            Some(NumaArg::Isolate) => NumaPolicy::Isolate,
+            Some(NumaArg::Numactl) => NumaPolicy::Numactl,
+        }
+    }
 }
 
 /// A size in bytes: a number with an optional binary suffix, `K`, `M`, `G` or `T` (`KiB`,
@@ -181,6 +206,7 @@ fn open(args: &ModelArgs) -> anyhow::Result<(PathBuf, Arc<Gguf>, Tokenizer, Engi
         memory_budget: args.memory_budget,
         mlock: args.mlock,
         direct_io: args.direct_io,
+        numa: NumaArg::policy(args.numa),
     };
     Ok((path, gguf, tokenizer, options))
 }
