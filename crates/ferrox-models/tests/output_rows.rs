@@ -11,30 +11,39 @@ use ferrox_gguf::Gguf;
 use ferrox_models::{AnyEngine, Engine, EngineExt, EngineOptions, LogitsFor};
 
 fn check(arch: &str, all: Option<GgmlType>) {
-    let gguf = Gguf::from_bytes(synthetic::gguf_bytes_with(arch, all)).unwrap();
+    let bytes = synthetic::gguf_bytes_with(arch, all);
+    check_file(
+        arch,
+        bytes,
+        &synthetic::token_ids(arch),
+        &format!("{all:?}"),
+    );
+}
+
+fn check_file(arch: &str, bytes: Vec<u8>, tokens: &[u32], all: &str) {
+    let gguf = Gguf::from_bytes(bytes).unwrap();
     let options = EngineOptions {
         n_ctx: 128,
         threads: 2,
         ..EngineOptions::default()
     };
     let engine = AnyEngine::from_gguf(Arc::new(gguf), &options).unwrap();
-    let tokens = synthetic::token_ids(arch);
     let (n, n_vocab) = (tokens.len(), engine.vocab_size());
     let run = |which| -> Vec<u32> {
         let mut state = engine.new_state().unwrap();
-        let logits = engine.forward_batch(&tokens, 0, &mut state, which).unwrap();
+        let logits = engine.forward_batch(tokens, 0, &mut state, which).unwrap();
         logits.iter().map(|x| x.to_bits()).collect()
     };
     let every = run(LogitsFor::All);
     assert_eq!(every.len(), n * n_vocab);
     assert!(
         run(LogitsFor::Last) == every[(n - 1) * n_vocab..],
-        "{arch} ({all:?}): the last row's logits change when the others ask for none"
+        "{arch} ({all}): the last row's logits change when the others ask for none"
     );
     let from = n / 2;
     assert!(
         run(LogitsFor::From(from)) == every[from * n_vocab..],
-        "{arch} ({all:?}): the second half's logits change when the first half asks for none"
+        "{arch} ({all}): the second half's logits change when the first half asks for none"
     );
 }
 
@@ -57,5 +66,18 @@ fn mla_engines_give_the_same_logits() {
     for arch in ["deepseek2", "deepseek2-v3"] {
         check(arch, None);
         check(arch, Some(GgmlType::F32));
+    }
+}
+
+#[test]
+fn sparse_attention_engines_give_the_same_logits() {
+    for name in ["deepseek32", "glm-dsa"] {
+        let tokens = synthetic::dsa::token_ids(name, 90);
+        check_file(
+            name,
+            synthetic::dsa::gguf_bytes(name),
+            &tokens,
+            "file types",
+        );
     }
 }

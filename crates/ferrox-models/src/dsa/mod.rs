@@ -52,6 +52,8 @@ pub struct Scratch {
     head: HeadScratch,
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
+    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
+    output_rows: Vec<Row>,
 }
 
 fn load_indexers(gguf: &Gguf, c: &DsaConfig) -> Result<Vec<Option<LayerIndexer>>, ModelError> {
@@ -158,6 +160,8 @@ impl scaffold::EngineBody for DsaEngine {
         // Selecting grows nothing once these hold the largest context and this many rows.
         s.indexer.reserve(self.rt.n_ctx, c.indexer.top_k);
         s.selection.reserve(n, c.indexer.top_k.min(self.rt.n_ctx));
+        let last = self.weights.layers.len().saturating_sub(1);
+        let mut pruned = false;
         for (il, (lw, ix)) in self.weights.layers.iter().zip(&self.indexers).enumerate() {
             let Scratch {
                 residual,
@@ -182,10 +186,21 @@ impl scaffold::EngineBody for DsaEngine {
                     &c.mla, lw, gguf, il, rows, memory, absorbed, keys, attn, out,
                 )
             })?;
-            s.residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
-                let (logits, moe) = (&mut s.router_logits, &mut s.moe);
-                Ok(ffn(gguf, &lw.ffn, &c.mla.ffn[il], xn, out, logits, moe)?)
-            })?;
+            let mut ffn_rows = n;
+            if il == last
+                && s.residual
+                    .keep_output_rows(rows, c.mla.n_embd, &mut s.output_rows)
+            {
+                pruned = true;
+                ffn_rows = s.output_rows.len();
+            }
+            if ffn_rows > 0 {
+                s.residual
+                    .sublayer(ffn_rows, &lw.ffn_norm, eps, |xn, out| {
+                        let (logits, moe) = (&mut s.router_logits, &mut s.moe);
+                        Ok(ffn(gguf, &lw.ffn, &c.mla.ffn[il], xn, out, logits, moe)?)
+                    })?;
+            }
         }
         scaffold::advance(memory, rows);
         let head = OutputHead {
@@ -194,6 +209,7 @@ impl scaffold::EngineBody for DsaEngine {
             output: self.weights.output.view(gguf)?,
             softcap: None,
         };
-        head.run(rows, s.residual.x(), logits, &mut s.head)
+        let out_rows = if pruned { &s.output_rows[..] } else { rows };
+        head.run(out_rows, s.residual.x(), logits, &mut s.head)
     }
 }
