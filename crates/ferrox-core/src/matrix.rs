@@ -484,26 +484,42 @@ impl<'a> WeightMatrix<'a> {
                     }
                 }
             };
+            // Tokens `t..t + count` through a panel of `W` tokens (the last one repeated
+            // to fill it), scattered to their outputs.
+            fn pass<'x, const W: usize>(
+                panel: kernels::PanelFn<W>,
+                (weights, rows): (&[u8], PanelRows),
+                (t, count): (usize, usize),
+                token: impl Fn(usize) -> &'x [u8],
+                tile: &mut [f32],
+                scatter: impl Fn(usize, (usize, usize), &[f32]),
+            ) {
+                let tile = &mut tile[..W * rows.count];
+                panel(
+                    weights,
+                    rows,
+                    std::array::from_fn(|i| token(t + i.min(count - 1))),
+                    tile,
+                );
+                scatter(t, (count, W), tile);
+            }
             let mut t = 0;
             while t < n_tokens {
                 let left = n_tokens - t;
-                if left >= 8 || (pad_remainder && left >= 5) {
+                let at = (weights, rows);
+                let count = if left >= 8 || (pad_remainder && left >= 5) {
                     let count = left.min(8);
-                    let xs = std::array::from_fn(|i| token(t + i.min(count - 1)));
-                    (kernel.panel8)(weights, rows, xs, &mut tile[..8 * n]);
-                    scatter(t, (count, 8), &tile[..8 * n]);
-                    t += count;
+                    pass(kernel.panel8, at, (t, count), token, &mut tile, scatter);
+                    count
                 } else if left >= 4 || (pad_remainder && left >= 2) {
                     let count = left.min(4);
-                    let xs = std::array::from_fn(|i| token(t + i.min(count - 1)));
-                    (kernel.panel4)(weights, rows, xs, &mut tile[..4 * n]);
-                    scatter(t, (count, 4), &tile[..4 * n]);
-                    t += count;
+                    pass(kernel.panel4, at, (t, count), token, &mut tile, scatter);
+                    count
                 } else {
-                    (kernel.panel1)(weights, rows, [token(t)], &mut tile[..n]);
-                    scatter(t, (1, 1), &tile[..n]);
-                    t += 1;
-                }
+                    pass(kernel.panel1, at, (t, 1), token, &mut tile, scatter);
+                    1
+                };
+                t += count;
             }
         }
     }
