@@ -8,13 +8,14 @@
 # (default ~/.cache/ferrox/bench-frontier) when missing: the MoE layers are real, the rest
 # (attention without MLA, no shared expert, a 448-token vocabulary) is small beside them.
 #
-# FILES (default "dsv3:1:q4_k dsv3:1:iq2_xxs") lists SHAPE:LAYERS:TYPE; one layer of
+# FILES (default "dsv3:1:q4_k dsv3:2:iq2_xxs") lists SHAPE:LAYERS:TYPE; one layer of
 # DeepSeek-V3's experts is 6.3 GB in Q4_K, 2.9 GB in IQ2_XXS, Kimi-K2's 9.5 GB in Q4_K (`kimi`).
 # ferrox packs K-quant experts into memory while llama-bench repacks its own copy: two
 # layers of Q4_K (12.8 GB) do not fit beside each other in 24 GB.
-# Few layers favour llama.cpp's prompt figures: it skips the last layer's feed-forward for
-# the positions whose logits nobody asked for (all but the last), that is 1/LAYERS of a
-# prompt's expert work, which ferrox computes.
+# All three engines skip the last layer's feed-forward for the prompt positions whose
+# logits nobody asked for (all but the last): on one layer a prompt figure is attention plus
+# one token's experts; from two layers on, every layer but the last carries the prompt's
+# expert work.
 # THREADS (2), REPS (2), PP (128), TG (32), LLAMA_CPP_BUILD (/work/ref/build) and OUT can be
 # set; FERROX_ISA caps ferrox's kernels and goes into the header.
 set -euo pipefail
@@ -26,7 +27,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-2}"
 PP="${PP:-128}"
 TG="${TG:-32}"
-FILES="${FILES:-dsv3:1:q4_k dsv3:1:iq2_xxs}"
+FILES="${FILES:-dsv3:1:q4_k dsv3:2:iq2_xxs}"
 DIR="${FERROX_BENCH_DIR:-$HOME/.cache/ferrox/bench-frontier}"
 OUT="${OUT:-docs/BENCHMARKS-MOE-FRONTIER.md}"
 [ -x "$BENCH" ] || { echo "error: $BENCH not found (set LLAMA_CPP_BUILD)" >&2; exit 1; }
@@ -75,9 +76,10 @@ LLAMA_VERSION="$("$BENCH" --version 2>&1 | head -n1)" || true
     echo "models carrying the routed experts of DeepSeek-V3 (\`dsv3\`: 7168 wide, 256 experts of"
     echo "2048, 8 used) or Kimi-K2 (\`kimi\`: 384 experts), random blocks of the named type, in the"
     echo "named number of layers; attention (no MLA), router and vocabulary are small beside them."
-    echo "llama.cpp and ik_llama.cpp skip the last layer's feed-forward for the prompt positions"
-    echo "whose logits are not needed (all but the last): with few layers their prompt figures"
-    echo "leave out 1/LAYERS of the experts' work, which ferrox does."
+    echo "All three engines skip the last layer's feed-forward for the prompt positions whose"
+    echo "logits are not needed (all but the last): on one layer a prompt figure is attention plus"
+    echo "one token's experts; from two layers on, every layer but the last carries the prompt's"
+    echo "expert work."
     echo
     echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
         "vector extensions: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni)$' | tr '\n' ' ')"
@@ -94,12 +96,17 @@ def tests(path):
     t = json.load(open(path))
     return next(x for x in t if x["n_prompt"] > 0), next(x for x in t if x["n_gen"] > 0)
 print("| file | MiB | weights read per decoded token | pp ferrox | pp llama.cpp | ratio | "
-      "pp ik_llama.cpp | ratio | tg ferrox | tg llama.cpp | ratio | tg ik_llama.cpp | ratio |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+      "pp ik_llama.cpp | ratio | tg ferrox | tg llama.cpp | ratio | tg ik_llama.cpp | ratio | "
+      "tg share of the read bound: ferrox / llama.cpp / ik_llama.cpp |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for n in names:
     pp, tg = tests(f"{work}/{n}.llama.json")
     ik = tests(f"{work}/{n}.ik.json")
     mib = open(f"{work}/{n}.mib").read().strip()
+    def share(t):
+        ik_share = ik[1].get("llama_cpp_bound_share") if ik else None
+        parts = [t.get("bound_share"), t.get("llama_cpp_bound_share"), ik_share]
+        return " / ".join("—" if p is None else f"{100 * p:.0f}%" for p in parts)
     def other(pair, i):
         if pair is None:
             return "— | —"
@@ -107,8 +114,12 @@ for n in names:
         return f"{t['llama_cpp_avg_ts']:.2f} | {t['avg_ts'] / t['llama_cpp_avg_ts']:.2f}"
     print(f"| {n} | {mib} | {tg['weight_bytes_per_token'] / 1e6:.0f} MB | {pp['avg_ts']:.2f} | "
           f"{pp['llama_cpp_avg_ts']:.2f} | {pp['ratio']:.2f} | {other(ik, 0)} | "
-          f"{tg['avg_ts']:.2f} | {tg['llama_cpp_avg_ts']:.2f} | {tg['ratio']:.2f} | {other(ik, 1)} |")
+          f"{tg['avg_ts']:.2f} | {tg['llama_cpp_avg_ts']:.2f} | {tg['ratio']:.2f} | {other(ik, 1)} | "
+          f"{share(tg)} |")
 print()
+print("The read bound is the bandwidth measured beside each engine's decode run over the bytes")
+print("a decoded token reads; this host's bandwidth swings within minutes, so the shares are")
+print("the steadier comparison of decode (ferrox's from its pair with llama.cpp).")
 print("Each ratio is ferrox over the engine named left of it, from that pair's own run (ferrox's")
 print("figures in the table are from its pair with llama.cpp).")
 PY
