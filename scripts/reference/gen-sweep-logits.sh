@@ -35,6 +35,11 @@
 #                              llama.cpp requires for a quantized V, into .../fixtures/kv-q8_0/ (kv-q4_0/ ...), with
 #                              `quantization_effect`: how far that run lands from llama.cpp's
 #                              own f32-cache run of the same file (fixtures/sweep/).
+#   gen-sweep-logits.sh dsa-kv-q8_0  the DSA model with whole-block latent rows
+#                              (deepseek32-blocks) with a q8_0 cache (dsa-kv-q4_0: q4_0) for the
+#                              latent rows and the indexer's keys, flash attention on, into
+#                              .../fixtures/dsa-kv-q8_0/, its `quantization_effect` against
+#                              fixtures/dsa/.
 #   gen-sweep-logits.sh kv-q8_0-f16v  a q8_0 K with the default f16 V (what `-ctk q8_0` alone
 #                              gives; kv-q4_0-f16v likewise), the same models, into
 #                              .../fixtures/kv-q8_0-f16v/: llama.cpp accumulates an f16 V in f16.
@@ -58,10 +63,12 @@ case "$SET" in
     deepseek4-default) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
     kv-q8_0|kv-q4_0|kv-q4_1|kv-q5_0|kv-q5_1|kv-iq4_nl|kv-bf16) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
+    dsa-kv-q8_0|dsa-kv-q4_0) WRITE_FLAG=--dsa; KV_TYPE="${SET#dsa-kv-}"; N_GREEDY="$N_GREEDY_MLA"
+        F32_SET=dsa; ONLY="${ONLY:-deepseek32-blocks}" ;;
     kv-q8_0-f16v|kv-q4_0-f16v) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"; KV_TYPE="${KV_TYPE%-f16v}"
         KV_TYPE_V=f16
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE]" >&2
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE|dsa-kv-TYPE]" >&2
        exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"
@@ -87,9 +94,9 @@ while read -r name path _; do
         LLAMA_REF_FLASH_ATTN=0 LLAMA_REF_KV_TYPE=f32 \
             "$BIN" sweep "$path" "$CTX" "$THREADS" "$WORK/models/$name.tokens" "$greedy" "$WORK/$name.json"
     fi
-    F32_RUN="$REPO_ROOT/crates/ferrox-models/tests/fixtures/sweep/$name.json"
+    F32_RUN="$REPO_ROOT/crates/ferrox-models/tests/fixtures/${F32_SET:-sweep}/$name.json"
     [ -n "${KV_TYPE:-}" ] || F32_RUN=/nonexistent
-    REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" \
+    F32_SET="${F32_SET:-sweep}" REF_DIR="$REF_DIR" "$PYTHON" - "$WORK/$name.json" "$path" "$WORK/meta.json" "$OUT_DIR/$name.json" \
         "$WORK/$name.fa_off.json" "$F32_RUN" <<'PY'
 import hashlib, json, os, sys
 sys.path.insert(0, os.environ["REF_DIR"])
@@ -132,7 +139,7 @@ if os.path.exists(f32_run):
     per_position = [max(diff(x, y), diff(a, b)) for x, y, a, b in
                     zip(data["all"], ref["all"], data["prompt"], ref["prompt"])]
     fixture["quantization_effect"] = {
-        "against": "the f32-cache run of fixtures/sweep/",
+        "against": f"the f32-cache run of fixtures/{os.environ['F32_SET']}/",
         "sequence_max_abs_logprob": max(per_position),
         "sequence_median_abs_logprob": sorted(per_position)[len(per_position) // 2],
     }

@@ -63,7 +63,7 @@ pub fn scores_with(isa: Isa, q: &IndexQuery<'_>, keys: KvRows<'_>, out: &mut [f3
     match keys {
         KvRows::F32(k) => assert_eq!(k.len(), out.len() * d),
         KvRows::F16(k) => assert_eq!(k.len(), out.len() * d),
-        KvRows::Blocks(..) => panic!("the indexer reads f32 or f16 keys"),
+        KvRows::Blocks(ty, k) => assert_eq!(k.len(), out.len() * ty.bytes(d)),
     }
     #[cfg(target_arch = "x86_64")]
     if isa.is_available() && isa.has_avx2() {
@@ -96,8 +96,24 @@ pub fn scores_with(isa: Isa, q: &IndexQuery<'_>, keys: KvRows<'_>, out: &mut [f3
                     .for_each(|(o, v)| *o = v.to_f32());
                 q.score(key)
             }
-            KvRows::Blocks(..) => unreachable!("checked above"),
+            KvRows::Blocks(..) => {
+                let key = &mut row[..d];
+                key_row(keys, j, d).copy_to(key);
+                q.score(key)
+            }
         };
+    }
+}
+
+/// Key `j` (of `d` values) of `keys`.
+fn key_row(keys: KvRows<'_>, j: usize, d: usize) -> KvRows<'_> {
+    match keys {
+        KvRows::F32(k) => KvRows::F32(&k[j * d..(j + 1) * d]),
+        KvRows::F16(k) => KvRows::F16(&k[j * d..(j + 1) * d]),
+        KvRows::Blocks(ty, k) => {
+            let n = ty.bytes(d);
+            KvRows::Blocks(ty, &k[j * n..(j + 1) * n])
+        }
     }
 }
 
@@ -113,7 +129,15 @@ fn transpose(keys: KvRows<'_>, first: usize, n: usize, d: usize, lanes: usize, t
         KvRows::F16(k) => put(tile, lanes, &k[first * d..(first + n) * d], d, |v| {
             v.to_f32()
         }),
-        KvRows::Blocks(..) => unreachable!("checked by `scores_with`"),
+        // A quantized key is decoded to f32 first, as ggml's lightning indexer reads one.
+        KvRows::Blocks(..) => {
+            let mut row = [0f32; MAX_KEY_DIM];
+            for j in 0..n {
+                let key = &mut row[..d];
+                key_row(keys, first + j, d).copy_to(key);
+                put(&mut tile[j..], lanes, key, d, |v| *v);
+            }
+        }
     }
 
     fn put<T>(tile: &mut [f32], lanes: usize, rows: &[T], d: usize, f: impl Fn(&T) -> f32) {
@@ -250,6 +274,35 @@ mod tests {
                 assert_eq!(bits(&out), bits(&reference), "{isa:?} f32 {heads}x{d}");
                 scores_with(isa, &query, KvRows::F16(&keys16), &mut out);
                 assert_eq!(bits(&out), bits(&reference16), "{isa:?} f16 {heads}x{d}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_keys_score_as_their_decoded_values() {
+        use crate::KvType;
+        let (heads, d, n) = (4, 64, 37);
+        let q = values(heads * d, 4);
+        let w = values(heads, 5);
+        let keys = values(n * d, 6);
+        let query = IndexQuery {
+            heads: &q,
+            weights: &w,
+            head_dim: d,
+        };
+        for ty in [KvType::Q8_0, KvType::Q4_0, KvType::Bf16] {
+            let mut bytes = vec![0u8; n * ty.bytes(d)];
+            crate::quant::quantize_row(ty.ggml(), &keys, &mut bytes).unwrap();
+            let mut decoded = vec![0f32; n * d];
+            crate::quant::dequantize_row(ty.ggml(), &bytes, &mut decoded).unwrap();
+            assert_ne!(decoded, keys, "{ty:?} rounds");
+            let reference: Vec<f32> = decoded.chunks(d).map(|k| query.score(k)).collect();
+            assert!(reference.iter().any(|&s| s != 0.0));
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+                let mut out = vec![f32::NAN; n];
+                scores_with(isa, &query, KvRows::Blocks(ty, &bytes), &mut out);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out), bits(&reference), "{isa:?} {ty:?}");
             }
         }
     }

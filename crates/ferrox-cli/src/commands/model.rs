@@ -47,7 +47,8 @@ pub struct ModelArgs {
     /// The K cache's element type (`-ctk` as llama.cpp): f16 (default), f32, bf16, or a
     /// quantized type: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (rotated as llama.cpp rotates
     /// them; `FERROX_ATTN_ROT_DISABLE=1` turns that off). Quantized caches are built for the
-    /// grouped-query engines.
+    /// grouped-query engines, the MLA engine's latent rows and the sparse-attention engines'
+    /// latent rows and indexer keys.
     #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
     pub cache_type_k: Option<KvType>,
     /// The V cache's element type (`-ctv` as llama.cpp): f16 (default) or any of `-ctk`'s.

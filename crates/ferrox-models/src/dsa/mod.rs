@@ -81,7 +81,17 @@ impl DsaEngine {
         options: &EngineOptions,
         config: DsaConfig,
     ) -> Result<Self, ModelError> {
-        crate::scaffold::require_float_cache(options, "sparse-attention (DSA)")?;
+        // One cache type for the latent rows and the indexer's keys (`-ctk`), as llama.cpp.
+        let options = &crate::mla::latent_cache_options(options, &config.mla)?;
+        let (ty, head) = (options.kv_storage.keys, config.indexer.head_dim);
+        if !head.is_multiple_of(ty.block_len()) {
+            return Err(ModelError::Config(format!(
+                "a {} cache (-ctk) stores blocks of {} values, and this model's indexer keys \
+                 have {head}: not whole blocks; use f16 or f32",
+                ty.name(),
+                ty.block_len()
+            )));
+        }
         let mut weights = MlaWeights::load(&gguf, &config.mla)?;
         let mut indexers = load_indexers(&gguf, &config)?;
         let c = &config.mla;

@@ -68,17 +68,7 @@ pub fn attend(
             storage
         };
         attend_typed(types, at, q, params, out, |f| {
-            runs(&mut |v, len| {
-                let (_, keys) = v.keys.as_bytes();
-                let (_, values) = v.values.as_bytes();
-                f(&TypedRun {
-                    keys: &keys[types.keys.bytes(v.head * dk)..],
-                    key_stride: types.keys.bytes(key_width),
-                    values: &values[types.values.bytes(v.head * dv)..],
-                    value_stride: types.values.bytes(value_width),
-                    len,
-                })
-            })
+            runs(&mut |v, len| f(&typed_run(types, &v, 0..len)))
         });
         return;
     }
@@ -116,10 +106,31 @@ pub fn attend(
     }
 }
 
+/// Positions `span` of a run of a typed cache (`types`), the view's head.
+pub(crate) fn typed_run<'a>(
+    types: KvStorage,
+    v: &KvView<'a>,
+    span: std::ops::Range<usize>,
+) -> TypedRun<'a> {
+    let (_, keys) = v.keys.as_bytes();
+    let (_, values) = v.values.as_bytes();
+    let (key_stride, value_stride) = (
+        types.keys.bytes(v.key_width),
+        types.values.bytes(v.value_width),
+    );
+    TypedRun {
+        keys: &keys[span.start * key_stride + types.keys.bytes(v.head * v.head_dim_k)..],
+        key_stride,
+        values: &values[span.start * value_stride + types.values.bytes(v.head * v.head_dim_v)..],
+        value_stride,
+        len: span.len(),
+    }
+}
+
 /// The group over a cache of the other types (ggml's arithmetic for them, each key and value
 /// read once for the group); `for_each_run` hands every run of the group's KV head to its
 /// argument.
-fn attend_typed(
+pub(crate) fn attend_typed(
     types: KvStorage,
     at: HeadGroup,
     q: &[f32],

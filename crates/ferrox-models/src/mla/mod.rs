@@ -354,7 +354,7 @@ struct LayerBuffers<'a> {
 /// caches with their own values); it is built for files with split `attn_k_b`/`attn_v_b`
 /// (llama.cpp keeps whole per-head keys and values for an `attn_kv_b` file) and without a
 /// multi-token-prediction block (whose stored states would be quantized with it).
-fn latent_cache_options(
+pub(crate) fn latent_cache_options(
     options: &EngineOptions,
     config: &MlaConfig,
 ) -> Result<EngineOptions, ModelError> {

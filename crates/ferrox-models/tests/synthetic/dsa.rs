@@ -12,12 +12,13 @@
 //! | model | layers | indexer |
 //! | --- | --- | --- |
 //! | deepseek32 | 3 + 1 MTP | every layer computes its selection; NeoX rotation |
+//! | deepseek32-blocks | 3 + 1 MTP | as deepseek32, with 32 rotated key dims: latent rows of 96, whole blocks of a quantized cache |
 //! | glm-dsa | 4 + 1 MTP | `indexer.types` [full, shared, full, shared]: shared layers have no indexer tensors and reuse the previous selection; interleaved rotation, key LayerNorm eps 0 |
 
 use super::*;
 
 /// The DSA models, by name (each named after its architecture).
-pub const DSA_MODELS: &[&str] = &["deepseek32", "glm-dsa"];
+pub const DSA_MODELS: &[&str] = &["deepseek32", "glm-dsa", "deepseek32-blocks"];
 
 /// The lightning indexer of a DSA model.
 #[derive(Clone, Debug)]
@@ -90,6 +91,7 @@ pub fn spec(name: &str) -> Spec {
     let glm = name == "glm-dsa";
     let (arch, trunk, seed, types) = match name {
         "deepseek32" => ("deepseek32", 3, 0x011a_0030, None),
+        "deepseek32-blocks" => ("deepseek32", 3, 0x011a_0032, None),
         "glm-dsa" => (
             "glm-dsa",
             4,
@@ -111,7 +113,8 @@ pub fn spec(name: &str) -> Spec {
         q_lora_rank: Some(48),
         kv_lora_rank: 64,
         qk_nope: 32,
-        qk_rope: 16,
+        // deepseek32-blocks: latent rows of 64 + 32, whole blocks of the quantized caches.
+        qk_rope: if name == "deepseek32-blocks" { 32 } else { 16 },
         v_head: 32,
         gating_func: Some(2),
         groups: Some((2, 1)),

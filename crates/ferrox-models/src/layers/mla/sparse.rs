@@ -15,7 +15,7 @@ use ferrox_memory::StepMemory;
 use crate::layers::attention::{
     f16_run, with_group_state, AttentionParams, KvView, OnlineAttention,
 };
-use crate::layers::paged_attention::HeadGroup;
+use crate::layers::paged_attention::{attend_typed, typed_run, HeadGroup};
 
 /// Per row of a micro-batch: the sorted positions it attends to, or none listed (every
 /// position up to its own).
@@ -117,7 +117,19 @@ pub fn attend(
             run_start = run_end;
         });
     };
-    if memory.storage(store) == KvStorage::F16 {
+    let storage = memory.storage(store);
+    if !storage.is_float() {
+        // Latent rows (values inside the keys): one type for both.
+        let types = match values_in_keys {
+            true => KvStorage::uniform(storage.keys),
+            false => storage,
+        };
+        attend_typed(types, at, q, params, out, |f| {
+            stretches(&mut |view, lo, hi| f(&typed_run(types, view, lo..hi)))
+        });
+        return;
+    }
+    if storage == KvStorage::F16 {
         let shape = GroupShape {
             n_queries: at.n_queries,
             head_dim_k: dk,
