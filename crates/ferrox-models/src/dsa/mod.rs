@@ -82,7 +82,7 @@ impl DsaEngine {
         config: DsaConfig,
     ) -> Result<Self, ModelError> {
         // One cache type for the latent rows and the indexer's keys (`-ctk`), as llama.cpp.
-        let options = &crate::mla::latent_cache_options(options, &config.mla)?;
+        let options = &crate::layers::mla::latent_cache_options(options, &config.mla)?;
         let (ty, head) = (options.kv_storage.keys, config.indexer.head_dim);
         if !head.is_multiple_of(ty.block_len()) {
             return Err(ModelError::Config(format!(

@@ -112,7 +112,7 @@ impl MlaEngine {
         options: &EngineOptions,
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
-        let options = &latent_cache_options(options, &config)?;
+        let options = &crate::layers::mla::latent_cache_options(options, &config)?;
         let mut weights = match options.mtp {
             true => MlaWeights::load_with_mtp(&gguf, &config)?,
             false => MlaWeights::load(&gguf, &config)?,
@@ -345,47 +345,6 @@ struct LayerBuffers<'a> {
     moe: &'a mut ferrox_moe::MoeScratch,
     /// The rows the last layer's feed-forward runs for.
     output_rows: &'a mut Vec<Row>,
-}
-
-/// The options with the latent cache's type: it holds keys only (the values are each row's
-/// first `kv_lora_rank` entries), so `-ctk` gives its type and `-ctv` has nothing to store,
-/// as in llama.cpp. A quantized latent cache is read as llama.cpp's flash attention reads
-/// it (the query rounded to the keys' vec-dot type, no rotation: llama.cpp rotates only
-/// caches with their own values); it is built for files with split `attn_k_b`/`attn_v_b`
-/// (llama.cpp keeps whole per-head keys and values for an `attn_kv_b` file) and without a
-/// multi-token-prediction block (whose stored states would be quantized with it).
-pub(crate) fn latent_cache_options(
-    options: &EngineOptions,
-    config: &MlaConfig,
-) -> Result<EngineOptions, ModelError> {
-    let latent = ferrox_core::KvStorage::uniform(options.kv_storage.keys);
-    if !latent.is_float() {
-        let refuse = |why: &str| {
-            Err(ModelError::Config(format!(
-                "a {} latent cache (-ctk) {why}: use f16 or f32",
-                latent.name()
-            )))
-        };
-        if config.kv_b != KvB::Split {
-            return refuse(
-                "is built for files with split attn_k_b/attn_v_b; this one has attn_kv_b",
-            );
-        }
-        if options.mtp {
-            return refuse("is not built with the multi-token-prediction block");
-        }
-        let (width, block) = (config.cache_width(), latent.keys.block_len());
-        if !width.is_multiple_of(block) {
-            return refuse(&format!(
-                "stores blocks of {block} values, and this model's latent rows have {width}: \
-                 not whole blocks"
-            ));
-        }
-    }
-    Ok(EngineOptions {
-        kv_storage: latent,
-        ..options.clone()
-    })
 }
 
 /// Copies sequence `seq`'s final state at `pos` into `out`.
