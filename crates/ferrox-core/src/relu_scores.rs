@@ -89,14 +89,9 @@ pub fn scores_with(isa: Isa, q: &IndexQuery<'_>, keys: KvRows<'_>, out: &mut [f3
     for (j, o) in out.iter_mut().enumerate() {
         *o = match keys {
             KvRows::F32(k) => q.score(&k[j * d..(j + 1) * d]),
-            KvRows::F16(k) => {
-                let key = &mut row[..d];
-                key.iter_mut()
-                    .zip(&k[j * d..(j + 1) * d])
-                    .for_each(|(o, v)| *o = v.to_f32());
-                q.score(key)
-            }
-            KvRows::Blocks(..) => {
+            // f16 and quantized keys are decoded to f32 first, as ggml's lightning indexer
+            // reads them.
+            KvRows::F16(_) | KvRows::Blocks(..) => {
                 let key = &mut row[..d];
                 key_row(keys, j, d).copy_to(key);
                 q.score(key)

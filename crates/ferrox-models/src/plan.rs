@@ -317,24 +317,12 @@ impl<'g> Packing<'g> {
         cols: usize,
         bytes: &[u8],
     ) -> Result<PackedMatrix, ModelError> {
-        let release = |part: &[u8]| self.gguf.release_pages(part);
-        let packed = if self.gguf.direct_io() {
-            // Buffers are reused across matrices: fresh ones would be zeroed each time.
-            let mut buf = lock(&self.buffers).pop().unwrap_or_default();
-            let packed = match self.gguf.read_direct(bytes, &mut buf) {
-                Some(read) => {
-                    let copy = read.map_err(|e| ModelError::Config(format!("direct read: {e}")))?;
-                    PackedMatrix::pack(ty, rows, cols, copy, release)
-                }
-                None => PackedMatrix::pack(ty, rows, cols, bytes, release),
-            };
-            lock(&self.buffers).push(buf);
-            packed?
-        } else {
-            PackedMatrix::pack(ty, rows, cols, bytes, release)?
-        };
-        self.packed(&packed);
-        Ok(packed)
+        // Buffers are reused across matrices: fresh ones would be zeroed each time.
+        let mut buf = lock(&self.buffers).pop().unwrap_or_default();
+        let read = self.gguf.read_direct_span(bytes, &mut buf);
+        let packed = self.pack_read(ty, (rows, cols), bytes, (&buf, read));
+        lock(&self.buffers).push(buf);
+        packed
     }
 
     /// Packs matrices of one type and shape one after another (a tensor's experts), each as
@@ -354,39 +342,54 @@ impl<'g> Packing<'g> {
                 .collect();
         }
         let gguf = self.gguf;
-        let release = |part: &[u8]| gguf.release_pages(part);
-        let direct_error = |e: std::io::Error| ModelError::Config(format!("direct read: {e}"));
         std::thread::scope(|scope| {
             let read_ahead = |bytes: &'p [u8]| {
                 let mut buf = lock(&self.buffers).pop().unwrap_or_default();
                 scope.spawn(move || {
-                    let span = gguf.read_direct_span(bytes, &mut buf);
-                    (buf, span)
+                    let read = gguf.read_direct_span(bytes, &mut buf);
+                    (buf, read)
                 })
             };
             let mut packed = Vec::with_capacity(parts.len());
             let mut reading = Some(read_ahead(parts[0]));
             for (i, bytes) in parts.iter().enumerate() {
-                let (buf, span) = reading
+                let (buf, read) = reading
                     .take()
                     .expect("a read is under way for every part")
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 reading = parts.get(i + 1).map(|&next| read_ahead(next));
-                let matrix = match span {
-                    Some(span) => {
-                        let copy = buf.bytes(span.map_err(direct_error)?);
-                        PackedMatrix::pack(ty, rows, cols, copy, release)
-                    }
-                    None => PackedMatrix::pack(ty, rows, cols, bytes, release),
-                };
+                let matrix = self.pack_read(ty, (rows, cols), bytes, (&buf, read));
                 lock(&self.buffers).push(buf);
-                let matrix = matrix?;
-                self.packed(&matrix);
-                packed.push(matrix);
+                packed.push(matrix?);
             }
             Ok(packed)
         })
+    }
+
+    /// `bytes` packed from where a direct read put them in `buf` (`read`), or from the
+    /// mapping where there was none; the mapped pages released, counted, and locked with
+    /// `--mlock`.
+    fn pack_read(
+        &self,
+        ty: GgmlType,
+        (rows, cols): (usize, usize),
+        bytes: &[u8],
+        (buf, read): (
+            &DirectBuffer,
+            Option<std::io::Result<std::ops::Range<usize>>>,
+        ),
+    ) -> Result<PackedMatrix, ModelError> {
+        let release = |part: &[u8]| self.gguf.release_pages(part);
+        let packed = match read {
+            Some(span) => {
+                let span = span.map_err(|e| ModelError::Config(format!("direct read: {e}")))?;
+                PackedMatrix::pack(ty, rows, cols, buf.bytes(span), release)?
+            }
+            None => PackedMatrix::pack(ty, rows, cols, bytes, release)?,
+        };
+        self.packed(&packed);
+        Ok(packed)
     }
 
     /// Bytes of packed copies made so far.

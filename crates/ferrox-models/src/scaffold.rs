@@ -641,27 +641,52 @@ pub(crate) struct StepBuffers<B> {
     pub(crate) engine: B,
 }
 
-/// Before the last layer's feed-forward, whose output only the output head reads: keeps the
-/// rows that give something back (`logits_row`), their hidden states (rows of `width` in
-/// `x`) moved to the front in order, as llama.cpp keeps only its output rows
-/// (`inp_out_ids`) there. `kept` then holds those rows; `false` (and nothing moved) when
-/// every row gives something back. Each row's products do not depend on the others', so
-/// what the kept rows give back is unchanged.
-pub fn keep_output_rows(rows: &[Row], x: &mut [f32], width: usize, kept: &mut Vec<Row>) -> bool {
-    if rows.iter().all(|r| r.logits_row.is_some()) {
-        return false;
+/// The rows the last layer's feed-forward runs for. Its output is read only by the output
+/// head, so, as llama.cpp keeps only its output rows (`inp_out_ids`) there, the rows that give
+/// nothing back skip it. Each row's products do not depend on the others', so what the kept
+/// rows give back is unchanged.
+#[derive(Default)]
+pub struct OutputRows {
+    kept: Vec<Row>,
+    /// Whether this micro-batch's rows were cut to `kept`.
+    pruned: bool,
+}
+
+impl OutputRows {
+    /// A new micro-batch: every row so far.
+    pub fn reset(&mut self) {
+        self.pruned = false;
     }
-    kept.clear();
-    for (t, row) in rows.iter().enumerate() {
-        if row.logits_row.is_some() {
-            let to = kept.len();
-            if to != t {
-                x.copy_within(t * width..(t + 1) * width, to * width);
+
+    /// Before the last layer's feed-forward: moves the hidden states (rows of `width` in `x`)
+    /// of the rows that give something back (`logits_row`) to the front, in order, when some
+    /// row gives nothing back; returns how many rows the feed-forward runs for.
+    pub fn keep(&mut self, rows: &[Row], x: &mut [f32], width: usize) -> usize {
+        self.pruned = rows.iter().any(|r| r.logits_row.is_none());
+        if !self.pruned {
+            return rows.len();
+        }
+        self.kept.clear();
+        for (t, row) in rows.iter().enumerate() {
+            if row.logits_row.is_some() {
+                let to = self.kept.len();
+                if to != t {
+                    x.copy_within(t * width..(t + 1) * width, to * width);
+                }
+                self.kept.push(*row);
             }
-            kept.push(*row);
+        }
+        self.kept.len()
+    }
+
+    /// The rows the output head reads: the kept ones where [`OutputRows::keep`] cut this
+    /// micro-batch, else `rows`.
+    pub fn of<'a>(&'a self, rows: &'a [Row]) -> &'a [Row] {
+        match self.pruned {
+            true => &self.kept,
+            false => rows,
         }
     }
-    true
 }
 
 /// Marks each sequence of a finished micro-batch filled up to its last row.
@@ -772,9 +797,9 @@ impl Residual {
         Ok(())
     }
 
-    /// [`keep_output_rows`] on the stream (rows of `width`).
-    pub fn keep_output_rows(&mut self, rows: &[Row], width: usize, kept: &mut Vec<Row>) -> bool {
-        keep_output_rows(rows, &mut self.x, width, kept)
+    /// [`OutputRows::keep`] on the stream (rows of `width`).
+    pub fn keep_output_rows(&mut self, rows: &[Row], width: usize, kept: &mut OutputRows) -> usize {
+        kept.keep(rows, &mut self.x, width)
     }
 
     /// The stream (`n × n_embd` rows).

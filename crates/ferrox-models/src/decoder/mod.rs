@@ -58,8 +58,8 @@ pub struct Scratch {
     /// Activations quantized for the integer kernels.
     xq: Vec<u8>,
     head: HeadScratch,
-    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
-    output_rows: Vec<Row>,
+    /// The rows the last layer's feed-forward runs for.
+    output_rows: scaffold::OutputRows,
     /// MoE router logits (`n_expert` per token) and the expert FFN's buffers.
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
@@ -138,16 +138,13 @@ impl Decoder {
         let width = c.n_embd * (1 + c.deepstack_layers);
         scaffold::embed_given(rows, &embd, c.embedding_scale, (embeddings, width), x)?;
         let last = c.layers.len().saturating_sub(1);
-        let mut pruned = false;
+        s.output_rows.reset();
         for (il, (lc, lw)) in c.layers.iter().zip(&self.weights.layers).enumerate() {
             self.attention_block(il, lc, lw, rows, kv, s)?;
-            let mut n = rows.len();
-            if il == last && il >= c.deepstack_layers {
-                pruned = scaffold::keep_output_rows(rows, &mut s.x, c.n_embd, &mut s.output_rows);
-                if pruned {
-                    n = s.output_rows.len();
-                }
-            }
+            let n = match il == last && il >= c.deepstack_layers {
+                true => s.output_rows.keep(rows, &mut s.x, c.n_embd),
+                false => rows.len(),
+            };
             if n > 0 {
                 self.ffn_block(lc, lw, n, s)?;
             }
@@ -173,8 +170,7 @@ impl Decoder {
             output: self.weights.output.view(&self.rt.gguf)?,
             softcap: c.final_logit_softcap,
         };
-        let out_rows = if pruned { &s.output_rows[..] } else { rows };
-        head.run(out_rows, &s.x, seq_logits, &mut s.head)
+        head.run(s.output_rows.of(rows), &s.x, seq_logits, &mut s.head)
     }
 
     fn attention_block(

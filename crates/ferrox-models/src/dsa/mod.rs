@@ -52,8 +52,8 @@ pub struct Scratch {
     head: HeadScratch,
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
-    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
-    output_rows: Vec<Row>,
+    /// The rows the last layer's feed-forward runs for.
+    output_rows: scaffold::OutputRows,
 }
 
 fn load_indexers(gguf: &Gguf, c: &DsaConfig) -> Result<Vec<Option<LayerIndexer>>, ModelError> {
@@ -171,7 +171,7 @@ impl scaffold::EngineBody for DsaEngine {
         s.indexer.reserve(self.rt.n_ctx, c.indexer.top_k);
         s.selection.reserve(n, c.indexer.top_k.min(self.rt.n_ctx));
         let last = self.weights.layers.len().saturating_sub(1);
-        let mut pruned = false;
+        s.output_rows.reset();
         for (il, (lw, ix)) in self.weights.layers.iter().zip(&self.indexers).enumerate() {
             let Scratch {
                 residual,
@@ -196,14 +196,10 @@ impl scaffold::EngineBody for DsaEngine {
                     &c.mla, lw, gguf, il, rows, memory, absorbed, keys, attn, out,
                 )
             })?;
-            let mut ffn_rows = n;
-            if il == last
-                && s.residual
-                    .keep_output_rows(rows, c.mla.n_embd, &mut s.output_rows)
-            {
-                pruned = true;
-                ffn_rows = s.output_rows.len();
-            }
+            let ffn_rows = match il == last {
+                true => (s.residual).keep_output_rows(rows, c.mla.n_embd, &mut s.output_rows),
+                false => n,
+            };
             if ffn_rows > 0 {
                 s.residual
                     .sublayer(ffn_rows, &lw.ffn_norm, eps, |xn, out| {
@@ -219,7 +215,6 @@ impl scaffold::EngineBody for DsaEngine {
             output: self.weights.output.view(gguf)?,
             softcap: None,
         };
-        let out_rows = if pruned { &s.output_rows[..] } else { rows };
-        head.run(out_rows, s.residual.x(), logits, &mut s.head)
+        head.run(s.output_rows.of(rows), s.residual.x(), logits, &mut s.head)
     }
 }

@@ -68,8 +68,8 @@ pub struct Scratch {
     router_logits: Vec<f32>,
     moe: ferrox_moe::MoeScratch,
     mtp: MtpScratch,
-    /// The rows the last layer's feed-forward runs for (see [`scaffold::keep_output_rows`]).
-    output_rows: Vec<Row>,
+    /// The rows the last layer's feed-forward runs for.
+    output_rows: scaffold::OutputRows,
 }
 
 impl Scratch {
@@ -193,11 +193,11 @@ impl MlaEngine {
             None => self.weights.layers.len().checked_sub(1),
             Some(_) => None,
         };
-        let mut pruned = false;
+        s.output_rows.reset();
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let (residual, mut buffers) = s.layer_buffers(false);
             let keep = Some(il) == last;
-            pruned = self.layer(
+            self.layer(
                 lw,
                 &c.ffn[il],
                 il,
@@ -218,8 +218,12 @@ impl MlaEngine {
             output: self.weights.output.view(&self.rt.gguf)?,
             softcap: None,
         };
-        let out_rows = if pruned { &s.output_rows[..] } else { rows };
-        head.run(out_rows, s.residual.x(), seq_logits, &mut s.head)
+        head.run(
+            s.output_rows.of(rows),
+            s.residual.x(),
+            seq_logits,
+            &mut s.head,
+        )
     }
 }
 
@@ -302,11 +306,12 @@ impl MlaEngine {
         let (lw, il) = (&mtp.layer, c.n_layer());
         let kind = c.mtp_ffn.as_ref().expect("a loaded block has its FFN kind");
         let (residual, mut buffers) = s.layer_buffers(true);
-        self.layer(lw, kind, il, rows, memory, residual, &mut buffers, false)?;
-        Ok(())
+        self.layer(lw, kind, il, rows, memory, residual, &mut buffers, false)
     }
 
-    /// Layer `il` (attention, then its FFN of kind `kind`) over the rows of `residual`.
+    /// Layer `il` (attention, then its FFN of kind `kind`) over the rows of `residual`; the
+    /// FFN only over the rows that give something back where `keep_output_rows` (the last
+    /// layer, see [`scaffold::OutputRows`]).
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
@@ -318,23 +323,23 @@ impl MlaEngine {
         residual: &mut scaffold::Residual,
         b: &mut LayerBuffers<'_>,
         keep_output_rows: bool,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<(), EngineError> {
         let (c, gguf) = (&self.config, &*self.rt.gguf);
-        let (mut n, eps) = (rows.len(), c.norm_eps);
+        let (n, eps) = (rows.len(), c.norm_eps);
         residual.sublayer(n, &lw.attn_norm, eps, |xn, out| {
             let path = |n, end| self.path_for(n, end);
             attention::attention(c, lw, gguf, il, rows, xn, memory, path, b.attn, out)
         })?;
-        let pruned = keep_output_rows && residual.keep_output_rows(rows, c.n_embd, b.output_rows);
-        if pruned {
-            n = b.output_rows.len();
-        }
+        let n = match keep_output_rows {
+            true => residual.keep_output_rows(rows, c.n_embd, b.output_rows),
+            false => n,
+        };
         if n > 0 {
             residual.sublayer(n, &lw.ffn_norm, eps, |xn, out| {
                 Ok(ffn(gguf, &lw.ffn, kind, xn, out, b.router_logits, b.moe)?)
             })?;
         }
-        Ok(pruned)
+        Ok(())
     }
 }
 
@@ -344,7 +349,7 @@ struct LayerBuffers<'a> {
     router_logits: &'a mut Vec<f32>,
     moe: &'a mut ferrox_moe::MoeScratch,
     /// The rows the last layer's feed-forward runs for.
-    output_rows: &'a mut Vec<Row>,
+    output_rows: &'a mut scaffold::OutputRows,
 }
 
 /// Copies sequence `seq`'s final state at `pos` into `out`.
