@@ -16,6 +16,8 @@
 #                              crates/ferrox-models/tests/fixtures/kimi/.
 #   gen-sweep-logits.sh kimi-k3  likewise for the `kimi-k3` models of tests/synthetic/kimi.rs
 #                              into crates/ferrox-models/tests/fixtures/kimi-k3/.
+#   gen-sweep-logits.sh kimi-blocks  likewise for the Kimi models with whole-block latent rows
+#                              (tests/synthetic/kimi.rs BLOCK_MODELS) into .../fixtures/kimi-blocks/.
 #   gen-sweep-logits.sh dsa    likewise for the DeepSeek Sparse Attention models of
 #                              tests/synthetic/dsa.rs (deepseek32, glm-dsa) into
 #                              crates/ferrox-models/tests/fixtures/dsa/.
@@ -40,6 +42,9 @@
 #                              latent rows and the indexer's keys, flash attention on, into
 #                              .../fixtures/dsa-kv-q8_0/, its `quantization_effect` against
 #                              fixtures/dsa/.
+#   gen-sweep-logits.sh kimi-kv-q8_0  likewise for the Kimi models with whole-block latent rows
+#                              (kimi-kv-q4_0: q4_0) against fixtures/kimi-blocks/, into
+#                              .../fixtures/kimi-kv-q8_0/.
 #   gen-sweep-logits.sh kv-q8_0-f16v  a q8_0 K with the default f16 V (what `-ctk q8_0` alone
 #                              gives; kv-q4_0-f16v likewise), the same models, into
 #                              .../fixtures/kv-q8_0-f16v/: llama.cpp accumulates an f16 V in f16.
@@ -57,6 +62,7 @@ case "$SET" in
     sweep) WRITE_FLAG=--sweep ;;
     kimi) WRITE_FLAG=--kimi; N_GREEDY="$N_GREEDY_MLA" ;;
     kimi-k3) WRITE_FLAG=--kimi-k3; N_GREEDY="$N_GREEDY_MLA" ;;
+    kimi-blocks) WRITE_FLAG=--kimi-blocks; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA" ;;
     deepseek4) WRITE_FLAG=--deepseek4; N_GREEDY="$N_GREEDY_MLA" ;;
     dsa-default) WRITE_FLAG=--dsa; N_GREEDY="$N_GREEDY_MLA"; DEFAULTS=1 ;;
@@ -65,10 +71,12 @@ case "$SET" in
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
     dsa-kv-q8_0|dsa-kv-q4_0) WRITE_FLAG=--dsa; KV_TYPE="${SET#dsa-kv-}"; N_GREEDY="$N_GREEDY_MLA"
         F32_SET=dsa; ONLY="${ONLY:-deepseek32-blocks}" ;;
+    kimi-kv-q8_0|kimi-kv-q4_0) WRITE_FLAG=--kimi-blocks; KV_TYPE="${SET#kimi-kv-}"
+        N_GREEDY="$N_GREEDY_MLA"; F32_SET=kimi-blocks ;;
     kv-q8_0-f16v|kv-q4_0-f16v) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"; KV_TYPE="${KV_TYPE%-f16v}"
         KV_TYPE_V=f16
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE|dsa-kv-TYPE]" >&2
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|kimi-blocks|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE|dsa-kv-TYPE|kimi-kv-TYPE]" >&2
        exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"

@@ -12,7 +12,8 @@
 //! models, a variant for investigating differences.
 //! `--kimi` writes the `kimi-linear` model (`synthetic::kimi`) with a
 //! `synthetic::SWEEP_TOKENS`-token sequence; `--kimi-k3` the `kimi-k3` models
-//! (`synthetic::kimi::K3_MODELS`) likewise; `--dsa-bench TOP_K` a `deepseek32` file of
+//! (`synthetic::kimi::K3_MODELS`) likewise; `--kimi-blocks` the Kimi models with whole-block
+//! latent rows (`synthetic::kimi::BLOCK_MODELS`) likewise; `--dsa-bench TOP_K` a `deepseek32` file of
 //! DeepSeek-V3.2's attention shapes for speed at depth (`synthetic::dsa::bench_gguf`);
 //! `--kimi-bench` a `kimi-linear` file of Kimi-Linear-48B-A3B's attention shapes likewise
 //! (`synthetic::kimi::bench_gguf`);
@@ -117,10 +118,14 @@ fn main() {
             println!("kimi-linear {} {}", path.display(), bytes.len());
             return;
         }
-        [dir, flag] if flag == "--kimi-k3" => {
+        [dir, flag] if flag == "--kimi-k3" || flag == "--kimi-blocks" => {
             let dir = PathBuf::from(dir);
             std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-            for &name in synthetic::kimi::K3_MODELS {
+            let names = match flag.as_str() {
+                "--kimi-k3" => synthetic::kimi::K3_MODELS,
+                _ => synthetic::kimi::BLOCK_MODELS,
+            };
+            for &name in names {
                 let bytes = synthetic::kimi::gguf_bytes(name);
                 let ids = synthetic::kimi::token_ids_of(name, synthetic::SWEEP_TOKENS);
                 let path = write_model(&dir, name, &bytes, &ids);

@@ -364,6 +364,52 @@ fn kimi_k3_plain() {
     sweep_model("kimi-k3-plain", bytes, fixture("kimi-k3", "kimi-k3-plain"));
 }
 
+/// The Kimi models with whole-block latent rows (`synthetic::kimi::BLOCK_MODELS`), against
+/// `fixtures/kimi-blocks/`: the f32-cache runs their quantized-cache sweeps are measured from.
+#[test]
+fn kimi_blocks() {
+    for &name in synthetic::kimi::BLOCK_MODELS {
+        let bytes = synthetic::kimi::gguf_bytes(name);
+        sweep_model(name, bytes, fixture("kimi-blocks", name));
+    }
+}
+
+/// The Kimi models' MLA latent rows in a quantized type (`-ctk`; the KDA layers' recurrent
+/// states stay f32, as in llama.cpp's hybrid memory), against llama.cpp with the same cache
+/// (flash attention on): `fixtures/kimi-kv-<type>/`, held as [`quantized_cache_sweep`].
+#[test]
+fn kimi_quantized_caches() {
+    for ty in [KvType::Q8_0, KvType::Q4_0] {
+        for &name in synthetic::kimi::BLOCK_MODELS {
+            let bytes = synthetic::kimi::gguf_bytes(name);
+            quantized_cache_sweep_of(name, "kimi-", bytes, (KvStorage::uniform(ty), 0));
+        }
+    }
+}
+
+/// `-ctk q8_0` on a Kimi file stores its MLA layers' latent rows as Q8_0 blocks (the KDA
+/// states are per sequence, not per position); a file whose rows are not whole blocks is
+/// refused by name.
+#[test]
+fn kimi_quantized_latent_rows_take_their_blocks() {
+    let options = EngineOptions {
+        n_ctx: 256,
+        threads: 2,
+        kv_storage: KvStorage::uniform(KvType::Q8_0),
+        ..EngineOptions::default()
+    };
+    let load = |name: &str| {
+        let gguf = Gguf::from_bytes(synthetic::kimi::gguf_bytes(name)).unwrap();
+        AnyEngine::from_gguf(Arc::new(gguf), &options)
+    };
+    // kimi-k3-blocks: two MLA layers of 64-value rows, two Q8_0 blocks of 34 bytes each.
+    let engine = load("kimi-k3-blocks").unwrap();
+    let state = engine.new_state().unwrap();
+    assert_eq!(state.bytes_per_position(), (2 * 2 * 34) as f64);
+    let refused = load("kimi-linear").err().expect("refused").to_string();
+    assert!(refused.contains("not whole blocks"), "{refused}");
+}
+
 /// DeepSeek-V3.2 (`deepseek32`: every layer's indexer selects 32 positions), against
 /// `fixtures/dsa/`.
 #[test]

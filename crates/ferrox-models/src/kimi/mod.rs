@@ -82,7 +82,9 @@ impl KimiEngine {
         options: &EngineOptions,
         config: KimiConfig,
     ) -> Result<KimiEngine, ModelError> {
-        crate::scaffold::require_float_cache(options, "Kimi linear-attention")?;
+        // The MLA layers' latent rows take the cache type; the KDA layers' recurrent
+        // states stay f32, as llama.cpp's hybrid memory keeps them.
+        let options = &crate::layers::mla::latent_cache_options(options, &config.mla)?;
         let mut weights = KimiWeights::load(&gguf, &config)?;
         let c = &config.mla;
         let mut rt = Runtime::new(

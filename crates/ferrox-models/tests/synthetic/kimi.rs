@@ -122,8 +122,9 @@ struct K3Spec {
     weights_norm: bool,
 }
 
+/// Model `name`'s spec (a `-blocks` model's is its base model's).
 fn spec(name: &str) -> Spec {
-    match name {
+    match name.strip_suffix("-blocks").unwrap_or(name) {
         "kimi-linear" => Spec {
             arch: "kimi-linear",
             kv_heads: &[0, 0, 1, 0],
@@ -164,14 +165,21 @@ fn spec(name: &str) -> Spec {
     }
 }
 
+/// `kimi-linear` and `kimi-k3` with 32 rope dims, so a latent row (32 + 32) is whole
+/// blocks of a quantized cache type (the others' rows of 48 are not).
+pub const BLOCK_MODELS: &[&str] = &["kimi-linear-blocks", "kimi-k3-blocks"];
+
 /// The `kimi-linear` file.
 pub fn kimi_linear_gguf_bytes() -> Vec<u8> {
     gguf_bytes("kimi-linear")
 }
 
-/// The file of the Kimi model `name` (one of [`KIMI_MODELS`]).
+/// The file of the Kimi model `name` (one of [`KIMI_MODELS`] or [`BLOCK_MODELS`]).
 pub fn gguf_bytes(name: &str) -> Vec<u8> {
-    write(&spec(name), &TINY)
+    match name.ends_with("-blocks") {
+        true => write(&spec(name), &Dims { rope: 32, ..TINY }),
+        false => write(&spec(name), &TINY),
+    }
 }
 
 /// A `kimi-linear` file of Kimi-Linear-48B-A3B's attention shapes on a small trunk, for
