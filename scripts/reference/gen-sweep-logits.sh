@@ -45,6 +45,10 @@
 #   gen-sweep-logits.sh kimi-kv-q8_0  likewise for the Kimi models with whole-block latent rows
 #                              (kimi-kv-q4_0: q4_0) against fixtures/kimi-blocks/, into
 #                              .../fixtures/kimi-kv-q8_0/.
+#   gen-sweep-logits.sh deepseek4-kv-q8_0  the DeepSeek-V4 model with a q8_0 cache
+#                              (deepseek4-kv-q4_0: q4_0) for every cache it keeps (raw rows,
+#                              compressed rows, indexer keys), against fixtures/deepseek4/, into
+#                              .../fixtures/deepseek4-kv-q8_0/.
 #   gen-sweep-logits.sh kv-q8_0-f16v  a q8_0 K with the default f16 V (what `-ctk q8_0` alone
 #                              gives; kv-q4_0-f16v likewise), the same models, into
 #                              .../fixtures/kv-q8_0-f16v/: llama.cpp accumulates an f16 V in f16.
@@ -73,10 +77,12 @@ case "$SET" in
         F32_SET=dsa; ONLY="${ONLY:-deepseek32-blocks}" ;;
     kimi-kv-q8_0|kimi-kv-q4_0) WRITE_FLAG=--kimi-blocks; KV_TYPE="${SET#kimi-kv-}"
         N_GREEDY="$N_GREEDY_MLA"; F32_SET=kimi-blocks ;;
+    deepseek4-kv-q8_0|deepseek4-kv-q4_0) WRITE_FLAG=--deepseek4; KV_TYPE="${SET#deepseek4-kv-}"
+        N_GREEDY="$N_GREEDY_MLA"; F32_SET=deepseek4 ;;
     kv-q8_0-f16v|kv-q4_0-f16v) WRITE_FLAG=--sweep; KV_TYPE="${SET#kv-}"; KV_TYPE="${KV_TYPE%-f16v}"
         KV_TYPE_V=f16
         ONLY="${ONLY:-${KV_MODELS:-llama.f32 qwen2.f32 gemma3.f32 phi3.f32 qwen3moe.f32}}" ;;
-    *) echo "usage: $0 [sweep|kimi|kimi-k3|kimi-blocks|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE|dsa-kv-TYPE|kimi-kv-TYPE]" >&2
+    *) echo "usage: $0 [sweep|kimi|kimi-k3|kimi-blocks|dsa|deepseek4|dsa-default|deepseek4-default|kv-TYPE|dsa-kv-TYPE|kimi-kv-TYPE|deepseek4-kv-TYPE]" >&2
        exit 2 ;;
 esac
 BIN="$("$REF_DIR/build.sh")"

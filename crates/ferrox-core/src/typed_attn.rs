@@ -200,15 +200,44 @@ impl TypedGroup {
 
     /// Writes each query's normalised output (`head_dim_v` per query) to `out`.
     pub fn finish(&self, out: &mut [f32]) {
+        self.write_out(&self.softmax.sum, None, out);
+    }
+
+    /// [`finish`](Self::finish) with a sink logit per query (`sinks[g]`) in each softmax's
+    /// denominator, as ggml adds it after the last key: a sink above the running maximum
+    /// scales the accumulator down to it, otherwise it adds `exp(sink − max)` to the sum.
+    pub fn finish_with_sinks(&self, sinks: &[f32], out: &mut [f32]) {
+        let n = self.shape.n_queries;
+        let mut sums = [0f32; MAX_GROUP];
+        let mut scales = [1f32; MAX_GROUP];
+        for g in 0..n {
+            let (m, s) = (self.softmax.max[g], sinks[g]);
+            let (ms, vs) = match s > m {
+                true => (crate::online_softmax::exp(m - s), 1.0),
+                false => (1.0, crate::online_softmax::exp(s - m)),
+            };
+            scales[g] = ms;
+            sums[g] = self.softmax.sum[g] * ms + vs;
+        }
+        self.write_out(&sums, Some(&scales), out);
+    }
+
+    fn write_out(
+        &self,
+        sums: &[f32; MAX_GROUP],
+        scales: Option<&[f32; MAX_GROUP]>,
+        out: &mut [f32],
+    ) {
         let dv = self.shape.head_dim_v;
         for g in 0..self.shape.n_queries {
-            let sum = self.softmax.sum[g];
+            let sum = sums[g];
+            let scale = scales.map_or(1.0, |s| s[g]);
             let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
             for (o, a) in out[g * dv..(g + 1) * dv]
                 .iter_mut()
                 .zip(&self.acc[g * dv..])
             {
-                *o = a * inv;
+                *o = a * scale * inv;
             }
         }
     }
@@ -820,5 +849,74 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A sink logit joins each query's softmax denominator: below every score it only adds
+    /// to the sum, above them it also scales the accumulator down to its maximum; either way
+    /// the result is a two-pass softmax over the scores and the sink (which carries no
+    /// value), and a sink far below changes no bit of [`TypedGroup::finish`]'s output.
+    #[test]
+    fn sinks_join_the_denominator() {
+        let (dk, n) = (64, 19);
+        let ty = KvType::Q8_0;
+        let kf = values(n * dk, 5);
+        let mut kb = vec![0u8; ty.bytes(n * dk)];
+        quantize_row(ty.ggml(), &kf, &mut kb).unwrap();
+        let mut kd = vec![0f32; n * dk];
+        crate::dequantize_row(ty.ggml(), &kb, &mut kd).unwrap();
+        let qs = values(3 * dk, 6);
+        let shape = GroupShape {
+            n_queries: 3,
+            head_dim_k: dk,
+            head_dim_v: dk,
+            scale: 0.5,
+            softcap: None,
+        };
+        let mut group = TypedGroup::default();
+        group.start((ty, ty), shape, &qs).unwrap();
+        group.attend_run(&TypedRun {
+            keys: &kb,
+            key_stride: ty.bytes(dk),
+            values: &kb,
+            value_stride: ty.bytes(dk),
+            len: n,
+        });
+        let mut plain = vec![0f32; 3 * dk];
+        group.finish(&mut plain);
+        let mut far = vec![0f32; 3 * dk];
+        group.finish_with_sinks(&[-200.0; 3], &mut far);
+        assert!(plain
+            .iter()
+            .zip(&far)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // A low, a middling and a dominant sink.
+        let sinks = [-3.0, 0.5, 40.0];
+        let mut got = vec![0f32; 3 * dk];
+        group.finish_with_sinks(&sinks, &mut got);
+        for g in 0..3 {
+            // The query as the keys' dot kernel sees it: rounded to Q8_0.
+            let mut qb = vec![0u8; ty.bytes(dk)];
+            quantize_row(ty.ggml(), &qs[g * dk..(g + 1) * dk], &mut qb).unwrap();
+            let mut q = vec![0f32; dk];
+            crate::dequantize_row(ty.ggml(), &qb, &mut q).unwrap();
+            let scores: Vec<f64> = kd
+                .chunks_exact(dk)
+                .map(|k| 0.5 * k.iter().zip(&q).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                .collect();
+            let max = scores.iter().copied().fold(sinks[g] as f64, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total = w.iter().sum::<f64>() + (sinks[g] as f64 - max).exp();
+            for d in 0..dk {
+                let expect = (0..n).map(|j| w[j] * kd[j * dk + d] as f64).sum::<f64>() / total;
+                let tol = 1e-4 * expect.abs().max(1e-2);
+                assert!(
+                    (got[g * dk + d] as f64 - expect).abs() <= tol,
+                    "query {g} dim {d}: {} vs {expect}",
+                    got[g * dk + d]
+                );
+            }
+        }
+        // The dominant sink leaves almost nothing.
+        assert!(got[2 * dk..].iter().all(|v| v.abs() < 1e-6));
     }
 }

@@ -330,18 +330,6 @@ impl Runtime {
     }
 }
 
-/// Refuses a cache of other types than f16 or f32 for an engine whose attention reads only
-/// those (every engine but the grouped-query decoder, for now), before its weights load.
-pub fn require_float_cache(options: &EngineOptions, engine: &str) -> Result<(), ModelError> {
-    if options.kv_storage.is_float() {
-        return Ok(());
-    }
-    Err(ModelError::UnsupportedCacheType {
-        engine: engine.to_string(),
-        cache: options.kv_storage.name(),
-    })
-}
-
 impl Runtime {
     /// Repacks the weights on the pool as the memory plan says, when the options ask for it.
     pub fn repack(

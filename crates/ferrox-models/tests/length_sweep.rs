@@ -494,6 +494,44 @@ fn dsa_default_cache() {
     }
 }
 
+/// DeepSeek-V4 with every cache it keeps (the window's raw rows, the compressed rows, the
+/// indexer's keys) in one quantized type (`-ctk`, as llama.cpp's V4 cache takes it), against
+/// llama.cpp with the same cache (flash attention on): `fixtures/deepseek4-kv-<type>/`, held
+/// as [`quantized_cache_sweep`]. Queries, raw and compressed keys are rotated as llama.cpp
+/// rotates a quantized cache's, the attention's output rotated back.
+///
+/// Every position of the sequence up to 120 agrees within 1e-6. At position 121, one value of head 2's
+/// query in layer 0, scaled for Q8_0 (the query's type for both caches), lands exactly on a
+/// half: llama.cpp rotates by a matrix product and this engine by the fast transform, an ulp
+/// apart, so the two round that value to neighbouring codes. Head 2's output there moves by
+/// 2.5e-3, and the positions after it read that row: five greedy positions past 120 miss
+/// the bar (at most by 0.14 at q8_0 and 0.19 at q4_0).
+#[test]
+fn deepseek4_quantized_caches() {
+    for ty in [KvType::Q8_0, KvType::Q4_0] {
+        let bytes = synthetic::deepseek4::gguf_bytes();
+        let misses = quantized_cache_sweep_of(
+            "deepseek4",
+            "deepseek4-",
+            bytes,
+            (KvStorage::uniform(ty), 5),
+        );
+        assert!(misses.positions.keys().all(|&p| p > 121), "{ty:?}");
+        // Before that half, summation order only: the sequence's positions within 1e-4 up
+        // to 120 (greedy continuations, other token paths, meet halves of their own).
+        let fx = fixture(&format!("deepseek4-kv-{}", ty.name()), "deepseek4");
+        let strict = Bar {
+            kv_storage: KvStorage::uniform(ty),
+            tolerance: 1e-4,
+            outlier_positions: usize::MAX,
+            greedy_misses: Some(usize::MAX),
+        };
+        let misses = sweep_with("deepseek4", synthetic::deepseek4::gguf_bytes(), fx, &strict);
+        let first = misses.positions.keys().next().copied();
+        assert_eq!(first, Some(121), "{ty:?}: the first position past 1e-4");
+    }
+}
+
 /// DeepSeek-V4 at llama.cpp's defaults, held as [`dsa_default_cache`] (its indexer's
 /// queries and compressed keys rotated by llama.cpp's fast transform).
 #[test]

@@ -17,9 +17,13 @@
 
 use std::cell::RefCell;
 
+use ferrox_core::flash_attn::GroupShape;
 use ferrox_core::hadamard;
+use ferrox_core::kernels::quantize_activation;
+use ferrox_core::online_softmax::MAX_GROUP;
 use ferrox_core::relu_scores::{self, IndexQuery};
-use ferrox_core::KvRows;
+use ferrox_core::typed_attn::TypedRun;
+use ferrox_core::{KvRows, KvType};
 use ferrox_gguf::Gguf;
 use ferrox_memory::StepMemory;
 use rayon::prelude::*;
@@ -29,7 +33,7 @@ use super::config::{Compression, Deepseek4Config};
 use super::weights::{IndexerWeights, LayerWeights};
 use super::RING_SLACK;
 use crate::engine::EngineError;
-use crate::layers::attention::MAX_HEAD_DIM;
+use crate::layers::attention::{with_typed_group, MAX_HEAD_DIM};
 use crate::layers::linear::linear;
 use crate::layers::mla::sparse::Selection;
 use crate::layers::norm::{rms_norm_in_place, rms_normalize_in_place};
@@ -38,32 +42,73 @@ use ferrox_core::select::top_k;
 
 /// A layer's raw key-value rows in a sequence's state: a ring of the latest `len` positions
 /// (the window and [`RING_SLACK`]), position `p` at slot `p % len`.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct RawRing {
     pub offset: usize,
     pub len: usize,
     pub width: usize,
-    /// Rows are kept at f16 precision (the cache type asked for, as llama.cpp's cache).
-    pub half: bool,
+    /// The type rows are kept in, the cache type asked for (llama.cpp's raw cache takes
+    /// `-ctk`): f32, f16 values (as f32), or the blocks of bf16 and the quantized types.
+    pub ty: KvType,
+    /// The size of llama.cpp's rotation of queries and keys for a quantized cache (also
+    /// applied to the compressed rows, which share the head size), if any.
+    pub rotation: Option<usize>,
+}
+
+impl Default for RawRing {
+    fn default() -> Self {
+        RawRing {
+            offset: 0,
+            len: 0,
+            width: 0,
+            ty: KvType::F32,
+            rotation: None,
+        }
+    }
 }
 
 impl RawRing {
+    /// The f32 values a row's slot takes: its values, or its blocks' bytes rounded up to
+    /// whole f32s.
+    pub fn slot_values(&self) -> usize {
+        match self.typed() {
+            false => self.width,
+            true => self.ty.bytes(self.width).div_ceil(4),
+        }
+    }
+
+    /// Whether rows are blocks (read by the typed kernels) rather than f32 values.
+    pub fn typed(&self) -> bool {
+        !matches!(self.ty, KvType::F32 | KvType::F16)
+    }
+
     fn slot(&self, pos: usize) -> usize {
-        self.offset + (pos % self.len) * self.width
+        self.offset + (pos % self.len) * self.slot_values()
     }
 
     fn row<'s>(&self, state: &'s [f32], pos: usize) -> &'s [f32] {
         &state[self.slot(pos)..][..self.width]
     }
 
+    /// The whole ring as bytes, a row's slot every `4 · slot_values()`.
+    fn ring_bytes<'s>(&self, state: &'s [f32]) -> &'s [u8] {
+        bytemuck::cast_slice(&state[self.offset..][..self.len * self.slot_values()])
+    }
+
     fn write(&self, state: &mut [f32], pos: usize, row: &[f32]) {
-        let dst = &mut state[self.slot(pos)..][..self.width];
-        match self.half {
-            true => dst
+        let slot = self.slot(pos);
+        let dst = &mut state[slot..][..self.slot_values()];
+        match self.ty {
+            KvType::F32 => dst.copy_from_slice(row),
+            KvType::F16 => dst
                 .iter_mut()
                 .zip(row)
                 .for_each(|(d, &v)| *d = half::f16::from_f32(v).to_f32()),
-            false => dst.copy_from_slice(row),
+            ty => {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+                quantize_activation(ty.ggml(), row, &mut bytes[..ty.bytes(row.len())])
+                    .expect("the engine checked the cache's type and head size at load");
+            }
         }
     }
 }
@@ -152,10 +197,17 @@ pub fn attention(
         rope.apply_tail(row, d, &s.angles);
         rope.apply_tail(&mut q[t * h * d..(t + 1) * h * d], d, &s.angles);
     }
+    // A quantized cache's rotation, as llama.cpp's: `q · k` is unchanged, and the rounded
+    // keys lose less.
+    let rotation = stores.raw.rotation;
+    if let Some(block) = rotation {
+        hadamard::rotate_fast(q, block);
+        hadamard::rotate_fast(kv, block);
+    }
     let compressed = (&c.rope_compressed, eps);
     if let (Some(at), Some(w)) = (stores.compressor, &lw.compressor) {
         let s = &mut s.compressor;
-        compressor::record(at, w, gguf, rows, xn, memory, compressed, None, s)?;
+        compressor::record(at, w, gguf, rows, xn, memory, compressed, rotation, s)?;
     }
     if let (Some(at), Some(ix)) = (stores.indexer, &lw.indexer) {
         compressor::record(
@@ -186,6 +238,24 @@ pub fn attention(
         let memory = &*memory;
         let (q, selection) = (&s.q, &s.selection);
         let o = &mut o[first * h * d..chunk.end * h * d];
+        if stores.raw.typed() {
+            let group = head_group(h);
+            o.par_chunks_mut(group * d).enumerate().for_each(|(i, o)| {
+                let (t, head) = (first + i * group / h, i * group % h);
+                attend_typed_heads(
+                    c,
+                    il,
+                    stores,
+                    &rows[t],
+                    (t, head..head + group),
+                    (q, selection),
+                    memory,
+                    o,
+                    (&lw.sinks, scale),
+                );
+            });
+            continue;
+        }
         o.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
             let (t, head) = (first + i / h, i % h);
             attend_token_head(
@@ -201,6 +271,10 @@ pub fn attention(
                 (lw.sinks[head], scale, max_keys),
             );
         });
+    }
+    if let Some(block) = rotation {
+        // Back to the keys' own basis (the rotation is its own inverse).
+        hadamard::rotate_fast(o, block);
     }
     for (t, r) in rows.iter().enumerate() {
         rope.angles(r.pos, &mut s.angles);
@@ -225,8 +299,21 @@ fn attend_token_head(
 ) {
     let (h, d) = (c.n_head, c.head_dim);
     let i = t * h + head;
-    let r = &rows[t];
-    let keys = KeySet {
+    let keys = key_set(c, il, stores, &rows[t], t, selection);
+    let query = &q[i * d..(i + 1) * d];
+    attend_head(memory, &keys, query, sink, scale, max_keys, o);
+}
+
+/// The keys of row `r` (row `t` of the micro-batch) in layer `il`.
+fn key_set<'a>(
+    c: &Deepseek4Config,
+    il: usize,
+    stores: LayerStores,
+    r: &Row,
+    t: usize,
+    selection: &'a Selection,
+) -> KeySet<'a> {
+    KeySet {
         seq: r.seq,
         raw_ring: stores.raw,
         raw: r.pos.saturating_sub(c.window - 1)..r.pos + 1,
@@ -238,9 +325,51 @@ fn attend_token_head(
             },
             _ => Compressed::None,
         },
+    }
+}
+
+/// Query heads that attend together over a typed cache: the largest divisor of the head
+/// count the typed kernels take at once.
+fn head_group(n_head: usize) -> usize {
+    (1..=n_head.min(MAX_GROUP))
+        .rev()
+        .find(|g| n_head.is_multiple_of(*g))
+        .unwrap_or(1)
+}
+
+/// Heads `heads` of row `t` (`r`) over a typed cache into `o` (`heads.len() · D`), with
+/// ggml's arithmetic for it (the query rounded to the keys' dot type, the online softmax,
+/// each row decoded as a value; the sinks after the last key), every key read once for the
+/// group.
+#[allow(clippy::too_many_arguments)]
+fn attend_typed_heads(
+    c: &Deepseek4Config,
+    il: usize,
+    stores: LayerStores,
+    r: &Row,
+    (t, heads): (usize, std::ops::Range<usize>),
+    (q, selection): (&[f32], &Selection),
+    memory: &StepMemory<'_>,
+    o: &mut [f32],
+    (sinks, scale): (&[f32], f32),
+) {
+    let (h, d, ty) = (c.n_head, c.head_dim, stores.raw.ty);
+    let keys = key_set(c, il, stores, r, t, selection);
+    let shape = GroupShape {
+        n_queries: heads.len(),
+        head_dim_k: d,
+        head_dim_v: d,
+        scale,
+        softcap: None,
     };
-    let query = &q[i * d..(i + 1) * d];
-    attend_head(memory, &keys, query, sink, scale, max_keys, o);
+    let queries = &q[(t * h + heads.start) * d..(t * h + heads.end) * d];
+    with_typed_group(|group| {
+        group
+            .start((ty, ty), shape, queries)
+            .expect("the engine checked the cache's type and head size at load");
+        keys.for_each_run(memory, &mut |run| group.attend_run(run));
+        group.finish_with_sinks(&sinks[heads], o);
+    });
 }
 
 /// The compressed rows a token attends to.
@@ -268,6 +397,45 @@ impl KeySet<'_> {
                 Compressed::All(_, n) => *n,
                 Compressed::Listed(_, list) => list.len(),
             }
+    }
+
+    /// Calls `f` with the keys of a typed cache in order, as runs of consecutive rows: the
+    /// window's (one or two stretches of the ring), then each compressed row.
+    fn for_each_run(&self, memory: &StepMemory<'_>, f: &mut dyn FnMut(&TypedRun<'_>)) {
+        let ring = self.raw_ring;
+        let bytes = ring.ring_bytes(memory.state_ref(self.seq));
+        let stride = 4 * ring.slot_values();
+        let mut pos = self.raw.start;
+        while pos < self.raw.end {
+            let slot = pos % ring.len;
+            let len = (self.raw.end - pos).min(ring.len - slot);
+            let rows = &bytes[slot * stride..];
+            f(&TypedRun {
+                keys: rows,
+                key_stride: stride,
+                values: rows,
+                value_stride: stride,
+                len,
+            });
+            pos += len;
+        }
+        let mut compressed = |at: CompressorStore, b: usize| {
+            let (_, row) = memory
+                .key_row(at.store, self.seq, at.layer, at.position_of(b))
+                .as_bytes();
+            f(&TypedRun {
+                keys: row,
+                key_stride: row.len(),
+                values: row,
+                value_stride: row.len(),
+                len: 1,
+            });
+        };
+        match &self.compressed {
+            Compressed::None => {}
+            Compressed::All(at, n) => (0..*n).for_each(|b| compressed(*at, b)),
+            Compressed::Listed(at, list) => list.iter().for_each(|&b| compressed(*at, b)),
+        }
     }
 
     /// Calls `f` with each key (`width` values) in order.

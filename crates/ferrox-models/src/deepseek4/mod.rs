@@ -88,18 +88,24 @@ fn lay_out_memory(
     storage: KvStorage,
 ) -> (Vec<LayerStores>, Vec<PagedStoreSpec>, usize) {
     let raw_len = c.window.min(n_ctx) + RING_SLACK;
+    let ring = RawRing {
+        offset: 0,
+        len: raw_len,
+        width: c.head_dim,
+        ty: storage.keys,
+        rotation: storage.key_rotation(c.head_dim),
+    };
+    let ring_values = raw_len * ring.slot_values();
     let mut stores: Vec<LayerStores> = (0..c.n_layer)
         .map(|il| LayerStores {
             raw: RawRing {
-                offset: il * raw_len * c.head_dim,
-                len: raw_len,
-                width: c.head_dim,
-                half: storage == KvStorage::F16,
+                offset: il * ring_values,
+                ..ring
             },
             ..LayerStores::default()
         })
         .collect();
-    let mut state_values = c.n_layer * raw_len * c.head_dim;
+    let mut state_values = c.n_layer * ring_values;
     let mut specs = Vec::new();
     // (kind, width, is the indexer's): one store each.
     let kinds = [
@@ -139,13 +145,38 @@ fn lay_out_memory(
     (stores, specs, state_values)
 }
 
+/// The options with the cache's type: every cache of the model holds keys only (each key
+/// row is also its value), so `-ctk` gives the type of all of them (the raw rows, the
+/// compressed rows and the indexer's keys) and `-ctv` has nothing to store, as in
+/// llama.cpp. A block type needs heads and indexer keys of whole blocks.
+fn cache_options(
+    options: &EngineOptions,
+    c: &Deepseek4Config,
+) -> Result<EngineOptions, ModelError> {
+    let storage = KvStorage::uniform(options.kv_storage.keys);
+    let block = storage.keys.block_len();
+    for (what, width) in [("heads", c.head_dim), ("indexer keys", c.indexer_dim)] {
+        if !width.is_multiple_of(block) {
+            return Err(ModelError::Config(format!(
+                "a {} cache (-ctk) stores blocks of {block} values, and this model's {what} \
+                 have {width}: not whole blocks; use f16 or f32",
+                storage.name()
+            )));
+        }
+    }
+    Ok(EngineOptions {
+        kv_storage: storage,
+        ..options.clone()
+    })
+}
+
 impl Deepseek4Engine {
     pub fn with_config(
         gguf: Arc<Gguf>,
         options: &EngineOptions,
         config: Deepseek4Config,
     ) -> Result<Self, ModelError> {
-        crate::scaffold::require_float_cache(options, "DeepSeek-V4")?;
+        let options = &cache_options(options, &config)?;
         let mut weights = Deepseek4Weights::load(&gguf, &config)?;
         let c = &config;
         let mut rt = Runtime::new(
