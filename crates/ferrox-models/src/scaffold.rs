@@ -655,16 +655,27 @@ impl OutputRows {
             return rows.len();
         }
         self.kept.clear();
+        let kept = rows.iter().filter(|r| r.logits_row.is_some());
+        self.kept.extend(kept.copied());
+        self.compact(rows, x, width);
+        self.kept.len()
+    }
+
+    /// Cuts another buffer of the micro-batch's rows (`width` values each, in `x`) as
+    /// [`OutputRows::keep`] cut the hidden states.
+    pub fn compact(&self, rows: &[Row], x: &mut [f32], width: usize) {
+        if !self.pruned {
+            return;
+        }
+        let mut to = 0;
         for (t, row) in rows.iter().enumerate() {
             if row.logits_row.is_some() {
-                let to = self.kept.len();
                 if to != t {
                     x.copy_within(t * width..(t + 1) * width, to * width);
                 }
-                self.kept.push(*row);
+                to += 1;
             }
         }
-        self.kept.len()
     }
 
     /// The rows the output head reads: the kept ones where [`OutputRows::keep`] cut this

@@ -81,3 +81,22 @@ fn sparse_attention_engines_give_the_same_logits() {
         );
     }
 }
+
+#[test]
+fn deepseek4_gives_the_same_logits() {
+    let tokens = synthetic::deepseek4::token_ids(90);
+    check_file(
+        "deepseek4",
+        synthetic::deepseek4::gguf_bytes(),
+        &tokens,
+        "F32",
+    );
+}
+
+#[test]
+fn kimi_engines_give_the_same_logits() {
+    for &name in synthetic::kimi::KIMI_MODELS {
+        let tokens = synthetic::kimi::token_ids_of(name, 90);
+        check_file(name, synthetic::kimi::gguf_bytes(name), &tokens, "F32");
+    }
+}

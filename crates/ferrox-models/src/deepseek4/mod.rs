@@ -78,6 +78,7 @@ pub struct Scratch {
     chosen: Vec<usize>,
     moe: ferrox_moe::MoeScratch,
     head: HeadScratch,
+    output_rows: scaffold::OutputRows,
 }
 
 /// Each layer's rings and stores, the strided stores' shapes (one per compressor kind that
@@ -352,6 +353,8 @@ impl scaffold::EngineBody for Deepseek4Engine {
                 copy.copy_from_slice(&x_in[t * e..(t + 1) * e]);
             }
         }
+        s.output_rows.reset();
+        let last = self.weights.layers.len().saturating_sub(1);
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let Scratch {
                 streams,
@@ -363,6 +366,7 @@ impl scaffold::EngineBody for Deepseek4Engine {
                 router_logits,
                 chosen,
                 moe,
+                output_rows,
                 ..
             } = s;
             let (x_in, xn, y) = (sized(x_in, n * e), sized(xn, n * e), sized(y, n * e));
@@ -385,6 +389,15 @@ impl scaffold::EngineBody for Deepseek4Engine {
             )?;
             mix.post(streams, y, n, hs);
 
+            // The last layer's experts only for the rows that give something back.
+            let (n, rows) = match il == last {
+                true => (
+                    output_rows.keep(rows, streams, HC * e),
+                    output_rows.of(rows),
+                ),
+                false => (n, rows),
+            };
+            let (x_in, xn, y) = (&mut x_in[..n * e], &mut xn[..n * e], &mut y[..n * e]);
             let mix = self.hyper(&lw.hc_ffn);
             mix.pre(gguf, streams, n, x_in, hs)?;
             scaffold::norm_rows(x_in, &lw.ffn_norm, c.norm_eps, xn);
@@ -397,6 +410,8 @@ impl scaffold::EngineBody for Deepseek4Engine {
             mix.post(streams, y, n, hs);
         }
         scaffold::advance(memory, rows);
+        let head_rows = s.output_rows.of(rows);
+        let n = head_rows.len();
         let x_in = sized(&mut s.x_in, n * e);
         hyper::collapse(
             gguf,
@@ -414,6 +429,6 @@ impl scaffold::EngineBody for Deepseek4Engine {
             output: self.weights.output.view(gguf)?,
             softcap: None,
         };
-        head.run(rows, &s.x_in[..n * e], logits, &mut s.head)
+        head.run(head_rows, &s.x_in[..n * e], logits, &mut s.head)
     }
 }

@@ -74,6 +74,7 @@ pub struct Scratch {
     head: HeadScratch,
     router_logits: Vec<f32>,
     latent: LatentScratch,
+    output_rows: scaffold::OutputRows,
 }
 
 impl KimiEngine {
@@ -366,6 +367,9 @@ impl KimiEngine {
             let proj = sized(&mut proj, n * n_embd);
             scaffold::embed(rows, &self.weights.token_embd.view(gguf)?, None, &[], x)?;
             s.stream.checkpoints.reset(n, n_embd);
+            s.output_rows.reset();
+            let last_layer = self.weights.layers.len().saturating_sub(1);
+            let mut n = n;
             for (il, layer) in self.weights.layers.iter().enumerate() {
                 let (attn_norm, ffn_norm, _) = layer.norms_and_ffn();
                 let scores = layer.res.as_ref();
@@ -382,12 +386,24 @@ impl KimiEngine {
                     true => x.copy_from_slice(proj),
                     false => scaffold::residual_add(x, proj, n_embd, None, eps),
                 }
+                // The last layer's FFN only for the rows that give something back (their
+                // checkpoints cut alike).
+                if il == last_layer {
+                    n = s.output_rows.keep(rows, x, n_embd);
+                    s.stream.checkpoints.keep_output_rows(rows, &s.output_rows);
+                }
+                let (x, xn, proj) = (
+                    &mut x[..n * n_embd],
+                    &mut xn[..n * n_embd],
+                    &mut proj[..n * n_embd],
+                );
                 let input = s.stream.input(x, scores.map(|r| &r.ffn[..]), eps);
                 scaffold::norm_rows(input, ffn_norm, eps, xn);
                 self.ffn(il, layer, xn, proj, s)?;
                 scaffold::residual_add(x, proj, n_embd, None, eps);
             }
             scaffold::advance(memory, rows);
+            let x = &x[..n * n_embd];
             let w = self.weights.output_res_score.as_deref();
             let last = s.stream.input(x, w, eps);
             let head = OutputHead {
@@ -396,7 +412,7 @@ impl KimiEngine {
                 output: self.weights.output.view(gguf)?,
                 softcap: None,
             };
-            head.run(rows, last, logits, &mut s.head)
+            head.run(s.output_rows.of(rows), last, logits, &mut s.head)
         })();
         (s.x, s.xn, s.proj) = (x, xn, proj);
         result

@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use crate::scaffold::sized;
+use crate::scaffold::{sized, OutputRows, Row};
 
 /// Checkpoints a mix scores without allocating (Kimi-K3 has 8).
 const INLINE_CHECKPOINTS: usize = 16;
@@ -48,6 +48,23 @@ impl Checkpoints {
         }
         self.stack[self.count * slab..len].copy_from_slice(&x[..slab]);
         self.count += 1;
+    }
+
+    /// Keeps only the rows `kept` kept (see [`OutputRows::keep`]) of every checkpoint.
+    pub fn keep_output_rows(&mut self, rows: &[Row], kept: &OutputRows) {
+        let (old_slab, n_kept) = (self.n * self.n_embd, kept.of(rows).len());
+        let new_slab = n_kept * self.n_embd;
+        for i in 0..self.count {
+            kept.compact(
+                rows,
+                &mut self.stack[i * old_slab..(i + 1) * old_slab],
+                self.n_embd,
+            );
+            // Slabs move towards the front, in order: none overwrites one still to move.
+            let from = i * old_slab;
+            self.stack.copy_within(from..from + new_slab, i * new_slab);
+        }
+        self.n = n_kept;
     }
 
     /// `out` = the mix of the checkpoints and the stream `cur` scored by `w`; `cur` itself
