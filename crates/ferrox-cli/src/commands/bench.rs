@@ -572,11 +572,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!("\nmodel: {file_name}");
-    let storage = model_args.kv_storage();
     println!(
-        "sequence memory: {kv_per_position:.0} bytes per position (K {}, V {}), {:.1} MiB at the deepest test",
-        storage.keys.name(),
-        storage.values.name(),
+        "sequence memory: {kv_per_position:.0} bytes per position ({}), {:.1} MiB at the deepest test",
+        cache_types(&decoder.memory_spec()),
         kv_per_position * deepest as f64 / (1 << 20) as f64
     );
     println!(
@@ -805,4 +803,15 @@ fn weight_memory_json(m: &ferrox_models::engine::WeightMemory) -> Value {
             "ahead_used": c.ahead_used,
         })),
     })
+}
+
+/// The types the engine's cache stores: its keys' and values', or its keys' alone where
+/// every row is also its own value (MLA latent rows, DeepSeek-V4's rows), whatever `-ctv`
+/// said.
+fn cache_types(spec: &ferrox_memory::MemorySpec) -> String {
+    let keys = spec.storage.keys.name();
+    match spec.paged.iter().all(|store| store.value_width == 0) {
+        true => format!("K {keys}, values read from the keys"),
+        false => format!("K {keys}, V {}", spec.storage.values.name()),
+    }
 }
