@@ -574,7 +574,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("\nmodel: {file_name}");
     println!(
         "sequence memory: {kv_per_position:.0} bytes per position ({}), {:.1} MiB at the deepest test",
-        cache_types(&decoder.memory_spec()),
+        cache_types(decoder),
         kv_per_position * deepest as f64 / (1 << 20) as f64
     );
     println!(
@@ -808,7 +808,8 @@ fn weight_memory_json(m: &ferrox_models::engine::WeightMemory) -> Value {
 /// The types the engine's cache stores: its keys' and values', or its keys' alone where
 /// every row is also its own value (MLA latent rows, DeepSeek-V4's rows), whatever `-ctv`
 /// said.
-fn cache_types(spec: &ferrox_memory::MemorySpec) -> String {
+fn cache_types(engine: &AnyEngine) -> String {
+    let spec = engine.memory_spec();
     let keys = spec.storage.keys.name();
     match spec.paged.iter().all(|store| store.value_width == 0) {
         true => format!("K {keys}, values read from the keys"),
