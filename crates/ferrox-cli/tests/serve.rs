@@ -305,8 +305,10 @@ fn serve_runs_mla_and_kimi_models() {
         let spec = synthetic::spec(name);
         let mla = spec.mla.clone().unwrap();
         let per_position = (mla.kv_lora_rank + mla.qk_rope) * spec.n_layer * 2;
-        (synthetic::gguf_bytes(name), per_position, 0)
+        (synthetic::gguf_bytes(name), per_position as f64, 0)
     };
+    // Q8_0 bytes of `values` values (whole blocks of 32).
+    let q8_0 = |values: usize| values / 32 * 34;
     // kimi-linear: one MLA layer of latent 32 + 16 rope dims; three KDA layers of 2 heads of
     // 32 with a convolution of 4 (three windows of 3 inputs, one 32x32 state per head).
     let kda_state = 3 * (3 * 3 * 64 + 2 * 32 * 32) * 4;
@@ -319,7 +321,7 @@ fn serve_runs_mla_and_kimi_models() {
             "deepseek32",
             (
                 synthetic::dsa::gguf_bytes("deepseek32"),
-                (3 * 80 + 3 * 64) * 2,
+                ((3 * 80 + 3 * 64) * 2) as f64,
                 0,
             ),
         ),
@@ -327,7 +329,7 @@ fn serve_runs_mla_and_kimi_models() {
             "glm-dsa",
             (
                 synthetic::dsa::gguf_bytes("glm-dsa"),
-                (4 * 80 + 2 * 64) * 2,
+                ((4 * 80 + 2 * 64) * 2) as f64,
                 0,
             ),
         ),
@@ -339,7 +341,7 @@ fn serve_runs_mla_and_kimi_models() {
             "deepseek4",
             (
                 synthetic::deepseek4::gguf_bytes(),
-                (2 * 4 * (64 + 128) + 64) * 2 / 16,
+                ((2 * 4 * (64 + 128) + 64) * 2 / 16) as f64,
                 (4 * 64 * 64 + 2 * 40 * 4 * 192 + 160 * 2 * 64) * 4,
             ),
         ),
@@ -347,7 +349,7 @@ fn serve_runs_mla_and_kimi_models() {
             "kimi-linear",
             (
                 synthetic::kimi::kimi_linear_gguf_bytes(),
-                (32 + 16) * 2,
+                ((32 + 16) * 2) as f64,
                 kda_state,
             ),
         ),
@@ -356,9 +358,33 @@ fn serve_runs_mla_and_kimi_models() {
             "kimi-k3",
             (
                 synthetic::kimi::gguf_bytes("kimi-k3"),
-                2 * (32 + 16) * 2,
+                (2 * (32 + 16) * 2) as f64,
                 kda_state,
             ),
+        ),
+    ];
+    // `-ctk q8_0`: DeepSeek-V4's compressed rows and indexer keys as Q8_0 blocks (a 64-value
+    // row 68 bytes), its rings of raw rows too (each row's blocks in 17 f32 slots); the DSA
+    // model with whole-block latent rows (64 + 32) and its indexer keys (64); Kimi-K3's two
+    // MLA layers' latent rows (32 + 32) beside the same f32 KDA states.
+    let quantized = [
+        (
+            "deepseek4",
+            synthetic::deepseek4::gguf_bytes(),
+            (2 * 4 * (q8_0(64) + q8_0(128)) + q8_0(64)) as f64 / 16.0,
+            4 * 64 * q8_0(64) + (2 * 40 * 4 * 192 + 160 * 2 * 64) * 4,
+        ),
+        (
+            "deepseek32-blocks",
+            synthetic::dsa::gguf_bytes("deepseek32-blocks"),
+            (3 * (q8_0(96) + q8_0(64))) as f64,
+            0,
+        ),
+        (
+            "kimi-k3-blocks",
+            synthetic::kimi::gguf_bytes("kimi-k3-blocks"),
+            (2 * q8_0(64)) as f64,
+            kda_state,
         ),
     ];
     // deepseek2-v3 again with its routed experts streamed through a cache of 6 (of 32: two
@@ -376,7 +402,7 @@ fn serve_runs_mla_and_kimi_models() {
     let runs = models
         .into_iter()
         .map(|(name, (bytes, per_position, recurrent))| {
-            (name, bytes, per_position, recurrent, None)
+            (name, bytes, per_position, recurrent, None, None)
         })
         .chain([(
             "deepseek2-v3",
@@ -384,8 +410,12 @@ fn serve_runs_mla_and_kimi_models() {
             streamed.1,
             streamed.2,
             Some(streamed.3),
-        )]);
-    for (name, bytes, per_position, recurrent, budget) in runs {
+            None,
+        )])
+        .chain(quantized.map(|(name, bytes, per_position, recurrent)| {
+            (name, bytes, per_position, recurrent, None, Some("q8_0"))
+        }));
+    for (name, bytes, per_position, recurrent, budget, cache) in runs {
         let path = dir.path().join(format!("{name}.gguf"));
         std::fs::write(&path, bytes).unwrap();
         let mut flags = vec![
@@ -401,11 +431,19 @@ fn serve_runs_mla_and_kimi_models() {
         if let Some(b) = budget {
             flags.extend(["--memory-budget".to_string(), b.to_string()]);
         }
+        if let Some(cache) = cache {
+            flags.extend(["-ctk".to_string(), cache.to_string()]);
+        }
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let server = Server::start(&flags, &[]);
         server.wait_ready(Duration::from_secs(60));
         let slots = if budget.is_some() { 6 } else { 0 };
-        let numbers = [per_position, recurrent, parallel, slots].map(|n| n.to_string());
+        let numbers = [
+            per_position.to_string(),
+            recurrent.to_string(),
+            parallel.to_string(),
+            slots.to_string(),
+        ];
         run_client(
             &server,
             "mla_client.py",
@@ -419,7 +457,7 @@ fn serve_runs_mla_and_kimi_models() {
                 "--expert-slots",
                 &numbers[3],
             ],
-            &format!("{name} (memory budget {budget:?})"),
+            &format!("{name} (memory budget {budget:?}, cache {cache:?})"),
         );
         assert!(server.log().contains(name.split('-').next().unwrap()));
     }

@@ -151,6 +151,7 @@ pub struct Metrics {
     pub kv_blocks_total: AtomicU64,
     pub kv_block_tokens: AtomicU64,
     pub kv_bytes: AtomicU64,
+    /// An f64's bits: a strided store's rows spread over their positions (a fraction).
     pub kv_bytes_per_position: AtomicU64,
     pub steps: AtomicU64,
     /// Speculative decoding: drafts checked, the tokens they proposed, and those kept.
@@ -464,7 +465,7 @@ impl Metrics {
             (
                 "ferrox_kv_bytes_per_position",
                 "Bytes of sequence memory one position takes (every layer and store of the engine).",
-                get(&self.kv_bytes_per_position) as f64,
+                f64::from_bits(get(&self.kv_bytes_per_position)),
             ),
         ];
         for (name, help, v) in gauges {

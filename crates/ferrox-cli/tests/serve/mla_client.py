@@ -2,7 +2,8 @@
 (Multi-head Latent Attention, Kimi Linear) through the official `openai` client: completions
 and chat, streaming and not, 8 concurrent greedy streams equal to their single runs, prefix
 reuse, and the memory figures in /metrics.
-Usage: mla_client.py --base-url URL --bytes-per-position N [--recurrent-bytes N --parallel N]"""
+Usage: mla_client.py --base-url URL --bytes-per-position N [--recurrent-bytes N --parallel N]
+(bytes per position may be fractional: a strided store's rows spread over their positions)"""
 import argparse
 import sys
 import threading
@@ -13,7 +14,7 @@ import openai
 
 p = argparse.ArgumentParser()
 p.add_argument("--base-url", required=True)
-p.add_argument("--bytes-per-position", type=int, required=True)
+p.add_argument("--bytes-per-position", type=float, required=True)
 p.add_argument("--recurrent-bytes", type=int, default=0, help="recurrent state bytes per sequence")
 p.add_argument("--parallel", type=int, default=8)
 p.add_argument("--expert-slots", type=int, default=0,

@@ -171,10 +171,8 @@ impl<'t> Batcher<'t> {
             .store(self.pool.block_tokens() as u64, Ordering::Relaxed);
         m.kv_bytes
             .store(self.pool.reserved_bytes() as u64, Ordering::Relaxed);
-        m.kv_bytes_per_position.store(
-            self.pool.bytes_per_position().round() as u64,
-            Ordering::Relaxed,
-        );
+        m.kv_bytes_per_position
+            .store(self.pool.bytes_per_position().to_bits(), Ordering::Relaxed);
     }
 
     /// Blocks until there is something to run, handling shutdown on the way (`Break`: the
