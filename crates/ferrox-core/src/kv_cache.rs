@@ -131,8 +131,8 @@ impl KvStorage {
         }
     }
 
-    /// Whether both are f16 or both f32: what every engine's cache can be (the other types
-    /// are read by the attention of grouped-query engines only).
+    /// Whether both are f16 or both f32 (attended as floats; the other types through the
+    /// typed kernels).
     pub fn is_float(self) -> bool {
         self == KvStorage::F16 || self == KvStorage::F32
     }

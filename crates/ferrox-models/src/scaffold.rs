@@ -330,6 +330,29 @@ impl Runtime {
     }
 }
 
+/// The options of an engine whose cached rows are keys only (each row also its value: MLA
+/// latent rows, DeepSeek-V4's rows, indexer keys): `-ctk`'s type for every store and `-ctv`
+/// with nothing to store, as in llama.cpp. `rows` names each kind of row it caches and its
+/// width; a type whose blocks do not tile one of them is refused by name.
+pub fn keys_only_cache(
+    options: &EngineOptions,
+    rows: &[(&str, usize)],
+) -> Result<EngineOptions, ModelError> {
+    let storage = KvStorage::uniform(options.kv_storage.keys);
+    let block = storage.keys.block_len();
+    if let Some((what, width)) = rows.iter().find(|(_, w)| !w.is_multiple_of(block)) {
+        return Err(ModelError::Config(format!(
+            "a {} cache (-ctk) stores blocks of {block} values, and this model's {what} have \
+             {width}: not whole blocks; use f16 or f32",
+            storage.name()
+        )));
+    }
+    Ok(EngineOptions {
+        kv_storage: storage,
+        ..options.clone()
+    })
+}
+
 impl Runtime {
     /// Repacks the weights on the pool as the memory plan says, when the options ask for it.
     pub fn repack(

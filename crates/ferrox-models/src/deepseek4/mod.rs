@@ -146,38 +146,19 @@ fn lay_out_memory(
     (stores, specs, state_values)
 }
 
-/// The options with the cache's type: every cache of the model holds keys only (each key
-/// row is also its value), so `-ctk` gives the type of all of them (the raw rows, the
-/// compressed rows and the indexer's keys) and `-ctv` has nothing to store, as in
-/// llama.cpp. A block type needs heads and indexer keys of whole blocks.
-fn cache_options(
-    options: &EngineOptions,
-    c: &Deepseek4Config,
-) -> Result<EngineOptions, ModelError> {
-    let storage = KvStorage::uniform(options.kv_storage.keys);
-    let block = storage.keys.block_len();
-    for (what, width) in [("heads", c.head_dim), ("indexer keys", c.indexer_dim)] {
-        if !width.is_multiple_of(block) {
-            return Err(ModelError::Config(format!(
-                "a {} cache (-ctk) stores blocks of {block} values, and this model's {what} \
-                 have {width}: not whole blocks; use f16 or f32",
-                storage.name()
-            )));
-        }
-    }
-    Ok(EngineOptions {
-        kv_storage: storage,
-        ..options.clone()
-    })
-}
-
 impl Deepseek4Engine {
     pub fn with_config(
         gguf: Arc<Gguf>,
         options: &EngineOptions,
         config: Deepseek4Config,
     ) -> Result<Self, ModelError> {
-        let options = &cache_options(options, &config)?;
+        // Every cache of the model holds keys only, in `-ctk`'s type, as llama.cpp's V4
+        // cache: the raw and compressed rows (heads) and the indexer's keys.
+        let rows = [
+            ("heads", config.head_dim),
+            ("indexer keys", config.indexer_dim),
+        ];
+        let options = &crate::scaffold::keys_only_cache(options, &rows)?;
         let mut weights = Deepseek4Weights::load(&gguf, &config)?;
         let c = &config;
         let mut rt = Runtime::new(

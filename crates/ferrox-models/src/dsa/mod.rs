@@ -82,16 +82,9 @@ impl DsaEngine {
         config: DsaConfig,
     ) -> Result<Self, ModelError> {
         // One cache type for the latent rows and the indexer's keys (`-ctk`), as llama.cpp.
-        let options = &crate::layers::mla::latent_cache_options(options, &config.mla)?;
-        let (ty, head) = (options.kv_storage.keys, config.indexer.head_dim);
-        if !head.is_multiple_of(ty.block_len()) {
-            return Err(ModelError::Config(format!(
-                "a {} cache (-ctk) stores blocks of {} values, and this model's indexer keys \
-                 have {head}: not whole blocks; use f16 or f32",
-                ty.name(),
-                ty.block_len()
-            )));
-        }
+        let indexer_keys = [("indexer keys", config.indexer.head_dim)];
+        let options =
+            &crate::layers::mla::latent_cache_options(options, &config.mla, &indexer_keys)?;
         let mut weights = MlaWeights::load(&gguf, &config.mla)?;
         let mut indexers = load_indexers(&gguf, &config)?;
         let c = &config.mla;

@@ -85,7 +85,7 @@ impl KimiEngine {
     ) -> Result<KimiEngine, ModelError> {
         // The MLA layers' latent rows take the cache type; the KDA layers' recurrent
         // states stay f32, as llama.cpp's hybrid memory keeps them.
-        let options = &crate::layers::mla::latent_cache_options(options, &config.mla)?;
+        let options = &crate::layers::mla::latent_cache_options(options, &config.mla, &[])?;
         let mut weights = KimiWeights::load(&gguf, &config)?;
         let c = &config.mla;
         let mut rt = Runtime::new(

@@ -112,7 +112,7 @@ impl MlaEngine {
         options: &EngineOptions,
         config: MlaConfig,
     ) -> Result<Self, ModelError> {
-        let options = &crate::layers::mla::latent_cache_options(options, &config)?;
+        let options = &crate::layers::mla::latent_cache_options(options, &config, &[])?;
         let mut weights = match options.mtp {
             true => MlaWeights::load_with_mtp(&gguf, &config)?,
             false => MlaWeights::load(&gguf, &config)?,

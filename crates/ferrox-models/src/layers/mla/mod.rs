@@ -56,23 +56,25 @@ pub(crate) fn ffn(
     }
 }
 
-/// The options with the latent cache's type: it holds keys only (the values are each row's
-/// first `kv_lora_rank` entries), so `-ctk` gives its type and `-ctv` has nothing to store,
-/// as in llama.cpp. A quantized latent cache is read as llama.cpp's flash attention reads
-/// it (the query rounded to the keys' vec-dot type, no rotation: llama.cpp rotates only
-/// caches with their own values); it is built for files with split `attn_k_b`/`attn_v_b`
-/// (llama.cpp keeps whole per-head keys and values for an `attn_kv_b` file) and without a
-/// multi-token-prediction block (whose stored states would be quantized with it).
+/// The options with the latent cache's type ([`crate::scaffold::keys_only_cache`]: the
+/// values are each row's first `kv_lora_rank` entries), for the latent rows and `more_rows`
+/// (a sparse-attention engine's indexer keys, kept in the same type). A quantized latent cache
+/// is read as llama.cpp's flash attention reads it (the query rounded to the keys' vec-dot
+/// type, no rotation: llama.cpp rotates only caches with their own values); it is built for
+/// files with split `attn_k_b`/`attn_v_b` (llama.cpp keeps whole per-head keys and values for
+/// an `attn_kv_b` file) and without a multi-token-prediction block (whose stored states would
+/// be quantized with it).
 pub(crate) fn latent_cache_options(
     options: &EngineOptions,
     config: &MlaConfig,
+    more_rows: &[(&str, usize)],
 ) -> Result<EngineOptions, ModelError> {
-    let latent = ferrox_core::KvStorage::uniform(options.kv_storage.keys);
-    if !latent.is_float() {
+    let ty = options.kv_storage.keys;
+    if !ferrox_core::KvStorage::uniform(ty).is_float() {
         let refuse = |why: &str| {
             Err(ModelError::Config(format!(
                 "a {} latent cache (-ctk) {why}: use f16 or f32",
-                latent.name()
+                ty.name()
             )))
         };
         if config.kv_b != KvB::Split {
@@ -83,16 +85,8 @@ pub(crate) fn latent_cache_options(
         if options.mtp {
             return refuse("is not built with the multi-token-prediction block");
         }
-        let (width, block) = (config.cache_width(), latent.keys.block_len());
-        if !width.is_multiple_of(block) {
-            return refuse(&format!(
-                "stores blocks of {block} values, and this model's latent rows have {width}: \
-                 not whole blocks"
-            ));
-        }
     }
-    Ok(EngineOptions {
-        kv_storage: latent,
-        ..options.clone()
-    })
+    let latent = [("latent rows", config.cache_width())];
+    let rows: Vec<(&str, usize)> = latent.iter().chain(more_rows).copied().collect();
+    crate::scaffold::keys_only_cache(options, &rows)
 }
