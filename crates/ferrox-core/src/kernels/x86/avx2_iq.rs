@@ -33,8 +33,14 @@ pub(super) trait IqAvx2 {
     /// Whether each scale covers 32 values (the two of a sub-block are equal).
     const SCALE_PER_32: bool;
 
+    /// The bits of the super-block scale `d`, an f16.
+    fn d_bits(block: &[u8]) -> u16;
+
     /// The super-block scale `d`.
-    fn d(block: &[u8]) -> f32;
+    #[inline]
+    fn d(block: &[u8]) -> f32 {
+        super::avx2_common::f16_at(&Self::d_bits(block).to_le_bytes(), 0)
+    }
 
     /// The scale of each 16 values in i16 lane `g` (values `16g..16g + 16`, the span of
     /// the activations' stored sum `g`).
@@ -213,5 +219,62 @@ macro_rules! iq_rows {
     };
 }
 pub(super) use iq_rows;
+
+/// Defines `$name::<F>(rows, x)`: four weight rows of format `F` against one Q8_K
+/// activation row (a decode step), each super-block's four integer sums from
+/// `$super_block4::<F>(blocks, x, at)`, which must equal [`iq_rows`]'s per row. The four
+/// rows' lane sums and float steps are done side by side in the lanes of one vector: each
+/// lane the single-row operations in the single-row order, so every row gets the bits of
+/// the single-row kernel.
+macro_rules! iq_rows4 {
+    ($features:literal, $name:ident, $bound:path, $super_block4:ident) => {
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<F: $bound>(rows: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            use std::arch::x86_64::*;
+            use $crate::kernels::x86::avx2_common::{check_rows, f32_at};
+            use $crate::quant::kquants::q8_k::Q8K;
+            use $crate::quant::BlockFormat;
+            let blocks = rows[0].len() / F::BYTES;
+            for w in rows {
+                assert_eq!(w.len(), blocks * F::BYTES, "weight row length");
+            }
+            check_rows(rows[0], F::BYTES, Q8K::BYTES, &[x]);
+            let mut sums = _mm_setzero_ps();
+            for i in 0..blocks {
+                let at = i * Q8K::BYTES;
+                let block: [&[u8]; 4] = [
+                    &rows[0][i * F::BYTES..][..F::BYTES],
+                    &rows[1][i * F::BYTES..][..F::BYTES],
+                    &rows[2][i * F::BYTES..][..F::BYTES],
+                    &rows[3][i * F::BYTES..][..F::BYTES],
+                ];
+                let isums = $super_block4::<F>(block, x, at);
+                // Lane r of each half: row r's sum over that half.
+                let halves = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(isums[0], isums[1]),
+                    _mm256_hadd_epi32(isums[2], isums[3]),
+                );
+                let isum = _mm_add_epi32(
+                    _mm256_castsi256_si128(halves),
+                    _mm256_extracti128_si256::<1>(halves),
+                );
+                let halves = block.map(|b| u64::from(F::d_bits(b)));
+                let halves = halves[0] | halves[1] << 16 | halves[2] << 32 | halves[3] << 48;
+                // Exact, as the single-row kernel's conversion.
+                let dw = _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64));
+                let scale = _mm_mul_ps(dw, _mm_set1_ps(f32_at(x, at)));
+                sums = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), sums);
+            }
+            if let Some(f) = F::FACTOR {
+                sums = _mm_mul_ps(_mm_set1_ps(f), sums);
+            }
+            let mut out = [0f32; 4];
+            // SAFETY: `out` is four writable f32s; `storeu` needs no alignment.
+            unsafe { _mm_storeu_ps(out.as_mut_ptr(), sums) };
+            out
+        }
+    };
+}
+pub(super) use iq_rows4;
 
 iq_rows!("avx2,fma,f16c", iq_dot, IqAvx2, super_block);

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{f16_at, load_16};
+use super::avx2_common::load_16;
 use super::avx2_iq::{iq_dot, odd, IqAvx2};
 use crate::quant::grids::{IQ1S_GRID, IQ1S_GRID_PLUS_1};
 use crate::quant::iq1::{Iq1M, Iq1S, DELTA, M_HIGH_AT, M_SCALES_AT, S_HIGH_AT, S_INDICES_AT};
@@ -47,8 +47,8 @@ impl IqAvx2 for S {
     const FACTOR: Option<f32> = Some(DELTA);
     const SCALE_PER_32: bool = true;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, 0)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[0], block[1]])
     }
 
     #[inline]
@@ -141,8 +141,8 @@ impl IqAvx2 for M {
     const FACTOR: Option<f32> = Some(DELTA);
     const SCALE_PER_32: bool = false;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(&Iq1M::d_bits(block).to_le_bytes(), 0)
+    fn d_bits(block: &[u8]) -> u16 {
+        Iq1M::d_bits(block)
     }
 
     #[inline]

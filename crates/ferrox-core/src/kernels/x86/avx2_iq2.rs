@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7, f16_at};
+use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7};
 use super::avx2_iq::{iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ2_LARGEST};
 use crate::quant::iq2::{
@@ -48,8 +48,8 @@ impl IqAvx2 for Iq2XxsAvx2 {
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = true;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, D_AT)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
     }
 
     #[inline]
@@ -83,8 +83,8 @@ impl IqAvx2 for Iq2XsAvx2 {
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = false;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, D_AT)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
     }
 
     #[inline]
@@ -110,8 +110,8 @@ impl IqAvx2 for Iq2SAvx2 {
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = false;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, D_AT)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
     }
 
     #[inline]

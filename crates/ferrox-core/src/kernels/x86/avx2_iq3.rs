@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, even_signs_aux, f16_at};
+use super::avx2_common::{bits_to_byte_mask, even_signs_aux};
 use super::avx2_iq::{iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
 use crate::quant::iq3::{
@@ -38,8 +38,8 @@ impl IqAvx2 for Xxs {
     const FACTOR: Option<f32> = Some(0.25);
     const SCALE_PER_32: bool = true;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, 0)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[0], block[1]])
     }
 
     #[inline]
@@ -73,8 +73,8 @@ impl IqAvx2 for S {
     const FACTOR: Option<f32> = None;
     const SCALE_PER_32: bool = true;
 
-    fn d(block: &[u8]) -> f32 {
-        f16_at(block, 0)
+    fn d_bits(block: &[u8]) -> u16 {
+        u16::from_le_bytes([block[0], block[1]])
     }
 
     #[inline]

@@ -199,6 +199,20 @@ fn codes_types() -> [Type; 3] {
     ]
 }
 
+/// The AVX-512 IQ2_XXS kernel that reads each sub-block's signs and scale from one stored
+/// word ([`super::avx512_iq2_xxs`]).
+fn words_types() -> [Type; 1] {
+    use super::avx512_iq2_xxs::iq2_xxs_dot_zmm;
+    let avx2 = types();
+    [iq_type!(
+        "IQ2_XXS (words)",
+        avx2[0].bytes,
+        avx2[0].d_at,
+        avx2[0].reference,
+        iq2_xxs_dot_zmm::<avx2_iq2::Iq2XxsAvx2, _>
+    )]
+}
+
 /// Every kernel this machine can run: the AVX2 ones, and the AVX-512 ones where it has
 /// their features (the test says which it checked).
 fn kernels_here() -> Vec<Type> {
@@ -206,6 +220,7 @@ fn kernels_here() -> Vec<Type> {
     if avx512_iq_detected() {
         all.extend(zmm_types());
         all.extend(codes_types());
+        all.extend(words_types());
     } else {
         eprintln!("this machine has no AVX-512 VBMI/BITALG: the AVX2 kernels only");
     }
@@ -349,5 +364,63 @@ fn codes_of_minus_128_are_exact() {
         let want = (ty.reference)(&w, &x);
         let got = (ty.one)(&w, [&x])[0];
         assert!(same(got, want), "{}: {got} vs {want}", ty.name);
+    }
+}
+
+/// The AVX-512 kernels that take four weight rows against one activation row (a decode
+/// step's panels): each row's result is the scalar reference's bits, including rows with
+/// extreme scales and activations of −128.
+#[test]
+fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
+    use super::avx512_iq::iq_rows4_zmm;
+    use super::avx512_iq2_xxs::iq2_xxs_rows4_zmm;
+    type Rows4 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
+    macro_rules! rows4 {
+        ($f:path) => {{
+            fn run(rows: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+                // SAFETY: only called after `avx512_iq_detected()`.
+                unsafe { $f(rows, x) }
+            }
+            run as Rows4
+        }};
+    }
+    if !(avx2_detected() && avx512_iq_detected()) {
+        eprintln!("skipped: this machine has no AVX-512 VBMI/BITALG");
+        return;
+    }
+    let avx2 = types();
+    let kernels: [(&Type, Rows4); 4] = [
+        (&avx2[0], rows4!(iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>)),
+        (&avx2[2], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>)),
+        (&avx2[5], rows4!(iq_rows4_zmm::<avx2_iq1::S>)),
+        (&avx2[6], rows4!(iq_rows4_zmm::<avx2_iq1::M>)),
+    ];
+    let mut rng = StdRng::seed_from_u64(0x4_A0F5);
+    for (ty, rows4) in kernels {
+        for case in 0..200 {
+            let blocks = rng.random_range(1..5);
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|_| random_weights(&mut rng, ty, blocks))
+                .collect();
+            let mut x = random_activation(&mut rng, blocks);
+            if case % 10 == 0 {
+                for xb in x.chunks_exact_mut(Q8K_BYTES) {
+                    xb[CODES_AT..CODES_AT + QK_K].fill(0x80);
+                    for sum in xb[SUMS_AT..].chunks_exact_mut(2) {
+                        sum.copy_from_slice(&(-2048i16).to_le_bytes());
+                    }
+                }
+            }
+            let got = rows4(std::array::from_fn(|r| rows[r].as_slice()), &x);
+            for (r, row) in rows.iter().enumerate() {
+                let want = (ty.reference)(row, &x);
+                assert!(
+                    same(got[r], want),
+                    "{} case {case}, row {r}: {} vs {want}",
+                    ty.name,
+                    got[r]
+                );
+            }
+        }
     }
 }

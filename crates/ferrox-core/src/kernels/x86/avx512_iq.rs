@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{initial_sums, iq_rows, IqAvx2};
+use super::avx2_iq::{initial_sums, iq_rows, iq_rows4, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
     IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED,
@@ -93,7 +93,7 @@ pub(super) trait IqZmm: IqAvx2 {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __m256i {
+pub(super) fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __m256i {
     _mm256_mask_sub_epi8(
         biased_grid,
         negative,
@@ -109,7 +109,7 @@ fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __m256i {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
+pub(super) fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
     let fields = _mm512_and_si512(
         _mm512_multishift_epi64_epi8(_mm512_set1_epi64(i64::from_le_bytes(offsets)), words),
         _mm512_set1_epi8(0x7F),
@@ -124,7 +124,7 @@ fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn load_64(bytes: &[u8], at: usize) -> __m512i {
+pub(super) fn load_64(bytes: &[u8], at: usize) -> __m512i {
     let chunk: &[u8; 64] = bytes[at..].first_chunk().expect("64 bytes");
     // SAFETY: `chunk` is 64 readable bytes; `loadu` has no alignment requirement.
     unsafe { _mm512_loadu_si512(chunk.as_ptr().cast()) }
@@ -177,7 +177,7 @@ fn store_indices(prepared: &mut Prepared, h: usize, v: __m512i) {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn points8(grid: &[u64], index: impl Fn(usize) -> usize) -> __m256i {
+pub(super) fn points8(grid: &[u64], index: impl Fn(usize) -> usize) -> __m256i {
     let p: [u64; 4] = std::array::from_fn(|l| grid[index(l)]);
     _mm256_set_epi64x(p[3] as i64, p[2] as i64, p[1] as i64, p[0] as i64)
 }
@@ -483,4 +483,53 @@ iq_rows!(
     iq_dot_zmm,
     IqZmm,
     super_block_zmm
+);
+
+/// Four rows' super-blocks against one activation row, each row's sums as
+/// [`super_block_zmm`] computes them: the rows are prepared first, then each sub-block's
+/// activations are loaded once for the four rows, whose independent sums the core overlaps.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn super_block4_zmm<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+    let mut prepared: [Prepared; 4] = Default::default();
+    let mut scales = [_mm256_setzero_si256(); 4];
+    let mut isums = [_mm256_setzero_si256(); 4];
+    for r in 0..4 {
+        let (s, [i]) = initial_sums::<F, 1>(blocks[r], &[x], at);
+        (scales[r], isums[r]) = (s, i);
+        // SAFETY: this function's features are the ones `prepare` needs; `blocks[r]` is
+        // one whole block.
+        unsafe { F::prepare(blocks[r], &mut prepared[r]) };
+    }
+    for ib in 0..QK_K / 32 {
+        // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as `initial_sums`'s.
+        let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+        for r in 0..4 {
+            // SAFETY: as above, after `prepare`.
+            let biased = unsafe { F::biased_zmm(blocks[r], &prepared[r], ib) };
+            let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales[r]);
+            let sub_scales = if F::SCALE_PER_32 {
+                pair
+            } else {
+                _mm256_shuffle_epi8(
+                    pair,
+                    _mm256_setr_epi8(
+                        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+                        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                    ),
+                )
+            };
+            isums[r] = _mm256_dpwssd_epi32(isums[r], _mm256_maddubs_epi16(biased, q), sub_scales);
+        }
+    }
+    isums
+}
+
+iq_rows4!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
+    iq_rows4_zmm,
+    IqZmm,
+    super_block4_zmm
 );

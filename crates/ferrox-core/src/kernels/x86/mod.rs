@@ -24,12 +24,13 @@ mod avx512_common;
 mod avx512_float;
 mod avx512_float_gemm;
 mod avx512_iq;
+mod avx512_iq2_xxs;
 mod avx512_iq_codes;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
 
-use super::{row_kernel_entry, DotKernel, RowKernel, WeightKind};
+use super::{row_kernel_entry, DotKernel, PanelRows, RowKernel, WeightKind};
 
 pub(super) fn avx2_detected() -> bool {
     is_x86_feature_detected!("avx2")
@@ -142,10 +143,11 @@ pub(super) fn avx512_vnni_kernel(kind: WeightKind) -> Option<DotKernel> {
 /// The AVX-512 i-quant kernels for `kind`, or `None` if this machine lacks their features
 /// or `kind` is not an i-quant.
 fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
-    use avx512_iq::iq_dot_zmm;
+    use avx512_iq::{iq_dot_zmm, iq_rows4_zmm};
     use WeightKind as K;
 
-    /// Safe entries for `$kernel::<$format, N>`.
+    /// Safe entries for `$kernel::<$format, N>`; with `$rows4`, single-token panels take
+    /// rows four at a time through `$rows4(rows, x)` (the same bits).
     macro_rules! zmm_entry {
         ($kernel:ident, $format:ty) => {{
             struct Rows;
@@ -160,20 +162,47 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
             }
             row_kernel_entry::<Rows>()
         }};
+        ($kernel:ident, $format:ty, $rows4:expr) => {{
+            fn panel1(w: &[u8], rows: PanelRows, [x]: [&[u8]; 1], out: &mut [f32]) {
+                let quads = rows.count / 4;
+                for (q, out) in out.chunks_exact_mut(4).take(quads).enumerate() {
+                    let quad = std::array::from_fn(|i| rows.row(w, 4 * q + i));
+                    // SAFETY: as above.
+                    out.copy_from_slice(&unsafe { $rows4(quad, x) });
+                }
+                for r in 4 * quads..rows.count {
+                    // SAFETY: as above.
+                    out[r] = unsafe { $kernel::<$format, 1>(rows.row(w, r), [x]) }[0];
+                }
+            }
+            DotKernel {
+                panel1,
+                ..zmm_entry!($kernel, $format)
+            }
+        }};
     }
+    use avx512_iq2_xxs::{iq2_xxs_dot_zmm, iq2_xxs_rows4_zmm};
     use avx512_iq_codes::iq_dot_codes;
 
     if !(avx2_detected() && avx512_iq_detected()) {
         return None;
     }
     Some(match kind {
-        K::Iq2Xxs => zmm_entry!(iq_dot_zmm, avx2_iq2::Iq2XxsAvx2),
+        K::Iq2Xxs => zmm_entry!(
+            iq2_xxs_dot_zmm,
+            avx2_iq2::Iq2XxsAvx2,
+            iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>
+        ),
         K::Iq2Xs => zmm_entry!(iq_dot_codes, avx2_iq2::Iq2XsAvx2),
-        K::Iq2S => zmm_entry!(iq_dot_zmm, avx2_iq2::Iq2SAvx2),
+        K::Iq2S => zmm_entry!(
+            iq_dot_zmm,
+            avx2_iq2::Iq2SAvx2,
+            iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>
+        ),
         K::Iq3Xxs => zmm_entry!(iq_dot_codes, avx2_iq3::Xxs),
         K::Iq3S => zmm_entry!(iq_dot_codes, avx2_iq3::S),
-        K::Iq1S => zmm_entry!(iq_dot_zmm, avx2_iq1::S),
-        K::Iq1M => zmm_entry!(iq_dot_zmm, avx2_iq1::M),
+        K::Iq1S => zmm_entry!(iq_dot_zmm, avx2_iq1::S, iq_rows4_zmm::<avx2_iq1::S>),
+        K::Iq1M => zmm_entry!(iq_dot_zmm, avx2_iq1::M, iq_rows4_zmm::<avx2_iq1::M>),
         _ => return None,
     })
 }

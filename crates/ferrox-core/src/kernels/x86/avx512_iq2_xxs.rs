@@ -1,0 +1,142 @@
+//! IQ2_XXS on AVX-512 (VNNI, VBMI, BITALG), the kernel of the most common 2-bit files.
+//! Same integers and float operations as [`super::avx512_iq`]'s kernel (the scalar
+//! reference's bits); what differs is what a sub-block costs. Once per super-block, one
+//! 64-byte load gives every sub-block's sign mask (the parity rule, as there) and its odd
+//! scale `2s + 1`, stored together as one word per sub-block; each sub-block then reads
+//! its mask into a mask register and its scale as a broadcast straight from that word,
+//! loads that need no shuffle unit, where moving them out of a vector takes two shuffles.
+
+use std::arch::x86_64::*;
+
+use super::avx2_iq::{iq_rows, iq_rows4};
+use super::avx512_iq::{even_signs_zmm, load_64, points8, signed_biased, IqZmm};
+use crate::quant::grids::IQ2XXS_GRID_BIASED;
+use crate::quant::iq2::QS_AT;
+use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
+use crate::quant::kquants::QK_K;
+
+/// Sub-block `ib`'s sign mask (bit `j` set where value `32ib + j` is negative) in the low
+/// 32 bits of word `ib`, its odd scale as two equal i16 in the high 32.
+#[repr(C, align(64))]
+struct SubBlockWords([u64; QK_K / 32]);
+
+impl SubBlockWords {
+    /// Sub-block `ib`'s sign mask, read from memory (a load, not a shuffle).
+    #[inline]
+    fn signs(&self, ib: usize) -> u32 {
+        // SAFETY: the low half of an initialized u64 (x86 is little-endian).
+        unsafe { std::ptr::read_volatile(std::ptr::from_ref(&self.0[ib]).cast::<u32>()) }
+    }
+}
+
+/// Sub-block `ib`'s four grid points (biased), the first in the low 64 bits.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn grid_points(block: &[u8], ib: usize) -> __m256i {
+    // One load for the four indices: byte loads would be four, and loads, not the shifts,
+    // set this kernel's pace.
+    let indices = u32::from_le_bytes(*block[QS_AT + 8 * ib..].first_chunk().expect("4 bytes"));
+    points8(&IQ2XXS_GRID_BIASED, |l| {
+        ((indices >> (8 * l)) & 0xFF) as usize
+    })
+}
+
+/// Fills `words` for `block` and returns the scale of each 16 values in i16 lanes (the
+/// spans of the activations' stored sums).
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn prepare(block: &[u8], words: &mut SubBlockWords) -> __m256i {
+    // Sub-block ib's eight bytes are 64-bit lane ib: four grid indices, then four 7-bit
+    // sign fields (bits 32.., 39.., 46.., 53..) and the scale in the top four bits, so
+    // `(top five bits) | 1` is 2s + 1.
+    let raw = load_64(block, QS_AT);
+    let signs = even_signs_zmm(raw, [32, 39, 46, 53, 0, 0, 0, 0]);
+    let odd = _mm512_or_si512(_mm512_srli_epi64::<59>(raw), _mm512_set1_epi64(1));
+    let pair = _mm512_or_si512(_mm512_slli_epi64::<32>(odd), _mm512_slli_epi64::<48>(odd));
+    let both = _mm512_mask_blend_epi32(0xAAAA, signs, pair);
+    // SAFETY: `words` is 64 writable bytes.
+    unsafe { _mm512_storeu_si512(words.0.as_mut_ptr().cast(), both) };
+    _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(both))
+}
+
+/// One super-block's exact integer sums against each row, as `super_block_zmm` computes
+/// them for IQ2_XXS.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn super_block_xxs<F: IqZmm, const N: usize>(
+    block: &[u8],
+    xs: &[&[u8]; N],
+    at: usize,
+) -> [__m256i; N] {
+    let mut words = SubBlockWords([0; QK_K / 32]);
+    let scales = prepare(block, &mut words);
+    let factors = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+    let mut isums = xs.map(|x| {
+        // SAFETY: the block's 16 stored sums end where it ends: in bounds (checked by
+        // `check_rows`).
+        let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
+        _mm256_madd_epi16(group_sums, factors)
+    });
+    for ib in 0..QK_K / 32 {
+        let biased = signed_biased(grid_points(block, ib), words.signs(ib), F::BIAS);
+        let scale = _mm256_set1_epi32((words.0[ib] >> 32) as i32);
+        for (s, x) in isums.iter_mut().zip(xs) {
+            // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
+            let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+            // |pair sum| <= 2·2B·128 < 2¹⁵: no saturation.
+            *s = _mm256_dpwssd_epi32(*s, _mm256_maddubs_epi16(biased, q), scale);
+        }
+    }
+    isums
+}
+
+iq_rows!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
+    iq2_xxs_dot_zmm,
+    IqZmm,
+    super_block_xxs
+);
+
+/// Four rows' super-blocks against one activation row, each row's sums as
+/// [`super_block_xxs`] computes them: the four rows' words are made first, then each
+/// sub-block's activations are loaded once for the four rows.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn super_block4_xxs<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+    // SAFETY: the block's 16 stored sums, in bounds (checked by `check_rows`).
+    let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
+    let mut words: [SubBlockWords; 4] = std::array::from_fn(|_| SubBlockWords([0; 8]));
+    let mut isums = [_mm256_setzero_si256(); 4];
+    for r in 0..4 {
+        let scales = prepare(blocks[r], &mut words[r]);
+        let factors = _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(F::BIAS)));
+        isums[r] = _mm256_madd_epi16(group_sums, factors);
+    }
+    for ib in 0..QK_K / 32 {
+        // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
+        let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+        for r in 0..4 {
+            let grid = grid_points(blocks[r], ib);
+            let biased = signed_biased(grid, words[r].signs(ib), F::BIAS);
+            // A plain read: LLVM folds it into the product as a broadcast operand.
+            let scale = _mm256_set1_epi32((words[r].0[ib] >> 32) as i32);
+            isums[r] = _mm256_dpwssd_epi32(isums[r], _mm256_maddubs_epi16(biased, q), scale);
+        }
+    }
+    isums
+}
+
+iq_rows4!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
+    iq2_xxs_rows4_zmm,
+    IqZmm,
+    super_block4_xxs
+);
