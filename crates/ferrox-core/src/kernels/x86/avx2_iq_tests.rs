@@ -374,6 +374,7 @@ fn codes_of_minus_128_are_exact() {
 fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
     use super::avx512_iq::iq_rows4_zmm;
     use super::avx512_iq2_xxs::iq2_xxs_rows4_zmm;
+    use super::avx512_iq_codes::iq_rows4_codes;
     type Rows4 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
     macro_rules! rows4 {
         ($f:path) => {{
@@ -389,8 +390,11 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
         return;
     }
     let avx2 = types();
-    let kernels: [(&Type, Rows4); 4] = [
+    let kernels: [(&Type, Rows4); 7] = [
         (&avx2[0], rows4!(iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>)),
+        (&avx2[1], rows4!(iq_rows4_codes::<avx2_iq2::Iq2XsAvx2>)),
+        (&avx2[3], rows4!(iq_rows4_codes::<avx2_iq3::Xxs>)),
+        (&avx2[4], rows4!(iq_rows4_codes::<avx2_iq3::S>)),
         (&avx2[2], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>)),
         (&avx2[5], rows4!(iq_rows4_zmm::<avx2_iq1::S>)),
         (&avx2[6], rows4!(iq_rows4_zmm::<avx2_iq1::M>)),

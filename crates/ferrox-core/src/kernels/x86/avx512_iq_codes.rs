@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{initial_sums, iq_rows};
+use super::avx2_iq::{initial_sums, iq_rows, iq_rows4};
 use super::avx512_iq::{IqZmm, Prepared};
 use super::avx512_kquants::Q6K_SCALE_INDEX;
 use super::{avx2_iq2, avx2_iq3};
@@ -291,6 +291,72 @@ iq_rows!(
     iq_dot_codes,
     IqCodes,
     super_block_codes
+);
+
+/// Four rows' super-blocks against one activation row, each row's sums as
+/// [`super_block_codes`] computes them: the four rows' codes are looked up first, then each
+/// pair of sub-blocks' activations is loaded once for the four rows.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn super_block4_codes<F: IqCodes>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+    let mut prepared: [Prepared; 4] = Default::default();
+    let mut scales = [_mm512_setzero_si512(); 4];
+    let mut sums = [_mm512_setzero_si512(); 4];
+    let mut codes = [[_mm512_setzero_si512(); 2]; 4];
+    for r in 0..4 {
+        let (s, [i]) = initial_sums::<F, 1>(blocks[r], &[x], at);
+        (scales[r], sums[r]) = (_mm512_castsi256_si512(s), _mm512_zextsi256_si512(i));
+        // SAFETY: this function's features are the ones `prepare` and `indices` need;
+        // `blocks[r]` is one whole block.
+        let index = unsafe {
+            F::prepare(blocks[r], &mut prepared[r]);
+            F::indices(blocks[r], &prepared[r])
+        };
+        codes[r][0] = look_up(F::codes(), index[0]);
+        if F::POINT == 4 {
+            codes[r][1] = look_up(F::codes(), index[1]);
+        }
+    }
+    let levels = {
+        let levels = F::LEVELS;
+        // SAFETY: `levels` is 64 readable bytes.
+        unsafe { _mm512_loadu_si512(levels.as_ptr().cast()) }
+    };
+    let offsets = _mm512_set1_epi64(field_offsets(F::POINT) as i64);
+    for j in 0..4 {
+        let vector = if F::POINT == 8 { 0 } else { j / 2 };
+        let spread = if F::POINT == 8 {
+            &SPREAD_8[j]
+        } else {
+            &SPREAD_4[j % 2]
+        };
+        // SAFETY: codes `64j..64j + 64` of this block, in bounds as the sums
+        // `initial_sums` read.
+        let q = unsafe { _mm512_loadu_si512(x.as_ptr().add(at + CODES_AT + 64 * j).cast()) };
+        for r in 0..4 {
+            let spread_codes = _mm512_permutexvar_epi16(load_u16s(spread), codes[r][vector]);
+            let numbers = _mm512_multishift_epi64_epi8(offsets, spread_codes);
+            let biased = _mm512_permutexvar_epi8(numbers, levels);
+            let biased = _mm512_mask_sub_epi8(
+                biased,
+                F::pair_signs(blocks[r], &prepared[r], j),
+                _mm512_set1_epi8(2 * F::BIAS),
+                biased,
+            );
+            let pair_scales = _mm512_permutexvar_epi16(load_u16s(&Q6K_SCALE_INDEX[j]), scales[r]);
+            sums[r] = _mm512_dpwssd_epi32(sums[r], _mm512_maddubs_epi16(biased, q), pair_scales);
+        }
+    }
+    sums.map(|s| _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)))
+}
+
+iq_rows4!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
+    iq_rows4_codes,
+    IqCodes,
+    super_block4_codes
 );
 
 #[inline]

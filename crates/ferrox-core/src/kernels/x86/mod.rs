@@ -182,7 +182,7 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
         }};
     }
     use avx512_iq2_xxs::{iq2_xxs_dot_zmm, iq2_xxs_rows4_zmm};
-    use avx512_iq_codes::iq_dot_codes;
+    use avx512_iq_codes::{iq_dot_codes, iq_rows4_codes};
 
     if !(avx2_detected() && avx512_iq_detected()) {
         return None;
@@ -193,14 +193,18 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
             avx2_iq2::Iq2XxsAvx2,
             iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>
         ),
-        K::Iq2Xs => zmm_entry!(iq_dot_codes, avx2_iq2::Iq2XsAvx2),
+        K::Iq2Xs => zmm_entry!(
+            iq_dot_codes,
+            avx2_iq2::Iq2XsAvx2,
+            iq_rows4_codes::<avx2_iq2::Iq2XsAvx2>
+        ),
         K::Iq2S => zmm_entry!(
             iq_dot_zmm,
             avx2_iq2::Iq2SAvx2,
             iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>
         ),
-        K::Iq3Xxs => zmm_entry!(iq_dot_codes, avx2_iq3::Xxs),
-        K::Iq3S => zmm_entry!(iq_dot_codes, avx2_iq3::S),
+        K::Iq3Xxs => zmm_entry!(iq_dot_codes, avx2_iq3::Xxs, iq_rows4_codes::<avx2_iq3::Xxs>),
+        K::Iq3S => zmm_entry!(iq_dot_codes, avx2_iq3::S, iq_rows4_codes::<avx2_iq3::S>),
         K::Iq1S => zmm_entry!(iq_dot_zmm, avx2_iq1::S, iq_rows4_zmm::<avx2_iq1::S>),
         K::Iq1M => zmm_entry!(iq_dot_zmm, avx2_iq1::M, iq_rows4_zmm::<avx2_iq1::M>),
         _ => return None,
