@@ -278,3 +278,41 @@ macro_rules! iq_rows4 {
 pub(super) use iq_rows4;
 
 iq_rows!("avx2,fma,f16c", iq_dot, IqAvx2, super_block);
+
+/// Four rows' super-blocks against one activation row, each row's sums as [`super_block`]
+/// computes them, the sub-block's activations loaded once for the four rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn super_block4<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+    let mut scales = [_mm256_setzero_si256(); 4];
+    let mut isums = [_mm256_setzero_si256(); 4];
+    for r in 0..4 {
+        let (s, [i]) = initial_sums::<F, 1>(blocks[r], &[x], at);
+        (scales[r], isums[r]) = (s, i);
+    }
+    let mut lane = _mm256_setzero_si256();
+    let halves = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    for ib in 0..QK_K / 32 {
+        // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as `initial_sums`'s.
+        let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
+        for r in 0..4 {
+            // SAFETY: this function's features are the ones `biased` needs.
+            let biased = unsafe { F::biased(blocks[r], ib) };
+            let pair = _mm256_permutevar8x32_epi32(scales[r], lane);
+            let sub_scales = if F::SCALE_PER_32 {
+                pair
+            } else {
+                _mm256_shuffle_epi8(pair, halves)
+            };
+            let products = _mm256_maddubs_epi16(biased, q);
+            isums[r] = _mm256_add_epi32(isums[r], _mm256_madd_epi16(products, sub_scales));
+        }
+        lane = _mm256_add_epi32(lane, _mm256_set1_epi32(1));
+    }
+    isums
+}
+
+iq_rows4!("avx2,fma,f16c", iq_rows4_avx2, IqAvx2, super_block4);

@@ -367,11 +367,12 @@ fn codes_of_minus_128_are_exact() {
     }
 }
 
-/// The AVX-512 kernels that take four weight rows against one activation row (a decode
-/// step's panels): each row's result is the scalar reference's bits, including rows with
-/// extreme scales and activations of −128.
+/// The kernels that take four weight rows against one activation row (a decode step's
+/// panels), AVX2 and, where the machine has it, AVX-512: each row's result is the scalar
+/// reference's bits, including rows with extreme scales and activations of −128.
 #[test]
 fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
+    use super::avx2_iq::iq_rows4_avx2;
     use super::avx512_iq::iq_rows4_zmm;
     use super::avx512_iq2_xxs::iq2_xxs_rows4_zmm;
     use super::avx512_iq_codes::iq_rows4_codes;
@@ -379,26 +380,38 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
     macro_rules! rows4 {
         ($f:path) => {{
             fn run(rows: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
-                // SAFETY: only called after `avx512_iq_detected()`.
+                // SAFETY: only called after `avx2_detected()` (and, for the AVX-512
+                // kernels, `avx512_iq_detected()`).
                 unsafe { $f(rows, x) }
             }
             run as Rows4
         }};
     }
-    if !(avx2_detected() && avx512_iq_detected()) {
-        eprintln!("skipped: this machine has no AVX-512 VBMI/BITALG");
+    if !avx2_detected() {
+        eprintln!("skipped: this machine has no AVX2");
         return;
     }
     let avx2 = types();
-    let kernels: [(&Type, Rows4); 7] = [
-        (&avx2[0], rows4!(iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>)),
-        (&avx2[1], rows4!(iq_rows4_codes::<avx2_iq2::Iq2XsAvx2>)),
-        (&avx2[3], rows4!(iq_rows4_codes::<avx2_iq3::Xxs>)),
-        (&avx2[4], rows4!(iq_rows4_codes::<avx2_iq3::S>)),
-        (&avx2[2], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>)),
-        (&avx2[5], rows4!(iq_rows4_zmm::<avx2_iq1::S>)),
-        (&avx2[6], rows4!(iq_rows4_zmm::<avx2_iq1::M>)),
+    let mut kernels: Vec<(&Type, Rows4)> = vec![
+        (&avx2[0], rows4!(iq_rows4_avx2::<avx2_iq2::Iq2XxsAvx2>)),
+        (&avx2[1], rows4!(iq_rows4_avx2::<avx2_iq2::Iq2XsAvx2>)),
+        (&avx2[2], rows4!(iq_rows4_avx2::<avx2_iq2::Iq2SAvx2>)),
+        (&avx2[3], rows4!(iq_rows4_avx2::<avx2_iq3::Xxs>)),
+        (&avx2[5], rows4!(iq_rows4_avx2::<avx2_iq1::S>)),
     ];
+    if avx512_iq_detected() {
+        kernels.extend([
+            (&avx2[0], rows4!(iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>)),
+            (&avx2[1], rows4!(iq_rows4_codes::<avx2_iq2::Iq2XsAvx2>)),
+            (&avx2[3], rows4!(iq_rows4_codes::<avx2_iq3::Xxs>)),
+            (&avx2[4], rows4!(iq_rows4_codes::<avx2_iq3::S>)),
+            (&avx2[2], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>)),
+            (&avx2[5], rows4!(iq_rows4_zmm::<avx2_iq1::S>)),
+            (&avx2[6], rows4!(iq_rows4_zmm::<avx2_iq1::M>)),
+        ]);
+    } else {
+        eprintln!("this machine has no AVX-512 VBMI/BITALG: the AVX2 kernels only");
+    }
     let mut rng = StdRng::seed_from_u64(0x4_A0F5);
     for (ty, rows4) in kernels {
         for case in 0..200 {
