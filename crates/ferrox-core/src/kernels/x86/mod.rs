@@ -69,22 +69,36 @@ macro_rules! avx2_entry {
     }};
 }
 
+/// A single-token panel: its rows four at a time through `four`, the rest one at a time
+/// through `one` (the same bits).
+#[inline]
+fn four_rows_at_a_time(
+    (w, rows, out): (&[u8], PanelRows, &mut [f32]),
+    four: impl Fn([&[u8]; 4]) -> [f32; 4],
+    one: impl Fn(&[u8]) -> f32,
+) {
+    let quads = rows.count / 4;
+    for (q, out) in out.chunks_exact_mut(4).take(quads).enumerate() {
+        out.copy_from_slice(&four(std::array::from_fn(|i| rows.row(w, 4 * q + i))));
+    }
+    for (r, out) in out.iter_mut().enumerate().skip(4 * quads) {
+        *out = one(rows.row(w, r));
+    }
+}
+
 /// Safe `DotKernel` entries for an AVX2 i-quant `$run::<N>(w, xs)` of format `$format`
 /// (`avx2_iq::iq_dot::<$format, N>`), whose single-token panels take rows four at a time
 /// (the same bits).
 macro_rules! avx2_iq_entry {
     ($run:expr, $format:ty) => {{
         fn panel1(w: &[u8], rows: PanelRows, [x]: [&[u8]; 1], out: &mut [f32]) {
-            let quads = rows.count / 4;
-            for (q, out) in out.chunks_exact_mut(4).take(quads).enumerate() {
-                let quad = std::array::from_fn(|i| rows.row(w, 4 * q + i));
+            four_rows_at_a_time(
+                (w, rows, out),
                 // SAFETY: as `avx2_entry`'s.
-                out.copy_from_slice(&unsafe { avx2_iq::iq_rows4_avx2::<$format>(quad, x) });
-            }
-            for r in 4 * quads..rows.count {
+                |quad| unsafe { avx2_iq::iq_rows4_avx2::<$format>(quad, x) },
                 // SAFETY: as `avx2_entry`'s.
-                out[r] = unsafe { avx2_iq::iq_dot::<$format, 1>(rows.row(w, r), [x]) }[0];
-            }
+                |row| unsafe { avx2_iq::iq_dot::<$format, 1>(row, [x]) }[0],
+            );
         }
         DotKernel {
             panel1,
@@ -198,16 +212,13 @@ fn avx512_iq_kernel(kind: WeightKind) -> Option<DotKernel> {
         }};
         ($kernel:ident, $format:ty, $rows4:expr) => {{
             fn panel1(w: &[u8], rows: PanelRows, [x]: [&[u8]; 1], out: &mut [f32]) {
-                let quads = rows.count / 4;
-                for (q, out) in out.chunks_exact_mut(4).take(quads).enumerate() {
-                    let quad = std::array::from_fn(|i| rows.row(w, 4 * q + i));
+                four_rows_at_a_time(
+                    (w, rows, out),
                     // SAFETY: as above.
-                    out.copy_from_slice(&unsafe { $rows4(quad, x) });
-                }
-                for r in 4 * quads..rows.count {
+                    |quad| unsafe { $rows4(quad, x) },
                     // SAFETY: as above.
-                    out[r] = unsafe { $kernel::<$format, 1>(rows.row(w, r), [x]) }[0];
-                }
+                    |row| unsafe { $kernel::<$format, 1>(row, [x]) }[0],
+                );
             }
             DotKernel {
                 panel1,
