@@ -1,6 +1,8 @@
 //! The i-quant kernels' time per matrix product on one thread, at Qwen2.5-1.5B's attention
 //! (1536 x 1536) and FFN (8960 x 1536) shapes, against 1, 3, 6, 8 and 128 activation rows
-//! (3 and 6: what an MoE prompt hands most experts; 128: the int8 prompt path).
+//! (3 and 6: what an MoE prompt hands most experts; 128: the int8 prompt path), and one
+//! token against 131072 x 1536, a matrix larger than the last-level cache, read from
+//! memory as a decode step reads its weights (the smaller ones stay cached between runs).
 //!
 //! `cargo run --release -p ferrox-core --example iq_kernels -- [TYPE...]` (TYPE: iq2_xxs,
 //! iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default). Prints the fastest of
@@ -14,7 +16,7 @@ use ferrox_core::{row_byte_len, GgmlType, WeightMatrix};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const SHAPES: [(usize, usize); 2] = [(1536, 1536), (8960, 1536)];
+const SHAPES: [(usize, usize); 3] = [(1536, 1536), (8960, 1536), (131072, 1536)];
 const TOKENS: [usize; 5] = [1, 3, 6, 8, 128];
 
 fn parse(name: &str) -> GgmlType {
@@ -57,7 +59,8 @@ fn main() {
                 b[..2].copy_from_slice(&scale);
             }
             let matrix = WeightMatrix::new(ty, rows, cols, &bytes).unwrap();
-            for tokens in TOKENS {
+            let tokens_here: &[usize] = if rows > 8960 { &[1] } else { &TOKENS };
+            for &tokens in tokens_here {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|_| rng.random_range(-1.0..1.0))
                     .collect();
