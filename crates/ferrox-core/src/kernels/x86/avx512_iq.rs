@@ -434,6 +434,28 @@ impl IqZmm for avx2_iq1::M {
     }
 }
 
+/// Sub-block `ib`'s scales in every i16 lane of its 32 values' products, from a
+/// super-block's scales (i16 lanes `2ib` and `2ib + 1`, i32 lane `ib`): every i32 lane gets
+/// that pair, then, where each covers 16 values, the low half repeats the first, the high
+/// half the second.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn sub_block_scales<F: IqZmm>(scales: __m256i, ib: usize) -> __m256i {
+    let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales);
+    if F::SCALE_PER_32 {
+        return pair;
+    }
+    _mm256_shuffle_epi8(
+        pair,
+        _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        ),
+    )
+}
+
 /// One super-block's exact integer sums against each row, as the AVX2 kernel's
 /// `super_block` computes them.
 #[inline]
@@ -453,21 +475,7 @@ fn super_block_zmm<F: IqZmm, const N: usize>(
     for ib in 0..QK_K / 32 {
         // SAFETY: as above, after `prepare`.
         let biased = unsafe { F::biased_zmm(block, &prepared, ib) };
-        // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32
-        // lane gets that pair, then, where each covers 16 values, the low half repeats
-        // the first, the high half the second.
-        let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales);
-        let sub_scales = if F::SCALE_PER_32 {
-            pair
-        } else {
-            _mm256_shuffle_epi8(
-                pair,
-                _mm256_setr_epi8(
-                    0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
-                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                ),
-            )
-        };
+        let sub_scales = sub_block_scales::<F>(scales, ib);
         for (s, x) in isums.iter_mut().zip(xs) {
             // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
             let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
@@ -509,18 +517,7 @@ fn super_block4_zmm<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m25
         for r in 0..4 {
             // SAFETY: as above, after `prepare`.
             let biased = unsafe { F::biased_zmm(blocks[r], &prepared[r], ib) };
-            let pair = _mm256_permutexvar_epi32(_mm256_set1_epi32(ib as i32), scales[r]);
-            let sub_scales = if F::SCALE_PER_32 {
-                pair
-            } else {
-                _mm256_shuffle_epi8(
-                    pair,
-                    _mm256_setr_epi8(
-                        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
-                        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                    ),
-                )
-            };
+            let sub_scales = sub_block_scales::<F>(scales[r], ib);
             isums[r] = _mm256_dpwssd_epi32(isums[r], _mm256_maddubs_epi16(biased, q), sub_scales);
         }
     }

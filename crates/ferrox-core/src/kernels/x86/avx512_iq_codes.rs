@@ -220,6 +220,30 @@ fn load_u16s<T: Copy>(lanes: &[T; 32]) -> __m512i {
     unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }
 }
 
+/// The format's levels (biased) as 64 bytes, and the bit offsets of a point's fields in
+/// each 64-bit lane.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn levels_and_offsets<F: IqCodes>() -> (__m512i, __m512i) {
+    let levels = F::LEVELS;
+    // SAFETY: `levels` is 64 readable bytes.
+    let levels = unsafe { _mm512_loadu_si512(levels.as_ptr().cast()) };
+    (levels, _mm512_set1_epi64(field_offsets(F::POINT) as i64))
+}
+
+/// Which code vector holds the points of sub-blocks `2j` and `2j + 1` (8 from the 32 codes,
+/// or 16 from the 64), and the permutation that spreads them.
+#[inline]
+fn spread_of<F: IqCodes>(j: usize) -> (usize, &'static [u16; 32]) {
+    if F::POINT == 8 {
+        (0, &SPREAD_8[j])
+    } else {
+        (j / 2, &SPREAD_4[j % 2])
+    }
+}
+
 /// One super-block's exact integer sums against each row, as the AVX2 kernel's
 /// `super_block` computes them, two sub-blocks at a time.
 #[inline]
@@ -247,22 +271,11 @@ fn super_block_codes<F: IqCodes, const N: usize>(
             _mm512_setzero_si512()
         },
     ];
-    let levels = {
-        let levels = F::LEVELS;
-        // SAFETY: `levels` is 64 readable bytes.
-        unsafe { _mm512_loadu_si512(levels.as_ptr().cast()) }
-    };
-    let offsets = _mm512_set1_epi64(field_offsets(F::POINT) as i64);
+    let (levels, offsets) = levels_and_offsets::<F>();
     let scales = _mm512_castsi256_si512(scales);
     let mut sums = isums.map(|s| _mm512_zextsi256_si512(s));
-    for j in 0..4 {
-        // Points of sub-blocks 2j, 2j + 1: 8 from the 32 codes, or 16 from the 64.
-        let vector = if F::POINT == 8 { 0 } else { j / 2 };
-        let spread = if F::POINT == 8 {
-            &SPREAD_8[j]
-        } else {
-            &SPREAD_4[j % 2]
-        };
+    for (j, scale_index) in Q6K_SCALE_INDEX.iter().enumerate() {
+        let (vector, spread) = spread_of::<F>(j);
         let spread_codes = _mm512_permutexvar_epi16(load_u16s(spread), codes[vector]);
         let numbers = _mm512_multishift_epi64_epi8(offsets, spread_codes);
         let biased = _mm512_permutexvar_epi8(numbers, levels);
@@ -274,7 +287,7 @@ fn super_block_codes<F: IqCodes, const N: usize>(
         );
         // Every u16 lane of the 64 values' products (values 2i, 2i + 1) gets the scale
         // of its 16 values, as Q6_K's chunk pairs.
-        let pair_scales = _mm512_permutexvar_epi16(load_u16s(&Q6K_SCALE_INDEX[j]), scales);
+        let pair_scales = _mm512_permutexvar_epi16(load_u16s(scale_index), scales);
         for (s, x) in sums.iter_mut().zip(xs) {
             // SAFETY: codes `64j..64j + 64` of this block, in bounds as the sums
             // `initial_sums` read.
@@ -319,19 +332,9 @@ fn super_block4_codes<F: IqCodes>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [_
             codes[r][1] = look_up(F::codes(), index[1]);
         }
     }
-    let levels = {
-        let levels = F::LEVELS;
-        // SAFETY: `levels` is 64 readable bytes.
-        unsafe { _mm512_loadu_si512(levels.as_ptr().cast()) }
-    };
-    let offsets = _mm512_set1_epi64(field_offsets(F::POINT) as i64);
-    for j in 0..4 {
-        let vector = if F::POINT == 8 { 0 } else { j / 2 };
-        let spread = if F::POINT == 8 {
-            &SPREAD_8[j]
-        } else {
-            &SPREAD_4[j % 2]
-        };
+    let (levels, offsets) = levels_and_offsets::<F>();
+    for (j, scale_index) in Q6K_SCALE_INDEX.iter().enumerate() {
+        let (vector, spread) = spread_of::<F>(j);
         // SAFETY: codes `64j..64j + 64` of this block, in bounds as the sums
         // `initial_sums` read.
         let q = unsafe { _mm512_loadu_si512(x.as_ptr().add(at + CODES_AT + 64 * j).cast()) };
@@ -345,7 +348,7 @@ fn super_block4_codes<F: IqCodes>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [_
                 _mm512_set1_epi8(2 * F::BIAS),
                 biased,
             );
-            let pair_scales = _mm512_permutexvar_epi16(load_u16s(&Q6K_SCALE_INDEX[j]), scales[r]);
+            let pair_scales = _mm512_permutexvar_epi16(load_u16s(scale_index), scales[r]);
             sums[r] = _mm512_dpwssd_epi32(sums[r], _mm512_maddubs_epi16(biased, q), pair_scales);
         }
     }
