@@ -113,18 +113,11 @@ fn types() -> [Type; 7] {
 }
 
 /// The AVX-512 kernels, as [`types`] lists the AVX2 ones.
-fn zmm_types() -> [Type; 7] {
-    use avx2_iq2::{Iq2SAvx2, Iq2XsAvx2, Iq2XxsAvx2};
+fn zmm_types() -> [Type; 6] {
+    use avx2_iq2::{Iq2SAvx2, Iq2XsAvx2};
     use avx512_iq::iq_dot_zmm;
     let avx2 = types();
     [
-        iq_type!(
-            "IQ2_XXS",
-            avx2[0].bytes,
-            avx2[0].d_at,
-            avx2[0].reference,
-            iq_dot_zmm::<Iq2XxsAvx2, _>
-        ),
         iq_type!(
             "IQ2_XS",
             avx2[1].bytes,

@@ -19,7 +19,7 @@ use super::avx2_iq::{initial_sums, iq_rows, iq_rows4, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
     IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED,
-    IQ2XXS_GRID_BIASED, IQ3S_GRID_BIASED, IQ3XXS_GRID_BIASED,
+    IQ3S_GRID_BIASED, IQ3XXS_GRID_BIASED,
 };
 use crate::quant::iq1::{M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
 use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
@@ -223,34 +223,6 @@ fn indices_from_words(
         _mm512_set1_epi16(mask as i16),
     );
     _mm512_or_si512(widen_32(block, low_at), _mm512_slli_epi16::<8>(high))
-}
-
-impl IqZmm for avx2_iq2::Iq2XxsAvx2 {
-    #[inline]
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-    )]
-    unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
-        // Sub-block ib's eight bytes are 64-bit lane ib: four indices, then the word of
-        // four 7-bit sign fields (bits 32.., 39.., 46.., 53..) and the scale.
-        let signs = even_signs_zmm(load_64(block, QS_AT), [32, 39, 46, 53, 0, 0, 0, 0]);
-        store_signs(prepared, signs);
-    }
-
-    #[inline]
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-    )]
-    unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i {
-        let at = QS_AT + 8 * ib;
-        // One load for the four indices: byte loads would be four, and the loads, not the
-        // arithmetic, set this kernel's pace.
-        let indices = u32_at(block, at);
-        let grid = points8(&IQ2XXS_GRID_BIASED, |l| {
-            ((indices >> (8 * l)) & 0xFF) as usize
-        });
-        signed_biased(grid, prepared.sign_mask(ib), Self::BIAS)
-    }
 }
 
 impl IqZmm for avx2_iq2::Iq2XsAvx2 {

@@ -8,8 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{iq_rows, iq_rows4};
-use super::avx512_iq::{even_signs_zmm, load_64, points8, signed_biased, IqZmm};
+use super::avx2_iq::{iq_rows, iq_rows4, IqAvx2};
+use super::avx512_iq::{even_signs_zmm, load_64, points8, signed_biased};
 use crate::quant::grids::IQ2XXS_GRID_BIASED;
 use crate::quant::iq2::QS_AT;
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
@@ -69,7 +69,7 @@ fn prepare(block: &[u8], words: &mut SubBlockWords) -> __m256i {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn super_block_xxs<F: IqZmm, const N: usize>(
+fn super_block_xxs<F: IqAvx2, const N: usize>(
     block: &[u8],
     xs: &[&[u8]; N],
     at: usize,
@@ -99,7 +99,7 @@ fn super_block_xxs<F: IqZmm, const N: usize>(
 iq_rows!(
     "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
     iq2_xxs_dot_zmm,
-    IqZmm,
+    IqAvx2,
     super_block_xxs
 );
 
@@ -110,7 +110,7 @@ iq_rows!(
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn super_block4_xxs<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+fn super_block4_xxs<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
     // SAFETY: the block's 16 stored sums, in bounds (checked by `check_rows`).
     let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
     let mut words: [SubBlockWords; 4] = std::array::from_fn(|_| SubBlockWords([0; 8]));
@@ -137,6 +137,6 @@ fn super_block4_xxs<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m25
 iq_rows4!(
     "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c",
     iq2_xxs_rows4_zmm,
-    IqZmm,
+    IqAvx2,
     super_block4_xxs
 );
