@@ -4,9 +4,10 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0; the shapes are Qwen2.5-1.5B's FFN and
-//! attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536). `FERROX_ISA` caps the
-//! kernels as everywhere. OPTIONs:
+//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
+//! row-major as a file stores them, each pass's products one after the other; the shapes are
+//! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
+//! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
 //!
 //! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling (with
 //!   `tokens=N`, against N activation rows);
@@ -24,7 +25,7 @@ use std::time::Instant;
 use ferrox_core::bandwidth::ReadSweep;
 use ferrox_core::packed::tuning::{self, Prefetch};
 use ferrox_core::packed::{PackedMatrix, Product};
-use ferrox_core::{row_byte_len, GgmlType};
+use ferrox_core::{row_byte_len, GgmlType, MatrixProduct, WeightMatrix};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,7 +38,9 @@ const SHAPES: [(usize, usize); 6] = [
     (1536, 8960),
 ];
 
-fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> PackedMatrix {
+/// A file's bytes for a `rows x cols` matrix of `ty`: random, with a small scale where
+/// each block keeps its f16 scales (the speed does not depend on the values).
+fn random_bytes(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
     let mut bytes = vec![0u8; rows * row_byte_len(ty, cols).unwrap()];
     rng.fill(&mut bytes[..]);
     let block = ty.block_bytes().unwrap() as usize;
@@ -52,7 +55,20 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Pa
             b[at..at + 2].copy_from_slice(&scale);
         }
     }
+    bytes
+}
+
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> PackedMatrix {
+    let bytes = random_bytes(ty, rows, cols, rng);
     PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap()
+}
+
+/// Whether `ty` runs row-major, as the file stores it (the i-quants), not packed.
+fn row_major(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq3Xxs | GgmlType::Iq3S
+    )
 }
 
 fn cached(ty: GgmlType, threads: usize, sweeps: usize, n_tokens: usize) {
@@ -94,6 +110,9 @@ fn cached(ty: GgmlType, threads: usize, sweeps: usize, n_tokens: usize) {
 
 /// A matrix, its quantized input and its output.
 type Operand = (PackedMatrix, Vec<u8>, Vec<f32>);
+
+/// A row-major matrix, its quantized input and its output.
+type RowMajorOperand<'a> = (WeightMatrix<'a>, Vec<u8>, Vec<f32>);
 
 /// A variant's set-up, run before each of its sweeps.
 type Setting = Box<dyn Fn() + Send + Sync>;
@@ -140,6 +159,10 @@ fn main() {
         "q4_0" => GgmlType::Q4_0,
         "q5_0" => GgmlType::Q5_0,
         "q8_0" => GgmlType::Q8_0,
+        "iq2_xxs" => GgmlType::Iq2Xxs,
+        "iq2_xs" => GgmlType::Iq2Xs,
+        "iq3_xxs" => GgmlType::Iq3Xxs,
+        "iq3_s" => GgmlType::Iq3S,
         other => panic!("unknown type {other}"),
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());
@@ -154,6 +177,7 @@ fn main() {
     // compute ceiling, without memory in the way.
     let n_tokens: usize = option("tokens").map_or(1, |n| n.parse().expect("tokens=N"));
     if options.iter().any(|o| o == "cached") {
+        assert!(!row_major(ty), "`cached` times packed types");
         return cached(ty, threads, layers, n_tokens);
     }
     let moe = options.iter().any(|o| o == "moe");
@@ -181,6 +205,62 @@ fn main() {
             .flat_map(|_| SHAPES.map(|shape| vec![shape]))
             .collect()
     };
+    let bytes: usize = shapes
+        .iter()
+        .flatten()
+        .map(|&(rows, cols)| rows * row_byte_len(ty, cols).unwrap())
+        .sum();
+    let input = |rows: usize, cols: usize, rng: &mut StdRng| {
+        let x: Vec<f32> = (0..cols * n_tokens)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        (x, vec![0f32; rows * n_tokens])
+    };
+    if row_major(ty) {
+        let files: Vec<Vec<(Vec<u8>, usize, usize)>> = shapes
+            .iter()
+            .map(|pass| {
+                pass.iter()
+                    .map(|&(rows, cols)| (random_bytes(ty, rows, cols, &mut rng), rows, cols))
+                    .collect()
+            })
+            .collect();
+        let mut passes: Vec<Vec<RowMajorOperand<'_>>> = files
+            .iter()
+            .map(|pass| {
+                pass.iter()
+                    .map(|(file, rows, cols)| {
+                        let m = WeightMatrix::new(ty, *rows, *cols, file).unwrap();
+                        let (x, y) = input(*rows, *cols, &mut rng);
+                        let mut xq = Vec::new();
+                        m.quantize_activation(&x, &mut xq).unwrap();
+                        (m, xq, y)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut sweep = || {
+            for pass in passes.iter_mut() {
+                let mut products: Vec<MatrixProduct<'_, '_>> = pass
+                    .iter_mut()
+                    .map(|(m, xq, y)| MatrixProduct {
+                        matrix: m,
+                        xq,
+                        n_tokens,
+                        out: y,
+                    })
+                    .collect();
+                WeightMatrix::matmul_products(&mut products).unwrap();
+            }
+        };
+        return measure(
+            &pool,
+            &format!("{ty:?} {threads}t"),
+            bytes,
+            options,
+            &mut sweep,
+        );
+    }
     let mut passes: Vec<Vec<Operand>> = pool.install(|| {
         shapes
             .iter()
@@ -188,25 +268,18 @@ fn main() {
                 pass.iter()
                     .map(|&(rows, cols)| {
                         let m = random_matrix(ty, rows, cols, &mut rng);
-                        let x: Vec<f32> = (0..cols * n_tokens)
-                            .map(|_| rng.random_range(-1.0..1.0))
-                            .collect();
+                        let (x, y) = input(rows, cols, &mut rng);
                         let mut xq = vec![0u8; m.activation_row_bytes() * n_tokens];
                         let act = m.activation_row_bytes();
                         for (x, xq) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(act)) {
                             m.quantize_activation(x, xq).unwrap();
                         }
-                        (m, xq, vec![0f32; rows * n_tokens])
+                        (m, xq, y)
                     })
                     .collect()
             })
             .collect()
     });
-    let bytes: usize = shapes
-        .iter()
-        .flatten()
-        .map(|&(rows, cols)| rows * row_byte_len(ty, cols).unwrap())
-        .sum();
     let mut sweep = || {
         for pass in passes.iter_mut() {
             let mut products: Vec<Product<'_>> = pass
@@ -225,6 +298,24 @@ fn main() {
         "{ty:?} {threads}t{}, {n_tokens} token(s)",
         if moe { " MoE" } else { "" }
     );
+    measure(&pool, &what, bytes, options, &mut sweep);
+}
+
+/// Times `sweep` (`bytes` of weights) on `pool`: against each prefetch distance of the
+/// `prefetch=` option, or against the read bandwidth measured between sweeps.
+fn measure(
+    pool: &rayon::ThreadPool,
+    what: &str,
+    bytes: usize,
+    options: &[String],
+    sweep: &mut (dyn FnMut() + Send),
+) {
+    let threads = pool.current_num_threads();
+    let option = |name: &str| {
+        options
+            .iter()
+            .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
+    };
     if let Some(distances) = option("prefetch") {
         let variants: Vec<(String, Setting)> = distances
             .split(',')
@@ -238,7 +329,7 @@ fn main() {
             })
             .collect();
         println!("{what}, {:.0} MB per sweep:", bytes as f64 / 1e6);
-        pool.install(|| paired(bytes, 60, &variants, &mut sweep));
+        pool.install(|| paired(bytes, 60, &variants, sweep));
         return;
     }
     // Each sweep of the stack is followed by one of the read-bandwidth buffer, so that

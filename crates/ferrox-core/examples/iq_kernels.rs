@@ -4,8 +4,9 @@
 //! token against 131072 x 1536, a matrix larger than the last-level cache, read from
 //! memory as a decode step reads its weights (the smaller ones stay cached between runs).
 //!
-//! `cargo run --release -p ferrox-core --example iq_kernels -- [TYPE...]` (TYPE: iq2_xxs,
-//! iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default). Prints the fastest of
+//! `cargo run --release -p ferrox-core --example iq_kernels -- [-t THREADS] [TYPE...]`
+//! (TYPE: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default; one thread
+//! by default). Prints the fastest of
 //! many runs (other processes only ever slow a run down). Weights are random bytes with a
 //! small f16 scale at offset 0: the speed does not depend on the values.
 
@@ -33,7 +34,15 @@ fn parse(name: &str) -> GgmlType {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let threads = match args.iter().position(|a| a == "-t") {
+        Some(at) => {
+            let n = args.get(at + 1).and_then(|n| n.parse().ok()).expect("-t N");
+            args.drain(at..at + 2);
+            n
+        }
+        None => 1,
+    };
     let names = if args.is_empty() {
         [
             "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
@@ -44,7 +53,7 @@ fn main() {
         args
     };
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
+        .num_threads(threads)
         .build()
         .unwrap();
     let mut rng = StdRng::seed_from_u64(7);

@@ -26,6 +26,7 @@ pub mod quant;
 pub mod relu_scores;
 pub mod select;
 pub mod typed_attn;
+pub mod work_split;
 
 pub use ferrox_gguf::GgmlType;
 pub use kv_cache::{available_memory, KvRows, KvStorage, KvType};

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 use crate::kernels::{self, PanelRows, WeightKind, TILE_ROWS};
 use crate::packed::{Int8Path, PackedMatrix, Product, GROUP_ROWS, INT8_MIN_TOKENS, MAX_PRODUCTS};
 use crate::quant::{self, QuantError};
+use crate::work_split;
 use smallvec::SmallVec;
 
 /// `rows × cols` weights of type `ty`, stored row-major as ggml lays them out: each row is
@@ -168,7 +169,7 @@ impl<'a> WeightMatrix<'a> {
 
     /// `y = W·x` for one activation row `xq` quantized by [`Self::quantize_activation`].
     ///
-    /// Rows are split into contiguous runs of equal bytes across the current rayon pool;
+    /// Rows are split into runs of whole four-row tiles across the current rayon pool;
     /// every output is computed by the same operations whatever the split (and whatever
     /// the row's place in a kernel tile), so results do not depend on the number of
     /// threads. Allocates nothing.
@@ -184,21 +185,60 @@ impl<'a> WeightMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
-        let kernel = kernels::best_kernel(self.kind);
-        let row_bytes = self.bytes_per_row;
-        let run = |(weights, out): (&[u8], &mut [f32])| {
-            (kernel.panel1)(weights, PanelRows::dense(weights, row_bytes), [xq], out);
-        };
-        let chunk = self.rows_per_task(1);
-        if chunk >= self.rows {
-            run((self.bytes, y));
-        } else {
-            self.bytes
-                .par_chunks(chunk * row_bytes)
-                .zip(y.par_chunks_mut(chunk))
-                .for_each(run);
-        }
+        Self::matvec_one_pass(&[self], xq, &mut [y]);
         Ok(())
+    }
+
+    /// One token's products of `parts` sharing `xq` (lengths checked), `outs[i]` each
+    /// part's output: every part's rows in one pass over the pool, claimed in runs
+    /// ([`work_split`]) of whole groups where a part is packed, of whole four-row tiles
+    /// where it is row-major.
+    fn matvec_one_pass(parts: &[&WeightMatrix<'_>], xq: &[u8], outs: &mut [&mut [f32]]) {
+        let mut sizes: SmallVec<[usize; crate::packed::MAX_PARTS]> = SmallVec::new();
+        let mut outputs: SmallVec<[Outputs; crate::packed::MAX_PARTS]> = SmallVec::new();
+        let mut work = 0;
+        for (part, out) in parts.iter().zip(outs.iter_mut()) {
+            // A product with no columns is zero.
+            sizes.push(if part.cols == 0 { 0 } else { part.rows });
+            if part.cols == 0 {
+                out.fill(0.0);
+            }
+            outputs.push(Outputs {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            });
+            work += part.bytes_per_row * part.rows;
+        }
+        let any_packed = parts.iter().any(|p| p.packed.is_some());
+        let granule = if any_packed { GROUP_ROWS } else { TILE_ROWS };
+        let widest = parts
+            .iter()
+            .map(|p| p.bytes_per_row)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        // Below PARALLEL_MIN_BYTES one thread does it all: the pool would cost more.
+        let min_rows = if work < PARALLEL_MIN_BYTES {
+            usize::MAX / 2
+        } else {
+            MIN_TASK_WORK.div_ceil(widest)
+        };
+        work_split::for_each_run(&sizes, granule, min_rows, |i, rows| {
+            let part = parts[i];
+            if let Some(packed) = part.packed {
+                // SAFETY: runs are disjoint whole groups (packed rows are whole groups), so
+                // no output is written twice, and the outputs are not otherwise touched
+                // until every run has finished; `xq` and the output were checked.
+                unsafe { packed.matvec_rows(rows, xq, &outputs[i]) };
+                return;
+            }
+            let row_bytes = part.bytes_per_row;
+            let weights = &part.bytes[rows.start * row_bytes..rows.end * row_bytes];
+            let kernel = kernels::best_kernel(part.kind);
+            // SAFETY: as above.
+            let out = unsafe { outputs[i].rows(rows.start, rows.len()) };
+            (kernel.panel1)(weights, PanelRows::dense(weights, row_bytes), [xq], out);
+        });
     }
 
     /// Whether activation rows quantized by `self` serve `other` too: the same columns and
@@ -208,14 +248,16 @@ impl<'a> WeightMatrix<'a> {
             && match (self.packed, other.packed) {
                 (Some(a), Some(b)) => a.shares_activations(b),
                 (None, None) => self.vec_dot_type() == other.vec_dot_type(),
-                _ => false,
+                (Some(p), None) => p.row_major_activations() == Some(other.vec_dot_type()),
+                (None, Some(p)) => p.row_major_activations() == Some(self.vec_dot_type()),
             }
     }
 
     /// `outs[i] = parts[i]·X` for matrices that share activations (see
-    /// [`Self::shares_activations`]), `xq` quantized by any of them: packed ones in one
-    /// pass over the pool ([`PackedMatrix::matmul_many`]), others one after the other.
-    /// Each result is the one [`Self::matvec`] (one token) or [`Self::matmul`] gives.
+    /// [`Self::shares_activations`]), `xq` quantized by any of them, in one pass over the
+    /// pool: one token's products whatever their layouts, several tokens' where all are
+    /// packed ([`PackedMatrix::matmul_many`]), others one after the other. Each result is
+    /// the one [`Self::matvec`] (one token) or [`Self::matmul`] gives.
     pub fn matmul_many(
         parts: &[&WeightMatrix<'_>],
         xq: &[u8],
@@ -223,6 +265,15 @@ impl<'a> WeightMatrix<'a> {
         outs: &mut [&mut [f32]],
     ) -> Result<(), QuantError> {
         let max = crate::packed::MAX_PARTS;
+        let fits = parts.len() <= max && parts.len() == outs.len();
+        let shared = parts.iter().all(|p| parts[0].shares_activations(p));
+        if n_tokens == 1 && fits && shared {
+            for (part, out) in parts.iter().zip(outs.iter()) {
+                part.check_product(xq, 1, out)?;
+            }
+            Self::matvec_one_pass(parts, xq, outs);
+            return Ok(());
+        }
         if let Some(first) = parts.first().and_then(|p| p.packed) {
             if parts.len() <= max && parts.iter().all(|p| p.packed.is_some()) {
                 let mut packed = [first; crate::packed::MAX_PARTS];
@@ -281,6 +332,9 @@ impl<'a> WeightMatrix<'a> {
     pub fn matmul(&self, xq: &[u8], n_tokens: usize, y: &mut [f32]) -> Result<(), QuantError> {
         if let Some(packed) = self.packed {
             return packed.matmul(xq, n_tokens, y);
+        }
+        if n_tokens == 1 {
+            return self.matvec(xq, y);
         }
         self.check_product(xq, n_tokens, y)?;
         if self.rows == 0 || n_tokens == 0 {
@@ -524,13 +578,13 @@ impl<'a> WeightMatrix<'a> {
         }
     }
 
-    /// Rows per parallel task: contiguous runs of equal bytes, a multiple of the kernels'
+    /// Rows per parallel task of a product of several tokens (one token's are claimed, see
+    /// [`Self::matvec`]): contiguous runs of equal bytes, a multiple of the kernels'
     /// four-row tiles, at least four tasks per thread so that uneven progress (other
-    /// processes taking a core) balances by work stealing, and no finer than
-    /// [`MIN_TASK_WORK`] bytes of weights times tokens. A matrix-vector product, bound by
-    /// memory, also caps tasks at [`TASK_BYTES`] of weights; a matrix product keeps its
-    /// tasks at least [`MIN_MATMUL_ROWS`] rows, so that each sweeps its activations
-    /// against a panel of rows, not a single tile.
+    /// processes taking a core) balances by work stealing, no finer than
+    /// [`MIN_TASK_WORK`] bytes of weights times tokens and at least [`MIN_MATMUL_ROWS`]
+    /// rows, so that each sweeps its activations against a panel of rows, not a single
+    /// tile.
     fn rows_per_task(&self, n_tokens: usize) -> usize {
         let threads = rayon::current_num_threads();
         if threads <= 1 {
@@ -543,12 +597,10 @@ impl<'a> WeightMatrix<'a> {
         }
         let by_threads = self.rows.div_ceil(4 * threads);
         let floor = MIN_TASK_WORK.div_ceil(work_per_row);
-        let rows = if n_tokens == 1 {
-            TASK_BYTES.div_ceil(work_per_row).min(by_threads).max(floor)
-        } else {
-            by_threads.max(floor).max(MIN_MATMUL_ROWS)
-        };
-        rows.next_multiple_of(4)
+        by_threads
+            .max(floor)
+            .max(MIN_MATMUL_ROWS)
+            .next_multiple_of(4)
     }
 
     fn check_product(&self, xq: &[u8], n_tokens: usize, y: &[f32]) -> Result<(), QuantError> {
@@ -618,11 +670,8 @@ const PARALLEL_QUANTIZE_ROWS: usize = 4;
 /// Below this many weight bytes (times tokens) a product runs on the calling thread:
 /// handing it to the pool would cost more than it saves.
 pub(crate) const PARALLEL_MIN_BYTES: usize = 64 * 1024;
-/// Weight bytes (times tokens) per parallel task of a large product: small enough that
-/// work stealing evens out threads slowed by other processes.
-pub(crate) const TASK_BYTES: usize = 512 * 1024;
 /// Never split finer than this many weight bytes (times tokens) per task.
-const MIN_TASK_WORK: usize = 16 * 1024;
+pub(crate) const MIN_TASK_WORK: usize = 16 * 1024;
 /// Rows per task of a matrix product, at least.
 const MIN_MATMUL_ROWS: usize = 32;
 /// Weight bytes of a panel of rows in `matmul`, swept against every token while cached.

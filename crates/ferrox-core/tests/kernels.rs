@@ -13,6 +13,7 @@
 //! `(B + 16)·ε·M` of each other, ε = 2⁻²³. For 8 blocks that is about 3e-6·M.
 
 use ferrox_core::kernels::{self, Isa};
+use ferrox_core::packed::PackedMatrix;
 use ferrox_core::{
     can_quantize, dequantize_row, quantize_row, row_byte_len, GgmlType, WeightMatrix,
 };
@@ -692,6 +693,9 @@ fn results_do_not_depend_on_thread_count() {
         GgmlType::Q6K,
         GgmlType::F32,
         GgmlType::Q5_1,
+        GgmlType::Iq2Xxs,
+        GgmlType::Iq3S,
+        GgmlType::Iq1M,
     ] {
         let cols = 2 * block_size(ty).max(64);
         let (rows, tokens) = (3001, 7);
@@ -717,6 +721,68 @@ fn results_do_not_depend_on_thread_count() {
             assert_eq!(r, &results[0], "{ty} with {threads} threads");
         }
     }
+}
+
+/// Matrices sharing activations, row-major and packed, one token, in one pass over the
+/// pool: each output has the bits of that matrix's own product, whatever the thread count
+/// (the rows of all parts are claimed in runs that cross from one part to the next).
+#[test]
+fn matrices_in_one_pass_equal_their_own_products() {
+    let mut rng = StdRng::seed_from_u64(0x9A55);
+    let cols = 512;
+    let shapes = [
+        (GgmlType::Iq2Xxs, 2003),
+        (GgmlType::Iq3S, 37),
+        (GgmlType::Q4K, 1504),
+    ];
+    let matrices: Vec<TestMatrix> = shapes
+        .iter()
+        .map(|&(ty, rows)| TestMatrix::random(&mut rng, ty, rows, cols))
+        .collect();
+    // The Q4_K matrix also packed: K-quant packs take the same Q8_K rows.
+    let q4k = &matrices[2];
+    let packed = PackedMatrix::pack(q4k.ty, q4k.rows, q4k.cols, &q4k.bytes, |_| {}).unwrap();
+    let mut views: Vec<WeightMatrix<'_>> = matrices.iter().map(TestMatrix::view).collect();
+    views.push(q4k.view().with_packed(&packed).unwrap());
+    let parts: Vec<&WeightMatrix<'_>> = views.iter().collect();
+    assert!(parts.iter().all(|p| parts[0].shares_activations(p)));
+    let x = random_values(&mut rng, cols);
+    let mut xq = Vec::new();
+    parts[0].quantize_activation(&x, &mut xq).unwrap();
+    let alone: Vec<Vec<u32>> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut y = vec![f32::NAN; m.rows()];
+            if i == 3 {
+                // The packed layout's own bits (the scalar reference's, as every ISA's).
+                packed.matmul_with(Isa::Scalar, &xq, 1, &mut y).unwrap();
+            } else {
+                for (r, y) in y.iter_mut().enumerate() {
+                    *y = kernels::vec_dot(m.ty(), m.row_bytes(r), &xq).unwrap();
+                }
+            }
+            bits(&y)
+        })
+        .collect();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut together: Vec<Vec<f32>> = parts.iter().map(|m| vec![f32::NAN; m.rows()]).collect();
+        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|v| &mut v[..]).collect();
+        pool.install(|| WeightMatrix::matmul_many(&parts, &xq, 1, &mut outs))
+            .unwrap();
+        for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+            assert_eq!(&bits(got), want, "part {i} with {threads} threads");
+        }
+    }
+    // An output of the wrong length is an error, not a write past it.
+    let mut short: Vec<Vec<f32>> = parts.iter().map(|m| vec![0.0; m.rows()]).collect();
+    short[3].pop();
+    let mut outs: Vec<&mut [f32]> = short.iter_mut().map(|v| &mut v[..]).collect();
+    assert!(WeightMatrix::matmul_many(&parts, &xq, 1, &mut outs).is_err());
 }
 
 #[test]

@@ -34,11 +34,13 @@
 //! The group takes exactly the bytes of its sixteen rows in the file (Q3_K, Q4_K and Q5_K
 //! four bytes more per row and super-block, MXFP4 three more per row and block).
 
+use std::ops::Range;
+
 use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, Isa};
-use crate::matrix::{Outputs, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::matrix::{Outputs, MIN_TASK_WORK, PARALLEL_MIN_BYTES};
 use crate::quant::{self, QuantError};
 
 #[cfg(target_arch = "x86_64")]
@@ -222,6 +224,38 @@ impl PackedMatrix {
         self.blocks() * self.format.activation_block_bytes()
     }
 
+    /// The row-major vec-dot type whose activation rows this matrix takes as they are
+    /// (Q8_K for the 256-value formats), so that one quantized row serves it and row-major
+    /// matrices alike; `None` where the layout is its own (the 32-value formats').
+    pub fn row_major_activations(&self) -> Option<GgmlType> {
+        self.format.is_k().then_some(GgmlType::Q8K)
+    }
+
+    /// Rows `rows` of one token's product `out = W·x` (`out` holds every row), with the
+    /// fastest available kernel, on this thread.
+    ///
+    /// # Safety
+    /// `rows` are whole groups of this matrix ([`GROUP_ROWS`]), `xq` is one activation
+    /// row for it, `out` has `rows()` elements and no other thread touches those rows.
+    pub(crate) unsafe fn matvec_rows(&self, rows: Range<usize>, xq: &[u8], out: &Outputs) {
+        debug_assert!(rows.start.is_multiple_of(GROUP_ROWS) && rows.end.is_multiple_of(GROUP_ROWS));
+        let kernel = kernel_for(kernel_isa(), self.format).expect("the chosen ISA's kernel");
+        let groups = self.rows / GROUP_ROWS;
+        let group_bytes = self.data.len() / groups;
+        // SAFETY: per this function's contract.
+        unsafe {
+            self.run_groups(
+                kernel,
+                rows.start / GROUP_ROWS,
+                rows.len() / GROUP_ROWS,
+                group_bytes,
+                xq,
+                1,
+                out,
+            )
+        };
+    }
+
     /// Quantizes one activation row of `cols` values into `out` (its
     /// [`activation_row_bytes`](Self::activation_row_bytes)) exactly as ggml-cpu does for
     /// the format: Q8_K for the 256-value formats; Q8_0 for the others, laid out per block
@@ -402,6 +436,37 @@ impl PackedMatrix {
                 },
             });
             total += tasks;
+        }
+        if plans.iter().all(|p| p.n_tokens == 1) {
+            // A decode step: the products' groups claimed in shrinking runs.
+            let sizes: smallvec::SmallVec<[usize; MAX_PRODUCTS]> =
+                plans.iter().map(|p| p.groups).collect();
+            let work: usize = plans.iter().map(|p| p.groups * p.group_bytes).sum();
+            let widest = plans.iter().map(|p| p.group_bytes).max().unwrap_or(1);
+            let min_groups = if work < PARALLEL_MIN_BYTES {
+                usize::MAX / 2
+            } else {
+                MIN_TASK_WORK.div_ceil(widest)
+            };
+            crate::work_split::for_each_run(&sizes, 1, min_groups, |i, groups| {
+                let plan = &plans[i];
+                // SAFETY: runs are disjoint groups of one product, hence disjoint output
+                // rows (the products' outputs are distinct `&mut` slices); every pointer
+                // stays inside the product's matrix, activations and output (checked
+                // above).
+                unsafe {
+                    plan.part.run_groups(
+                        plan.kernel,
+                        groups.start,
+                        groups.len(),
+                        plan.group_bytes,
+                        plan.xq,
+                        1,
+                        &plan.out,
+                    )
+                };
+            });
+            return Ok(());
         }
         let run = |task: usize| {
             // The plan whose tasks include `task`: the last one starting at or before it.
@@ -607,15 +672,11 @@ fn groups_per_task(groups: usize, group_bytes: usize, n_tokens: usize) -> usize 
     if threads <= 1 || work * groups < PARALLEL_MIN_BYTES {
         return groups;
     }
-    let by_threads = groups.div_ceil(4 * threads);
-    if n_tokens == 1 {
-        TASK_BYTES.div_ceil(work).min(by_threads).max(1)
-    } else {
-        // A matrix product keeps a task's panel whole so that it is read from memory once.
-        by_threads
-            .max((PANEL_BYTES / group_bytes).max(1))
-            .min(groups)
-    }
+    // A matrix product keeps a task's panel whole so that it is read from memory once.
+    groups
+        .div_ceil(4 * threads)
+        .max((PANEL_BYTES / group_bytes).max(1))
+        .min(groups)
 }
 
 /// Most matrices one [`PackedMatrix::matmul_many`] takes.

@@ -503,18 +503,36 @@ fn products_of_several_matrices_equal_their_own() {
         .map(|(&(ty, rows), b)| PackedMatrix::pack(ty, rows, cols, b, |_| {}).unwrap())
         .collect();
     let parts: Vec<&PackedMatrix> = packed.iter().collect();
+    // One token's products split their groups by claiming, across any number of threads.
+    let pools: Vec<rayon::ThreadPool> = [1, 2, 3]
+        .into_iter()
+        .map(|n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
     for n in [1, 3, 8] {
         let (_, xq) = activations(&packed[0], n, 10);
-        let mut together: Vec<Vec<f32>> = shapes.iter().map(|&(_, r)| vec![0.0; n * r]).collect();
-        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|v| &mut v[..]).collect();
-        PackedMatrix::matmul_many(&parts, &xq, n, &mut outs).unwrap();
-        for (m, got) in packed.iter().zip(&together) {
-            let mut alone = vec![0.0; n * m.rows()];
-            m.matmul(&xq, n, &mut alone).unwrap();
-            assert!(alone
-                .iter()
-                .zip(got)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        for pool in &pools {
+            let mut together: Vec<Vec<f32>> =
+                shapes.iter().map(|&(_, r)| vec![f32::NAN; n * r]).collect();
+            let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|v| &mut v[..]).collect();
+            pool.install(|| PackedMatrix::matmul_many(&parts, &xq, n, &mut outs))
+                .unwrap();
+            for (m, got) in packed.iter().zip(&together) {
+                let mut alone = vec![0.0; n * m.rows()];
+                m.matmul_with(Isa::Scalar, &xq, n, &mut alone).unwrap();
+                assert!(
+                    alone
+                        .iter()
+                        .zip(got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{n} tokens, {} threads",
+                    pool.current_num_threads()
+                );
+            }
         }
     }
     // Different activation layouts cannot share one pass.
