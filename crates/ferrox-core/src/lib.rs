@@ -5,7 +5,8 @@
 //! reference per weight type, AVX2 versions bit-exact with ggml's, AVX-512 VNNI versions
 //! bit-identical to those, picked at run time); [`matrix`] views one tensor's bytes as a
 //! weight matrix with parallel, batch-invariant matrix-vector and matrix-matrix products,
-//! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster;
+//! through [`packed`] copies (sixteen rows interleaved for `vpdpbusd`) where faster, a
+//! decode step's rows split across threads by claiming ([`work_split`]);
 //! [`flash_attn`] is attention's inner loop over f16 caches, [`typed_attn`] over the other
 //! cache types; [`kv_cache`] names the element
 //! types of cached rows; [`relu_scores`] is the sparse-attention indexer's scoring loop and

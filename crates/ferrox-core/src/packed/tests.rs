@@ -293,19 +293,24 @@ fn q8_0_products_take_every_code_exactly() {
     }
 }
 
-/// Every instruction set, every batch size and any thread count give the same bits as
-/// the scalar reference for one token alone.
-#[test]
-fn packed_products_are_batch_and_isa_invariant() {
-    let pools: Vec<rayon::ThreadPool> = [1, 3]
-        .into_iter()
-        .map(|n| {
+/// A pool of each of these thread counts.
+fn pools(threads: &[usize]) -> Vec<rayon::ThreadPool> {
+    threads
+        .iter()
+        .map(|&n| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
                 .build()
                 .unwrap()
         })
-        .collect();
+        .collect()
+}
+
+/// Every instruction set, every batch size and any thread count give the same bits as
+/// the scalar reference for one token alone.
+#[test]
+fn packed_products_are_batch_and_isa_invariant() {
+    let pools = pools(&[1, 3]);
     for ty in TYPES {
         for (rows, cols) in shapes(ty, &[(16, 64), (208, 2048), (1024, 640)]) {
             let bytes = random_rows(ty, rows, cols, 3);
@@ -504,15 +509,7 @@ fn products_of_several_matrices_equal_their_own() {
         .collect();
     let parts: Vec<&PackedMatrix> = packed.iter().collect();
     // One token's products split their groups by claiming, across any number of threads.
-    let pools: Vec<rayon::ThreadPool> = [1, 2, 3]
-        .into_iter()
-        .map(|n| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let pools = pools(&[1, 2, 3]);
     for n in [1, 3, 8] {
         let (_, xq) = activations(&packed[0], n, 10);
         for pool in &pools {
