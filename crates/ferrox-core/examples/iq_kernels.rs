@@ -1,13 +1,12 @@
-//! The i-quant kernels' time per matrix product on one thread, at Qwen2.5-1.5B's attention
+//! The i-quant kernels' time per matrix product on one thread (or `-t N`), at Qwen2.5-1.5B's attention
 //! (1536 x 1536) and FFN (8960 x 1536) shapes, against 1, 3, 6, 8 and 128 activation rows
 //! (3 and 6: what an MoE prompt hands most experts; 128: the int8 prompt path), and one
 //! token against 131072 x 1536, a matrix larger than the last-level cache, read from
 //! memory as a decode step reads its weights (the smaller ones stay cached between runs).
 //!
 //! `cargo run --release -p ferrox-core --example iq_kernels -- [-t THREADS] [TYPE...]`
-//! (TYPE: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default; one thread
-//! by default). Prints the fastest of
-//! many runs (other processes only ever slow a run down). Weights are random bytes with a
+//! (TYPE: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default). Prints the
+//! fastest of many runs (other processes only ever slow a run down). Weights are random bytes with a
 //! small f16 scale at offset 0: the speed does not depend on the values.
 
 use std::hint::black_box;

@@ -211,18 +211,8 @@ impl<'a> WeightMatrix<'a> {
         }
         let any_packed = parts.iter().any(|p| p.packed.is_some());
         let granule = if any_packed { GROUP_ROWS } else { TILE_ROWS };
-        let widest = parts
-            .iter()
-            .map(|p| p.bytes_per_row)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        // Below PARALLEL_MIN_BYTES one thread does it all: the pool would cost more.
-        let min_rows = if work < PARALLEL_MIN_BYTES {
-            usize::MAX / 2
-        } else {
-            MIN_TASK_WORK.div_ceil(widest)
-        };
+        let widest = parts.iter().map(|p| p.bytes_per_row).max().unwrap_or(1);
+        let min_rows = min_claimed_run(work, widest);
         work_split::for_each_run(&sizes, granule, min_rows, |i, rows| {
             let part = parts[i];
             if let Some(packed) = part.packed {
@@ -671,7 +661,19 @@ const PARALLEL_QUANTIZE_ROWS: usize = 4;
 /// handing it to the pool would cost more than it saves.
 pub(crate) const PARALLEL_MIN_BYTES: usize = 64 * 1024;
 /// Never split finer than this many weight bytes (times tokens) per task.
-pub(crate) const MIN_TASK_WORK: usize = 16 * 1024;
+const MIN_TASK_WORK: usize = 16 * 1024;
+
+/// The shortest run, in units of `unit_bytes` weight bytes (times tokens), in which a
+/// product of `work` such bytes is claimed ([`work_split`]): all of it below
+/// [`PARALLEL_MIN_BYTES`] (one thread does it: the pool would cost more), else
+/// [`MIN_TASK_WORK`] worth.
+pub(crate) fn min_claimed_run(work: usize, unit_bytes: usize) -> usize {
+    if work < PARALLEL_MIN_BYTES {
+        usize::MAX / 2
+    } else {
+        MIN_TASK_WORK.div_ceil(unit_bytes.max(1))
+    }
+}
 /// Rows per task of a matrix product, at least.
 const MIN_MATMUL_ROWS: usize = 32;
 /// Weight bytes of a panel of rows in `matmul`, swept against every token while cached.

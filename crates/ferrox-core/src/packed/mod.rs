@@ -40,7 +40,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use crate::kernels::{self, Isa};
-use crate::matrix::{Outputs, MIN_TASK_WORK, PARALLEL_MIN_BYTES};
+use crate::matrix::{min_claimed_run, Outputs, PARALLEL_MIN_BYTES};
 use crate::quant::{self, QuantError};
 
 #[cfg(target_arch = "x86_64")]
@@ -443,11 +443,7 @@ impl PackedMatrix {
                 plans.iter().map(|p| p.groups).collect();
             let work: usize = plans.iter().map(|p| p.groups * p.group_bytes).sum();
             let widest = plans.iter().map(|p| p.group_bytes).max().unwrap_or(1);
-            let min_groups = if work < PARALLEL_MIN_BYTES {
-                usize::MAX / 2
-            } else {
-                MIN_TASK_WORK.div_ceil(widest)
-            };
+            let min_groups = min_claimed_run(work, widest);
             crate::work_split::for_each_run(&sizes, 1, min_groups, |i, groups| {
                 let plan = &plans[i];
                 // SAFETY: runs are disjoint groups of one product, hence disjoint output
