@@ -62,20 +62,39 @@ unsafe fn groups<const F: u8>(
     out_stride: usize,
 ) {
     // At most four tokens per pass: their accumulators and a block's codes fill the
-    // sixteen registers.
-    for (i, chunk) in xs.chunks(4).enumerate() {
-        // SAFETY: forwarded contract; outputs of the chunk's tokens.
-        unsafe {
-            let out = out.add(4 * i * out_stride);
-            match chunk.len() {
-                4 => run::<F, 4>(w, groups, blocks, chunk, out, out_stride),
-                3 => run::<F, 3>(w, groups, blocks, chunk, out, out_stride),
-                2 => run::<F, 2>(w, groups, blocks, chunk, out, out_stride),
-                _ => run::<F, 1>(w, groups, blocks, chunk, out, out_stride),
+    // sixteen registers. More tokens take the groups a panel at a time, each panel passed
+    // over by every four while it is cached (not the whole range four by four, which
+    // would read the weights from memory once per four tokens).
+    let group_bytes = blocks * PackedFormat::from_id(F).group_block_bytes();
+    let panel = if xs.len() <= 4 {
+        groups
+    } else {
+        (SEVERAL_PASSES_PANEL_BYTES / group_bytes.max(1)).max(1)
+    };
+    let mut first = 0;
+    while first < groups {
+        let n = panel.min(groups - first);
+        let w = w.wrapping_add(first * group_bytes);
+        for (i, chunk) in xs.chunks(4).enumerate() {
+            // SAFETY: forwarded contract; groups `first..first + n`, outputs of their rows
+            // and of the chunk's tokens.
+            unsafe {
+                let out = out.add(4 * i * out_stride + first * GROUP_ROWS);
+                match chunk.len() {
+                    4 => run::<F, 4>(w, n, blocks, chunk, out, out_stride),
+                    3 => run::<F, 3>(w, n, blocks, chunk, out, out_stride),
+                    2 => run::<F, 2>(w, n, blocks, chunk, out, out_stride),
+                    _ => run::<F, 1>(w, n, blocks, chunk, out, out_stride),
+                }
             }
         }
+        first += n;
     }
 }
+
+/// Weight bytes of the panel that every four tokens pass over in turn when a product has
+/// more than four: small enough to stay in the L2 cache between the passes.
+const SEVERAL_PASSES_PANEL_BYTES: usize = 64 * 1024;
 
 /// Products of eight values of eight rows, unsigned codes below 64 (`c0`: each row's values
 /// 0..4 in its lane, `c1`: values 4..8) times the eight signed activation bytes at `x`,

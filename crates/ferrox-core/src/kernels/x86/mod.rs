@@ -32,6 +32,33 @@ mod avx512_legacy;
 
 use super::{row_kernel_entry, DotKernel, PanelRows, RowKernel, WeightKind};
 
+/// Whether the CPU says it is Intel's (`GenuineIntel`): its streaming wants a different
+/// prefetch distance (see `packed::prefetch_ahead`).
+pub(crate) fn cpu_is_intel() -> bool {
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+    let leaf = unsafe { std::arch::x86_64::__cpuid(0) };
+    let vendor = [leaf.ebx, leaf.edx, leaf.ecx]
+        .map(u32::to_le_bytes)
+        .concat();
+    vendor == *b"GenuineIntel"
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod vendor_tests {
+    /// The vendor read from CPUID is the one the kernel reports.
+    #[test]
+    fn the_vendor_is_the_one_linux_reports() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let vendor = info
+            .lines()
+            .find_map(|line| line.strip_prefix("vendor_id"))
+            .map(|rest| rest.trim_start_matches([' ', '\t', ':']).trim())
+            .expect("a vendor_id line");
+        assert_eq!(super::cpu_is_intel(), vendor == "GenuineIntel", "{vendor}");
+    }
+}
+
 pub(super) fn avx2_detected() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
