@@ -8,9 +8,10 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{
-    bits_to_byte_mask, f16_product, f16x4, hsum_ggml, hsum_i32, load_32, pair_sums_signed,
-    pair_sums_unsigned, quads, split_nibbles, zeros,
+    bits_to_byte_mask, f16_product, f16x4, hsum8_ggml, hsum_ggml, hsum_i32, load_32,
+    pair_sums_signed, pair_sums_unsigned, quads, split_nibbles, zeros,
 };
+use crate::kernels::PanelRows;
 use crate::quant::fp4::{self, e8m0_half};
 use crate::quant::iq4::LEVELS;
 
@@ -232,6 +233,90 @@ macro_rules! add_block {
             }
         }
     }};
+}
+
+/// Most blocks per row whose activation scales [`scaled_panel`] converts up front (longer
+/// rows take [`legacy_dot`] row by row).
+const PANEL_MAX_BLOCKS: usize = 64;
+
+/// A panel of rows of a format of [`Accumulation::Scaled`] (its scale the block's f16 times
+/// the activation's, [`LegacyAvx2::scale`]'s default) against `N` activation rows, four or
+/// eight: `out[r·N + t]` is exactly [`legacy_dot`]'s result for row `r` and activation `t`.
+/// Eight sums at a time (one row against eight activations, or two rows against four): the
+/// activations' scales converted once for the panel, each block's eight `dw·dy` made in one
+/// vector, the eight sums reduced together ([`hsum8_ggml`], `hsum_ggml`'s additions for
+/// each). Attention scores a key against a group's queries this way, two blocks a key,
+/// where the calls and reductions per key cost as much as the products.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scaled_panel<L: LegacyAvx2, const N: usize>(
+    w: &[u8],
+    rows: PanelRows,
+    xs: [&[u8]; N],
+    out: &mut [f32],
+) {
+    assert!(L::ACCUMULATION == Accumulation::Scaled && (N == 4 || N == 8));
+    let blocks = rows.bytes / L::BYTES;
+    // Rows per step: eight accumulators.
+    let per = 8 / N;
+    let steps = if blocks <= PANEL_MAX_BLOCKS {
+        rows.count / per
+    } else {
+        0
+    };
+    let bytes = L::ACTIVATION_BYTES;
+    // Lane `s·N + t` of `dy[b]`: activation `t`'s scale in block `b`.
+    let mut dy = [_mm256_setzero_ps(); PANEL_MAX_BLOCKS];
+    if steps > 0 {
+        for (b, dy) in dy.iter_mut().enumerate().take(blocks) {
+            let mut halves = [0u16; 8];
+            for (k, h) in halves.iter_mut().enumerate() {
+                let x = &xs[k % N][b * bytes..];
+                *h = u16::from_le_bytes([x[0], x[1]]);
+            }
+            // SAFETY: `halves` holds eight values.
+            *dy = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(halves.as_ptr().cast()) });
+        }
+    }
+    let mut d = [0f32; 8];
+    // (No closures below: they would not inherit the target features, nor be inlined.)
+    for step in 0..steps {
+        let first = step * per;
+        // The step's rows: one, or two (the same row twice when one).
+        let pair = [rows.row(w, first), rows.row(w, first + per - 1)];
+        let mut acc = zeros::<8>();
+        for (b, &dy) in dy.iter().enumerate().take(blocks) {
+            let at = b * L::BYTES;
+            let blocks_of = [&pair[0][at..at + L::BYTES], &pair[1][at..at + L::BYTES]];
+            // Lanes of row `s` take its `dw` (one row for eight activations, two for four).
+            let dw0 = i32::from(u16::from_le_bytes([blocks_of[0][0], blocks_of[0][1]]));
+            let dw1 = i32::from(u16::from_le_bytes([blocks_of[1][0], blocks_of[1][1]]));
+            let dw0 = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dw0)));
+            let dw1 = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dw1)));
+            let dw = _mm256_set_m128(dw1, dw0);
+            // SAFETY: `d` holds eight values.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(dw, dy)) };
+            for (s, &block) in blocks_of.iter().enumerate().take(per) {
+                // SAFETY: this function runs with AVX2, FMA and F16C enabled.
+                let codes = unsafe { L::codes(block) };
+                for (t, x) in xs.iter().enumerate() {
+                    let k = s * N + t;
+                    let x = &x[b * bytes..(b + 1) * bytes];
+                    let sums = _mm256_cvtepi32_ps(block_sums::<L>(codes, x));
+                    acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d[k]), sums, acc[k]);
+                }
+            }
+        }
+        let out = &mut out[first * N..first * N + 8];
+        // SAFETY: `out` holds eight values.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), hsum8_ggml(acc)) };
+    }
+    for r in steps * per..rows.count {
+        let dots = legacy_dot::<L, N>(rows.row(w, r), xs);
+        out[r * N..(r + 1) * N].copy_from_slice(&dots);
+    }
 }
 
 /// One weight row of format `L` against `N` activation rows.

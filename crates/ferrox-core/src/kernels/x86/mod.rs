@@ -96,6 +96,27 @@ macro_rules! avx2_entry {
     }};
 }
 
+/// Safe `DotKernel` entries for a 32-value format of scaled blocks (`$format`: Q4_0, Q5_0,
+/// Q8_0), whose panels of four and eight tokens take eight sums at a time
+/// (`avx2_legacy::scaled_panel`, the same bits).
+macro_rules! avx2_scaled_entry {
+    ($format:ty) => {{
+        fn panel4(w: &[u8], rows: PanelRows, xs: [&[u8]; 4], out: &mut [f32]) {
+            // SAFETY: as `avx2_entry`'s.
+            unsafe { avx2_legacy::scaled_panel::<$format, 4>(w, rows, xs, out) }
+        }
+        fn panel8(w: &[u8], rows: PanelRows, xs: [&[u8]; 8], out: &mut [f32]) {
+            // SAFETY: as `avx2_entry`'s.
+            unsafe { avx2_legacy::scaled_panel::<$format, 8>(w, rows, xs, out) }
+        }
+        DotKernel {
+            panel4,
+            panel8,
+            ..avx2_entry!(avx2_legacy::legacy_dot::<$format, N>)
+        }
+    }};
+}
+
 /// A single-token panel: its rows four at a time through `four`, the rest one at a time
 /// through `one` (the same bits).
 #[inline]
@@ -150,11 +171,11 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::F32 => avx2_entry!(float_dot::<F32Lanes, N>),
         K::F16 => avx2_entry!(float_dot::<F16Lanes, N>),
         K::Bf16 => avx2_entry!(float_dot::<Bf16Lanes, N>),
-        K::Q4_0 => avx2_entry!(legacy_dot::<Q4_0Avx2, N>),
+        K::Q4_0 => avx2_scaled_entry!(Q4_0Avx2),
         K::Q4_1 => avx2_entry!(legacy_dot::<Q4_1Avx2, N>),
-        K::Q5_0 => avx2_entry!(legacy_dot::<Q5_0Avx2, N>),
+        K::Q5_0 => avx2_scaled_entry!(Q5_0Avx2),
         K::Q5_1 => avx2_entry!(legacy_dot::<Q5_1Avx2, N>),
-        K::Q8_0 => avx2_entry!(legacy_dot::<Q8_0Avx2, N>),
+        K::Q8_0 => avx2_scaled_entry!(Q8_0Avx2),
         K::Iq4Nl => avx2_entry!(legacy_dot::<Iq4NlAvx2, N>),
         K::Q2K => avx2_entry!(super_block_dot::<Q2KAvx2, N>),
         K::Q3K => avx2_entry!(super_block_dot::<Q3KAvx2, N>),
