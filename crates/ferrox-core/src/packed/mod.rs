@@ -454,22 +454,11 @@ impl PackedMatrix {
                 .unwrap_or(1);
             let min_groups = min_claimed_run(work, widest);
             crate::work_split::for_each_run(&sizes, 1, min_groups, |i, groups| {
-                let plan = &plans[i];
                 // SAFETY: runs are disjoint groups of one product, hence disjoint output
                 // rows (the products' outputs are distinct `&mut` slices); every pointer
                 // stays inside the product's matrix, activations and output (checked
                 // above).
-                unsafe {
-                    plan.part.run_groups(
-                        plan.kernel,
-                        groups.start,
-                        groups.len(),
-                        plan.group_bytes,
-                        plan.xq,
-                        plan.n_tokens,
-                        &plan.out,
-                    )
-                };
+                unsafe { plans[i].run(groups) };
             });
             return Ok(());
         }
@@ -485,17 +474,7 @@ impl PackedMatrix {
             // SAFETY: tasks own disjoint groups of one product, hence disjoint output rows
             // (the products' outputs are distinct `&mut` slices); every pointer stays
             // inside the product's matrix, activations and output (checked above).
-            unsafe {
-                plan.part.run_groups(
-                    plan.kernel,
-                    first,
-                    count,
-                    plan.group_bytes,
-                    plan.xq,
-                    plan.n_tokens,
-                    &plan.out,
-                )
-            };
+            unsafe { plan.run(first..first + count) };
         };
         match total {
             0 => {}
@@ -731,6 +710,28 @@ struct Plan<'a> {
     /// The part's first task among all the parts' tasks.
     first_task: usize,
     out: Outputs,
+}
+
+impl Plan<'_> {
+    /// Groups `groups` of the product against all of its tokens.
+    ///
+    /// # Safety
+    /// As [`PackedMatrix::run_groups`]: the groups exist and no other thread touches their
+    /// outputs.
+    unsafe fn run(&self, groups: Range<usize>) {
+        // SAFETY: forwarded contract; the plan's activations and outputs were checked.
+        unsafe {
+            self.part.run_groups(
+                self.kernel,
+                groups.start,
+                groups.len(),
+                self.group_bytes,
+                self.xq,
+                self.n_tokens,
+                &self.out,
+            )
+        };
+    }
 }
 
 /// `groups` consecutive groups at `w` (`blocks` blocks each) against the activation rows

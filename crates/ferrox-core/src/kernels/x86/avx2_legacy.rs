@@ -236,8 +236,9 @@ macro_rules! add_block {
 }
 
 /// Most blocks per row whose activation scales [`scaled_panel`] converts up front (longer
-/// rows take [`legacy_dot`] row by row).
-const PANEL_MAX_BLOCKS: usize = 64;
+/// rows take [`legacy_dot`] row by row): the largest attention head's (1024 values), so
+/// the table a call fills stays small.
+const PANEL_MAX_BLOCKS: usize = crate::flash_attn::MAX_HEAD_DIM / 32;
 
 /// A panel of rows of a format of [`Accumulation::Scaled`] (its scale the block's f16 times
 /// the activation's, [`LegacyAvx2::scale`]'s default) against `N` activation rows, four or
