@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use common::ferrox;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn model(dir: &Path) -> PathBuf {
     let path = dir.join("deepseek2-v3.gguf");
@@ -88,32 +88,45 @@ fn run_bench_and_perplexity_work() {
     assert!(ppl.contains("Final estimate: PPL = "), "{ppl}");
 }
 
-/// `bench --compare`: the peer's result beside ferrox's, and each engine's share of the
-/// decode bound that the read bandwidth measured beside its runs sets.
+/// `bench --compare`: each peer's result beside ferrox's, the peers taking turns with
+/// ferrox repetition by repetition, and each engine's share of the decode bound that the
+/// read bandwidth measured beside its runs sets.
 #[cfg(unix)]
 #[test]
 fn bench_compares_with_a_peer_and_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
-    // A llama-bench that answers 50 t/s to whatever test it is asked for. Written here,
-    // made executable by a child process: a file this process held open for writing could
-    // be inherited by another test's child for a moment, and not be executable then.
-    let script = dir.path().join("llama-bench.sh");
-    let peer = dir.path().join("llama-bench");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
+    let log = dir.path().join("calls.log");
+    // A llama-bench that answers `rate` t/s to whatever test it is asked for and logs its
+    // name and arguments. Written here, made executable by a child process: a file this
+    // process held open for writing could be inherited by another test's child for a
+    // moment, and not be executable then.
+    let fake_peer = |name: &str, rate: f64| {
+        let script = dir.path().join(format!("{name}.sh"));
+        let peer = dir.path().join(name);
+        std::fs::write(
+            &script,
+            format!(
+                r#"#!/bin/sh
+echo "{name} $*" >> '{log}'
 while [ $# -gt 0 ]; do case $1 in -p) p=$2;; -n) n=$2;; esac; shift; done
-echo "[{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": 50.0}]"
+echo "[{{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": {rate:.1}}}]"
 "#,
-    )
-    .unwrap();
-    let installed = std::process::Command::new("install")
-        .arg("-m755")
-        .args([&script, &peer])
-        .status()
+                log = log.display()
+            ),
+        )
         .unwrap();
-    assert!(installed.success());
+        let installed = std::process::Command::new("install")
+            .arg("-m755")
+            .args([&script, &peer])
+            .status()
+            .unwrap();
+        assert!(installed.success());
+        peer
+    };
+    let peer = fake_peer("llama-bench", 50.0);
+    let second = fake_peer("other-bench", 25.0);
+    let second_arg = format!("second={}", second.display());
     let s = OsStr::new;
     let args = |json: bool| {
         let mut a = vec![
@@ -130,6 +143,8 @@ echo "[{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": 50.0}]"
             s("1"),
             s("--compare"),
             peer.as_os_str(),
+            s("--compare"),
+            s(&second_arg),
         ];
         if json {
             a.push(s("--json"));
@@ -145,7 +160,25 @@ echo "[{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": 50.0}]"
             (row["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9 * ratio,
             "{row}"
         );
+        let peers = row["peers"].as_array().unwrap();
+        assert_eq!(peers.len(), 2, "{row}");
+        assert_eq!(peers[0]["name"], "llama.cpp", "{row}");
+        assert_eq!(peers[1]["name"], "second", "{row}");
+        assert_eq!(peers[1]["samples_ts"], json!([25.0, 25.0]), "{row}");
+        let ratio = row["avg_ts"].as_f64().unwrap() / 25.0;
+        assert!(
+            (peers[1]["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9 * ratio,
+            "{row}"
+        );
     }
+    // Each repetition ran each peer once, in turn: pp's two, then tg's two.
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let order: Vec<&str> = calls
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(order, ["llama-bench", "other-bench"].repeat(4), "{calls}");
+    assert!(calls.lines().all(|l| l.contains(" -r 1 ")), "{calls}");
     assert!(
         pp.get("bound_share").is_none(),
         "prefill has no bound: {pp}"
@@ -169,10 +202,11 @@ echo "[{\"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": 0, \"avg_ts\": 50.0}]"
     );
     let text = ok(&args(false));
     assert!(text.contains("| tg4 | "), "{text}");
+    assert!(text.contains("| ferrox / second |"), "{text}");
     assert!(
-        text.lines().any(
-            |l| l.starts_with("tg4: ferrox at ") && l.contains("% of the bound, llama.cpp at ")
-        ),
+        text.lines().any(|l| l.starts_with("tg4: ferrox at ")
+            && l.contains("% of the bound, llama.cpp at ")
+            && l.contains(", second at ")),
         "{text}"
     );
 }

@@ -50,10 +50,12 @@ pub struct Args {
     /// Print a JSON array (llama-bench's field names) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also run this llama-bench binary on the same file, tests and threads, alternating
-    /// with ferrox, and print the ratios.
-    #[arg(long)]
-    pub compare: Option<PathBuf>,
+    /// Also run this llama-bench binary on the same file, tests and threads, and print the
+    /// ratios: `[NAME=]BINARY`, repeatable (NAME heads its columns; `llama.cpp` for a binary
+    /// called llama-bench, else the binary's file name). Every repetition of a test runs
+    /// ferrox and then each peer once, so all see the same machine conditions.
+    #[arg(long, value_parser = peer, value_name = "[NAME=]BINARY")]
+    pub compare: Vec<Peer>,
     /// Keep every matrix in the file's row-major layout (no repacking at load; with
     /// `--compare`, llama-bench runs with `--repack 0` too).
     #[arg(long = "no-repack")]
@@ -170,17 +172,65 @@ impl Measurement {
     }
 }
 
-/// llama-bench's result for one test, with the read bandwidth measured just before and
-/// just after it (where measured).
+/// A llama-bench-compatible binary that `--compare` runs beside ferrox, and the name its
+/// columns take.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    name: String,
+    binary: PathBuf,
+}
+
+/// `[NAME=]BINARY` (a name holds no `/`, so a path with `=` in it still reads as a path).
+fn peer(arg: &str) -> Result<Peer, String> {
+    let (name, binary) = match arg.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !name.contains('/') => (Some(name), path),
+        _ => (None, arg),
+    };
+    if binary.is_empty() {
+        return Err(format!("{arg:?} names no binary"));
+    }
+    let binary = PathBuf::from(binary);
+    let name = match (name, binary.file_name().and_then(|f| f.to_str())) {
+        (Some(name), _) => name.to_string(),
+        (None, Some("llama-bench") | None) => "llama.cpp".to_string(),
+        (None, Some(file)) => file.to_string(),
+    };
+    Ok(Peer { name, binary })
+}
+
+/// A peer's results for one test, one per repetition, with the read bandwidth measured
+/// just before and just after each (where measured).
+#[derive(Default)]
 struct PeerMeasurement {
-    avg_ts: f64,
+    samples_ts: Vec<f64>,
     bandwidth: Vec<f64>,
 }
 
 impl PeerMeasurement {
+    fn avg_ts(&self) -> f64 {
+        mean(&self.samples_ts)
+    }
+
     fn bound_share(&self, bytes_per_token: u64) -> Option<f64> {
         (!self.bandwidth.is_empty())
-            .then(|| self.avg_ts * bytes_per_token as f64 / mean(&self.bandwidth))
+            .then(|| self.avg_ts() * bytes_per_token as f64 / mean(&self.bandwidth))
+    }
+
+    /// This peer's result for ferrox's test `m` as a JSON object.
+    fn json(&self, peer: &Peer, m: &Measurement, bytes_per_token: u64) -> Value {
+        let mut fields = json!({
+            "name": peer.name,
+            "binary": peer.binary.to_string_lossy(),
+            "avg_ts": self.avg_ts(),
+            "stddev_ts": stddev(&self.samples_ts),
+            "samples_ts": self.samples_ts,
+            "ratio": m.avg_ts() / self.avg_ts(),
+        });
+        if let Some(share) = self.bound_share(bytes_per_token) {
+            fields["read_bandwidth_gbs"] = json!(mean(&self.bandwidth) / 1e9);
+            fields["bound_share"] = json!(share);
+        }
+        fields
     }
 }
 
@@ -260,31 +310,14 @@ impl Bench<'_> {
         Ok(start.elapsed().as_nanos() as u64)
     }
 
-    fn run(
-        &mut self,
-        state: &mut State,
-        n_prompt: usize,
-        n_gen: usize,
-        reps: usize,
-    ) -> anyhow::Result<Measurement> {
-        // Warm-up: one full run of the test.
-        self.timed(state, n_prompt, n_gen)?;
-        let mut samples_ns = Vec::with_capacity(reps);
-        let mut bandwidth = Vec::new();
-        for _ in 0..reps {
-            if let Some(reader) = self.reader.filter(|_| n_gen > 0) {
-                bandwidth.push(reader.measure());
-            }
-            samples_ns.push(self.timed(state, n_prompt, n_gen)?);
+    /// One repetition of `m`'s test, its time (and the read bandwidth just before it,
+    /// for a decode test where measured) added to `m`.
+    fn repetition(&mut self, state: &mut State, m: &mut Measurement) -> anyhow::Result<()> {
+        if let Some(reader) = self.reader.filter(|_| m.n_gen > 0) {
+            m.bandwidth.push(reader.measure());
         }
-        Ok(Measurement {
-            name: test_name(n_prompt, n_gen, self.depth),
-            n_prompt,
-            n_gen,
-            n_depth: self.depth,
-            samples_ns,
-            bandwidth,
-        })
+        m.samples_ns.push(self.timed(state, m.n_prompt, m.n_gen)?);
+        Ok(())
     }
 
     fn timed(&mut self, state: &mut State, n_prompt: usize, n_gen: usize) -> anyhow::Result<u64> {
@@ -438,7 +471,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = model::load_generator(&model_args)?;
     let decoder = &loaded.engine;
     let vocab = loaded.tokenizer.vocab();
-    let reader = args.compare.as_ref().and_then(|_| ReadSweep::new(threads));
+    let reader = (!args.compare.is_empty())
+        .then(|| ReadSweep::new(threads))
+        .flatten();
     let mut bench = Bench {
         decoder,
         bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
@@ -456,40 +491,53 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Positions held at the end of the longest test, and what each takes.
     let deepest = args.n_depth + tests.iter().map(|t| t.0 + t.1).max().unwrap_or(0);
     let kv_per_position = state.bytes_per_position();
-    let engines = 1 + usize::from(args.compare.is_some());
-    let bar = indicatif::ProgressBar::new((tests.len() * engines) as u64);
+    let bar = indicatif::ProgressBar::new((tests.len() * args.repetitions) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:20}] {pos}/{len} {msg} {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let peer_options = (!args.no_repack, model_args.kv_storage(), args.numa);
     for (n_prompt, n_gen) in tests {
         let name = test_name(n_prompt, n_gen, args.n_depth);
-        bar.set_message(format!("{name} ferrox"));
-        let m = bench.run(&mut state, n_prompt, n_gen, args.repetitions)?;
-        bar.inc(1);
-        if let Some(binary) = &args.compare {
-            bar.set_message(format!("{name} llama-bench"));
-            // Alternate the engines test by test so both see the same machine conditions.
-            let beside = || {
-                reader
-                    .as_ref()
-                    .filter(|_| m.n_gen > 0)
-                    .map(ReadSweep::measure)
-            };
-            let before = beside();
-            let avg_ts = llama_bench(
-                binary,
-                &loaded.path,
-                &m,
-                threads,
-                args.repetitions,
-                (!args.no_repack, model_args.kv_storage(), args.numa),
-            )?;
-            let bandwidth = before.into_iter().chain(beside()).collect();
-            llama.push(PeerMeasurement { avg_ts, bandwidth });
+        bar.set_message(format!("{name} ferrox warm-up"));
+        bench.timed(&mut state, n_prompt, n_gen)?;
+        let mut m = Measurement {
+            name: name.clone(),
+            n_prompt,
+            n_gen,
+            n_depth: args.n_depth,
+            samples_ns: Vec::with_capacity(args.repetitions),
+            bandwidth: Vec::new(),
+        };
+        let mut beside: Vec<PeerMeasurement> = args
+            .compare
+            .iter()
+            .map(|_| PeerMeasurement::default())
+            .collect();
+        // Ferrox and every peer take turns repetition by repetition: a shared host's speed
+        // drifts within a minute, and each turn sees the same drift.
+        for _ in 0..args.repetitions {
+            bar.set_message(format!("{name} ferrox"));
+            bench.repetition(&mut state, &mut m)?;
+            for (peer, measured) in args.compare.iter().zip(&mut beside) {
+                bar.set_message(format!("{name} {}", peer.name));
+                let bandwidth = || {
+                    reader
+                        .as_ref()
+                        .filter(|_| n_gen > 0)
+                        .map(ReadSweep::measure)
+                };
+                let before = bandwidth();
+                let ts = llama_bench(&peer.binary, &loaded.path, &m, threads, 1, peer_options)?;
+                measured.samples_ts.push(ts);
+                measured
+                    .bandwidth
+                    .extend(before.into_iter().chain(bandwidth()));
+            }
             bar.inc(1);
         }
         results.push(m);
+        llama.push(beside);
     }
     bar.finish_and_clear();
 
@@ -533,13 +581,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "samples_ns": samples_ns,
                     "samples_ts": m.samples_ts(),
                 });
-                if let Some(other) = llama.get(i) {
-                    row["llama_cpp_avg_ts"] = json!(other.avg_ts);
-                    row["ratio"] = json!(m.avg_ts() / other.avg_ts);
-                    if let Some(share) = other.bound_share(bytes_per_token) {
-                        row["llama_cpp_read_bandwidth_gbs"] = json!(mean(&other.bandwidth) / 1e9);
-                        row["llama_cpp_bound_share"] = json!(share);
+                let peers: Vec<Value> = args
+                    .compare
+                    .iter()
+                    .zip(&llama[i])
+                    .map(|(peer, other)| other.json(peer, m, bytes_per_token))
+                    .collect();
+                // The first peer's figures also under the names one peer always had.
+                if let Some(first) = peers.first() {
+                    for (from, to) in [
+                        ("avg_ts", "llama_cpp_avg_ts"),
+                        ("ratio", "ratio"),
+                        ("read_bandwidth_gbs", "llama_cpp_read_bandwidth_gbs"),
+                        ("bound_share", "llama_cpp_bound_share"),
+                    ] {
+                        if let Some(v) = first.get(from) {
+                            row[to] = v.clone();
+                        }
                     }
+                    row["peers"] = json!(peers);
                 }
                 if let Some(share) = m.bound_share(bytes_per_token) {
                     let bw = mean(&m.bandwidth);
@@ -592,17 +652,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             c.ahead_used,
         ))
     );
-    if !llama.is_empty() {
-        println!("\n| test | ferrox t/s | llama.cpp t/s | ferrox / llama.cpp |");
-        println!("| ---- | ---------: | ------------: | -----------------: |");
-        for (m, other) in results.iter().zip(&llama) {
-            println!(
-                "| {} | {:.2} | {:.2} | {:.3} |",
-                m.name,
-                m.avg_ts(),
-                other.avg_ts,
-                m.avg_ts() / other.avg_ts
-            );
+    if !args.compare.is_empty() {
+        let (mut head, mut rule) = (
+            String::from("\n| test | ferrox t/s |"),
+            String::from("| ---- | ---------: |"),
+        );
+        for peer in &args.compare {
+            head += &format!(" {0} t/s | ferrox / {0} |", peer.name);
+            rule += " ---: | ---: |";
+        }
+        println!("{head}\n{rule}");
+        for (m, others) in results.iter().zip(&llama) {
+            let mut line = format!("| {} | {:.2} |", m.name, m.avg_ts());
+            for other in others {
+                line += &format!(
+                    " {:.2} | {:.3} |",
+                    other.avg_ts(),
+                    m.avg_ts() / other.avg_ts()
+                );
+            }
+            println!("{line}");
         }
     }
     for (i, m) in results.iter().enumerate() {
@@ -618,17 +687,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bw / bytes_per_token as f64
         );
         print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * share);
-        match llama
-            .get(i)
-            .and_then(|o| Some((o, o.bound_share(bytes_per_token)?)))
-        {
-            Some((other, share)) => println!(
-                ", llama.cpp at {:.0}% (bandwidth measured before and after its run: {:.1} GB/s)",
-                100.0 * share,
-                mean(&other.bandwidth) / 1e9
-            ),
-            None => println!(),
+        for (peer, other) in args.compare.iter().zip(&llama[i]) {
+            if let Some(share) = other.bound_share(bytes_per_token) {
+                print!(
+                    ", {} at {:.0}% (bandwidth measured before and after its runs: {:.1} GB/s)",
+                    peer.name,
+                    100.0 * share,
+                    mean(&other.bandwidth) / 1e9
+                );
+            }
         }
+        println!();
     }
     Ok(())
 }
