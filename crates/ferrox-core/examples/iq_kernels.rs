@@ -4,8 +4,10 @@
 //! token against 131072 x 1536, a matrix larger than the last-level cache, read from
 //! memory as a decode step reads its weights (the smaller ones stay cached between runs).
 //!
-//! `cargo run --release -p ferrox-core --example iq_kernels -- [-t THREADS] [TYPE...]`
-//! (TYPE: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all by default). Prints the
+//! `cargo run --release -p ferrox-core --example iq_kernels -- [-t THREADS] [shape=RxC...]
+//! [tokens=N,N...] [TYPE...]` (TYPE: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m; all
+//! by default; `shape=` and `tokens=` replace the shapes and token counts, e.g. DeepSeek-V3's
+//! experts `shape=2048x7168 shape=7168x2048 tokens=1,4,8`). Prints the
 //! fastest of many runs (other processes only ever slow a run down). Weights are random bytes with a
 //! small f16 scale at offset 0: the speed does not depend on the values.
 
@@ -42,6 +44,26 @@ fn main() {
         }
         None => 1,
     };
+    let mut shapes: Vec<(usize, usize)> = Vec::new();
+    let mut tokens: Option<Vec<usize>> = None;
+    args.retain(|a| {
+        if let Some(shape) = a.strip_prefix("shape=") {
+            let (r, c) = shape.split_once('x').expect("shape=RxC");
+            shapes.push((r.parse().expect("rows"), c.parse().expect("columns")));
+        } else if let Some(list) = a.strip_prefix("tokens=") {
+            tokens = Some(
+                list.split(',')
+                    .map(|n| n.parse().expect("tokens"))
+                    .collect(),
+            );
+        } else {
+            return true;
+        }
+        false
+    });
+    if shapes.is_empty() {
+        shapes = SHAPES.to_vec();
+    }
     let names = if args.is_empty() {
         [
             "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
@@ -58,7 +80,7 @@ fn main() {
     let mut rng = StdRng::seed_from_u64(7);
     for name in &names {
         let ty = parse(name);
-        for (rows, cols) in SHAPES {
+        for &(rows, cols) in &shapes {
             let mut bytes = vec![0u8; rows * row_byte_len(ty, cols).unwrap()];
             rng.fill(&mut bytes[..]);
             let block = ty.block_bytes().unwrap() as usize;
@@ -67,7 +89,11 @@ fn main() {
                 b[..2].copy_from_slice(&scale);
             }
             let matrix = WeightMatrix::new(ty, rows, cols, &bytes).unwrap();
-            let tokens_here: &[usize] = if rows > 8960 { &[1] } else { &TOKENS };
+            let tokens_here: &[usize] = match &tokens {
+                Some(list) => list,
+                None if rows > 8960 => &[1],
+                None => &TOKENS,
+            };
             for &tokens in tokens_here {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|_| rng.random_range(-1.0..1.0))

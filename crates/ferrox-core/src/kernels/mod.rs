@@ -27,6 +27,7 @@ mod dot_float;
 mod dot_iq;
 mod dot_kquants;
 mod dot_legacy;
+pub mod prefetch;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

@@ -587,36 +587,22 @@ unsafe fn sweep_tokens(
 /// two halves one after the other, stream Q6_K 3-7% faster with no software prefetch
 /// (2 threads, three alternated runs).
 ///
-/// Intel's cores want the lines well ahead instead ([`FAR_PREFETCH_BYTES`]).
+/// Intel's cores want the lines well ahead instead
+/// ([`crate::kernels::prefetch::FAR_PREFETCH_BYTES`]).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_ahead(format: PackedFormat, isa: Isa) -> Option<usize> {
+    use crate::kernels::prefetch::{far_prefetch, setting, Prefetch, FAR_PREFETCH_BYTES};
     let avx2_q6k = format == PackedFormat::Q6K && isa == Isa::Avx2;
     // I8K groups are made just before their product and are still in the cache.
     let cached = format == PackedFormat::I8K;
-    match tuning::PREFETCH_BYTES.load(std::sync::atomic::Ordering::Relaxed) {
-        tuning::NO_PREFETCH => None,
-        tuning::BUILT_IN if cached => None,
-        tuning::BUILT_IN if far_prefetch() => Some(FAR_PREFETCH_BYTES),
-        tuning::BUILT_IN if format == PackedFormat::Q4K || avx2_q6k => None,
-        tuning::BUILT_IN => Some(0),
-        set => Some(set),
+    match setting() {
+        Prefetch::Off => None,
+        Prefetch::BuiltIn if cached => None,
+        Prefetch::BuiltIn if far_prefetch() => Some(FAR_PREFETCH_BYTES),
+        Prefetch::BuiltIn if format == PackedFormat::Q4K || avx2_q6k => None,
+        Prefetch::BuiltIn => Some(0),
+        Prefetch::Ahead(bytes) => Some(bytes),
     }
-}
-
-/// How far ahead the kernels ask for weights on Intel CPUs. Measured with
-/// `examples/decode_stack.rs ... prefetch=0,none,4096` (sweeps alternated; Intel Xeon,
-/// Emerald Rapids, 2 threads, one token), 4 KiB ahead against just before reading: Q8_0
-/// 1.21x, Q5_0 1.29x, Q4_K 1.05x, Q6_K 1.27x with AVX-512; 1.39x, 1.55x, 1.12x, 1.31x
-/// with AVX2 (1 KiB and 2 KiB slower, 8 KiB the same); eight tokens with AVX2 1.15x.
-/// Zen 4's prefetchers keep up by themselves where Intel's fall short.
-#[cfg(target_arch = "x86_64")]
-const FAR_PREFETCH_BYTES: usize = 4096;
-
-/// Whether the built-in prefetch asks [`FAR_PREFETCH_BYTES`] ahead: on Intel CPUs.
-#[cfg(target_arch = "x86_64")]
-fn far_prefetch() -> bool {
-    static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAR.get_or_init(crate::kernels::x86::cpu_is_intel)
 }
 
 /// Asks for the cache lines of `[p, p + len)` that lie before `end` (a kernel's first
@@ -637,32 +623,7 @@ fn prefetch_lines(p: *const u8, len: usize, end: *const u8) {
 /// whatever they are set to.
 #[doc(hidden)]
 pub mod tuning {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub(super) const BUILT_IN: usize = usize::MAX;
-    pub(super) const NO_PREFETCH: usize = usize::MAX - 1;
-    pub(super) static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(BUILT_IN);
-
-    /// How far ahead the kernels prefetch.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Prefetch {
-        /// Each format's built-in choice.
-        BuiltIn,
-        /// No software prefetch.
-        Off,
-        /// This many bytes ahead of the current block, in every format.
-        Ahead(usize),
-    }
-
-    /// Makes every later product prefetch as `prefetch` says.
-    pub fn set_prefetch(prefetch: Prefetch) {
-        let value = match prefetch {
-            Prefetch::BuiltIn => BUILT_IN,
-            Prefetch::Off => NO_PREFETCH,
-            Prefetch::Ahead(bytes) => bytes.min(NO_PREFETCH - 1),
-        };
-        PREFETCH_BYTES.store(value, Ordering::Relaxed);
-    }
+    pub use crate::kernels::prefetch::{set_prefetch, Prefetch};
 }
 
 /// Most tokens one sweep of the weights serves (their accumulators stay in registers).

@@ -201,8 +201,12 @@ macro_rules! iq_rows {
             use $crate::quant::BlockFormat;
             check_rows(w, F::BYTES, Q8K::BYTES, &xs);
             let mut sums = [0f32; N];
+            let ahead = $crate::kernels::prefetch::row_major_ahead();
             for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
                 let at = i * Q8K::BYTES;
+                if ahead > 0 {
+                    $crate::kernels::x86::prefetch_ahead(block.as_ptr(), ahead);
+                }
                 let isums = $super_block::<F, N>(block, &xs, at);
                 let dw = F::d(block);
                 if N == 1 {
@@ -240,8 +244,15 @@ macro_rules! iq_rows4 {
             }
             check_rows(rows[0], F::BYTES, Q8K::BYTES, &[x]);
             let mut sums = _mm_setzero_ps();
+            let ahead = $crate::kernels::prefetch::row_major_ahead();
             for i in 0..blocks {
                 let at = i * Q8K::BYTES;
+                if ahead > 0 {
+                    // Four streams at once: Intel's prefetchers alone leave them short.
+                    for w in rows {
+                        $crate::kernels::x86::prefetch_ahead(w.as_ptr(), i * F::BYTES + ahead);
+                    }
+                }
                 let block: [&[u8]; 4] = [
                     &rows[0][i * F::BYTES..][..F::BYTES],
                     &rows[1][i * F::BYTES..][..F::BYTES],

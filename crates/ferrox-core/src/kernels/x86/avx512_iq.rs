@@ -119,6 +119,20 @@ pub(super) fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
     _mm512_or_si512(fields, _mm512_slli_epi16::<7>(parity))
 }
 
+/// [`even_signs_zmm`] on four 64-bit lanes.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+pub(super) fn even_signs_ymm(words: __m256i, offsets: [u8; 8]) -> __m256i {
+    let fields = _mm256_and_si256(
+        _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(i64::from_le_bytes(offsets)), words),
+        _mm256_set1_epi8(0x7F),
+    );
+    let parity = _mm256_and_si256(_mm256_popcnt_epi8(fields), _mm256_set1_epi8(1));
+    _mm256_or_si256(fields, _mm256_slli_epi16::<7>(parity))
+}
+
 /// The 64 bytes at `bytes[at..]`.
 #[inline]
 #[target_feature(

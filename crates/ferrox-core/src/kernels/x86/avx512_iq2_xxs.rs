@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_iq::{iq_rows, iq_rows4, IqAvx2};
-use super::avx512_iq::{even_signs_zmm, load_64, points8, signed_biased};
+use super::avx512_iq::{even_signs_ymm, points8, signed_biased};
 use crate::quant::grids::IQ2XXS_GRID_BIASED;
 use crate::quant::iq2::QS_AT;
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
@@ -52,15 +52,38 @@ fn grid_points(block: &[u8], ib: usize) -> __m256i {
 fn prepare(block: &[u8], words: &mut SubBlockWords) -> __m256i {
     // Sub-block ib's eight bytes are 64-bit lane ib: four grid indices, then four 7-bit
     // sign fields (bits 32.., 39.., 46.., 53..) and the scale in the top four bits, so
-    // `(top five bits) | 1` is 2s + 1.
-    let raw = load_64(block, QS_AT);
-    let signs = even_signs_zmm(raw, [32, 39, 46, 53, 0, 0, 0, 0]);
-    let odd = _mm512_or_si512(_mm512_srli_epi64::<59>(raw), _mm512_set1_epi64(1));
-    let pair = _mm512_or_si512(_mm512_slli_epi64::<32>(odd), _mm512_slli_epi64::<48>(odd));
-    let both = _mm512_mask_blend_epi32(0xAAAA, signs, pair);
-    // SAFETY: `words` is 64 writable bytes.
-    unsafe { _mm512_storeu_si512(words.0.as_mut_ptr().cast(), both) };
-    _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(both))
+    // `(top five bits) | 1` is 2s + 1. Two 256-bit halves, not one 512-bit vector: on Intel
+    // cores a 512-bit instruction in flight takes one of the two ports the products need.
+    let mut raw = [_mm256_setzero_si256(); 2];
+    for (h, raw) in raw.iter_mut().enumerate() {
+        let chunk: &[u8; 32] = block[QS_AT + 32 * h..].first_chunk().expect("32 bytes");
+        // SAFETY: `chunk` is 32 readable bytes.
+        *raw = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+        let signs = even_signs_ymm(*raw, [32, 39, 46, 53, 0, 0, 0, 0]);
+        let odd = _mm256_or_si256(_mm256_srli_epi64::<59>(*raw), _mm256_set1_epi64x(1));
+        let pair = _mm256_or_si256(_mm256_slli_epi64::<32>(odd), _mm256_slli_epi64::<48>(odd));
+        let both = _mm256_mask_blend_epi32(0xAA, signs, pair);
+        // SAFETY: words `4h..4h + 4` are 32 writable bytes.
+        unsafe { _mm256_storeu_si256(words.0[4 * h..].as_mut_ptr().cast(), both) };
+    }
+    // Sub-block ib's top byte (8ib + 7) to bytes 4ib and 4ib + 2, the odd bytes zero: its
+    // top five bits, shifted down, or 1, are 2s + 1 in both i16 of lane ib.
+    let top = _mm256_set1_epi32(7 << 16 | 7);
+    let top = _mm256_add_epi8(
+        top,
+        _mm256_setr_epi32(
+            0,
+            8 << 16 | 8,
+            16 << 16 | 16,
+            24 << 16 | 24,
+            32 << 16 | 32,
+            40 << 16 | 40,
+            48 << 16 | 48,
+            56 << 16 | 56,
+        ),
+    );
+    let tops = _mm256_maskz_permutex2var_epi8(0x5555_5555, raw[0], top, raw[1]);
+    _mm256_or_si256(_mm256_srli_epi16::<3>(tops), _mm256_set1_epi16(1))
 }
 
 /// One super-block's exact integer sums against each row, as `super_block_zmm` computes
