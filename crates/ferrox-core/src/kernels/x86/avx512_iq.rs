@@ -206,37 +206,53 @@ fn points4(grid: &[u32], index: impl Fn(usize) -> usize) -> __m256i {
     _mm256_setr_epi32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
 }
 
-/// 8-value-grid indices `qs | (high << 8)` for all 32 groups: `qs` the 32 low bytes at
-/// `low_at`; group `4ib + l`'s high bits are `(word(ib) >> (step·l)) & mask`, `word(ib)`
-/// the 16-bit word `ib` at `words_at` (IQ1_S, IQ1_M).
+/// 8-value-grid indices `qs | (high << 8)` for groups `16h..16h + 16` (sub-blocks
+/// `4h..4h + 4`): `qs` the low bytes at `low_at`; group `4ib + l`'s high bits are
+/// `(word(ib) >> (step·l)) & mask`, `word(ib)` the 16-bit word `ib` at `words_at` (IQ1_S,
+/// IQ1_M).
 #[inline]
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
 fn indices_from_words(
     block: &[u8],
-    low_at: usize,
-    words_at: usize,
+    (low_at, words_at): (usize, usize),
     step: u16,
     mask: u16,
-) -> __m512i {
+    h: usize,
+) -> __m256i {
     let words: &[u8; 16] = block[words_at..].first_chunk().expect("eight words");
     // SAFETY: `words` is 16 readable bytes.
     let words = unsafe { _mm_loadu_si128(words.as_ptr().cast()) };
-    let spread = _mm512_permutexvar_epi16(
-        _mm512_set_epi16(
-            7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, //
-            3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0,
+    let first = 4 * h as i16;
+    let spread = _mm256_permutexvar_epi16(
+        _mm256_add_epi16(
+            _mm256_set1_epi16(first),
+            _mm256_setr_epi16(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
         ),
-        _mm512_castsi128_si512(words),
+        _mm256_castsi128_si256(words),
     );
     let s = u64::from(step);
-    let shifts = _mm512_set1_epi64(((3 * s) << 48 | (2 * s) << 32 | s << 16) as i64);
-    let high = _mm512_and_si512(
-        _mm512_srlv_epi16(spread, shifts),
-        _mm512_set1_epi16(mask as i16),
+    let shifts = _mm256_set1_epi64x(((3 * s) << 48 | (2 * s) << 32 | s << 16) as i64);
+    let high = _mm256_and_si256(
+        _mm256_srlv_epi16(spread, shifts),
+        _mm256_set1_epi16(mask as i16),
     );
-    _mm512_or_si512(widen_32(block, low_at), _mm512_slli_epi16::<8>(high))
+    let low: &[u8; 16] = block[low_at + 16 * h..].first_chunk().expect("16 bytes");
+    // SAFETY: `low` is 16 readable bytes.
+    let low = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(low.as_ptr().cast()) });
+    _mm256_or_si256(low, _mm256_slli_epi16::<8>(high))
+}
+
+/// Stores `v`'s 16 u16 lanes as indices `16q..16q + 16`.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn store_index_quarter(prepared: &mut Prepared, q: usize, v: __m256i) {
+    let quarter: &mut [u16; 16] = prepared.index[16 * q..].first_chunk_mut().expect("16");
+    // SAFETY: `quarter` is 32 writable bytes.
+    unsafe { _mm256_storeu_si256(quarter.as_mut_ptr().cast(), v) }
 }
 
 impl IqZmm for avx2_iq2::Iq2XsAvx2 {
@@ -263,6 +279,20 @@ impl IqZmm for avx2_iq2::Iq2XsAvx2 {
     }
 }
 
+/// For each half of IQ2_S's 32 groups, the bit offset of group `g`'s two high bits in the
+/// 64-bit high word (`2g`), at its index's low byte (a constant in memory: built at run
+/// time it costs stores).
+const IQ2S_HIGH_OFFSETS: [[u8; 32]; 2] = {
+    let mut offsets = [[0u8; 32]; 2];
+    let mut b = 0;
+    while b < 32 {
+        offsets[0][b] = b as u8;
+        offsets[1][b] = 32 + b as u8;
+        b += 2;
+    }
+    offsets
+};
+
 impl IqZmm for avx2_iq2::Iq2SAvx2 {
     #[inline]
     #[target_feature(
@@ -270,16 +300,22 @@ impl IqZmm for avx2_iq2::Iq2SAvx2 {
     )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Group g = 4ib + l takes bits 2l.. of high byte ib: bits 2g.. of the 64-bit word.
-        let qh = _mm512_set1_epi64(u64_at(block, S_QH_AT) as i64);
-        let offsets: [u8; 64] = std::array::from_fn(|b| if b % 2 == 0 { b as u8 } else { 0 });
-        // SAFETY: `offsets` is 64 readable bytes.
-        let offsets = unsafe { _mm512_loadu_si512(offsets.as_ptr().cast()) };
-        let high = _mm512_and_si512(
-            _mm512_multishift_epi64_epi8(offsets, qh),
-            _mm512_set1_epi16(3),
-        );
-        let index = _mm512_or_si512(widen_32(block, QS_AT), _mm512_slli_epi16::<8>(high));
-        store_indices(prepared, 0, index);
+        // 256-bit halves: on Intel cores a 512-bit instruction in flight takes one of the
+        // two ports the products need.
+        let qh = _mm256_set1_epi64x(u64_at(block, S_QH_AT) as i64);
+        for h in 0..2 {
+            // SAFETY: `IQ2S_HIGH_OFFSETS[h]` is 32 readable bytes.
+            let offsets = unsafe { _mm256_loadu_si256(IQ2S_HIGH_OFFSETS[h].as_ptr().cast()) };
+            let high = _mm256_and_si256(
+                _mm256_multishift_epi64_epi8(offsets, qh),
+                _mm256_set1_epi16(3),
+            );
+            let low: &[u8; 16] = block[QS_AT + 16 * h..].first_chunk().expect("16 bytes");
+            // SAFETY: `low` is 16 readable bytes.
+            let low = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(low.as_ptr().cast()) });
+            let index = _mm256_or_si256(low, _mm256_slli_epi16::<8>(high));
+            store_index_quarter(prepared, h, index);
+        }
     }
 
     #[inline]
@@ -358,8 +394,10 @@ impl IqZmm for avx2_iq1::S {
         enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
     )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
-        let index = indices_from_words(block, IQ1S_AT, IQ1S_HIGH_AT, 3, 7);
-        store_indices(prepared, 0, index);
+        for h in 0..2 {
+            let index = indices_from_words(block, (IQ1S_AT, IQ1S_HIGH_AT), 3, 7, h);
+            store_index_quarter(prepared, h, index);
+        }
     }
 
     #[inline]
@@ -382,8 +420,10 @@ impl IqZmm for avx2_iq1::M {
         enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
     )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
-        let index = indices_from_words(block, 0, M_HIGH_AT, 4, 7);
-        store_indices(prepared, 0, index);
+        for h in 0..2 {
+            let index = indices_from_words(block, (0, M_HIGH_AT), 4, 7, h);
+            store_index_quarter(prepared, h, index);
+        }
         // Group l of sub-block ib shifts down where bit 4l + 3 of word ib is set. 64-bit
         // lane j of `words` holds words 4(j/2).., so output lane j (sub-blocks 2j, 2j + 1)
         // finds word ib at bit 16·(ib % 4).
