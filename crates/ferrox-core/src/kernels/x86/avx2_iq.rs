@@ -146,6 +146,7 @@ fn super_block<F: IqAvx2, const N: usize>(
     block: &[u8],
     xs: &[&[u8]; N],
     at: usize,
+    _: &mut (),
 ) -> [__m256i; N] {
     let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
     // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32 lane
@@ -190,8 +191,9 @@ pub(super) fn lane_sum_f32(v: __m256i) -> f32 {
 
 /// Defines `$name::<F, N>(w, xs)`: one weight row of format `F` against `N` Q8_K
 /// activation rows, compiled with `$features`, each super-block's integer sums from
-/// `$super_block::<F, N>(block, &xs, at)`. The AVX2 and AVX-512 kernels share it, so both
-/// apply the same float operations to the same integers.
+/// `$super_block::<F, N>(block, &xs, at, scratch)` (`scratch` a `Default` buffer of the
+/// super-block function's choosing, made once per row). The AVX2 and AVX-512 kernels share
+/// it, so both apply the same float operations to the same integers.
 macro_rules! iq_rows {
     ($features:literal, $name:ident, $bound:path, $super_block:ident) => {
         #[target_feature(enable = $features)]
@@ -202,12 +204,14 @@ macro_rules! iq_rows {
             check_rows(w, F::BYTES, Q8K::BYTES, &xs);
             let mut sums = [0f32; N];
             let ahead = $crate::kernels::prefetch::row_major_ahead();
+            // What the super-blocks prepare into, made (and zeroed) once per row.
+            let mut scratch = Default::default();
             for (i, block) in w.chunks_exact(F::BYTES).enumerate() {
                 let at = i * Q8K::BYTES;
                 if ahead > 0 {
                     $crate::kernels::x86::prefetch_ahead(block.as_ptr(), ahead);
                 }
-                let isums = $super_block::<F, N>(block, &xs, at);
+                let isums = $super_block::<F, N>(block, &xs, at, &mut scratch);
                 let dw = F::d(block);
                 if N == 1 {
                     let isum = $crate::kernels::x86::avx2_iq::lane_sum_f32(isums[0]);
@@ -226,7 +230,7 @@ pub(super) use iq_rows;
 
 /// Defines `$name::<F>(rows, x)`: four weight rows of format `F` against one Q8_K
 /// activation row (a decode step), each super-block's four integer sums from
-/// `$super_block4::<F>(blocks, x, at)`, which must equal [`iq_rows`]'s per row. The four
+/// `$super_block4::<F>(blocks, x, at, scratch)`, which must equal [`iq_rows`]'s per row. The four
 /// rows' lane sums and float steps are done side by side in the lanes of one vector: each
 /// lane the single-row operations in the single-row order, so every row gets the bits of
 /// the single-row kernel.
@@ -245,6 +249,8 @@ macro_rules! iq_rows4 {
             check_rows(rows[0], F::BYTES, Q8K::BYTES, &[x]);
             let mut sums = _mm_setzero_ps();
             let ahead = $crate::kernels::prefetch::row_major_ahead();
+            // What the super-blocks prepare into, made (and zeroed) once per call.
+            let mut scratch = Default::default();
             for i in 0..blocks {
                 let at = i * Q8K::BYTES;
                 if ahead > 0 {
@@ -259,7 +265,7 @@ macro_rules! iq_rows4 {
                     &rows[2][i * F::BYTES..][..F::BYTES],
                     &rows[3][i * F::BYTES..][..F::BYTES],
                 ];
-                let isums = $super_block4::<F>(block, x, at);
+                let isums = $super_block4::<F>(block, x, at, &mut scratch);
                 // Lane r of each half: row r's sum over that half.
                 let halves = _mm256_hadd_epi32(
                     _mm256_hadd_epi32(isums[0], isums[1]),
@@ -294,7 +300,7 @@ iq_rows!("avx2,fma,f16c", iq_dot, IqAvx2, super_block);
 /// computes them, the sub-block's activations loaded once for the four rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn super_block4<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+fn super_block4<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize, _: &mut ()) -> [__m256i; 4] {
     let mut scales = [_mm256_setzero_si256(); 4];
     let mut isums = [_mm256_setzero_si256(); 4];
     for r in 0..4 {

@@ -492,15 +492,15 @@ fn super_block_zmm<F: IqZmm, const N: usize>(
     block: &[u8],
     xs: &[&[u8]; N],
     at: usize,
+    prepared: &mut Prepared,
 ) -> [__m256i; N] {
     let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
-    let mut prepared = Prepared::default();
     // SAFETY: this function's features are the ones `prepare` and `biased_zmm` need;
     // `block` is one whole block.
-    unsafe { F::prepare(block, &mut prepared) };
+    unsafe { F::prepare(block, prepared) };
     for ib in 0..QK_K / 32 {
         // SAFETY: as above, after `prepare`.
-        let biased = unsafe { F::biased_zmm(block, &prepared, ib) };
+        let biased = unsafe { F::biased_zmm(block, prepared, ib) };
         let sub_scales = sub_block_scales::<F>(scales, ib);
         for (s, x) in isums.iter_mut().zip(xs) {
             // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as the sums above.
@@ -526,8 +526,12 @@ iq_rows!(
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn super_block4_zmm<F: IqZmm>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
-    let mut prepared: [Prepared; 4] = Default::default();
+fn super_block4_zmm<F: IqZmm>(
+    blocks: [&[u8]; 4],
+    x: &[u8],
+    at: usize,
+    prepared: &mut [Prepared; 4],
+) -> [__m256i; 4] {
     let mut scales = [_mm256_setzero_si256(); 4];
     let mut isums = [_mm256_setzero_si256(); 4];
     for r in 0..4 {

@@ -96,6 +96,7 @@ fn super_block_xxs<F: IqAvx2, const N: usize>(
     block: &[u8],
     xs: &[&[u8]; N],
     at: usize,
+    _: &mut (),
 ) -> [__m256i; N] {
     let mut words = SubBlockWords([0; QK_K / 32]);
     let scales = prepare(block, &mut words);
@@ -133,7 +134,12 @@ iq_rows!(
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn super_block4_xxs<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+fn super_block4_xxs<F: IqAvx2>(
+    blocks: [&[u8]; 4],
+    x: &[u8],
+    at: usize,
+    _: &mut (),
+) -> [__m256i; 4] {
     // SAFETY: the block's 16 stored sums, in bounds (checked by `check_rows`).
     let group_sums = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + SUMS_AT).cast()) };
     let mut words: [SubBlockWords; 4] = std::array::from_fn(|_| SubBlockWords([0; 8]));

@@ -254,8 +254,11 @@ fn super_block_codes<F: IqCodes, const N: usize>(
     block: &[u8],
     xs: &[&[u8]; N],
     at: usize,
+    _: &mut (),
 ) -> [__m256i; N] {
     let (scales, isums) = initial_sums::<F, N>(block, xs, at);
+    // Made here, not kept between super-blocks: the compiler then forwards its stores to
+    // the loads that follow without a trip through memory.
     let mut prepared = Prepared::default();
     // SAFETY: this function's features are the ones `prepare` and `indices` need; `block`
     // is one whole block.
@@ -313,7 +316,12 @@ iq_rows!(
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-fn super_block4_codes<F: IqCodes>(blocks: [&[u8]; 4], x: &[u8], at: usize) -> [__m256i; 4] {
+fn super_block4_codes<F: IqCodes>(
+    blocks: [&[u8]; 4],
+    x: &[u8],
+    at: usize,
+    _: &mut (),
+) -> [__m256i; 4] {
     let mut prepared: [Prepared; 4] = Default::default();
     let mut scales = [_mm512_setzero_si512(); 4];
     let mut sums = [_mm512_setzero_si512(); 4];
