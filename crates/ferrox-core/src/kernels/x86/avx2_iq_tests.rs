@@ -396,7 +396,9 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
         kernels.extend([
             (&avx2[0], rows4!(iq2_xxs_rows4_zmm::<avx2_iq2::Iq2XxsAvx2>)),
             (&avx2[1], rows4!(iq_rows4_codes::<avx2_iq2::Iq2XsAvx2>)),
+            (&avx2[1], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2XsAvx2>)),
             (&avx2[3], rows4!(iq_rows4_codes::<avx2_iq3::Xxs>)),
+            (&avx2[3], rows4!(iq_rows4_zmm::<avx2_iq3::Xxs>)),
             (&avx2[4], rows4!(iq_rows4_codes::<avx2_iq3::S>)),
             (&avx2[2], rows4!(iq_rows4_zmm::<avx2_iq2::Iq2SAvx2>)),
             (&avx2[5], rows4!(iq_rows4_zmm::<avx2_iq1::S>)),

@@ -12,6 +12,10 @@
 //!   IQ3_S): all of a super-block's indices assembled in vector registers and stored, so a
 //!   grid point costs two loads and no scalar shifting;
 //! - `vpdpwssd` applies a sub-block's scale and accumulates in one instruction.
+//!
+//! Everything here is 256 bits wide, the preparation too: on Intel cores a 512-bit
+//! instruction in flight takes one of the two vector ports the 256-bit products need, and a
+//! few of them per super-block cost several-token products a third of their speed.
 
 use std::arch::x86_64::*;
 
@@ -109,39 +113,14 @@ pub(super) fn signed_biased(biased_grid: __m256i, negative: u32, bias: i8) -> __
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
-pub(super) fn even_signs_zmm(words: __m512i, offsets: [u8; 8]) -> __m512i {
-    let fields = _mm512_and_si512(
-        _mm512_multishift_epi64_epi8(_mm512_set1_epi64(i64::from_le_bytes(offsets)), words),
-        _mm512_set1_epi8(0x7F),
-    );
-    let parity = _mm512_and_si512(_mm512_popcnt_epi8(fields), _mm512_set1_epi8(1));
-    // Bit 0 of each byte to bit 7: within a 16-bit lane neither byte spills.
-    _mm512_or_si512(fields, _mm512_slli_epi16::<7>(parity))
-}
-
-/// [`even_signs_zmm`] on four 64-bit lanes.
-#[inline]
-#[target_feature(
-    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-)]
 pub(super) fn even_signs_ymm(words: __m256i, offsets: [u8; 8]) -> __m256i {
     let fields = _mm256_and_si256(
         _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(i64::from_le_bytes(offsets)), words),
         _mm256_set1_epi8(0x7F),
     );
     let parity = _mm256_and_si256(_mm256_popcnt_epi8(fields), _mm256_set1_epi8(1));
+    // Bit 0 of each byte to bit 7: within a 16-bit lane neither byte spills.
     _mm256_or_si256(fields, _mm256_slli_epi16::<7>(parity))
-}
-
-/// The 64 bytes at `bytes[at..]`.
-#[inline]
-#[target_feature(
-    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-)]
-pub(super) fn load_64(bytes: &[u8], at: usize) -> __m512i {
-    let chunk: &[u8; 64] = bytes[at..].first_chunk().expect("64 bytes");
-    // SAFETY: `chunk` is 64 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_si512(chunk.as_ptr().cast()) }
 }
 
 /// The 32 bytes at `bytes[at..]`, each widened to 16 bits.
@@ -163,16 +142,6 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 #[inline]
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(*bytes[at..].first_chunk().expect("eight bytes"))
-}
-
-/// Stores the low 32 bits of each 64-bit lane of `v` as the eight sign masks.
-#[inline]
-#[target_feature(
-    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-)]
-fn store_signs(prepared: &mut Prepared, v: __m512i) {
-    // SAFETY: `signs` is 32 writable bytes.
-    unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(v)) }
 }
 
 /// Stores `v`'s 32 u16 lanes as indices `32h..32h + 32`.
@@ -261,10 +230,17 @@ impl IqZmm for avx2_iq2::Iq2XsAvx2 {
         enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
     )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
-        // Four 16-bit words per sub-block: a 9-bit index, then a 7-bit sign field.
-        let words = load_64(block, QS_AT);
-        store_signs(prepared, even_signs_zmm(words, [9, 25, 41, 57, 0, 0, 0, 0]));
-        store_indices(prepared, 0, _mm512_and_si512(words, _mm512_set1_epi16(511)));
+        // Four 16-bit words per sub-block: a 9-bit index, then a 7-bit sign field; in
+        // 256-bit halves (no 512-bit instruction beside the 256-bit products).
+        for h in 0..2 {
+            let chunk: &[u8; 32] = block[QS_AT + 32 * h..].first_chunk().expect("32 bytes");
+            // SAFETY: `chunk` is 32 readable bytes.
+            let words = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+            let signs = _mm256_cvtepi64_epi32(even_signs_ymm(words, [9, 25, 41, 57, 0, 0, 0, 0]));
+            // SAFETY: masks `4h..4h + 4` are 16 writable bytes.
+            unsafe { _mm_storeu_si128(prepared.signs[4 * h..].as_mut_ptr().cast(), signs) };
+            store_index_quarter(prepared, h, _mm256_and_si256(words, _mm256_set1_epi16(511)));
+        }
     }
 
     #[inline]
@@ -339,15 +315,10 @@ impl IqZmm for avx2_iq3::Xxs {
         // Eight 32-bit words of four 7-bit sign fields and a scale, two per 64-bit lane.
         let chunk: &[u8; 32] = block[XXS_SCALES_AT..].first_chunk().expect("sign words");
         // SAFETY: `chunk` is 32 readable bytes.
-        let words = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) });
-        let signs = even_signs_zmm(words, [0, 7, 14, 21, 32, 39, 46, 53]);
+        let words = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+        let signs = even_signs_ymm(words, [0, 7, 14, 21, 32, 39, 46, 53]);
         // SAFETY: `signs` is 32 writable bytes.
-        unsafe {
-            _mm256_storeu_si256(
-                prepared.signs.as_mut_ptr().cast(),
-                _mm512_castsi512_si256(signs),
-            )
-        }
+        unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), signs) }
     }
 
     #[inline]
