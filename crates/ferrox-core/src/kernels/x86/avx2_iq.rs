@@ -230,10 +230,10 @@ pub(super) use iq_rows;
 
 /// Defines `$name::<F>(rows, x)`: four weight rows of format `F` against one Q8_K
 /// activation row (a decode step), each super-block's four integer sums from
-/// `$super_block4::<F>(blocks, x, at, scratch)`, which must equal [`iq_rows`]'s per row. The four
-/// rows' lane sums and float steps are done side by side in the lanes of one vector: each
-/// lane the single-row operations in the single-row order, so every row gets the bits of
-/// the single-row kernel.
+/// `$super_block4::<F>(blocks, x, at, scratch)`, which must equal [`iq_rows`]'s per row.
+/// The four rows' lane sums and float steps are done side by side in the lanes of one
+/// vector: each lane the single-row operations in the single-row order, so every row gets
+/// the bits of the single-row kernel.
 macro_rules! iq_rows4 {
     ($features:literal, $name:ident, $bound:path, $super_block4:ident) => {
         #[target_feature(enable = $features)]

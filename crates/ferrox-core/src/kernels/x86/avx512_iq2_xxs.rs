@@ -1,7 +1,7 @@
 //! IQ2_XXS on AVX-512 (VNNI, VBMI, BITALG), the kernel of the most common 2-bit files.
 //! Same integers and float operations as [`super::avx512_iq`]'s kernel (the scalar
-//! reference's bits); what differs is what a sub-block costs. Once per super-block, one
-//! 64-byte load gives every sub-block's sign mask (the parity rule, as there) and its odd
+//! reference's bits); what differs is what a sub-block costs. Once per super-block, two
+//! 32-byte loads give every sub-block's sign mask (the parity rule, as there) and its odd
 //! scale `2s + 1`, stored together as one word per sub-block; each sub-block then reads
 //! its mask into a mask register and its scale as a broadcast straight from that word,
 //! loads that need no shuffle unit, where moving them out of a vector takes two shuffles.
@@ -68,19 +68,15 @@ fn prepare(block: &[u8], words: &mut SubBlockWords) -> __m256i {
     }
     // Sub-block ib's top byte (8ib + 7) to bytes 4ib and 4ib + 2, the odd bytes zero: its
     // top five bits, shifted down, or 1, are 2s + 1 in both i16 of lane ib.
-    let top = _mm256_set1_epi32(7 << 16 | 7);
-    let top = _mm256_add_epi8(
-        top,
-        _mm256_setr_epi32(
-            0,
-            8 << 16 | 8,
-            16 << 16 | 16,
-            24 << 16 | 24,
-            32 << 16 | 32,
-            40 << 16 | 40,
-            48 << 16 | 48,
-            56 << 16 | 56,
-        ),
+    let top = _mm256_setr_epi32(
+        7 << 16 | 7,
+        15 << 16 | 15,
+        23 << 16 | 23,
+        31 << 16 | 31,
+        39 << 16 | 39,
+        47 << 16 | 47,
+        55 << 16 | 55,
+        63 << 16 | 63,
     );
     let tops = _mm256_maskz_permutex2var_epi8(0x5555_5555, raw[0], top, raw[1]);
     _mm256_or_si256(_mm256_srli_epi16::<3>(tops), _mm256_set1_epi16(1))
