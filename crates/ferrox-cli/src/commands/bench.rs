@@ -377,14 +377,14 @@ fn human_params(n: u64) -> String {
     }
 }
 
-/// llama-bench's JSON results for one test, run as its own process (with its weight
-/// repacking off too when `repack` is false, and the same `--numa`).
+/// One repetition of a test by a llama-bench-compatible binary (its t/s), run as its own
+/// process (with its weight repacking off too when `repack` is false, and the same
+/// `--numa`).
 fn llama_bench(
     binary: &Path,
     model: &Path,
     m: &Measurement,
     threads: usize,
-    reps: usize,
     (repack, cache, numa): (bool, KvStorage, Option<super::model::NumaArg>),
 ) -> anyhow::Result<f64> {
     let mut command = Command::new(binary);
@@ -405,14 +405,7 @@ fn llama_bench(
         .args(["-m", &model.to_string_lossy()])
         .args(["-p", &m.n_prompt.to_string(), "-n", &m.n_gen.to_string()])
         .args(["-d", &m.n_depth.to_string()])
-        .args([
-            "-r",
-            &reps.to_string(),
-            "-t",
-            &threads.to_string(),
-            "-o",
-            "json",
-        ])
+        .args(["-r", "1", "-t", &threads.to_string(), "-o", "json"])
         .output()
         .with_context(|| format!("cannot run {}", binary.display()))?;
     if !out.status.success() {
@@ -483,7 +476,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut state = decoder.new_state()?;
     let mut results = Vec::new();
-    let mut llama = Vec::new();
+    // Per test, each peer's results.
+    let mut peer_results = Vec::new();
     let tests: Vec<(usize, usize)> = [(args.n_prompt, 0), (0, args.n_gen)]
         .into_iter()
         .filter(|t| t.0 + t.1 > 0)
@@ -514,6 +508,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|_| PeerMeasurement::default())
             .collect();
+        // The read bandwidth just before and just after each peer's run, for decode tests.
+        let bandwidth = || {
+            reader
+                .as_ref()
+                .filter(|_| n_gen > 0)
+                .map(ReadSweep::measure)
+        };
         // Ferrox and every peer take turns repetition by repetition: a shared host's speed
         // drifts within a minute, and each turn sees the same drift.
         for _ in 0..args.repetitions {
@@ -521,14 +522,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bench.repetition(&mut state, &mut m)?;
             for (peer, measured) in args.compare.iter().zip(&mut beside) {
                 bar.set_message(format!("{name} {}", peer.name));
-                let bandwidth = || {
-                    reader
-                        .as_ref()
-                        .filter(|_| n_gen > 0)
-                        .map(ReadSweep::measure)
-                };
                 let before = bandwidth();
-                let ts = llama_bench(&peer.binary, &loaded.path, &m, threads, 1, peer_options)?;
+                let ts = llama_bench(&peer.binary, &loaded.path, &m, threads, peer_options)?;
                 measured.samples_ts.push(ts);
                 measured
                     .bandwidth
@@ -537,7 +532,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.inc(1);
         }
         results.push(m);
-        llama.push(beside);
+        peer_results.push(beside);
     }
     bar.finish_and_clear();
 
@@ -584,7 +579,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let peers: Vec<Value> = args
                     .compare
                     .iter()
-                    .zip(&llama[i])
+                    .zip(&peer_results[i])
                     .map(|(peer, other)| other.json(peer, m, bytes_per_token))
                     .collect();
                 // The first peer's figures also under the names one peer always had.
@@ -662,7 +657,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             rule += " ---: | ---: |";
         }
         println!("{head}\n{rule}");
-        for (m, others) in results.iter().zip(&llama) {
+        for (m, others) in results.iter().zip(&peer_results) {
             let mut line = format!("| {} | {:.2} |", m.name, m.avg_ts());
             for other in others {
                 line += &format!(
@@ -687,7 +682,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bw / bytes_per_token as f64
         );
         print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * share);
-        for (peer, other) in args.compare.iter().zip(&llama[i]) {
+        for (peer, other) in args.compare.iter().zip(&peer_results[i]) {
             if let Some(share) = other.bound_share(bytes_per_token) {
                 print!(
                     ", {} at {:.0}% (bandwidth measured before and after its runs: {:.1} GB/s)",

@@ -13,9 +13,11 @@
 //!   grid point costs two loads and no scalar shifting;
 //! - `vpdpwssd` applies a sub-block's scale and accumulates in one instruction.
 //!
-//! Everything here is 256 bits wide, the preparation too: on Intel cores a 512-bit
+//! The kernels here are 256 bits wide, their preparation too: on Intel cores a 512-bit
 //! instruction in flight takes one of the two vector ports the 256-bit products need, and a
-//! few of them per super-block cost several-token products a third of their speed.
+//! few of them per super-block cost several-token products a third of their speed. (The
+//! 512-bit code kernels of [`super::avx512_iq_codes`] use these preparations as well; IQ3_S's,
+//! used by them alone, stays 512 bits wide.)
 
 use std::arch::x86_64::*;
 
@@ -123,15 +125,35 @@ pub(super) fn even_signs_ymm(words: __m256i, offsets: [u8; 8]) -> __m256i {
     _mm256_or_si256(fields, _mm256_slli_epi16::<7>(parity))
 }
 
+/// The 32 bytes at `bytes[at..]`.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+pub(super) fn load_32(bytes: &[u8], at: usize) -> __m256i {
+    let chunk: &[u8; 32] = bytes[at..].first_chunk().expect("32 bytes");
+    // SAFETY: `chunk` is 32 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) }
+}
+
 /// The 32 bytes at `bytes[at..]`, each widened to 16 bits.
 #[inline]
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
 )]
 fn widen_32(bytes: &[u8], at: usize) -> __m512i {
-    let chunk: &[u8; 32] = bytes[at..].first_chunk().expect("32 bytes");
-    // SAFETY: `chunk` is 32 readable bytes; `loadu` has no alignment requirement.
-    _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) })
+    _mm512_cvtepu8_epi16(load_32(bytes, at))
+}
+
+/// The 16 bytes at `bytes[at..]`, each widened to 16 bits.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+fn widen_16(bytes: &[u8], at: usize) -> __m256i {
+    let chunk: &[u8; 16] = bytes[at..].first_chunk().expect("16 bytes");
+    // SAFETY: `chunk` is 16 readable bytes; `loadu` has no alignment requirement.
+    _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(chunk.as_ptr().cast()) })
 }
 
 #[inline]
@@ -142,17 +164,6 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 #[inline]
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(*bytes[at..].first_chunk().expect("eight bytes"))
-}
-
-/// Stores `v`'s 32 u16 lanes as indices `32h..32h + 32`.
-#[inline]
-#[target_feature(
-    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-)]
-fn store_indices(prepared: &mut Prepared, h: usize, v: __m512i) {
-    let half: &mut [u16; 32] = prepared.index[32 * h..].first_chunk_mut().expect("32");
-    // SAFETY: `half` is 64 writable bytes.
-    unsafe { _mm512_storeu_si512(half.as_mut_ptr().cast(), v) }
 }
 
 /// Four 8-value grid points, the first in the low 64 bits.
@@ -207,10 +218,10 @@ fn indices_from_words(
         _mm256_srlv_epi16(spread, shifts),
         _mm256_set1_epi16(mask as i16),
     );
-    let low: &[u8; 16] = block[low_at + 16 * h..].first_chunk().expect("16 bytes");
-    // SAFETY: `low` is 16 readable bytes.
-    let low = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(low.as_ptr().cast()) });
-    _mm256_or_si256(low, _mm256_slli_epi16::<8>(high))
+    _mm256_or_si256(
+        widen_16(block, low_at + 16 * h),
+        _mm256_slli_epi16::<8>(high),
+    )
 }
 
 /// Stores `v`'s 16 u16 lanes as indices `16q..16q + 16`.
@@ -233,9 +244,7 @@ impl IqZmm for avx2_iq2::Iq2XsAvx2 {
         // Four 16-bit words per sub-block: a 9-bit index, then a 7-bit sign field; in
         // 256-bit halves (no 512-bit instruction beside the 256-bit products).
         for h in 0..2 {
-            let chunk: &[u8; 32] = block[QS_AT + 32 * h..].first_chunk().expect("32 bytes");
-            // SAFETY: `chunk` is 32 readable bytes.
-            let words = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+            let words = load_32(block, QS_AT + 32 * h);
             let signs = _mm256_cvtepi64_epi32(even_signs_ymm(words, [9, 25, 41, 57, 0, 0, 0, 0]));
             // SAFETY: masks `4h..4h + 4` are 16 writable bytes.
             unsafe { _mm_storeu_si128(prepared.signs[4 * h..].as_mut_ptr().cast(), signs) };
@@ -279,17 +288,15 @@ impl IqZmm for avx2_iq2::Iq2SAvx2 {
         // 256-bit halves: on Intel cores a 512-bit instruction in flight takes one of the
         // two ports the products need.
         let qh = _mm256_set1_epi64x(u64_at(block, S_QH_AT) as i64);
-        for h in 0..2 {
-            // SAFETY: `IQ2S_HIGH_OFFSETS[h]` is 32 readable bytes.
-            let offsets = unsafe { _mm256_loadu_si256(IQ2S_HIGH_OFFSETS[h].as_ptr().cast()) };
+        for (h, offsets) in IQ2S_HIGH_OFFSETS.iter().enumerate() {
             let high = _mm256_and_si256(
-                _mm256_multishift_epi64_epi8(offsets, qh),
+                _mm256_multishift_epi64_epi8(load_32(offsets, 0), qh),
                 _mm256_set1_epi16(3),
             );
-            let low: &[u8; 16] = block[QS_AT + 16 * h..].first_chunk().expect("16 bytes");
-            // SAFETY: `low` is 16 readable bytes.
-            let low = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(low.as_ptr().cast()) });
-            let index = _mm256_or_si256(low, _mm256_slli_epi16::<8>(high));
+            let index = _mm256_or_si256(
+                widen_16(block, QS_AT + 16 * h),
+                _mm256_slli_epi16::<8>(high),
+            );
             store_index_quarter(prepared, h, index);
         }
     }
@@ -313,9 +320,7 @@ impl IqZmm for avx2_iq3::Xxs {
     )]
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Eight 32-bit words of four 7-bit sign fields and a scale, two per 64-bit lane.
-        let chunk: &[u8; 32] = block[XXS_SCALES_AT..].first_chunk().expect("sign words");
-        // SAFETY: `chunk` is 32 readable bytes.
-        let words = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+        let words = load_32(block, XXS_SCALES_AT);
         let signs = even_signs_ymm(words, [0, 7, 14, 21, 32, 39, 46, 53]);
         // SAFETY: `signs` is 32 writable bytes.
         unsafe { _mm256_storeu_si256(prepared.signs.as_mut_ptr().cast(), signs) }
@@ -340,10 +345,14 @@ impl IqZmm for avx2_iq3::S {
     unsafe fn prepare(block: &[u8], prepared: &mut Prepared) {
         // Index e's ninth bit is bit e of the eight high bytes.
         let high = u64_at(block, S_HIGH_AT);
+        // 512 bits wide: only the 512-bit code kernel runs IQ3_S (in 256-bit quarters its
+        // products took 1.5x as long at one token).
         for h in 0..2 {
             let ninth = _mm512_maskz_mov_epi16((high >> (32 * h)) as u32, _mm512_set1_epi16(0x100));
             let index = _mm512_or_si512(widen_32(block, S_INDICES_AT + 32 * h), ninth);
-            store_indices(prepared, h, index);
+            let half: &mut [u16; 32] = prepared.index[32 * h..].first_chunk_mut().expect("32");
+            // SAFETY: `half` is 64 writable bytes.
+            unsafe { _mm512_storeu_si512(half.as_mut_ptr().cast(), index) }
         }
     }
 
