@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_iq::{iq_rows, iq_rows4, IqAvx2};
-use super::avx512_iq::{even_signs_ymm, points8, signed_biased};
+use super::avx512_iq::{load_32, points8, signed_biased};
 use crate::quant::grids::IQ2XXS_GRID_BIASED;
 use crate::quant::iq2::QS_AT;
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
@@ -51,35 +51,47 @@ fn grid_points(block: &[u8], ib: usize) -> __m256i {
 )]
 fn prepare(block: &[u8], words: &mut SubBlockWords) -> __m256i {
     // Sub-block ib's eight bytes are 64-bit lane ib: four grid indices, then four 7-bit
-    // sign fields (bits 32.., 39.., 46.., 53..) and the scale in the top four bits, so
-    // `(top five bits) | 1` is 2s + 1. Two 256-bit halves, not one 512-bit vector: on Intel
-    // cores a 512-bit instruction in flight takes one of the two ports the products need.
-    let mut raw = [_mm256_setzero_si256(); 2];
-    for (h, raw) in raw.iter_mut().enumerate() {
-        let chunk: &[u8; 32] = block[QS_AT + 32 * h..].first_chunk().expect("32 bytes");
-        // SAFETY: `chunk` is 32 readable bytes.
-        *raw = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
-        let signs = even_signs_ymm(*raw, [32, 39, 46, 53, 0, 0, 0, 0]);
-        let odd = _mm256_or_si256(_mm256_srli_epi64::<59>(*raw), _mm256_set1_epi64x(1));
-        let pair = _mm256_or_si256(_mm256_slli_epi64::<32>(odd), _mm256_slli_epi64::<48>(odd));
-        let both = _mm256_mask_blend_epi32(0xAA, signs, pair);
+    // sign fields (bits 32.., 39.., 46.., 53..) and the scale s in the top four bits. Two
+    // 256-bit halves, not one 512-bit vector: on Intel cores a 512-bit instruction in
+    // flight takes one of the two ports the products need. Three-input logic merges what
+    // would be separate masks, shifts and ors (each instruction here costs a sub-block a
+    // share of the issue width, which sets this kernel's pace).
+    const SEVEN_BITS: i64 = 0x7F7F_7F7F;
+    const ONES: i64 = 1 << 32 | 1 << 48;
+    const FOUR_PARITIES: i64 = 0x8080_8080;
+    let mut both = [_mm256_setzero_si256(); 2];
+    for (h, both) in both.iter_mut().enumerate() {
+        let raw = load_32(block, QS_AT + 32 * h);
+        let offsets = _mm256_set1_epi64x(i64::from_le_bytes([32, 39, 46, 53, 0, 0, 0, 0]));
+        // The four fields in the low bytes, the high ones 1 at bits 32 and 48 (the `+ 1` of
+        // both odd scales, set before the parity count: bytes 4 and 6 have odd counts, so
+        // the parities below are taken from the low four bytes only).
+        let fields = _mm256_ternarylogic_epi64::<0xEA>(
+            _mm256_multishift_epi64_epi8(offsets, raw),
+            _mm256_set1_epi64x(SEVEN_BITS),
+            _mm256_set1_epi64x(ONES),
+        );
+        let parities = _mm256_slli_epi16::<7>(_mm256_popcnt_epi8(fields));
+        let signs =
+            _mm256_ternarylogic_epi64::<0xF8>(fields, parities, _mm256_set1_epi64x(FOUR_PARITIES));
+        // 2s at bits 32 and 48: the top four bits moved down to 33.. and 49...
+        let twice = _mm256_and_si256(_mm256_srli_epi64::<27>(raw), _mm256_set1_epi64x(0x1E << 32));
+        *both = _mm256_ternarylogic_epi64::<0xFE>(signs, twice, _mm256_slli_epi64::<16>(twice));
         // SAFETY: words `4h..4h + 4` are 32 writable bytes.
-        unsafe { _mm256_storeu_si256(words.0[4 * h..].as_mut_ptr().cast(), both) };
+        unsafe { _mm256_storeu_si256(words.0[4 * h..].as_mut_ptr().cast(), *both) };
     }
-    // Sub-block ib's top byte (8ib + 7) to bytes 4ib and 4ib + 2, the odd bytes zero: its
-    // top five bits, shifted down, or 1, are 2s + 1 in both i16 of lane ib.
-    let top = _mm256_setr_epi32(
-        7 << 16 | 7,
-        15 << 16 | 15,
-        23 << 16 | 23,
-        31 << 16 | 31,
-        39 << 16 | 39,
-        47 << 16 | 47,
-        55 << 16 | 55,
-        63 << 16 | 63,
+    // Sub-block ib's odd scale pair (bytes 4..8 of lane ib) to i16 lanes 2ib and 2ib + 1.
+    let pairs = _mm256_setr_epi32(
+        0x0706_0504,
+        0x0F0E_0D0C,
+        0x1716_1514,
+        0x1F1E_1D1C,
+        0x2726_2524,
+        0x2F2E_2D2C,
+        0x3736_3534,
+        0x3F3E_3D3C,
     );
-    let tops = _mm256_maskz_permutex2var_epi8(0x5555_5555, raw[0], top, raw[1]);
-    _mm256_or_si256(_mm256_srli_epi16::<3>(tops), _mm256_set1_epi16(1))
+    _mm256_permutex2var_epi8(both[0], pairs, both[1])
 }
 
 /// One super-block's exact integer sums against each row, as `super_block_zmm` computes
