@@ -288,10 +288,20 @@ mod tests {
             .collect();
         let mut want = gate.clone();
         geglu_with(Isa::Scalar, &mut want, &up);
+        assert_every_isa_gives(&want, &gate, &up, geglu_with);
+    }
+
+    /// `unit` on every available instruction set gives `want`'s bits (any NaN for a NaN).
+    fn assert_every_isa_gives(
+        want: &[f32],
+        gate: &[f32],
+        up: &[f32],
+        unit: fn(Isa, &mut [f32], &[f32]),
+    ) {
         for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-            let mut got = gate.clone();
-            geglu_with(isa, &mut got, &up);
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let mut got = gate.to_vec();
+            unit(isa, &mut got, up);
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
                     "{isa:?} at {i} (x = {}): {a} vs {b}",
@@ -331,17 +341,7 @@ mod tests {
             .collect();
         let mut want = gate.clone();
         swiglu_body(&mut want, &up);
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-            let mut got = gate.clone();
-            swiglu_with(isa, &mut got, &up);
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                    "{isa:?} at {i} (x = {}): {a} vs {b}",
-                    gate[i]
-                );
-            }
-        }
+        assert_every_isa_gives(&want, &gate, &up, swiglu_with);
     }
 
     #[test]

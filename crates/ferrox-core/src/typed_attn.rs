@@ -430,10 +430,10 @@ mod x86 {
 
     /// Defines `$name::<G>(acc, dv, (values, stride, n), (steps, g0))`:
     /// [`super::accumulate`] of `G` queries (`g0..g0 + G` of the steps) straight from `n`
-    /// Q8_0 value rows at `stride` in `values`, `$vecs` vectors of `$lanes` columns at a time: each row's codes
-    /// there decoded once for every query as [`decode_q8_0`] decodes them (code times
-    /// scale), then added with the same operations per element, so every width gives the
-    /// decoded rows' bits.
+    /// Q8_0 value rows at `stride` in `values`, `$vecs` vectors of `$lanes` columns at a
+    /// time: each row's codes there decoded once for every query as [`decode_q8_0`] decodes
+    /// them (code times scale), then added with the same operations per element, so every
+    /// width gives the decoded rows' bits.
     macro_rules! accumulate_q8_0 {
         ($name:ident, $features:literal, $lanes:literal x $vecs:literal, $vec:ty, $codes:expr,
          $set1:path, $load:path, $store:path, $mul:path, $fma:path) => {
