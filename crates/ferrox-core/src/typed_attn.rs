@@ -173,21 +173,21 @@ impl TypedGroup {
                     let rows = (values, run.value_stride, nb);
                     let steps = (Steps::new(&ms[..nb], &vs[..nb], rescaled), g0);
                     macro_rules! pass {
-                        ($($g:literal)*) => {
+                        ($($g:literal)*; $($g2:literal)*) => {
                             // SAFETY: the group started on this (available) instruction set;
                             // the rows are whole Q8_0 blocks of `dv` values.
                             match (group, wide) {
                                 $(($g, true) => unsafe {
                                     x86::accumulate_q8_0_512::<$g>(acc, dv, rows, steps)
-                                },
-                                ($g, false) => unsafe {
-                                    x86::accumulate_q8_0_256::<$g>(acc, dv, rows, steps)
                                 },)*
-                                _ => unreachable!("at most {MAX_GROUP} queries"),
+                                $(($g2, false) => unsafe {
+                                    x86::accumulate_q8_0_256::<$g2>(acc, dv, rows, steps)
+                                },)*
+                                _ => unreachable!("at most {per_pass} queries per pass"),
                             }
                         };
                     }
-                    pass!(1 2 3 4 5 6 7 8);
+                    pass!(1 2 3 4 5 6 7 8; 1 2 3 4);
                 }
                 start += nb;
                 continue;
@@ -280,16 +280,16 @@ fn score_block(
 }
 
 /// Decodes one cached row of `ty` into `out` (as [`crate::quant::dequantize_row`], whose bits
-/// the SIMD decodings of Q8_0, Q4_0 and f16 give: each value one exact conversion and at
-/// most one rounding, the same).
+/// the SIMD decodings of Q4_0 and f16 give: each value one exact conversion and at most one
+/// rounding, the same). Q8_0 rows on AVX2 and AVX-512 are never decoded: their values are
+/// added straight from their blocks (`accumulate_q8_0_*`).
 fn decode_row(isa: Isa, ty: KvType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && matches!(ty, KvType::Q8_0 | KvType::Q4_0 | KvType::F16) {
+    if isa.has_avx2() && matches!(ty, KvType::Q4_0 | KvType::F16) {
         assert_eq!(bytes.len(), ty.bytes(out.len()), "whole blocks of {ty:?}");
         // SAFETY: `isa` is available and has AVX2 and F16C; the lengths pair up (checked).
         unsafe {
             match ty {
-                KvType::Q8_0 => x86::decode_q8_0(bytes, out),
                 KvType::Q4_0 => x86::decode_q4_0(bytes, out),
                 _ => x86::decode_f16(bytes, out),
             }
@@ -309,6 +309,9 @@ fn through_f16(x: f32) -> f32 {
 /// columns (eight registers) beside the decoded codes fill its sixteen registers.
 #[cfg(target_arch = "x86_64")]
 const AVX2_QUERIES_PER_PASS: usize = 4;
+// `attend_run`'s passes instantiate the AVX2 accumulation for one to four queries.
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(AVX2_QUERIES_PER_PASS == 4);
 
 /// For each query `g` (`dv` accumulators in `acc` each) and value row `j` of `rows` in
 /// order: `acc = acc·ms[j][g]` where `ms[j][g] != 1`, then `acc[i] = row[i]·vs[j][g] +
@@ -372,22 +375,6 @@ mod x86 {
     use crate::kernels::x86::avx2_common::f16_at;
     use crate::online_softmax::{Steps, MAX_GROUP};
 
-    /// Q8_0 blocks (an f16 scale, 32 signed codes) to f32: each code times the scale.
-    #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn decode_q8_0(bytes: &[u8], out: &mut [f32]) {
-        for (block, out) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            for k in 0..4 {
-                // SAFETY: the block holds 32 codes after its scale; `out` holds 32 values.
-                unsafe {
-                    let codes = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
-                    let values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
-                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_mul_ps(values, d));
-                }
-            }
-        }
-    }
-
     /// Q4_0 blocks (an f16 scale, 16 bytes of two codes each: values `j` and `j + 16` in
     /// byte `j`) to f32: each code less 8, times the scale.
     #[target_feature(enable = "avx2,f16c")]
@@ -431,9 +418,9 @@ mod x86 {
     /// Defines `$name::<G>(acc, dv, (values, stride, n), (steps, g0))`:
     /// [`super::accumulate`] of `G` queries (`g0..g0 + G` of the steps) straight from `n`
     /// Q8_0 value rows at `stride` in `values`, `$vecs` vectors of `$lanes` columns at a
-    /// time: each row's codes there decoded once for every query as [`decode_q8_0`] decodes
-    /// them (code times scale), then added with the same operations per element, so every
-    /// width gives the decoded rows' bits.
+    /// time: each row's codes there decoded once for every query as `dequantize_row` decodes
+    /// them (code times scale, one rounding), then added with the same operations per
+    /// element, so every width gives the decoded rows' bits.
     macro_rules! accumulate_q8_0 {
         ($name:ident, $features:literal, $lanes:literal x $vecs:literal, $vec:ty, $codes:expr,
          $set1:path, $load:path, $store:path, $mul:path, $fma:path) => {

@@ -110,8 +110,8 @@ const fn tokens_per_pass<const F: u8>() -> usize {
     }
 }
 
-/// Weight bytes of the panel that every four tokens pass over in turn when a product has
-/// more than four: small enough to stay in the L2 cache between the passes.
+/// Weight bytes of the panel that every chunk of tokens passes over in turn when a call has
+/// more than one pass's tokens: small enough to stay in the L2 cache between the passes.
 const SEVERAL_PASSES_PANEL_BYTES: usize = 64 * 1024;
 
 /// Products of eight values of eight rows, unsigned codes below 64 (`c0`: each row's values
