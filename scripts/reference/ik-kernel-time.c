@@ -19,8 +19,9 @@ bool iqk_mul_mat(long Nx, long Ny, long ne00, int typeA, const void *A, long str
 void iqk_quantize_row_q8_K(const float *x, void *vy, int64_t k);
 size_t ggml_row_size(int type, int64_t ne);
 void ggml_quantize_init(int type);
+void quantize_row_q8_2_x4(const float *x, void *vy, int64_t k);
 
-enum { TYPE_Q8_K = 15 };
+enum { TYPE_Q8_0 = 8, TYPE_Q8_K = 15, TYPE_Q8_2_X4 = 99, TYPE_Q8_0_R8 = 208 };
 
 static double now_us(void) {
     struct timespec t;
@@ -41,18 +42,24 @@ int main(int argc, char **argv) {
     unsigned char *a = malloc(row_bytes * rows);
     srand(7);
     for (size_t i = 0; i < row_bytes * rows; i++) a[i] = rand();
-    size_t act_bytes = ggml_row_size(TYPE_Q8_K, cols);
+    // Q8_0 and its interleaved form multiply activations quantized in blocks of 32 (Q8_2_X4).
+    bool blocks32 = type == TYPE_Q8_0 || type == TYPE_Q8_0_R8;
+    int act_type = blocks32 ? TYPE_Q8_2_X4 : TYPE_Q8_K;
+    size_t act_bytes = ggml_row_size(act_type, cols);
     unsigned char *b = malloc(act_bytes * tokens);
     float *x = malloc(cols * sizeof(float));
     for (int t = 0; t < tokens; t++) {
         for (long i = 0; i < cols; i++) x[i] = (rand() % 1000 - 500) / 500.0f;
-        iqk_quantize_row_q8_K(x, b + t * act_bytes, cols);
+        if (blocks32)
+            quantize_row_q8_2_x4(x, b + t * act_bytes, cols);
+        else
+            iqk_quantize_row_q8_K(x, b + t * act_bytes, cols);
     }
     float *c = malloc(rows * tokens * sizeof(float));
     double best = 1e30;
     for (int run = 0; run < 2000; run++) {
         double t0 = now_us();
-        if (!iqk_mul_mat(rows, tokens, cols, type, a, row_bytes, TYPE_Q8_K, b, act_bytes, c, rows,
+        if (!iqk_mul_mat(rows, tokens, cols, type, a, row_bytes, act_type, b, act_bytes, c, rows,
                          0, 1)) {
             fprintf(stderr, "iqk_mul_mat has no kernel for type %d\n", type);
             return 1;

@@ -4,7 +4,7 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
+//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0, iq4_nl, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
 //! row-major as a file stores them, each pass's products one after the other; the shapes are
 //! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
 //! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
@@ -102,7 +102,7 @@ fn cached(ty: GgmlType, threads: usize, sweeps: usize, n_tokens: usize) {
         }
     });
     println!(
-        "{ty:?} {threads}t cached ({} KB), {n_tokens} token(s): {:.1} GB/s of weights",
+        "{ty:?} {threads}t cached ({} KB), {n_tokens} token(s): {:.3} GB/s of weights",
         bytes / 1024,
         (bytes * sweeps * 100) as f64 / best / 1e9
     );
@@ -159,6 +159,7 @@ fn main() {
         "q4_0" => GgmlType::Q4_0,
         "q5_0" => GgmlType::Q5_0,
         "q8_0" => GgmlType::Q8_0,
+        "iq4_nl" => GgmlType::Iq4Nl,
         "iq2_xxs" => GgmlType::Iq2Xxs,
         "iq2_xs" => GgmlType::Iq2Xs,
         "iq3_xxs" => GgmlType::Iq3Xxs,

@@ -585,6 +585,7 @@ mod x86 {
         rows: &[f32],
         (steps, g0): (Steps<'_>, usize),
     ) {
+        crate::kernels::x86::align_frame!();
         let round = |x: __m512| if F16 { through_f16x16(x) } else { x };
         assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);
         let n = steps.len().min(rows.len() / dv.max(1));
@@ -618,6 +619,7 @@ mod x86 {
         (steps, g0): (Steps<'_>, usize),
         from: usize,
     ) {
+        crate::kernels::x86::align_frame!();
         let round = |x: __m256| if F16 { through_f16x8(x) } else { x };
         let round1 = |x: f32| if F16 { super::through_f16(x) } else { x };
         assert!(acc.len() >= G * dv && g0 + G <= MAX_GROUP);

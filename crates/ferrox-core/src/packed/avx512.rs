@@ -266,6 +266,7 @@ unsafe fn run<B: Block, const N: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
+    crate::kernels::x86::align_frame!();
     let gb = B::FORMAT.group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
     let ahead = prefetch_ahead(B::FORMAT, Isa::Avx512Vnni);

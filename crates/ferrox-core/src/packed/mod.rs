@@ -246,6 +246,7 @@ impl PackedMatrix {
         unsafe {
             self.run_groups(
                 kernel,
+                None,
                 rows.start / GROUP_ROWS,
                 rows.len() / GROUP_ROWS,
                 group_bytes,
@@ -414,6 +415,7 @@ impl PackedMatrix {
                 });
             }
             let kernel = kernel_for(isa, part.format).ok_or(QuantError::IsaUnavailable(isa))?;
+            let prompt = prompt_form_for(isa, part.format);
             let groups = part.rows / GROUP_ROWS;
             if n_tokens == 0 || groups == 0 {
                 continue;
@@ -426,6 +428,7 @@ impl PackedMatrix {
                 xq: product.xq,
                 n_tokens,
                 kernel,
+                prompt,
                 groups,
                 group_bytes,
                 per_task,
@@ -494,6 +497,7 @@ impl PackedMatrix {
     unsafe fn run_groups(
         &self,
         kernel: GroupsFn,
+        prompt: Option<PromptForm>,
         first: usize,
         count: usize,
         group_bytes: usize,
@@ -511,24 +515,36 @@ impl PackedMatrix {
             (PANEL_BYTES / group_bytes).max(1)
         };
         let blocks = self.blocks();
+        let prompt = prompt.filter(|_| n_tokens >= PROMPT_FORM_MIN_TOKENS);
         let mut g = first;
         while g < first + count {
             let n = panel.min(first + count - g);
             let w = self.data[g * group_bytes..].as_ptr();
-            // SAFETY: per this function's contract; outputs of rows of groups `g..g+n`.
-            unsafe {
-                sweep_tokens(
-                    kernel,
-                    w,
-                    n,
-                    blocks,
-                    xq,
-                    act,
-                    n_tokens,
-                    out.ptr.add(g * GROUP_ROWS),
-                    self.rows,
-                )
-            };
+            let out = out.ptr.wrapping_add(g * GROUP_ROWS);
+            match prompt {
+                // SAFETY (both arms): per this function's contract; outputs of rows of
+                // groups `g..g+n`. The rewritten panel holds the same `n` groups, whole.
+                None => unsafe {
+                    sweep_tokens(kernel, w, n, blocks, xq, act, n_tokens, out, self.rows)
+                },
+                Some(form) => PROMPT_PANEL.with_borrow_mut(|panel| {
+                    panel.resize(n * blocks * form.group_block_bytes, 0);
+                    unsafe {
+                        (form.rewrite)(w, n, blocks, panel.as_mut_ptr());
+                        sweep_tokens(
+                            form.kernel,
+                            panel.as_ptr(),
+                            n,
+                            blocks,
+                            xq,
+                            act,
+                            n_tokens,
+                            out,
+                            self.rows,
+                        )
+                    }
+                }),
+            }
             g += n;
         }
     }
@@ -665,6 +681,7 @@ struct Plan<'a> {
     xq: &'a [u8],
     n_tokens: usize,
     kernel: GroupsFn,
+    prompt: Option<PromptForm>,
     groups: usize,
     group_bytes: usize,
     per_task: usize,
@@ -684,6 +701,7 @@ impl Plan<'_> {
         unsafe {
             self.part.run_groups(
                 self.kernel,
+                self.prompt,
                 groups.start,
                 groups.len(),
                 self.group_bytes,
@@ -718,6 +736,40 @@ fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Some(avx512::kernel(format)),
         #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// A panel's form for prompts under some instruction sets: rewritten once into a buffer of
+/// the task's thread, then swept by every token (as i-quant panels are expanded to int8),
+/// where work a kernel would otherwise redo on every pass over a block is worth doing once.
+#[derive(Clone, Copy)]
+struct PromptForm {
+    /// Bytes of one rewritten group block.
+    group_block_bytes: usize,
+    /// Rewrites `groups` groups of `blocks` blocks at `w` into the
+    /// `groups · blocks · group_block_bytes` bytes at `dst`.
+    ///
+    /// # Safety
+    /// Whole groups at `w`, room at `dst`; the CPU has the form's instruction set.
+    rewrite: unsafe fn(w: *const u8, groups: usize, blocks: usize, dst: *mut u8),
+    /// The kernel over rewritten groups (a [`GroupsFn`] on them).
+    kernel: GroupsFn,
+}
+
+/// Fewest tokens for which rewriting a panel to its [`PromptForm`] pays: every four tokens
+/// gain a little from it, the rewriting costs about one pass.
+const PROMPT_FORM_MIN_TOKENS: usize = 32;
+
+thread_local! {
+    /// Each thread's panel in its prompt form, reused from task to task.
+    static PROMPT_PANEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::prompt_form(format),
         _ => None,
     }
 }

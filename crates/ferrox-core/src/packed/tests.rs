@@ -356,6 +356,60 @@ fn packed_products_are_batch_and_isa_invariant() {
     }
 }
 
+/// Prompts long enough for a panel's prompt form give the bits of one token at a time, on
+/// one thread and several, codes of −128 included (ggml's quantizer never writes them; a
+/// file may hold them).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn prompt_forms_give_the_bits_of_single_tokens() {
+    let n = PROMPT_FORM_MIN_TOKENS + 5;
+    let pools = pools(&[1, 3]);
+    let mut covered = 0;
+    for ty in TYPES {
+        let format = PackedFormat::of(ty).unwrap();
+        let with_form: Vec<Isa> = isas()
+            .into_iter()
+            .filter(|&isa| prompt_form_for(isa, format).is_some())
+            .collect();
+        if with_form.is_empty() {
+            continue;
+        }
+        for (rows, cols) in shapes(ty, &[(16, 32), (208, 2048)]) {
+            let mut bytes = random_rows(ty, rows, cols, 5);
+            if ty == GgmlType::Q8_0 {
+                for block in bytes.chunks_exact_mut(34) {
+                    block[2 + 3] = 0x80;
+                }
+            }
+            let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+            let (_, xq) = activations(&m, n, 6);
+            let act = m.activation_row_bytes();
+            let mut alone = vec![0f32; n * rows];
+            for t in 0..n {
+                let y = &mut alone[t * rows..(t + 1) * rows];
+                m.matmul_with(Isa::Scalar, &xq[t * act..(t + 1) * act], 1, y)
+                    .unwrap();
+            }
+            for &isa in &with_form {
+                for pool in &pools {
+                    let mut y = vec![0f32; n * rows];
+                    pool.install(|| m.matmul_with(isa, &xq, n, &mut y)).unwrap();
+                    let same = y
+                        .iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty} {rows}x{cols} {isa:?}");
+                    covered += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        covered > 0 || !Isa::Avx2.is_available(),
+        "no prompt form reached"
+    );
+}
+
 /// The packed and row-major products differ only by rounding.
 #[test]
 fn packed_products_agree_with_the_row_major_kernels() {

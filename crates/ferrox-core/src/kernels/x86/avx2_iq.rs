@@ -198,6 +198,7 @@ macro_rules! iq_rows {
     ($features:literal, $name:ident, $bound:path, $super_block:ident) => {
         #[target_feature(enable = $features)]
         pub(super) fn $name<F: $bound, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+            $crate::kernels::x86::align_frame!();
             use $crate::kernels::x86::avx2_common::{check_rows, f32_at, hsums_i32};
             use $crate::quant::kquants::q8_k::Q8K;
             use $crate::quant::BlockFormat;
@@ -238,6 +239,7 @@ macro_rules! iq_rows4 {
     ($features:literal, $name:ident, $bound:path, $super_block4:ident) => {
         #[target_feature(enable = $features)]
         pub(super) fn $name<F: $bound>(rows: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
+            $crate::kernels::x86::align_frame!();
             use std::arch::x86_64::*;
             use $crate::kernels::x86::avx2_common::{check_rows, f32_at};
             use $crate::quant::kquants::q8_k::Q8K;

@@ -340,6 +340,7 @@ pub(super) fn super_block_dot<S: SuperBlockAvx2, const N: usize>(
     w: &[u8],
     xs: [&[u8]; N],
 ) -> [f32; N] {
+    crate::kernels::x86::align_frame!();
     let blocks = w.len() / S::BYTES;
     for x in &xs {
         assert_eq!(x.len(), blocks * Q8K_BYTES, "activation row length");

@@ -258,6 +258,7 @@ pub(super) unsafe fn scaled_panel<L: LegacyAvx2, const N: usize>(
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
+    crate::kernels::x86::align_frame!();
     assert!(L::ACCUMULATION == Accumulation::Scaled && (N == 4 || N == 8));
     let blocks = rows.bytes / L::BYTES;
     // Rows per step: eight accumulators.

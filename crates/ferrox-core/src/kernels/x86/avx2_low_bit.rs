@@ -130,6 +130,7 @@ fn nvfp4_pair(nibbles: &[u8]) -> __m256i {
 /// `[d_s·d_x]` and added by two FMAs; ggml's horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn nvfp4_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    crate::kernels::x86::align_frame!();
     const ACT: usize = 2 * Q8_0_BYTES;
     check_rows(w, NVFP4_BYTES, ACT, &xs);
     let mut acc = zeros::<N>();

@@ -17,6 +17,7 @@ const Q8K_BYTES: usize = SUMS_AT + 32;
 /// One TQ2_0 weight row against `N` Q8_K activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tq2_0_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    crate::kernels::x86::align_frame!();
     let blocks = w.len() / BLOCK_BYTES;
     for x in &xs {
         assert_eq!(x.len(), blocks * Q8K_BYTES, "activation row length");
@@ -133,6 +134,7 @@ fn tq1_0_codes(block: &[u8]) -> [__m256i; 8] {
 /// One TQ1_0 weight row against `N` Q8_K activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tq1_0_dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    crate::kernels::x86::align_frame!();
     let blocks = w.len() / TQ1_BYTES;
     for x in &xs {
         assert_eq!(x.len(), blocks * Q8K_BYTES, "activation row length");

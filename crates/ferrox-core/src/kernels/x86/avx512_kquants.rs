@@ -336,6 +336,7 @@ unsafe fn panel<S: SuperZmm, const N: usize>(
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
+    crate::kernels::x86::align_frame!();
     let blocks = panel_shape(w, layout, S::BYTES, &xs, Q8K_BYTES, out);
     let rows = layout.count;
     let xs = xs.map(<[u8]>::as_ptr);

@@ -294,6 +294,7 @@ unsafe fn panel<L: LegacyZmm, const N: usize>(
     xs: [&[u8]; N],
     out: &mut [f32],
 ) {
+    crate::kernels::x86::align_frame!();
     if N == 1 {
         // SAFETY: the caller's contract.
         unsafe { panel_tiles::<L, N, 4>(w, rows, xs, out) }

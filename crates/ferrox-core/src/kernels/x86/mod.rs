@@ -6,6 +6,26 @@
 //! [`avx2_kernel`] or [`avx512_vnni_kernel`], which hand them out only after detecting
 //! those features, so the `unsafe` calls in the entry wrappers are sound.
 
+/// Aligns the calling function's stack frame to a cache line. Without it LLVM gives the
+/// vector registers a kernel spills, and its vector arrays, slots aligned only to the
+/// stack's 16 bytes, so whether a 32- or 64-byte slot straddles two cache lines depends on
+/// the callers' frames: then every reload waits on a split store, and a kernel's speed
+/// changes with unrelated code (the AVX2 Q8_0 product against sixteen tokens ran at 0.62x
+/// in one build). A 64-byte-aligned local whose address escapes makes LLVM realign the
+/// frame, and with it give every slot its own alignment. Costs a few instructions per call:
+/// for functions that run loops, not per-block helpers.
+macro_rules! align_frame {
+    () => {
+        let frame_anchor = $crate::kernels::x86::FrameAnchor([0; 64]);
+        ::std::hint::black_box(&frame_anchor);
+    };
+}
+pub(crate) use align_frame;
+
+/// See [`align_frame`].
+#[repr(C, align(64))]
+pub(crate) struct FrameAnchor(pub(crate) [u8; 64]);
+
 pub(crate) mod avx2_activation;
 pub(crate) mod avx2_common;
 mod avx2_float;
