@@ -23,9 +23,9 @@ use super::layout::id::{
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
     q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_SCALES_AT,
-    MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
-    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
-    SCALES_BYTES,
+    MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT,
+    Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
@@ -35,151 +35,138 @@ use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
-        PackedFormat::Q4_0 => groups::<Q4_0>,
-        PackedFormat::Q5_0 => groups::<Q5_0>,
-        PackedFormat::Q4_1 => groups::<Q4_1>,
-        PackedFormat::Q5_1 => groups::<Q5_1>,
-        PackedFormat::Q8_0 => groups::<Q8_0>,
-        PackedFormat::Mxfp4 => groups::<MXFP4>,
-        PackedFormat::Iq4Nl => groups::<IQ4_NL>,
-        PackedFormat::Q4K => groups::<Q4K>,
-        PackedFormat::Q5K => groups::<Q5K>,
-        PackedFormat::Q6K => groups::<Q6K>,
-        PackedFormat::Q2K => groups::<Q2K>,
-        PackedFormat::Q3K => groups::<Q3K>,
-        PackedFormat::I8K => groups::<I8K>,
-        PackedFormat::Iq4Xs => groups::<IQ4_XS>,
+        PackedFormat::Q4_0 => groups::<Q4_0, false>,
+        PackedFormat::Q5_0 => groups::<Q5_0, false>,
+        PackedFormat::Q4_1 => groups::<Q4_1, false>,
+        PackedFormat::Q5_1 => groups::<Q5_1, false>,
+        PackedFormat::Q8_0 => groups::<Q8_0, false>,
+        PackedFormat::Mxfp4 => groups::<MXFP4, false>,
+        PackedFormat::Iq4Nl => groups::<IQ4_NL, false>,
+        PackedFormat::Q4K => groups::<Q4K, false>,
+        PackedFormat::Q5K => groups::<Q5K, false>,
+        PackedFormat::Q6K => groups::<Q6K, false>,
+        PackedFormat::Q2K => groups::<Q2K, false>,
+        PackedFormat::Q3K => groups::<Q3K, false>,
+        PackedFormat::I8K => groups::<I8K, false>,
+        PackedFormat::Iq4Xs => groups::<IQ4_XS, false>,
     }
 }
 
-/// The prompt form of `format`'s panels under AVX2, where one pays (see [`PromptForm`]).
+/// The prompt form of `format`'s panels under AVX2, where one pays (see [`PromptForm`]):
+/// each block's values as a pass over it uses them, so that passes only load them.
 pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
-    let rewrite = match format {
-        PackedFormat::Q8_0 => signed_prompt_rewrite::<Q8_0>,
-        PackedFormat::Iq4Nl => signed_prompt_rewrite::<IQ4_NL>,
+    // Fewest tokens measured faster than the packed kernel (`decode_stack TYPE 1 1 cached
+    // tokens=N`, alternated): Q5_K and Q6_K 1.1x from 12 tokens on, Q4_K 1.02x at 24,
+    // Q8_0 level at 24 and 1.03x at 32.
+    let (rewrite, kernel, min_tokens): (_, GroupsFn, _) = match format {
+        PackedFormat::Q8_0 => (prompt_rewrite::<Q8_0> as _, groups::<Q8_0, true>, 32),
+        PackedFormat::Iq4Nl => (prompt_rewrite::<IQ4_NL> as _, groups::<IQ4_NL, true>, 32),
+        PackedFormat::Q4K => (prompt_rewrite::<Q4K> as _, groups::<Q4K, true>, 24),
+        PackedFormat::Q5K => (prompt_rewrite::<Q5K> as _, groups::<Q5K, true>, 12),
+        PackedFormat::Q6K => (prompt_rewrite::<Q6K> as _, groups::<Q6K, true>, 12),
         _ => return None,
     };
     Some(PromptForm {
-        group_block_bytes: SIGNED_PROMPT_BLOCK_BYTES,
+        group_block_bytes: group_block_bytes::<true>(format),
         rewrite,
-        kernel: signed_prompt_groups,
+        kernel,
+        min_tokens,
     })
 }
 
-/// A group block of Q8_0 or IQ4_NL, whose values are signed bytes, in its prompt form: the
-/// sixteen f16 scales as packed, then for each half (eight rows) and each of its eight
-/// vectors of four values the signed values and their magnitudes. Every pass of four tokens
-/// over a packed block makes the values again (Q8_0's from `w + 128`, IQ4_NL's from its
-/// nibbles and levels) and their magnitudes (`|w|·(x·sgn w)`, see [`dot4_signed`]);
-/// rewritten once per panel, a pass only loads them. `decode_stack q8_0 1 1 cached
-/// tokens=N` (`FERROX_ISA=avx2`, Intel Xeon, alternated): 32 tokens 1.03x, 64 1.06x, 512
-/// 1.11x.
-const SIGNED_PROMPT_BLOCK_BYTES: usize = SCALES_BYTES + 2 * 8 * 64;
+/// Where a group block's values start in the prompt form: after the packed block's scales
+/// (and minimums), copied as they are.
+const fn prompt_values_at(format: PackedFormat) -> usize {
+    match format {
+        PackedFormat::Q4K | PackedFormat::Q5K => Q4K_CODES_AT,
+        PackedFormat::Q6K => Q6K_CODES_AT,
+        _ => SCALES_BYTES,
+    }
+}
 
+/// Bytes of a group block, packed or (`PROMPT`) in its prompt form: for Q4_K, Q5_K and
+/// Q6_K the codes one byte each, for each half (eight rows) and sub-block the vectors a
+/// pass multiplies (masked, shifted, high bits merged once, not on every pass); for Q8_0
+/// and IQ4_NL, whose values are signed bytes, each vector of four values beside its
+/// magnitudes (`|w|·(x·sgn w)`, see [`dot4_signed`]: Q8_0's made back from `w + 128` and
+/// IQ4_NL's from nibbles and levels once). `decode_stack q8_0 1 1 cached tokens=N`
+/// (`FERROX_ISA=avx2`, Intel Xeon, alternated): 32 tokens 1.03x, 64 1.06x, 512 1.11x.
+fn group_block_bytes<const PROMPT: bool>(format: PackedFormat) -> usize {
+    if !PROMPT {
+        return format.group_block_bytes();
+    }
+    // Two halves of 32-byte vectors: 64 of codes, or 2 · 8 of values and magnitudes.
+    let vectors = if format.is_k() { 64 } else { 16 };
+    prompt_values_at(format) + 2 * vectors * 32
+}
+
+/// The `i`th 32-byte vector of half `half` of a prompt-form group block.
+#[inline(always)]
+unsafe fn prompt_vector(format: PackedFormat, block: *const u8, half: usize, i: usize) -> __m256i {
+    let per_half = if format.is_k() { 64 } else { 16 };
+    // SAFETY: the caller passes a whole prompt-form block.
+    unsafe {
+        let at = prompt_values_at(format) + 32 * (per_half * half + i);
+        _mm256_loadu_si256(block.add(at).cast())
+    }
+}
+
+/// Rewrites packed groups into their prompt form (see [`group_block_bytes`]).
+///
 /// # Safety
 /// See [`PromptForm::rewrite`]; the CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_prompt_rewrite<const F: u8>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    dst: *mut u8,
-) {
-    let gb = PackedFormat::from_id(F).group_block_bytes();
+unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize, dst: *mut u8) {
+    let format = PackedFormat::from_id(F);
+    let (gb, rb) = (
+        group_block_bytes::<false>(format),
+        group_block_bytes::<true>(format),
+    );
     for i in 0..groups * blocks {
         // SAFETY: the caller's contract: block `i` of the groups at `w`, its rewritten
         // block at `dst`.
         unsafe {
             let block = w.add(i * gb);
-            let out = dst.add(i * SIGNED_PROMPT_BLOCK_BYTES);
-            std::ptr::copy_nonoverlapping(block, out, SCALES_BYTES);
-            let mut v = out.add(SCALES_BYTES).cast::<__m256i>();
+            let out = dst.add(i * rb);
+            std::ptr::copy_nonoverlapping(block, out, prompt_values_at(format));
+            let mut v = out.add(prompt_values_at(format)).cast::<__m256i>();
+            let mut put = |x: __m256i| {
+                _mm256_storeu_si256(v, x);
+                v = v.add(1);
+            };
             for half in 0..2 {
-                for values in legacy_codes::<F>(block, half) {
-                    _mm256_storeu_si256(v, values);
-                    _mm256_storeu_si256(v.add(1), _mm256_abs_epi8(values));
-                    v = v.add(2);
-                }
-            }
-        }
-    }
-}
-
-/// [`GroupsFn`] over groups in the signed prompt form, four tokens per pass.
-///
-/// # Safety
-/// See [`GroupsFn`], with groups rewritten by [`signed_prompt_rewrite`]; the CPU has AVX2,
-/// FMA and F16C.
-unsafe fn signed_prompt_groups(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    const PER_PASS: usize = 4;
-    for (i, chunk) in xs.chunks(PER_PASS).enumerate() {
-        // SAFETY: forwarded contract; the chunk's tokens' outputs.
-        unsafe {
-            let out = out.add(PER_PASS * i * out_stride);
-            match chunk.len() {
-                4 => signed_prompt_run::<4>(w, groups, blocks, chunk, out, out_stride),
-                3 => signed_prompt_run::<3>(w, groups, blocks, chunk, out, out_stride),
-                2 => signed_prompt_run::<2>(w, groups, blocks, chunk, out, out_stride),
-                _ => signed_prompt_run::<1>(w, groups, blocks, chunk, out, out_stride),
-            }
-        }
-    }
-}
-
-/// One pass of `N` tokens over groups in the signed prompt form, half by half as [`run`]
-/// takes several tokens, with the sums of [`legacy_block`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_prompt_run<const N: usize>(
-    w: *const u8,
-    groups: usize,
-    blocks: usize,
-    xs: &[*const u8],
-    out: *mut f32,
-    out_stride: usize,
-) {
-    for g in 0..groups {
-        for half in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); N];
-            for b in 0..blocks {
-                // SAFETY: the caller's contract: whole rewritten groups and activation rows,
-                // sixteen outputs per group and token.
-                unsafe {
-                    let block = w.add((g * blocks + b) * SIGNED_PROMPT_BLOCK_BYTES);
-                    let dw = f16x8(block.add(16 * half));
-                    let v = block.add(SCALES_BYTES + 512 * half).cast::<__m256i>();
-                    let activations: [*const u8; N] =
-                        std::array::from_fn(|t| xs[t].add(b * ACTIVATION_BLOCK_BYTES));
-                    let mut sums = [_mm256_setzero_si256(); N];
-                    for k in 0..8 {
-                        let codes = _mm256_loadu_si256(v.add(2 * k));
-                        let magnitudes = _mm256_loadu_si256(v.add(2 * k + 1));
-                        for (sum, a) in sums.iter_mut().zip(activations) {
-                            *sum = dot4_signed(*sum, codes, magnitudes, a.add(4 * k));
+                match F {
+                    Q4K | Q5K => {
+                        for s in 0..8 {
+                            let codes = if F == Q5K {
+                                q4k_codes::<true>(block, half, s)
+                            } else {
+                                q4k_codes::<false>(block, half, s)
+                            };
+                            codes.into_iter().for_each(&mut put);
                         }
                     }
-                    for ((acc, sum), a) in acc.iter_mut().zip(sums).zip(activations) {
-                        let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
-                        *acc =
-                            _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sum), *acc);
+                    Q6K => {
+                        for s in 0..16 {
+                            q6k_codes(block, half, s).into_iter().for_each(&mut put);
+                        }
+                    }
+                    _ => {
+                        for values in legacy_codes::<F>(block, half) {
+                            put(values);
+                            put(_mm256_abs_epi8(values));
+                        }
                     }
                 }
             }
-            // SAFETY: as above.
-            unsafe { store(&acc, out.add(g * GROUP_ROWS + 8 * half), out_stride) };
         }
     }
 }
 
 /// # Safety
-/// See [`GroupsFn`]; the CPU has AVX2, FMA and F16C.
-unsafe fn groups<const F: u8>(
+/// See [`GroupsFn`], the groups in their prompt form when `PROMPT`; the CPU has AVX2, FMA
+/// and F16C.
+unsafe fn groups<const F: u8, const PROMPT: bool>(
     w: *const u8,
     groups: usize,
     blocks: usize,
@@ -187,11 +174,11 @@ unsafe fn groups<const F: u8>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    // At most `tokens_per_pass::<F>()` tokens per pass. More tokens take the groups a panel
+    // At most `tokens_per_pass::<F, PROMPT>()` tokens per pass. More tokens take the groups a panel
     // at a time, each panel passed over by every chunk while it is cached (not the whole
     // range chunk by chunk, which would read the weights from memory once per chunk).
-    let per_pass = tokens_per_pass::<F>();
-    let group_bytes = blocks * PackedFormat::from_id(F).group_block_bytes();
+    let per_pass = tokens_per_pass::<F, PROMPT>();
+    let group_bytes = blocks * group_block_bytes::<PROMPT>(PackedFormat::from_id(F));
     let panel = if xs.len() <= per_pass {
         groups
     } else {
@@ -207,14 +194,14 @@ unsafe fn groups<const F: u8>(
             unsafe {
                 let out = out.add(per_pass * i * out_stride + first * GROUP_ROWS);
                 match chunk.len() {
-                    8 => run::<F, 8>(w, n, blocks, chunk, out, out_stride),
-                    7 => run::<F, 7>(w, n, blocks, chunk, out, out_stride),
-                    6 => run::<F, 6>(w, n, blocks, chunk, out, out_stride),
-                    5 => run::<F, 5>(w, n, blocks, chunk, out, out_stride),
-                    4 => run::<F, 4>(w, n, blocks, chunk, out, out_stride),
-                    3 => run::<F, 3>(w, n, blocks, chunk, out, out_stride),
-                    2 => run::<F, 2>(w, n, blocks, chunk, out, out_stride),
-                    _ => run::<F, 1>(w, n, blocks, chunk, out, out_stride),
+                    8 => run::<F, 8, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    7 => run::<F, 7, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    6 => run::<F, 6, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    5 => run::<F, 5, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    4 => run::<F, 4, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    3 => run::<F, 3, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    2 => run::<F, 2, PROMPT>(w, n, blocks, chunk, out, out_stride),
+                    _ => run::<F, 1, PROMPT>(w, n, blocks, chunk, out, out_stride),
                 }
             }
         }
@@ -229,9 +216,11 @@ unsafe fn groups<const F: u8>(
 /// stores, which do not compete with the products for the vector ports. Measured with
 /// `decode_stack TYPE 1 1 cached tokens=64` (`FERROX_ISA=avx2`, Intel Xeon, two rounds):
 /// Q4_K 1.09x, Q5_K 1.20x, Q6_K 1.13x; Q8_0 level, Q4_0 0.93x and Q5_0 0.97x stay at four.
-const fn tokens_per_pass<const F: u8>() -> usize {
+/// In the prompt form there is nothing left to unpack, and four tokens are 1.07x (Q4_K),
+/// 1.05x (Q5_K) and level (Q6_K) against eight at 64 and 512 tokens.
+const fn tokens_per_pass<const F: u8, const PROMPT: bool>() -> usize {
     match F {
-        Q4K | Q5K | Q6K => 8,
+        Q4K | Q5K | Q6K if !PROMPT => 8,
         _ => 4,
     }
 }
@@ -370,7 +359,7 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<const F: u8, const N: usize>(
+unsafe fn run<const F: u8, const N: usize, const PROMPT: bool>(
     w: *const u8,
     groups: usize,
     blocks: usize,
@@ -380,9 +369,14 @@ unsafe fn run<const F: u8, const N: usize>(
 ) {
     crate::kernels::x86::align_frame!();
     let format = PackedFormat::from_id(F);
-    let gb = format.group_block_bytes();
+    let gb = group_block_bytes::<PROMPT>(format);
     let end = w.wrapping_add(groups * blocks * gb);
-    let ahead = prefetch_ahead(format, Isa::Avx2);
+    // A prompt-form panel was just written: in the cache.
+    let ahead = if PROMPT {
+        None
+    } else {
+        prefetch_ahead(format, Isa::Avx2)
+    };
     if let Some(ahead) = ahead {
         prefetch_lines(w, ahead, end);
     }
@@ -400,7 +394,7 @@ unsafe fn run<const F: u8, const N: usize>(
                     prefetch_lines(block.wrapping_add(ahead), gb, end);
                 }
                 for (half, acc) in acc.iter_mut().enumerate() {
-                    unsafe { half_block::<F, N>(block, half, b, xs, acc) };
+                    unsafe { half_block::<F, N, PROMPT>(block, half, b, xs, acc) };
                 }
             }
             for (half, acc) in acc.iter().enumerate() {
@@ -419,7 +413,7 @@ unsafe fn run<const F: u8, const N: usize>(
                             prefetch_lines(block.wrapping_add(ahead), gb, end);
                         }
                     }
-                    unsafe { half_block::<F, N>(block, half, b, xs, &mut acc) };
+                    unsafe { half_block::<F, N, PROMPT>(block, half, b, xs, &mut acc) };
                 }
                 unsafe { store(&acc, out.add(g * GROUP_ROWS + 8 * half), out_stride) };
             }
@@ -436,24 +430,25 @@ const BLOCK_BY_BLOCK_TOKENS: usize = 2;
 /// One group block's half `half` into the tokens' sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half_block<const F: u8, const N: usize>(
+unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
+    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q8_0 | IQ4_NL)) };
     // SAFETY: the caller's contract.
     unsafe {
         match F {
-            Q4K => q4k_block::<N, false>(block, half, b, xs, acc),
-            Q5K => q4k_block::<N, true>(block, half, b, xs, acc),
-            Q6K => q6k_block::<N>(block, half, b, xs, acc),
+            Q4K => q4k_block::<N, false, PROMPT>(block, half, b, xs, acc),
+            Q5K => q4k_block::<N, true, PROMPT>(block, half, b, xs, acc),
+            Q6K => q6k_block::<N, PROMPT>(block, half, b, xs, acc),
             Q2K => q2k_block::<N>(block, half, b, xs, acc),
             Q3K => q3k_block::<N>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
             IQ4_XS => iq4xs_block::<N>(block, half, b, xs, acc),
-            _ => legacy_block::<F, N>(block, half, b, xs, acc),
+            _ => legacy_block::<F, N, PROMPT>(block, half, b, xs, acc),
         }
     }
 }
@@ -471,7 +466,7 @@ unsafe fn store<const N: usize>(acc: &[__m256; N], out: *mut f32, out_stride: us
 /// One block of a 32-value format, half `half` of the group, into the tokens' sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy_block<const F: u8, const N: usize>(
+unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -481,7 +476,11 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
     let bias = PackedFormat::from_id(F).bias();
     // SAFETY: the caller's contract.
     unsafe {
-        let codes = legacy_codes::<F>(block, half);
+        let codes = if PROMPT {
+            [_mm256_setzero_si256(); 8]
+        } else {
+            legacy_codes::<F>(block, half)
+        };
         let dw = if PackedFormat::from_id(F).has_f32_scales() {
             _mm256_loadu_ps(block.add(32 * half).cast())
         } else {
@@ -494,7 +493,14 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
             // Signed codes by the sign trick, four values at a time for every token, so
             // that a code vector and its magnitudes are live only while they serve.
             for (k, &code) in codes.iter().enumerate() {
-                let magnitude = _mm256_abs_epi8(code);
+                let (code, magnitude) = if PROMPT {
+                    (
+                        prompt_vector(PackedFormat::from_id(F), block, half, 2 * k),
+                        prompt_vector(PackedFormat::from_id(F), block, half, 2 * k + 1),
+                    )
+                } else {
+                    (code, _mm256_abs_epi8(code))
+                };
                 for (sum, a) in sums.iter_mut().zip(activations) {
                     *sum = dot4_signed(*sum, code, magnitude, a.add(4 * k));
                 }
@@ -531,38 +537,54 @@ unsafe fn legacy_block<const F: u8, const N: usize>(
     }
 }
 
+/// The eight code vectors of sub-block `s` of a packed Q4_K super-block (Q5_K when
+/// `FIFTH`), half `half` of the group: each row's values `4k..4k + 4` in vector `k`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_codes<const FIFTH: bool>(block: *const u8, half: usize, s: usize) -> [__m256i; 8] {
+    let low = _mm256_set1_epi8(0x0F);
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
+        std::array::from_fn(|k| {
+            let v = half_of(raw.add(64 * k), half);
+            let v = if s.is_multiple_of(2) {
+                v
+            } else {
+                _mm256_srli_epi16::<4>(v)
+            };
+            let code = _mm256_and_si256(v, low);
+            if FIFTH {
+                let plane = half_of(block.add(Q5K_PLANES_AT + 64 * k), half);
+                _mm256_or_si256(code, fifth_bits(plane, s))
+            } else {
+                code
+            }
+        })
+    }
+}
+
 /// One Q4_K super-block (Q5_K when `FIFTH`), half `half` of the group (see the AVX-512
 /// kernel).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
+unsafe fn q4k_block<const N: usize, const FIFTH: bool, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    let low = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
     // SAFETY: the caller's contract.
     unsafe {
         let mut scaled = [zero; N];
         for s in 0..8 {
-            let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
-            let mut codes = [zero; 8];
-            for (k, code) in codes.iter_mut().enumerate() {
-                let v = half_of(raw.add(64 * k), half);
-                let v = if s % 2 == 0 {
-                    v
-                } else {
-                    _mm256_srli_epi16::<4>(v)
-                };
-                *code = _mm256_and_si256(v, low);
-                if FIFTH {
-                    let plane = half_of(block.add(Q5K_PLANES_AT + 64 * k), half);
-                    *code = _mm256_or_si256(*code, fifth_bits(plane, s));
-                }
-            }
+            let codes: [__m256i; 8] = if PROMPT {
+                std::array::from_fn(|k| prompt_vector(PackedFormat::Q4K, block, half, 8 * s + k))
+            } else {
+                q4k_codes::<FIFTH>(block, half, s)
+            };
             let scale = both_halves(u8x8(block.add(Q4K_SCALES_AT + GROUP_ROWS * s + 8 * half)));
             for t in 0..N {
                 let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
@@ -589,10 +611,29 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool>(
     }
 }
 
+/// The four code vectors of sixteen-value sub-block `s` of a packed Q6_K super-block, half
+/// `half` of the group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_codes(block: *const u8, half: usize, s: usize) -> [__m256i; 4] {
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let n0 = half_of(block.add(q6k_low_at(2 * s)), half);
+        let n1 = half_of(block.add(q6k_low_at(2 * s + 1)), half);
+        let hb = half_of(block.add(q6k_high_at(s)), half);
+        [
+            six_bits(n0, _mm256_slli_epi16::<4>(hb)),
+            six_bits(_mm256_srli_epi16::<4>(n0), _mm256_slli_epi16::<2>(hb)),
+            six_bits(n1, hb),
+            six_bits(_mm256_srli_epi16::<4>(n1), _mm256_srli_epi16::<2>(hb)),
+        ]
+    }
+}
+
 /// One Q6_K super-block, half `half` of the group (see the AVX-512 kernel).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_block<const N: usize>(
+unsafe fn q6k_block<const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -609,15 +650,13 @@ unsafe fn q6k_block<const N: usize>(
             acc,
             #[inline(always)]
             |s| {
-                let n0 = half_of(block.add(q6k_low_at(2 * s)), half);
-                let n1 = half_of(block.add(q6k_low_at(2 * s + 1)), half);
-                let hb = half_of(block.add(q6k_high_at(s)), half);
-                [
-                    six_bits(n0, _mm256_slli_epi16::<4>(hb)),
-                    six_bits(_mm256_srli_epi16::<4>(n0), _mm256_slli_epi16::<2>(hb)),
-                    six_bits(n1, hb),
-                    six_bits(_mm256_srli_epi16::<4>(n1), _mm256_srli_epi16::<2>(hb)),
-                ]
+                if PROMPT {
+                    std::array::from_fn(|k| {
+                        prompt_vector(PackedFormat::Q6K, block, half, 4 * s + k)
+                    })
+                } else {
+                    q6k_codes(block, half, s)
+                }
             },
             // Six-bit codes: one widening multiply by the scale per eight products.
             #[inline(always)]

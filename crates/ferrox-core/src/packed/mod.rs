@@ -515,7 +515,7 @@ impl PackedMatrix {
             (PANEL_BYTES / group_bytes).max(1)
         };
         let blocks = self.blocks();
-        let prompt = prompt.filter(|_| n_tokens >= PROMPT_FORM_MIN_TOKENS);
+        let prompt = prompt.filter(|form| !single_sweep && n_tokens >= form.min_tokens);
         let mut g = first;
         while g < first + count {
             let n = panel.min(first + count - g);
@@ -755,11 +755,10 @@ struct PromptForm {
     rewrite: unsafe fn(w: *const u8, groups: usize, blocks: usize, dst: *mut u8),
     /// The kernel over rewritten groups (a [`GroupsFn`] on them).
     kernel: GroupsFn,
+    /// Fewest tokens for which the rewriting pays (it costs about one pass of the kernel;
+    /// panels are only made for more than [`MAX_TOKENS_PER_SWEEP`] tokens).
+    min_tokens: usize,
 }
-
-/// Fewest tokens for which rewriting a panel to its [`PromptForm`] pays: every four tokens
-/// gain a little from it, the rewriting costs about one pass.
-const PROMPT_FORM_MIN_TOKENS: usize = 32;
 
 thread_local! {
     /// Each thread's panel in its prompt form, reused from task to task.

@@ -362,18 +362,21 @@ fn packed_products_are_batch_and_isa_invariant() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn prompt_forms_give_the_bits_of_single_tokens() {
-    let n = PROMPT_FORM_MIN_TOKENS + 5;
     let pools = pools(&[1, 3]);
     let mut covered = 0;
     for ty in TYPES {
         let format = PackedFormat::of(ty).unwrap();
-        let with_form: Vec<Isa> = isas()
+        let forms: Vec<(Isa, PromptForm)> = isas()
             .into_iter()
-            .filter(|&isa| prompt_form_for(isa, format).is_some())
+            .filter_map(|isa| Some((isa, prompt_form_for(isa, format)?)))
             .collect();
-        if with_form.is_empty() {
+        let Some(n) = forms
+            .iter()
+            .map(|(_, form)| form.min_tokens.max(MAX_TOKENS_PER_SWEEP + 1) + 5)
+            .max()
+        else {
             continue;
-        }
+        };
         for (rows, cols) in shapes(ty, &[(16, 32), (208, 2048)]) {
             let mut bytes = random_rows(ty, rows, cols, 5);
             if ty == GgmlType::Q8_0 {
@@ -390,7 +393,7 @@ fn prompt_forms_give_the_bits_of_single_tokens() {
                 m.matmul_with(Isa::Scalar, &xq[t * act..(t + 1) * act], 1, y)
                     .unwrap();
             }
-            for &isa in &with_form {
+            for &(isa, _) in &forms {
                 for pool in &pools {
                     let mut y = vec![0f32; n * rows];
                     pool.install(|| m.matmul_with(isa, &xq, n, &mut y)).unwrap();
