@@ -42,6 +42,13 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
 /// lane per row).
 pub(super) trait Block {
     const FORMAT: PackedFormat;
+    /// Whether the groups are in a prompt form, written just before the kernel reads them.
+    const PROMPT_FORM: bool = false;
+
+    /// Bytes of one group block as the kernel reads it.
+    fn group_block_bytes() -> usize {
+        Self::FORMAT.group_block_bytes()
+    }
 
     /// # Safety
     /// The CPU has the kernels' features; `block` is block `b` of a group, every `xs[t]`
@@ -234,7 +241,7 @@ pub(super) unsafe fn broadcast_i32(p: *const u8) -> __m512i {
 
 /// # Safety
 /// See [`GroupsFn`]; the CPU has the kernels' features.
-unsafe fn groups<B: Block>(
+pub(super) unsafe fn groups<B: Block>(
     w: *const u8,
     groups: usize,
     blocks: usize,
@@ -267,9 +274,14 @@ unsafe fn run<B: Block, const N: usize>(
     out_stride: usize,
 ) {
     crate::kernels::x86::align_frame!();
-    let gb = B::FORMAT.group_block_bytes();
+    let gb = B::group_block_bytes();
     let end = w.wrapping_add(groups * blocks * gb);
-    let ahead = prefetch_ahead(B::FORMAT, Isa::Avx512Vnni);
+    // A prompt-form panel was just written: in the cache.
+    let ahead = if B::PROMPT_FORM {
+        None
+    } else {
+        prefetch_ahead(B::FORMAT, Isa::Avx512Vnni)
+    };
     if let Some(ahead) = ahead {
         prefetch_lines(w, ahead, end);
     }

@@ -16,8 +16,8 @@ use super::avx512::{broadcast_i32, dot32, nibbles, Block};
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
     q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, Q2K_DMIN_AT,
-    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
-    Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
+    Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -60,46 +60,81 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
         xs: &[*const u8],
         acc: &mut [__m512; N],
     ) {
-        let low = _mm512_set1_epi8(0x0F);
-        let zero = _mm512_setzero_si512();
         // SAFETY: the caller's contract.
         unsafe {
-            let mut scaled = [zero; N];
-            for s in 0..8 {
-                let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
-                let mut codes = [zero; 8];
-                for (k, code) in codes.iter_mut().enumerate() {
-                    let v = _mm512_loadu_si512(raw.add(64 * k).cast());
-                    let v = if s % 2 == 0 {
-                        v
-                    } else {
-                        _mm512_srli_epi16::<4>(v)
-                    };
-                    *code = _mm512_and_si512(v, low);
-                    if FIFTH {
-                        let plane = _mm512_loadu_si512(block.add(Q5K_PLANES_AT + 64 * k).cast());
-                        let bit = _mm512_set1_epi8((1u8 << s) as i8);
-                        let fifth = _mm512_test_epi8_mask(plane, bit);
-                        *code = _mm512_mask_add_epi8(*code, fifth, *code, _mm512_set1_epi8(16));
-                    }
-                }
-                let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
-                for t in 0..N {
-                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
-                    let sum = dot32(zero, &codes, x);
-                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
-                }
-            }
-            // Σ min·Σx: each sub-block's minimum, as an i16 pair (m, m), against the
-            // activation's sums of its two halves of 16 values.
-            let mut mins = [zero; N];
-            for s in 0..8 {
-                let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
-                let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
-                add_pair_sums(xs, b, s, min_pair, &mut mins);
-            }
-            add_affine_block(block, Q4K_DMIN_AT, b, xs, (&scaled, &mins), acc);
+            affine_k_add::<N, FIFTH>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
+                |s| affine_k_codes::<FIFTH>(block, s),
+            )
         }
+    }
+}
+
+/// The eight code vectors of sub-block `s` of a packed Q4_K group block (Q5_K when
+/// `FIFTH`): vector `k` holds values `4k..4k + 4` of every row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn affine_k_codes<const FIFTH: bool>(block: *const u8, s: usize) -> [__m512i; 8] {
+    let low = _mm512_set1_epi8(0x0F);
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let raw = block.add(affine_k_codes_at(FIFTH) + 64 * 8 * (s / 2));
+        std::array::from_fn(|k| {
+            let v = _mm512_loadu_si512(raw.add(64 * k).cast());
+            let v = if s.is_multiple_of(2) {
+                v
+            } else {
+                _mm512_srli_epi16::<4>(v)
+            };
+            let code = _mm512_and_si512(v, low);
+            if FIFTH {
+                let plane = _mm512_loadu_si512(block.add(Q5K_PLANES_AT + 64 * k).cast());
+                let bit = _mm512_set1_epi8((1u8 << s) as i8);
+                let fifth = _mm512_test_epi8_mask(plane, bit);
+                _mm512_mask_add_epi8(code, fifth, code, _mm512_set1_epi8(16))
+            } else {
+                code
+            }
+        })
+    }
+}
+
+/// One Q4_K (Q5_K when `FIFTH`) group block against `N` tokens, sub-block `s`'s codes from
+/// `codes(s)`.
+#[inline(always)]
+unsafe fn affine_k_add<const N: usize, const FIFTH: bool>(
+    block: *const u8,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m512; N],
+    codes: impl Fn(usize) -> [__m512i; 8],
+) {
+    let zero = _mm512_setzero_si512();
+    // SAFETY: the caller's contract (and the features, which every caller enables).
+    unsafe {
+        let mut scaled = [zero; N];
+        for s in 0..8 {
+            let codes = codes(s);
+            let scale = u8x16(block.add(Q4K_SCALES_AT + GROUP_ROWS * s));
+            for t in 0..N {
+                let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
+                let sum = dot32(zero, &codes, x);
+                scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
+            }
+        }
+        // Σ min·Σx: each sub-block's minimum, as an i16 pair (m, m), against the
+        // activation's sums of its two halves of 16 values.
+        let mut mins = [zero; N];
+        for s in 0..8 {
+            let min = u8x16(block.add(Q4K_MINS_AT + GROUP_ROWS * s));
+            let min_pair = _mm512_or_si512(min, _mm512_slli_epi32::<16>(min));
+            add_pair_sums(xs, b, s, min_pair, &mut mins);
+        }
+        add_affine_block(block, Q4K_DMIN_AT, b, xs, (&scaled, &mins), acc);
     }
 }
 
@@ -131,16 +166,184 @@ impl Block for Q6KBlock {
                 xs,
                 acc,
                 #[inline(always)]
+                |s| q6k_codes(block, s),
+            )
+        }
+    }
+}
+
+/// The four code vectors of sixteen-value sub-block `s` of a packed Q6_K group block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_codes(block: *const u8, s: usize) -> [__m512i; 4] {
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let n0 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s)).cast());
+        let n1 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s + 1)).cast());
+        let hb = _mm512_loadu_si512(block.add(q6k_high_at(s)).cast());
+        [
+            six_bits(n0, _mm512_slli_epi16::<4>(hb)),
+            six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),
+            six_bits(n1, hb),
+            six_bits(_mm512_srli_epi16::<4>(n1), _mm512_srli_epi16::<2>(hb)),
+        ]
+    }
+}
+
+/// Q4_K (Q5_K when `FIFTH`) groups in their prompt form: the packed block's scales and
+/// minimums, then the codes one byte each as [`affine_k_codes`] makes them, sub-block by
+/// sub-block (see [`prompt_form`]).
+pub(super) struct PromptAffineKBlock<const FIFTH: bool>;
+/// Q6_K groups in their prompt form: the packed block's scales, then the codes one byte
+/// each as [`q6k_codes`] makes them.
+pub(super) struct PromptQ6KBlock;
+
+/// Code vectors of a K-quant group block in its prompt form.
+const PROMPT_CODE_VECTORS: usize = 64;
+
+/// The prompt form of `format`'s panels under AVX-512 (see [`super::PromptForm`]): Q5_K's
+/// and Q6_K's codes unpacked once per panel (masked, shifted, fifth or high bits merged),
+/// not on every pass of up to eight tokens.
+pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
+    let (rewrite, kernel, values_at): (_, super::GroupsFn, _) = match format {
+        PackedFormat::Q5K => (
+            prompt_rewrite::<{ super::layout::id::Q5K }> as _,
+            super::avx512::groups::<PromptAffineKBlock<true>>,
+            Q4K_CODES_AT,
+        ),
+        PackedFormat::Q6K => (
+            prompt_rewrite::<{ super::layout::id::Q6K }> as _,
+            super::avx512::groups::<PromptQ6KBlock>,
+            Q6K_CODES_AT,
+        ),
+        _ => return None,
+    };
+    Some(super::PromptForm {
+        group_block_bytes: values_at + 64 * PROMPT_CODE_VECTORS,
+        rewrite,
+        kernel,
+        min_tokens: PROMPT_MIN_TOKENS,
+    })
+}
+
+/// Fewest tokens for which the AVX-512 prompt forms pay: `decode_stack q5_k|q6_k 1 1 cached
+/// tokens=N` (Intel Xeon, alternated) is level or slower at 12 and 16 tokens, 1.0-1.07x at
+/// 24, 1.12-1.25x at 64 and 512. Q4_K has none: its unpacking is one mask (and a shift for
+/// odd sub-blocks), and the form measured 0.75-0.9x below 64 tokens and 1.02-1.06x above.
+const PROMPT_MIN_TOKENS: usize = 24;
+
+/// Rewrites packed K-quant groups into their prompt form.
+///
+/// # Safety
+/// See [`super::PromptForm::rewrite`]; the CPU has the kernels' features.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize, dst: *mut u8) {
+    use super::layout::id::{Q4K, Q5K};
+    let format = PackedFormat::from_id(F);
+    let values_at = if format == PackedFormat::Q6K {
+        Q6K_CODES_AT
+    } else {
+        Q4K_CODES_AT
+    };
+    let (gb, rb) = (
+        format.group_block_bytes(),
+        values_at + 64 * PROMPT_CODE_VECTORS,
+    );
+    for i in 0..groups * blocks {
+        // SAFETY: the caller's contract: block `i` of the groups at `w`, its rewritten
+        // block at `dst`.
+        unsafe {
+            let block = w.add(i * gb);
+            let out = dst.add(i * rb);
+            std::ptr::copy_nonoverlapping(block, out, values_at);
+            let mut v = out.add(values_at);
+            let mut put = |x: __m512i| {
+                _mm512_storeu_si512(v.cast(), x);
+                v = v.add(64);
+            };
+            match F {
+                Q4K | Q5K => {
+                    for s in 0..8 {
+                        let codes = if F == Q5K {
+                            affine_k_codes::<true>(block, s)
+                        } else {
+                            affine_k_codes::<false>(block, s)
+                        };
+                        codes.into_iter().for_each(&mut put);
+                    }
+                }
+                _ => {
+                    for s in 0..16 {
+                        q6k_codes(block, s).into_iter().for_each(&mut put);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<const FIFTH: bool> Block for PromptAffineKBlock<FIFTH> {
+    const FORMAT: PackedFormat = AffineKBlock::<FIFTH>::FORMAT;
+    const PROMPT_FORM: bool = true;
+
+    fn group_block_bytes() -> usize {
+        Q4K_CODES_AT + 64 * PROMPT_CODE_VECTORS
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller's contract: a whole prompt-form block.
+        unsafe {
+            affine_k_add::<N, FIFTH>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
                 |s| {
-                    let n0 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s)).cast());
-                    let n1 = _mm512_loadu_si512(block.add(q6k_low_at(2 * s + 1)).cast());
-                    let hb = _mm512_loadu_si512(block.add(q6k_high_at(s)).cast());
-                    [
-                        six_bits(n0, _mm512_slli_epi16::<4>(hb)),
-                        six_bits(_mm512_srli_epi16::<4>(n0), _mm512_slli_epi16::<2>(hb)),
-                        six_bits(n1, hb),
-                        six_bits(_mm512_srli_epi16::<4>(n1), _mm512_srli_epi16::<2>(hb)),
-                    ]
+                    std::array::from_fn(|k| {
+                        _mm512_loadu_si512(block.add(Q4K_CODES_AT + 64 * (8 * s + k)).cast())
+                    })
+                },
+            )
+        }
+    }
+}
+
+impl Block for PromptQ6KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q6K;
+    const PROMPT_FORM: bool = true;
+
+    fn group_block_bytes() -> usize {
+        Q6K_CODES_AT + 64 * PROMPT_CODE_VECTORS
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller's contract: a whole prompt-form block.
+        unsafe {
+            offset_block::<N, 5>(
+                block,
+                b,
+                xs,
+                acc,
+                #[inline(always)]
+                |s| {
+                    std::array::from_fn(|k| {
+                        _mm512_loadu_si512(block.add(Q6K_CODES_AT + 64 * (4 * s + k)).cast())
+                    })
                 },
             )
         }

@@ -769,6 +769,8 @@ fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::prompt_form(format),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => avx512_kquants::prompt_form(format),
         _ => None,
     }
 }
