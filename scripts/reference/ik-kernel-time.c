@@ -1,13 +1,14 @@
 // One matrix product on one thread through ik_llama.cpp's iqk_mul_mat, timed as
 // crates/ferrox-core/examples/iq_kernels.rs times ferrox's: random weight bytes (the speed
-// does not depend on the values), one to a few Q8_K activation rows, the fastest of 2000
-// runs. Built and run by scripts/ik-kernel-time.sh.
+// does not depend on the values), one to a few Q8_K activation rows (Q8_2_X4 rows for Q8_0
+// and its eight-row form), the fastest of 2000 runs. Built and run by
+// scripts/ik-kernel-time.sh.
 //
 //   ik-kernel-time TYPE_ID ROWS COLS [TOKENS]
 //
 // TYPE_ID is ik_llama.cpp's ggml type number: 16 IQ2_XXS, 17 IQ2_XS, 18 IQ3_XXS, 19 IQ1_S,
 // 21 IQ3_S, 22 IQ2_S, 29 IQ1_M, and 200 more for the four-row interleaved (_R4) forms that
-// `-rtr` repacks to (216 IQ2_XXS_R4, ...).
+// `-rtr` repacks to (216 IQ2_XXS_R4, ...); 8 Q8_0 and 208 its eight-row form Q8_0_R8.
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>

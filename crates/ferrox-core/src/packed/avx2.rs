@@ -11,8 +11,8 @@
 //! once. A pair of products fits an i16 for codes below 128; Q8_0's codes go back to
 //! signed and through a sign trick (`|w|` times `x` with `w`'s sign).
 //!
-//! Only [`kernel`] hands these functions out, and the packed products ask for it only
-//! after detecting AVX2, FMA and F16C, so the `unsafe` calls are sound.
+//! Only [`kernel`] and [`prompt_form`] hand these functions out, and the packed products
+//! ask for them only after detecting AVX2, FMA and F16C, so the `unsafe` calls are sound.
 
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
@@ -174,9 +174,9 @@ unsafe fn groups<const F: u8, const PROMPT: bool>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    // At most `tokens_per_pass::<F, PROMPT>()` tokens per pass. More tokens take the groups a panel
-    // at a time, each panel passed over by every chunk while it is cached (not the whole
-    // range chunk by chunk, which would read the weights from memory once per chunk).
+    // At most `tokens_per_pass::<F, PROMPT>()` tokens per pass. More tokens take the groups
+    // a panel at a time, each panel passed over by every chunk while it is cached (not the
+    // whole range chunk by chunk, which would read the weights from memory once per chunk).
     let per_pass = tokens_per_pass::<F, PROMPT>();
     let group_bytes = blocks * group_block_bytes::<PROMPT>(PackedFormat::from_id(F));
     let panel = if xs.len() <= per_pass {
@@ -476,6 +476,7 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
     let bias = PackedFormat::from_id(F).bias();
     // SAFETY: the caller's contract.
     unsafe {
+        // In the prompt form (Q8_0, IQ4_NL) the values and magnitudes are loaded below.
         let codes = if PROMPT {
             [_mm256_setzero_si256(); 8]
         } else {

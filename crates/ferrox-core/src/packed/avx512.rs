@@ -5,9 +5,9 @@
 //! row by row. This file holds the driver and the 32-value formats' blocks; the K-quants'
 //! blocks are in `avx512_kquants.rs`.
 //!
-//! Only [`kernel`] hands these functions out, and the packed products ask for it only
-//! after checking that the CPU has AVX-512 VNNI (`Isa::is_available`), so the `unsafe`
-//! calls are sound.
+//! Only [`kernel`] and [`prompt_form`] hand these functions out, and the packed products
+//! ask for them only after checking that the CPU has AVX-512 VNNI (`Isa::is_available`),
+//! so the `unsafe` calls are sound.
 
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
@@ -36,6 +36,12 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q2K => groups::<Q2KBlock>,
         PackedFormat::Q3K => groups::<Q3KBlock>,
     }
+}
+
+/// The prompt form of `format`'s panels, where one pays (the K-quants', in
+/// `avx512_kquants.rs`).
+pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
+    super::avx512_kquants::prompt_form(format)
 }
 
 /// One group block of a format against `N` tokens, added into their accumulators (one

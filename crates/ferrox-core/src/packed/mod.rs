@@ -33,6 +33,14 @@
 //!
 //! The group takes exactly the bytes of its sixteen rows in the file (Q3_K, Q4_K and Q5_K
 //! four bytes more per row and super-block, MXFP4 three more per row and block).
+//!
+//! Prompts: a kernel passes over each block once per four or eight tokens, so whatever it
+//! does to a block's codes before the products (unpacking nibbles, merging high bits,
+//! taking magnitudes) is done again on every pass. Where that work weighs, an instruction
+//! set has a [`PromptForm`]: each panel of groups is rewritten once into a buffer of the
+//! thread, the codes as the products take them, and every token sweeps that (AVX2: Q8_0,
+//! IQ4_NL, Q4_K, Q5_K, Q6_K; AVX-512: Q5_K, Q6_K). The integers are the same, so are the
+//! bits.
 
 use std::ops::Range;
 
@@ -523,7 +531,8 @@ impl PackedMatrix {
             let out = out.ptr.wrapping_add(g * GROUP_ROWS);
             match prompt {
                 // SAFETY (both arms): per this function's contract; outputs of rows of
-                // groups `g..g+n`. The rewritten panel holds the same `n` groups, whole.
+                // groups `g..g+n`. The rewritten panel holds the same `n` groups, whole; the
+                // form is the one of the instruction set the product checked for.
                 None => unsafe {
                     sweep_tokens(kernel, w, n, blocks, xq, act, n_tokens, out, self.rows)
                 },
@@ -770,7 +779,7 @@ fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::prompt_form(format),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => avx512_kquants::prompt_form(format),
+        Isa::Avx512Vnni => avx512::prompt_form(format),
         _ => None,
     }
 }
