@@ -333,20 +333,7 @@ impl Block for PromptQ6KBlock {
         acc: &mut [__m512; N],
     ) {
         // SAFETY: the caller's contract: a whole prompt-form block.
-        unsafe {
-            offset_block::<N, 5>(
-                block,
-                b,
-                xs,
-                acc,
-                #[inline(always)]
-                |s| {
-                    std::array::from_fn(|k| {
-                        _mm512_loadu_si512(block.add(Q6K_CODES_AT + 64 * (4 * s + k)).cast())
-                    })
-                },
-            )
-        }
+        unsafe { stored_offset_block::<N, 5>(block, b, xs, acc, Q6K_CODES_AT) }
     }
 }
 
@@ -362,20 +349,7 @@ impl Block for I8KBlock {
         acc: &mut [__m512; N],
     ) {
         // SAFETY: the caller's contract.
-        unsafe {
-            offset_block::<N, 6>(
-                block,
-                b,
-                xs,
-                acc,
-                #[inline(always)]
-                |s| {
-                    std::array::from_fn(|k| {
-                        _mm512_loadu_si512(block.add(I8K_CODES_AT + 64 * (4 * s + k)).cast())
-                    })
-                },
-            )
-        }
+        unsafe { stored_offset_block::<N, 6>(block, b, xs, acc, I8K_CODES_AT) }
     }
 }
 
@@ -546,6 +520,33 @@ unsafe fn sixteen(codes: &[__m512i; 4], x: *const u8) -> __m512i {
         let odd = _mm512_dpbusd_epi32(zero, codes[1], broadcast_i32(x.add(4)));
         let odd = _mm512_dpbusd_epi32(odd, codes[3], broadcast_i32(x.add(12)));
         _mm512_add_epi32(even, odd)
+    }
+}
+
+/// [`offset_block`] over codes stored one byte each from `codes_at`, sixteen-value
+/// sub-block `s`'s four vectors at `codes_at + 256·s` (I8K; Q6_K's prompt form).
+#[inline(always)]
+unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
+    block: *const u8,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m512; N],
+    codes_at: usize,
+) {
+    // SAFETY: the caller's contract: a whole block with its codes at `codes_at`.
+    unsafe {
+        offset_block::<N, SHIFT>(
+            block,
+            b,
+            xs,
+            acc,
+            #[inline(always)]
+            |s| {
+                std::array::from_fn(|k| {
+                    _mm512_loadu_si512(block.add(codes_at + 64 * (4 * s + k)).cast())
+                })
+            },
+        )
     }
 }
 
