@@ -540,8 +540,9 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
 
 /// The eight code vectors of sub-block `s` of a packed Q4_K super-block (Q5_K when
 /// `FIFTH`), half `half` of the group: each row's values `4k..4k + 4` in vector `k`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+// Inlined always (not a target-feature function): a call would pass the vectors
+// through memory.
+#[inline(always)]
 unsafe fn q4k_codes<const FIFTH: bool>(block: *const u8, half: usize, s: usize) -> [__m256i; 8] {
     let low = _mm256_set1_epi8(0x0F);
     // SAFETY: the caller passes a whole packed group block.
@@ -614,8 +615,9 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool, const PROMPT: bool>(
 
 /// The four code vectors of sixteen-value sub-block `s` of a packed Q6_K super-block, half
 /// `half` of the group.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+// Inlined always (not a target-feature function): a call would pass the vectors
+// through memory.
+#[inline(always)]
 unsafe fn q6k_codes(block: *const u8, half: usize, s: usize) -> [__m256i; 4] {
     // SAFETY: the caller passes a whole packed group block.
     unsafe {

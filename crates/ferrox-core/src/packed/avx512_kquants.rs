@@ -76,8 +76,9 @@ impl<const FIFTH: bool> Block for AffineKBlock<FIFTH> {
 
 /// The eight code vectors of sub-block `s` of a packed Q4_K group block (Q5_K when
 /// `FIFTH`): vector `k` holds values `4k..4k + 4` of every row.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+// Inlined always (not a target-feature function): a call would pass the vectors
+// through memory.
+#[inline(always)]
 unsafe fn affine_k_codes<const FIFTH: bool>(block: *const u8, s: usize) -> [__m512i; 8] {
     let low = _mm512_set1_epi8(0x0F);
     // SAFETY: the caller passes a whole packed group block.
@@ -173,8 +174,9 @@ impl Block for Q6KBlock {
 }
 
 /// The four code vectors of sixteen-value sub-block `s` of a packed Q6_K group block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+// Inlined always (not a target-feature function): a call would pass the vectors
+// through memory.
+#[inline(always)]
 unsafe fn q6k_codes(block: *const u8, s: usize) -> [__m512i; 4] {
     // SAFETY: the caller passes a whole packed group block.
     unsafe {
