@@ -22,10 +22,10 @@ use super::layout::id::{
 };
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
-    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_SCALES_AT,
-    MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
-    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT,
-    Q8K_SUMS_AT, SCALES_BYTES,
+    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_CODES_AT,
+    IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT,
+    Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES,
+    Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
@@ -56,7 +56,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
 /// each block's values as a pass over it uses them, so that passes only load them.
 pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
     // Fewest tokens measured faster than the packed kernel (`decode_stack TYPE 1 1 cached
-    // tokens=N`, alternated): Q5_K and Q6_K 1.1x from 12 tokens on, Q4_K 1.02x at 24,
+    // tokens=N`, alternated): Q5_K and Q6_K 1.1x from 12 tokens on, IQ4_XS 1.04-1.28x at 16
+    // (its pass also drops a sign operation per token: 1.34x at 64), Q4_K 1.02x at 24,
     // Q8_0 level at 24 and 1.03x at 32.
     let (rewrite, kernel, min_tokens): (_, GroupsFn, _) = match format {
         PackedFormat::Q8_0 => (prompt_rewrite::<Q8_0> as _, groups::<Q8_0, true>, 32),
@@ -64,6 +65,7 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
         PackedFormat::Q4K => (prompt_rewrite::<Q4K> as _, groups::<Q4K, true>, 24),
         PackedFormat::Q5K => (prompt_rewrite::<Q5K> as _, groups::<Q5K, true>, 12),
         PackedFormat::Q6K => (prompt_rewrite::<Q6K> as _, groups::<Q6K, true>, 12),
+        PackedFormat::Iq4Xs => (prompt_rewrite::<IQ4_XS> as _, groups::<IQ4_XS, true>, 16),
         _ => return None,
     };
     Some(PromptForm {
@@ -80,7 +82,18 @@ const fn prompt_values_at(format: PackedFormat) -> usize {
     match format {
         PackedFormat::Q4K | PackedFormat::Q5K => Q4K_CODES_AT,
         PackedFormat::Q6K => Q6K_CODES_AT,
+        PackedFormat::Iq4Xs => IQ4XS_CODES_AT,
         _ => SCALES_BYTES,
+    }
+}
+
+/// 32-byte vectors per half of a group block in the prompt form: the K-quants' 256 codes per
+/// row, or values and their magnitudes (IQ4_XS's 256, Q8_0's and IQ4_NL's 32).
+const fn prompt_vectors_per_half(format: PackedFormat) -> usize {
+    match format {
+        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => 64,
+        PackedFormat::Iq4Xs => 128,
+        _ => 16,
     }
 }
 
@@ -95,18 +108,15 @@ fn group_block_bytes<const PROMPT: bool>(format: PackedFormat) -> usize {
     if !PROMPT {
         return format.group_block_bytes();
     }
-    // Two halves of 32-byte vectors: 64 of codes, or 2 · 8 of values and magnitudes.
-    let vectors = if format.is_k() { 64 } else { 16 };
-    prompt_values_at(format) + 2 * vectors * 32
+    prompt_values_at(format) + 2 * prompt_vectors_per_half(format) * 32
 }
 
 /// The `i`th 32-byte vector of half `half` of a prompt-form group block.
 #[inline(always)]
 unsafe fn prompt_vector(format: PackedFormat, block: *const u8, half: usize, i: usize) -> __m256i {
-    let per_half = if format.is_k() { 64 } else { 16 };
     // SAFETY: the caller passes a whole prompt-form block.
     unsafe {
-        let at = prompt_values_at(format) + 32 * (per_half * half + i);
+        let at = prompt_values_at(format) + 32 * (prompt_vectors_per_half(format) * half + i);
         _mm256_loadu_si256(block.add(at).cast())
     }
 }
@@ -149,6 +159,14 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                     Q6K => {
                         for s in 0..16 {
                             q6k_codes(block, half, s).into_iter().for_each(&mut put);
+                        }
+                    }
+                    IQ4_XS => {
+                        for s in 0..8 {
+                            for values in iq4xs_values(block, half, s) {
+                                put(values);
+                                put(_mm256_abs_epi8(values));
+                            }
                         }
                     }
                     _ => {
@@ -437,7 +455,7 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q8_0 | IQ4_NL)) };
+    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q8_0 | IQ4_NL | IQ4_XS)) };
     // SAFETY: the caller's contract.
     unsafe {
         match F {
@@ -447,7 +465,7 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
             Q2K => q2k_block::<N>(block, half, b, xs, acc),
             Q3K => q3k_block::<N>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
-            IQ4_XS => iq4xs_block::<N>(block, half, b, xs, acc),
+            IQ4_XS => iq4xs_block::<N, PROMPT>(block, half, b, xs, acc),
             _ => legacy_block::<F, N, PROMPT>(block, half, b, xs, acc),
         }
     }
@@ -753,13 +771,34 @@ unsafe fn offset_block<const N: usize, const SHIFT: i32>(
     }
 }
 
+/// The signed levels of 32-value sub-block `s` of a packed IQ4_XS super-block, half `half`
+/// of the group: each row's values `4k..4k + 4` in vector `k`.
+// Inlined always (not a target-feature function): a call would pass the vectors
+// through memory.
+#[inline(always)]
+unsafe fn iq4xs_values(block: *const u8, half: usize, s: usize) -> [__m256i; 8] {
+    let low = _mm256_set1_epi8(0x0F);
+    // SAFETY: the caller passes a whole packed group block; the level table is 16 bytes.
+    unsafe {
+        let levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()));
+        let mut values = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let v = half_of(block.add(iq4xs_codes_at(s) + 64 * k), half);
+            values[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, low));
+            values[k + 4] =
+                _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+        }
+        values
+    }
+}
+
 /// One IQ4_XS super-block, half `half` of the group: per 32-value sub-block the signed
 /// levels times the activation bytes by ggml's sign trick (pair sums at most 2·127·128),
 /// widened by `madd` with the row's signed scale; then one fused multiply-add, as in the
 /// scalar reference (whose `Σ (level + 128)·x − 128·Σ x` is this same integer).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4xs_block<const N: usize>(
+unsafe fn iq4xs_block<const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -767,10 +806,8 @@ unsafe fn iq4xs_block<const N: usize>(
     acc: &mut [__m256; N],
 ) {
     let zero = _mm256_setzero_si256();
-    let low = _mm256_set1_epi8(0x0F);
-    // SAFETY: the caller's contract; the level table is 16 readable bytes.
+    // SAFETY: the caller's contract.
     unsafe {
-        let levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()));
         let mut scaled = [zero; N];
         for s in 0..8 {
             // Lane r: row r's signed scale in both i16 halves.
@@ -783,20 +820,27 @@ unsafe fn iq4xs_block<const N: usize>(
                 _mm256_and_si256(scale, _mm256_set1_epi32(0xFFFF)),
                 _mm256_slli_epi32::<16>(scale),
             );
-            let mut codes = [zero; 8];
-            for k in 0..4 {
-                let v = half_of(block.add(iq4xs_codes_at(s) + 64 * k), half);
-                codes[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, low));
-                codes[k + 4] =
-                    _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
-            }
+            // In the prompt form the values and magnitudes are loaded below.
+            let codes = if PROMPT {
+                [zero; 8]
+            } else {
+                iq4xs_values(block, half, s)
+            };
             for t in 0..N {
                 let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * s);
                 let mut sum = zero;
                 for (k, code) in codes.iter().enumerate() {
                     let xk = _mm256_set1_epi32(x.add(4 * k).cast::<i32>().read_unaligned());
-                    let pairs =
-                        _mm256_maddubs_epi16(_mm256_abs_epi8(xk), _mm256_sign_epi8(*code, xk));
+                    let pairs = if PROMPT {
+                        // `|w|·(x·sgn w)`: the magnitudes are the block's, shared by the
+                        // tokens (the same products, so the same pair sums).
+                        let format = PackedFormat::Iq4Xs;
+                        let values = prompt_vector(format, block, half, 16 * s + 2 * k);
+                        let magnitudes = prompt_vector(format, block, half, 16 * s + 2 * k + 1);
+                        _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xk, values))
+                    } else {
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(xk), _mm256_sign_epi8(*code, xk))
+                    };
                     sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale));
                 }
                 scaled[t] = _mm256_add_epi32(scaled[t], sum);

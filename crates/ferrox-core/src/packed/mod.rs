@@ -39,8 +39,8 @@
 //! taking magnitudes) is done again on every pass. Where that work weighs, an instruction
 //! set has a [`PromptForm`]: each panel of groups is rewritten once into a buffer of the
 //! thread, the codes as the products take them, and every token sweeps that (AVX2: Q8_0,
-//! IQ4_NL, Q4_K, Q5_K, Q6_K; AVX-512: Q5_K, Q6_K). The integers are the same, so are the
-//! bits.
+//! IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K; AVX-512: Q5_K, Q6_K). The integers are the same, so
+//! are the bits.
 
 use std::ops::Range;
 
