@@ -202,6 +202,10 @@ pub(super) struct PromptQ6KBlock;
 
 /// Code vectors of a K-quant group block in its prompt form.
 const PROMPT_CODE_VECTORS: usize = 64;
+/// Where Q6_K's codes start in its prompt form: after the packed block's scales, at a whole
+/// cache line (as Q4_K's do), so that no code vector straddles two.
+const Q6K_PROMPT_CODES_AT: usize = Q6K_CODES_AT.next_multiple_of(64);
+const _: () = assert!(Q4K_CODES_AT.is_multiple_of(64));
 
 /// The prompt form of `format`'s panels under AVX-512 (see [`super::PromptForm`]): Q5_K's
 /// and Q6_K's codes unpacked once per panel (masked, shifted, fifth or high bits merged),
@@ -216,7 +220,7 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
         PackedFormat::Q6K => (
             prompt_rewrite::<{ super::layout::id::Q6K }> as _,
             super::avx512::groups::<PromptQ6KBlock>,
-            Q6K_CODES_AT,
+            Q6K_PROMPT_CODES_AT,
         ),
         _ => return None,
     };
@@ -242,10 +246,11 @@ const PROMPT_MIN_TOKENS: usize = 24;
 unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize, dst: *mut u8) {
     use super::layout::id::{Q4K, Q5K};
     let format = PackedFormat::from_id(F);
-    let values_at = if format == PackedFormat::Q6K {
-        Q6K_CODES_AT
+    // The packed block's scales (and minimums), then the codes from `values_at`.
+    let (scales, values_at) = if format == PackedFormat::Q6K {
+        (Q6K_CODES_AT, Q6K_PROMPT_CODES_AT)
     } else {
-        Q4K_CODES_AT
+        (Q4K_CODES_AT, Q4K_CODES_AT)
     };
     let (gb, rb) = (
         format.group_block_bytes(),
@@ -257,7 +262,7 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
         unsafe {
             let block = w.add(i * gb);
             let out = dst.add(i * rb);
-            std::ptr::copy_nonoverlapping(block, out, values_at);
+            std::ptr::copy_nonoverlapping(block, out, scales);
             let mut v = out.add(values_at);
             let mut put = |x: __m512i| {
                 _mm512_storeu_si512(v.cast(), x);
@@ -323,7 +328,7 @@ impl Block for PromptQ6KBlock {
     const PROMPT_FORM: bool = true;
 
     fn group_block_bytes() -> usize {
-        Q6K_CODES_AT + 64 * PROMPT_CODE_VECTORS
+        Q6K_PROMPT_CODES_AT + 64 * PROMPT_CODE_VECTORS
     }
 
     #[inline]
@@ -335,7 +340,7 @@ impl Block for PromptQ6KBlock {
         acc: &mut [__m512; N],
     ) {
         // SAFETY: the caller's contract: a whole prompt-form block.
-        unsafe { stored_offset_block::<N, 5>(block, b, xs, acc, Q6K_CODES_AT) }
+        unsafe { stored_offset_block::<N, 5>(block, b, xs, acc, Q6K_PROMPT_CODES_AT) }
     }
 }
 

@@ -537,12 +537,14 @@ impl PackedMatrix {
                     sweep_tokens(kernel, w, n, blocks, xq, act, n_tokens, out, self.rows)
                 },
                 Some(form) => PROMPT_PANEL.with_borrow_mut(|panel| {
-                    panel.resize(n * blocks * form.group_block_bytes, 0);
+                    let bytes = n * blocks * form.group_block_bytes;
+                    panel.resize(bytes.div_ceil(64), CacheLine([0; 64]));
+                    let panel = panel.as_mut_ptr().cast::<u8>();
                     unsafe {
-                        (form.rewrite)(w, n, blocks, panel.as_mut_ptr());
+                        (form.rewrite)(w, n, blocks, panel);
                         sweep_tokens(
                             form.kernel,
-                            panel.as_ptr(),
+                            panel,
                             n,
                             blocks,
                             xq,
@@ -770,9 +772,15 @@ struct PromptForm {
 }
 
 thread_local! {
-    /// Each thread's panel in its prompt form, reused from task to task.
-    static PROMPT_PANEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's panel in its prompt form, reused from task to task; whole cache lines,
+    /// so that the forms' 32- and 64-byte vectors (at multiples of their size in every
+    /// block) never straddle two (the allocator's large blocks start 16 bytes into a page).
+    static PROMPT_PANEL: std::cell::RefCell<Vec<CacheLine>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
 
 fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
     match isa {
