@@ -192,10 +192,10 @@ unsafe fn q6k_codes(block: *const u8, s: usize) -> [__m512i; 4] {
     }
 }
 
-/// Q4_K (Q5_K when `FIFTH`) groups in their prompt form: the packed block's scales and
-/// minimums, then the codes one byte each as [`affine_k_codes`] makes them, sub-block by
-/// sub-block (see [`prompt_form`]).
-pub(super) struct PromptAffineKBlock<const FIFTH: bool>;
+/// Q5_K groups in their prompt form: the packed block's scales and minimums, then the codes
+/// one byte each as [`affine_k_codes`] makes them, sub-block by sub-block (see
+/// [`prompt_form`]).
+pub(super) struct PromptQ5KBlock;
 /// Q6_K groups in their prompt form: the packed block's scales, then the codes one byte
 /// each as [`q6k_codes`] makes them.
 pub(super) struct PromptQ6KBlock;
@@ -214,7 +214,7 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
     let (rewrite, kernel, values_at): (_, super::GroupsFn, _) = match format {
         PackedFormat::Q5K => (
             prompt_rewrite::<{ super::layout::id::Q5K }> as _,
-            super::avx512::groups::<PromptAffineKBlock<true>>,
+            super::avx512::groups::<PromptQ5KBlock>,
             Q4K_CODES_AT,
         ),
         PackedFormat::Q6K => (
@@ -244,7 +244,8 @@ const PROMPT_MIN_TOKENS: usize = 24;
 /// See [`super::PromptForm::rewrite`]; the CPU has the kernels' features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize, dst: *mut u8) {
-    use super::layout::id::{Q4K, Q5K};
+    use super::layout::id::{Q5K, Q6K};
+    const { assert!(matches!(F, Q5K | Q6K)) };
     let format = PackedFormat::from_id(F);
     // The packed block's scales (and minimums), then the codes from `values_at`.
     let (scales, values_at) = if format == PackedFormat::Q6K {
@@ -269,14 +270,11 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                 v = v.add(64);
             };
             match F {
-                Q4K | Q5K => {
+                Q5K => {
                     for s in 0..8 {
-                        let codes = if F == Q5K {
-                            affine_k_codes::<true>(block, s)
-                        } else {
-                            affine_k_codes::<false>(block, s)
-                        };
-                        codes.into_iter().for_each(&mut put);
+                        affine_k_codes::<true>(block, s)
+                            .into_iter()
+                            .for_each(&mut put);
                     }
                 }
                 _ => {
@@ -289,8 +287,8 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
     }
 }
 
-impl<const FIFTH: bool> Block for PromptAffineKBlock<FIFTH> {
-    const FORMAT: PackedFormat = AffineKBlock::<FIFTH>::FORMAT;
+impl Block for PromptQ5KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q5K;
     const PROMPT_FORM: bool = true;
 
     fn group_block_bytes() -> usize {
@@ -307,7 +305,7 @@ impl<const FIFTH: bool> Block for PromptAffineKBlock<FIFTH> {
     ) {
         // SAFETY: the caller's contract: a whole prompt-form block.
         unsafe {
-            affine_k_add::<N, FIFTH>(
+            affine_k_add::<N, true>(
                 block,
                 b,
                 xs,

@@ -537,8 +537,12 @@ impl PackedMatrix {
                     sweep_tokens(kernel, w, n, blocks, xq, act, n_tokens, out, self.rows)
                 },
                 Some(form) => PROMPT_PANEL.with_borrow_mut(|panel| {
-                    let bytes = n * blocks * form.group_block_bytes;
-                    panel.resize(bytes.div_ceil(64), CacheLine([0; 64]));
+                    // Grown, never shrunk: the rewriting fills what the panel uses, so a
+                    // smaller panel (a task's last) must not make the next one zero it again.
+                    let lines = (n * blocks * form.group_block_bytes).div_ceil(64);
+                    if panel.len() < lines {
+                        panel.resize(lines, CacheLine([0; 64]));
+                    }
                     let panel = panel.as_mut_ptr().cast::<u8>();
                     unsafe {
                         (form.rewrite)(w, n, blocks, panel);
