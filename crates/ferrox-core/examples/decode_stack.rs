@@ -4,7 +4,7 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
+//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
 //! row-major as a file stores them, each pass's products one after the other; the shapes are
 //! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
 //! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
@@ -156,6 +156,8 @@ fn main() {
         "q4_k" => GgmlType::Q4K,
         "q5_k" => GgmlType::Q5K,
         "q6_k" => GgmlType::Q6K,
+        "q2_k" => GgmlType::Q2K,
+        "q3_k" => GgmlType::Q3K,
         "q4_0" => GgmlType::Q4_0,
         "q5_0" => GgmlType::Q5_0,
         "q8_0" => GgmlType::Q8_0,

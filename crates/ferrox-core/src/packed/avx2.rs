@@ -23,9 +23,9 @@ use super::layout::id::{
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
     q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_CODES_AT,
-    IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT,
-    Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES,
-    Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
+    IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_CODES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_CODES_AT,
+    Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
+    Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
@@ -66,6 +66,16 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
         PackedFormat::Q5K => (prompt_rewrite::<Q5K> as _, groups::<Q5K, true>, 12),
         PackedFormat::Q6K => (prompt_rewrite::<Q6K> as _, groups::<Q6K, true>, 12),
         PackedFormat::Iq4Xs => (prompt_rewrite::<IQ4_XS> as _, groups::<IQ4_XS, true>, 16),
+        PackedFormat::Q2K => (
+            prompt_rewrite::<Q2K> as _,
+            groups::<Q2K, true>,
+            Q2K_PROMPT_FROM,
+        ),
+        PackedFormat::Q3K => (
+            prompt_rewrite::<Q3K> as _,
+            groups::<Q3K, true>,
+            Q3K_PROMPT_FROM,
+        ),
         _ => return None,
     };
     Some(PromptForm {
@@ -76,6 +86,10 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
     })
 }
 
+/// Fewest tokens for Q2_K's and Q3_K's prompt forms (see [`prompt_form`]).
+const Q2K_PROMPT_FROM: usize = 24;
+const Q3K_PROMPT_FROM: usize = 12;
+
 /// Where a group block's values start in the prompt form: after the packed block's scales
 /// (and minimums), copied as they are.
 const fn prompt_values_at(format: PackedFormat) -> usize {
@@ -83,6 +97,8 @@ const fn prompt_values_at(format: PackedFormat) -> usize {
         PackedFormat::Q4K | PackedFormat::Q5K => Q4K_CODES_AT,
         PackedFormat::Q6K => Q6K_CODES_AT,
         PackedFormat::Iq4Xs => IQ4XS_CODES_AT,
+        PackedFormat::Q2K => Q2K_CODES_AT,
+        PackedFormat::Q3K => Q3K_CODES_AT,
         _ => SCALES_BYTES,
     }
 }
@@ -91,7 +107,11 @@ const fn prompt_values_at(format: PackedFormat) -> usize {
 /// row, or values and their magnitudes (IQ4_XS's 256, Q8_0's and IQ4_NL's 32).
 const fn prompt_vectors_per_half(format: PackedFormat) -> usize {
     match format {
-        PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q6K => 64,
+        PackedFormat::Q4K
+        | PackedFormat::Q5K
+        | PackedFormat::Q6K
+        | PackedFormat::Q2K
+        | PackedFormat::Q3K => 64,
         PackedFormat::Iq4Xs => 128,
         _ => 16,
     }
@@ -159,6 +179,18 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                     Q6K => {
                         for s in 0..16 {
                             q6k_codes(block, half, s).into_iter().for_each(&mut put);
+                        }
+                    }
+                    Q2K => {
+                        for s in 0..16 {
+                            two_bit_quads(block.add(q2k_codes_at(s)), half)
+                                .into_iter()
+                                .for_each(&mut put);
+                        }
+                    }
+                    Q3K => {
+                        for s in 0..16 {
+                            q3k_codes(block, half, s).into_iter().for_each(&mut put);
                         }
                     }
                     IQ4_XS => {
@@ -455,15 +487,15 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q8_0 | IQ4_NL | IQ4_XS)) };
+    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q2K | Q3K | Q8_0 | IQ4_NL | IQ4_XS)) };
     // SAFETY: the caller's contract.
     unsafe {
         match F {
             Q4K => q4k_block::<N, false, PROMPT>(block, half, b, xs, acc),
             Q5K => q4k_block::<N, true, PROMPT>(block, half, b, xs, acc),
             Q6K => q6k_block::<N, PROMPT>(block, half, b, xs, acc),
-            Q2K => q2k_block::<N>(block, half, b, xs, acc),
-            Q3K => q3k_block::<N>(block, half, b, xs, acc),
+            Q2K => q2k_block::<N, PROMPT>(block, half, b, xs, acc),
+            Q3K => q3k_block::<N, PROMPT>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
             IQ4_XS => iq4xs_block::<N, PROMPT>(block, half, b, xs, acc),
             _ => legacy_block::<F, N, PROMPT>(block, half, b, xs, acc),
@@ -995,7 +1027,7 @@ unsafe fn sub_block16(codes: &[__m256i; 4], x: *const u8) -> __m256i {
 /// sums of 16; then the two fused multiply-adds of the scalar reference.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q2k_block<const N: usize>(
+unsafe fn q2k_block<const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -1017,7 +1049,13 @@ unsafe fn q2k_block<const N: usize>(
             let min_pair = _mm256_srli_epi16::<4>(pair);
             for (i, scale) in scales.iter().enumerate() {
                 let s = 2 * p + i;
-                let codes = two_bit_quads(block.add(q2k_codes_at(s)), half);
+                let codes = if PROMPT {
+                    std::array::from_fn(|k| {
+                        prompt_vector(PackedFormat::Q2K, block, half, 4 * s + k)
+                    })
+                } else {
+                    two_bit_quads(block.add(q2k_codes_at(s)), half)
+                };
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
                     let sums = _mm256_madd_epi16(sub_block16(&codes, x), *scale);
@@ -1030,13 +1068,28 @@ unsafe fn q2k_block<const N: usize>(
     }
 }
 
+/// Sub-block `s`'s four quads of three-bit codes (half `half`): the two low bits and the
+/// plane's third.
+#[inline(always)]
+unsafe fn q3k_codes(block: *const u8, half: usize, s: usize) -> [__m256i; 4] {
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let plane = half_of(block.add(q3k_high_at(s / 2)), half);
+        let mut codes = two_bit_quads(block.add(q3k_low_at(s)), half);
+        for (k, code) in codes.iter_mut().enumerate() {
+            *code = _mm256_or_si256(*code, third_bits(plane, 4 * (s % 2) + k));
+        }
+        codes
+    }
+}
+
 /// One Q3_K super-block, half `half` of the group: per sub-block `Σ code·x` of the
 /// three-bit codes (two low bits and the plane's third) times its signed scale; the codes'
 /// offset of 4 as `4·Σ scale·Σ x` against the activation's sums of 16; then one fused
 /// multiply-add, as in the scalar reference.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3k_block<const N: usize>(
+unsafe fn q3k_block<const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -1054,13 +1107,15 @@ unsafe fn q3k_block<const N: usize>(
                 block.add(Q3K_SCALES_AT + 32 * p + 16 * half).cast(),
             ));
             let scales = split_pair(pair);
-            let plane = half_of(block.add(q3k_high_at(p)), half);
             for (i, scale) in scales.iter().enumerate() {
                 let s = 2 * p + i;
-                let mut codes = two_bit_quads(block.add(q3k_low_at(s)), half);
-                for (k, code) in codes.iter_mut().enumerate() {
-                    *code = _mm256_or_si256(*code, third_bits(plane, 4 * i + k));
-                }
+                let codes = if PROMPT {
+                    std::array::from_fn(|k| {
+                        prompt_vector(PackedFormat::Q3K, block, half, 4 * s + k)
+                    })
+                } else {
+                    q3k_codes(block, half, s)
+                };
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
                     let sums = _mm256_madd_epi16(sub_block16(&codes, x), *scale);

@@ -16,8 +16,9 @@ use super::avx512::{broadcast_i32, dot32, nibbles, Block};
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
     q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, Q2K_DMIN_AT,
-    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
-    Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT,
+    Q2K_SCALES_AT, Q3K_CODES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
+    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT,
+    Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -199,12 +200,17 @@ pub(super) struct PromptQ5KBlock;
 /// Q6_K groups in their prompt form: the packed block's scales, then the codes one byte
 /// each as [`q6k_codes`] makes them.
 pub(super) struct PromptQ6KBlock;
+/// Q3_K groups in their prompt form: the packed block's scales, then the three-bit codes
+/// one byte each as [`q3k_codes`] makes them.
+pub(super) struct PromptQ3KBlock;
 
 /// Code vectors of a K-quant group block in its prompt form.
 const PROMPT_CODE_VECTORS: usize = 64;
 /// Where Q6_K's codes start in its prompt form: after the packed block's scales, at a whole
 /// cache line (as Q4_K's do), so that no code vector straddles two.
 const Q6K_PROMPT_CODES_AT: usize = Q6K_CODES_AT.next_multiple_of(64);
+/// Where Q3_K's codes start in its prompt form, likewise.
+const Q3K_PROMPT_CODES_AT: usize = Q3K_CODES_AT.next_multiple_of(64);
 const _: () = assert!(Q4K_CODES_AT.is_multiple_of(64));
 
 /// The prompt form of `format`'s panels under AVX-512 (see [`super::PromptForm`]): Q5_K's
@@ -222,13 +228,22 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
             super::avx512::groups::<PromptQ6KBlock>,
             Q6K_PROMPT_CODES_AT,
         ),
+        PackedFormat::Q3K => (
+            prompt_rewrite::<{ super::layout::id::Q3K }> as _,
+            super::avx512::groups::<PromptQ3KBlock>,
+            Q3K_PROMPT_CODES_AT,
+        ),
         _ => return None,
     };
     Some(super::PromptForm {
         group_block_bytes: values_at + 64 * PROMPT_CODE_VECTORS,
         rewrite,
         kernel,
-        min_tokens: PROMPT_MIN_TOKENS,
+        min_tokens: if format == PackedFormat::Q3K {
+            Q3K_PROMPT_MIN_TOKENS
+        } else {
+            PROMPT_MIN_TOKENS
+        },
     })
 }
 
@@ -237,6 +252,8 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
 /// 24, 1.12-1.25x at 64 and 512. Q4_K has none: its unpacking is one mask (and a shift for
 /// odd sub-blocks), and the form measured 0.75-0.9x below 64 tokens and 1.02-1.06x above.
 const PROMPT_MIN_TOKENS: usize = 24;
+/// Q3_K's (its third bits are a test and a masked add per quad): see [`PROMPT_MIN_TOKENS`].
+const Q3K_PROMPT_MIN_TOKENS: usize = 16;
 
 /// Rewrites packed K-quant groups into their prompt form.
 ///
@@ -244,14 +261,14 @@ const PROMPT_MIN_TOKENS: usize = 24;
 /// See [`super::PromptForm::rewrite`]; the CPU has the kernels' features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize, dst: *mut u8) {
-    use super::layout::id::{Q5K, Q6K};
-    const { assert!(matches!(F, Q5K | Q6K)) };
+    use super::layout::id::{Q3K, Q5K, Q6K};
+    const { assert!(matches!(F, Q3K | Q5K | Q6K)) };
     let format = PackedFormat::from_id(F);
     // The packed block's scales (and minimums), then the codes from `values_at`.
-    let (scales, values_at) = if format == PackedFormat::Q6K {
-        (Q6K_CODES_AT, Q6K_PROMPT_CODES_AT)
-    } else {
-        (Q4K_CODES_AT, Q4K_CODES_AT)
+    let (scales, values_at) = match F {
+        Q6K => (Q6K_CODES_AT, Q6K_PROMPT_CODES_AT),
+        Q3K => (Q3K_CODES_AT, Q3K_PROMPT_CODES_AT),
+        _ => (Q4K_CODES_AT, Q4K_CODES_AT),
     };
     let (gb, rb) = (
         format.group_block_bytes(),
@@ -275,6 +292,11 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                         affine_k_codes::<true>(block, s)
                             .into_iter()
                             .for_each(&mut put);
+                    }
+                }
+                Q3K => {
+                    for s in 0..16 {
+                        q3k_codes(block, s).into_iter().for_each(&mut put);
                     }
                 }
                 _ => {
@@ -342,6 +364,27 @@ impl Block for PromptQ6KBlock {
     }
 }
 
+impl Block for PromptQ3KBlock {
+    const FORMAT: PackedFormat = PackedFormat::Q3K;
+    const PROMPT_FORM: bool = true;
+
+    fn group_block_bytes() -> usize {
+        Q3K_PROMPT_CODES_AT + 64 * PROMPT_CODE_VECTORS
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller's contract: a whole prompt-form block.
+        unsafe { stored_offset_block::<N, 2>(block, b, xs, acc, Q3K_PROMPT_CODES_AT) }
+    }
+}
+
 impl Block for I8KBlock {
     const FORMAT: PackedFormat = PackedFormat::I8K;
 
@@ -375,6 +418,23 @@ unsafe fn two_bit_quads(p: *const u8) -> [__m512i; 4] {
     ]
 }
 
+/// Sub-block `s`'s four quads of three-bit codes: bit `4i + k` of a plane byte is the
+/// third bit of quad `k` of sub-block `2p + i`, and a test against it gives the bytes to
+/// add 4 to.
+#[inline(always)]
+unsafe fn q3k_codes(block: *const u8, s: usize) -> [__m512i; 4] {
+    // SAFETY: the caller passes a whole packed group block.
+    unsafe {
+        let plane = _mm512_loadu_si512(block.add(q3k_high_at(s / 2)).cast());
+        let low = two_bit_quads(block.add(q3k_low_at(s)));
+        std::array::from_fn(|k| {
+            let bit = _mm512_set1_epi8((1u8 << (4 * (s % 2) + k)) as i8);
+            let third = _mm512_test_epi8_mask(plane, bit);
+            _mm512_mask_add_epi8(low[k], third, low[k], _mm512_set1_epi8(4))
+        })
+    }
+}
+
 impl Block for Q3KBlock {
     const FORMAT: PackedFormat = PackedFormat::Q3K;
 
@@ -394,17 +454,7 @@ impl Block for Q3KBlock {
                 xs,
                 acc,
                 #[inline(always)]
-                |s| {
-                    // Bit 4i + k of a plane byte is the third bit of quad k of sub-block
-                    // 2p + i: a test against it gives the bytes to add 4 to.
-                    let plane = _mm512_loadu_si512(block.add(q3k_high_at(s / 2)).cast());
-                    let low = two_bit_quads(block.add(q3k_low_at(s)));
-                    std::array::from_fn(|k| {
-                        let bit = _mm512_set1_epi8((1u8 << (4 * (s % 2) + k)) as i8);
-                        let third = _mm512_test_epi8_mask(plane, bit);
-                        _mm512_mask_add_epi8(low[k], third, low[k], _mm512_set1_epi8(4))
-                    })
-                },
+                |s| q3k_codes(block, s),
             )
         }
     }
