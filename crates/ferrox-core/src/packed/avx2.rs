@@ -58,7 +58,8 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
     // Fewest tokens measured faster than the packed kernel (`decode_stack TYPE 1 1 cached
     // tokens=N`, alternated): Q5_K and Q6_K 1.1x from 12 tokens on, IQ4_XS 1.04-1.28x at 16
     // (its pass also drops a sign operation per token: 1.34x at 64), Q4_K 1.02x at 24,
-    // Q8_0 level at 24 and 1.03x at 32.
+    // Q8_0 level at 24 and 1.03x at 32, Q3_K 1.17x at 12 (1.38x at 64), Q2_K level at 12
+    // and 16 and 1.05x at 24 (1.11x at 64).
     let (rewrite, kernel, min_tokens): (_, GroupsFn, _) = match format {
         PackedFormat::Q8_0 => (prompt_rewrite::<Q8_0> as _, groups::<Q8_0, true>, 32),
         PackedFormat::Iq4Nl => (prompt_rewrite::<IQ4_NL> as _, groups::<IQ4_NL, true>, 32),
@@ -86,7 +87,8 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
     })
 }
 
-/// Fewest tokens for Q2_K's and Q3_K's prompt forms (see [`prompt_form`]).
+/// Fewest tokens for Q2_K's and Q3_K's prompt forms (see [`prompt_form`]): Q3_K's third
+/// bits cost a shift, a mask and an or per quad, Q2_K's codes only a shift and a mask.
 const Q2K_PROMPT_FROM: usize = 24;
 const Q3K_PROMPT_FROM: usize = 12;
 
