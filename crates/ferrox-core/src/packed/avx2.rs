@@ -119,10 +119,10 @@ const fn prompt_vectors_per_half(format: PackedFormat) -> usize {
     }
 }
 
-/// Bytes of a group block, packed or (`PROMPT`) in its prompt form: for Q4_K, Q5_K and
-/// Q6_K the codes one byte each, for each half (eight rows) and sub-block the vectors a
-/// pass multiplies (masked, shifted, high bits merged once, not on every pass); for Q8_0
-/// and IQ4_NL, whose values are signed bytes, each vector of four values beside its
+/// Bytes of a group block, packed or (`PROMPT`) in its prompt form: for the K-quants (Q2_K
+/// to Q6_K) the codes one byte each, for each half (eight rows) and sub-block the vectors
+/// a pass multiplies (masked, shifted, high or third bits merged once, not on every pass);
+/// for Q8_0 and IQ4_NL, whose values are signed bytes, each vector of four values beside its
 /// magnitudes (`|w|·(x·sgn w)`, see [`dot4_signed`]: Q8_0's made back from `w + 128` and
 /// IQ4_NL's from nibbles and levels once). `decode_stack q8_0 1 1 cached tokens=N`
 /// (`FERROX_ISA=avx2`, Intel Xeon, alternated): 32 tokens 1.03x, 64 1.06x, 512 1.11x.
