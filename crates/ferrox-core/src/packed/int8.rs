@@ -15,13 +15,17 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::layout::{int8_group, QK_K};
-use super::{kernel_for, kernel_isa, sweep_tokens, GroupsFn, PackedFormat, GROUP_ROWS};
+use super::{
+    kernel_for, kernel_isa, panel_bytes, sweep_tokens, CacheLine, GroupsFn, PackedFormat,
+    GROUP_ROWS,
+};
 use crate::kernels::Isa;
 use crate::matrix::Outputs;
-use crate::quant::int8::Int8Expand;
+use crate::quant::int8::{Int8Block, Int8Expand};
 use crate::quant::iq1::{Iq1M, Iq1S};
 use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
 use crate::quant::iq3::{Iq3S, Iq3Xxs};
+use crate::quant::BlockFormat;
 use crate::quant::QuantError;
 
 /// Fewest tokens for which expanding pays: below, the row-major kernels (the same bits)
@@ -38,7 +42,8 @@ const PANEL_BYTES: usize = 192 * 1024;
 /// How one i-quant becomes I8K groups.
 #[derive(Clone, Copy)]
 pub struct Int8Path {
-    expand: fn(usize, usize, &[u8], &mut [u8]),
+    /// A super-block's integer form, and the bytes of a super-block.
+    expand: (fn(&[u8], &mut Int8Block), usize),
     factor: f32,
     kernel: GroupsFn,
 }
@@ -46,7 +51,7 @@ pub struct Int8Path {
 impl Int8Path {
     fn of<F: Int8Expand>(kernel: GroupsFn) -> Self {
         Self {
-            expand: int8_group::<F>,
+            expand: (F::expand, F::BYTES),
             factor: F::FACTOR,
             kernel,
         }
@@ -70,7 +75,20 @@ impl Int8Path {
         Some(match ty {
             GgmlType::Iq1S => Self::of::<Iq1S>(kernel),
             GgmlType::Iq1M => Self::of::<Iq1M>(kernel),
-            GgmlType::Iq2Xxs => Self::of::<Iq2Xxs>(kernel),
+            GgmlType::Iq2Xxs => {
+                let path = Self::of::<Iq2Xxs>(kernel);
+                // The vector expansion where the product runs on AVX-512 (same bits).
+                #[cfg(target_arch = "x86_64")]
+                if let (Isa::Avx512Vnni, Some(expand)) =
+                    (isa, crate::kernels::x86::iq2_xxs_int8_expansion())
+                {
+                    return Some(Self {
+                        expand: (expand, Iq2Xxs::BYTES),
+                        ..path
+                    });
+                }
+                path
+            }
             GgmlType::Iq2Xs => Self::of::<Iq2Xs>(kernel),
             GgmlType::Iq2S => Self::of::<Iq2S>(kernel),
             GgmlType::Iq3Xxs => Self::of::<Iq3Xxs>(kernel),
@@ -117,11 +135,11 @@ impl Int8Path {
             let first = task * per_task;
             let count = per_task.min(groups - first);
             PANEL.with_borrow_mut(|panel| {
-                panel.resize(count * group_bytes, 0);
+                let panel = panel_bytes(panel, count * group_bytes);
                 for (g, dst) in panel.chunks_exact_mut(group_bytes).enumerate() {
                     let src =
                         &bytes[(first + g) * GROUP_ROWS * row_bytes..][..GROUP_ROWS * row_bytes];
-                    (self.expand)(blocks, row_bytes, src, dst);
+                    int8_group(self.expand, blocks, row_bytes, src, dst);
                 }
                 // SAFETY: the panel holds `count` whole groups of `blocks` blocks, every
                 // activation row `blocks` Q8_K blocks (checked above); this task's outputs
@@ -163,6 +181,8 @@ impl Int8Path {
 }
 
 thread_local! {
-    /// Each thread's expanded panel, reused from task to task.
-    static PANEL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Each thread's expanded panel, reused from task to task; whole cache lines, so that
+    /// the kernels' code vectors (at whole lines in every I8K group block) never straddle
+    /// two.
+    static PANEL: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
 }

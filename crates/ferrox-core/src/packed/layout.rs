@@ -47,7 +47,7 @@
 use ferrox_gguf::GgmlType;
 
 use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
-use crate::quant::int8::{Int8Block, Int8Expand, CODE_OFFSET, MAX_MAGNITUDE};
+use crate::quant::int8::{Int8Block, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 
@@ -133,12 +133,14 @@ pub(super) const fn iq4xs_codes_at(s: usize) -> usize {
 
 /// Offsets inside an I8K group block.
 pub(super) const I8K_SCALES_AT: usize = 32;
-pub(super) const I8K_CODES_AT: usize = 288;
+/// After the scales, at a whole cache line (the group blocks are whole lines too).
+pub(super) const I8K_CODES_AT: usize = 320;
 /// What I8K's unsigned codes add to the values.
 pub(super) const I8K_BIAS: i32 = CODE_OFFSET;
 // The codes stay below 128: `maddubs` pair sums (two codes times activation bytes of up
 // to 128 in magnitude) never saturate an i16.
 const _: () = assert!(MAX_MAGNITUDE + I8K_BIAS < 128 && I8K_BIAS - MAX_MAGNITUDE >= 0);
+const _: () = assert!(I8K_CODES_AT.is_multiple_of(64) && I8K_CODES_AT >= I8K_SCALES_AT + 256);
 
 /// Offsets inside a Q2_K group block.
 pub(super) const Q2K_DMIN_AT: usize = 32;
@@ -326,6 +328,8 @@ impl PackedFormat {
             PackedFormat::Mxfp4 => 20,
             // The scales unpacked to signed bytes.
             PackedFormat::Iq4Xs => 138,
+            // Two bytes of padding per row: the codes start at a cache line.
+            PackedFormat::I8K => 276,
             other => other.file_block_bytes(),
         };
         GROUP_ROWS * per_row
@@ -534,9 +538,11 @@ pub(super) fn pack_group(
     }
 }
 
-/// Sixteen rows of an i-quant `F` (`src`, `row_bytes` each, `blocks` super-blocks) as one
-/// I8K group (`dst`, every byte written).
-pub(super) fn int8_group<F: Int8Expand>(
+/// Sixteen rows of an i-quant (`src`, `row_bytes` each, `blocks` super-blocks of
+/// `block_bytes`, each made integers by `expand`) as one I8K group (`dst`, every byte
+/// written).
+pub(super) fn int8_group(
+    (expand, block_bytes): (fn(&[u8], &mut Int8Block), usize),
     blocks: usize,
     row_bytes: usize,
     src: &[u8],
@@ -546,9 +552,10 @@ pub(super) fn int8_group<F: Int8Expand>(
     let mut expanded = Int8Block::default();
     for b in 0..blocks {
         let dst = &mut dst[b * gb..(b + 1) * gb];
+        dst[I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
         for r in 0..GROUP_ROWS {
-            F::expand(
-                &src[r * row_bytes + b * F::BYTES..][..F::BYTES],
+            expand(
+                &src[r * row_bytes + b * block_bytes..][..block_bytes],
                 &mut expanded,
             );
             dst[2 * r..2 * r + 2].copy_from_slice(&expanded.d_bits.to_le_bytes());

@@ -537,13 +537,8 @@ impl PackedMatrix {
                     sweep_tokens(kernel, w, n, blocks, xq, act, n_tokens, out, self.rows)
                 },
                 Some(form) => PROMPT_PANEL.with_borrow_mut(|panel| {
-                    // Grown, never shrunk: the rewriting fills what the panel uses, so a
-                    // smaller panel (a task's last) must not make the next one zero it again.
-                    let lines = (n * blocks * form.group_block_bytes).div_ceil(64);
-                    if panel.len() < lines {
-                        panel.resize(lines, CacheLine([0; 64]));
-                    }
-                    let panel = panel.as_mut_ptr().cast::<u8>();
+                    let panel =
+                        panel_bytes(panel, n * blocks * form.group_block_bytes).as_mut_ptr();
                     unsafe {
                         (form.rewrite)(w, n, blocks, panel);
                         sweep_tokens(
@@ -782,9 +777,23 @@ thread_local! {
     static PROMPT_PANEL: std::cell::RefCell<Vec<CacheLine>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// 64 bytes at a 64-byte boundary: the unit of the panels that kernels sweep.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct CacheLine([u8; 64]);
+pub(super) struct CacheLine([u8; 64]);
+
+/// The first `bytes` bytes of a panel of at least as many lines, grown (never shrunk: what
+/// fills it writes every byte it uses, so a smaller panel must not make the next one zero
+/// it again).
+pub(super) fn panel_bytes(panel: &mut Vec<CacheLine>, bytes: usize) -> &mut [u8] {
+    let lines = bytes.div_ceil(64);
+    if panel.len() < lines {
+        panel.resize(lines, CacheLine([0; 64]));
+    }
+    // SAFETY: `CacheLine` is 64 initialized bytes with no padding, and the panel holds at
+    // least `bytes` of them, borrowed mutably for the slice's life.
+    unsafe { std::slice::from_raw_parts_mut(panel.as_mut_ptr().cast::<u8>(), bytes) }
+}
 
 fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
     match isa {

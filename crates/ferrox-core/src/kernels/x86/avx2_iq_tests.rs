@@ -436,3 +436,29 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
         }
     }
 }
+
+/// The AVX-512 IQ2_XXS int8 expansion (the prompt path's) gives the scalar expansion's
+/// integers on random blocks, whose every byte pattern is valid (extreme scales and every
+/// sign pattern included).
+#[test]
+fn iq2_xxs_int8_expansion_gives_the_scalar_integers() {
+    use crate::quant::int8::{Int8Block, Int8Expand};
+    let Some(expand) = super::iq2_xxs_int8_expansion() else {
+        eprintln!("skipped: this machine has no AVX-512 VBMI/BITALG");
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(0x1A_8E8B);
+    for case in 0..2000 {
+        let mut block: Vec<u8> = (0..Iq2Xxs::BYTES).map(|_| rng.random()).collect();
+        if case % 7 == 0 {
+            // Every sub-block's scale field at its largest.
+            for ib in 0..QK_K / 32 {
+                block[2 + 8 * ib + 7] |= 0xF0;
+            }
+        }
+        let (mut want, mut got) = (Int8Block::default(), Int8Block::default());
+        Iq2Xxs::expand(&block, &mut want);
+        expand(&block, &mut got);
+        assert_eq!(got, want, "case {case}");
+    }
+}

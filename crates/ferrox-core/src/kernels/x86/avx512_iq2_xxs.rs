@@ -10,8 +10,9 @@ use std::arch::x86_64::*;
 
 use super::avx2_iq::{iq_rows, iq_rows4, IqAvx2};
 use super::avx512_iq::{load_32, points8, signed_biased};
-use crate::quant::grids::IQ2XXS_GRID_BIASED;
-use crate::quant::iq2::QS_AT;
+use crate::quant::grids::{IQ2XXS_GRID_BIASED, IQ2_LARGEST};
+use crate::quant::int8::{Int8Block, CODE_OFFSET};
+use crate::quant::iq2::{D_AT, QS_AT};
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
 use crate::quant::kquants::QK_K;
 
@@ -177,3 +178,32 @@ iq_rows4!(
     IqAvx2,
     super_block4_xxs
 );
+
+/// `block`'s integer form ([`Int8Block`]), as [`Int8Expand::expand`] makes it for IQ2_XXS:
+/// the values as the kernels above make them (biased by the grid's largest coordinate),
+/// moved to the int8 form's offset, and each sub-block's odd scale from [`prepare`]. The
+/// prompt path expands every row once per panel; the scalar expansion took a quarter of an
+/// IQ2_XXS prompt product.
+///
+/// [`Int8Expand::expand`]: crate::quant::int8::Int8Expand::expand
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
+)]
+pub(super) fn expand_int8(block: &[u8], out: &mut Int8Block) {
+    const BIAS: i8 = IQ2_LARGEST as i8;
+    const TO_CODES: i8 = (CODE_OFFSET - BIAS as i32) as i8;
+    let mut words = SubBlockWords([0; QK_K / 32]);
+    prepare(block, &mut words);
+    out.d_bits = u16::from_le_bytes([block[D_AT], block[D_AT + 1]]);
+    for ib in 0..QK_K / 32 {
+        // The high half of word `ib` is the odd scale twice as i16 (at most 31).
+        let scale = (words.0[ib] >> 32) as u8 as i8;
+        out.scales[2 * ib] = scale;
+        out.scales[2 * ib + 1] = scale;
+        let biased = signed_biased(grid_points(block, ib), words.signs(ib), BIAS);
+        let codes = _mm256_add_epi8(biased, _mm256_set1_epi8(TO_CODES));
+        let dst: &mut [u64; 4] = out.codes[4 * ib..].first_chunk_mut().expect("4 words");
+        // SAFETY: 32 writable bytes.
+        unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), codes) };
+    }
+}

@@ -101,6 +101,16 @@ pub(super) fn avx512_iq_detected() -> bool {
         && is_x86_feature_detected!("avx512bitalg")
 }
 
+/// IQ2_XXS's int8 expansion on AVX-512 ([`avx512_iq2_xxs::expand_int8`], the scalar
+/// expansion's bits), where this CPU can run it.
+pub(crate) fn iq2_xxs_int8_expansion() -> Option<fn(&[u8], &mut crate::quant::int8::Int8Block)> {
+    fn expand(block: &[u8], out: &mut crate::quant::int8::Int8Block) {
+        // SAFETY: handed out only where the features were detected (below).
+        unsafe { avx512_iq2_xxs::expand_int8(block, out) }
+    }
+    (avx2_detected() && avx512_iq_detected()).then_some(expand as _)
+}
+
 /// Safe `DotKernel` entries for an AVX2 driver `$run::<N>(w, xs)`.
 macro_rules! avx2_entry {
     ($run:expr) => {{
