@@ -25,7 +25,6 @@ use crate::quant::int8::{Int8Block, Int8Expand};
 use crate::quant::iq1::{Iq1M, Iq1S};
 use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
 use crate::quant::iq3::{Iq3S, Iq3Xxs};
-use crate::quant::BlockFormat;
 use crate::quant::QuantError;
 
 /// Fewest tokens for which expanding pays: below, the row-major kernels (the same bits)
@@ -72,29 +71,25 @@ impl Int8Path {
             return None;
         }
         let kernel = kernel_for(isa, PackedFormat::I8K)?;
-        Some(match ty {
+        let path = match ty {
             GgmlType::Iq1S => Self::of::<Iq1S>(kernel),
             GgmlType::Iq1M => Self::of::<Iq1M>(kernel),
-            GgmlType::Iq2Xxs => {
-                let path = Self::of::<Iq2Xxs>(kernel);
-                // The vector expansion where the product runs on AVX-512 (same bits).
-                #[cfg(target_arch = "x86_64")]
-                if let (Isa::Avx512Vnni, Some(expand)) =
-                    (isa, crate::kernels::x86::iq2_xxs_int8_expansion())
-                {
-                    return Some(Self {
-                        expand: (expand, Iq2Xxs::BYTES),
-                        ..path
-                    });
-                }
-                path
-            }
+            GgmlType::Iq2Xxs => Self::of::<Iq2Xxs>(kernel),
             GgmlType::Iq2Xs => Self::of::<Iq2Xs>(kernel),
             GgmlType::Iq2S => Self::of::<Iq2S>(kernel),
             GgmlType::Iq3Xxs => Self::of::<Iq3Xxs>(kernel),
             GgmlType::Iq3S => Self::of::<Iq3S>(kernel),
             _ => return None,
-        })
+        };
+        // The vector expansion where the product runs on AVX-512 (the same integers).
+        #[cfg(target_arch = "x86_64")]
+        if let (Isa::Avx512Vnni, Some(expand)) = (isa, crate::kernels::x86::iq_int8_expansion(ty)) {
+            return Some(Self {
+                expand: (expand, path.expand.1),
+                ..path
+            });
+        }
+        Some(path)
     }
 
     /// `Y = W·X` for the first `groups · 16` rows of `bytes` (`row_bytes` each, `cols`

@@ -437,28 +437,45 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
     }
 }
 
-/// The AVX-512 IQ2_XXS int8 expansion (the prompt path's) gives the scalar expansion's
-/// integers on random blocks, whose every byte pattern is valid (extreme scales and every
-/// sign pattern included).
+/// The AVX-512 int8 expansions (the prompt path's) give the scalar expansion's integers
+/// on random blocks, whose every byte pattern is valid (every sign pattern included), with
+/// every scale field at its largest in some.
 #[test]
-fn iq2_xxs_int8_expansion_gives_the_scalar_integers() {
+fn int8_expansions_give_the_scalar_integers() {
     use crate::quant::int8::{Int8Block, Int8Expand};
-    let Some(expand) = super::iq2_xxs_int8_expansion() else {
+    fn check<F: Int8Expand>(ty: GgmlType, largest_scales: fn(&mut [u8])) {
+        let expand = super::iq_int8_expansion(ty).expect("an expansion for every i-quant");
+        let mut rng = StdRng::seed_from_u64(0x1A_8E8B);
+        for case in 0..2000 {
+            let mut block: Vec<u8> = (0..F::BYTES).map(|_| rng.random()).collect();
+            if case % 7 == 0 {
+                largest_scales(&mut block);
+            }
+            let (mut want, mut got) = (Int8Block::default(), Int8Block::default());
+            F::expand(&block, &mut want);
+            expand(&block, &mut got);
+            assert_eq!(got, want, "{ty:?} case {case}");
+        }
+    }
+    if !(avx2_detected() && avx512_iq_detected()) {
         eprintln!("skipped: this machine has no AVX-512 VBMI/BITALG");
         return;
-    };
-    let mut rng = StdRng::seed_from_u64(0x1A_8E8B);
-    for case in 0..2000 {
-        let mut block: Vec<u8> = (0..Iq2Xxs::BYTES).map(|_| rng.random()).collect();
-        if case % 7 == 0 {
-            // Every sub-block's scale field at its largest.
-            for ib in 0..QK_K / 32 {
-                block[2 + 8 * ib + 7] |= 0xF0;
-            }
-        }
-        let (mut want, mut got) = (Int8Block::default(), Int8Block::default());
-        Iq2Xxs::expand(&block, &mut want);
-        expand(&block, &mut got);
-        assert_eq!(got, want, "case {case}");
     }
+    // IQ2_XXS and IQ3_XXS: a sub-block's scale is the top nibble of its sign-and-scale
+    // word; elsewhere the scale bytes or words are all ones.
+    check::<Iq2Xxs>(GgmlType::Iq2Xxs, |b| {
+        (0..QK_K / 32).for_each(|ib| b[2 + 8 * ib + 7] |= 0xF0)
+    });
+    check::<Iq2Xs>(GgmlType::Iq2Xs, |b| b[2 + 64..].fill(0xFF));
+    check::<Iq2S>(GgmlType::Iq2S, |b| b[Iq2S::BYTES - 8..].fill(0xFF));
+    check::<Iq3Xxs>(GgmlType::Iq3Xxs, |b| {
+        (0..QK_K / 32).for_each(|ib| b[2 + 64 + 4 * ib + 3] |= 0xF0)
+    });
+    check::<Iq3S>(GgmlType::Iq3S, |b| b[Iq3S::BYTES - 4..].fill(0xFF));
+    check::<Iq1S>(GgmlType::Iq1S, |b| {
+        (0..QK_K / 32).for_each(|ib| b[Iq1S::BYTES - 16 + 2 * ib + 1] |= 0x70)
+    });
+    check::<Iq1M>(GgmlType::Iq1M, |b| {
+        b[M_SCALES_AT..M_SCALES_AT + 8].fill(0xFF)
+    });
 }

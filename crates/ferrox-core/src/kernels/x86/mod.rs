@@ -101,14 +101,47 @@ pub(super) fn avx512_iq_detected() -> bool {
         && is_x86_feature_detected!("avx512bitalg")
 }
 
-/// IQ2_XXS's int8 expansion on AVX-512 ([`avx512_iq2_xxs::expand_int8`], the scalar
-/// expansion's bits), where this CPU can run it.
-pub(crate) fn iq2_xxs_int8_expansion() -> Option<fn(&[u8], &mut crate::quant::int8::Int8Block)> {
-    fn expand(block: &[u8], out: &mut crate::quant::int8::Int8Block) {
-        // SAFETY: handed out only where the features were detected (below).
-        unsafe { avx512_iq2_xxs::expand_int8(block, out) }
+/// An i-quant's int8 expansion on AVX-512 from its kernel's preparation (the scalar
+/// expansion's bits, [`crate::quant::int8::Int8Expand::expand`]), where this CPU can run it.
+pub(crate) fn iq_int8_expansion(
+    ty: ferrox_gguf::GgmlType,
+) -> Option<fn(&[u8], &mut crate::quant::int8::Int8Block)> {
+    use crate::quant::int8::Int8Block;
+    use ferrox_gguf::GgmlType as T;
+    macro_rules! expansion {
+        ($expand:path, $format:ty) => {{
+            fn expand(block: &[u8], out: &mut Int8Block) {
+                assert_eq!(
+                    block.len(),
+                    <$format as avx2_iq::IqAvx2>::BYTES,
+                    "one whole block"
+                );
+                // SAFETY: handed out only where the features were detected (below); one
+                // whole block (asserted).
+                unsafe { $expand(block, out) }
+            }
+            expand as fn(&[u8], &mut Int8Block)
+        }};
     }
-    (avx2_detected() && avx512_iq_detected()).then_some(expand as _)
+    if !(avx2_detected() && avx512_iq_detected()) {
+        return None;
+    }
+    Some(match ty {
+        T::Iq2Xxs => expansion!(avx512_iq2_xxs::expand_int8, avx2_iq2::Iq2XxsAvx2),
+        T::Iq2Xs => expansion!(
+            avx512_iq::expand_int8::<avx2_iq2::Iq2XsAvx2>,
+            avx2_iq2::Iq2XsAvx2
+        ),
+        T::Iq2S => expansion!(
+            avx512_iq::expand_int8::<avx2_iq2::Iq2SAvx2>,
+            avx2_iq2::Iq2SAvx2
+        ),
+        T::Iq3Xxs => expansion!(avx512_iq::expand_int8::<avx2_iq3::Xxs>, avx2_iq3::Xxs),
+        T::Iq3S => expansion!(avx512_iq::expand_int8::<avx2_iq3::S>, avx2_iq3::S),
+        T::Iq1S => expansion!(avx512_iq::expand_int8::<avx2_iq1::S>, avx2_iq1::S),
+        T::Iq1M => expansion!(avx512_iq::expand_int8::<avx2_iq1::M>, avx2_iq1::M),
+        _ => return None,
+    })
 }
 
 /// Safe `DotKernel` entries for an AVX2 driver `$run::<N>(w, xs)`.
