@@ -345,7 +345,9 @@ impl<'a> WeightMatrix<'a> {
         // same bits); rows past the last whole group, if any, run here.
         let mut done = 0;
         if n_tokens >= INT8_MIN_TOKENS {
-            if let Some(path) = Int8Path::for_type(self.ty, self.cols) {
+            if let Some(path) =
+                Int8Path::for_type(self.ty, self.cols).filter(|path| n_tokens >= path.min_tokens())
+            {
                 let groups = self.rows / GROUP_ROWS;
                 path.matmul(
                     groups,

@@ -27,12 +27,18 @@ use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
 use crate::quant::iq3::{Iq3S, Iq3Xxs};
 use crate::quant::QuantError;
 
-/// Fewest tokens for which expanding pays: below, the row-major kernels (the same bits)
-/// decode each block once for up to eight tokens anyway. Measured with
-/// `examples/iq_kernels.rs` (one thread, AMD EPYC Zen 4, 1536 and 8960 × 1536): at 16
+/// Fewest tokens for which expanding pays, with the scalar expansion: below, the row-major
+/// kernels (the same bits) decode each block once for up to eight tokens anyway. Measured
+/// with `examples/iq_kernels.rs` (one thread, AMD EPYC Zen 4, 1536 and 8960 × 1536): at 16
 /// tokens the int8 path is 12% slower on IQ2_XXS and 20% faster on IQ3_S, at 24 tokens
 /// 14-17% and 40% faster.
-pub const INT8_MIN_TOKENS: usize = 20;
+const SCALAR_EXPANSION_MIN_TOKENS: usize = 20;
+
+/// Fewest tokens for which expanding pays with the AVX-512 expansions (and fewest for any
+/// path): more than one pass of the row kernels. `iq_kernels` (Intel Xeon, 8960 × 1536, one
+/// thread): at 10 tokens the int8 path is 1.07-1.19x the row kernels on IQ2_XXS, IQ2_XS,
+/// IQ3_XXS and IQ1_S, at 16 tokens 1.13-1.23x.
+pub const INT8_MIN_TOKENS: usize = 9;
 
 /// Expanded bytes one task works on: a panel that stays in the L2 cache while every
 /// token sweeps it.
@@ -43,6 +49,8 @@ const PANEL_BYTES: usize = 192 * 1024;
 pub struct Int8Path {
     /// A super-block's integer form, and the bytes of a super-block.
     expand: (fn(&[u8], &mut Int8Block), usize),
+    /// Fewest tokens for which this path pays.
+    min_tokens: usize,
     factor: f32,
     kernel: GroupsFn,
 }
@@ -51,6 +59,7 @@ impl Int8Path {
     fn of<F: Int8Expand>(kernel: GroupsFn) -> Self {
         Self {
             expand: (F::expand, F::BYTES),
+            min_tokens: SCALAR_EXPANSION_MIN_TOKENS,
             factor: F::FACTOR,
             kernel,
         }
@@ -86,10 +95,16 @@ impl Int8Path {
         if let (Isa::Avx512Vnni, Some(expand)) = (isa, crate::kernels::x86::iq_int8_expansion(ty)) {
             return Some(Self {
                 expand: (expand, path.expand.1),
+                min_tokens: INT8_MIN_TOKENS,
                 ..path
             });
         }
         Some(path)
+    }
+
+    /// Fewest tokens for which this path pays (at least [`INT8_MIN_TOKENS`]).
+    pub fn min_tokens(&self) -> usize {
+        self.min_tokens
     }
 
     /// `Y = W·X` for the first `groups · 16` rows of `bytes` (`row_bytes` each, `cols`
