@@ -34,10 +34,11 @@ use crate::quant::QuantError;
 /// 14-17% and 40% faster.
 const SCALAR_EXPANSION_MIN_TOKENS: usize = 20;
 
-/// Fewest tokens for which expanding pays with the AVX-512 expansions (and fewest for any
+/// Fewest tokens for which expanding pays with the vector expansions (and fewest for any
 /// path): more than one pass of the row kernels. `iq_kernels` (Intel Xeon, 8960 × 1536, one
-/// thread): at 10 tokens the int8 path is 1.07-1.19x the row kernels on IQ2_XXS, IQ2_XS,
-/// IQ3_XXS and IQ1_S, at 16 tokens 1.13-1.23x.
+/// thread): at 10 tokens the int8 path is 1.07-1.19x the row kernels on AVX-512 (IQ2_XXS,
+/// IQ2_XS, IQ3_XXS, IQ1_S) and 1.10-1.91x on AVX2 (every type but IQ1_S, which keeps the
+/// scalar expansion there), at 16 tokens 1.13-1.23x and 1.19-1.99x.
 pub const INT8_MIN_TOKENS: usize = 9;
 
 /// Expanded bytes one task works on: a panel that stays in the L2 cache while every
@@ -90,9 +91,9 @@ impl Int8Path {
             GgmlType::Iq3S => Self::of::<Iq3S>(kernel),
             _ => return None,
         };
-        // The vector expansion where the product runs on AVX-512 (the same integers).
+        // The vector expansion of the product's instruction set (the same integers).
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512Vnni, Some(expand)) = (isa, crate::kernels::x86::iq_int8_expansion(ty)) {
+        if let Some(expand) = crate::kernels::x86::iq_int8_expansion(isa, ty) {
             return Some(Self {
                 expand: (expand, path.expand.1),
                 min_tokens: INT8_MIN_TOKENS,

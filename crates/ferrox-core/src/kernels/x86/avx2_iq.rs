@@ -18,6 +18,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::int8::{Int8Block, CODE_OFFSET};
 use crate::quant::kquants::q8_k::{CODES_AT, SUMS_AT};
 use crate::quant::kquants::QK_K;
 
@@ -77,6 +78,61 @@ pub(super) trait IqAvx2 {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     unsafe fn biased(block: &[u8], ib: usize) -> __m256i;
+
+    /// Sub-block `ib`'s codes in the int8 form (`v + 64`, see [`crate::quant::int8`]) from
+    /// [`IqAvx2::biased`]'s (by default `v + BIAS`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn int8_codes(_block: &[u8], biased: __m256i, _ib: usize) -> __m256i {
+        _mm256_add_epi8(
+            biased,
+            _mm256_set1_epi8((CODE_OFFSET - i32::from(Self::BIAS)) as i8),
+        )
+    }
+}
+
+/// `block`'s integer form ([`Int8Block`]) from the kernel's own sub-block values: what
+/// [`Int8Expand::expand`] makes, bit for bit. The prompt path expands every row once per
+/// panel, and the scalar expansion took about a quarter of a prompt product.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
+///
+/// [`Int8Expand::expand`]: crate::quant::int8::Int8Expand::expand
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn expand_int8<F: IqAvx2>(block: &[u8], out: &mut Int8Block) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        out.d_bits = F::d_bits(block);
+        store_scales(F::scales(block), out);
+        for ib in 0..QK_K / 32 {
+            store_codes(F::int8_codes(block, F::biased(block, ib), ib), ib, out);
+        }
+    }
+}
+
+/// The sixteen i16 scales as the int8 form's bytes (odd scales of at most 31: nothing lost).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn store_scales(scales: __m256i, out: &mut Int8Block) {
+    let bytes = _mm_packs_epi16(
+        _mm256_castsi256_si128(scales),
+        _mm256_extracti128_si256::<1>(scales),
+    );
+    // SAFETY: 16 writable bytes.
+    unsafe { _mm_storeu_si128(out.scales.as_mut_ptr().cast(), bytes) };
+}
+
+/// Sub-block `ib`'s 32 codes into the int8 form.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn store_codes(codes: __m256i, ib: usize, out: &mut Int8Block) {
+    let dst: &mut [u64; 4] = out.codes[4 * ib..].first_chunk_mut().expect("4 words");
+    // SAFETY: 32 writable bytes.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), codes) };
 }
 
 /// The first 32 bytes of `bytes`, for a block's scales. A plain load there lets LLVM take

@@ -97,6 +97,19 @@ impl IqAvx2 for S {
         let p = indices.map(|i| IQ1S_GRID_PLUS_1[i] as i64);
         _mm256_set_epi64x(p[3], p[2], p[1], p[0])
     }
+
+    /// `8c + δ + 64` as `8·(c + 1) + 56 + δ`, δ −1 where bit 15 of sub-block `ib`'s word
+    /// is set (bytes of at most 16 after the shift: nothing crosses into the next).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn int8_codes(block: &[u8], biased: __m256i, ib: usize) -> __m256i {
+        let base = if Iq1S::high(block, ib) & 0x8000 != 0 {
+            55
+        } else {
+            57
+        };
+        _mm256_add_epi8(_mm256_slli_epi16::<3>(biased), _mm256_set1_epi8(base))
+    }
 }
 
 pub(super) struct M;

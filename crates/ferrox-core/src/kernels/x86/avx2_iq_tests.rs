@@ -437,14 +437,19 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
     }
 }
 
-/// The AVX-512 int8 expansions (the prompt path's) give the scalar expansion's integers
-/// on random blocks, whose every byte pattern is valid (every sign pattern included), with
-/// every scale field at its largest in some.
+/// The AVX2 and AVX-512 int8 expansions (the prompt path's) give the scalar expansion's
+/// integers on random blocks, whose every byte pattern is valid (every sign pattern
+/// included), with every scale field at its largest in some.
 #[test]
 fn int8_expansions_give_the_scalar_integers() {
+    use crate::kernels::Isa;
     use crate::quant::int8::{Int8Block, Int8Expand};
-    fn check<F: Int8Expand>(ty: GgmlType, largest_scales: fn(&mut [u8])) {
-        let expand = super::iq_int8_expansion(ty).expect("an expansion for every i-quant");
+    fn check<F: Int8Expand>(isa: Isa, ty: GgmlType, largest_scales: fn(&mut [u8])) {
+        let Some(expand) = super::iq_int8_expansion(isa, ty) else {
+            // The one the AVX2 set leaves to the scalar expansion (measured no faster).
+            assert_eq!((isa, ty), (Isa::Avx2, GgmlType::Iq1S));
+            return;
+        };
         let mut rng = StdRng::seed_from_u64(0x1A_8E8B);
         for case in 0..2000 {
             let mut block: Vec<u8> = (0..F::BYTES).map(|_| rng.random()).collect();
@@ -454,28 +459,36 @@ fn int8_expansions_give_the_scalar_integers() {
             let (mut want, mut got) = (Int8Block::default(), Int8Block::default());
             F::expand(&block, &mut want);
             expand(&block, &mut got);
-            assert_eq!(got, want, "{ty:?} case {case}");
+            assert_eq!(got, want, "{isa:?} {ty:?} case {case}");
         }
     }
-    if !(avx2_detected() && avx512_iq_detected()) {
-        eprintln!("skipped: this machine has no AVX-512 VBMI/BITALG");
+    if !avx2_detected() {
+        eprintln!("skipped: this machine has no AVX2");
         return;
     }
-    // IQ2_XXS and IQ3_XXS: a sub-block's scale is the top nibble of its sign-and-scale
-    // word; elsewhere the scale bytes or words are all ones.
-    check::<Iq2Xxs>(GgmlType::Iq2Xxs, |b| {
-        (0..QK_K / 32).for_each(|ib| b[2 + 8 * ib + 7] |= 0xF0)
-    });
-    check::<Iq2Xs>(GgmlType::Iq2Xs, |b| b[2 + 64..].fill(0xFF));
-    check::<Iq2S>(GgmlType::Iq2S, |b| b[Iq2S::BYTES - 8..].fill(0xFF));
-    check::<Iq3Xxs>(GgmlType::Iq3Xxs, |b| {
-        (0..QK_K / 32).for_each(|ib| b[2 + 64 + 4 * ib + 3] |= 0xF0)
-    });
-    check::<Iq3S>(GgmlType::Iq3S, |b| b[Iq3S::BYTES - 4..].fill(0xFF));
-    check::<Iq1S>(GgmlType::Iq1S, |b| {
-        (0..QK_K / 32).for_each(|ib| b[Iq1S::BYTES - 16 + 2 * ib + 1] |= 0x70)
-    });
-    check::<Iq1M>(GgmlType::Iq1M, |b| {
-        b[M_SCALES_AT..M_SCALES_AT + 8].fill(0xFF)
-    });
+    let mut isas = vec![Isa::Avx2];
+    if avx512_iq_detected() {
+        isas.push(Isa::Avx512Vnni);
+    } else {
+        eprintln!("this machine has no AVX-512 VBMI/BITALG: the AVX2 expansions only");
+    }
+    for isa in isas {
+        // IQ2_XXS and IQ3_XXS: a sub-block's scale is the top nibble of its sign-and-scale
+        // word; elsewhere the scale bytes or words are all ones.
+        check::<Iq2Xxs>(isa, GgmlType::Iq2Xxs, |b| {
+            (0..QK_K / 32).for_each(|ib| b[2 + 8 * ib + 7] |= 0xF0)
+        });
+        check::<Iq2Xs>(isa, GgmlType::Iq2Xs, |b| b[2 + 64..].fill(0xFF));
+        check::<Iq2S>(isa, GgmlType::Iq2S, |b| b[Iq2S::BYTES - 8..].fill(0xFF));
+        check::<Iq3Xxs>(isa, GgmlType::Iq3Xxs, |b| {
+            (0..QK_K / 32).for_each(|ib| b[2 + 64 + 4 * ib + 3] |= 0xF0)
+        });
+        check::<Iq3S>(isa, GgmlType::Iq3S, |b| b[Iq3S::BYTES - 4..].fill(0xFF));
+        check::<Iq1S>(isa, GgmlType::Iq1S, |b| {
+            (0..QK_K / 32).for_each(|ib| b[Iq1S::BYTES - 16 + 2 * ib + 1] |= 0x70)
+        });
+        check::<Iq1M>(isa, GgmlType::Iq1M, |b| {
+            b[M_SCALES_AT..M_SCALES_AT + 8].fill(0xFF)
+        });
+    }
 }

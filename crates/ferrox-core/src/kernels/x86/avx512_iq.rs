@@ -21,13 +21,13 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{initial_sums, iq_rows, iq_rows4, IqAvx2};
+use super::avx2_iq::{initial_sums, iq_rows, iq_rows4, store_codes, store_scales, IqAvx2};
 use super::{avx2_iq1, avx2_iq2, avx2_iq3};
 use crate::quant::grids::{
     IQ1S_GRID_PLUS_1, IQ1S_GRID_PLUS_1_TIMES_8, IQ2S_GRID_BIASED, IQ2XS_GRID_BIASED,
     IQ3S_GRID_BIASED, IQ3XXS_GRID_BIASED,
 };
-use crate::quant::int8::{Int8Block, CODE_OFFSET};
+use crate::quant::int8::Int8Block;
 use crate::quant::iq1::{M_HIGH_AT, S_HIGH_AT as IQ1S_HIGH_AT, S_INDICES_AT as IQ1S_AT};
 use crate::quant::iq2::{QS_AT, S_QH_AT, S_SIGNS_AT as IQ2S_SIGNS_AT};
 use crate::quant::iq3::{S_HIGH_AT, S_INDICES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT};
@@ -92,27 +92,11 @@ pub(super) trait IqZmm: IqAvx2 {
     /// # Safety
     /// As [`IqZmm::prepare`], after it ran on this block.
     unsafe fn biased_zmm(block: &[u8], prepared: &Prepared, ib: usize) -> __m256i;
-
-    /// Sub-block `ib`'s codes in the int8 form (`v + 64`, see [`crate::quant::int8`]) from
-    /// [`IqZmm::biased_zmm`]'s `v + BIAS`.
-    ///
-    /// # Safety
-    /// As [`IqZmm::biased_zmm`].
-    #[inline]
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-    )]
-    unsafe fn int8_codes(_block: &[u8], biased: __m256i, _ib: usize) -> __m256i {
-        _mm256_add_epi8(
-            biased,
-            _mm256_set1_epi8((CODE_OFFSET - i32::from(Self::BIAS)) as i8),
-        )
-    }
 }
 
-/// `block`'s integer form ([`Int8Block`]) from the kernel's own preparation: what
-/// [`Int8Expand::expand`] makes, bit for bit. The prompt path expands every row once per
-/// panel, and the scalar expansion took about a quarter of a prompt product.
+/// `block`'s integer form ([`Int8Block`]) from the kernel's own preparation, as
+/// [`super::avx2_iq::expand_int8`] from the AVX2 kernel's: what [`Int8Expand::expand`]
+/// makes, bit for bit.
 ///
 /// # Safety
 /// The CPU must have this module's features; `block` is one whole block.
@@ -127,13 +111,10 @@ pub(super) unsafe fn expand_int8<F: IqZmm>(block: &[u8], out: &mut Int8Block) {
     unsafe {
         F::prepare(block, &mut prepared);
         out.d_bits = F::d_bits(block);
-        // Odd scales of at most 31: i16 to i8 loses nothing.
-        let scales = _mm256_cvtepi16_epi8(F::scales(block));
-        _mm_storeu_si128(out.scales.as_mut_ptr().cast(), scales);
+        store_scales(F::scales(block), out);
         for ib in 0..QK_K / 32 {
             let codes = F::int8_codes(block, F::biased_zmm(block, &prepared, ib), ib);
-            let dst: &mut [u64; 4] = out.codes[4 * ib..].first_chunk_mut().expect("4 words");
-            _mm256_storeu_si256(dst.as_mut_ptr().cast(), codes);
+            store_codes(codes, ib, out);
         }
     }
 }
@@ -434,21 +415,6 @@ impl IqZmm for avx2_iq1::S {
         points8(&IQ1S_GRID_PLUS_1, |l| {
             usize::from(prepared.index[4 * ib + l])
         })
-    }
-
-    /// `8c + δ + 64` as `8·(c + 1) + 56 + δ`, δ −1 where bit 15 of sub-block `ib`'s word
-    /// is set (bytes of at most 16 after the shift: nothing crosses into the next).
-    #[inline]
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c"
-    )]
-    unsafe fn int8_codes(block: &[u8], biased: __m256i, ib: usize) -> __m256i {
-        let word = u16::from_le_bytes([
-            block[IQ1S_HIGH_AT + 2 * ib],
-            block[IQ1S_HIGH_AT + 2 * ib + 1],
-        ]);
-        let base = if word & 0x8000 != 0 { 55 } else { 57 };
-        _mm256_add_epi8(_mm256_slli_epi16::<3>(biased), _mm256_set1_epi8(base))
     }
 }
 
