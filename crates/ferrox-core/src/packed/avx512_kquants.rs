@@ -197,12 +197,9 @@ unsafe fn q6k_codes(block: *const u8, s: usize) -> [__m512i; 4] {
 /// one byte each as [`affine_k_codes`] makes them, sub-block by sub-block (see
 /// [`prompt_form`]).
 pub(super) struct PromptQ5KBlock;
-/// Q6_K groups in their prompt form: the packed block's scales, then the codes one byte
-/// each as [`q6k_codes`] makes them.
-pub(super) struct PromptQ6KBlock;
-/// Q3_K groups in their prompt form: the packed block's scales, then the three-bit codes
-/// one byte each as [`q3k_codes`] makes them.
-pub(super) struct PromptQ3KBlock;
+/// Q6_K or Q3_K groups (format id `F`) in their prompt form: the packed block's scales,
+/// then the codes one byte each as [`q6k_codes`] or [`q3k_codes`] makes them.
+pub(super) struct PromptOffsetBlock<const F: u8>;
 
 /// Code vectors of a K-quant group block in its prompt form.
 const PROMPT_CODE_VECTORS: usize = 64;
@@ -225,12 +222,12 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
         ),
         PackedFormat::Q6K => (
             prompt_rewrite::<{ super::layout::id::Q6K }> as _,
-            super::avx512::groups::<PromptQ6KBlock>,
+            super::avx512::groups::<PromptOffsetBlock<{ super::layout::id::Q6K }>>,
             Q6K_PROMPT_CODES_AT,
         ),
         PackedFormat::Q3K => (
             prompt_rewrite::<{ super::layout::id::Q3K }> as _,
-            super::avx512::groups::<PromptQ3KBlock>,
+            super::avx512::groups::<PromptOffsetBlock<{ super::layout::id::Q3K }>>,
             Q3K_PROMPT_CODES_AT,
         ),
         _ => return None,
@@ -344,12 +341,12 @@ impl Block for PromptQ5KBlock {
     }
 }
 
-impl Block for PromptQ6KBlock {
-    const FORMAT: PackedFormat = PackedFormat::Q6K;
+impl<const F: u8> Block for PromptOffsetBlock<F> {
+    const FORMAT: PackedFormat = PackedFormat::from_id(F);
     const PROMPT_FORM: bool = true;
 
     fn group_block_bytes() -> usize {
-        Q6K_PROMPT_CODES_AT + 64 * PROMPT_CODE_VECTORS
+        Self::CODES_AT + 64 * PROMPT_CODE_VECTORS
     }
 
     #[inline]
@@ -360,30 +357,29 @@ impl Block for PromptQ6KBlock {
         xs: &[*const u8],
         acc: &mut [__m512; N],
     ) {
-        // SAFETY: the caller's contract: a whole prompt-form block.
-        unsafe { stored_offset_block::<N, 5>(block, b, xs, acc, Q6K_PROMPT_CODES_AT) }
+        // SAFETY (both arms): the caller's contract: a whole prompt-form block. Q6_K's
+        // codes are the value plus 32, Q3_K's plus 4.
+        unsafe {
+            if F == super::layout::id::Q6K {
+                stored_offset_block::<N, 5>(block, b, xs, acc, Self::CODES_AT)
+            } else {
+                stored_offset_block::<N, 2>(block, b, xs, acc, Self::CODES_AT)
+            }
+        }
     }
 }
 
-impl Block for PromptQ3KBlock {
-    const FORMAT: PackedFormat = PackedFormat::Q3K;
-    const PROMPT_FORM: bool = true;
-
-    fn group_block_bytes() -> usize {
-        Q3K_PROMPT_CODES_AT + 64 * PROMPT_CODE_VECTORS
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn add<const N: usize>(
-        block: *const u8,
-        b: usize,
-        xs: &[*const u8],
-        acc: &mut [__m512; N],
-    ) {
-        // SAFETY: the caller's contract: a whole prompt-form block.
-        unsafe { stored_offset_block::<N, 2>(block, b, xs, acc, Q3K_PROMPT_CODES_AT) }
-    }
+impl<const F: u8> PromptOffsetBlock<F> {
+    /// Where the codes start.
+    const CODES_AT: usize = {
+        use super::layout::id::{Q3K, Q6K};
+        assert!(F == Q6K || F == Q3K);
+        if F == Q6K {
+            Q6K_PROMPT_CODES_AT
+        } else {
+            Q3K_PROMPT_CODES_AT
+        }
+    };
 }
 
 impl Block for I8KBlock {
