@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_iq::{iq_rows, iq_rows4, IqAvx2};
+use super::avx2_iq::{iq_rows, iq_rows4, store_codes, IqAvx2};
 use super::avx512_iq::{load_32, points8, signed_biased};
 use crate::quant::grids::{IQ2XXS_GRID_BIASED, IQ2_LARGEST};
 use crate::quant::int8::{Int8Block, CODE_OFFSET};
@@ -201,9 +201,6 @@ pub(super) fn expand_int8(block: &[u8], out: &mut Int8Block) {
         out.scales[2 * ib] = scale;
         out.scales[2 * ib + 1] = scale;
         let biased = signed_biased(grid_points(block, ib), words.signs(ib), BIAS);
-        let codes = _mm256_add_epi8(biased, _mm256_set1_epi8(TO_CODES));
-        let dst: &mut [u64; 4] = out.codes[4 * ib..].first_chunk_mut().expect("4 words");
-        // SAFETY: 32 writable bytes.
-        unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), codes) };
+        store_codes(_mm256_add_epi8(biased, _mm256_set1_epi8(TO_CODES)), ib, out);
     }
 }
