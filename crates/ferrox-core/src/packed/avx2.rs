@@ -143,6 +143,37 @@ unsafe fn prompt_vector(format: PackedFormat, block: *const u8, half: usize, i: 
     }
 }
 
+/// Vectors `first..first + K` of half `half` of a prompt-form group block. A loop, not
+/// `std::array::from_fn`: a closure does not take the caller's target features, and the
+/// compiler left such loads out of line (a call per vector).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prompt_vectors<const K: usize>(
+    format: PackedFormat,
+    block: *const u8,
+    half: usize,
+    first: usize,
+) -> [__m256i; K] {
+    let mut out = [_mm256_setzero_si256(); K];
+    for (k, v) in out.iter_mut().enumerate() {
+        // SAFETY: the caller passes a whole prompt-form block.
+        *v = unsafe { prompt_vector(format, block, half, first + k) };
+    }
+    out
+}
+
+/// Half `half` of each of the `K` 64-byte vectors from `p` (see [`prompt_vectors`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves_of<const K: usize>(p: *const u8, half: usize) -> [__m256i; K] {
+    let mut out = [_mm256_setzero_si256(); K];
+    for (k, v) in out.iter_mut().enumerate() {
+        // SAFETY: the caller passes `K` whole vectors.
+        *v = unsafe { half_of(p.add(64 * k), half) };
+    }
+    out
+}
+
 /// Rewrites packed groups into their prompt form (see [`group_block_bytes`]).
 ///
 /// # Safety
@@ -635,7 +666,7 @@ unsafe fn q4k_block<const N: usize, const FIFTH: bool, const PROMPT: bool>(
         let mut scaled = [zero; N];
         for s in 0..8 {
             let codes: [__m256i; 8] = if PROMPT {
-                std::array::from_fn(|k| prompt_vector(PackedFormat::Q4K, block, half, 8 * s + k))
+                prompt_vectors(PackedFormat::Q4K, block, half, 8 * s)
             } else {
                 q4k_codes::<FIFTH>(block, half, s)
             };
@@ -706,9 +737,7 @@ unsafe fn q6k_block<const N: usize, const PROMPT: bool>(
             #[inline(always)]
             |s| {
                 if PROMPT {
-                    std::array::from_fn(|k| {
-                        prompt_vector(PackedFormat::Q6K, block, half, 4 * s + k)
-                    })
+                    prompt_vectors(PackedFormat::Q6K, block, half, 4 * s)
                 } else {
                     q6k_codes(block, half, s)
                 }
@@ -746,7 +775,7 @@ unsafe fn i8k_block<const N: usize>(
             xs,
             acc,
             #[inline(always)]
-            |s| std::array::from_fn(|k| half_of(block.add(I8K_CODES_AT + 64 * (4 * s + k)), half)),
+            |s| halves_of(block.add(I8K_CODES_AT + 256 * s), half),
             #[inline(always)]
             |codes, x, scale| {
                 let mut sum = _mm256_setzero_si256();
@@ -1052,9 +1081,7 @@ unsafe fn q2k_block<const N: usize, const PROMPT: bool>(
             for (i, scale) in scales.iter().enumerate() {
                 let s = 2 * p + i;
                 let codes = if PROMPT {
-                    std::array::from_fn(|k| {
-                        prompt_vector(PackedFormat::Q2K, block, half, 4 * s + k)
-                    })
+                    prompt_vectors(PackedFormat::Q2K, block, half, 4 * s)
                 } else {
                     two_bit_quads(block.add(q2k_codes_at(s)), half)
                 };
@@ -1112,9 +1139,7 @@ unsafe fn q3k_block<const N: usize, const PROMPT: bool>(
             for (i, scale) in scales.iter().enumerate() {
                 let s = 2 * p + i;
                 let codes = if PROMPT {
-                    std::array::from_fn(|k| {
-                        prompt_vector(PackedFormat::Q3K, block, half, 4 * s + k)
-                    })
+                    prompt_vectors(PackedFormat::Q3K, block, half, 4 * s)
                 } else {
                     q3k_codes(block, half, s)
                 };

@@ -331,11 +331,7 @@ impl Block for PromptQ5KBlock {
                 xs,
                 acc,
                 #[inline(always)]
-                |s| {
-                    std::array::from_fn(|k| {
-                        _mm512_loadu_si512(block.add(Q4K_CODES_AT + 64 * (8 * s + k)).cast())
-                    })
-                },
+                |s| load_vectors(block.add(Q4K_CODES_AT + 512 * s)),
             )
         }
     }
@@ -483,19 +479,16 @@ impl Block for Q2KBlock {
                     block.add(Q2K_SCALES_AT + 32 * p).cast(),
                 ));
                 let scale_pair = _mm512_and_si512(pair, _mm512_set1_epi16(15));
-                let scales = [
-                    _mm512_srli_epi32::<16>(_mm512_slli_epi32::<16>(scale_pair)),
-                    _mm512_srli_epi32::<16>(scale_pair),
-                ];
                 let min_pair = _mm512_srli_epi16::<4>(pair);
-                for (i, scale) in scales.iter().enumerate() {
-                    let s = 2 * p + i;
-                    let codes = two_bit_quads(block.add(q2k_codes_at(s)));
-                    for t in 0..N {
-                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                        let sum = sixteen(&codes, x);
-                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
-                    }
+                let codes = [
+                    two_bit_quads(block.add(q2k_codes_at(2 * p))),
+                    two_bit_quads(block.add(q2k_codes_at(2 * p + 1))),
+                ];
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * p);
+                    // Codes below 4: see `small_pair_sums`.
+                    let sums = small_pair_sums(&codes, x);
+                    scaled[t] = _mm512_dpwssd_epi32(scaled[t], sums, scale_pair);
                 }
                 add_pair_sums(xs, b, p, min_pair, &mut mins);
             }
@@ -575,6 +568,39 @@ unsafe fn sixteen(codes: &[__m512i; 4], x: *const u8) -> __m512i {
     }
 }
 
+/// The `K` 64-byte vectors from `p`. A loop, not `std::array::from_fn`: a closure does not
+/// take the caller's target features, and the compiler left such loads out of line (a call
+/// per vector in the prompt forms' and I8K's products).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn load_vectors<const K: usize>(p: *const u8) -> [__m512i; K] {
+    let mut out = [_mm512_setzero_si512(); K];
+    for (k, v) in out.iter_mut().enumerate() {
+        // SAFETY: the caller passes `K` readable vectors.
+        *v = unsafe { _mm512_loadu_si512(p.add(64 * k).cast()) };
+    }
+    out
+}
+
+/// Two sixteen-value sub-blocks' `Σ code·x` (codes `pair[0]` against the activation bytes
+/// at `x`, `pair[1]` at `x + 16`) as each lane's two i16, the first low: with codes below 8
+/// a sum is at most 16·7·128 in magnitude, so one `vpdpwssd` then applies both sub-blocks'
+/// scales (i16 pairs in the same order), where two `vpmulld` took twice the uops.
+///
+/// # Safety
+/// 32 readable bytes at `x`; the CPU has the kernels' features.
+#[inline(always)]
+unsafe fn small_pair_sums(pair: &[[__m512i; 4]; 2], x: *const u8) -> __m512i {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _mm512_ternarylogic_epi32::<0xF8>(
+            _mm512_slli_epi32::<16>(sixteen(&pair[1], x.add(16))),
+            sixteen(&pair[0], x),
+            _mm512_set1_epi32(0xFFFF),
+        )
+    }
+}
+
 /// [`offset_block`] over codes stored one byte each from `codes_at`, sixteen-value
 /// sub-block `s`'s four vectors at `codes_at + 256·s` (I8K; Q6_K's prompt form).
 #[inline(always)]
@@ -593,11 +619,7 @@ unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
             xs,
             acc,
             #[inline(always)]
-            |s| {
-                std::array::from_fn(|k| {
-                    _mm512_loadu_si512(block.add(codes_at + 64 * (4 * s + k)).cast())
-                })
-            },
+            |s| load_vectors(block.add(codes_at + 256 * s)),
         )
     }
 }
@@ -623,17 +645,28 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
             const _: () = assert!(Q6K_SCALES_AT == Q3K_SCALES_AT);
             let pair =
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(block.add(Q6K_SCALES_AT + 32 * p).cast()));
-            let scales = [
-                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
-                _mm512_srai_epi32::<16>(pair),
-            ];
-            for (h, scale) in scales.iter().enumerate() {
-                let s = 2 * p + h;
-                let codes = codes(s);
+            if SHIFT == 2 {
+                // Q3_K's codes are below 8: see `small_pair_sums`.
+                // Not `array::map`: a closure called from it does not run with this
+                // function's features, and every intrinsic in it becomes a call.
+                let codes = [codes(2 * p), codes(2 * p + 1)];
                 for t in 0..N {
-                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
-                    let sum = sixteen(&codes, x);
-                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * p);
+                    scaled[t] = _mm512_dpwssd_epi32(scaled[t], small_pair_sums(&codes, x), pair);
+                }
+            } else {
+                let scales = [
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+                    _mm512_srai_epi32::<16>(pair),
+                ];
+                for (h, scale) in scales.iter().enumerate() {
+                    let s = 2 * p + h;
+                    let codes = codes(s);
+                    for t in 0..N {
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                        let sum = sixteen(&codes, x);
+                        scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(*scale, sum));
+                    }
                 }
             }
             add_pair_sums(xs, b, p, pair, &mut offsets);
