@@ -208,32 +208,40 @@ const PROMPT_CODE_VECTORS: usize = 64;
 const Q6K_PROMPT_CODES_AT: usize = Q6K_CODES_AT.next_multiple_of(64);
 /// Where Q3_K's codes start in its prompt form, likewise.
 const Q3K_PROMPT_CODES_AT: usize = Q3K_CODES_AT.next_multiple_of(64);
+
+/// Where format `F`'s codes start in its prompt form, and where its packed block's codes
+/// start (what precedes them, scales and minimums, is copied as it is).
+const fn prompt_codes_at(format: PackedFormat) -> (usize, usize) {
+    match format {
+        PackedFormat::Q6K => (Q6K_PROMPT_CODES_AT, Q6K_CODES_AT),
+        PackedFormat::Q3K => (Q3K_PROMPT_CODES_AT, Q3K_CODES_AT),
+        PackedFormat::Q5K => (Q4K_CODES_AT, Q4K_CODES_AT),
+        _ => panic!("a format with an AVX-512 prompt form"),
+    }
+}
 const _: () = assert!(Q4K_CODES_AT.is_multiple_of(64));
 
 /// The prompt form of `format`'s panels under AVX-512 (see [`super::PromptForm`]): Q5_K's,
 /// Q6_K's and Q3_K's codes unpacked once per panel (masked, shifted, fifth, high or third
 /// bits merged), not on every pass of up to eight tokens.
 pub(super) fn prompt_form(format: PackedFormat) -> Option<super::PromptForm> {
-    let (rewrite, kernel, values_at): (_, super::GroupsFn, _) = match format {
+    let (rewrite, kernel): (_, super::GroupsFn) = match format {
         PackedFormat::Q5K => (
             prompt_rewrite::<{ super::layout::id::Q5K }> as _,
             super::avx512::groups::<PromptQ5KBlock>,
-            Q4K_CODES_AT,
         ),
         PackedFormat::Q6K => (
             prompt_rewrite::<{ super::layout::id::Q6K }> as _,
             super::avx512::groups::<PromptOffsetBlock<{ super::layout::id::Q6K }>>,
-            Q6K_PROMPT_CODES_AT,
         ),
         PackedFormat::Q3K => (
             prompt_rewrite::<{ super::layout::id::Q3K }> as _,
             super::avx512::groups::<PromptOffsetBlock<{ super::layout::id::Q3K }>>,
-            Q3K_PROMPT_CODES_AT,
         ),
         _ => return None,
     };
     Some(super::PromptForm {
-        group_block_bytes: values_at + 64 * PROMPT_CODE_VECTORS,
+        group_block_bytes: prompt_codes_at(format).0 + 64 * PROMPT_CODE_VECTORS,
         rewrite,
         kernel,
         min_tokens: if format == PackedFormat::Q3K {
@@ -263,11 +271,7 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
     const { assert!(matches!(F, Q3K | Q5K | Q6K)) };
     let format = PackedFormat::from_id(F);
     // The packed block's scales (and minimums), then the codes from `values_at`.
-    let (scales, values_at) = match F {
-        Q6K => (Q6K_CODES_AT, Q6K_PROMPT_CODES_AT),
-        Q3K => (Q3K_CODES_AT, Q3K_PROMPT_CODES_AT),
-        _ => (Q4K_CODES_AT, Q4K_CODES_AT),
-    };
+    let (values_at, scales) = prompt_codes_at(PackedFormat::from_id(F));
     let (gb, rb) = (
         format.group_block_bytes(),
         values_at + 64 * PROMPT_CODE_VECTORS,
@@ -370,11 +374,7 @@ impl<const F: u8> PromptOffsetBlock<F> {
     const CODES_AT: usize = {
         use super::layout::id::{Q3K, Q6K};
         assert!(F == Q6K || F == Q3K);
-        if F == Q6K {
-            Q6K_PROMPT_CODES_AT
-        } else {
-            Q3K_PROMPT_CODES_AT
-        }
+        prompt_codes_at(PackedFormat::from_id(F)).0
     };
 }
 
@@ -602,7 +602,7 @@ unsafe fn small_pair_sums(pair: &[[__m512i; 4]; 2], x: *const u8) -> __m512i {
 }
 
 /// [`offset_block`] over codes stored one byte each from `codes_at`, sixteen-value
-/// sub-block `s`'s four vectors at `codes_at + 256·s` (I8K; Q6_K's prompt form).
+/// sub-block `s`'s four vectors at `codes_at + 256·s` (I8K; Q6_K's and Q3_K's prompt forms).
 #[inline(always)]
 unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
     block: *const u8,
