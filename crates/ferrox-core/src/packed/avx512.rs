@@ -31,11 +31,16 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q4K => groups::<AffineKBlock<false>>,
         PackedFormat::Q5K => groups::<AffineKBlock<true>>,
         PackedFormat::Q6K => groups::<Q6KBlock>,
-        PackedFormat::I8K => groups::<I8KBlock>,
+        PackedFormat::I8K => groups::<I8KBlock<false>>,
         PackedFormat::Iq4Xs => groups::<Iq4XsBlock>,
         PackedFormat::Q2K => groups::<Q2KBlock>,
         PackedFormat::Q3K => groups::<Q3KBlock>,
     }
+}
+
+/// The I8K kernel for i-quants whose scales are per 32 values.
+pub(super) fn paired_i8k_kernel() -> GroupsFn {
+    groups::<I8KBlock<true>>
 }
 
 /// The prompt form of `format`'s panels, where one pays (the K-quants', in

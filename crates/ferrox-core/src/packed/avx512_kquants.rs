@@ -27,7 +27,9 @@ pub(super) struct AffineKBlock<const FIFTH: bool>;
 pub(super) struct Q6KBlock;
 pub(super) struct Q2KBlock;
 pub(super) struct Q3KBlock;
-pub(super) struct I8KBlock;
+/// I8K; when `PAIRED`, its two sixteen-value sub-blocks of each 32 share one scale (the
+/// i-quants whose scales are per 32 values).
+pub(super) struct I8KBlock<const PAIRED: bool>;
 pub(super) struct Iq4XsBlock;
 
 /// Sixteen f16 at `p` as f32.
@@ -162,7 +164,7 @@ impl Block for Q6KBlock {
     ) {
         // SAFETY: the caller's contract.
         unsafe {
-            offset_block::<N, 5>(
+            offset_block::<N, 5, false>(
                 block,
                 b,
                 xs,
@@ -361,9 +363,9 @@ impl<const F: u8> Block for PromptOffsetBlock<F> {
         // codes are the value plus 32, Q3_K's plus 4.
         unsafe {
             if F == super::layout::id::Q6K {
-                stored_offset_block::<N, 5>(block, b, xs, acc, Self::CODES_AT)
+                stored_offset_block::<N, 5, false>(block, b, xs, acc, Self::CODES_AT)
             } else {
-                stored_offset_block::<N, 2>(block, b, xs, acc, Self::CODES_AT)
+                stored_offset_block::<N, 2, false>(block, b, xs, acc, Self::CODES_AT)
             }
         }
     }
@@ -378,7 +380,7 @@ impl<const F: u8> PromptOffsetBlock<F> {
     };
 }
 
-impl Block for I8KBlock {
+impl<const PAIRED: bool> Block for I8KBlock<PAIRED> {
     const FORMAT: PackedFormat = PackedFormat::I8K;
 
     #[inline]
@@ -390,7 +392,7 @@ impl Block for I8KBlock {
         acc: &mut [__m512; N],
     ) {
         // SAFETY: the caller's contract.
-        unsafe { stored_offset_block::<N, 6>(block, b, xs, acc, I8K_CODES_AT) }
+        unsafe { stored_offset_block::<N, 6, PAIRED>(block, b, xs, acc, I8K_CODES_AT) }
     }
 }
 
@@ -441,7 +443,7 @@ impl Block for Q3KBlock {
     ) {
         // SAFETY: the caller's contract.
         unsafe {
-            offset_block::<N, 2>(
+            offset_block::<N, 2, false>(
                 block,
                 b,
                 xs,
@@ -568,6 +570,26 @@ unsafe fn sixteen(codes: &[__m512i; 4], x: *const u8) -> __m512i {
     }
 }
 
+/// `init + Σ code·x` per row lane over two sixteen-value sub-blocks (`pair[0]` against the 16
+/// activation bytes at `x`, `pair[1]` at `x + 16`).
+///
+/// # Safety
+/// The CPU has the kernels' features; `x` addresses 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn thirty_two(init: __m512i, pair: &[[__m512i; 4]; 2], x: *const u8) -> __m512i {
+    let mut sum = init;
+    // SAFETY: the caller's contract.
+    unsafe {
+        for (h, codes) in pair.iter().enumerate() {
+            for (k, c) in codes.iter().enumerate() {
+                sum = _mm512_dpbusd_epi32(sum, *c, broadcast_i32(x.add(16 * h + 4 * k)));
+            }
+        }
+    }
+    sum
+}
+
 /// The `K` 64-byte vectors from `p`. A loop, not `std::array::from_fn`: a closure does not
 /// take the caller's target features, and the compiler left such loads out of line (a call
 /// per vector in the prompt forms' and I8K's products).
@@ -604,7 +626,7 @@ unsafe fn small_pair_sums(pair: &[[__m512i; 4]; 2], x: *const u8) -> __m512i {
 /// [`offset_block`] over codes stored one byte each from `codes_at`, sixteen-value
 /// sub-block `s`'s four vectors at `codes_at + 256·s` (I8K; Q6_K's and Q3_K's prompt forms).
 #[inline(always)]
-unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
+unsafe fn stored_offset_block<const N: usize, const SHIFT: u32, const PAIRED: bool>(
     block: *const u8,
     b: usize,
     xs: &[*const u8],
@@ -613,7 +635,7 @@ unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
 ) {
     // SAFETY: the caller's contract: a whole block with its codes at `codes_at`.
     unsafe {
-        offset_block::<N, SHIFT>(
+        offset_block::<N, SHIFT, PAIRED>(
             block,
             b,
             xs,
@@ -627,7 +649,7 @@ unsafe fn stored_offset_block<const N: usize, const SHIFT: u32>(
 /// A super-block of signed scales per 16 values and unsigned codes offset by `1 << SHIFT`
 /// (Q3_K, Q6_K, I8K): `codes(s)` gives sub-block `s`'s four code vectors.
 #[inline(always)]
-unsafe fn offset_block<const N: usize, const SHIFT: u32>(
+unsafe fn offset_block<const N: usize, const SHIFT: u32, const PAIRED: bool>(
     block: *const u8,
     b: usize,
     xs: &[*const u8],
@@ -645,7 +667,21 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
             const _: () = assert!(Q6K_SCALES_AT == Q3K_SCALES_AT);
             let pair =
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(block.add(Q6K_SCALES_AT + 32 * p).cast()));
-            if SHIFT == 2 {
+            if PAIRED {
+                // One scale for both sub-blocks: a sum of 32 that starts from the codes'
+                // offset against the activations' sum (one `vpmaddwd` of the pair of sums
+                // of 16), then one `vpmulld`.
+                let scale = _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair));
+                let minus_offset = _mm512_set1_epi16(-(1 << SHIFT));
+                let codes = [codes(2 * p), codes(2 * p + 1)];
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES);
+                    let x_sums = broadcast_i32(x.add(Q8K_SUMS_AT + 4 * p));
+                    let init = _mm512_madd_epi16(x_sums, minus_offset);
+                    let sum = thirty_two(init, &codes, x.add(Q8K_CODES_AT + 32 * p));
+                    scaled[t] = _mm512_add_epi32(scaled[t], _mm512_mullo_epi32(scale, sum));
+                }
+            } else if SHIFT == 2 {
                 // Q3_K's codes are below 8: see `small_pair_sums`.
                 // Not `array::map`: a closure called from it does not run with this
                 // function's features, and every intrinsic in it becomes a call.
@@ -669,7 +705,9 @@ unsafe fn offset_block<const N: usize, const SHIFT: u32>(
                     }
                 }
             }
-            add_pair_sums(xs, b, p, pair, &mut offsets);
+            if !PAIRED {
+                add_pair_sums(xs, b, p, pair, &mut offsets);
+            }
         }
         let dw = f16x16(block);
         for t in 0..N {

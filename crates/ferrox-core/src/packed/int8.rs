@@ -15,10 +15,7 @@ use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::layout::{int8_group, QK_K};
-use super::{
-    kernel_for, kernel_isa, panel_bytes, sweep_tokens, CacheLine, GroupsFn, PackedFormat,
-    GROUP_ROWS,
-};
+use super::{kernel_isa, panel_bytes, sweep_tokens, CacheLine, GroupsFn, PackedFormat, GROUP_ROWS};
 use crate::kernels::Isa;
 use crate::matrix::Outputs;
 use crate::quant::int8::{Int8Block, Int8Expand};
@@ -57,13 +54,13 @@ pub struct Int8Path {
 }
 
 impl Int8Path {
-    fn of<F: Int8Expand>(kernel: GroupsFn) -> Self {
-        Self {
+    fn of<F: Int8Expand>(isa: Isa) -> Option<Self> {
+        Some(Self {
             expand: (F::expand, F::BYTES),
             min_tokens: SCALAR_EXPANSION_MIN_TOKENS,
             factor: F::FACTOR,
-            kernel,
-        }
+            kernel: super::i8k_kernel(isa, F::PAIRED_SCALES)?,
+        })
     }
 
     /// The path for a `ty` matrix of `cols` columns, if `ty` is an i-quant and this
@@ -80,17 +77,16 @@ impl Int8Path {
         if cols == 0 || !cols.is_multiple_of(QK_K) {
             return None;
         }
-        let kernel = kernel_for(isa, PackedFormat::I8K)?;
         let path = match ty {
-            GgmlType::Iq1S => Self::of::<Iq1S>(kernel),
-            GgmlType::Iq1M => Self::of::<Iq1M>(kernel),
-            GgmlType::Iq2Xxs => Self::of::<Iq2Xxs>(kernel),
-            GgmlType::Iq2Xs => Self::of::<Iq2Xs>(kernel),
-            GgmlType::Iq2S => Self::of::<Iq2S>(kernel),
-            GgmlType::Iq3Xxs => Self::of::<Iq3Xxs>(kernel),
-            GgmlType::Iq3S => Self::of::<Iq3S>(kernel),
-            _ => return None,
-        };
+            GgmlType::Iq1S => Self::of::<Iq1S>(isa),
+            GgmlType::Iq1M => Self::of::<Iq1M>(isa),
+            GgmlType::Iq2Xxs => Self::of::<Iq2Xxs>(isa),
+            GgmlType::Iq2Xs => Self::of::<Iq2Xs>(isa),
+            GgmlType::Iq2S => Self::of::<Iq2S>(isa),
+            GgmlType::Iq3Xxs => Self::of::<Iq3Xxs>(isa),
+            GgmlType::Iq3S => Self::of::<Iq3S>(isa),
+            _ => None,
+        }?;
         // The vector expansion of the product's instruction set (the same integers).
         #[cfg(target_arch = "x86_64")]
         if let Some(expand) = crate::kernels::x86::iq_int8_expansion(isa, ty) {

@@ -750,6 +750,16 @@ fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
     }
 }
 
+/// The I8K kernel of `isa` for i-quants whose scales cover 32 values when `paired_scales`
+/// (AVX-512 then applies one scale per 32; the others' kernels serve both).
+fn i8k_kernel(isa: Isa, paired_scales: bool) -> Option<GroupsFn> {
+    #[cfg(target_arch = "x86_64")]
+    if paired_scales && isa == Isa::Avx512Vnni {
+        return Some(avx512::paired_i8k_kernel());
+    }
+    kernel_for(isa, PackedFormat::I8K)
+}
+
 /// A panel's form for prompts under some instruction sets: rewritten once into a buffer of
 /// the task's thread, then swept by every token (as i-quant panels are expanded to int8),
 /// where work a kernel would otherwise redo on every pass over a block is worth doing once.

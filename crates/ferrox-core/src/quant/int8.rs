@@ -64,6 +64,9 @@ pub(crate) trait Int8Expand: BlockFormat {
     /// The power of two that completes `d · scale · v` to the value (ggml applies it to
     /// the finished sum).
     const FACTOR: f32;
+    /// Whether each scale covers 32 values (`scales[2k] == scales[2k + 1]` always): the
+    /// products then apply one scale per 32 values.
+    const PAIRED_SCALES: bool;
 
     /// Writes `block`'s integers into `out` (every field).
     fn expand(block: &[u8], out: &mut Int8Block);
@@ -147,6 +150,7 @@ fn expand_iq1<F: Iq1Groups>(block: &[u8], d_bits: u16, out: &mut Int8Block) {
 
 impl Int8Expand for Iq2Xxs {
     const FACTOR: f32 = 0.125;
+    const PAIRED_SCALES: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -154,6 +158,7 @@ impl Int8Expand for Iq2Xxs {
 
 impl Int8Expand for Iq2Xs {
     const FACTOR: f32 = 0.125;
+    const PAIRED_SCALES: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -161,6 +166,7 @@ impl Int8Expand for Iq2Xs {
 
 impl Int8Expand for Iq2S {
     const FACTOR: f32 = 0.125;
+    const PAIRED_SCALES: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -168,6 +174,7 @@ impl Int8Expand for Iq2S {
 
 impl Int8Expand for Iq3Xxs {
     const FACTOR: f32 = 0.25;
+    const PAIRED_SCALES: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq3(block, out, |ib| {
             let aux = Iq3Xxs::signs_and_scale(block, ib);
@@ -182,6 +189,7 @@ impl Int8Expand for Iq3Xxs {
 
 impl Int8Expand for Iq3S {
     const FACTOR: f32 = 1.0;
+    const PAIRED_SCALES: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq3(block, out, |ib| {
             let indices = Iq3S::indices(block, ib);
@@ -195,6 +203,7 @@ impl Int8Expand for Iq3S {
 
 impl Int8Expand for Iq1S {
     const FACTOR: f32 = 0.125;
+    const PAIRED_SCALES: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq1::<Self>(block, read_u16(block, 0), out);
     }
@@ -202,6 +211,7 @@ impl Int8Expand for Iq1S {
 
 impl Int8Expand for Iq1M {
     const FACTOR: f32 = 0.125;
+    const PAIRED_SCALES: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq1::<Self>(block, Iq1M::d_bits(block), out);
     }
@@ -239,10 +249,19 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x1A78);
         let mut values = [0f32; QK_K];
         let mut expanded = Int8Block::default();
+        let mut pairs_differ = false;
         for i in 0..300 {
             let block = random_block::<F>(&mut rng, i, spread);
             F::dequantize_block(&block, &mut values);
             F::expand(&block, &mut expanded);
+            let pairs = expanded.scales.chunks_exact(2);
+            pairs_differ |= pairs.clone().any(|pair| pair[0] != pair[1]);
+            if F::PAIRED_SCALES {
+                assert!(
+                    pairs.into_iter().all(|pair| pair[0] == pair[1]),
+                    "block {i}"
+                );
+            }
             let d = f64::from(f16_bits_to_f32(expanded.d_bits));
             for (e, &y) in values.iter().enumerate() {
                 let v = expanded.value(e);
@@ -253,6 +272,8 @@ mod tests {
                 assert_eq!(f64::from(y), want, "block {i} value {e}");
             }
         }
+        // A format whose scales are per 16 says so (its products are the general ones).
+        assert_eq!(pairs_differ, !F::PAIRED_SCALES);
     }
 
     #[test]
