@@ -18,7 +18,7 @@ pub use config::{
 pub use weights::DecoderWeights;
 
 use crate::engine::{Engine, EngineError, EngineOptions};
-use crate::layers::activation::gated;
+use crate::layers::activation::{gated, gated_rows};
 use crate::layers::attention::AttentionParams;
 use crate::layers::classifier::ClassifierHead;
 use crate::layers::kv_rotation::KvRotation;
@@ -332,16 +332,18 @@ impl Decoder {
                 let up = sized(&mut s.up, n * n_ff);
                 let (wg, wu) = (wg.view(&self.rt.gguf)?, wu.view(&self.rt.gguf)?);
                 linear_many(&[&wg, &wu], xn, n, &mut [&mut *gate, &mut *up], &mut s.xq)?;
-                gated(c.activation, gate, up);
+                gated_rows(c.activation, gate, up, n_ff);
             }
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
                 linear(&w.view(&self.rt.gguf)?, xn, n, both, &mut s.xq)?;
-                for t in 0..n {
-                    let (g, u) = both[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at_mut(n_ff);
-                    gated(c.activation, g, u);
-                    gate[t * n_ff..(t + 1) * n_ff].copy_from_slice(g);
-                }
+                gate.par_chunks_mut(n_ff)
+                    .zip(both.par_chunks_mut(2 * n_ff))
+                    .for_each(|(gate, both)| {
+                        let (g, u) = both.split_at_mut(n_ff);
+                        gated(c.activation, g, u);
+                        gate.copy_from_slice(g);
+                    });
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);

@@ -24,7 +24,7 @@ use weights::{DenseFfn, EncoderWeights, FfnWeights, LayerNormWeights, LayerWeigh
 
 use crate::engine::{Engine, EngineError, EngineOptions, Output, SeqInput, StepScratch};
 use crate::hparams::moe_error;
-use crate::layers::activation::{gated, gelu, Activation};
+use crate::layers::activation::{gated, gated_rows, gelu, Activation};
 use crate::layers::attention::{
     alibi_slope, attend, attend_biased, kv_rows, AttentionParams, KvView,
 };
@@ -352,9 +352,7 @@ impl Encoder {
                     EncoderFfn::SwiGlu => Activation::Silu,
                     _ => Activation::Gelu,
                 };
-                gate.par_chunks_mut(ff)
-                    .zip(up.par_chunks(ff))
-                    .for_each(|(g, u)| gated(act, g, u));
+                gated_rows(act, gate, up, ff);
                 up.copy_from_slice(gate);
             }
             // GEGLU with the gate as the first half of the up projection's rows.

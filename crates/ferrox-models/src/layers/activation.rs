@@ -20,6 +20,16 @@ pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// [`gated`] on each row of `row_len` values (one token's), rows in parallel: ggml applies
+/// its vector loop and scalar tail per row, and a prompt's gated rows are too large to stay
+/// cached, so one thread alone waits on memory.
+pub fn gated_rows(act: Activation, gate: &mut [f32], up: &[f32], row_len: usize) {
+    use rayon::prelude::*;
+    gate.par_chunks_mut(row_len)
+        .zip(up.par_chunks(row_len))
+        .for_each(|(g, u)| gated(act, g, u));
+}
+
 /// Gemma-2 style soft capping: `cap * tanh(x / cap)`.
 pub fn softcap(x: &mut [f32], cap: f32) {
     for v in x {
