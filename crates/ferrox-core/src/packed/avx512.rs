@@ -12,10 +12,14 @@
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
-use super::layout::{id, ACT_SCALE_AT, ACT_SUM_AT, IQ4NL_CODES, MXFP4_CODES, SCALES_BYTES};
+use super::layout::{
+    id, place_int8_scales, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES, MXFP4_CODES, QK_K,
+    SCALES_BYTES,
+};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
 };
+use crate::quant::int8::Int8Block;
 
 use super::avx512_kquants::{AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock};
 
@@ -41,6 +45,72 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
 /// The I8K kernel for i-quants whose scales are per 32 values.
 pub(super) fn paired_i8k_kernel() -> GroupsFn {
     groups::<I8KBlock<true>>
+}
+
+/// [`super::layout::PlaceFn`] with the codes moved by vectors: each sixteen quads of the
+/// sixteen rows are a transposition of 16 × 16 dwords (64 shuffles and 16 full-line
+/// stores, where a quad at a time took 1024 stores).
+pub(super) fn place_int8(rows: &[Int8Block], dst: &mut [u8]) {
+    assert!(rows.len() == GROUP_ROWS && dst.len() >= PackedFormat::I8K.group_block_bytes());
+    place_int8_scales(rows, dst);
+    // SAFETY: handed out only where AVX-512 is available (`super::int8_placement`); the
+    // lengths are checked above.
+    unsafe { transpose_codes(rows, dst) }
+}
+
+/// # Safety
+/// The CPU has the kernels' features; sixteen rows, a whole I8K group block at `dst`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn transpose_codes(rows: &[Int8Block], dst: &mut [u8]) {
+    const QUADS: usize = 16;
+    for t in 0..QK_K / 4 / QUADS {
+        let mut a = [_mm512_setzero_si512(); GROUP_ROWS];
+        for (r, v) in a.iter_mut().enumerate() {
+            // SAFETY: a row's 256 codes are 4 · 64 bytes.
+            *v = unsafe {
+                _mm512_loadu_si512(rows[r].codes.as_ptr().cast::<u8>().add(64 * t).cast())
+            };
+        }
+        let b = transpose_dwords(&a);
+        for (c, v) in b.iter().enumerate() {
+            // Quad `q` of every row: 64 bytes at `I8K_CODES_AT + 64q`.
+            let at = I8K_CODES_AT + 64 * (QUADS * t + c);
+            // SAFETY: inside the group block (the caller's contract).
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(at).cast(), *v) };
+        }
+    }
+}
+
+/// `out[c]` lane `r` = `a[r]` lane `c`: pairs of dwords, then of qwords, interleaved
+/// within 128-bit lanes, then a 4 × 4 transposition of the lanes in two steps.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+fn transpose_dwords(a: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+    }
+    // u[4j + k], 128-bit lane L: column 4L + k of rows 4j..4j + 4.
+    let mut u = [_mm512_setzero_si512(); 16];
+    for j in 0..4 {
+        u[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
+        u[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
+        u[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
+        u[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let low = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+        let high = _mm512_shuffle_i32x4::<0xEE>(u[k], u[4 + k]);
+        let low2 = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+        let high2 = _mm512_shuffle_i32x4::<0xEE>(u[8 + k], u[12 + k]);
+        out[k] = _mm512_shuffle_i32x4::<0x88>(low, low2);
+        out[4 + k] = _mm512_shuffle_i32x4::<0xDD>(low, low2);
+        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(high, high2);
+        out[12 + k] = _mm512_shuffle_i32x4::<0xDD>(high, high2);
+    }
+    out
 }
 
 /// The prompt form of `format`'s panels, where one pays (the K-quants', in

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use ferrox_gguf::GgmlType;
 use rayon::prelude::*;
 
-use super::layout::{int8_group, QK_K};
+use super::layout::{int8_group, PlaceFn, QK_K};
 use super::{kernel_isa, panel_bytes, sweep_tokens, CacheLine, GroupsFn, PackedFormat, GROUP_ROWS};
 use crate::kernels::Isa;
 use crate::matrix::Outputs;
@@ -47,6 +47,8 @@ const PANEL_BYTES: usize = 192 * 1024;
 pub struct Int8Path {
     /// A super-block's integer form, and the bytes of a super-block.
     expand: (fn(&[u8], &mut Int8Block), usize),
+    /// How the integer forms go into the group blocks.
+    place: PlaceFn,
     /// Fewest tokens for which this path pays.
     min_tokens: usize,
     factor: f32,
@@ -57,6 +59,7 @@ impl Int8Path {
     fn of<F: Int8Expand>(isa: Isa) -> Option<Self> {
         Some(Self {
             expand: (F::expand, F::BYTES),
+            place: super::int8_placement(isa),
             min_tokens: SCALAR_EXPANSION_MIN_TOKENS,
             factor: F::FACTOR,
             kernel: super::i8k_kernel(isa, F::PAIRED_SCALES)?,
@@ -141,12 +144,20 @@ impl Int8Path {
         let run = |task: usize| {
             let first = task * per_task;
             let count = per_task.min(groups - first);
-            PANEL.with_borrow_mut(|panel| {
+            PANEL.with_borrow_mut(|(panel, expanded)| {
                 let panel = panel_bytes(panel, count * group_bytes);
                 for (g, dst) in panel.chunks_exact_mut(group_bytes).enumerate() {
                     let src =
                         &bytes[(first + g) * GROUP_ROWS * row_bytes..][..GROUP_ROWS * row_bytes];
-                    int8_group(self.expand, blocks, row_bytes, src, dst);
+                    int8_group(
+                        self.expand,
+                        self.place,
+                        blocks,
+                        row_bytes,
+                        src,
+                        dst,
+                        expanded,
+                    );
                 }
                 // SAFETY: the panel holds `count` whole groups of `blocks` blocks, every
                 // activation row `blocks` Q8_K blocks (checked above); this task's outputs
@@ -191,5 +202,7 @@ thread_local! {
     /// Each thread's expanded panel, reused from task to task; whole cache lines, so that
     /// the kernels' code vectors (at whole lines in every I8K group block) never straddle
     /// two.
-    static PANEL: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
+    /// Beside it, room for one group's integer forms.
+    static PANEL: RefCell<(Vec<CacheLine>, Vec<Int8Block>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
 }

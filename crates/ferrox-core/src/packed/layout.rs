@@ -538,42 +538,63 @@ pub(super) fn pack_group(
     }
 }
 
+/// Writes one block of sixteen rows' integer forms (row `r` in `rows[r]`) into an I8K
+/// group block (`dst`, every byte).
+pub(super) type PlaceFn = fn(&[Int8Block], &mut [u8]);
+
 /// Sixteen rows of an i-quant (`src`, `row_bytes` each, `blocks` super-blocks of
 /// `block_bytes`, each made integers by `expand`) as one I8K group (`dst`, every byte
-/// written).
+/// written, each block by `place`); `expanded` is room for the integer forms.
 pub(super) fn int8_group(
     (expand, block_bytes): (fn(&[u8], &mut Int8Block), usize),
+    place: PlaceFn,
     blocks: usize,
     row_bytes: usize,
     src: &[u8],
     dst: &mut [u8],
+    expanded: &mut Vec<Int8Block>,
 ) {
     let gb = PackedFormat::I8K.group_block_bytes();
-    let mut expanded = Int8Block::default();
-    for b in 0..blocks {
-        dst[b * gb..(b + 1) * gb][I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
-    }
+    expanded.resize(blocks * GROUP_ROWS, Int8Block::default());
     // Row by row, each row's blocks in turn: the rows are read front to back, as the
     // hardware prefetchers follow best (block by block across the sixteen rows measured
     // 4-6% slower at 16 tokens).
     for r in 0..GROUP_ROWS {
         for b in 0..blocks {
-            let dst = &mut dst[b * gb..(b + 1) * gb];
-            expand(
-                &src[r * row_bytes + b * block_bytes..][..block_bytes],
-                &mut expanded,
-            );
-            dst[2 * r..2 * r + 2].copy_from_slice(&expanded.d_bits.to_le_bytes());
-            for (s, &scale) in expanded.scales.iter().enumerate() {
-                dst[I8K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = scale as u8;
-            }
-            // Word `g`'s low half is quad `2g`, its high half quad `2g + 1`; the codes
-            // already carry I8K's offset.
-            for (g, &word) in expanded.codes.iter().enumerate() {
-                let at = I8K_CODES_AT + 128 * g + 4 * r;
-                dst[at..at + 4].copy_from_slice(&(word as u32).to_le_bytes());
-                dst[at + 64..at + 68].copy_from_slice(&((word >> 32) as u32).to_le_bytes());
-            }
+            let block = &src[r * row_bytes + b * block_bytes..][..block_bytes];
+            expand(block, &mut expanded[b * GROUP_ROWS + r]);
+        }
+    }
+    for (rows, dst) in expanded
+        .chunks_exact(GROUP_ROWS)
+        .zip(dst.chunks_exact_mut(gb))
+    {
+        place(rows, dst);
+    }
+}
+
+/// [`PlaceFn`] one field at a time.
+pub(super) fn place_int8(rows: &[Int8Block], dst: &mut [u8]) {
+    place_int8_scales(rows, dst);
+    for (r, row) in rows.iter().enumerate() {
+        // Word `g`'s low half is quad `2g`, its high half quad `2g + 1`; the codes
+        // already carry I8K's offset.
+        for (g, &word) in row.codes.iter().enumerate() {
+            let at = I8K_CODES_AT + 128 * g + 4 * r;
+            dst[at..at + 4].copy_from_slice(&(word as u32).to_le_bytes());
+            dst[at + 64..at + 68].copy_from_slice(&((word >> 32) as u32).to_le_bytes());
+        }
+    }
+}
+
+/// The scales, the scale of each row, and the zeroed bytes before the codes of an I8K
+/// group block.
+pub(super) fn place_int8_scales(rows: &[Int8Block], dst: &mut [u8]) {
+    dst[I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
+    for (r, row) in rows.iter().enumerate() {
+        dst[2 * r..2 * r + 2].copy_from_slice(&row.d_bits.to_le_bytes());
+        for (s, &scale) in row.scales.iter().enumerate() {
+            dst[I8K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = scale as u8;
         }
     }
 }

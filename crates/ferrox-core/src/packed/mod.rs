@@ -760,6 +760,16 @@ fn i8k_kernel(isa: Isa, paired_scales: bool) -> Option<GroupsFn> {
     kernel_for(isa, PackedFormat::I8K)
 }
 
+/// How `isa` writes the i-quants' integer forms into I8K group blocks.
+fn int8_placement(isa: Isa) -> layout::PlaceFn {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni && isa.is_available() {
+        return avx512::place_int8;
+    }
+    let _ = isa;
+    layout::place_int8
+}
+
 /// A panel's form for prompts under some instruction sets: rewritten once into a buffer of
 /// the task's thread, then swept by every token (as i-quant panels are expanded to int8),
 /// where work a kernel would otherwise redo on every pass over a block is worth doing once.
