@@ -337,13 +337,18 @@ impl Decoder {
             GateUpWeights::Fused(w) => {
                 let both = sized(&mut s.up, n * 2 * n_ff);
                 linear(&w.view(&self.rt.gguf)?, xn, n, both, &mut s.xq)?;
-                gate.par_chunks_mut(n_ff)
-                    .zip(both.par_chunks_mut(2 * n_ff))
-                    .for_each(|(gate, both)| {
-                        let (g, u) = both.split_at_mut(n_ff);
-                        gated(c.activation, g, u);
-                        gate.copy_from_slice(g);
-                    });
+                let gate_row = |(gate, both): (&mut [f32], &mut [f32])| {
+                    let (g, u) = both.split_at_mut(n_ff);
+                    gated(c.activation, g, u);
+                    gate.copy_from_slice(g);
+                };
+                if n == 1 {
+                    gate_row((gate, both));
+                } else {
+                    gate.par_chunks_mut(n_ff)
+                        .zip(both.par_chunks_mut(2 * n_ff))
+                        .for_each(gate_row);
+                }
             }
         }
         let proj = sized(&mut s.proj, n * n_embd);

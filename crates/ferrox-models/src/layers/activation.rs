@@ -25,10 +25,21 @@ pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {
 /// cached, so one thread alone waits on memory.
 pub fn gated_rows(act: Activation, gate: &mut [f32], up: &[f32], row_len: usize) {
     use rayon::prelude::*;
+    if gate.len() < PARALLEL_GATED_VALUES {
+        // A decode step's few rows: handing them to the pool would cost more than they do.
+        gate.chunks_mut(row_len)
+            .zip(up.chunks(row_len))
+            .for_each(|(g, u)| gated(act, g, u));
+        return;
+    }
     gate.par_chunks_mut(row_len)
         .zip(up.par_chunks(row_len))
         .for_each(|(g, u)| gated(act, g, u));
 }
+
+/// Fewest values [`gated_rows`] spreads over the pool: 256 KiB of them, more than a core's
+/// share of the cache, where one thread starts to wait on memory.
+const PARALLEL_GATED_VALUES: usize = 1 << 16;
 
 /// Gemma-2 style soft capping: `cap * tanh(x / cap)`.
 pub fn softcap(x: &mut [f32], cap: f32) {
