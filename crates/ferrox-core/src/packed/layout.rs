@@ -593,8 +593,10 @@ pub(super) fn place_int8_scales(rows: &[Int8Block], dst: &mut [u8]) {
     dst[I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
     for (r, row) in rows.iter().enumerate() {
         dst[2 * r..2 * r + 2].copy_from_slice(&row.d_bits.to_le_bytes());
-        for (s, &scale) in row.scales.iter().enumerate() {
-            dst[I8K_SCALES_AT + 32 * (s / 2) + 2 * r + s % 2] = scale as u8;
+        // Scales 2p and 2p + 1 of a row sit side by side: one two-byte store per pair.
+        for (p, pair) in row.scales.chunks_exact(2).enumerate() {
+            let at = I8K_SCALES_AT + 32 * p + 2 * r;
+            dst[at..at + 2].copy_from_slice(&[pair[0] as u8, pair[1] as u8]);
         }
     }
 }

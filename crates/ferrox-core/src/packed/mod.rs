@@ -766,6 +766,10 @@ fn int8_placement(isa: Isa) -> layout::PlaceFn {
     if isa == Isa::Avx512Vnni && isa.is_available() {
         return avx512::place_int8;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && isa.is_available() {
+        return avx2::place_int8;
+    }
     let _ = isa;
     layout::place_int8
 }
