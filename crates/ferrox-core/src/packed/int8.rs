@@ -24,12 +24,12 @@ use crate::quant::iq2::{Iq2S, Iq2Xs, Iq2Xxs};
 use crate::quant::iq3::{Iq3S, Iq3Xxs};
 use crate::quant::QuantError;
 
-/// Fewest tokens for which expanding pays, with the scalar expansion: below, the row-major
-/// kernels (the same bits) decode each block once for up to eight tokens anyway. Measured
-/// with `examples/iq_kernels.rs` (one thread, AMD EPYC Zen 4, 1536 and 8960 × 1536): at 16
-/// tokens the int8 path is 12% slower on IQ2_XXS and 20% faster on IQ3_S, at 24 tokens
-/// 14-17% and 40% faster.
-const SCALAR_EXPANSION_MIN_TOKENS: usize = 20;
+/// Fewest tokens for which expanding pays, with the scalar expansion (IQ1_S on AVX2, whose
+/// vector expansion measured slower than this one, and every type without SIMD): from 13
+/// the row kernels' second pass carries five tokens or more. `iq_kernels` (Intel Xeon,
+/// `FERROX_ISA=avx2`, IQ1_S, 8960 × 1536, one thread, alternated, ms): row kernels at 12 /
+/// 14 / 16 tokens 6.55 / 8.8 / 8.75, the int8 path 7.0-7.3 / 7.1-7.4 / 7.5.
+const SCALAR_EXPANSION_MIN_TOKENS: usize = 13;
 
 /// Fewest tokens for which expanding pays with the vector expansions (and fewest for any
 /// path): more than one pass of the row kernels. `iq_kernels` (Intel Xeon, 8960 × 1536, one
