@@ -105,11 +105,25 @@ pub(super) trait IqAvx2 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn expand_int8<F: IqAvx2>(block: &[u8], out: &mut Int8Block) {
     // SAFETY: the caller's contract.
+    unsafe { expand_int8_with::<F>(block, out, |block, ib| F::biased(block, ib)) }
+}
+
+/// [`expand_int8`] with each sub-block's values from `biased` (as `F::biased` gives them).
+///
+/// # Safety
+/// As [`expand_int8`], from a caller that enables its features.
+#[inline(always)]
+pub(super) unsafe fn expand_int8_with<F: IqAvx2>(
+    block: &[u8],
+    out: &mut Int8Block,
+    biased: impl Fn(&[u8], usize) -> __m256i,
+) {
+    // SAFETY: the caller's contract.
     unsafe {
         out.d_bits = F::d_bits(block);
         store_scales(F::scales(block), out);
         for ib in 0..QK_K / 32 {
-            store_codes(F::int8_codes(block, F::biased(block, ib), ib), ib, out);
+            store_codes(F::int8_codes(block, biased(block, ib), ib), ib, out);
         }
     }
 }

@@ -8,8 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux};
-use super::avx2_iq::{iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
+use super::avx2_iq::{expand_int8_with, iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
+use crate::quant::int8::Int8Block;
 use crate::quant::iq3::{
     Iq3S, Iq3Xxs, S_HIGH_AT, S_INDICES_AT, S_SCALES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT,
 };
@@ -89,10 +90,21 @@ impl IqAvx2 for S {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
-        let q = u64_at(block, S_INDICES_AT + 8 * ib);
-        let high = u64::from(block[S_HIGH_AT + ib]);
-        let at = S_SIGNS_AT + 4 * ib;
-        let bits = u32::from_le_bytes(*block[at..].first_chunk().expect("four sign bytes"));
+        // SAFETY: the caller's contract; the features are this function's.
+        unsafe { s_biased(block, ib) }
+    }
+}
+
+/// IQ3_S's [`IqAvx2::biased`], inlined always for [`expand_int8_s`] (as IQ2_XXS's: the
+/// int8 expansion's loop left the trait method out of line).
+#[inline(always)]
+unsafe fn s_biased(block: &[u8], ib: usize) -> __m256i {
+    let q = u64_at(block, S_INDICES_AT + 8 * ib);
+    let high = u64::from(block[S_HIGH_AT + ib]);
+    let at = S_SIGNS_AT + 4 * ib;
+    let bits = u32::from_le_bytes(*block[at..].first_chunk().expect("four sign bytes"));
+    // SAFETY: callers enable AVX2 (every caller is a target-feature function).
+    unsafe {
         // Index k: its low byte, and bit k of `high` as bit 8.
         let grid = points(std::array::from_fn(|k| {
             IQ3S_GRID[(((q >> (8 * k)) & 0xFF) | ((high << (8 - k)) & 0x100)) as usize]
@@ -100,7 +112,24 @@ impl IqAvx2 for S {
         // Negated where the sign bit is set: `(g ^ m) − m`.
         let negative = bits_to_byte_mask(bits);
         let signed = _mm256_sub_epi8(_mm256_xor_si256(grid, negative), negative);
-        _mm256_add_epi8(signed, _mm256_set1_epi8(Self::BIAS))
+        _mm256_add_epi8(signed, _mm256_set1_epi8(S::BIAS))
+    }
+}
+
+/// IQ3_S's int8 expansion ([`expand_int8_with`] with [`s_biased`] in line).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn expand_int8_s(block: &[u8], out: &mut Int8Block) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        expand_int8_with::<S>(
+            block,
+            out,
+            #[inline(always)]
+            |block, ib| s_biased(block, ib),
+        )
     }
 }
 

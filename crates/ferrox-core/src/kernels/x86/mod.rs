@@ -145,10 +145,7 @@ pub(crate) fn iq_int8_expansion(
             _ => return None,
         }),
         super::Isa::Avx2 if avx2_detected() => Some(match ty {
-            T::Iq2Xxs => expansion!(
-                avx2_iq::expand_int8::<avx2_iq2::Iq2XxsAvx2>,
-                avx2_iq2::Iq2XxsAvx2
-            ),
+            T::Iq2Xxs => expansion!(avx2_iq2::expand_int8_xxs, avx2_iq2::Iq2XxsAvx2),
             T::Iq2Xs => expansion!(
                 avx2_iq::expand_int8::<avx2_iq2::Iq2XsAvx2>,
                 avx2_iq2::Iq2XsAvx2
@@ -158,7 +155,7 @@ pub(crate) fn iq_int8_expansion(
                 avx2_iq2::Iq2SAvx2
             ),
             T::Iq3Xxs => expansion!(avx2_iq::expand_int8::<avx2_iq3::Xxs>, avx2_iq3::Xxs),
-            T::Iq3S => expansion!(avx2_iq::expand_int8::<avx2_iq3::S>, avx2_iq3::S),
+            T::Iq3S => expansion!(avx2_iq3::expand_int8_s, avx2_iq3::S),
             T::Iq1M => expansion!(avx2_iq::expand_int8::<avx2_iq1::M>, avx2_iq1::M),
             // IQ1_S's AVX2 values (index bits gathered per group) measured no faster than
             // the scalar expansion (`iq_kernels`, 128 tokens: 0.98-1.01x); the other types
