@@ -62,7 +62,7 @@ impl Int8Path {
             place: super::int8_placement(isa),
             min_tokens: SCALAR_EXPANSION_MIN_TOKENS,
             factor: F::FACTOR,
-            kernel: super::i8k_kernel(isa, F::PAIRED_SCALES)?,
+            kernel: super::i8k_kernel(isa, F::SCALE_PER_32)?,
         })
     }
 

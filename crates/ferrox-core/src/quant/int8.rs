@@ -66,7 +66,7 @@ pub(crate) trait Int8Expand: BlockFormat {
     const FACTOR: f32;
     /// Whether each scale covers 32 values (`scales[2k] == scales[2k + 1]` always): the
     /// products then apply one scale per 32 values.
-    const PAIRED_SCALES: bool;
+    const SCALE_PER_32: bool;
 
     /// Writes `block`'s integers into `out` (every field).
     fn expand(block: &[u8], out: &mut Int8Block);
@@ -150,7 +150,7 @@ fn expand_iq1<F: Iq1Groups>(block: &[u8], d_bits: u16, out: &mut Int8Block) {
 
 impl Int8Expand for Iq2Xxs {
     const FACTOR: f32 = 0.125;
-    const PAIRED_SCALES: bool = true;
+    const SCALE_PER_32: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -158,7 +158,7 @@ impl Int8Expand for Iq2Xxs {
 
 impl Int8Expand for Iq2Xs {
     const FACTOR: f32 = 0.125;
-    const PAIRED_SCALES: bool = false;
+    const SCALE_PER_32: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -166,7 +166,7 @@ impl Int8Expand for Iq2Xs {
 
 impl Int8Expand for Iq2S {
     const FACTOR: f32 = 0.125;
-    const PAIRED_SCALES: bool = false;
+    const SCALE_PER_32: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq2::<Self>(block, out);
     }
@@ -174,7 +174,7 @@ impl Int8Expand for Iq2S {
 
 impl Int8Expand for Iq3Xxs {
     const FACTOR: f32 = 0.25;
-    const PAIRED_SCALES: bool = true;
+    const SCALE_PER_32: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq3(block, out, |ib| {
             let aux = Iq3Xxs::signs_and_scale(block, ib);
@@ -189,7 +189,7 @@ impl Int8Expand for Iq3Xxs {
 
 impl Int8Expand for Iq3S {
     const FACTOR: f32 = 1.0;
-    const PAIRED_SCALES: bool = true;
+    const SCALE_PER_32: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq3(block, out, |ib| {
             let indices = Iq3S::indices(block, ib);
@@ -203,7 +203,7 @@ impl Int8Expand for Iq3S {
 
 impl Int8Expand for Iq1S {
     const FACTOR: f32 = 0.125;
-    const PAIRED_SCALES: bool = true;
+    const SCALE_PER_32: bool = true;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq1::<Self>(block, read_u16(block, 0), out);
     }
@@ -211,7 +211,7 @@ impl Int8Expand for Iq1S {
 
 impl Int8Expand for Iq1M {
     const FACTOR: f32 = 0.125;
-    const PAIRED_SCALES: bool = false;
+    const SCALE_PER_32: bool = false;
     fn expand(block: &[u8], out: &mut Int8Block) {
         expand_iq1::<Self>(block, Iq1M::d_bits(block), out);
     }
@@ -256,7 +256,7 @@ mod tests {
             F::expand(&block, &mut expanded);
             let pairs = expanded.scales.chunks_exact(2);
             pairs_differ |= pairs.clone().any(|pair| pair[0] != pair[1]);
-            if F::PAIRED_SCALES {
+            if F::SCALE_PER_32 {
                 assert!(
                     pairs.into_iter().all(|pair| pair[0] == pair[1]),
                     "block {i}"
@@ -273,7 +273,7 @@ mod tests {
             }
         }
         // A format whose scales are per 16 says so (its products are the general ones).
-        assert_eq!(pairs_differ, !F::PAIRED_SCALES);
+        assert_eq!(pairs_differ, !F::SCALE_PER_32);
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub(super) trait IqAvx2 {
     const BIAS: i8;
     /// The factor applied to the final sum (`None`: none).
     const FACTOR: Option<f32>;
-    /// Whether each scale covers 32 values (the two of a sub-block are equal).
+    /// Whether each scale covers 32 values (the two of a sub-block are equal): the format's
+    /// [`Int8Expand::SCALE_PER_32`](crate::quant::int8::Int8Expand::SCALE_PER_32).
     const SCALE_PER_32: bool;
 
     /// The bits of the super-block scale `d`, an f16.

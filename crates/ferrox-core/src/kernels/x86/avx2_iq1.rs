@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 use super::avx2_common::load_16;
 use super::avx2_iq::{iq_dot, odd, IqAvx2};
 use crate::quant::grids::{IQ1S_GRID, IQ1S_GRID_PLUS_1};
+use crate::quant::int8::Int8Expand;
 use crate::quant::iq1::{Iq1M, Iq1S, DELTA, M_HIGH_AT, M_SCALES_AT, S_HIGH_AT, S_INDICES_AT};
 use crate::quant::BlockFormat;
 
@@ -45,7 +46,7 @@ impl IqAvx2 for S {
     /// Bounds `c + 1`; the offset itself is `group_factors`'s.
     const BIAS: i8 = 2;
     const FACTOR: Option<f32> = Some(DELTA);
-    const SCALE_PER_32: bool = true;
+    const SCALE_PER_32: bool = <Iq1S as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
@@ -152,7 +153,7 @@ impl IqAvx2 for M {
     const BYTES: usize = Iq1M::BYTES;
     const BIAS: i8 = BIAS;
     const FACTOR: Option<f32> = Some(DELTA);
-    const SCALE_PER_32: bool = false;
+    const SCALE_PER_32: bool = <Iq1M as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         Iq1M::d_bits(block)

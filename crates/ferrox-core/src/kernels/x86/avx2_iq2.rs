@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7};
 use super::avx2_iq::{expand_int8_with, iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ2_LARGEST};
-use crate::quant::int8::Int8Block;
+use crate::quant::int8::{Int8Block, Int8Expand};
 use crate::quant::iq2::{
     s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
@@ -47,7 +47,7 @@ impl IqAvx2 for Iq2XxsAvx2 {
     const BYTES: usize = Iq2Xxs::BYTES;
     const BIAS: i8 = BIAS;
     const FACTOR: Option<f32> = Some(0.125);
-    const SCALE_PER_32: bool = true;
+    const SCALE_PER_32: bool = <Iq2Xxs as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
@@ -112,7 +112,7 @@ impl IqAvx2 for Iq2XsAvx2 {
     const BYTES: usize = Iq2Xs::BYTES;
     const BIAS: i8 = BIAS;
     const FACTOR: Option<f32> = Some(0.125);
-    const SCALE_PER_32: bool = false;
+    const SCALE_PER_32: bool = <Iq2Xs as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
@@ -139,7 +139,7 @@ impl IqAvx2 for Iq2SAvx2 {
     const BYTES: usize = Iq2S::BYTES;
     const BIAS: i8 = BIAS;
     const FACTOR: Option<f32> = Some(0.125);
-    const SCALE_PER_32: bool = false;
+    const SCALE_PER_32: bool = <Iq2S as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux};
 use super::avx2_iq::{expand_int8_with, iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
-use crate::quant::int8::Int8Block;
+use crate::quant::int8::{Int8Block, Int8Expand};
 use crate::quant::iq3::{
     Iq3S, Iq3Xxs, S_HIGH_AT, S_INDICES_AT, S_SCALES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT,
 };
@@ -37,7 +37,7 @@ impl IqAvx2 for Xxs {
     /// The largest grid coordinate.
     const BIAS: i8 = IQ3XXS_LARGEST as i8;
     const FACTOR: Option<f32> = Some(0.25);
-    const SCALE_PER_32: bool = true;
+    const SCALE_PER_32: bool = <Iq3Xxs as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
@@ -72,7 +72,7 @@ impl IqAvx2 for S {
     /// The largest grid coordinate.
     const BIAS: i8 = IQ3S_LARGEST as i8;
     const FACTOR: Option<f32> = None;
-    const SCALE_PER_32: bool = true;
+    const SCALE_PER_32: bool = <Iq3S as Int8Expand>::SCALE_PER_32;
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
