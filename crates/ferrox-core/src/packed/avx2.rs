@@ -35,10 +35,10 @@ use super::{
 use crate::quant::int8::Int8Block;
 use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 
-/// [`super::layout::PlaceFn`] with the codes moved by vectors: each half of the rows'
-/// eight quads at a time is a transposition of 8 × 8 dwords (24 shuffles and 8 stores,
-/// where a quad at a time took 64 stores); it was a quarter of an IQ3_XXS product at 16
-/// tokens.
+/// [`super::layout::PlaceFn`] with the codes moved by vectors: each eight quads of each
+/// half of the rows are a transposition of 8 × 8 dwords, 384 shuffles and 128 stores per
+/// group block where a quad at a time took 1024 stores (a quarter of an IQ3_XXS product at
+/// 16 tokens).
 pub(super) fn place_int8(rows: &[Int8Block], dst: &mut [u8]) {
     assert!(rows.len() == GROUP_ROWS && dst.len() >= PackedFormat::I8K.group_block_bytes());
     place_int8_scales(rows, dst);

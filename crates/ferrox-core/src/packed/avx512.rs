@@ -48,8 +48,8 @@ pub(super) fn paired_i8k_kernel() -> GroupsFn {
 }
 
 /// [`super::layout::PlaceFn`] with the codes moved by vectors: each sixteen quads of the
-/// sixteen rows are a transposition of 16 × 16 dwords (64 shuffles and 16 full-line
-/// stores, where a quad at a time took 1024 stores).
+/// sixteen rows are a transposition of 16 × 16 dwords, 256 shuffles and 64 full-line
+/// stores per group block where a quad at a time took 1024 stores.
 pub(super) fn place_int8(rows: &[Int8Block], dst: &mut [u8]) {
     assert!(rows.len() == GROUP_ROWS && dst.len() >= PackedFormat::I8K.group_block_bytes());
     place_int8_scales(rows, dst);

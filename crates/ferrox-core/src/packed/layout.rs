@@ -587,8 +587,8 @@ pub(super) fn place_int8(rows: &[Int8Block], dst: &mut [u8]) {
     }
 }
 
-/// The scales, the scale of each row, and the zeroed bytes before the codes of an I8K
-/// group block.
+/// Each row's `d` and scales, and the zeroed bytes before the codes, of an I8K group
+/// block.
 pub(super) fn place_int8_scales(rows: &[Int8Block], dst: &mut [u8]) {
     dst[I8K_SCALES_AT + 16 * GROUP_ROWS..I8K_CODES_AT].fill(0);
     for (r, row) in rows.iter().enumerate() {

@@ -342,7 +342,7 @@ impl Decoder {
                     gated(c.activation, g, u);
                     gate.copy_from_slice(g);
                 };
-                if n == 1 {
+                if n == 1 || n_ff == 0 {
                     gate_row((gate, both));
                 } else {
                     gate.par_chunks_mut(n_ff)

@@ -25,6 +25,10 @@ pub fn gated(act: Activation, gate: &mut [f32], up: &[f32]) {
 /// cached, so one thread alone waits on memory.
 pub fn gated_rows(act: Activation, gate: &mut [f32], up: &[f32], row_len: usize) {
     use rayon::prelude::*;
+    if row_len == 0 {
+        // No values (a zero-width feed-forward): nothing to do, and no chunks to make.
+        return;
+    }
     if gate.len() < PARALLEL_GATED_VALUES {
         // A decode step's few rows: handing them to the pool would cost more than they do.
         gate.chunks_mut(row_len)
@@ -51,6 +55,32 @@ pub fn softcap(x: &mut [f32], cap: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Row by row, in the pool or not, as ggml applies its loop and tail to each row (rows
+    /// of 9 values: a vector body and a one-value tail each).
+    #[test]
+    fn gated_rows_are_each_rows_gated_units() {
+        for (rows, row_len) in [(3, 9), (8000, 9)] {
+            let gate: Vec<f32> = (0..rows * row_len)
+                .map(|i| (i % 23) as f32 * 0.37 - 4.0)
+                .collect();
+            let up: Vec<f32> = (0..rows * row_len)
+                .map(|i| (i % 7) as f32 * 0.5 - 1.5)
+                .collect();
+            for act in [Activation::Silu, Activation::Gelu] {
+                let mut want = gate.clone();
+                for (g, u) in want.chunks_mut(row_len).zip(up.chunks(row_len)) {
+                    gated(act, g, u);
+                }
+                let mut got = gate.clone();
+                gated_rows(act, &mut got, &up, row_len);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{rows} rows, {act:?}");
+            }
+        }
+        // A zero-width feed-forward has nothing to gate.
+        gated_rows(Activation::Silu, &mut [], &[], 0);
+    }
 
     #[test]
     fn activations_have_their_shape() {

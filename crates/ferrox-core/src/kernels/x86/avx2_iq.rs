@@ -106,7 +106,14 @@ pub(super) trait IqAvx2 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn expand_int8<F: IqAvx2>(block: &[u8], out: &mut Int8Block) {
     // SAFETY: the caller's contract.
-    unsafe { expand_int8_with::<F>(block, out, |block, ib| F::biased(block, ib)) }
+    unsafe {
+        expand_int8_with::<F>(
+            block,
+            out,
+            #[inline(always)]
+            |block, ib| F::biased(block, ib),
+        )
+    }
 }
 
 /// [`expand_int8`] with each sub-block's values from `biased` (as `F::biased` gives them).
