@@ -136,6 +136,33 @@ pub(super) unsafe fn expand_int8_with<F: IqAvx2>(
     }
 }
 
+/// Defines `$name(block, out)`: [`expand_int8`] for `$format` with its sub-block values
+/// from `$biased`, an inline-always body of its [`IqAvx2::biased`], for formats whose
+/// trait method the expansion's loop left out of line (a call per sub-block, the vector
+/// returned through memory); marking the method itself inline-always slowed their row
+/// kernels.
+macro_rules! inline_expansion {
+    ($name:ident, $format:ty, $biased:ident) => {
+        /// The int8 expansion with the sub-block values in line (see `inline_expansion!`).
+        ///
+        /// # Safety
+        /// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $name(block: &[u8], out: &mut $crate::quant::int8::Int8Block) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                $crate::kernels::x86::avx2_iq::expand_int8_with::<$format>(
+                    block,
+                    out,
+                    #[inline(always)]
+                    |block, ib| $biased(block, ib),
+                )
+            }
+        }
+    };
+}
+pub(super) use inline_expansion;
+
 /// The sixteen i16 scales as the int8 form's bytes (odd scales of at most 31: nothing lost).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -8,9 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7};
-use super::avx2_iq::{expand_int8_with, iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
+use super::avx2_iq::{inline_expansion, iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ2_LARGEST};
-use crate::quant::int8::{Int8Block, Int8Expand};
+use crate::quant::int8::Int8Expand;
 use crate::quant::iq2::{
     s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
@@ -75,10 +75,9 @@ impl IqAvx2 for Iq2XxsAvx2 {
     }
 }
 
-/// IQ2_XXS's [`IqAvx2::biased`]. Inlined always (not a target-feature function), for
-/// [`expand_int8_xxs`]: the int8 expansion's loop left the trait method out of line, a call
-/// per sub-block with the vector returned through memory. (Marking the method itself so
-/// slowed the row kernels at 4 and 8 tokens by 4-10%.)
+/// IQ2_XXS's [`IqAvx2::biased`], inlined always (not a target-feature function) for its
+/// int8 expansion (see `inline_expansion!`; marking the method itself so slowed the row
+/// kernels at 4 and 8 tokens by 4-10%).
 #[inline(always)]
 unsafe fn xxs_biased(block: &[u8], ib: usize) -> __m256i {
     let at = QS_AT + 8 * ib;
@@ -91,22 +90,7 @@ unsafe fn xxs_biased(block: &[u8], ib: usize) -> __m256i {
     }
 }
 
-/// IQ2_XXS's int8 expansion ([`expand_int8_with`] with [`xxs_biased`] in line).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn expand_int8_xxs(block: &[u8], out: &mut Int8Block) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        expand_int8_with::<Iq2XxsAvx2>(
-            block,
-            out,
-            #[inline(always)]
-            |block, ib| xxs_biased(block, ib),
-        )
-    }
-}
+inline_expansion!(expand_int8_xxs, Iq2XxsAvx2, xxs_biased);
 
 impl IqAvx2 for Iq2XsAvx2 {
     const BYTES: usize = Iq2Xs::BYTES;

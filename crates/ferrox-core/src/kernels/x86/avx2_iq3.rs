@@ -8,9 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::avx2_common::{bits_to_byte_mask, even_signs_aux};
-use super::avx2_iq::{expand_int8_with, iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
+use super::avx2_iq::{inline_expansion, iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
-use crate::quant::int8::{Int8Block, Int8Expand};
+use crate::quant::int8::Int8Expand;
 use crate::quant::iq3::{
     Iq3S, Iq3Xxs, S_HIGH_AT, S_INDICES_AT, S_SCALES_AT, S_SIGNS_AT, XXS_INDICES_AT, XXS_SCALES_AT,
 };
@@ -95,8 +95,8 @@ impl IqAvx2 for S {
     }
 }
 
-/// IQ3_S's [`IqAvx2::biased`], inlined always for [`expand_int8_s`] (as IQ2_XXS's: the
-/// int8 expansion's loop left the trait method out of line).
+/// IQ3_S's [`IqAvx2::biased`], inlined always (not a target-feature function) for its
+/// int8 expansion (see `inline_expansion!`).
 #[inline(always)]
 unsafe fn s_biased(block: &[u8], ib: usize) -> __m256i {
     let q = u64_at(block, S_INDICES_AT + 8 * ib);
@@ -116,22 +116,7 @@ unsafe fn s_biased(block: &[u8], ib: usize) -> __m256i {
     }
 }
 
-/// IQ3_S's int8 expansion ([`expand_int8_with`] with [`s_biased`] in line).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn expand_int8_s(block: &[u8], out: &mut Int8Block) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        expand_int8_with::<S>(
-            block,
-            out,
-            #[inline(always)]
-            |block, ib| s_biased(block, ib),
-        )
-    }
-}
+inline_expansion!(expand_int8_s, S, s_biased);
 
 /// IQ3_XXS against `N` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -125,41 +125,34 @@ pub(crate) fn iq_int8_expansion(
             expand as fn(&[u8], &mut Int8Block)
         }};
     }
+    // `module: F` is `module::expand_int8::<F>`, the expansion shared by most formats.
+    macro_rules! shared {
+        ($module:ident: $format:ty) => {
+            expansion!($module::expand_int8::<$format>, $format)
+        };
+    }
     match isa {
         super::Isa::Avx512Vnni if avx2_detected() && avx512_iq_detected() => Some(match ty {
             T::Iq2Xxs => expansion!(avx512_iq2_xxs::expand_int8, avx2_iq2::Iq2XxsAvx2),
-            T::Iq2Xs => {
-                expansion!(
-                    avx512_iq::expand_int8::<avx2_iq2::Iq2XsAvx2>,
-                    avx2_iq2::Iq2XsAvx2
-                )
-            }
-            T::Iq2S => expansion!(
-                avx512_iq::expand_int8::<avx2_iq2::Iq2SAvx2>,
-                avx2_iq2::Iq2SAvx2
-            ),
-            T::Iq3Xxs => expansion!(avx512_iq::expand_int8::<avx2_iq3::Xxs>, avx2_iq3::Xxs),
-            T::Iq3S => expansion!(avx512_iq::expand_int8::<avx2_iq3::S>, avx2_iq3::S),
-            T::Iq1S => expansion!(avx512_iq::expand_int8::<avx2_iq1::S>, avx2_iq1::S),
-            T::Iq1M => expansion!(avx512_iq::expand_int8::<avx2_iq1::M>, avx2_iq1::M),
+            T::Iq2Xs => shared!(avx512_iq: avx2_iq2::Iq2XsAvx2),
+            T::Iq2S => shared!(avx512_iq: avx2_iq2::Iq2SAvx2),
+            T::Iq3Xxs => shared!(avx512_iq: avx2_iq3::Xxs),
+            T::Iq3S => shared!(avx512_iq: avx2_iq3::S),
+            T::Iq1S => shared!(avx512_iq: avx2_iq1::S),
+            T::Iq1M => shared!(avx512_iq: avx2_iq1::M),
             _ => return None,
         }),
         super::Isa::Avx2 if avx2_detected() => Some(match ty {
             T::Iq2Xxs => expansion!(avx2_iq2::expand_int8_xxs, avx2_iq2::Iq2XxsAvx2),
-            T::Iq2Xs => expansion!(
-                avx2_iq::expand_int8::<avx2_iq2::Iq2XsAvx2>,
-                avx2_iq2::Iq2XsAvx2
-            ),
-            T::Iq2S => expansion!(
-                avx2_iq::expand_int8::<avx2_iq2::Iq2SAvx2>,
-                avx2_iq2::Iq2SAvx2
-            ),
-            T::Iq3Xxs => expansion!(avx2_iq::expand_int8::<avx2_iq3::Xxs>, avx2_iq3::Xxs),
+            T::Iq2Xs => shared!(avx2_iq: avx2_iq2::Iq2XsAvx2),
+            T::Iq2S => shared!(avx2_iq: avx2_iq2::Iq2SAvx2),
+            T::Iq3Xxs => shared!(avx2_iq: avx2_iq3::Xxs),
             T::Iq3S => expansion!(avx2_iq3::expand_int8_s, avx2_iq3::S),
-            T::Iq1M => expansion!(avx2_iq::expand_int8::<avx2_iq1::M>, avx2_iq1::M),
-            // IQ1_S's AVX2 values (index bits gathered per group) measured no faster than
-            // the scalar expansion (`iq_kernels`, 128 tokens: 0.98-1.01x); the other types
-            // 1.05-1.17x at 128 tokens and 1.1-2x at 10 and 16.
+            T::Iq1M => shared!(avx2_iq: avx2_iq1::M),
+            // IQ1_S's AVX2 values (index bits gathered per group) measured slower than the
+            // scalar expansion (`iq_kernels`, 128 tokens: 0.98-1.01x; 24 tokens with the
+            // vector placing, 8.8-9.4 against 8.5-8.8 ms); the other types 1.05-1.17x at
+            // 128 tokens and 1.1-2x at 10 and 16.
             _ => return None,
         }),
         _ => None,
