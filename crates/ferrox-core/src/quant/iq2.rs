@@ -56,7 +56,7 @@ pub(crate) const S_SCALES_AT: usize = S_QH_AT + QK_K / 32;
 #[inline]
 pub(crate) fn xxs_aux(block: &[u8], ib: usize) -> u32 {
     let at = QS_AT + 8 * ib + 4;
-    u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
+    crate::quant::bits::read_u32(block, at)
 }
 
 /// IQ2_S group `g`'s 10-bit grid index.

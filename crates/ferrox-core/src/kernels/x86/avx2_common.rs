@@ -115,25 +115,50 @@ fn even_signs(spread: __m256i, bit: __m256i) -> __m256i {
     _mm256_or_si256(_mm256_or_si256(negative, parity), _mm256_set1_epi8(1))
 }
 
-/// The signs of an IQ2_XXS or IQ3_XXS sub-block from its 32-bit field `aux` (four 7-bit
-/// sign fields, then the scale), as [`even_signs`].
+/// Eight sign words of IQ2_XXS or IQ3_XXS (four 7-bit sign fields, then the scale) each
+/// beside its fields' parities, for [`even_signs_paired`]: `aux | p << 32` with bit `7l`
+/// of `p` the parity of field `l`, counted here once per block for eight words at a time
+/// (per sub-block, a count took three instructions). `aux` holds the words in the order
+/// 0, 1, 4, 5 | 2, 3, 6, 7 (as `vshufps` takes them out of two 32-byte halves); the result
+/// is in sub-block order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn even_signs_aux(aux: u32) -> __m256i {
-    // Output byte 8l + j (j < 7) takes the source byte holding bit 7l + j; byte 8l + 7
-    // takes zero (index 0x80).
+pub(super) fn sign_words_with_parities(aux: __m256i) -> [u64; 8] {
+    // Bit i of `w2`, `w3`, `w4`, `seven`: the parity of bits i..i + 2, 3, 4, 7.
+    let w2 = _mm256_xor_si256(aux, _mm256_srli_epi32::<1>(aux));
+    let w3 = _mm256_xor_si256(w2, _mm256_srli_epi32::<2>(aux));
+    let w4 = _mm256_xor_si256(w2, _mm256_srli_epi32::<2>(w2));
+    let seven = _mm256_xor_si256(w4, _mm256_srli_epi32::<4>(w3));
+    let mut words = [0u64; 8];
+    // SAFETY: 64 writable bytes; `storeu` needs no alignment.
+    unsafe {
+        _mm256_storeu_si256(words.as_mut_ptr().cast(), _mm256_unpacklo_epi32(aux, seven));
+        _mm256_storeu_si256(
+            words[4..].as_mut_ptr().cast(),
+            _mm256_unpackhi_epi32(aux, seven),
+        );
+    }
+    words
+}
+
+/// ±1 per value of a sub-block from its [`sign_words_with_parities`] word, as
+/// [`even_signs`] makes them: the eighth sign of each group is read from the parity word.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn even_signs_paired(word: u64) -> __m256i {
+    // Output byte 8l + j (j < 7) takes the byte holding bit 7l + j of the sign word, byte
+    // 8l + 7 the byte holding bit 7l of the parity word (bytes 4..8).
     let source = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, -128, 0, 1, 1, 1, 1, 1, 1, -128, //
-        1, 1, 2, 2, 2, 2, 2, -128, 2, 2, 2, 3, 3, 3, 3, -128,
+        0, 0, 0, 0, 0, 0, 0, 4, 0, 1, 1, 1, 1, 1, 1, 4, //
+        1, 1, 2, 2, 2, 2, 2, 5, 2, 2, 2, 3, 3, 3, 3, 6,
     );
     let bit = _mm256_setr_epi8(
-        1, 2, 4, 8, 16, 32, 64, 1, -128, 1, 2, 4, 8, 16, 32, 1, //
-        64, -128, 1, 2, 4, 8, 16, 1, 32, 64, -128, 1, 2, 4, 8, 1,
+        1, 2, 4, 8, 16, 32, 64, 1, -128, 1, 2, 4, 8, 16, 32, -128, //
+        64, -128, 1, 2, 4, 8, 16, 64, 32, 64, -128, 1, 2, 4, 8, 32,
     );
-    even_signs(
-        _mm256_shuffle_epi8(_mm256_set1_epi32(aux as i32), source),
-        bit,
-    )
+    let spread = _mm256_shuffle_epi8(_mm256_set1_epi64x(word as i64), source);
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_or_si256(negative, _mm256_set1_epi8(1))
 }
 
 /// The signs of an IQ2_XS sub-block from its four 16-bit words `q` (sign field in bits
@@ -345,25 +370,38 @@ mod sign_tests {
         if !super::super::avx2_detected() {
             return;
         }
-        for k in 0..128usize {
-            let ks = [k, 127 - k, (k * 5) % 128, (k * 37 + 11) % 128];
-            let aux = ks
+        let patterns = |k: usize| {
+            let k = k % 128;
+            [k, 127 - k, (k * 5) % 128, (k * 37 + 11) % 128]
+        };
+        // A block's eight sign words, word `w` of block `k` with patterns `patterns(k + w)`
+        // and a scale nibble beside them (which no sign may read).
+        let word = |k: usize| {
+            patterns(k)
                 .iter()
                 .enumerate()
-                .fold(0u32, |a, (l, &k)| a | (k as u32) << (7 * l));
-            let word = ks
+                .fold(0u32, |a, (l, &k)| a | (k as u32) << (7 * l))
+                | (k as u32 & 15) << 28
+        };
+        for k in 0..128usize {
+            let words: [u32; 8] = std::array::from_fn(|w| word(k + w));
+            // The order `sign_words_with_parities` takes: 0, 1, 4, 5 | 2, 3, 6, 7.
+            let order = [0, 1, 4, 5, 2, 3, 6, 7].map(|w| words[w] as i32);
+            // SAFETY: AVX2, FMA and F16C were detected above.
+            let paired =
+                unsafe { sign_words_with_parities(_mm256_loadu_si256(order.as_ptr().cast())) };
+            for (w, &pair) in paired.iter().enumerate() {
+                assert_eq!(pair as u32, words[w], "block {k}: word {w} out of place");
+                // SAFETY: as above.
+                check(unsafe { even_signs_paired(pair) }, patterns(k + w));
+            }
+            let ks = patterns(k);
+            let high7 = ks
                 .iter()
                 .enumerate()
                 .fold(0u64, |a, (l, &k)| a | ((k as u64) << 9 | 0x1FF) << (16 * l));
-            // SAFETY: AVX2, FMA and F16C were detected above.
-            let (signs, high7) = unsafe {
-                (
-                    even_signs_aux(aux | (k as u32 & 15) << 28),
-                    even_signs_high7(word),
-                )
-            };
-            check(signs, ks);
-            check(high7, ks);
+            // SAFETY: as above.
+            check(unsafe { even_signs_high7(high7) }, ks);
         }
     }
 }

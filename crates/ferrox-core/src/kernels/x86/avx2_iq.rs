@@ -73,12 +73,22 @@ pub(super) trait IqAvx2 {
         _mm256_mullo_epi16(scales, _mm256_set1_epi16(-i16::from(Self::BIAS)))
     }
 
+    /// What a super-block's sub-blocks share, made once per block by [`IqAvx2::shared`]
+    /// (`()` for most formats).
+    type Shared;
+
+    /// The block's [`IqAvx2::Shared`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `block` is one whole block.
+    unsafe fn shared(block: &[u8]) -> Self::Shared;
+
     /// Sub-block `ib`'s 32 weights plus their offset, unsigned (values `32ib..32ib + 32`):
-    /// by default `w + BIAS`.
+    /// by default `w + BIAS`. `shared` is the block's [`IqAvx2::shared`].
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i;
+    unsafe fn biased(block: &[u8], shared: &Self::Shared, ib: usize) -> __m256i;
 
     /// Sub-block `ib`'s codes in the int8 form (`v + 64`, see [`crate::quant::int8`]) from
     /// [`IqAvx2::biased`]'s (by default `v + BIAS`).
@@ -111,7 +121,7 @@ pub(super) unsafe fn expand_int8<F: IqAvx2>(block: &[u8], out: &mut Int8Block) {
             block,
             out,
             #[inline(always)]
-            |block, ib| F::biased(block, ib),
+            |block, shared, ib| F::biased(block, shared, ib),
         )
     }
 }
@@ -124,14 +134,16 @@ pub(super) unsafe fn expand_int8<F: IqAvx2>(block: &[u8], out: &mut Int8Block) {
 pub(super) unsafe fn expand_int8_with<F: IqAvx2>(
     block: &[u8],
     out: &mut Int8Block,
-    biased: impl Fn(&[u8], usize) -> __m256i,
+    biased: impl Fn(&[u8], &F::Shared, usize) -> __m256i,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         out.d_bits = F::d_bits(block);
         store_scales(F::scales(block), out);
+        let shared = F::shared(block);
         for ib in 0..QK_K / 32 {
-            store_codes(F::int8_codes(block, biased(block, ib), ib), ib, out);
+            let values = biased(block, &shared, ib);
+            store_codes(F::int8_codes(block, values, ib), ib, out);
         }
     }
 }
@@ -155,7 +167,7 @@ macro_rules! inline_expansion {
                     block,
                     out,
                     #[inline(always)]
-                    |block, ib| $biased(block, ib),
+                    |block, shared, ib| $biased(block, shared, ib),
                 )
             }
         }
@@ -243,6 +255,33 @@ pub(super) fn initial_sums<F: IqAvx2, const N: usize>(
     (scales, isums)
 }
 
+/// The i32 lanes of `scales`: sub-block `ib`'s pair of i16 scales at `[ib]`, for a
+/// broadcast from memory (a load-port operand where `vpermd` would take the shuffle port
+/// once per row and sub-block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pairs(scales: __m256i) -> [i32; 8] {
+    let mut pairs = [0i32; 8];
+    // SAFETY: 32 writable bytes; `storeu` needs no alignment.
+    unsafe { _mm256_storeu_si256(pairs.as_mut_ptr().cast(), scales) };
+    pairs
+}
+
+/// `$body` for each of a super-block's eight sub-blocks, `$ib` a constant: written out,
+/// since the compiler's own unrolling of these loops comes and goes with unrelated
+/// changes (kept rolled, the four-token IQ2_XXS kernel measured 10% slower).
+macro_rules! each_sub_block {
+    ($ib:ident => $body:block) => {
+        each_sub_block!(@ $ib => $body; 0 1 2 3 4 5 6 7)
+    };
+    (@ $ib:ident => $body:block; $($k:literal)*) => {
+        $({
+            let $ib: usize = $k;
+            $body
+        })*
+    };
+}
+
 /// One super-block's exact integer sums against each row, in eight i32 lanes per row.
 /// `at` is the block's offset in the activation rows.
 #[inline]
@@ -256,21 +295,21 @@ fn super_block<F: IqAvx2, const N: usize>(
     let (scales, mut isums) = initial_sums::<F, N>(block, xs, at);
     // Sub-block ib's scales are i16 lanes 2ib and 2ib + 1 (i32 lane ib): every i32 lane
     // gets that pair, then the low half repeats its first i16, the high half its second.
-    let mut lane = _mm256_setzero_si256();
     let halves = _mm256_setr_epi8(
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
     );
-    for ib in 0..QK_K / 32 {
+    // SAFETY: as above.
+    let shared = unsafe { F::shared(block) };
+    each_sub_block!(ib => {
         // SAFETY: as above.
-        let biased = unsafe { F::biased(block, ib) };
-        let pair = _mm256_permutevar8x32_epi32(scales, lane);
+        let biased = unsafe { F::biased(block, &shared, ib) };
+        let pair = _mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(ib as i32));
         let sub_scales = if F::SCALE_PER_32 {
             pair
         } else {
             _mm256_shuffle_epi8(pair, halves)
         };
-        lane = _mm256_add_epi32(lane, _mm256_set1_epi32(1));
         for (s, x) in isums.iter_mut().zip(xs) {
             // SAFETY: as the sums above, for this block's codes `32ib..32ib + 32`; `loadu`
             // has no alignment requirement.
@@ -279,7 +318,7 @@ fn super_block<F: IqAvx2, const N: usize>(
             let products = _mm256_maddubs_epi16(biased, q);
             *s = _mm256_add_epi32(*s, _mm256_madd_epi16(products, sub_scales));
         }
-    }
+    });
     isums
 }
 
@@ -419,21 +458,49 @@ fn super_block4<F: IqAvx2>(blocks: [&[u8]; 4], x: &[u8], at: usize, _: &mut ()) 
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
     );
+    // Written out, not mapped: the compiler left a mapping closure out of line.
+    let pairs = [
+        scale_pairs(scales[0]),
+        scale_pairs(scales[1]),
+        scale_pairs(scales[2]),
+        scale_pairs(scales[3]),
+    ];
+    // SAFETY: this function's features are the ones `shared` needs; whole blocks.
+    let shared = unsafe {
+        [
+            F::shared(blocks[0]),
+            F::shared(blocks[1]),
+            F::shared(blocks[2]),
+            F::shared(blocks[3]),
+        ]
+    };
+    // Kept in memory, to be broadcast from there: read back from registers, each read
+    // would take a shuffle.
+    let (pairs, shared) = std::hint::black_box((&pairs, &shared));
+    // `ib` also places the activations and the blocks' sub-blocks.
+    #[allow(clippy::needless_range_loop)]
     for ib in 0..QK_K / 32 {
         // SAFETY: codes `32ib..32ib + 32` of this block, in bounds as `initial_sums`'s.
         let q = unsafe { _mm256_loadu_si256(x.as_ptr().add(at + CODES_AT + 32 * ib).cast()) };
-        for r in 0..4 {
-            // SAFETY: this function's features are the ones `biased` needs.
-            let biased = unsafe { F::biased(blocks[r], ib) };
-            let pair = _mm256_permutevar8x32_epi32(scales[r], lane);
-            let sub_scales = if F::SCALE_PER_32 {
-                pair
-            } else {
-                _mm256_shuffle_epi8(pair, halves)
-            };
-            let products = _mm256_maddubs_epi16(biased, q);
-            isums[r] = _mm256_add_epi32(isums[r], _mm256_madd_epi16(products, sub_scales));
+        // Written out per row: as a loop the compiler kept it rolled for IQ3_XXS, the four
+        // sums in memory.
+        macro_rules! row {
+            ($r:literal) => {{
+                // SAFETY: this function's features are the ones `biased` needs.
+                let biased = unsafe { F::biased(blocks[$r], &shared[$r], ib) };
+                let sub_scales = if F::SCALE_PER_32 {
+                    _mm256_set1_epi32(pairs[$r][ib])
+                } else {
+                    _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scales[$r], lane), halves)
+                };
+                let products = _mm256_maddubs_epi16(biased, q);
+                isums[$r] = _mm256_add_epi32(isums[$r], _mm256_madd_epi16(products, sub_scales));
+            }};
         }
+        row!(0);
+        row!(1);
+        row!(2);
+        row!(3);
         lane = _mm256_add_epi32(lane, _mm256_set1_epi32(1));
     }
     isums

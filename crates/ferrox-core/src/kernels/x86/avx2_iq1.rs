@@ -48,6 +48,10 @@ impl IqAvx2 for S {
     const FACTOR: Option<f32> = Some(DELTA);
     const SCALE_PER_32: bool = <Iq1S as Int8Expand>::SCALE_PER_32;
 
+    type Shared = ();
+
+    unsafe fn shared(_block: &[u8]) {}
+
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
     }
@@ -85,7 +89,7 @@ impl IqAvx2 for S {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
         let high = Iq1S::high(block, ib);
         let low = u32::from_le_bytes(
             *block[S_INDICES_AT + 4 * ib..]
@@ -155,6 +159,10 @@ impl IqAvx2 for M {
     const FACTOR: Option<f32> = Some(DELTA);
     const SCALE_PER_32: bool = <Iq1M as Int8Expand>::SCALE_PER_32;
 
+    type Shared = ();
+
+    unsafe fn shared(_block: &[u8]) {}
+
     fn d_bits(block: &[u8]) -> u16 {
         Iq1M::d_bits(block)
     }
@@ -178,7 +186,7 @@ impl IqAvx2 for M {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
         let high = m_high(block, ib);
         let low = u32::from_le_bytes(*block[4 * ib..].first_chunk().expect("four index bytes"));
         // Group l: index bits 8..11 and shift sign in nibble l of `high`.

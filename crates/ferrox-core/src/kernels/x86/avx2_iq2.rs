@@ -7,12 +7,14 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, even_signs_aux, even_signs_high7};
+use super::avx2_common::{
+    bits_to_byte_mask, even_signs_high7, even_signs_paired, sign_words_with_parities,
+};
 use super::avx2_iq::{inline_expansion, iq_dot, nibbles16, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ2_LARGEST};
 use crate::quant::int8::Int8Expand;
 use crate::quant::iq2::{
-    s_index, xxs_aux, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
+    s_index, Iq2S, Iq2Xs, Iq2Xxs, D_AT, QS_AT, S_SCALES_AT, S_SIGNS_AT, XS_SCALES_AT,
 };
 use crate::quant::BlockFormat;
 
@@ -49,6 +51,19 @@ impl IqAvx2 for Iq2XxsAvx2 {
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = <Iq2Xxs as Int8Expand>::SCALE_PER_32;
 
+    /// Each sub-block's sign word beside its parities.
+    type Shared = [u64; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn shared(block: &[u8]) -> [u64; 8] {
+        // The sign words are the odd 32-bit words of the sub-blocks' 64 bytes.
+        let low = _mm256_castsi256_ps(opaque_load_32(&block[QS_AT..]));
+        let high = _mm256_castsi256_ps(opaque_load_32(&block[QS_AT + 32..]));
+        let words = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(low, high));
+        sign_words_with_parities(words)
+    }
+
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
     }
@@ -69,9 +84,9 @@ impl IqAvx2 for Iq2XxsAvx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], prepared: &[u64; 8], ib: usize) -> __m256i {
         // SAFETY: the caller's contract; the features are this function's.
-        unsafe { xxs_biased(block, ib) }
+        unsafe { xxs_biased(block, prepared, ib) }
     }
 }
 
@@ -79,14 +94,14 @@ impl IqAvx2 for Iq2XxsAvx2 {
 /// int8 expansion (see `inline_expansion!`; marking the method itself so slowed the row
 /// kernels at 4 and 8 tokens by 4-10%).
 #[inline(always)]
-unsafe fn xxs_biased(block: &[u8], ib: usize) -> __m256i {
+unsafe fn xxs_biased(block: &[u8], sign_words: &[u64; 8], ib: usize) -> __m256i {
     let at = QS_AT + 8 * ib;
     // SAFETY: callers enable AVX2 (every caller is a target-feature function).
     unsafe {
         let grid = points(std::array::from_fn(|l| {
             IQ2XXS_GRID[usize::from(block[at + l])]
         }));
-        biased(grid, even_signs_aux(xxs_aux(block, ib)))
+        biased(grid, even_signs_paired(sign_words[ib]))
     }
 }
 
@@ -97,6 +112,10 @@ impl IqAvx2 for Iq2XsAvx2 {
     const BIAS: i8 = BIAS;
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = <Iq2Xs as Int8Expand>::SCALE_PER_32;
+
+    type Shared = ();
+
+    unsafe fn shared(_block: &[u8]) {}
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
@@ -110,7 +129,7 @@ impl IqAvx2 for Iq2XsAvx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
         let words = u64_at(block, QS_AT + 8 * ib);
         let grid = points(std::array::from_fn(|l| {
             IQ2XS_GRID[((words >> (16 * l)) & 511) as usize]
@@ -125,6 +144,10 @@ impl IqAvx2 for Iq2SAvx2 {
     const FACTOR: Option<f32> = Some(0.125);
     const SCALE_PER_32: bool = <Iq2S as Int8Expand>::SCALE_PER_32;
 
+    type Shared = ();
+
+    unsafe fn shared(_block: &[u8]) {}
+
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[D_AT], block[D_AT + 1]])
     }
@@ -137,7 +160,7 @@ impl IqAvx2 for Iq2SAvx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
         let at = S_SIGNS_AT + 4 * ib;
         let bits = u32::from_le_bytes(*block[at..].first_chunk().expect("four sign bytes"));
         let signs = _mm256_or_si256(bits_to_byte_mask(bits), _mm256_set1_epi8(1));

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_common::{bits_to_byte_mask, even_signs_aux};
+use super::avx2_common::{bits_to_byte_mask, even_signs_paired, sign_words_with_parities};
 use super::avx2_iq::{inline_expansion, iq_dot, nibble_bytes, odd, opaque_load_32, IqAvx2};
 use crate::quant::grids::{IQ3S_GRID, IQ3S_LARGEST, IQ3XXS_GRID, IQ3XXS_LARGEST};
 use crate::quant::int8::Int8Expand;
@@ -39,6 +39,16 @@ impl IqAvx2 for Xxs {
     const FACTOR: Option<f32> = Some(0.25);
     const SCALE_PER_32: bool = <Iq3Xxs as Int8Expand>::SCALE_PER_32;
 
+    /// Each sub-block's sign word beside its parities.
+    type Shared = [u64; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn shared(block: &[u8]) -> [u64; 8] {
+        let words = opaque_load_32(&block[XXS_SCALES_AT..]);
+        sign_words_with_parities(_mm256_permute4x64_epi64::<0b11_01_10_00>(words))
+    }
+
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
     }
@@ -55,12 +65,14 @@ impl IqAvx2 for Xxs {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
-        let q = u64_at(block, XXS_INDICES_AT + 8 * ib);
+    unsafe fn biased(block: &[u8], sign_words: &[u64; 8], ib: usize) -> __m256i {
+        // Index bytes loaded one by one, not shifted out of a word: loads take the load
+        // ports, shifts the ports the vector instructions need.
+        let at = XXS_INDICES_AT + 8 * ib;
         let grid = points(std::array::from_fn(|k| {
-            IQ3XXS_GRID[((q >> (8 * k)) & 0xFF) as usize]
+            IQ3XXS_GRID[usize::from(block[at + k])]
         }));
-        let signs = even_signs_aux(Iq3Xxs::signs_and_scale(block, ib));
+        let signs = even_signs_paired(sign_words[ib]);
         _mm256_add_epi8(_mm256_sign_epi8(grid, signs), _mm256_set1_epi8(Self::BIAS))
     }
 }
@@ -73,6 +85,10 @@ impl IqAvx2 for S {
     const BIAS: i8 = IQ3S_LARGEST as i8;
     const FACTOR: Option<f32> = None;
     const SCALE_PER_32: bool = <Iq3S as Int8Expand>::SCALE_PER_32;
+
+    type Shared = ();
+
+    unsafe fn shared(_block: &[u8]) {}
 
     fn d_bits(block: &[u8]) -> u16 {
         u16::from_le_bytes([block[0], block[1]])
@@ -89,16 +105,16 @@ impl IqAvx2 for S {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
         // SAFETY: the caller's contract; the features are this function's.
-        unsafe { s_biased(block, ib) }
+        unsafe { s_biased(block, &(), ib) }
     }
 }
 
 /// IQ3_S's [`IqAvx2::biased`], inlined always (not a target-feature function) for its
 /// int8 expansion (see `inline_expansion!`).
 #[inline(always)]
-unsafe fn s_biased(block: &[u8], ib: usize) -> __m256i {
+unsafe fn s_biased(block: &[u8], _shared: &(), ib: usize) -> __m256i {
     let q = u64_at(block, S_INDICES_AT + 8 * ib);
     let high = u64::from(block[S_HIGH_AT + ib]);
     let at = S_SIGNS_AT + 4 * ib;
