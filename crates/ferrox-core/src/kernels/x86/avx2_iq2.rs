@@ -84,9 +84,9 @@ impl IqAvx2 for Iq2XxsAvx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn biased(block: &[u8], prepared: &[u64; 8], ib: usize) -> __m256i {
+    unsafe fn biased(block: &[u8], sign_words: &[u64; 8], ib: usize) -> __m256i {
         // SAFETY: the caller's contract; the features are this function's.
-        unsafe { xxs_biased(block, prepared, ib) }
+        unsafe { xxs_biased(block, sign_words, ib) }
     }
 }
 
