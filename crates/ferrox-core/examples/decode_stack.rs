@@ -4,7 +4,7 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s,
+//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s, tq2_0, tq1_0,
 //! row-major as a file stores them, each pass's products one after the other; the shapes are
 //! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
 //! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
@@ -47,6 +47,8 @@ fn random_bytes(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec
     let scale_at: &[usize] = match ty {
         GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q6K => &[208],
+        GgmlType::Tq2_0 => &[64],
+        GgmlType::Tq1_0 => &[52],
         _ => &[0],
     };
     let scale = half::f16::from_f32(1e-3).to_le_bytes();
@@ -67,7 +69,7 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Pa
 fn row_major(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq3Xxs | GgmlType::Iq3S
+        GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq3Xxs | GgmlType::Iq3S | GgmlType::Tq1_0
     )
 }
 
@@ -167,6 +169,8 @@ fn main() {
         "iq2_xs" => GgmlType::Iq2Xs,
         "iq3_xxs" => GgmlType::Iq3Xxs,
         "iq3_s" => GgmlType::Iq3S,
+        "tq2_0" => GgmlType::Tq2_0,
+        "tq1_0" => GgmlType::Tq1_0,
         other => panic!("unknown type {other}"),
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());

@@ -54,7 +54,9 @@ const GELU_TOLERANCE: f64 = 5e-4;
 /// an input across a code boundary moves that product by a whole code step, and the change
 /// carries on through the cache. llama.cpp with flash attention on and off (f32 cache) differs
 /// from itself by up to 0.63 on qwen3moe.mxfp4 and 0.24 on llama.tq2_0 (4.6e-3 to 1e-2 on
-/// their F32 twins); ours differs from it by at most 2.4e-2 and 0.15 over their 15,440 steps.
+/// their F32 twins); ours differs from it by at most 2.4e-2 and 0.161 (TQ2_0 packed: one
+/// exact integer sum per block, where llama.cpp keeps eight float lanes) over their 15,440
+/// steps.
 /// The mixed models of `synthetic::MIXED_SWEEPS` are held to the same bar: llama.cpp with
 /// flash attention on against off differs from itself by 0.20 (llama.iq-mix) and 0.19
 /// (llama.tq1-mix) over the sequence and prompt ends; ours differs from it by at most 0.124

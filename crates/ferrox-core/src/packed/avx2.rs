@@ -18,7 +18,7 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TQ2_0,
 };
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
@@ -27,7 +27,7 @@ use super::layout::{
     Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
     Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
-use super::layout::{place_int8_scales, QK_K};
+use super::layout::{place_int8_scales, q8k_code_sum, tq2_codes_at, QK_K};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
     GROUP_ROWS,
@@ -113,6 +113,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<Q3K, false>,
         PackedFormat::I8K => groups::<I8K, false>,
         PackedFormat::Iq4Xs => groups::<IQ4_XS, false>,
+        PackedFormat::Tq2_0 => groups::<TQ2_0, false>,
     }
 }
 
@@ -595,6 +596,7 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
             Q3K => q3k_block::<N, PROMPT>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
             IQ4_XS => iq4xs_block::<N, PROMPT>(block, half, b, xs, acc),
+            TQ2_0 => tq2_block::<N>(block, half, b, xs, acc),
             _ => legacy_block::<F, N, PROMPT>(block, half, b, xs, acc),
         }
     }
@@ -1158,6 +1160,45 @@ unsafe fn q2k_block<const N: usize, const PROMPT: bool>(
             add_pair_sums(xs, b, p, min_pair, &mut mins);
         }
         add_affine_block(block, Q2K_DMIN_AT, half, b, xs, &scaled, &mins, acc);
+    }
+}
+
+/// One TQ2_0 super-block, half `half` of the group: `Σ code·x` of eight sub-blocks at a
+/// time in each lane's two i16 halves (at most 8·8·3·128 for codes below 4), widened, less
+/// the activations' sum (the codes are the value plus one); then the scalar reference's
+/// fused multiply-add.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tq2_block<const N: usize>(
+    block: *const u8,
+    half: usize,
+    b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let zero = _mm256_setzero_si256();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut sums = [zero; N];
+        for eighth in 0..2 {
+            let mut pairs = [zero; N];
+            for s in 8 * eighth..8 * eighth + 8 {
+                let codes = two_bit_quads(block.add(tq2_codes_at(s)), half);
+                for t in 0..N {
+                    let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                    pairs[t] = _mm256_add_epi16(pairs[t], sub_block16(&codes, x));
+                }
+            }
+            for t in 0..N {
+                let wide = _mm256_madd_epi16(pairs[t], _mm256_set1_epi16(1));
+                sums[t] = _mm256_add_epi32(sums[t], wide);
+            }
+        }
+        let mut code_sums = [zero; N];
+        for (t, code_sum) in code_sums.iter_mut().enumerate() {
+            *code_sum = _mm256_set1_epi32(q8k_code_sum(xs[t].add(b * Q8K_BYTES)));
+        }
+        add_offset_block::<N, 0>(block, half, b, xs, &sums, &code_sums, acc);
     }
 }
 

@@ -21,7 +21,9 @@ use super::{
 };
 use crate::quant::int8::Int8Block;
 
-use super::avx512_kquants::{AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock};
+use super::avx512_kquants::{
+    AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock, Tq2Block,
+};
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
     match format {
@@ -39,6 +41,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Iq4Xs => groups::<Iq4XsBlock>,
         PackedFormat::Q2K => groups::<Q2KBlock>,
         PackedFormat::Q3K => groups::<Q3KBlock>,
+        PackedFormat::Tq2_0 => groups::<Tq2Block>,
     }
 }
 

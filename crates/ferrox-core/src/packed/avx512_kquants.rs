@@ -15,10 +15,10 @@ use std::arch::x86_64::*;
 use super::avx512::{broadcast_i32, dot32, nibbles, Block};
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
-    q6k_low_at, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, Q2K_DMIN_AT,
-    Q2K_SCALES_AT, Q3K_CODES_AT, Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT,
-    Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT,
-    Q8K_SUMS_AT,
+    q6k_low_at, q8k_code_sum, tq2_codes_at, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES,
+    IQ4XS_SCALES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_CODES_AT, Q3K_SCALES_AT, Q4K_CODES_AT,
+    Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES,
+    Q8K_CODES_AT, Q8K_SUMS_AT,
 };
 use super::{PackedFormat, GROUP_ROWS};
 
@@ -31,6 +31,7 @@ pub(super) struct Q3KBlock;
 /// i-quants whose scales are per 32 values).
 pub(super) struct I8KBlock<const PAIRED: bool>;
 pub(super) struct Iq4XsBlock;
+pub(super) struct Tq2Block;
 
 /// Sixteen f16 at `p` as f32.
 #[inline]
@@ -757,6 +758,72 @@ impl Block for Iq4XsBlock {
             for t in 0..N {
                 let dy = _mm512_set1_ps(xs[t].add(b * Q8K_BYTES).cast::<f32>().read_unaligned());
                 let total = _mm512_cvtepi32_ps(scaled[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
+            }
+        }
+    }
+}
+
+impl Block for Tq2Block {
+    const FORMAT: PackedFormat = PackedFormat::Tq2_0;
+
+    /// `Σ code·x` by `vpdpbusd` from the activations' sum taken off (the codes are the
+    /// value plus one), then the scalar reference's fused multiply-add. Up to four tokens,
+    /// each quad's codes stay in their bit pair (`4^k` times the code): four independent
+    /// sums per token, no shifts, the powers taken off at the end (exactly: each sum is a
+    /// multiple of its power); more tokens share each block's shifted codes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let zero = _mm512_setzero_si512();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut sums = [zero; N];
+            if N <= 4 {
+                let mut quads = [[zero; 4]; N];
+                for s in 0..16 {
+                    let v = _mm512_loadu_si512(block.add(tq2_codes_at(s)).cast());
+                    let mut codes = [zero; 4];
+                    for (k, codes) in codes.iter_mut().enumerate() {
+                        *codes = _mm512_and_si512(v, _mm512_set1_epi8((3u8 << (2 * k)) as i8));
+                    }
+                    for (t, quads) in quads.iter_mut().enumerate() {
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
+                        for (k, (quad, codes)) in quads.iter_mut().zip(codes).enumerate() {
+                            *quad = _mm512_dpbusd_epi32(*quad, codes, broadcast_i32(x.add(4 * k)));
+                        }
+                    }
+                }
+                for t in 0..N {
+                    let [q0, q1, q2, q3] = quads[t];
+                    let q01 = _mm512_add_epi32(q0, _mm512_srai_epi32::<2>(q1));
+                    let q23 =
+                        _mm512_add_epi32(_mm512_srai_epi32::<4>(q2), _mm512_srai_epi32::<6>(q3));
+                    sums[t] = _mm512_add_epi32(q01, q23);
+                }
+            } else {
+                for p in 0..8 {
+                    let codes = [
+                        two_bit_quads(block.add(tq2_codes_at(2 * p))),
+                        two_bit_quads(block.add(tq2_codes_at(2 * p + 1))),
+                    ];
+                    for t in 0..N {
+                        let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 32 * p);
+                        sums[t] = thirty_two(sums[t], &codes, x);
+                    }
+                }
+            }
+            let dw = f16x16(block);
+            for t in 0..N {
+                let y = xs[t].add(b * Q8K_BYTES);
+                let dy = _mm512_set1_ps(y.cast::<f32>().read_unaligned());
+                let total = _mm512_sub_epi32(sums[t], _mm512_set1_epi32(q8k_code_sum(y)));
+                let total = _mm512_cvtepi32_ps(total);
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), total, acc[t]);
             }
         }

@@ -33,6 +33,9 @@
 //! (`[codes 2p][codes 2p + 1][plane p]`, 192 bytes each) so that a block is read front to
 //! back. Four bytes more per row than the file (the scales unpacked).
 //!
+//! TQ2_0, per super-block of a group: `d` (16 f16), then the sixteen code vectors laid out
+//! as Q2_K's (a code `c` of 0, 1 or 2 stands for `c − 1`). Same size as the file.
+//!
 //! IQ4_XS, per super-block of a group: `d` (16 f16), the eight signed 6-bit scales as bytes
 //! (`[sub-block][row]`), then per 32-value sub-block four nibble vectors laid out as
 //! IQ4_NL's (a nibble indexes the non-linear levels, read as `level + 128`). Two bytes
@@ -50,6 +53,7 @@ use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
 use crate::quant::int8::{Int8Block, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
+use crate::quant::ternary::{tq2_code, TQ2_CODES};
 
 /// Rows interleaved in one group.
 pub const GROUP_ROWS: usize = 16;
@@ -66,6 +70,26 @@ pub(super) const ACT_SUM_AT: usize = 36;
 pub(super) const Q8K_BYTES: usize = 292;
 pub(super) const Q8K_CODES_AT: usize = 4;
 pub(super) const Q8K_SUMS_AT: usize = 260;
+/// The sum of a Q8_K activation block's 256 codes, from its sixteen sums of 16 (TQ2_0's
+/// codes are the value plus one: the products take this sum off once per block).
+///
+/// # Safety
+/// `block` addresses a whole Q8_K activation block.
+#[inline(always)]
+pub(super) unsafe fn q8k_code_sum(block: *const u8) -> i32 {
+    let mut total = 0;
+    for s in 0..16 {
+        // SAFETY: the caller's contract: the sums lie inside the block.
+        total += i32::from(unsafe {
+            block
+                .add(Q8K_SUMS_AT + 2 * s)
+                .cast::<i16>()
+                .read_unaligned()
+        });
+    }
+    total
+}
+
 /// Bytes of the sixteen f16 scales at the start of every group block.
 pub(super) const SCALES_BYTES: usize = 2 * GROUP_ROWS;
 
@@ -152,6 +176,12 @@ pub(super) const fn q2k_codes_at(s: usize) -> usize {
     Q2K_CODES_AT + 64 * s
 }
 
+/// Where a TQ2_0 group block's code vector `s` (values `16s..16s + 16`) lies: after the
+/// scales, as Q2_K's.
+pub(super) const fn tq2_codes_at(s: usize) -> usize {
+    SCALES_BYTES + 64 * s
+}
+
 /// Offsets inside a Q3_K group block.
 pub(super) const Q3K_SCALES_AT: usize = 32;
 pub(super) const Q3K_CODES_AT: usize = 288;
@@ -183,6 +213,7 @@ pub(super) mod id {
     pub const MXFP4: u8 = 11;
     pub const IQ4_NL: u8 = 12;
     pub const IQ4_XS: u8 = 13;
+    pub const TQ2_0: u8 = 14;
 }
 
 /// A format that can be packed.
@@ -201,6 +232,7 @@ pub enum PackedFormat {
     Q2K,
     Q3K,
     Iq4Xs,
+    Tq2_0,
     /// The i-quants expanded to int8 for a prompt (see the module notes): never the
     /// format of a [`super::PackedMatrix`].
     I8K,
@@ -222,6 +254,7 @@ impl PackedFormat {
             GgmlType::Q2K => Some(PackedFormat::Q2K),
             GgmlType::Q3K => Some(PackedFormat::Q3K),
             GgmlType::Iq4Xs => Some(PackedFormat::Iq4Xs),
+            GgmlType::Tq2_0 => Some(PackedFormat::Tq2_0),
             _ => None,
         }
     }
@@ -242,6 +275,7 @@ impl PackedFormat {
             id::Q3K => PackedFormat::Q3K,
             id::I8K => PackedFormat::I8K,
             id::IQ4_XS => PackedFormat::Iq4Xs,
+            id::TQ2_0 => PackedFormat::Tq2_0,
             _ => PackedFormat::Q6K,
         }
     }
@@ -261,6 +295,7 @@ impl PackedFormat {
             PackedFormat::Q2K => GgmlType::Q2K,
             PackedFormat::Q3K => GgmlType::Q3K,
             PackedFormat::Iq4Xs => GgmlType::Iq4Xs,
+            PackedFormat::Tq2_0 => GgmlType::Tq2_0,
             // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
             PackedFormat::I8K => GgmlType::Q8K,
         }
@@ -276,6 +311,7 @@ impl PackedFormat {
                 | PackedFormat::Q2K
                 | PackedFormat::Q3K
                 | PackedFormat::Iq4Xs
+                | PackedFormat::Tq2_0
                 | PackedFormat::I8K
         )
     }
@@ -311,6 +347,7 @@ impl PackedFormat {
             PackedFormat::Q2K => 84,
             PackedFormat::Q3K => 110,
             PackedFormat::Iq4Xs => 136,
+            PackedFormat::Tq2_0 => 66,
             // d, the sixteen scales as bytes, 256 codes.
             PackedFormat::I8K => 2 + 16 + 256,
         }
@@ -386,6 +423,7 @@ impl PackedFormat {
             PackedFormat::Q3K => 4,
             PackedFormat::I8K => I8K_BIAS,
             PackedFormat::Iq4Xs => 128,
+            PackedFormat::Tq2_0 => 1,
         }
     }
 }
@@ -492,6 +530,12 @@ pub(super) fn pack_group(
                         }
                     }
                 }
+                PackedFormat::Tq2_0 => {
+                    for e in 0..QK_K {
+                        let code = tq2_code(block, e);
+                        dst[tq2_codes_at(e / 16) + 4 * r + e % 4] |= code << (2 * (e % 16 / 4));
+                    }
+                }
                 PackedFormat::I8K => unreachable!("I8K groups come from `int8_group`"),
                 PackedFormat::Iq4Xs => {
                     for s in 0..8 {
@@ -520,6 +564,7 @@ pub(super) fn pack_group(
                 PackedFormat::Q6K => 208,
                 PackedFormat::Q2K => 80,
                 PackedFormat::Q3K => 108,
+                PackedFormat::Tq2_0 => TQ2_CODES,
                 _ => 0,
             };
             if format.has_f32_scales() {

@@ -1,7 +1,8 @@
 //! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): sixteen rows interleaved four
-//! values at a time, so that one `vpdpbusd` multiplies four values of sixteen rows by the
-//! same four activation values and leaves one integer sum per row in its own lane.
+//! Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0): sixteen
+//! rows interleaved four values at a time, so that one `vpdpbusd` multiplies four values of
+//! sixteen rows by the same four activation values and leaves one integer sum per row in its
+//! own lane.
 //!
 //! The row-major kernels ([`crate::kernels`]) follow ggml's AVX2 arithmetic: eight partial
 //! sums per block and row, each converted, scaled and accumulated in float. Here each block

@@ -3,11 +3,11 @@
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TQ2_0,
 };
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
-    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES,
+    q6k_low_at, tq2_codes_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES,
     IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT,
     Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K,
     SCALES_BYTES,
@@ -30,6 +30,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<{ Q3K }>,
         PackedFormat::I8K => groups::<{ I8K }>,
         PackedFormat::Iq4Xs => groups::<{ IQ4_XS }>,
+        PackedFormat::Tq2_0 => groups::<{ TQ2_0 }>,
     }
 }
 
@@ -51,6 +52,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         | PackedFormat::Q2K
         | PackedFormat::Q3K
         | PackedFormat::Iq4Xs
+        | PackedFormat::Tq2_0
         | PackedFormat::I8K => unreachable!("256-value formats: see k_code"),
     }
 }
@@ -140,6 +142,8 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
         IQ4NL_CODES[usize::from(nibble(&block[iq4xs_codes_at(e / 32)..], r, e % 32))]
     } else if format == PackedFormat::Q2K {
         two_bits(q2k_codes_at(e / 16))
+    } else if format == PackedFormat::Tq2_0 {
+        two_bits(tq2_codes_at(e / 16))
     } else if format == PackedFormat::Q3K {
         let third = block[q3k_high_at(e / 32) + 4 * r + e % 4] >> (e % 32 / 4) & 1;
         two_bits(q3k_low_at(e / 16)) | third << 2
@@ -170,6 +174,9 @@ pub(super) fn k_code(format: PackedFormat, block: &[u8], r: usize, e: usize) -> 
 fn k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
     if matches!(format, PackedFormat::Q2K | PackedFormat::Q3K) {
         return low_bit_k_block(format, block, r, a, acc);
+    }
+    if format == PackedFormat::Tq2_0 {
+        return ternary_block(block, r, a, acc);
     }
     // IQ4_XS: scales per 32 values like Q4_K's, signed and without minimums.
     let iq4xs = format == PackedFormat::Iq4Xs;
@@ -249,4 +256,19 @@ fn low_bit_k_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: 
     } else {
         (dw * dy).mul_add((scaled - 4 * other) as f32, acc)
     }
+}
+
+/// [`k_block`] for TQ2_0: the exact `Σ (code − 1)·x` over the super-block (the codes
+/// against the activations, less the activations' sum), then one fused multiply-add.
+fn ternary_block(block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    let format = PackedFormat::Tq2_0;
+    let dy = f32::from_le_bytes(a[..4].try_into().unwrap());
+    let codes = &a[Q8K_CODES_AT..Q8K_CODES_AT + QK_K];
+    let sum: i32 = codes
+        .iter()
+        .enumerate()
+        .map(|(e, &x)| i32::from(k_code(format, block, r, e)) * i32::from(x as i8))
+        .sum();
+    let x_sum: i32 = (0..16).map(|s| i16_at(a, Q8K_SUMS_AT + 2 * s)).sum();
+    (f16_at(block, 2 * r) * dy).mul_add((sum - format.bias() * x_sum) as f32, acc)
 }

@@ -5,7 +5,7 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 13] = [
+const TYPES: [GgmlType; 14] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Iq4Nl,
@@ -19,6 +19,7 @@ const TYPES: [GgmlType; 13] = [
     GgmlType::Q6K,
     GgmlType::Q2K,
     GgmlType::Q3K,
+    GgmlType::Tq2_0,
 ];
 
 /// Shapes for `ty`: the 256-value formats need whole super-blocks.
@@ -134,7 +135,17 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let dy = f32::from_le_bytes(q8[..4].try_into().unwrap());
         let xq = |e: usize| i32::from(q8[4 + e] as i8);
         let (mut scaled, mut other) = (0i32, 0i32);
-        if ty == GgmlType::Iq4Xs {
+        if ty == GgmlType::Tq2_0 {
+            // Byte 32j + m holds value 128j + 32l + m in bits 2l..2l+2; a code c is c − 1.
+            let sum: i32 = (0..256)
+                .map(|e| {
+                    let code = block[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32)) & 3;
+                    (i32::from(code) - 1) * xq(e)
+                })
+                .sum();
+            let dw = half::f16::from_le_bytes([block[64], block[65]]).to_f32();
+            acc = (dw * dy).mul_add(sum as f32, acc);
+        } else if ty == GgmlType::Iq4Xs {
             // Sub-block s: 16 bytes at 8 + 16s, low nibbles values 0..16, high 16..32.
             for s in 0..8 {
                 let sum: i32 = (0..32)
@@ -293,6 +304,27 @@ fn q8_0_products_take_every_code_exactly() {
     }
 }
 
+/// TQ2_0's fourth code (3, which `llama-quantize` never writes and ggml reads as +2) and
+/// any bit pattern of the codes give the file blocks' exact products on every instruction
+/// set, for the decode kernels' token counts (each quad's codes in place) and more.
+#[test]
+fn tq2_0_products_take_every_code_exactly() {
+    let (rows, cols) = (32, 512);
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut bytes = vec![0u8; rows * quant::row_byte_len(GgmlType::Tq2_0, cols).unwrap()];
+    rng.fill(&mut bytes[..]);
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for (b, block) in bytes.chunks_exact_mut(66).enumerate() {
+        block[64..].copy_from_slice(&scale);
+        // Every block holds a byte of four 3s.
+        block[b % 64] = 0xFF;
+    }
+    let m = PackedMatrix::pack(GgmlType::Tq2_0, rows, cols, &bytes, |_| {}).unwrap();
+    for n in [1, 2, 4, 5, 8] {
+        assert_products_follow_the_file_blocks(GgmlType::Tq2_0, &m, &bytes, n, 30 + n as u64);
+    }
+}
+
 /// A pool of each of these thread counts.
 fn pools(threads: &[usize]) -> Vec<rayon::ThreadPool> {
     threads
@@ -423,9 +455,11 @@ fn packed_products_agree_with_the_row_major_kernels() {
         // bit for bit above): about 1e-2 at these magnitudes.
         // Q2_K: each block's minimums nearly cancel its scaled codes, so the two sums'
         // rounding (ordered differently in the row-major kernel) weighs more on the result.
+        // TQ2_0 likewise: weights of ±d and 0 against random activations leave rows whose
+        // products cancel to a small fraction of their partial sums.
         let tolerance = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             2e-2
-        } else if ty == GgmlType::Q2K {
+        } else if matches!(ty, GgmlType::Q2K | GgmlType::Tq2_0) {
             1e-4
         } else {
             1e-5
