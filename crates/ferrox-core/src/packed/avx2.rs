@@ -18,7 +18,8 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TQ2_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    TQ2_0,
 };
 use super::layout::{
     affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
@@ -27,11 +28,12 @@ use super::layout::{
     Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
     Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
-use super::layout::{place_int8_scales, q8k_code_sum, tq2_codes_at, QK_K};
+use super::layout::{place_int8_scales, q1_0_masks_at, q8k_code_sum, tq2_codes_at, QK_K};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
     GROUP_ROWS,
 };
+use crate::kernels::x86::avx2_common::bits_to_byte_mask;
 use crate::quant::int8::Int8Block;
 use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 
@@ -114,6 +116,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::I8K => groups::<I8K, false>,
         PackedFormat::Iq4Xs => groups::<IQ4_XS, false>,
         PackedFormat::Tq2_0 => groups::<TQ2_0, false>,
+        PackedFormat::Q1_0 => groups::<Q1_0, false>,
+        PackedFormat::Q2_0 => groups::<Q2_0, false>,
     }
 }
 
@@ -300,7 +304,7 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                         }
                     }
                     _ => {
-                        for values in legacy_codes::<F>(block, half) {
+                        for values in legacy_codes::<F>(block, half, 0) {
                             put(values);
                             put(_mm256_abs_epi8(values));
                         }
@@ -457,18 +461,31 @@ fn fifth_bits(plane: __m256i, s: usize) -> __m256i {
     _mm256_and_si256(moved, _mm256_set1_epi8(16))
 }
 
-/// The eight code vectors (half `half`) of a 32-value format's group block: unsigned,
-/// except Q8_0's and IQ4_NL's, signed.
+/// The eight code vectors (half `half`) of part `part` (values `32·part..+32`) of a
+/// 32-value format's group block: unsigned, except Q8_0's and IQ4_NL's, signed.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize) -> [__m256i; 8] {
+unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize, part: usize) -> [__m256i; 8] {
     let low = _mm256_set1_epi8(0x0F);
     let mut codes = [_mm256_setzero_si256(); 8];
-    // SAFETY: the caller passes a whole group block.
+    // SAFETY: the caller passes a whole group block and a part of its format.
     unsafe {
         let format = PackedFormat::from_id(F);
         let p = block.add(format.codes_at());
         match F {
+            Q1_0 => {
+                // A half's eight rows are the low or high 32 bits of each mask.
+                let masks = block.add(q1_0_masks_at(part) + 4 * half);
+                for (g, c) in codes.iter_mut().enumerate() {
+                    let bits = masks.add(8 * g).cast::<u32>().read_unaligned();
+                    *c = _mm256_and_si256(bits_to_byte_mask(bits), _mm256_set1_epi8(2));
+                }
+            }
+            Q2_0 => {
+                let p = p.add(128 * part);
+                let [a, b] = [two_bit_quads(p, half), two_bit_quads(p.add(64), half)];
+                codes = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+            }
             Q8_0 => {
                 for (g, c) in codes.iter_mut().enumerate() {
                     *c = _mm256_xor_si256(half_of(p.add(64 * g), half), _mm256_set1_epi8(-128));
@@ -612,13 +629,31 @@ unsafe fn store<const N: usize>(acc: &[__m256; N], out: *mut f32, out_stride: us
     }
 }
 
-/// One block of a 32-value format, half `half` of the group, into the tokens' sums.
+/// One block of a 32-value format, half `half` of the group, into the tokens' sums: its
+/// parts (32 values each, one activation block) one after the other.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let parts = PackedFormat::from_id(F).parts();
+    for part in 0..parts {
+        // SAFETY: the caller's contract.
+        unsafe { legacy_part::<F, N, PROMPT>(block, half, (b * parts + part, part), xs, acc) };
+    }
+}
+
+/// Part `part` of [`legacy_block`], against the tokens' activation block `a`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_part<const F: u8, const N: usize, const PROMPT: bool>(
+    block: *const u8,
+    half: usize,
+    (a, part): (usize, usize),
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
@@ -629,7 +664,7 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
         let codes = if PROMPT {
             [_mm256_setzero_si256(); 8]
         } else {
-            legacy_codes::<F>(block, half)
+            legacy_codes::<F>(block, half, part)
         };
         let dw = if PackedFormat::from_id(F).has_f32_scales() {
             _mm256_loadu_ps(block.add(32 * half).cast())
@@ -637,7 +672,7 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
             f16x8(block.add(16 * half))
         };
         let activations: [*const u8; N] =
-            std::array::from_fn(|t| xs[t].add(b * ACTIVATION_BLOCK_BYTES));
+            std::array::from_fn(|t| xs[t].add(a * ACTIVATION_BLOCK_BYTES));
         let mut sums = [_mm256_setzero_si256(); N];
         if matches!(F, Q8_0 | IQ4_NL) {
             // Signed codes by the sign trick, four values at a time for every token, so
@@ -662,7 +697,11 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
                 *sum = _mm256_set1_epi32(bias * -x_sum);
                 // Four-bit codes: all 32 products in i16 halves before one widening; five-bit
                 // codes and MXFP4's (below 25): two runs of 16 (see `pairs8`).
-                let run = if matches!(F, Q4_0 | Q4_1) { 8 } else { 4 };
+                let run = if matches!(F, Q4_0 | Q4_1 | Q1_0 | Q2_0) {
+                    8
+                } else {
+                    4
+                };
                 for first in (0..8).step_by(run) {
                     let mut pairs = _mm256_setzero_si256();
                     for k in (first..first + run).step_by(2) {

@@ -13,8 +13,8 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::{
-    id, place_int8_scales, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES, MXFP4_CODES, QK_K,
-    SCALES_BYTES,
+    id, place_int8_scales, q1_0_masks_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES,
+    MXFP4_CODES, QK_K, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
@@ -22,7 +22,7 @@ use super::{
 use crate::quant::int8::Int8Block;
 
 use super::avx512_kquants::{
-    AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock, Tq2Block,
+    two_bit_quads, AffineKBlock, I8KBlock, Iq4XsBlock, Q2KBlock, Q3KBlock, Q6KBlock, Tq2Block,
 };
 
 pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
@@ -42,6 +42,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q2K => groups::<Q2KBlock>,
         PackedFormat::Q3K => groups::<Q3KBlock>,
         PackedFormat::Tq2_0 => groups::<Tq2Block>,
+        PackedFormat::Q1_0 => groups::<Legacy<SignCodes>>,
+        PackedFormat::Q2_0 => groups::<Legacy<TwoBitCodes>>,
     }
 }
 
@@ -148,14 +150,15 @@ pub(super) trait Block {
 /// The 32-value formats, whose codes unpack as `C` says.
 struct Legacy<C>(std::marker::PhantomData<C>);
 
-/// How one group block's codes become eight registers of unsigned bytes (register `g`:
-/// values `4g..4g+4` of every row).
+/// How one group block's codes become eight registers of unsigned bytes per 32 values
+/// (register `g`: values `32·part + 4g..+4` of every row).
 trait Codes {
     const FORMAT: PackedFormat;
 
     /// # Safety
-    /// The CPU has the kernel's features; `block` addresses a whole group block.
-    unsafe fn unpack(block: *const u8) -> [__m512i; 8];
+    /// The CPU has the kernel's features; `block` addresses a whole group block, `part` is
+    /// below the format's [`PackedFormat::parts`].
+    unsafe fn unpack(block: *const u8, part: usize) -> [__m512i; 8];
 }
 
 /// Q4_0, or Q4_1 when `MIN`.
@@ -165,6 +168,10 @@ struct FiveBitCodes<const MIN: bool>;
 struct Q8_0Codes;
 /// MXFP4 or IQ4_NL (by their [`id`]): nibbles that index a table of codes.
 struct LevelCodes<const F: u8>;
+/// Q1_0: sign masks, a set bit the code 2.
+struct SignCodes;
+/// Q2_0: two-bit codes as Q2_K's.
+struct TwoBitCodes;
 
 /// The low nibbles of the four registers at `p` (values `4k..4k+4`) in registers `0..4`,
 /// the high nibbles (values `16+4k..`) in `4..8`.
@@ -191,7 +198,7 @@ impl<const MIN: bool> Codes for NibbleCodes<MIN> {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+    unsafe fn unpack(block: *const u8, _part: usize) -> [__m512i; 8] {
         // SAFETY: the caller's contract.
         unsafe { nibbles(block.add(Self::FORMAT.codes_at())) }
     }
@@ -206,7 +213,7 @@ impl<const MIN: bool> Codes for FiveBitCodes<MIN> {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+    unsafe fn unpack(block: *const u8, _part: usize) -> [__m512i; 8] {
         let sixteen = _mm512_set1_epi8(16);
         // SAFETY: the caller's contract.
         unsafe {
@@ -227,7 +234,7 @@ impl Codes for Q8_0Codes {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+    unsafe fn unpack(block: *const u8, _part: usize) -> [__m512i; 8] {
         // SAFETY: the caller's contract.
         unsafe {
             let p = block.add(SCALES_BYTES);
@@ -241,7 +248,7 @@ impl<const F: u8> Codes for LevelCodes<F> {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn unpack(block: *const u8) -> [__m512i; 8] {
+    unsafe fn unpack(block: *const u8, _part: usize) -> [__m512i; 8] {
         let table = if F == id::MXFP4 {
             &MXFP4_CODES
         } else {
@@ -274,23 +281,60 @@ impl<C: Codes> Block for Legacy<C> {
             } else {
                 _mm512_cvtph_ps(_mm256_loadu_si256(block.cast()))
             };
-            let codes = C::unpack(block);
-            for t in 0..N {
-                let a = xs[t].add(b * ACTIVATION_BLOCK_BYTES);
-                let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
-                // The codes are `w + bias`: start from `-bias·Σx`.
-                let sums = dot32(_mm512_set1_epi32(bias * -x_sum), &codes, a);
-                let sums = _mm512_cvtepi32_ps(sums);
-                let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
-                if C::FORMAT.has_min() {
-                    // `d·code + m`: the minimums against the activations' sum.
-                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(block.add(SCALES_BYTES).cast()));
-                    let x_sum = _mm512_set1_ps(x_sum as f32);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(m, dy), x_sum, acc[t]);
+            let parts = C::FORMAT.parts();
+            for part in 0..parts {
+                let codes = C::unpack(block, part);
+                for t in 0..N {
+                    let a = xs[t].add((b * parts + part) * ACTIVATION_BLOCK_BYTES);
+                    let x_sum = a.add(ACT_SUM_AT).cast::<i32>().read_unaligned();
+                    // The codes are `w + bias`: start from `-bias·Σx`.
+                    let sums = dot32(_mm512_set1_epi32(bias * -x_sum), &codes, a);
+                    let sums = _mm512_cvtepi32_ps(sums);
+                    let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), sums, acc[t]);
+                    if C::FORMAT.has_min() {
+                        // `d·code + m`: the minimums against the activations' sum.
+                        let m = _mm512_cvtph_ps(_mm256_loadu_si256(block.add(SCALES_BYTES).cast()));
+                        let x_sum = _mm512_set1_ps(x_sum as f32);
+                        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(m, dy), x_sum, acc[t]);
+                    }
                 }
             }
         }
+    }
+}
+
+impl Codes for SignCodes {
+    const FORMAT: PackedFormat = PackedFormat::Q1_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8, part: usize) -> [__m512i; 8] {
+        let two = _mm512_set1_epi8(2);
+        let mut codes = [_mm512_setzero_si512(); 8];
+        // SAFETY: the caller's contract: the part's eight masks lie in the block.
+        unsafe {
+            let masks = block.add(q1_0_masks_at(part));
+            for (g, c) in codes.iter_mut().enumerate() {
+                *c = _mm512_maskz_mov_epi8(masks.add(8 * g).cast::<u64>().read_unaligned(), two);
+            }
+        }
+        codes
+    }
+}
+
+impl Codes for TwoBitCodes {
+    const FORMAT: PackedFormat = PackedFormat::Q2_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn unpack(block: *const u8, part: usize) -> [__m512i; 8] {
+        // SAFETY: the caller's contract: the part's two code vectors lie in the block.
+        let [a, b] = unsafe {
+            let p = block.add(SCALES_BYTES + 128 * part);
+            [two_bit_quads(p), two_bit_quads(p.add(64))]
+        };
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
     }
 }
 

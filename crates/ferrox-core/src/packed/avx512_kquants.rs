@@ -402,7 +402,7 @@ impl<const PAIRED: bool> Block for I8KBlock<PAIRED> {
 /// above bit 1, where the mask clears it).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn two_bit_quads(p: *const u8) -> [__m512i; 4] {
+pub(super) unsafe fn two_bit_quads(p: *const u8) -> [__m512i; 4] {
     let mask = _mm512_set1_epi8(3);
     // SAFETY: the caller passes a whole 64-byte vector.
     let v = unsafe { _mm512_loadu_si512(p.cast()) };

@@ -33,6 +33,12 @@
 //! (`[codes 2p][codes 2p + 1][plane p]`, 192 bytes each) so that a block is read front to
 //! back. Four bytes more per row than the file (the scales unpacked).
 //!
+//! Q1_0 (128 values) and Q2_0 (64) take Q8_0 activations, one block per 32 values, so a
+//! block of theirs spans several (`parts`), all scaled by the block's one `d` (16 f16 first).
+//! Q1_0: per part, eight 64-bit sign masks ([`q1_0_masks_at`]), a set bit the code 2 (`+d`),
+//! a clear one 0 (`−d`). Q2_0: four code vectors laid out as Q2_K's (vector `s`: values
+//! `16s..16s + 16`), codes 0..3 for −1..+2. Both the size of the file.
+//!
 //! TQ2_0, per super-block of a group: `d` (16 f16), then the sixteen code vectors laid out
 //! as Q2_K's (a code `c` of 0, 1 or 2 stands for `c − 1`). Same size as the file.
 //!
@@ -53,6 +59,7 @@ use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
 use crate::quant::int8::{Int8Block, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
+use crate::quant::low_bit::CODES_AT;
 use crate::quant::ternary::{tq2_code, TQ2_CODES};
 
 /// Rows interleaved in one group.
@@ -182,6 +189,12 @@ pub(super) const fn tq2_codes_at(s: usize) -> usize {
     SCALES_BYTES + 64 * s
 }
 
+/// Where a Q1_0 group block's sign masks of 32-value part `k` lie: eight words, word `q`
+/// holding in bit `4r + j` the sign (set: `+d`) of value `32k + 4q + j` of row `r`.
+pub(super) const fn q1_0_masks_at(k: usize) -> usize {
+    SCALES_BYTES + 64 * k
+}
+
 /// Offsets inside a Q3_K group block.
 pub(super) const Q3K_SCALES_AT: usize = 32;
 pub(super) const Q3K_CODES_AT: usize = 288;
@@ -214,6 +227,8 @@ pub(super) mod id {
     pub const IQ4_NL: u8 = 12;
     pub const IQ4_XS: u8 = 13;
     pub const TQ2_0: u8 = 14;
+    pub const Q1_0: u8 = 15;
+    pub const Q2_0: u8 = 16;
 }
 
 /// A format that can be packed.
@@ -233,6 +248,8 @@ pub enum PackedFormat {
     Q3K,
     Iq4Xs,
     Tq2_0,
+    Q1_0,
+    Q2_0,
     /// The i-quants expanded to int8 for a prompt (see the module notes): never the
     /// format of a [`super::PackedMatrix`].
     I8K,
@@ -255,6 +272,8 @@ impl PackedFormat {
             GgmlType::Q3K => Some(PackedFormat::Q3K),
             GgmlType::Iq4Xs => Some(PackedFormat::Iq4Xs),
             GgmlType::Tq2_0 => Some(PackedFormat::Tq2_0),
+            GgmlType::Q1_0 => Some(PackedFormat::Q1_0),
+            GgmlType::Q2_0 => Some(PackedFormat::Q2_0),
             _ => None,
         }
     }
@@ -276,6 +295,8 @@ impl PackedFormat {
             id::I8K => PackedFormat::I8K,
             id::IQ4_XS => PackedFormat::Iq4Xs,
             id::TQ2_0 => PackedFormat::Tq2_0,
+            id::Q1_0 => PackedFormat::Q1_0,
+            id::Q2_0 => PackedFormat::Q2_0,
             _ => PackedFormat::Q6K,
         }
     }
@@ -296,6 +317,8 @@ impl PackedFormat {
             PackedFormat::Q3K => GgmlType::Q3K,
             PackedFormat::Iq4Xs => GgmlType::Iq4Xs,
             PackedFormat::Tq2_0 => GgmlType::Tq2_0,
+            PackedFormat::Q1_0 => GgmlType::Q1_0,
+            PackedFormat::Q2_0 => GgmlType::Q2_0,
             // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
             PackedFormat::I8K => GgmlType::Q8K,
         }
@@ -327,7 +350,17 @@ impl PackedFormat {
         if self.is_k() {
             QK_K
         } else {
-            QK
+            QK * self.parts()
+        }
+    }
+
+    /// Activation blocks (of 32 values) per block of a 32-value format: Q1_0's one scale
+    /// serves 128 values, Q2_0's 64.
+    pub(super) const fn parts(self) -> usize {
+        match self {
+            PackedFormat::Q1_0 => 4,
+            PackedFormat::Q2_0 => 2,
+            _ => 1,
         }
     }
 
@@ -348,6 +381,7 @@ impl PackedFormat {
             PackedFormat::Q3K => 110,
             PackedFormat::Iq4Xs => 136,
             PackedFormat::Tq2_0 => 66,
+            PackedFormat::Q1_0 | PackedFormat::Q2_0 => 18,
             // d, the sixteen scales as bytes, 256 codes.
             PackedFormat::I8K => 2 + 16 + 256,
         }
@@ -372,12 +406,13 @@ impl PackedFormat {
         GROUP_ROWS * per_row
     }
 
-    /// Bytes of one activation block.
+    /// Bytes of the activations of one block: one Q8_K block, or a Q8_0-based block per 32
+    /// values.
     pub(super) fn activation_block_bytes(self) -> usize {
         if self.is_k() {
             Q8K_BYTES
         } else {
-            ACTIVATION_BLOCK_BYTES
+            ACTIVATION_BLOCK_BYTES * self.parts()
         }
     }
 
@@ -423,7 +458,8 @@ impl PackedFormat {
             PackedFormat::Q3K => 4,
             PackedFormat::I8K => I8K_BIAS,
             PackedFormat::Iq4Xs => 128,
-            PackedFormat::Tq2_0 => 1,
+            // Q1_0's signs as codes 0 and 2; Q2_0's codes 0..3 stand for −1..+2.
+            PackedFormat::Tq2_0 | PackedFormat::Q1_0 | PackedFormat::Q2_0 => 1,
         }
     }
 }
@@ -534,6 +570,22 @@ pub(super) fn pack_group(
                     for e in 0..QK_K {
                         let code = tq2_code(block, e);
                         dst[tq2_codes_at(e / 16) + 4 * r + e % 4] |= code << (2 * (e % 16 / 4));
+                    }
+                }
+                PackedFormat::Q1_0 => {
+                    for e in 0..format.values() {
+                        let code = u64::from(block[CODES_AT + e / 8] >> (e % 8) & 1);
+                        let at = q1_0_masks_at(e / 32) + 8 * (e % 32 / 4);
+                        let word = u64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
+                        let word = word | code << (4 * r + e % 4);
+                        dst[at..at + 8].copy_from_slice(&word.to_le_bytes());
+                    }
+                }
+                PackedFormat::Q2_0 => {
+                    for e in 0..format.values() {
+                        let code = block[CODES_AT + e / 4] >> (2 * (e % 4)) & 3;
+                        dst[SCALES_BYTES + 64 * (e / 16) + 4 * r + e % 4] |=
+                            code << (2 * (e % 16 / 4));
                     }
                 }
                 PackedFormat::I8K => unreachable!("I8K groups come from `int8_group`"),

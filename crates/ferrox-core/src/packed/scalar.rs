@@ -3,14 +3,15 @@
 //! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, TQ2_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    TQ2_0,
 };
 use super::layout::{
-    affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
-    q6k_low_at, tq2_codes_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES,
-    IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT,
-    Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K,
-    SCALES_BYTES,
+    affine_k_codes_at, iq4xs_codes_at, q1_0_masks_at, q2k_codes_at, q3k_high_at, q3k_low_at,
+    q6k_high_at, q6k_low_at, tq2_codes_at, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT,
+    I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT,
+    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
+    Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -31,6 +32,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::I8K => groups::<{ I8K }>,
         PackedFormat::Iq4Xs => groups::<{ IQ4_XS }>,
         PackedFormat::Tq2_0 => groups::<{ TQ2_0 }>,
+        PackedFormat::Q1_0 => groups::<{ Q1_0 }>,
+        PackedFormat::Q2_0 => groups::<{ Q2_0 }>,
     }
 }
 
@@ -38,6 +41,12 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
 pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8 {
     let codes = &block[format.codes_at()..];
     match format {
+        PackedFormat::Q1_0 => {
+            let at = q1_0_masks_at(i / 32) + 8 * (i % 32 / 4);
+            let mask = u64::from_le_bytes(block[at..at + 8].try_into().unwrap());
+            2 * (mask >> (4 * r + i % 4) & 1) as u8
+        }
+        PackedFormat::Q2_0 => codes[64 * (i / 16) + 4 * r + i % 4] >> (2 * (i % 16 / 4)) & 3,
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
         PackedFormat::Mxfp4 => MXFP4_CODES[usize::from(nibble(codes, r, i))],
@@ -102,11 +111,19 @@ unsafe fn groups<const FORMAT: u8>(
     }
 }
 
-/// Row `r` of a 32-value format's group block against activation block `a`, into `acc`.
+/// Row `r` of a 32-value format's group block against its activation blocks `a` (one per
+/// 32 values), into `acc`, one activation block after the other.
 fn legacy_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32) -> f32 {
+    a.chunks_exact(ACTIVATION_BLOCK_BYTES)
+        .enumerate()
+        .fold(acc, |acc, (k, a)| legacy_part(format, block, r, k, a, acc))
+}
+
+/// Part `k` (values `32k..32k + 32`) of [`legacy_block`] against its activation block `a`.
+fn legacy_part(format: PackedFormat, block: &[u8], r: usize, k: usize, a: &[u8], acc: f32) -> f32 {
     let mut sum = 0i32;
     for (i, &x) in a[..QK].iter().enumerate() {
-        sum += i32::from(code(format, block, r, i)) * i32::from(x as i8);
+        sum += i32::from(code(format, block, r, QK * k + i)) * i32::from(x as i8);
     }
     let x_sum = i32::from_le_bytes(a[ACT_SUM_AT..].try_into().unwrap());
     sum -= format.bias() * x_sum;

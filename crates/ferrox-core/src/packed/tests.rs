@@ -5,7 +5,7 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 14] = [
+const TYPES: [GgmlType; 16] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Iq4Nl,
@@ -20,20 +20,16 @@ const TYPES: [GgmlType; 14] = [
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Tq2_0,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
-/// Shapes for `ty`: the 256-value formats need whole super-blocks.
+/// Shapes for `ty`: the formats of more than 32 values per block need whole blocks.
 fn shapes(ty: GgmlType, shapes: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let k = PackedFormat::of(ty).unwrap().is_k();
+    let values = PackedFormat::of(ty).unwrap().values();
     shapes
         .iter()
-        .map(|&(r, c)| {
-            if k {
-                (r, c.next_multiple_of(256))
-            } else {
-                (r, c)
-            }
-        })
+        .map(|&(r, c)| (r, c.next_multiple_of(values)))
         .collect()
 }
 
@@ -74,12 +70,26 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     }
     let mut q8 = [0u8; 34];
     let bb = ty.block_bytes().unwrap() as usize;
+    let per_block = ty.block_size().unwrap() as usize;
     let mut acc = 0f32;
-    for (block, xb) in row.chunks_exact(bb).zip(x.chunks_exact(32)) {
+    // Each block's values 32 at a time (Q1_0's and Q2_0's span several), against one
+    // activation block each.
+    let parts = row
+        .chunks_exact(bb)
+        .zip(x.chunks_exact(per_block))
+        .flat_map(|(block, xb)| {
+            xb.chunks_exact(32)
+                .enumerate()
+                .map(move |(part, xb)| (block, part, xb))
+        });
+    for (block, part, xb) in parts {
         crate::kernels::quantize_activation(GgmlType::Q8_0, xb, &mut q8).unwrap();
         // Signed values, or for Q4_1/Q5_1 the unsigned codes (their minimum comes after).
         let values: Vec<i32> = (0..32)
-            .map(|i| match ty {
+            .map(|i| (i, 32 * part + i))
+            .map(|(i, e)| match ty {
+                GgmlType::Q1_0 => 2 * i32::from(block[2 + e / 8] >> (e % 8) & 1) - 1,
+                GgmlType::Q2_0 => i32::from(block[2 + e / 4] >> (2 * (e % 4)) & 3) - 1,
                 GgmlType::Q8_0 => i32::from(block[2 + i] as i8),
                 GgmlType::Mxfp4 => {
                     let nibble = block[1 + i % 16] >> (4 * (i / 16)) & 15;
@@ -304,24 +314,33 @@ fn q8_0_products_take_every_code_exactly() {
     }
 }
 
-/// TQ2_0's fourth code (3, which `llama-quantize` never writes and ggml reads as +2) and
-/// any bit pattern of the codes give the file blocks' exact products on every instruction
-/// set, for the decode kernels' token counts (each quad's codes in place) and more.
+/// The two-bit formats' every code (TQ2_0's 3, which `llama-quantize` never writes and
+/// ggml reads as +2; Q2_0's +2) and Q1_0's every sign pattern, from random bytes, give the
+/// file blocks' exact products on every instruction set, for the decode kernels' token
+/// counts (TQ2_0's AVX-512 codes left in place up to four) and more.
 #[test]
-fn tq2_0_products_take_every_code_exactly() {
-    let (rows, cols) = (32, 512);
-    let mut rng = StdRng::seed_from_u64(21);
-    let mut bytes = vec![0u8; rows * quant::row_byte_len(GgmlType::Tq2_0, cols).unwrap()];
-    rng.fill(&mut bytes[..]);
+fn low_bit_products_take_every_code_exactly() {
     let scale = half::f16::from_f32(0.01).to_le_bytes();
-    for (b, block) in bytes.chunks_exact_mut(66).enumerate() {
-        block[64..].copy_from_slice(&scale);
-        // Every block holds a byte of four 3s.
-        block[b % 64] = 0xFF;
-    }
-    let m = PackedMatrix::pack(GgmlType::Tq2_0, rows, cols, &bytes, |_| {}).unwrap();
-    for n in [1, 2, 4, 5, 8] {
-        assert_products_follow_the_file_blocks(GgmlType::Tq2_0, &m, &bytes, n, 30 + n as u64);
+    for (ty, scale_at) in [
+        (GgmlType::Tq2_0, 64),
+        (GgmlType::Q2_0, 0),
+        (GgmlType::Q1_0, 0),
+    ] {
+        let (rows, cols) = (32, 512);
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut bytes = vec![0u8; rows * quant::row_byte_len(ty, cols).unwrap()];
+        rng.fill(&mut bytes[..]);
+        let bb = ty.block_bytes().unwrap() as usize;
+        for (b, block) in bytes.chunks_exact_mut(bb).enumerate() {
+            block[scale_at..scale_at + 2].copy_from_slice(&scale);
+            // Every block holds a byte of four 3s (Q1_0: eight plus signs).
+            let codes = if scale_at == 0 { 2..bb } else { 0..scale_at };
+            block[codes.start + b % codes.len()] = 0xFF;
+        }
+        let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+        for n in [1, 2, 4, 5, 8] {
+            assert_products_follow_the_file_blocks(ty, &m, &bytes, n, 30 + n as u64);
+        }
     }
 }
 
@@ -496,7 +515,8 @@ fn packed_products_match_a_dequantized_product() {
             .chunks_exact(act)
             .flat_map(|row| {
                 let k = m.format.is_k();
-                let ab = m.format.activation_block_bytes();
+                // One activation block per 32 values of the 32-value formats.
+                let ab = m.format.activation_block_bytes() / m.format.parts();
                 row.chunks_exact(ab).flat_map(move |a| {
                     let (scale_at, codes_at, n) = if k {
                         (0, Q8K_CODES_AT, 256)
