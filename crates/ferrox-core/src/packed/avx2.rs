@@ -115,7 +115,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<Q3K, false>,
         PackedFormat::I8K => groups::<I8K, false>,
         PackedFormat::Iq4Xs => groups::<IQ4_XS, false>,
-        PackedFormat::Tq2_0 => groups::<TQ2_0, false>,
+        // TQ1_0 is packed as TQ2_0 is.
+        PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<TQ2_0, false>,
         PackedFormat::Q1_0 => groups::<Q1_0, false>,
         PackedFormat::Q2_0 => groups::<Q2_0, false>,
     }

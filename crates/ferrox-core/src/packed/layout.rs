@@ -40,7 +40,9 @@
 //! `16s..16s + 16`), codes 0..3 for −1..+2. Both the size of the file.
 //!
 //! TQ2_0, per super-block of a group: `d` (16 f16), then the sixteen code vectors laid out
-//! as Q2_K's (a code `c` of 0, 1 or 2 stands for `c − 1`). Same size as the file.
+//! as Q2_K's (a code `c` of 0, 1 or 2 stands for `c − 1`). Same size as the file. TQ1_0
+//! packs into the same layout, its five codes per byte unpacked to two bits each (66 bytes
+//! per row and block where the file has 54), so that it runs TQ2_0's kernels.
 //!
 //! IQ4_XS, per super-block of a group: `d` (16 f16), the eight signed 6-bit scales as bytes
 //! (`[sub-block][row]`), then per 32-value sub-block four nibble vectors laid out as
@@ -60,7 +62,7 @@ use crate::quant::int8::{Int8Block, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
 use crate::quant::low_bit::CODES_AT;
-use crate::quant::ternary::{tq2_code, TQ2_CODES};
+use crate::quant::ternary::{tq1_codes, tq2_code, TQ1_D_AT, TQ2_CODES};
 
 /// Rows interleaved in one group.
 pub const GROUP_ROWS: usize = 16;
@@ -248,6 +250,8 @@ pub enum PackedFormat {
     Q3K,
     Iq4Xs,
     Tq2_0,
+    /// TQ1_0, its base-3 codes unpacked to TQ2_0's group layout (see the module notes).
+    Tq1_0,
     Q1_0,
     Q2_0,
     /// The i-quants expanded to int8 for a prompt (see the module notes): never the
@@ -272,6 +276,7 @@ impl PackedFormat {
             GgmlType::Q3K => Some(PackedFormat::Q3K),
             GgmlType::Iq4Xs => Some(PackedFormat::Iq4Xs),
             GgmlType::Tq2_0 => Some(PackedFormat::Tq2_0),
+            GgmlType::Tq1_0 => Some(PackedFormat::Tq1_0),
             GgmlType::Q1_0 => Some(PackedFormat::Q1_0),
             GgmlType::Q2_0 => Some(PackedFormat::Q2_0),
             _ => None,
@@ -317,6 +322,7 @@ impl PackedFormat {
             PackedFormat::Q3K => GgmlType::Q3K,
             PackedFormat::Iq4Xs => GgmlType::Iq4Xs,
             PackedFormat::Tq2_0 => GgmlType::Tq2_0,
+            PackedFormat::Tq1_0 => GgmlType::Tq1_0,
             PackedFormat::Q1_0 => GgmlType::Q1_0,
             PackedFormat::Q2_0 => GgmlType::Q2_0,
             // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
@@ -335,6 +341,7 @@ impl PackedFormat {
                 | PackedFormat::Q3K
                 | PackedFormat::Iq4Xs
                 | PackedFormat::Tq2_0
+                | PackedFormat::Tq1_0
                 | PackedFormat::I8K
         )
     }
@@ -381,6 +388,7 @@ impl PackedFormat {
             PackedFormat::Q3K => 110,
             PackedFormat::Iq4Xs => 136,
             PackedFormat::Tq2_0 => 66,
+            PackedFormat::Tq1_0 => 54,
             PackedFormat::Q1_0 | PackedFormat::Q2_0 => 18,
             // d, the sixteen scales as bytes, 256 codes.
             PackedFormat::I8K => 2 + 16 + 256,
@@ -399,6 +407,8 @@ impl PackedFormat {
             PackedFormat::Mxfp4 => 20,
             // The scales unpacked to signed bytes.
             PackedFormat::Iq4Xs => 138,
+            // The codes two bits each, as TQ2_0's.
+            PackedFormat::Tq1_0 => PackedFormat::Tq2_0.file_block_bytes(),
             // Two bytes of padding per row: the codes start at a cache line.
             PackedFormat::I8K => 276,
             other => other.file_block_bytes(),
@@ -459,7 +469,9 @@ impl PackedFormat {
             PackedFormat::I8K => I8K_BIAS,
             PackedFormat::Iq4Xs => 128,
             // Q1_0's signs as codes 0 and 2; Q2_0's codes 0..3 stand for −1..+2.
-            PackedFormat::Tq2_0 | PackedFormat::Q1_0 | PackedFormat::Q2_0 => 1,
+            PackedFormat::Tq2_0 | PackedFormat::Tq1_0 | PackedFormat::Q1_0 | PackedFormat::Q2_0 => {
+                1
+            }
         }
     }
 }
@@ -566,9 +578,13 @@ pub(super) fn pack_group(
                         }
                     }
                 }
-                PackedFormat::Tq2_0 => {
-                    for e in 0..QK_K {
-                        let code = tq2_code(block, e);
+                PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => {
+                    let codes = if format == PackedFormat::Tq1_0 {
+                        tq1_codes(block)
+                    } else {
+                        std::array::from_fn(|e| tq2_code(block, e))
+                    };
+                    for (e, code) in codes.into_iter().enumerate() {
                         dst[tq2_codes_at(e / 16) + 4 * r + e % 4] |= code << (2 * (e % 16 / 4));
                     }
                 }
@@ -617,6 +633,7 @@ pub(super) fn pack_group(
                 PackedFormat::Q2K => 80,
                 PackedFormat::Q3K => 108,
                 PackedFormat::Tq2_0 => TQ2_CODES,
+                PackedFormat::Tq1_0 => TQ1_D_AT,
                 _ => 0,
             };
             if format.has_f32_scales() {

@@ -31,7 +31,8 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<{ Q3K }>,
         PackedFormat::I8K => groups::<{ I8K }>,
         PackedFormat::Iq4Xs => groups::<{ IQ4_XS }>,
-        PackedFormat::Tq2_0 => groups::<{ TQ2_0 }>,
+        // TQ1_0 is packed as TQ2_0 is.
+        PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<{ TQ2_0 }>,
         PackedFormat::Q1_0 => groups::<{ Q1_0 }>,
         PackedFormat::Q2_0 => groups::<{ Q2_0 }>,
     }
@@ -62,6 +63,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         | PackedFormat::Q3K
         | PackedFormat::Iq4Xs
         | PackedFormat::Tq2_0
+        | PackedFormat::Tq1_0
         | PackedFormat::I8K => unreachable!("256-value formats: see k_code"),
     }
 }

@@ -5,7 +5,7 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 16] = [
+const TYPES: [GgmlType; 17] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
     GgmlType::Iq4Nl,
@@ -20,6 +20,7 @@ const TYPES: [GgmlType; 16] = [
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Tq2_0,
+    GgmlType::Tq1_0,
     GgmlType::Q1_0,
     GgmlType::Q2_0,
 ];
@@ -145,15 +146,23 @@ fn from_file_super_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         let dy = f32::from_le_bytes(q8[..4].try_into().unwrap());
         let xq = |e: usize| i32::from(q8[4 + e] as i8);
         let (mut scaled, mut other) = (0i32, 0i32);
-        if ty == GgmlType::Tq2_0 {
-            // Byte 32j + m holds value 128j + 32l + m in bits 2l..2l+2; a code c is c − 1.
+        if matches!(ty, GgmlType::Tq2_0 | GgmlType::Tq1_0) {
+            // TQ2_0: byte 32j + m holds value 128j + 32l + m in bits 2l..2l+2; TQ1_0: base-3
+            // digits (the quantizer's own decoding). A code c is c − 1.
+            let tq1 = ty == GgmlType::Tq1_0;
+            let tq1_codes = crate::quant::ternary::tq1_codes(block);
             let sum: i32 = (0..256)
                 .map(|e| {
-                    let code = block[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32)) & 3;
+                    let code = if tq1 {
+                        tq1_codes[e]
+                    } else {
+                        block[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32)) & 3
+                    };
                     (i32::from(code) - 1) * xq(e)
                 })
                 .sum();
-            let dw = half::f16::from_le_bytes([block[64], block[65]]).to_f32();
+            let d_at = if tq1 { 52 } else { 64 };
+            let dw = half::f16::from_le_bytes([block[d_at], block[d_at + 1]]).to_f32();
             acc = (dw * dy).mul_add(sum as f32, acc);
         } else if ty == GgmlType::Iq4Xs {
             // Sub-block s: 16 bytes at 8 + 16s, low nibbles values 0..16, high 16..32.
@@ -315,7 +324,8 @@ fn q8_0_products_take_every_code_exactly() {
 }
 
 /// The two-bit formats' every code (TQ2_0's 3, which `llama-quantize` never writes and
-/// ggml reads as +2; Q2_0's +2) and Q1_0's every sign pattern, from random bytes, give the
+/// ggml reads as +2; Q2_0's +2), TQ1_0's every byte and Q1_0's every sign pattern, from
+/// random bytes, give the
 /// file blocks' exact products on every instruction set, for the decode kernels' token
 /// counts (TQ2_0's AVX-512 codes left in place up to four) and more.
 #[test]
@@ -323,6 +333,7 @@ fn low_bit_products_take_every_code_exactly() {
     let scale = half::f16::from_f32(0.01).to_le_bytes();
     for (ty, scale_at) in [
         (GgmlType::Tq2_0, 64),
+        (GgmlType::Tq1_0, 52),
         (GgmlType::Q2_0, 0),
         (GgmlType::Q1_0, 0),
     ] {
@@ -478,7 +489,7 @@ fn packed_products_agree_with_the_row_major_kernels() {
         // products cancel to a small fraction of their partial sums.
         let tolerance = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             2e-2
-        } else if matches!(ty, GgmlType::Q2K | GgmlType::Tq2_0) {
+        } else if matches!(ty, GgmlType::Q2K | GgmlType::Tq2_0 | GgmlType::Tq1_0) {
             1e-4
         } else {
             1e-5
