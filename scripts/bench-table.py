@@ -7,8 +7,8 @@ Each result holds a prefill and/or a decode test with every `--compare` peer's f
 beside ferrox's (its `peers`, all from one run, the engines taking turns repetition by
 repetition). Columns: the file's size, the weights a decoded token reads, then per test
 ferrox's t/s and each peer's t/s with ferrox's ratio to it, and each engine's decode speed
-as a share of the bound the read bandwidth measured beside its runs sets. The peers (their
-names and order) must be the same in every result.
+as a share of the bound the read bandwidth measured beside its runs sets. A result may
+leave out a peer that cannot read its file (ik_llama.cpp and TQ2_0): its cells read "—".
 """
 import json
 import sys
@@ -31,13 +31,16 @@ def main():
     results = [load(a) for a in sys.argv[1:]]
     if not results:
         sys.exit(__doc__)
-    first = results[0][1][0]
-    names = peers_of(first)
+    # Every peer of any result, in the order they first appear.
+    names = []
+    for _, rows in results:
+        for row in rows:
+            names += [n for n in peers_of(row) if n not in names]
     tests = [(t["n_prompt"], t["n_gen"]) for t in results[0][1]]
     test_names = [f"pp{p}" if p else f"tg{g}" for p, g in tests]
     for label, rows in results:
-        if [peers_of(r) for r in rows] != [names] * len(rows):
-            sys.exit(f"error: {label} was compared with other peers than {names}")
+        if len({tuple(peers_of(r)) for r in rows}) > 1:
+            sys.exit(f"error: {label}'s tests were compared with different peers")
         if [(r["n_prompt"], r["n_gen"]) for r in rows] != tests:
             sys.exit(f"error: {label} ran other tests than {test_names}")
 
@@ -61,11 +64,17 @@ def main():
         ]
         for row in rows:
             cells.append(f"{row['avg_ts']:.2f}")
-            for peer in row["peers"]:
-                cells += [f"{peer['avg_ts']:.2f}", f"{peer['ratio']:.2f}"]
+            by_name = {p["name"]: p for p in row.get("peers", [])}
+            for name in names:
+                peer = by_name.get(name)
+                if peer is None:
+                    cells += ["—", "—"]
+                else:
+                    cells += [f"{peer['avg_ts']:.2f}", f"{peer['ratio']:.2f}"]
         if decode is not None:
+            by_name = {p["name"]: p for p in decode.get("peers", [])}
             shares = [decode.get("bound_share")]
-            shares += [p.get("bound_share") for p in decode["peers"]]
+            shares += [by_name.get(n, {}).get("bound_share") for n in names]
             cells.append(
                 " / ".join("—" if s is None else f"{100 * s:.0f}%" for s in shares)
             )

@@ -15,6 +15,14 @@
 # --version. OUT (default docs/BENCHMARKS.md) names the document; NOTE (one more line about
 # the builds, e.g. how llama.cpp was configured) goes into its header.
 #
+# LOWBIT=1 adds the low-bit files the frontier models ship in: Qwen2.5-Coder-1.5B at IQ2_XXS,
+# IQ3_XXS and IQ1_S (made with an importance matrix by scripts/bench-lowbit.sh into LOWBIT_DIR,
+# default ~/.cache/ferrox/lowbit; run it first) and at TQ2_0 (made here from that Q8_0), and a
+# synthetic MoE with MXFP4 experts (two layers of Qwen3-235B's expert shapes by
+# examples/write_large_moe.rs, then llama-quantize MXFP4_MOE; in FERROX_BENCH_DIR, default
+# ~/.cache/ferrox/bench-frontier). ik_llama.cpp cannot read TQ2_0 files (its llama-bench
+# stops on a floating-point exception), so their rows leave it out.
+#
 # ISAS (default "native") lists the kernel sets ferrox runs with: `native`, or `avx2`
 # (FERROX_ISA=avx2 on a host with more) against peers built for AVX2 alone, named by
 # LLAMA_CPP_BUILD_AVX2 and IK_LLAMA_BENCH_AVX2 (cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON
@@ -50,6 +58,33 @@ if [ "${QWEN:-1}" != 0 ]; then
     done
 fi
 
+# Files ik_llama.cpp cannot read: no ik column for them.
+no_ik=()
+if [ "${LOWBIT:-0}" != 0 ]; then
+    LOWBIT_DIR="${LOWBIT_DIR:-$HOME/.cache/ferrox/lowbit}"
+    for t in iq2_xxs iq3_xxs iq1_s; do
+        f="$LOWBIT_DIR/qwen1.5b-$t.gguf"
+        [ -f "$f" ] || { echo "error: $f not found (run scripts/bench-lowbit.sh first)" >&2; exit 1; }
+        files+=("$f")
+    done
+    tq2="$LOWBIT_DIR/qwen1.5b-tq2_0.gguf"
+    [ -f "$tq2" ] || "$QUANTIZE" --allow-requantize "$LOWBIT_DIR/qwen1.5b-q8_0.gguf" "$tq2.tmp" TQ2_0 >&2 \
+        && { [ -f "$tq2" ] || mv "$tq2.tmp" "$tq2"; }
+    files+=("$tq2")
+    no_ik+=("$tq2")
+    MOE_DIR="${FERROX_BENCH_DIR:-$HOME/.cache/ferrox/bench-frontier}"
+    moe="$MOE_DIR/qwen3moe-l2-mxfp4_moe.gguf"
+    if [ ! -f "$moe" ]; then
+        mkdir -p "$MOE_DIR"
+        cargo build --release -p ferrox-models --example write_large_moe >&2
+        target/release/examples/write_large_moe "$moe.q4_0" 2 qwen3moe q4_0 >&2
+        "$QUANTIZE" --allow-requantize "$moe.q4_0" "$moe.tmp" MXFP4_MOE >&2
+        rm -f "$moe.q4_0"
+        mv "$moe.tmp" "$moe"
+    fi
+    files+=("$moe")
+fi
+
 cargo build --release -p ferrox-cli >&2
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -71,6 +106,9 @@ for f in "${files[@]}"; do
         esac
         [ -x "$bench" ] || { echo "error: $bench is not executable" >&2; exit 1; }
         compare=(--compare "$bench")
+        for skip in "${no_ik[@]}"; do
+            [ "$skip" != "$f" ] || ik=""
+        done
         if [ -n "$ik" ]; then
             [ -x "$ik" ] || { echo "error: $ik is not executable" >&2; exit 1; }
             compare+=(--compare ik_llama.cpp=scripts/ik-llama-bench.sh)

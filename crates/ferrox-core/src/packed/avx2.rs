@@ -28,12 +28,11 @@ use super::layout::{
     Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
     Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
 };
-use super::layout::{place_int8_scales, q1_0_masks_at, q8k_code_sum, tq2_codes_at, QK_K};
+use super::layout::{place_int8_scales, q1_0_plane_at, q8k_code_sum, tq2_codes_at, QK_K};
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, PromptForm, ACTIVATION_BLOCK_BYTES,
     GROUP_ROWS,
 };
-use crate::kernels::x86::avx2_common::bits_to_byte_mask;
 use crate::quant::int8::Int8Block;
 use crate::quant::iq4::LEVELS as IQ4_LEVELS;
 
@@ -447,6 +446,20 @@ unsafe fn u8x8(p: *const u8) -> __m256i {
     _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) })
 }
 
+/// Bit `g` of every byte of a Q1_0 plane of signs moved to bit 1 (the code 2), the other
+/// bits clear. As in [`fifth_bits`], what a 16-bit shift brings from the neighbouring byte
+/// lands below bit 1 (a left shift by one) or above it (right shifts of at most 6).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sign_codes(plane: __m256i, g: usize) -> __m256i {
+    let moved = if g == 0 {
+        _mm256_slli_epi16::<1>(plane)
+    } else {
+        _mm256_srl_epi16(plane, _mm_cvtsi32_si128(g as i32 - 1))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(2))
+}
+
 /// Bit `s` of every byte of a fifth-bit plane (Q5_0, Q5_1, Q5_K) moved to bit 4 (the
 /// fifth bit's place), the other bits clear. The shifts are by 16-bit lanes: the bits a byte takes
 /// from its neighbour land below bit 4 (left shifts of at most 4) or above it (right
@@ -475,11 +488,9 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize, part: usize) 
         let p = block.add(format.codes_at());
         match F {
             Q1_0 => {
-                // A half's eight rows are the low or high 32 bits of each mask.
-                let masks = block.add(q1_0_masks_at(part) + 4 * half);
+                let plane = half_of(block.add(q1_0_plane_at(part)), half);
                 for (g, c) in codes.iter_mut().enumerate() {
-                    let bits = masks.add(8 * g).cast::<u32>().read_unaligned();
-                    *c = _mm256_and_si256(bits_to_byte_mask(bits), _mm256_set1_epi8(2));
+                    *c = sign_codes(plane, g);
                 }
             }
             Q2_0 => {

@@ -13,7 +13,7 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::{
-    id, place_int8_scales, q1_0_masks_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES,
+    id, place_int8_scales, q1_0_plane_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES,
     MXFP4_CODES, QK_K, SCALES_BYTES,
 };
 use super::{
@@ -169,7 +169,7 @@ struct FiveBitCodes<const MIN: bool>;
 struct Q8_0Codes;
 /// MXFP4 or IQ4_NL (by their [`id`]): nibbles that index a table of codes.
 struct LevelCodes<const F: u8>;
-/// Q1_0: sign masks, a set bit the code 2.
+/// Q1_0: planes of signs, a set bit the code 2.
 struct SignCodes;
 /// Q2_0: two-bit codes as Q2_K's.
 struct TwoBitCodes;
@@ -313,12 +313,11 @@ impl Codes for SignCodes {
     unsafe fn unpack(block: *const u8, part: usize) -> [__m512i; 8] {
         let two = _mm512_set1_epi8(2);
         let mut codes = [_mm512_setzero_si512(); 8];
-        // SAFETY: the caller's contract: the part's eight masks lie in the block.
-        unsafe {
-            let masks = block.add(q1_0_masks_at(part));
-            for (g, c) in codes.iter_mut().enumerate() {
-                *c = _mm512_maskz_mov_epi8(masks.add(8 * g).cast::<u64>().read_unaligned(), two);
-            }
+        // SAFETY: the caller's contract: the part's plane lies in the block.
+        let plane = unsafe { _mm512_loadu_si512(block.add(q1_0_plane_at(part)).cast()) };
+        for (g, c) in codes.iter_mut().enumerate() {
+            let signs = _mm512_test_epi8_mask(plane, _mm512_set1_epi8((1u8 << g) as i8));
+            *c = _mm512_maskz_mov_epi8(signs, two);
         }
         codes
     }

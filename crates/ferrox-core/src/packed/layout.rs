@@ -35,8 +35,8 @@
 //!
 //! Q1_0 (128 values) and Q2_0 (64) take Q8_0 activations, one block per 32 values, so a
 //! block of theirs spans several (`parts`), all scaled by the block's one `d` (16 f16 first).
-//! Q1_0: per part, eight 64-bit sign masks ([`q1_0_masks_at`]), a set bit the code 2 (`+d`),
-//! a clear one 0 (`−d`). Q2_0: four code vectors laid out as Q2_K's (vector `s`: values
+//! Q1_0: per part, a 64-byte plane of signs ([`q1_0_plane_at`]), a set bit the code 2
+//! (`+d`), a clear one 0 (`−d`). Q2_0: four code vectors laid out as Q2_K's (vector `s`: values
 //! `16s..16s + 16`), codes 0..3 for −1..+2. Both the size of the file.
 //!
 //! TQ2_0, per super-block of a group: `d` (16 f16), then the sixteen code vectors laid out
@@ -191,9 +191,11 @@ pub(super) const fn tq2_codes_at(s: usize) -> usize {
     SCALES_BYTES + 64 * s
 }
 
-/// Where a Q1_0 group block's sign masks of 32-value part `k` lie: eight words, word `q`
-/// holding in bit `4r + j` the sign (set: `+d`) of value `32k + 4q + j` of row `r`.
-pub(super) const fn q1_0_masks_at(k: usize) -> usize {
+/// Where a Q1_0 group block's plane of signs of 32-value part `k` lies: bit `g` of byte
+/// `4r + j` is the sign (set: `+d`) of value `32k + 4g + j` of row `r`, so that a shift and
+/// a mask (or a test) give the codes of quad `g` of all sixteen rows in their lanes, as Q5_0's
+/// fifth bits do.
+pub(super) const fn q1_0_plane_at(k: usize) -> usize {
     SCALES_BYTES + 64 * k
 }
 
@@ -590,11 +592,8 @@ pub(super) fn pack_group(
                 }
                 PackedFormat::Q1_0 => {
                     for e in 0..format.values() {
-                        let code = u64::from(block[CODES_AT + e / 8] >> (e % 8) & 1);
-                        let at = q1_0_masks_at(e / 32) + 8 * (e % 32 / 4);
-                        let word = u64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
-                        let word = word | code << (4 * r + e % 4);
-                        dst[at..at + 8].copy_from_slice(&word.to_le_bytes());
+                        let sign = block[CODES_AT + e / 8] >> (e % 8) & 1;
+                        dst[q1_0_plane_at(e / 32) + 4 * r + e % 4] |= sign << (e % 32 / 4);
                     }
                 }
                 PackedFormat::Q2_0 => {

@@ -7,7 +7,7 @@ use super::layout::id::{
     TQ2_0,
 };
 use super::layout::{
-    affine_k_codes_at, iq4xs_codes_at, q1_0_masks_at, q2k_codes_at, q3k_high_at, q3k_low_at,
+    affine_k_codes_at, iq4xs_codes_at, q1_0_plane_at, q2k_codes_at, q3k_high_at, q3k_low_at,
     q6k_high_at, q6k_low_at, tq2_codes_at, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT,
     I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT,
     Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
@@ -43,9 +43,7 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
     let codes = &block[format.codes_at()..];
     match format {
         PackedFormat::Q1_0 => {
-            let at = q1_0_masks_at(i / 32) + 8 * (i % 32 / 4);
-            let mask = u64::from_le_bytes(block[at..at + 8].try_into().unwrap());
-            2 * (mask >> (4 * r + i % 4) & 1) as u8
+            2 * (block[q1_0_plane_at(i / 32) + 4 * r + i % 4] >> (i % 32 / 4) & 1)
         }
         PackedFormat::Q2_0 => codes[64 * (i / 16) + 4 * r + i % 4] >> (2 * (i % 16 / 4)) & 3,
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],

@@ -87,7 +87,7 @@ pub(super) fn split_nibbles(packed: &[u8]) -> __m256i {
 /// 0xFF in byte `j` where bit `j` of `bits` is set, 0 elsewhere.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn bits_to_byte_mask(bits: u32) -> __m256i {
+pub(super) fn bits_to_byte_mask(bits: u32) -> __m256i {
     // Give each output byte the source byte holding its bit, then test that bit.
     let source_byte = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
