@@ -145,7 +145,8 @@ impl PackedMatrix {
             cols,
             data: huge_page_bytes(len)?,
         };
-        packed.fill(bytes, release)?;
+        // The new mapping is zeroed already.
+        packed.fill(bytes, release, false)?;
         Ok(packed)
     }
 
@@ -170,10 +171,17 @@ impl PackedMatrix {
         if ty != self.ty() {
             return Err(QuantError::UnsupportedDot(ty));
         }
-        self.fill(bytes, release)
+        self.fill(bytes, release, true)
     }
 
-    fn fill(&mut self, bytes: &[u8], release: impl Fn(&[u8]) + Sync) -> Result<(), QuantError> {
+    /// Packs `bytes` into this matrix's memory; `zero_first` when it holds an earlier
+    /// matrix: [`pack_group`] ors several formats' codes into zeroed bytes.
+    fn fill(
+        &mut self,
+        bytes: &[u8],
+        release: impl Fn(&[u8]) + Sync,
+        zero_first: bool,
+    ) -> Result<(), QuantError> {
         let (ty, rows, cols) = (self.ty(), self.rows, self.cols);
         let row_bytes = quant::row_byte_len(ty, cols)?;
         if bytes.len() != rows * row_bytes {
@@ -191,6 +199,9 @@ impl PackedMatrix {
             .par_chunks_mut(PACK_CHUNK_GROUPS * group_bytes)
             .zip(bytes.par_chunks(PACK_CHUNK_GROUPS * GROUP_ROWS * row_bytes))
             .for_each(|(dst, src)| {
+                if zero_first {
+                    dst.fill(0);
+                }
                 for (dst, src) in dst
                     .chunks_exact_mut(group_bytes)
                     .zip(src.chunks_exact(GROUP_ROWS * row_bytes))

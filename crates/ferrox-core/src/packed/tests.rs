@@ -824,3 +824,19 @@ fn int8_prompt_path_gives_the_scalar_reference_bits() {
         }
     }
 }
+
+/// A matrix repacked in place from other bytes (a streamed expert's cache slot taking the
+/// next expert) holds exactly what packing those bytes afresh gives, whatever it held.
+#[test]
+fn repacking_in_place_equals_packing_afresh() {
+    for ty in TYPES {
+        for (rows, cols) in shapes(ty, &[(32, 512)]) {
+            let first = random_rows(ty, rows, cols, 41);
+            let second = random_rows(ty, rows, cols, 42);
+            let fresh = PackedMatrix::pack(ty, rows, cols, &second, |_| {}).unwrap();
+            let mut reused = PackedMatrix::pack(ty, rows, cols, &first, |_| {}).unwrap();
+            reused.repack_from(ty, &second, |_| {}).unwrap();
+            assert!(reused.data[..] == fresh.data[..], "{ty}");
+        }
+    }
+}
