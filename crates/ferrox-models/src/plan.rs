@@ -92,7 +92,14 @@ impl MemoryPlan {
             let bytes = t.n_bytes.unwrap_or(0);
             // Sizes come from the file: saturate rather than wrap on absurd shapes.
             if !is_routed_experts(&t.name) {
-                dense_bytes = dense_bytes.saturating_add(bytes);
+                // A packed matrix is held in its packed form, which can be larger than the
+                // file's (TQ1_0's by 22%).
+                let held = if repack {
+                    dense_packed(t).unwrap_or(bytes)
+                } else {
+                    bytes
+                };
+                dense_bytes = dense_bytes.saturating_add(held);
                 continue;
             }
             expert_bytes = expert_bytes.saturating_add(bytes);
@@ -149,6 +156,15 @@ impl MemoryPlan {
             ExpertPlacement::Streamed { .. } | ExpertPlacement::Mapped => self.expert_bytes,
         }
     }
+}
+
+/// The packed bytes of a dense matrix, `None` if it has no packed form.
+fn dense_packed(t: &TensorInfo) -> Option<u64> {
+    let [cols, rows] = match t.shape.as_slice() {
+        [a, b] => [*a, *b].map(|d| usize::try_from(d).unwrap_or(usize::MAX)),
+        _ => return None,
+    };
+    PackedMatrix::packed_bytes(t.ty, rows, cols).map(|b| b as u64)
 }
 
 /// One expert's packed bytes and the number of experts of a stacked expert tensor, `None`
@@ -434,6 +450,17 @@ mod tests {
             }
         }
         t
+    }
+
+    /// Dense matrices count at the size they are held in: packed (TQ1_0 grows from 54 to 66
+    /// bytes per block), or the file's when nothing is repacked.
+    #[test]
+    fn dense_matrices_count_their_packed_size() {
+        let t = vec![tensor("blk.0.attn_q.weight", GgmlType::Tq1_0, &[256, 64])];
+        let packed = MemoryPlan::for_budget(&t, u64::MAX, false, true).unwrap();
+        assert_eq!(packed.dense_bytes, 64 * 66);
+        let mapped = MemoryPlan::for_budget(&t, u64::MAX, false, false).unwrap();
+        assert_eq!(mapped.dense_bytes, 64 * 54);
     }
 
     #[test]
