@@ -114,7 +114,6 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<Q3K, false>,
         PackedFormat::I8K => groups::<I8K, false>,
         PackedFormat::Iq4Xs => groups::<IQ4_XS, false>,
-        // TQ1_0 is packed as TQ2_0 is.
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<TQ2_0, false>,
         PackedFormat::Q1_0 => groups::<Q1_0, false>,
         PackedFormat::Q2_0 => groups::<Q2_0, false>,
@@ -129,37 +128,38 @@ pub(super) fn prompt_form(format: PackedFormat) -> Option<PromptForm> {
     // (its pass also drops a sign operation per token: 1.34x at 64), Q4_K 1.02x at 24,
     // Q8_0 level at 24 and 1.03x at 32, Q3_K 1.17x at 12 (1.38x at 64), Q2_K level at 12
     // and 16 and 1.05x at 24 (1.11x at 64).
-    let (rewrite, kernel, min_tokens): (_, GroupsFn, _) = match format {
-        PackedFormat::Q8_0 => (prompt_rewrite::<Q8_0> as _, groups::<Q8_0, true>, 32),
-        PackedFormat::Iq4Nl => (prompt_rewrite::<IQ4_NL> as _, groups::<IQ4_NL, true>, 32),
-        PackedFormat::Q4K => (prompt_rewrite::<Q4K> as _, groups::<Q4K, true>, 24),
-        PackedFormat::Q5K => (prompt_rewrite::<Q5K> as _, groups::<Q5K, true>, 12),
-        PackedFormat::Q6K => (prompt_rewrite::<Q6K> as _, groups::<Q6K, true>, 12),
-        PackedFormat::Iq4Xs => (prompt_rewrite::<IQ4_XS> as _, groups::<IQ4_XS, true>, 16),
-        PackedFormat::Q2K => (
-            prompt_rewrite::<Q2K> as _,
-            groups::<Q2K, true>,
-            Q2K_PROMPT_FROM,
-        ),
-        PackedFormat::Q3K => (
-            prompt_rewrite::<Q3K> as _,
-            groups::<Q3K, true>,
-            Q3K_PROMPT_FROM,
-        ),
+    Some(match format {
+        PackedFormat::Q8_0 => form::<Q8_0>(32),
+        PackedFormat::Iq4Nl => form::<IQ4_NL>(32),
+        PackedFormat::Q4K => form::<Q4K>(24),
+        PackedFormat::Q5K => form::<Q5K>(12),
+        PackedFormat::Q6K => form::<Q6K>(12),
+        PackedFormat::Iq4Xs => form::<IQ4_XS>(16),
+        PackedFormat::Q2K => form::<Q2K>(Q2K_PROMPT_FROM),
+        PackedFormat::Q3K => form::<Q3K>(Q3K_PROMPT_FROM),
+        PackedFormat::Tq2_0 => form::<TQ2_0>(TQ2_PROMPT_FROM),
         _ => return None,
-    };
-    Some(PromptForm {
-        group_block_bytes: group_block_bytes::<true>(format),
-        rewrite,
-        kernel,
-        min_tokens,
     })
+}
+
+/// The prompt form of format `F`: its size, rewriting and kernel all from `F`, so that
+/// they cannot disagree.
+fn form<const F: u8>(min_tokens: usize) -> PromptForm {
+    PromptForm {
+        group_block_bytes: group_block_bytes::<true>(PackedFormat::from_id(F)),
+        rewrite: prompt_rewrite::<F>,
+        kernel: groups::<F, true>,
+        min_tokens,
+    }
 }
 
 /// Fewest tokens for Q2_K's and Q3_K's prompt forms (see [`prompt_form`]): Q3_K's third
 /// bits cost a shift, a mask and an or per quad, Q2_K's codes only a shift and a mask.
 const Q2K_PROMPT_FROM: usize = 24;
 const Q3K_PROMPT_FROM: usize = 12;
+/// TQ2_0's (and TQ1_0's, packed alike): `decode_stack tq2_0 1 1 cached tokens=N`, best of
+/// three, 0.97-1.01x at 12 and 16 tokens, 1.06x at 24, 1.12x at 64.
+const TQ2_PROMPT_FROM: usize = 24;
 
 /// Where a group block's values start in the prompt form: after the packed block's scales
 /// (and minimums), copied as they are.
@@ -169,6 +169,7 @@ const fn prompt_values_at(format: PackedFormat) -> usize {
         PackedFormat::Q6K => Q6K_CODES_AT,
         PackedFormat::Iq4Xs => IQ4XS_CODES_AT,
         PackedFormat::Q2K => Q2K_CODES_AT,
+        PackedFormat::Tq2_0 => tq2_codes_at(0),
         PackedFormat::Q3K => Q3K_CODES_AT,
         _ => SCALES_BYTES,
     }
@@ -182,7 +183,8 @@ const fn prompt_vectors_per_half(format: PackedFormat) -> usize {
         | PackedFormat::Q5K
         | PackedFormat::Q6K
         | PackedFormat::Q2K
-        | PackedFormat::Q3K => 64,
+        | PackedFormat::Q3K
+        | PackedFormat::Tq2_0 => 64,
         PackedFormat::Iq4Xs => 128,
         _ => 16,
     }
@@ -283,9 +285,14 @@ unsafe fn prompt_rewrite<const F: u8>(w: *const u8, groups: usize, blocks: usize
                             q6k_codes(block, half, s).into_iter().for_each(&mut put);
                         }
                     }
-                    Q2K => {
+                    Q2K | TQ2_0 => {
                         for s in 0..16 {
-                            two_bit_quads(block.add(q2k_codes_at(s)), half)
+                            let at = if F == Q2K {
+                                q2k_codes_at(s)
+                            } else {
+                                tq2_codes_at(s)
+                            };
+                            two_bit_quads(block.add(at), half)
                                 .into_iter()
                                 .for_each(&mut put);
                         }
@@ -614,7 +621,15 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
     xs: &[*const u8],
     acc: &mut [__m256; N],
 ) {
-    const { assert!(!PROMPT || matches!(F, Q4K | Q5K | Q6K | Q2K | Q3K | Q8_0 | IQ4_NL | IQ4_XS)) };
+    const {
+        assert!(
+            !PROMPT
+                || matches!(
+                    F,
+                    Q4K | Q5K | Q6K | Q2K | Q3K | Q8_0 | IQ4_NL | IQ4_XS | TQ2_0
+                )
+        )
+    };
     // SAFETY: the caller's contract.
     unsafe {
         match F {
@@ -625,7 +640,7 @@ unsafe fn half_block<const F: u8, const N: usize, const PROMPT: bool>(
             Q3K => q3k_block::<N, PROMPT>(block, half, b, xs, acc),
             I8K => i8k_block::<N>(block, half, b, xs, acc),
             IQ4_XS => iq4xs_block::<N, PROMPT>(block, half, b, xs, acc),
-            TQ2_0 => tq2_block::<N>(block, half, b, xs, acc),
+            TQ2_0 => tq2_block::<N, PROMPT>(block, half, b, xs, acc),
             _ => legacy_block::<F, N, PROMPT>(block, half, b, xs, acc),
         }
     }
@@ -1220,7 +1235,7 @@ unsafe fn q2k_block<const N: usize, const PROMPT: bool>(
 /// fused multiply-add.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tq2_block<const N: usize>(
+unsafe fn tq2_block<const N: usize, const PROMPT: bool>(
     block: *const u8,
     half: usize,
     b: usize,
@@ -1234,7 +1249,11 @@ unsafe fn tq2_block<const N: usize>(
         for eighth in 0..2 {
             let mut pairs = [zero; N];
             for s in 8 * eighth..8 * eighth + 8 {
-                let codes = two_bit_quads(block.add(tq2_codes_at(s)), half);
+                let codes = if PROMPT {
+                    prompt_vectors(PackedFormat::Tq2_0, block, half, 4 * s)
+                } else {
+                    two_bit_quads(block.add(tq2_codes_at(s)), half)
+                };
                 for t in 0..N {
                     let x = xs[t].add(b * Q8K_BYTES + Q8K_CODES_AT + 16 * s);
                     pairs[t] = _mm256_add_epi16(pairs[t], sub_block16(&codes, x));

@@ -41,7 +41,6 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Iq4Xs => groups::<Iq4XsBlock>,
         PackedFormat::Q2K => groups::<Q2KBlock>,
         PackedFormat::Q3K => groups::<Q3KBlock>,
-        // TQ1_0 is packed as TQ2_0 is.
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<Tq2Block>,
         PackedFormat::Q1_0 => groups::<Legacy<SignCodes>>,
         PackedFormat::Q2_0 => groups::<Legacy<TwoBitCodes>>,

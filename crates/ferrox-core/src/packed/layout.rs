@@ -354,6 +354,15 @@ impl PackedFormat {
         matches!(self, PackedFormat::Q4K | PackedFormat::Q5K)
     }
 
+    /// The format whose group layout this one is packed into, as the kernels and prompt
+    /// forms read it: TQ1_0's is TQ2_0's.
+    pub(super) fn layout(self) -> PackedFormat {
+        match self {
+            PackedFormat::Tq1_0 => PackedFormat::Tq2_0,
+            other => other,
+        }
+    }
+
     /// Values per block.
     pub(super) fn values(self) -> usize {
         if self.is_k() {

@@ -751,6 +751,7 @@ type GroupsFn = unsafe fn(
 );
 
 fn kernel_for(isa: Isa, format: PackedFormat) -> Option<GroupsFn> {
+    let format = format.layout();
     match isa {
         Isa::Scalar => Some(scalar::kernel(format)),
         #[cfg(target_arch = "x86_64")]
@@ -832,6 +833,8 @@ pub(super) fn panel_bytes(panel: &mut Vec<CacheLine>, bytes: usize) -> &mut [u8]
 }
 
 fn prompt_form_for(isa: Isa, format: PackedFormat) -> Option<PromptForm> {
+    // The prompt form's sizes are those of the layout's (TQ1_0's groups are TQ2_0's).
+    let format = format.layout();
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::prompt_form(format),

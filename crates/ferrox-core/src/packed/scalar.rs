@@ -31,7 +31,6 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Q3K => groups::<{ Q3K }>,
         PackedFormat::I8K => groups::<{ I8K }>,
         PackedFormat::Iq4Xs => groups::<{ IQ4_XS }>,
-        // TQ1_0 is packed as TQ2_0 is.
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<{ TQ2_0 }>,
         PackedFormat::Q1_0 => groups::<{ Q1_0 }>,
         PackedFormat::Q2_0 => groups::<{ Q2_0 }>,
