@@ -18,7 +18,8 @@
 //! batch.
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
-//! formats are described in `layout.rs`; a block of the others is `[16 f16 scales]`, for
+//! formats, Q1_0 and Q2_0 are described in `layout.rs`; a block of the others is
+//! `[16 f16 scales]`, for
 //! Q4_1 and Q5_1 `[16 f16 minimums]`, then the codes, per format:
 //! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
 //!   `4r..4r+4`, as unsigned `w + 128`;
@@ -40,8 +41,8 @@
 //! taking magnitudes) is done again on every pass. Where that work weighs, an instruction
 //! set has a [`PromptForm`]: each panel of groups is rewritten once into a buffer of the
 //! thread, the codes as the products take them, and every token sweeps that (AVX2: Q8_0,
-//! IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K; AVX-512: Q5_K, Q6_K). The integers are the same, so
-//! are the bits.
+//! IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ2_0 and TQ1_0; AVX-512: Q3_K, Q5_K, Q6_K).
+//! The integers are the same, so are the bits.
 
 use std::ops::Range;
 
