@@ -57,7 +57,7 @@ macro_rules! iq_type {
     };
 }
 
-fn types() -> [Type; 7] {
+fn types() -> [Type; 9] {
     use avx2_iq2::{iq2_dot, Iq2SAvx2, Iq2XsAvx2, Iq2XxsAvx2};
     [
         iq_type!(
@@ -86,14 +86,14 @@ fn types() -> [Type; 7] {
             Iq3Xxs::BYTES,
             Some(0),
             |w, x| scalar(GgmlType::Iq3Xxs, w, x),
-            avx2_iq3::iq3_xxs_dot
+            avx2_iq3::iq3_xxs_dot::<false, _>
         ),
         iq_type!(
             "IQ3_S",
             Iq3S::BYTES,
             Some(0),
             |w, x| scalar(GgmlType::Iq3S, w, x),
-            avx2_iq3::iq3_s_dot
+            avx2_iq3::iq3_s_dot::<false, _>
         ),
         iq_type!(
             "IQ1_S",
@@ -108,6 +108,21 @@ fn types() -> [Type; 7] {
             None,
             |w, x| scalar(GgmlType::Iq1M, w, x),
             avx2_iq1::iq1_m_dot
+        ),
+        // The IQ3 kernels with their grid points gathered (`super::gather`).
+        iq_type!(
+            "IQ3_XXS gathered",
+            Iq3Xxs::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq3Xxs, w, x),
+            avx2_iq3::iq3_xxs_dot::<true, _>
+        ),
+        iq_type!(
+            "IQ3_S gathered",
+            Iq3S::BYTES,
+            Some(0),
+            |w, x| scalar(GgmlType::Iq3S, w, x),
+            avx2_iq3::iq3_s_dot::<true, _>
         ),
     ]
 }
@@ -391,6 +406,8 @@ fn four_row_kernels_give_the_scalar_arithmetic_bit_for_bit() {
         (&avx2[2], rows4!(iq_rows4_avx2::<avx2_iq2::Iq2SAvx2>)),
         (&avx2[3], rows4!(iq_rows4_avx2::<avx2_iq3::Xxs>)),
         (&avx2[5], rows4!(iq_rows4_avx2::<avx2_iq1::S>)),
+        (&avx2[7], rows4!(iq_rows4_avx2::<avx2_iq3::Xxs<true>>)),
+        (&avx2[8], rows4!(iq_rows4_avx2::<avx2_iq3::S<true>>)),
     ];
     if avx512_iq_detected() {
         kernels.extend([
@@ -445,7 +462,17 @@ fn int8_expansions_give_the_scalar_integers() {
     use crate::kernels::Isa;
     use crate::quant::int8::{Int8Block, Int8Expand};
     fn check<F: Int8Expand>(isa: Isa, ty: GgmlType, largest_scales: fn(&mut [u8])) {
-        let Some(expand) = super::iq_int8_expansion(isa, ty) else {
+        for gather in [false, true] {
+            check_gathering::<F>(isa, ty, largest_scales, gather);
+        }
+    }
+    fn check_gathering<F: Int8Expand>(
+        isa: Isa,
+        ty: GgmlType,
+        largest_scales: fn(&mut [u8]),
+        gather: bool,
+    ) {
+        let Some(expand) = super::iq_int8_expansion_gathering(isa, ty, gather) else {
             // The one the AVX2 set leaves to the scalar expansion (measured no faster).
             assert_eq!((isa, ty), (Isa::Avx2, GgmlType::Iq1S));
             return;
@@ -459,7 +486,7 @@ fn int8_expansions_give_the_scalar_integers() {
             let (mut want, mut got) = (Int8Block::default(), Int8Block::default());
             F::expand(&block, &mut want);
             expand(&block, &mut got);
-            assert_eq!(got, want, "{isa:?} {ty:?} case {case}");
+            assert_eq!(got, want, "{isa:?} {ty:?} (gather: {gather}) case {case}");
         }
     }
     if !avx2_detected() {

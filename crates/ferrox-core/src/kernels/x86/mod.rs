@@ -49,6 +49,7 @@ mod avx512_iq_codes;
 pub(crate) use avx512_common::prefetch_ahead;
 mod avx512_kquants;
 mod avx512_legacy;
+mod gather;
 
 use super::{row_kernel_entry, DotKernel, PanelRows, RowKernel, WeightKind};
 
@@ -108,6 +109,16 @@ pub(crate) fn iq_int8_expansion(
     isa: super::Isa,
     ty: ferrox_gguf::GgmlType,
 ) -> Option<fn(&[u8], &mut crate::quant::int8::Int8Block)> {
+    iq_int8_expansion_gathering(isa, ty, gather::gathers_pay())
+}
+
+/// [`iq_int8_expansion`], the AVX2 expansions gathering grid points where `gather` (see
+/// [`gather`]).
+fn iq_int8_expansion_gathering(
+    isa: super::Isa,
+    ty: ferrox_gguf::GgmlType,
+    gather: bool,
+) -> Option<fn(&[u8], &mut crate::quant::int8::Int8Block)> {
     use crate::quant::int8::Int8Block;
     use ferrox_gguf::GgmlType as T;
     macro_rules! expansion {
@@ -146,7 +157,9 @@ pub(crate) fn iq_int8_expansion(
             T::Iq2Xxs => expansion!(avx2_iq2::expand_int8_xxs, avx2_iq2::Iq2XxsAvx2),
             T::Iq2Xs => shared!(avx2_iq: avx2_iq2::Iq2XsAvx2),
             T::Iq2S => shared!(avx2_iq: avx2_iq2::Iq2SAvx2),
+            T::Iq3Xxs if gather => shared!(avx2_iq: avx2_iq3::Xxs<true>),
             T::Iq3Xxs => shared!(avx2_iq: avx2_iq3::Xxs),
+            T::Iq3S if gather => expansion!(avx2_iq3::expand_int8_s_gathered, avx2_iq3::S<true>),
             T::Iq3S => expansion!(avx2_iq3::expand_int8_s, avx2_iq3::S),
             T::Iq1M => shared!(avx2_iq: avx2_iq1::M),
             // IQ1_S's AVX2 values (index bits gathered per group) measured slower than the
@@ -267,9 +280,15 @@ pub(super) fn avx2_kernel(kind: WeightKind) -> Option<DotKernel> {
         K::Nvfp4 => avx2_entry!(avx2_low_bit::nvfp4_dot::<N>),
         K::Q1_0 => avx2_entry!(avx2_low_bit::q1_0_dot::<N>),
         K::Q2_0 => avx2_entry!(avx2_low_bit::q2_0_dot::<N>),
-        K::Iq3Xxs => avx2_iq_entry!(avx2_iq3::iq3_xxs_dot::<N>, avx2_iq3::Xxs),
+        K::Iq3Xxs if gather::gathers_pay() => {
+            avx2_iq_entry!(avx2_iq3::iq3_xxs_dot::<true, N>, avx2_iq3::Xxs<true>)
+        }
+        K::Iq3Xxs => avx2_iq_entry!(avx2_iq3::iq3_xxs_dot::<false, N>, avx2_iq3::Xxs),
         // IQ3_S and IQ1_M: four rows at a time measured slower or level on AVX2.
-        K::Iq3S => avx2_entry!(avx2_iq3::iq3_s_dot::<N>),
+        K::Iq3S if gather::gathers_pay() => {
+            avx2_iq_entry!(avx2_iq3::iq3_s_dot::<true, N>, avx2_iq3::S<true>)
+        }
+        K::Iq3S => avx2_entry!(avx2_iq3::iq3_s_dot::<false, N>),
         K::Iq1S => avx2_iq_entry!(avx2_iq1::iq1_s_dot::<N>, avx2_iq1::S),
         K::Iq1M => avx2_entry!(avx2_iq1::iq1_m_dot::<N>),
         K::Iq2Xxs => avx2_iq_entry!(
