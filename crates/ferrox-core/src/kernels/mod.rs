@@ -403,12 +403,15 @@ impl PanelRows {
 pub(crate) struct DotKernel {
     pub(crate) one: DotFn<1>,
     pub(crate) panel1: PanelFn<1>,
+    /// Two tokens: an i-quant product's leftover pair (see `QuantMatrix::matmul_rows`).
+    pub(crate) panel2: PanelFn<2>,
     pub(crate) panel4: PanelFn<4>,
     pub(crate) panel8: PanelFn<8>,
 }
 
-/// A kernel computing one weight row against `N` activation rows at a time (`N` = 1 and 4
-/// are used, and 8 where [`RowKernel::EIGHT_AT_ONCE`]); panels are built from it row by row.
+/// A kernel computing one weight row against `N` activation rows at a time (`N` = 1, 2 and
+/// 4 are used, and 8 where [`RowKernel::EIGHT_AT_ONCE`]); panels are built from it row by
+/// row.
 pub(crate) trait RowKernel {
     fn dot<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N];
 
@@ -418,7 +421,8 @@ pub(crate) trait RowKernel {
 }
 
 /// The panels of a [`RowKernel`]: each row against the activations eight at a time where
-/// the kernel takes eight, else four at a time, then one at a time.
+/// the kernel takes eight, two at a time in a panel of two, else four at a time, then one
+/// at a time.
 pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     fn one<K: RowKernel>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
         K::dot(w, xs)
@@ -431,7 +435,7 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     ) {
         let rows = (0..rows.count).map(|r| rows.row(w, r));
         for (row, out) in rows.zip(out.chunks_exact_mut(N)) {
-            if N == 8 && K::EIGHT_AT_ONCE {
+            if N == 2 || (N == 8 && K::EIGHT_AT_ONCE) {
                 out.copy_from_slice(&K::dot(row, xs));
                 continue;
             }
@@ -451,6 +455,7 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     DotKernel {
         one: one::<K>,
         panel1: panel::<K, 1>,
+        panel2: panel::<K, 2>,
         panel4: panel::<K, 4>,
         panel8: panel::<K, 8>,
     }

@@ -367,6 +367,7 @@ pub(super) fn entry<L: LegacyZmm>() -> DotKernel {
     DotKernel {
         one: one::<L>,
         panel1: panel_entry::<L, 1>,
+        panel2: panel_entry::<L, 2>,
         panel4: panel_entry::<L, 4>,
         panel8: panel_entry::<L, 8>,
     }
