@@ -4,7 +4,7 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq3_xxs, iq3_s, tq2_0, tq1_0,
+//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, tq2_0, tq1_0,
 //! row-major as a file stores them, each pass's products one after the other; the shapes are
 //! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
 //! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
@@ -67,10 +67,7 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Pa
 
 /// Whether `ty` runs row-major, as the file stores it (the i-quants), not packed.
 fn row_major(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq3Xxs | GgmlType::Iq3S | GgmlType::Tq1_0
-    )
+    ferrox_core::packed::PackedFormat::of(ty).is_none()
 }
 
 fn cached(ty: GgmlType, threads: usize, sweeps: usize, n_tokens: usize) {
@@ -169,6 +166,9 @@ fn main() {
         "iq2_xs" => GgmlType::Iq2Xs,
         "iq3_xxs" => GgmlType::Iq3Xxs,
         "iq3_s" => GgmlType::Iq3S,
+        "iq2_s" => GgmlType::Iq2S,
+        "iq1_s" => GgmlType::Iq1S,
+        "iq1_m" => GgmlType::Iq1M,
         "tq2_0" => GgmlType::Tq2_0,
         "tq1_0" => GgmlType::Tq1_0,
         other => panic!("unknown type {other}"),

@@ -31,12 +31,23 @@ use crate::quant::QuantError;
 /// 14 / 16 tokens 6.55 / 8.8 / 8.75, the int8 path 7.0-7.3 / 7.1-7.4 / 7.5.
 const SCALAR_EXPANSION_MIN_TOKENS: usize = 13;
 
-/// Fewest tokens for which expanding pays with the vector expansions (and fewest for any
-/// path): more than one pass of the row kernels. `iq_kernels` (Intel Xeon, 8960 × 1536, one
-/// thread): at 10 tokens the int8 path is 1.07-1.19x the row kernels on AVX-512 (IQ2_XXS,
-/// IQ2_XS, IQ3_XXS, IQ1_S) and 1.10-1.91x on AVX2 (every type but IQ1_S, which keeps the
-/// scalar expansion there), at 16 tokens 1.13-1.23x and 1.19-1.99x.
-pub const INT8_MIN_TOKENS: usize = 9;
+/// Fewest tokens for which expanding pays with AVX-512's vector expansions: more than one
+/// pass of the row kernels, which decode a row once for eight tokens. `iq_kernels` (Intel
+/// Xeon, 8960 × 1536, one thread): at 10 tokens the int8 path is 1.07-1.19x the row kernels
+/// (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S), at 16 tokens 1.13-1.23x; at 5 and 8 tokens
+/// (`decode_stack TYPE 2 4 tokens=N`, streamed from memory) level or slower for every type
+/// but IQ2_XXS (1.1x).
+const AVX512_EXPANSION_MIN_TOKENS: usize = 9;
+
+/// Fewest tokens for which expanding pays with AVX2's vector expansions, and fewest for any
+/// path: AVX2's row kernels take four tokens per pass and decode a row again on every pass,
+/// so from five tokens a product decodes each row twice. `decode_stack TYPE 2 4 tokens=N`
+/// (Intel Xeon, `FERROX_ISA=avx2`, streamed from memory, GB/s of weights, row kernels /
+/// int8 path): 5 tokens IQ2_XXS 1.7 / 2.6, IQ2_XS 1.9 / 2.8, IQ2_S 2.4 / 3.0, IQ3_XXS
+/// 2.5 / 3.4, IQ3_S 2.4 / 3.6, IQ1_M 1.3 / 1.7; 8 tokens 1.2-1.4x; 4 tokens the row
+/// kernels ahead (IQ3_XXS 4.8 / 3.8). At 10 and 16 tokens (`iq_kernels`, one thread) the
+/// int8 path is 1.10-1.91x and 1.19-1.99x.
+pub const INT8_MIN_TOKENS: usize = 5;
 
 /// Expanded bytes one task works on: a panel that stays in the L2 cache while every
 /// token sweeps it.
@@ -93,9 +104,13 @@ impl Int8Path {
         // The vector expansion of the product's instruction set (the same integers).
         #[cfg(target_arch = "x86_64")]
         if let Some(expand) = crate::kernels::x86::iq_int8_expansion(isa, ty) {
+            let min_tokens = match isa {
+                Isa::Avx2 => INT8_MIN_TOKENS,
+                _ => AVX512_EXPANSION_MIN_TOKENS,
+            };
             return Some(Self {
                 expand: (expand, path.expand.1),
-                min_tokens: INT8_MIN_TOKENS,
+                min_tokens,
                 ..path
             });
         }
