@@ -44,7 +44,7 @@ const AVX512_EXPANSION_MIN_TOKENS: usize = 9;
 /// so from five tokens a product decodes each row twice. `decode_stack TYPE 2 4 tokens=N`
 /// (Intel Xeon, `FERROX_ISA=avx2`, streamed from memory, GB/s of weights, row kernels /
 /// int8 path): 5 tokens IQ2_XXS 1.7 / 2.6, IQ2_XS 1.9 / 2.8, IQ2_S 2.4 / 3.0, IQ3_XXS
-/// 2.5 / 3.4, IQ3_S 2.4 / 3.6, IQ1_M 1.3 / 1.7; 8 tokens 1.2-1.4x; 4 tokens the row
+/// 2.5 / 3.4, IQ3_S 2.4 / 3.6, IQ1_M 1.3 / 1.7; 8 tokens 1.04-1.33x; 4 tokens the row
 /// kernels ahead (IQ3_XXS 4.8 / 3.8). At 10 and 16 tokens (`iq_kernels`, one thread) the
 /// int8 path is 1.10-1.91x and 1.19-1.99x.
 pub const INT8_MIN_TOKENS: usize = 5;
