@@ -7,6 +7,11 @@
 //! packed too when they fit the rest of the budget; otherwise a cache of as many packed
 //! experts as fit serves them ([`ferrox_moe::ExpertCache`]), filled by use. Products go
 //! through packed copies either way, so the tokens are the same at any budget.
+//!
+//! One exception: a packed form can be much larger than the file's (TQ1_0's by 22%, see
+//! [`GROWTH_LIMIT`]). Where the other weights packed would not fit the budget but fit with
+//! those matrices left as the file stores them, they stay in the file's layout and its
+//! row-major kernels (other integer sums in their last bits), as llama.cpp runs them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +27,18 @@ use crate::ModelError;
 /// Share of the memory available at load that the weights may take by default: the rest
 /// is for the KV cache, activations and the system.
 const DEFAULT_BUDGET_SHARE: f64 = 0.85;
+
+/// A packed form more than this share larger than the file's is left out when the packed
+/// weights would not fit the budget: TQ1_0's (1.22x; its five-values-per-byte codes are
+/// unpacked into TQ2_0's groups), not the K-quants' few percent of unpacked scales.
+pub const GROWTH_LIMIT: f64 = 1.1;
+
+/// Whether the packed form of a `rows × cols` matrix of `ty` (`file_bytes` in the file)
+/// exceeds [`GROWTH_LIMIT`].
+pub fn grows_when_packed(ty: GgmlType, rows: usize, cols: usize, file_bytes: u64) -> bool {
+    PackedMatrix::packed_bytes(ty, rows, cols)
+        .is_some_and(|packed| packed as f64 > GROWTH_LIMIT * file_bytes as f64)
+}
 
 /// Where the routed experts go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +61,11 @@ pub struct MemoryPlan {
     pub budget_given: bool,
     /// Bytes of the tensors other than the routed experts (all in memory, packed or not).
     pub dense_bytes: u64,
+    /// Whether the dense matrices whose packed form exceeds [`GROWTH_LIMIT`] stay in the
+    /// file's layout: packed, the dense weights would not fit the budget.
+    pub growing_in_place: bool,
+    /// Bytes of those matrices in the file.
+    pub growing_bytes: u64,
     /// Bytes of the routed experts in the file.
     pub expert_bytes: u64,
     /// Bytes the routed experts take packed (when their type and shape allow it).
@@ -83,6 +105,9 @@ impl MemoryPlan {
         repack: bool,
     ) -> Result<MemoryPlan, ModelError> {
         let mut dense_bytes = 0u64;
+        // The same with the growing forms left as the file stores them.
+        let mut dense_lean_bytes = 0u64;
+        let mut growing_bytes = 0u64;
         let mut expert_bytes = 0u64;
         let mut expert_packed_bytes = 0u64;
         let mut packable = true;
@@ -100,6 +125,13 @@ impl MemoryPlan {
                     bytes
                 };
                 dense_bytes = dense_bytes.saturating_add(held);
+                let lean = if held as f64 > GROWTH_LIMIT * bytes as f64 {
+                    growing_bytes = growing_bytes.saturating_add(bytes);
+                    bytes
+                } else {
+                    held
+                };
+                dense_lean_bytes = dense_lean_bytes.saturating_add(lean);
                 continue;
             }
             expert_bytes = expert_bytes.saturating_add(bytes);
@@ -115,6 +147,10 @@ impl MemoryPlan {
             }
         }
         let slot_bytes = per_layer.values().copied().max().unwrap_or(0);
+        let growing_in_place = dense_bytes > budget && dense_lean_bytes < dense_bytes;
+        if growing_in_place {
+            dense_bytes = dense_lean_bytes;
+        }
         if budget < dense_bytes && budget_given {
             return Err(ModelError::BudgetTooSmall {
                 budget,
@@ -142,6 +178,8 @@ impl MemoryPlan {
             budget,
             budget_given,
             dense_bytes,
+            growing_in_place,
+            growing_bytes,
             expert_bytes,
             expert_packed_bytes,
             experts,
@@ -151,10 +189,16 @@ impl MemoryPlan {
 
     /// Bytes of the file the plan leaves in the mapping, read from there as needed.
     pub fn mapped_bytes(&self) -> u64 {
-        match self.experts {
+        let experts = match self.experts {
             ExpertPlacement::Packed => 0,
             ExpertPlacement::Streamed { .. } | ExpertPlacement::Mapped => self.expert_bytes,
-        }
+        };
+        let growing = if self.growing_in_place {
+            self.growing_bytes
+        } else {
+            0
+        };
+        experts.saturating_add(growing)
     }
 }
 
@@ -301,6 +345,13 @@ impl<'g> Packing<'g> {
     /// Whether routed experts are packed at load.
     pub fn packs_experts(&self) -> bool {
         self.plan.experts == ExpertPlacement::Packed
+    }
+
+    /// Whether the plan packs a dense `rows × cols` matrix of `ty` (`file_bytes` in the
+    /// file) that has a packed form: all but the growing ones where the plan leaves those
+    /// in place.
+    pub fn packs_dense(&self, ty: GgmlType, (rows, cols): (usize, usize), file_bytes: u64) -> bool {
+        !(self.plan.growing_in_place && grows_when_packed(ty, rows, cols, file_bytes))
     }
 
     /// The cache streamed experts go through, with a key of their own for one layer.

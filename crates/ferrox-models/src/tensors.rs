@@ -48,6 +48,7 @@ impl MatrixRef {
         if self.packed.is_some()
             || !ferrox_core::packed::available()
             || !PackedMatrix::can_pack(ty, self.rows, self.cols)
+            || !gguf.packs_dense(ty, (self.rows, self.cols), self.n_bytes())
         {
             return Ok(());
         }
