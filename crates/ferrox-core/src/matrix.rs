@@ -511,8 +511,8 @@ impl<'a> WeightMatrix<'a> {
         let mut tile = [0f32; MAX_PANEL_ROWS * 8];
         let token = |t: usize| &xq[t * act..(t + 1) * act];
         // The i-quants' rows cost far more to decode than to multiply: tokens left over take
-        // one panel of two (2 left), four (3-4) or eight (5-7; the AVX-512 kernels decode a
-        // row once for all eight), the last token repeated and its extra outputs dropped,
+        // one panel of two (2 left), three (3), four or eight (5-7; the AVX-512 kernels decode
+        // a row once for all eight), the last token repeated and its extra outputs dropped,
         // rather than a pass each. An MoE prompt hands most experts that few.
         let pad_remainder = Int8Path::for_type(self.ty, self.cols).is_some();
         for first in rows.clone().step_by(panel_rows) {
@@ -557,10 +557,12 @@ impl<'a> WeightMatrix<'a> {
                     let count = left.min(8);
                     pass(kernel.panel8, at, (t, count), token, &mut tile, scatter);
                     count
-                } else if left >= 4 || (pad_remainder && left >= 3) {
-                    let count = left.min(4);
-                    pass(kernel.panel4, at, (t, count), token, &mut tile, scatter);
-                    count
+                } else if left >= 4 {
+                    pass(kernel.panel4, at, (t, 4), token, &mut tile, scatter);
+                    4
+                } else if pad_remainder && left == 3 {
+                    pass(kernel.panel3, at, (t, 3), token, &mut tile, scatter);
+                    3
                 } else if pad_remainder && left == 2 {
                     pass(kernel.panel2, at, (t, 2), token, &mut tile, scatter);
                     2

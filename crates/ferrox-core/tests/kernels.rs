@@ -623,8 +623,8 @@ fn bits(values: &[f32]) -> Vec<u32> {
 /// `matmul` output for token t, row r, must be the very bits `matvec` gives for token t.
 /// (From `INT8_MIN_TOKENS` tokens on, the i-quants go through their int8 form: 37 rows
 /// are two whole groups of sixteen and a rest, 64 rows four groups. Below it, the
-/// i-quants' leftover tokens take a panel of two (2) or padded panels of four or eight: 3,
-/// 5, 6, 7 and 13.)
+/// i-quants' leftover tokens take a panel of two or three (2, 3) or a padded panel of eight
+/// (5, 6, 7 and 13); on AVX2, from 5 tokens, the int8 form.)
 #[test]
 fn matmul_is_bit_identical_to_matvec() {
     let mut rng = StdRng::seed_from_u64(0xBA7C);

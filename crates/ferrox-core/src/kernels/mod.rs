@@ -403,8 +403,9 @@ impl PanelRows {
 pub(crate) struct DotKernel {
     pub(crate) one: DotFn<1>,
     pub(crate) panel1: PanelFn<1>,
-    /// Two tokens: an i-quant product's leftover pair (see `QuantMatrix::matmul_rows`).
+    /// Two and three tokens: an i-quant product's leftovers (see `QuantMatrix::matmul_rows`).
     pub(crate) panel2: PanelFn<2>,
+    pub(crate) panel3: PanelFn<3>,
     pub(crate) panel4: PanelFn<4>,
     pub(crate) panel8: PanelFn<8>,
 }
@@ -421,8 +422,8 @@ pub(crate) trait RowKernel {
 }
 
 /// The panels of a [`RowKernel`]: each row against the activations eight at a time where
-/// the kernel takes eight, two at a time in a panel of two, else four at a time, then one
-/// at a time.
+/// the kernel takes eight, two or three at a time in a panel of that many, else four at a
+/// time, then one at a time.
 pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     fn one<K: RowKernel>(w: &[u8], xs: [&[u8]; 1]) -> [f32; 1] {
         K::dot(w, xs)
@@ -435,7 +436,7 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
     ) {
         let rows = (0..rows.count).map(|r| rows.row(w, r));
         for (row, out) in rows.zip(out.chunks_exact_mut(N)) {
-            if N == 2 || (N == 8 && K::EIGHT_AT_ONCE) {
+            if N == 2 || N == 3 || (N == 8 && K::EIGHT_AT_ONCE) {
                 out.copy_from_slice(&K::dot(row, xs));
                 continue;
             }
@@ -456,6 +457,7 @@ pub(crate) fn row_kernel_entry<K: RowKernel>() -> DotKernel {
         one: one::<K>,
         panel1: panel::<K, 1>,
         panel2: panel::<K, 2>,
+        panel3: panel::<K, 3>,
         panel4: panel::<K, 4>,
         panel8: panel::<K, 8>,
     }

@@ -376,6 +376,7 @@ pub(super) fn entry<S: SuperZmm>() -> DotKernel {
         one: one::<S>,
         panel1: panel_entry::<S, 1>,
         panel2: panel_entry::<S, 2>,
+        panel3: panel_entry::<S, 3>,
         panel4: panel_entry::<S, 4>,
         panel8: panel_entry::<S, 8>,
     }

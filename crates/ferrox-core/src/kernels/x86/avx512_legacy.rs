@@ -368,6 +368,7 @@ pub(super) fn entry<L: LegacyZmm>() -> DotKernel {
         one: one::<L>,
         panel1: panel_entry::<L, 1>,
         panel2: panel_entry::<L, 2>,
+        panel3: panel_entry::<L, 3>,
         panel4: panel_entry::<L, 4>,
         panel8: panel_entry::<L, 8>,
     }
