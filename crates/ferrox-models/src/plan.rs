@@ -33,11 +33,10 @@ const DEFAULT_BUDGET_SHARE: f64 = 0.85;
 /// unpacked into TQ2_0's groups), not the K-quants' few percent of unpacked scales.
 pub const GROWTH_LIMIT: f64 = 1.1;
 
-/// Whether the packed form of a `rows × cols` matrix of `ty` (`file_bytes` in the file)
-/// exceeds [`GROWTH_LIMIT`].
-pub fn grows_when_packed(ty: GgmlType, rows: usize, cols: usize, file_bytes: u64) -> bool {
-    PackedMatrix::packed_bytes(ty, rows, cols)
-        .is_some_and(|packed| packed as f64 > GROWTH_LIMIT * file_bytes as f64)
+/// Whether a packed form of `packed` bytes exceeds [`GROWTH_LIMIT`] over the file's
+/// `file_bytes`.
+fn grows(packed: u64, file_bytes: u64) -> bool {
+    packed as f64 > GROWTH_LIMIT * file_bytes as f64
 }
 
 /// Where the routed experts go.
@@ -61,11 +60,9 @@ pub struct MemoryPlan {
     pub budget_given: bool,
     /// Bytes of the tensors other than the routed experts (all in memory, packed or not).
     pub dense_bytes: u64,
-    /// Whether the dense matrices whose packed form exceeds [`GROWTH_LIMIT`] stay in the
-    /// file's layout: packed, the dense weights would not fit the budget.
-    pub growing_in_place: bool,
-    /// Bytes of those matrices in the file.
-    pub growing_bytes: u64,
+    /// Bytes of the dense matrices whose packed form exceeds [`GROWTH_LIMIT`] when they stay
+    /// in the file's layout (packed, the dense weights would not fit the budget), else 0.
+    pub growing_in_place_bytes: u64,
     /// Bytes of the routed experts in the file.
     pub expert_bytes: u64,
     /// Bytes the routed experts take packed (when their type and shape allow it).
@@ -125,7 +122,7 @@ impl MemoryPlan {
                     bytes
                 };
                 dense_bytes = dense_bytes.saturating_add(held);
-                let lean = if held as f64 > GROWTH_LIMIT * bytes as f64 {
+                let lean = if grows(held, bytes) {
                     growing_bytes = growing_bytes.saturating_add(bytes);
                     bytes
                 } else {
@@ -147,10 +144,12 @@ impl MemoryPlan {
             }
         }
         let slot_bytes = per_layer.values().copied().max().unwrap_or(0);
-        let growing_in_place = dense_bytes > budget && dense_lean_bytes < dense_bytes;
-        if growing_in_place {
+        let growing_in_place_bytes = if dense_bytes > budget && dense_lean_bytes < dense_bytes {
             dense_bytes = dense_lean_bytes;
-        }
+            growing_bytes
+        } else {
+            0
+        };
         if budget < dense_bytes && budget_given {
             return Err(ModelError::BudgetTooSmall {
                 budget,
@@ -178,8 +177,7 @@ impl MemoryPlan {
             budget,
             budget_given,
             dense_bytes,
-            growing_in_place,
-            growing_bytes,
+            growing_in_place_bytes,
             expert_bytes,
             expert_packed_bytes,
             experts,
@@ -193,12 +191,12 @@ impl MemoryPlan {
             ExpertPlacement::Packed => 0,
             ExpertPlacement::Streamed { .. } | ExpertPlacement::Mapped => self.expert_bytes,
         };
-        let growing = if self.growing_in_place {
-            self.growing_bytes
-        } else {
-            0
-        };
-        experts.saturating_add(growing)
+        experts.saturating_add(self.growing_in_place_bytes)
+    }
+
+    /// Whether the matrices whose packed form exceeds [`GROWTH_LIMIT`] stay in the file.
+    pub fn growing_in_place(&self) -> bool {
+        self.growing_in_place_bytes > 0
     }
 }
 
@@ -351,7 +349,9 @@ impl<'g> Packing<'g> {
     /// file) that has a packed form: all but the growing ones where the plan leaves those
     /// in place.
     pub fn packs_dense(&self, ty: GgmlType, (rows, cols): (usize, usize), file_bytes: u64) -> bool {
-        !(self.plan.growing_in_place && grows_when_packed(ty, rows, cols, file_bytes))
+        !(self.plan.growing_in_place()
+            && PackedMatrix::packed_bytes(ty, rows, cols)
+                .is_some_and(|packed| grows(packed as u64, file_bytes)))
     }
 
     /// The cache streamed experts go through, with a key of their own for one layer.

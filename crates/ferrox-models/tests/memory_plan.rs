@@ -202,20 +202,20 @@ fn growing_packed_forms_stay_in_the_file_when_only_that_fits() {
     let name = "llama.tq1-mix";
     let gguf = Arc::new(Gguf::from_bytes(synthetic::sweep_gguf_bytes(name)).unwrap());
     let roomy = MemoryPlan::for_budget(gguf.tensors(), u64::MAX, true, true).unwrap();
-    assert!(!roomy.growing_in_place, "{roomy:?}");
+    assert!(!roomy.growing_in_place(), "{roomy:?}");
     let tight = roomy.dense_bytes - 1;
     let plan = MemoryPlan::for_budget(gguf.tensors(), tight, true, true).unwrap();
     if !ferrox_core::packed::available() {
         // Nothing is packed here (FERROX_ISA=scalar): the file's bytes are the plan's.
-        assert!(!plan.growing_in_place, "{plan:?}");
+        assert!(!plan.growing_in_place(), "{plan:?}");
         eprintln!("no packed kernels on this machine: only the plan was checked");
         return;
     }
     assert!(
-        plan.growing_in_place && plan.growing_bytes > 0 && plan.dense_bytes < tight,
+        plan.growing_in_place() && plan.growing_in_place_bytes > 0 && plan.dense_bytes < tight,
         "{plan:?}"
     );
-    assert_eq!(plan.mapped_bytes(), plan.growing_bytes);
+    assert_eq!(plan.mapped_bytes(), plan.growing_in_place_bytes);
     assert!(matches!(
         MemoryPlan::for_budget(gguf.tensors(), plan.dense_bytes - 1, true, true),
         Err(ModelError::BudgetTooSmall { .. })
@@ -225,7 +225,7 @@ fn growing_packed_forms_stay_in_the_file_when_only_that_fits() {
     let lean = load(&gguf, Some(tight)).unwrap();
     let (all, part) = (packed.weight_memory(), lean.weight_memory());
     assert!(part.packed_bytes < all.packed_bytes, "{part:?} / {all:?}");
-    assert_eq!(part.mapped_bytes, plan.growing_bytes);
+    assert_eq!(part.mapped_bytes, plan.growing_in_place_bytes);
     let want = logits(&packed, &prompt, 0);
     let got = logits(&lean, &prompt, 0);
     let [want, got] =

@@ -73,7 +73,7 @@ fn print_plan(
             "budget": plan.budget,
             "budget_given": plan.budget_given,
             "dense_bytes": plan.dense_bytes,
-            "growing_in_place": plan.growing_in_place,
+            "growing_in_place": plan.growing_in_place(),
             "expert_bytes": plan.expert_bytes,
             "expert_packed_bytes": plan.expert_packed_bytes,
             "experts": experts,
@@ -102,7 +102,7 @@ fn print_plan(
         "resident:        {} (every tensor but the routed experts)",
         gib(plan.dense_bytes)
     )?;
-    if plan.growing_in_place {
+    if plan.growing_in_place() {
         writeln!(
             out,
             "                 (matrices whose packed form is over {:.0}% larger than the \
