@@ -638,7 +638,8 @@ fn prefetch_ahead(format: PackedFormat, isa: Isa) -> Option<usize> {
     let avx2_q6k = format == PackedFormat::Q6K && isa == Isa::Avx2;
     // I8K groups are made just before their product and are still in the cache.
     let cached = format == PackedFormat::I8K;
-    // The formats that stream faster from further ahead on cores such as Zen 3.
+    // The formats that stream faster from further ahead on cores such as Zen 3 (the
+    // kernels name their layout: TQ1_0's is TQ2_0's).
     let mid = matches!(
         format,
         PackedFormat::Q4_0
@@ -651,7 +652,6 @@ fn prefetch_ahead(format: PackedFormat, isa: Isa) -> Option<usize> {
             | PackedFormat::Q2K
             | PackedFormat::Q3K
             | PackedFormat::Tq2_0
-            | PackedFormat::Tq1_0
     );
     match setting() {
         Prefetch::Off => None,
