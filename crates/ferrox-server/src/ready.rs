@@ -3,7 +3,7 @@
 //! scheduler.
 
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -41,8 +41,8 @@ pub(crate) struct Ready {
     /// The KV cache's element type, as vLLM and SGLang spell it.
     pub cache_dtype: String,
     pub scheduler: Scheduler,
-    /// Compiles grammars and schemas against the vocabulary (built beside serving; `None`
-    /// once built if that failed: constrained requests are then refused).
+    /// Compiles grammars and schemas against the vocabulary (`None` inside when it could
+    /// not be built: constrained requests are then refused).
     pub compiler: GrammarEngine,
     /// How the model writes tool calls (from its template).
     pub tool_format: ToolFormat,
@@ -294,7 +294,7 @@ pub(crate) fn prepare(
     });
 
     let tokenizer = Arc::new(tokenizer);
-    let compiler = GrammarEngine::start(tokenizer.clone(), engine.vocab_size());
+    let compiler = GrammarEngine::build(&tokenizer, engine.vocab_size());
     let (tool_format, tool_markers) = tool_format(&template, &tokenizer);
     if ferrox_agent::reasoning::template_thinks(template.source()) {
         tracing::info!(
@@ -428,45 +428,27 @@ fn model_ids(config: &ServerConfig, path: &Path) -> (String, Vec<String>) {
     (model_id, accepted_ids)
 }
 
-/// The grammar engine over the vocabulary, built on a thread of its own: it takes up to a
-/// second on a large vocabulary, which the model need not wait for (only constrained
-/// requests do, the first of them until it is built).
+/// The grammar engine over the vocabulary, built before the server serves. It takes a
+/// second or more on a large vocabulary (llguidance's token trie and slices); built beside
+/// serving, it took a core from the first requests' decode (a third slower on two cores)
+/// and made the first constrained request wait for it.
 pub(crate) struct GrammarEngine {
-    built: Arc<(Mutex<Option<Built>>, Condvar)>,
+    built: Built,
 }
 
 /// The engine once built: `None` when it could not be.
 type Built = Option<Arc<ConstraintCompiler>>;
 
 impl GrammarEngine {
-    fn start(tokenizer: Arc<Tokenizer>, n_vocab: usize) -> GrammarEngine {
-        let built: Arc<(Mutex<Option<Built>>, Condvar)> = Arc::default();
-        let cell = built.clone();
-        let spawned = std::thread::Builder::new()
-            .name("ferrox-grammar-init".into())
-            .spawn(move || {
-                let compiler = constraint_compiler(&tokenizer, n_vocab);
-                let (lock, ready) = &*cell;
-                *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(compiler);
-                ready.notify_all();
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("constrained decoding is unavailable: {e}");
-            *built.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(None);
+    fn build(tokenizer: &Arc<Tokenizer>, n_vocab: usize) -> GrammarEngine {
+        GrammarEngine {
+            built: constraint_compiler(tokenizer, n_vocab),
         }
-        GrammarEngine { built }
     }
 
-    /// The engine (blocking until it is built); `None` when it could not be.
+    /// The engine; `None` when it could not be built.
     pub fn get(&self) -> Option<Arc<ConstraintCompiler>> {
-        let (lock, ready) = &*self.built;
-        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(compiler) = &*state {
-                return compiler.clone();
-            }
-            state = ready.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
+        self.built.clone()
     }
 }
 

@@ -487,8 +487,7 @@ pub(crate) async fn compile(
     spec: ferrox_agent::GrammarSpec,
     param: &str,
 ) -> Result<ferrox_generate::generate::Constraint, ApiError> {
-    let r = ready.clone();
-    let Some(compiler) = blocking(move || r.compiler.get()).await? else {
+    let Some(compiler) = ready.compiler.get() else {
         return Err(ApiError::unsupported(
             param,
             "constrained output is unavailable on this server (its vocabulary could not be prepared)",
