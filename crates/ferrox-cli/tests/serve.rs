@@ -1065,7 +1065,7 @@ fn serve_embeddings_equal_llama_cpp() {
 
 /// `serve --embeddings` on the synthetic BERT (an encoder, the file's CLS pooling, f32 cache):
 /// three inputs in one request (embedded together, each whole) equal llama.cpp's embeddings
-/// of the same file, and generation is refused with a 400.
+/// of the same file, and generation is refused with a 400, constrained or not.
 #[test]
 fn serve_embeds_with_an_encoder() {
     let (_dir, model, _, fixture) = embedding_fixture("bert", synthetic::bert::gguf_bytes("bert"));
@@ -1119,6 +1119,16 @@ fn serve_embeds_with_an_encoder() {
     );
     assert_eq!(status, 400, "{reply}");
     assert!(reply.contains("embedding model"), "{reply}");
+    // A constrained one too (an encoder has no grammar engine): refused for what it is.
+    let (status, reply) = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt": "ba", "max_tokens": 2, "response_format": {"type": "json_object"}}"#),
+        None,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("model_not_generative"), "{reply}");
 }
 
 /// `serve --reranking` on the synthetic BERT reranker (f32 cache): `/v1/rerank` scores a

@@ -294,7 +294,7 @@ pub(crate) fn prepare(
     });
 
     let tokenizer = Arc::new(tokenizer);
-    let compiler = GrammarEngine::build(&tokenizer, engine.vocab_size());
+    let compiler = GrammarEngine::build(&tokenizer, engine.vocab_size(), generates);
     let (tool_format, tool_markers) = tool_format(&template, &tokenizer);
     if ferrox_agent::reasoning::template_thinks(template.source()) {
         tracing::info!(
@@ -440,9 +440,12 @@ pub(crate) struct GrammarEngine {
 type Built = Option<Arc<ConstraintCompiler>>;
 
 impl GrammarEngine {
-    fn build(tokenizer: &Arc<Tokenizer>, n_vocab: usize) -> GrammarEngine {
+    /// The engine for a model that `generates` (an encoder, which only embeds, needs none).
+    fn build(tokenizer: &Arc<Tokenizer>, n_vocab: usize, generates: bool) -> GrammarEngine {
         GrammarEngine {
-            built: constraint_compiler(tokenizer, n_vocab),
+            built: generates
+                .then(|| constraint_compiler(tokenizer, n_vocab))
+                .flatten(),
         }
     }
 

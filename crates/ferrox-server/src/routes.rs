@@ -487,6 +487,10 @@ pub(crate) async fn compile(
     spec: ferrox_agent::GrammarSpec,
     param: &str,
 ) -> Result<ferrox_generate::generate::Constraint, ApiError> {
+    if !ready.generates {
+        // (An encoder has no grammar engine.)
+        return Err(not_generative(ready));
+    }
     let Some(compiler) = ready.compiler.get() else {
         return Err(ApiError::unsupported(
             param,
@@ -798,6 +802,15 @@ async fn generate(
     }
 }
 
+/// The refusal of a generation request by a model that only embeds.
+fn not_generative(ready: &Ready) -> ApiError {
+    ApiError::invalid(format!(
+        "`{}` is an embedding model: it cannot generate text (use /v1/embeddings)",
+        ready.model_id
+    ))
+    .with_code("model_not_generative")
+}
+
 /// Queues one sequence per choice, all sending to one channel, each event tagged by its
 /// choice. Each choice samples with its own seed (the request's plus its index).
 pub(crate) fn submit(
@@ -808,11 +821,7 @@ pub(crate) fn submit(
     images: &[PlacedImage],
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     if !ready.generates {
-        return Err(ApiError::invalid(format!(
-            "`{}` is an embedding model: it cannot generate text (use /v1/embeddings)",
-            ready.model_id
-        ))
-        .with_code("model_not_generative"));
+        return Err(not_generative(ready));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let submitted = Instant::now();
