@@ -17,7 +17,7 @@ use ferrox_tokenizer::tokenizer::TokenId;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use super::model::{self, cache_type, ModelArgs};
+use super::model::{self, cache_type, LoadedEngine, ModelArgs};
 use super::run::{SpecArgs, SpecType};
 use super::InputError;
 use ferrox_generate::generate::{generate_speculative, GenerationParams, Outcome};
@@ -67,12 +67,14 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "POLICY")]
     pub numa: Option<super::model::NumaArg>,
     /// The K cache's type (`-ctk` as llama-bench; f16 by default), passed to llama-bench too.
-    #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE")]
-    pub cache_type_k: Option<KvType>,
-    /// The V cache's type (`-ctv`); llama-bench gets `-fa on` where it is quantized, as it
-    /// needs.
-    #[arg(long = "cache-type-v", value_parser = cache_type, value_name = "TYPE")]
-    pub cache_type_v: Option<KvType>,
+    /// A comma-separated list (`f16,q8_0`) measures each, with every combination of the V
+    /// types: one engine per combination, their repetitions taking turns.
+    #[arg(long = "cache-type-k", value_parser = cache_type, value_name = "TYPE", value_delimiter = ',')]
+    pub cache_type_k: Vec<KvType>,
+    /// The V cache's type (`-ctv`), or a comma-separated list; llama-bench gets `-fa on`
+    /// where it is quantized, as it needs.
+    #[arg(long = "cache-type-v", value_parser = cache_type, value_name = "TYPE", value_delimiter = ',')]
+    pub cache_type_v: Vec<KvType>,
     /// With --spec-type (alias --spec): instead of pp/tg, generate -n tokens greedily from a
     /// prompt, plain and with speculation alternately, and report both speeds and the
     /// acceptance rate.
@@ -445,8 +447,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads,
         ctx_size: Some(args.n_depth + args.n_prompt.max(args.n_gen).max(1)),
         kv_f32: false,
-        cache_type_k: args.cache_type_k,
-        cache_type_v: args.cache_type_v,
+        cache_type_k: None,
+        cache_type_v: None,
         no_repack: args.no_repack,
         memory_budget: args.memory_budget,
         mlock: false,
@@ -454,59 +456,112 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         numa: args.numa,
         mtp: false,
     };
+    // Every combination of the listed cache types, as llama-bench runs them.
+    let listed = |types: &[KvType]| -> Vec<Option<KvType>> {
+        match types.is_empty() {
+            true => vec![None],
+            false => types.iter().copied().map(Some).collect(),
+        }
+    };
+    let variants: Vec<ModelArgs> = listed(&args.cache_type_k)
+        .into_iter()
+        .flat_map(|k| {
+            let base = &model_args;
+            listed(&args.cache_type_v)
+                .into_iter()
+                .map(move |v| ModelArgs {
+                    cache_type_k: k,
+                    cache_type_v: v,
+                    ..base.clone()
+                })
+        })
+        .collect();
     if args.speculation.kind()? != SpecType::None {
+        let [model_args] = &variants[..] else {
+            return Err(InputError("--spec measures one cache type at a time".into()).into());
+        };
         let model_args = ModelArgs {
             ctx_size: None,
-            ..model_args
+            ..model_args.clone()
         };
         return run_spec(&args, &model_args);
     }
-    let loaded = model::load_generator(&model_args)?;
-    let decoder = &loaded.engine;
-    let vocab = loaded.tokenizer.vocab();
+    // One engine per combination, all loaded at once so that their repetitions can take
+    // turns (the weights are held once per combination).
+    let loaded: Vec<LoadedEngine> = variants
+        .iter()
+        .map(model::load_generator)
+        .collect::<anyhow::Result<_>>()?;
+    let first = &loaded[0];
+    let decoder = &first.engine;
+    let vocab = first.tokenizer.vocab();
     let reader = (!args.compare.is_empty())
         .then(|| ReadSweep::new(threads))
         .flatten();
-    let mut bench = Bench {
-        decoder,
-        bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
-        rng: rand::rngs::StdRng::seed_from_u64(1234),
-        depth: args.n_depth,
-        reader: reader.as_ref(),
-    };
-    let mut state = decoder.new_state()?;
-    let mut results = Vec::new();
-    // Per test, each peer's results.
-    let mut peer_results = Vec::new();
+    // The same seed for every combination: each is given the same tokens.
+    let mut benches: Vec<Bench> = loaded
+        .iter()
+        .map(|l| Bench {
+            decoder: &l.engine,
+            bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
+            rng: rand::rngs::StdRng::seed_from_u64(1234),
+            depth: args.n_depth,
+            reader: reader.as_ref(),
+        })
+        .collect();
+    let mut states: Vec<State> = loaded
+        .iter()
+        .map(|l| l.engine.new_state())
+        .collect::<Result<_, _>>()?;
+    // Per combination, per test: ferrox's result and each peer's.
+    let mut results: Vec<Vec<Measurement>> = variants.iter().map(|_| Vec::new()).collect();
+    let mut peer_results: Vec<Vec<Vec<PeerMeasurement>>> =
+        variants.iter().map(|_| Vec::new()).collect();
     let tests: Vec<(usize, usize)> = [(args.n_prompt, 0), (0, args.n_gen)]
         .into_iter()
         .filter(|t| t.0 + t.1 > 0)
         .collect();
-    // Positions held at the end of the longest test, and what each takes.
+    // Positions held at the end of the longest test.
     let deepest = args.n_depth + tests.iter().map(|t| t.0 + t.1).max().unwrap_or(0);
-    let kv_per_position = state.bytes_per_position();
+    let several = variants.len() > 1;
+    // How a combination is named beside a test where there are several.
+    let label = |v: usize| match several {
+        true => {
+            let kv = variants[v].kv_storage();
+            format!(" (K {}, V {})", kv.keys.name(), kv.values.name())
+        }
+        false => String::new(),
+    };
     let bar = indicatif::ProgressBar::new((tests.len() * args.repetitions) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:20}] {pos}/{len} {msg} {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let peer_options = (!args.no_repack, model_args.kv_storage(), args.numa);
     for (n_prompt, n_gen) in tests {
         let name = test_name(n_prompt, n_gen, args.n_depth);
-        bar.set_message(format!("{name} ferrox warm-up"));
-        bench.timed(&mut state, n_prompt, n_gen)?;
-        let mut m = Measurement {
-            name: name.clone(),
-            n_prompt,
-            n_gen,
-            n_depth: args.n_depth,
-            samples_ns: Vec::with_capacity(args.repetitions),
-            bandwidth: Vec::new(),
-        };
-        let mut beside: Vec<PeerMeasurement> = args
-            .compare
+        for (v, (bench, state)) in benches.iter_mut().zip(&mut states).enumerate() {
+            bar.set_message(format!("{name}{} ferrox warm-up", label(v)));
+            bench.timed(state, n_prompt, n_gen)?;
+        }
+        let mut measured: Vec<Measurement> = variants
             .iter()
-            .map(|_| PeerMeasurement::default())
+            .map(|_| Measurement {
+                name: name.clone(),
+                n_prompt,
+                n_gen,
+                n_depth: args.n_depth,
+                samples_ns: Vec::with_capacity(args.repetitions),
+                bandwidth: Vec::new(),
+            })
+            .collect();
+        let mut beside: Vec<Vec<PeerMeasurement>> = variants
+            .iter()
+            .map(|_| {
+                args.compare
+                    .iter()
+                    .map(|_| PeerMeasurement::default())
+                    .collect()
+            })
             .collect();
         // The read bandwidth just before and just after each peer's run, for decode tests.
         let bandwidth = || {
@@ -515,31 +570,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .filter(|_| n_gen > 0)
                 .map(ReadSweep::measure)
         };
-        // Ferrox and every peer take turns repetition by repetition: a shared host's speed
-        // drifts within a minute, and each turn sees the same drift.
+        // Every combination, and after each every peer, take turns repetition by
+        // repetition: a shared host's speed drifts within a minute, and each turn sees the
+        // same drift.
         for _ in 0..args.repetitions {
-            bar.set_message(format!("{name} ferrox"));
-            bench.repetition(&mut state, &mut m)?;
-            for (peer, measured) in args.compare.iter().zip(&mut beside) {
-                bar.set_message(format!("{name} {}", peer.name));
-                let before = bandwidth();
-                let ts = llama_bench(&peer.binary, &loaded.path, &m, threads, peer_options)?;
-                measured.samples_ts.push(ts);
-                measured
-                    .bandwidth
-                    .extend(before.into_iter().chain(bandwidth()));
+            for v in 0..variants.len() {
+                bar.set_message(format!("{name}{} ferrox", label(v)));
+                benches[v].repetition(&mut states[v], &mut measured[v])?;
+                let peer_options = (!args.no_repack, variants[v].kv_storage(), args.numa);
+                for (peer, peer_measured) in args.compare.iter().zip(&mut beside[v]) {
+                    bar.set_message(format!("{name}{} {}", label(v), peer.name));
+                    let before = bandwidth();
+                    let ts = llama_bench(
+                        &peer.binary,
+                        &first.path,
+                        &measured[v],
+                        threads,
+                        peer_options,
+                    )?;
+                    peer_measured.samples_ts.push(ts);
+                    peer_measured
+                        .bandwidth
+                        .extend(before.into_iter().chain(bandwidth()));
+                }
             }
             bar.inc(1);
         }
-        results.push(m);
-        peer_results.push(beside);
+        for (v, (m, others)) in measured.into_iter().zip(beside).enumerate() {
+            results[v].push(m);
+            peer_results[v].push(others);
+        }
     }
     bar.finish_and_clear();
 
     let gguf = decoder.gguf();
     let model_size: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes).sum();
     let n_params: u64 = gguf.tensors().iter().map(|t| t.n_elements).sum();
-    let file_name = loaded
+    let file_name = first
         .path
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
@@ -548,16 +615,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let memory = decoder.weight_memory();
 
     if args.json {
-        let rows: Vec<Value> = results
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
+        let mut rows: Vec<Value> = Vec::new();
+        for (v, variant) in variants.iter().enumerate() {
+            let kv = variant.kv_storage();
+            for (m, others) in results[v].iter().zip(&peer_results[v]) {
                 let samples_ns = &m.samples_ns;
                 let avg_ns = samples_ns.iter().sum::<u64>() / samples_ns.len() as u64;
                 let ns: Vec<f64> = samples_ns.iter().map(|&x| x as f64).collect();
                 let mut row = json!({
                     "engine": "ferrox",
-                    "model_filename": loaded.path.to_string_lossy(),
+                    "model_filename": first.path.to_string_lossy(),
                     "model_type": model_type(decoder),
                     "model_size": model_size,
                     "model_n_params": n_params,
@@ -565,8 +632,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "n_prompt": m.n_prompt,
                     "n_gen": m.n_gen,
                     "n_depth": m.n_depth,
-                    "type_k": model_args.kv_storage().keys.name(),
-                    "type_v": model_args.kv_storage().values.name(),
+                    "type_k": kv.keys.name(),
+                    "type_v": kv.values.name(),
                     "repack": !args.no_repack,
                     "test_time": chrono_now(),
                     "avg_ns": avg_ns,
@@ -579,7 +646,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let peers: Vec<Value> = args
                     .compare
                     .iter()
-                    .zip(&peer_results[i])
+                    .zip(others)
                     .map(|(peer, other)| other.json(peer, m, bytes_per_token))
                     .collect();
                 // The first peer's figures also under the names one peer always had.
@@ -604,34 +671,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     row["bound_share"] = json!(share);
                 }
                 row["weight_memory"] = weight_memory_json(&memory);
-                row["kv_bytes_per_position"] = json!(kv_per_position);
-                row
-            })
-            .collect();
+                row["kv_bytes_per_position"] = json!(states[v].bytes_per_position());
+                rows.push(row);
+            }
+        }
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
 
-    println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
-    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
-    for m in &results {
-        println!(
-            "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
-            model_type(decoder),
-            human_size(model_size),
-            human_params(n_params),
-            "ferrox",
-            threads,
-            m.name,
-            format!("{:.2} ± {:.2}", m.avg_ts(), m.stddev_ts())
-        );
+    // llama-bench's table, with its type_k and type_v columns where several were asked for.
+    let (type_head, type_rule) = match several {
+        true => (" type_k | type_v |", " -----: | -----: |"),
+        false => ("", ""),
+    };
+    println!("| model                          |       size |     params | backend    | threads |{type_head}            test |                  t/s |");
+    println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: |{type_rule} --------------: | -------------------: |");
+    for (v, variant) in variants.iter().enumerate() {
+        let kv = variant.kv_storage();
+        let types = match several {
+            true => format!(" {:>6} | {:>6} |", kv.keys.name(), kv.values.name()),
+            false => String::new(),
+        };
+        for m in &results[v] {
+            println!(
+                "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} |{types} {:>15} | {:>20} |",
+                model_type(decoder),
+                human_size(model_size),
+                human_params(n_params),
+                "ferrox",
+                threads,
+                m.name,
+                format!("{:.2} ± {:.2}", m.avg_ts(), m.stddev_ts())
+            );
+        }
     }
     println!("\nmodel: {file_name}");
-    println!(
-        "sequence memory: {kv_per_position:.0} bytes per position ({}), {:.1} MiB at the deepest test",
-        cache_types(decoder),
-        kv_per_position * deepest as f64 / (1 << 20) as f64
-    );
+    for (l, state) in loaded.iter().zip(&states) {
+        let kv_per_position = state.bytes_per_position();
+        println!(
+            "sequence memory: {kv_per_position:.0} bytes per position ({}), {:.1} MiB at the deepest test",
+            cache_types(&l.engine),
+            kv_per_position * deepest as f64 / (1 << 20) as f64
+        );
+    }
     println!(
         "weights: {:.1} MiB packed in memory, {:.1} MiB read from the mapped file{}",
         memory.packed_bytes as f64 / (1 << 20) as f64,
@@ -657,42 +739,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             rule += " ---: | ---: |";
         }
         println!("{head}\n{rule}");
-        for (m, others) in results.iter().zip(&peer_results) {
-            let mut line = format!("| {} | {:.2} |", m.name, m.avg_ts());
-            for other in others {
-                line += &format!(
-                    " {:.2} | {:.3} |",
-                    other.avg_ts(),
-                    m.avg_ts() / other.avg_ts()
-                );
+        for v in 0..variants.len() {
+            for (m, others) in results[v].iter().zip(&peer_results[v]) {
+                let mut line = format!("| {}{} | {:.2} |", m.name, label(v), m.avg_ts());
+                for other in others {
+                    line += &format!(
+                        " {:.2} | {:.3} |",
+                        other.avg_ts(),
+                        m.avg_ts() / other.avg_ts()
+                    );
+                }
+                println!("{line}");
             }
-            println!("{line}");
         }
     }
-    for (i, m) in results.iter().enumerate() {
-        let Some(share) = m.bound_share(bytes_per_token) else {
-            continue;
-        };
-        let bw = mean(&m.bandwidth);
-        println!(
-            "\n{}: read bandwidth ({threads} threads) measured before each repetition: {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {:.1} t/s",
-            m.name,
-            bw / 1e9,
-            bytes_per_token as f64 / 1e6,
-            bw / bytes_per_token as f64
-        );
-        print!("{}: ferrox at {:.0}% of the bound", m.name, 100.0 * share);
-        for (peer, other) in args.compare.iter().zip(&peer_results[i]) {
-            if let Some(share) = other.bound_share(bytes_per_token) {
-                print!(
-                    ", {} at {:.0}% (bandwidth measured before and after its runs: {:.1} GB/s)",
-                    peer.name,
-                    100.0 * share,
-                    mean(&other.bandwidth) / 1e9
-                );
+    for v in 0..variants.len() {
+        for (m, others) in results[v].iter().zip(&peer_results[v]) {
+            let Some(share) = m.bound_share(bytes_per_token) else {
+                continue;
+            };
+            let name = format!("{}{}", m.name, label(v));
+            let bw = mean(&m.bandwidth);
+            println!(
+                "\n{name}: read bandwidth ({threads} threads) measured before each repetition: {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {:.1} t/s",
+                bw / 1e9,
+                bytes_per_token as f64 / 1e6,
+                bw / bytes_per_token as f64
+            );
+            print!("{name}: ferrox at {:.0}% of the bound", 100.0 * share);
+            for (peer, other) in args.compare.iter().zip(others) {
+                if let Some(share) = other.bound_share(bytes_per_token) {
+                    print!(
+                        ", {} at {:.0}% (bandwidth measured before and after its runs: {:.1} GB/s)",
+                        peer.name,
+                        100.0 * share,
+                        mean(&other.bandwidth) / 1e9
+                    );
+                }
             }
+            println!();
         }
-        println!();
     }
     Ok(())
 }
