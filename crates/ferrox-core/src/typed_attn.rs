@@ -53,6 +53,11 @@ pub struct TypedGroup {
     query_bytes: usize,
     /// The queries, rounded to the keys' vec-dot type, `query_bytes` each.
     queries: Box<[u8]>,
+    /// With f16 keys scored by [`x86::f16_key_scores_512`]: the rounded queries widened to
+    /// f32 (exactly), `head_dim_k` each.
+    f16_key_queries: Option<Box<[f32]>>,
+    /// Whether this group's keys are scored from `f16_key_queries`.
+    f16_keys_widened: bool,
     softmax: RunningSoftmax,
     /// Accumulators, `head_dim_v` per query.
     acc: Box<[f32]>,
@@ -76,6 +81,8 @@ impl Default for TypedGroup {
             value_bytes: 0,
             query_bytes: 0,
             queries: vec![0; MAX_GROUP * MAX_QUERY_BYTES].into_boxed_slice(),
+            f16_key_queries: None,
+            f16_keys_widened: false,
             softmax: RunningSoftmax::default(),
             acc: vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice(),
             rows: vec![0.0; BLOCK_KEYS * MAX_HEAD_DIM].into_boxed_slice(),
@@ -117,6 +124,26 @@ impl TypedGroup {
         {
             quantize_activation(dot.vec_dot_type(), q, out)?;
         }
+        // f16 keys on AVX-512, whole steps of 32: every key against the whole group at once,
+        // the queries widened once (the row kernel's panel widens them for every key and
+        // reduces each query's sum on its own).
+        let widened = cfg!(target_arch = "x86_64")
+            && keys == KvType::F16
+            && self.isa == Isa::Avx512Vnni
+            && dk.is_multiple_of(32)
+            && n > 0;
+        if widened {
+            let buf = self
+                .f16_key_queries
+                .get_or_insert_with(|| vec![0.0; MAX_GROUP * MAX_HEAD_DIM].into_boxed_slice());
+            for (q, out) in self.queries[..n * self.query_bytes]
+                .chunks_exact(2)
+                .zip(buf.iter_mut())
+            {
+                *out = half::f16::from_le_bytes([q[0], q[1]]).to_f32();
+            }
+        }
+        self.f16_keys_widened = widened;
         self.dot = Some(dot);
         self.values = values;
         self.shape = shape;
@@ -142,6 +169,32 @@ impl TypedGroup {
             // The rest of the run, not just this block: the panels ask ahead for the lines
             // of the keys that follow (measured faster than cutting to the block).
             let keys = (&run.keys[start * run.key_stride..], run.key_stride);
+            #[cfg(target_arch = "x86_64")]
+            if let (true, Some(queries)) = (self.f16_keys_widened, &self.f16_key_queries) {
+                let keys = (keys.0, keys.1, nb);
+                let dk = shape.head_dim_k;
+                macro_rules! widened {
+                    ($($g:literal)*) => {
+                        // SAFETY: set for f16 keys of whole steps of 32 on an available
+                        // AVX-512 (`start_with`); `nb` keys lie in the run.
+                        match n {
+                            $($g => unsafe {
+                                x86::f16_key_scores_512::<$g>(keys, (queries, dk), &mut scores)
+                            },)*
+                            _ => unreachable!("one to eight queries"),
+                        }
+                    };
+                }
+                widened!(1 2 3 4 5 6 7 8);
+            } else {
+                score_block(
+                    &dot,
+                    (keys, nb),
+                    (&self.queries, self.query_bytes, n),
+                    &mut scores,
+                );
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             score_block(
                 &dot,
                 (keys, nb),
@@ -514,6 +567,64 @@ mod x86 {
         _mm256_fmadd_ps
     );
 
+    /// `scores[j][g]` for the `n` f16 keys at `keys` (rows `stride` bytes apart, `dk` values
+    /// each, `dk` a multiple of 32) and the `G` queries in `queries` (`dk` f32 values each,
+    /// f16 ones widened): for each pair the bits of the F16 row kernel
+    /// (`float_dot_512::<F16Lanes, _>`: two sixteen-lane accumulators over steps of 32, then
+    /// ggml's AVX2 reduction of them), with every query's reduction made for the group at once.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/DQ, AVX2, FMA and F16C; the keys lie in `keys`.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+    pub unsafe fn f16_key_scores_512<const G: usize>(
+        (keys, stride, n): (&[u8], usize, usize),
+        (queries, dk): (&[f32], usize),
+        scores: &mut crate::online_softmax::KeyBlock,
+    ) {
+        assert!(dk.is_multiple_of(32) && queries.len() >= G * dk && G <= MAX_GROUP);
+        assert!(n <= scores.len() && (n == 0 || keys.len() >= (n - 1) * stride + 2 * dk));
+        for (j, scores) in scores.iter_mut().enumerate().take(n) {
+            // SAFETY: key `j`'s `dk` values lie in `keys`, each query's in `queries`
+            // (asserted).
+            unsafe {
+                let key = keys.as_ptr().add(j * stride);
+                let mut acc = [[_mm512_setzero_ps(); 2]; G];
+                for at in (0..dk).step_by(32) {
+                    let k = [
+                        _mm512_cvtph_ps(_mm256_loadu_si256(key.add(2 * at).cast())),
+                        _mm512_cvtph_ps(_mm256_loadu_si256(key.add(2 * at + 32).cast())),
+                    ];
+                    for (g, acc) in acc.iter_mut().enumerate() {
+                        let q = queries.as_ptr().add(g * dk + at);
+                        acc[0] = _mm512_fmadd_ps(k[0], _mm512_loadu_ps(q), acc[0]);
+                        acc[1] = _mm512_fmadd_ps(k[1], _mm512_loadu_ps(q.add(16)), acc[1]);
+                    }
+                }
+                // The row kernel's accumulators are `[a0 | a1]`, `[a2 | a3]`, reduced as
+                // `((a0 + a2) + (a1 + a3))`, its halves added, then two horizontal adds:
+                // the same additions here, the last two for four queries at once.
+                let mut quarters = [_mm_setzero_ps(); 8];
+                for (quarter, [lo, hi]) in quarters.iter_mut().zip(acc) {
+                    let s = _mm512_add_ps(lo, hi);
+                    let v =
+                        _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps::<1>(s));
+                    *quarter = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                }
+                for (four, out) in quarters
+                    .chunks_exact(4)
+                    .zip(scores.chunks_mut(4))
+                    .take(G.div_ceil(4))
+                {
+                    let sums =
+                        _mm_hadd_ps(_mm_hadd_ps(four[0], four[1]), _mm_hadd_ps(four[2], four[3]));
+                    let mut lanes = [0f32; 4];
+                    _mm_storeu_ps(lanes.as_mut_ptr(), sums);
+                    out.copy_from_slice(&lanes[..out.len()]);
+                }
+            }
+        }
+    }
+
     /// [`super::through_f16`] of eight values.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -788,6 +899,53 @@ mod tests {
             )*};
         }
         check!(1 2 3 4 5 6 7 8);
+    }
+
+    /// f16 keys scored for the whole group at once on AVX-512 give the row kernel's bits
+    /// for every key and query (any head of whole steps of 32, keys at any stride).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16_keys_scored_together_give_the_row_kernel_bits() {
+        if !Isa::Avx512Vnni.is_available() {
+            eprintln!("no AVX-512 here: f16 keys go through the row kernel (tested above)");
+            return;
+        }
+        for (dk, n_keys) in [(32, 3), (64, BLOCK_KEYS), (128, 13), (256, 5)] {
+            let stride = KvType::F16.bytes(3 * dk);
+            let mut keys = vec![0u8; n_keys * stride];
+            quantize_row(KvType::F16.ggml(), &values(n_keys * 3 * dk, 7), &mut keys).unwrap();
+            let dot = RowDot::with_isa(Isa::Avx512Vnni, KvType::F16.ggml(), dk).unwrap();
+            let query_bytes = dot.activation_bytes();
+            let raw = values(MAX_GROUP * dk, 8);
+            let mut rounded = vec![0u8; MAX_GROUP * query_bytes];
+            for (q, out) in raw
+                .chunks_exact(dk)
+                .zip(rounded.chunks_exact_mut(query_bytes))
+            {
+                quantize_activation(dot.vec_dot_type(), q, out).unwrap();
+            }
+            let widened: Vec<f32> = rounded
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect();
+            macro_rules! check {
+                ($($g:literal)*) => {$(
+                    let mut want: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
+                    score_block(&dot, ((&keys, stride), n_keys), (&rounded, query_bytes, $g), &mut want);
+                    let mut got: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
+                    // SAFETY: AVX-512 is available; `n_keys` keys of `dk` at `stride`.
+                    unsafe {
+                        x86::f16_key_scores_512::<$g>((&keys, stride, n_keys), (&widened, dk), &mut got)
+                    };
+                    for j in 0..n_keys {
+                        for g in 0..$g {
+                            assert_eq!(got[j][g].to_bits(), want[j][g].to_bits(), "head {dk}, key {j}, query {g} of {}", $g);
+                        }
+                    }
+                )*};
+            }
+            check!(1 2 3 4 5 6 7 8);
+        }
     }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
