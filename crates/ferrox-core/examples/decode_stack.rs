@@ -4,11 +4,12 @@
 //! machine's read bandwidth, so a kernel's share of the bound is read off directly.
 //!
 //! `cargo run --release -p ferrox-core --example decode_stack -- [TYPE] [THREADS] [LAYERS] [OPTION...]`
-//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, packed; iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, tq2_0, tq1_0,
+//! (TYPE: q4_k (default), q6_k, q5_k, q2_k, q3_k, q4_0, q5_0, q8_0, iq4_nl, iq4_xs, nvfp4, tq2_0, tq1_0, packed; iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m,
 //! row-major as a file stores them, each pass's products one after the other; the shapes are
 //! Qwen2.5-1.5B's FFN and attention: 1536 x 8960, 8960 x 1536, 1536 x 1536, 256 x 1536).
 //! `FERROX_ISA` caps the kernels as everywhere. OPTIONs:
 //!
+//! * `row-major`: a packed type's row-major kernels instead (as `--no-repack` runs them);
 //! * `cached`: one small matrix swept from the cache, the kernels' compute ceiling (with
 //!   `tokens=N`, against N activation rows);
 //! * `moe`: an MoE decode step's products instead (per layer, 16 expert matrices of
@@ -171,6 +172,7 @@ fn main() {
         "iq1_m" => GgmlType::Iq1M,
         "tq2_0" => GgmlType::Tq2_0,
         "tq1_0" => GgmlType::Tq1_0,
+        "nvfp4" => GgmlType::Nvfp4,
         other => panic!("unknown type {other}"),
     };
     let threads: usize = args.get(1).map_or(2, |s| s.parse().unwrap());
@@ -224,7 +226,7 @@ fn main() {
             .collect();
         (x, vec![0f32; rows * n_tokens])
     };
-    if row_major(ty) {
+    if row_major(ty) || options.iter().any(|o| o == "row-major") {
         let files: Vec<Vec<(Vec<u8>, usize, usize)>> = shapes
             .iter()
             .map(|pass| {

@@ -18,12 +18,12 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
-    TQ2_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K,
+    Q8_0, TQ2_0,
 };
 use super::layout::{
-    affine_k_codes_at, iq4xs_codes_at, q2k_codes_at, q3k_high_at, q3k_low_at, q6k_high_at,
-    q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_CODES_AT,
+    affine_k_codes_at, iq4xs_codes_at, nvfp4_scales_at, q2k_codes_at, q3k_high_at, q3k_low_at,
+    q6k_high_at, q6k_low_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4XS_CODES_AT,
     IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_CODES_AT, Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_CODES_AT,
     Q3K_SCALES_AT, Q4K_CODES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
     Q6K_CODES_AT, Q6K_SCALES_AT, Q8K_BYTES, Q8K_CODES_AT, Q8K_SUMS_AT, SCALES_BYTES,
@@ -117,6 +117,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<TQ2_0, false>,
         PackedFormat::Q1_0 => groups::<Q1_0, false>,
         PackedFormat::Q2_0 => groups::<Q2_0, false>,
+        PackedFormat::Nvfp4 => groups::<NVFP4, false>,
     }
 }
 
@@ -511,7 +512,12 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize, part: usize) 
                 }
             }
             _ => {
-                let nibbles = if format.has_fifth_bit() { p.add(64) } else { p };
+                let nibbles = if format.has_fifth_bit() {
+                    p.add(64)
+                } else {
+                    // NVFP4's parts: four vectors each.
+                    p.add(256 * part)
+                };
                 for k in 0..4 {
                     let v = half_of(nibbles.add(64 * k), half);
                     codes[k] = _mm256_and_si256(v, low);
@@ -526,7 +532,7 @@ unsafe fn legacy_codes<const F: u8>(block: *const u8, half: usize, part: usize) 
                 // Nibbles index levels: MXFP4's unsigned codes, IQ4_NL's signed levels
                 // (taken as Q8_0's signed codes are).
                 let table = match F {
-                    MXFP4 => Some(MXFP4_CODES.as_ptr()),
+                    MXFP4 | NVFP4 => Some(MXFP4_CODES.as_ptr()),
                     IQ4_NL => Some(IQ4_LEVELS.as_ptr().cast::<u8>()),
                     _ => None,
                 };
@@ -670,7 +676,48 @@ unsafe fn legacy_block<const F: u8, const N: usize, const PROMPT: bool>(
     let parts = PackedFormat::from_id(F).parts();
     for part in 0..parts {
         // SAFETY: the caller's contract.
-        unsafe { legacy_part::<F, N, PROMPT>(block, half, (b * parts + part, part), xs, acc) };
+        unsafe {
+            if F == NVFP4 {
+                nvfp4_part::<N>(block, half, (b * parts + part, part), xs, acc);
+            } else {
+                legacy_part::<F, N, PROMPT>(block, half, (b * parts + part, part), xs, acc);
+            }
+        }
+    }
+}
+
+/// Part `part` of an NVFP4 block, against the tokens' activation block `a`: the sums of
+/// its two sub-blocks (the low nibbles' values and the high ones'), each from its half of
+/// the activations' sum and scaled by its own scale.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_part<const N: usize>(
+    block: *const u8,
+    half: usize,
+    (a, part): (usize, usize),
+    xs: &[*const u8],
+    acc: &mut [__m256; N],
+) {
+    let bias = PackedFormat::Nvfp4.bias();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let codes = legacy_codes::<NVFP4>(block, half, part);
+        let dw = [2 * part, 2 * part + 1].map(|s| f16x8(block.add(nvfp4_scales_at(s) + 16 * half)));
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let a = x.add(a * ACTIVATION_BLOCK_BYTES);
+            let x_sums = a.add(ACT_SUM_AT).cast::<[i16; 2]>().read_unaligned();
+            let dy = _mm256_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+            for (h, x_sum) in x_sums.into_iter().enumerate() {
+                // Codes below 25: two runs of four values in one i16 before widening.
+                let pairs = _mm256_add_epi16(
+                    pairs8(codes[4 * h], codes[4 * h + 1], a.add(16 * h)),
+                    pairs8(codes[4 * h + 2], codes[4 * h + 3], a.add(16 * h + 8)),
+                );
+                let init = _mm256_set1_epi32(bias * -i32::from(x_sum));
+                let sum = _mm256_add_epi32(init, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[h], dy), _mm256_cvtepi32_ps(sum), *acc);
+            }
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 use super::layout::{
-    id, place_int8_scales, q1_0_plane_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT, IQ4NL_CODES,
-    MXFP4_CODES, QK_K, SCALES_BYTES,
+    id, nvfp4_scales_at, place_int8_scales, q1_0_plane_at, ACT_SCALE_AT, ACT_SUM_AT, I8K_CODES_AT,
+    IQ4NL_CODES, MXFP4_CODES, NVFP4_CODES_AT, QK_K, SCALES_BYTES,
 };
 use super::{
     prefetch_ahead, prefetch_lines, GroupsFn, PackedFormat, ACTIVATION_BLOCK_BYTES, GROUP_ROWS,
@@ -44,6 +44,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<Tq2Block>,
         PackedFormat::Q1_0 => groups::<Legacy<SignCodes>>,
         PackedFormat::Q2_0 => groups::<Legacy<TwoBitCodes>>,
+        PackedFormat::Nvfp4 => groups::<Nvfp4Block>,
     }
 }
 
@@ -335,6 +336,69 @@ impl Codes for TwoBitCodes {
         };
         [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
     }
+}
+
+/// NVFP4: per part, the two sub-blocks' sums each scaled by its own scale.
+struct Nvfp4Block;
+
+impl Block for Nvfp4Block {
+    const FORMAT: PackedFormat = PackedFormat::Nvfp4;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add<const N: usize>(
+        block: *const u8,
+        b: usize,
+        xs: &[*const u8],
+        acc: &mut [__m512; N],
+    ) {
+        let bias = Self::FORMAT.bias();
+        // SAFETY: the caller's contract; the table is 16 readable bytes.
+        unsafe {
+            let levels = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_CODES.as_ptr().cast()));
+            for part in 0..2 {
+                let codes = nibbles(block.add(NVFP4_CODES_AT + 256 * part))
+                    .map(|n| _mm512_shuffle_epi8(levels, n));
+                let scale = |s: usize| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(block.add(nvfp4_scales_at(s)).cast()))
+                };
+                let dw = [scale(2 * part), scale(2 * part + 1)];
+                for t in 0..N {
+                    let a = xs[t].add((2 * b + part) * ACTIVATION_BLOCK_BYTES);
+                    let x_sums = a.add(ACT_SUM_AT).cast::<[i16; 2]>().read_unaligned();
+                    let dy = _mm512_set1_ps(a.add(ACT_SCALE_AT).cast::<f32>().read_unaligned());
+                    for (half, x_sum) in x_sums.into_iter().enumerate() {
+                        // The codes are `w + bias`: start from `-bias·Σx` of the half.
+                        let init = _mm512_set1_epi32(bias * -i32::from(x_sum));
+                        let codes = &codes[4 * half..4 * half + 4];
+                        let sums = dot16(init, codes, a.add(16 * half));
+                        let sums = _mm512_cvtepi32_ps(sums);
+                        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[half], dy), sums, acc[t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `init + Σ code·x` per row lane over 16 values: `codes[g]` holds values `4g..4g + 4` of
+/// each row (unsigned), `x` the 16 activation bytes; two chains, as [`dot32`]'s.
+///
+/// # Safety
+/// The CPU has the kernels' features; `x` addresses 16 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot16(init: __m512i, codes: &[__m512i], x: *const u8) -> __m512i {
+    let mut even = init;
+    let mut odd = _mm512_setzero_si512();
+    // SAFETY: the caller's contract.
+    unsafe {
+        for k in 0..2 {
+            even = _mm512_dpbusd_epi32(even, codes[2 * k], broadcast_i32(x.add(8 * k)));
+            odd = _mm512_dpbusd_epi32(odd, codes[2 * k + 1], broadcast_i32(x.add(8 * k + 4)));
+        }
+    }
+    _mm512_add_epi32(even, odd)
 }
 
 /// `init + Σ code·x` per row lane over 32 values: `codes[g]` holds values `4g..4g + 4` of

@@ -39,6 +39,14 @@
 //! (`+d`), a clear one 0 (`−d`). Q2_0: four code vectors laid out as Q2_K's (vector `s`: values
 //! `16s..16s + 16`), codes 0..3 for −1..+2. Both the size of the file.
 //!
+//! NVFP4 (64 values, two activation blocks) keeps a scale per 16 values: per block of a
+//! group, its four sub-block scales as f16 (`[sub-block][row]`, 32 bytes each: the E4M3
+//! scales, halved, are f16 values exactly), then per 32-value part `k` four nibble vectors
+//! as Q4_0's, the nibbles moved so that the low ones are sub-block `2k` and the high ones
+//! sub-block `2k + 1` (a nibble indexes the FP4 levels, read as MXFP4's codes). Each part
+//! gives two integer sums per row, so its activation block carries the sums of its two
+//! halves (see [`PackedFormat::activations`]). Four bytes more per row than the file.
+//!
 //! TQ2_0, per super-block of a group: `d` (16 f16), then the sixteen code vectors laid out
 //! as Q2_K's (a code `c` of 0, 1 or 2 stands for `c − 1`). Same size as the file. TQ1_0
 //! packs into the same layout, its five codes per byte unpacked to two bits each (66 bytes
@@ -57,7 +65,7 @@
 
 use ferrox_gguf::GgmlType;
 
-use crate::quant::fp4::{e8m0_half, LEVELS as FP4_LEVELS};
+use crate::quant::fp4::{e8m0_half, ue4m3_half, LEVELS as FP4_LEVELS, NVFP4_SCALES};
 use crate::quant::int8::{Int8Block, CODE_OFFSET, MAX_MAGNITUDE};
 use crate::quant::iq4::{Iq4Xs, LEVELS as IQ4_LEVELS, XS_NIBBLES_AT};
 use crate::quant::kquants::{q3_k, scale_min_k4, unpack_two_bit_codes};
@@ -74,6 +82,8 @@ pub(super) const QK_K: usize = 256;
 /// codes' sum as i32.
 pub(super) const ACTIVATION_BLOCK_BYTES: usize = 40;
 pub(super) const ACT_SCALE_AT: usize = 32;
+/// The codes' sum as an i32, or (NVFP4's [`Activations::HalfSums`]) the sums of codes
+/// `0..16` and `16..32` as two i16, the first in the low bytes.
 pub(super) const ACT_SUM_AT: usize = 36;
 /// Bytes of a Q8_K activation block (f32 scale, 256 codes, 16 i16 sums of 16 codes).
 pub(super) const Q8K_BYTES: usize = 292;
@@ -138,7 +148,16 @@ pub(super) const fn q6k_high_at(n: usize) -> usize {
     Q6K_CODES_AT + 192 * n + 128
 }
 
-/// MXFP4's codes by nibble: the FP4 level plus 12 (unsigned, at most 24).
+/// Where an NVFP4 group block's nibble vectors start: after its four sub-blocks' scales.
+pub(super) const NVFP4_CODES_AT: usize = NVFP4_SCALES * SCALES_BYTES;
+
+/// Where an NVFP4 group block's scales of sub-block `s` lie.
+pub(super) const fn nvfp4_scales_at(s: usize) -> usize {
+    SCALES_BYTES * s
+}
+
+/// MXFP4's codes by nibble: the FP4 level plus 12 (unsigned, at most 24). NVFP4's levels
+/// are the same.
 pub(super) const MXFP4_CODES: [u8; 16] = level_codes(&FP4_LEVELS, 12);
 
 /// Unsigned codes `level + bias` of a table of levels indexed by nibbles.
@@ -233,6 +252,16 @@ pub(super) mod id {
     pub const TQ2_0: u8 = 14;
     pub const Q1_0: u8 = 15;
     pub const Q2_0: u8 = 16;
+    pub const NVFP4: u8 = 17;
+}
+
+/// How a format's activation rows are laid out: Q8_K blocks, or Q8_0-based blocks of 32
+/// values ([`ACTIVATION_BLOCK_BYTES`]) with the codes' sum or the sums of their halves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Activations {
+    Q8K,
+    Sum,
+    HalfSums,
 }
 
 /// A format that can be packed.
@@ -256,6 +285,7 @@ pub enum PackedFormat {
     Tq1_0,
     Q1_0,
     Q2_0,
+    Nvfp4,
     /// The i-quants expanded to int8 for a prompt (see the module notes): never the
     /// format of a [`super::PackedMatrix`].
     I8K,
@@ -281,6 +311,7 @@ impl PackedFormat {
             GgmlType::Tq1_0 => Some(PackedFormat::Tq1_0),
             GgmlType::Q1_0 => Some(PackedFormat::Q1_0),
             GgmlType::Q2_0 => Some(PackedFormat::Q2_0),
+            GgmlType::Nvfp4 => Some(PackedFormat::Nvfp4),
             _ => None,
         }
     }
@@ -304,6 +335,7 @@ impl PackedFormat {
             id::TQ2_0 => PackedFormat::Tq2_0,
             id::Q1_0 => PackedFormat::Q1_0,
             id::Q2_0 => PackedFormat::Q2_0,
+            id::NVFP4 => PackedFormat::Nvfp4,
             _ => PackedFormat::Q6K,
         }
     }
@@ -327,6 +359,7 @@ impl PackedFormat {
             PackedFormat::Tq1_0 => GgmlType::Tq1_0,
             PackedFormat::Q1_0 => GgmlType::Q1_0,
             PackedFormat::Q2_0 => GgmlType::Q2_0,
+            PackedFormat::Nvfp4 => GgmlType::Nvfp4,
             // Not a file type; its values are Q8_K-like (int8 codes, 256 per block).
             PackedFormat::I8K => GgmlType::Q8K,
         }
@@ -346,6 +379,18 @@ impl PackedFormat {
                 | PackedFormat::Tq1_0
                 | PackedFormat::I8K
         )
+    }
+
+    /// The layout of this format's activation rows: matrices whose formats agree on it
+    /// (and on the columns) take the same quantized rows.
+    pub(super) fn activations(self) -> Activations {
+        if self.is_k() {
+            Activations::Q8K
+        } else if self == PackedFormat::Nvfp4 {
+            Activations::HalfSums
+        } else {
+            Activations::Sum
+        }
     }
 
     /// Whether the format has Q4_K's shape (scales and minimums per 32 values; Q5_K adds a
@@ -373,11 +418,11 @@ impl PackedFormat {
     }
 
     /// Activation blocks (of 32 values) per block of a 32-value format: Q1_0's one scale
-    /// serves 128 values, Q2_0's 64.
+    /// serves 128 values, Q2_0's 64, NVFP4's blocks hold 64.
     pub(super) const fn parts(self) -> usize {
         match self {
             PackedFormat::Q1_0 => 4,
-            PackedFormat::Q2_0 => 2,
+            PackedFormat::Q2_0 | PackedFormat::Nvfp4 => 2,
             _ => 1,
         }
     }
@@ -401,6 +446,7 @@ impl PackedFormat {
             PackedFormat::Tq2_0 => 66,
             PackedFormat::Tq1_0 => 54,
             PackedFormat::Q1_0 | PackedFormat::Q2_0 => 18,
+            PackedFormat::Nvfp4 => 36,
             // d, the sixteen scales as bytes, 256 codes.
             PackedFormat::I8K => 2 + 16 + 256,
         }
@@ -416,6 +462,8 @@ impl PackedFormat {
             PackedFormat::Q3K => 114,
             // The power-of-two scale as an f32.
             PackedFormat::Mxfp4 => 20,
+            // The four scales as f16.
+            PackedFormat::Nvfp4 => 40,
             // The scales unpacked to signed bytes.
             PackedFormat::Iq4Xs => 138,
             // The codes two bits each, as TQ2_0's.
@@ -456,7 +504,9 @@ impl PackedFormat {
 
     /// Where a 32-value format's codes (or fifth-bit masks) start in a group block.
     pub(super) const fn codes_at(self) -> usize {
-        if self.has_min() || self.has_f32_scales() {
+        if matches!(self, PackedFormat::Nvfp4) {
+            NVFP4_CODES_AT
+        } else if self.has_min() || self.has_f32_scales() {
             2 * SCALES_BYTES
         } else {
             SCALES_BYTES
@@ -471,7 +521,7 @@ impl PackedFormat {
             PackedFormat::Q4_1 | PackedFormat::Q5_1 => 0,
             PackedFormat::Q8_0 => 128,
             // Nibbles index the FP4 levels; codes are the level plus 12 (see `MXFP4_CODES`).
-            PackedFormat::Mxfp4 => 12,
+            PackedFormat::Mxfp4 | PackedFormat::Nvfp4 => 12,
             // IQ4_NL's levels span −127..=113: unsigned `level + 128`, as Q8_0's codes.
             PackedFormat::Iq4Nl => 128,
             PackedFormat::Q4K | PackedFormat::Q5K | PackedFormat::Q2K => 0,
@@ -612,6 +662,7 @@ pub(super) fn pack_group(
                             code << (2 * (e % 16 / 4));
                     }
                 }
+                PackedFormat::Nvfp4 => pack_nvfp4_row(block, r, dst),
                 PackedFormat::I8K => unreachable!("I8K groups come from `int8_group`"),
                 PackedFormat::Iq4Xs => {
                     for s in 0..8 {
@@ -644,7 +695,9 @@ pub(super) fn pack_group(
                 PackedFormat::Tq1_0 => TQ1_D_AT,
                 _ => 0,
             };
-            if format.has_f32_scales() {
+            if format == PackedFormat::Nvfp4 {
+                // Its scales are placed with its codes.
+            } else if format.has_f32_scales() {
                 dst[4 * r..4 * r + 4].copy_from_slice(&e8m0_half(block[0]).to_le_bytes());
             } else {
                 dst[2 * r..2 * r + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
@@ -656,6 +709,25 @@ pub(super) fn pack_group(
         if format.has_fifth_bit() {
             let at = format.codes_at();
             dst[at..at + 64].copy_from_slice(&plane);
+        }
+    }
+}
+
+/// Row `r`'s NVFP4 file block into its group block `dst` (see the module notes): the four
+/// scales as f16, then per part the nibble bytes of its two sub-blocks merged, byte `b`
+/// holding value `b` of sub-block `2k` low and value `b` of sub-block `2k + 1` high.
+fn pack_nvfp4_row(block: &[u8], r: usize, dst: &mut [u8]) {
+    for (s, &scale) in block[..NVFP4_SCALES].iter().enumerate() {
+        let d = half::f16::from_f32(ue4m3_half(scale));
+        dst[nvfp4_scales_at(s) + 2 * r..][..2].copy_from_slice(&d.to_le_bytes());
+    }
+    // The file's sub-block `s`: bytes `8s..8s + 8` after the scales, value `v` in byte
+    // `v % 8`, low nibble for `v < 8`.
+    let nibble = |s: usize, v: usize| block[NVFP4_SCALES + 8 * s + v % 8] >> (4 * (v / 8)) & 15;
+    for part in 0..2 {
+        for b in 0..16 {
+            let byte = nibble(2 * part, b) | nibble(2 * part + 1, b) << 4;
+            dst[NVFP4_CODES_AT + 256 * part + 64 * (b / 4) + 4 * r + b % 4] = byte;
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Weight matrices repacked at load for the int8 dot-product instructions (Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0): sixteen
+//! Q5_0, Q5_1, Q8_0, MXFP4, NVFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0,
+//! TQ2_0, Q1_0, Q2_0): sixteen
 //! rows interleaved four values at a time, so that one `vpdpbusd` multiplies four values of
 //! sixteen rows by the same four activation values and leaves one integer sum per row in its
 //! own lane.
@@ -18,7 +19,7 @@
 //! batch.
 //!
 //! Layout: groups of [`GROUP_ROWS`] rows, each group its blocks in order. The 256-value
-//! formats, Q1_0 and Q2_0 are described in `layout.rs`; a block of the others is
+//! formats, Q1_0, Q2_0 and NVFP4 are described in `layout.rs`; a block of the others is
 //! `[16 f16 scales]`, for
 //! Q4_1 and Q5_1 `[16 f16 minimums]`, then the codes, per format:
 //! - Q8_0: eight 64-byte vectors; vector `g` holds values `4g..4g+4` of row `r` at bytes
@@ -64,7 +65,7 @@ mod layout;
 mod scalar;
 
 pub use int8::{Int8Path, INT8_MIN_TOKENS};
-use layout::{pack_group, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, QK};
+use layout::{pack_group, Activations, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT, QK};
 pub use layout::{PackedFormat, GROUP_ROWS};
 
 /// Whether this machine has a fast kernel for packed matrices and may use it: AVX2 or
@@ -281,7 +282,7 @@ impl PackedMatrix {
     /// Quantizes one activation row of `cols` values into `out` (its
     /// [`activation_row_bytes`](Self::activation_row_bytes)) exactly as ggml-cpu does for
     /// the format: Q8_K for the 256-value formats; Q8_0 for the others, laid out per block
-    /// as codes, f32 scale, sum of codes.
+    /// as codes, f32 scale, sum of codes (NVFP4: the sums of the two halves).
     pub fn quantize_activation(&self, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
         if x.len() != self.cols {
             return Err(QuantError::VectorLength {
@@ -298,9 +299,11 @@ impl PackedMatrix {
                 actual: out.len(),
             });
         }
-        if self.format.is_k() {
-            return kernels::quantize_activation(GgmlType::Q8K, x, out);
-        }
+        let half_sums = match self.format.activations() {
+            Activations::Q8K => return kernels::quantize_activation(GgmlType::Q8K, x, out),
+            Activations::Sum => false,
+            Activations::HalfSums => true,
+        };
         // ggml's Q8_0 blocks for up to `CHUNK` blocks at a time, then laid out afresh.
         const CHUNK: usize = 64;
         let mut q8 = [0u8; CHUNK * 34];
@@ -316,7 +319,14 @@ impl PackedMatrix {
             {
                 dst[..QK].copy_from_slice(&q8[2..]);
                 let scale = half::f16::from_bits(u16::from_le_bytes([q8[0], q8[1]])).to_f32();
-                let sum: i32 = q8[2..].iter().map(|&c| i32::from(c as i8)).sum();
+                let sum = |codes: &[u8]| codes.iter().map(|&c| i32::from(c as i8)).sum::<i32>();
+                let sum = if half_sums {
+                    // Each half's sum is at most 16 · 128 in magnitude: an i16.
+                    let [low, high] = [&q8[2..18], &q8[18..]].map(|h| sum(h) as i16 as u16);
+                    (u32::from(low) | u32::from(high) << 16) as i32
+                } else {
+                    sum(&q8[2..])
+                };
                 dst[ACT_SCALE_AT..ACT_SUM_AT].copy_from_slice(&scale.to_le_bytes());
                 dst[ACT_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
             }
@@ -345,7 +355,7 @@ impl PackedMatrix {
     /// Whether activation rows quantized for `self` serve `other` too: the same columns
     /// and activation layout.
     pub fn shares_activations(&self, other: &PackedMatrix) -> bool {
-        self.cols == other.cols && self.format.is_k() == other.format.is_k()
+        self.cols == other.cols && self.format.activations() == other.format.activations()
     }
 
     /// `outs[i] = parts[i]·X` for matrices that share activations (see
@@ -648,6 +658,7 @@ fn prefetch_ahead(format: PackedFormat, isa: Isa) -> Option<usize> {
             | PackedFormat::Q5_1
             | PackedFormat::Q8_0
             | PackedFormat::Mxfp4
+            | PackedFormat::Nvfp4
             | PackedFormat::Iq4Nl
             | PackedFormat::Q2K
             | PackedFormat::Q3K

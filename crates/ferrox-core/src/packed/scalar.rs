@@ -1,17 +1,18 @@
 //! The reference kernel over packed groups: the arithmetic every other kernel reproduces
 //! bit for bit. Per row, token and block: the exact integer `Σ (c − bias)·x` of the
-//! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order.
+//! unsigned codes `c`, then `acc = fma(dw·dy, sum, acc)` in block order (NVFP4: per
+//! 16 values, with that sub-block's scale).
 
 use super::layout::id::{
-    I8K, IQ4_NL, IQ4_XS, MXFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
-    TQ2_0,
+    I8K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q1_0, Q2K, Q2_0, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K,
+    Q8_0, TQ2_0,
 };
 use super::layout::{
-    affine_k_codes_at, iq4xs_codes_at, q1_0_plane_at, q2k_codes_at, q3k_high_at, q3k_low_at,
-    q6k_high_at, q6k_low_at, tq2_codes_at, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT, ACT_SUM_AT,
-    I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, MXFP4_CODES, Q2K_DMIN_AT,
-    Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT, Q5K_PLANES_AT,
-    Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
+    affine_k_codes_at, iq4xs_codes_at, nvfp4_scales_at, q1_0_plane_at, q2k_codes_at, q3k_high_at,
+    q3k_low_at, q6k_high_at, q6k_low_at, tq2_codes_at, ACTIVATION_BLOCK_BYTES, ACT_SCALE_AT,
+    ACT_SUM_AT, I8K_CODES_AT, I8K_SCALES_AT, IQ4NL_CODES, IQ4XS_SCALES_AT, MXFP4_CODES,
+    Q2K_DMIN_AT, Q2K_SCALES_AT, Q3K_SCALES_AT, Q4K_DMIN_AT, Q4K_MINS_AT, Q4K_SCALES_AT,
+    Q5K_PLANES_AT, Q6K_SCALES_AT, Q8K_CODES_AT, Q8K_SUMS_AT, QK_K, SCALES_BYTES,
 };
 use super::{GroupsFn, PackedFormat, GROUP_ROWS, QK};
 
@@ -34,6 +35,7 @@ pub(super) fn kernel(format: PackedFormat) -> GroupsFn {
         PackedFormat::Tq2_0 | PackedFormat::Tq1_0 => groups::<{ TQ2_0 }>,
         PackedFormat::Q1_0 => groups::<{ Q1_0 }>,
         PackedFormat::Q2_0 => groups::<{ Q2_0 }>,
+        PackedFormat::Nvfp4 => groups::<{ NVFP4 }>,
     }
 }
 
@@ -48,6 +50,9 @@ pub(super) fn code(format: PackedFormat, block: &[u8], r: usize, i: usize) -> u8
         PackedFormat::Q8_0 => codes[64 * (i / 4) + 4 * r + i % 4],
         PackedFormat::Q4_0 | PackedFormat::Q4_1 => nibble(codes, r, i),
         PackedFormat::Mxfp4 => MXFP4_CODES[usize::from(nibble(codes, r, i))],
+        PackedFormat::Nvfp4 => {
+            MXFP4_CODES[usize::from(nibble(&codes[256 * (i / 32)..], r, i % 32))]
+        }
         PackedFormat::Iq4Nl => IQ4NL_CODES[usize::from(nibble(codes, r, i))],
         PackedFormat::Q5_0 | PackedFormat::Q5_1 => {
             let fifth = codes[4 * r + i % 4] >> (i / 4) & 1;
@@ -120,6 +125,9 @@ fn legacy_block(format: PackedFormat, block: &[u8], r: usize, a: &[u8], acc: f32
 
 /// Part `k` (values `32k..32k + 32`) of [`legacy_block`] against its activation block `a`.
 fn legacy_part(format: PackedFormat, block: &[u8], r: usize, k: usize, a: &[u8], acc: f32) -> f32 {
+    if format == PackedFormat::Nvfp4 {
+        return nvfp4_part(block, r, k, a, acc);
+    }
     let mut sum = 0i32;
     for (i, &x) in a[..QK].iter().enumerate() {
         sum += i32::from(code(format, block, r, QK * k + i)) * i32::from(x as i8);
@@ -138,6 +146,25 @@ fn legacy_part(format: PackedFormat, block: &[u8], r: usize, k: usize, a: &[u8],
     } else {
         acc
     }
+}
+
+/// [`legacy_part`] for NVFP4: each half of the part (sub-blocks `2k` and `2k + 1`) its
+/// own exact sum, less the bias times its half of the activations' sum, and its own
+/// fused multiply-add.
+fn nvfp4_part(block: &[u8], r: usize, k: usize, a: &[u8], mut acc: f32) -> f32 {
+    let format = PackedFormat::Nvfp4;
+    let dy = f32::from_le_bytes(a[ACT_SCALE_AT..ACT_SUM_AT].try_into().unwrap());
+    let half_sums = [i16_at(a, ACT_SUM_AT), i16_at(a, ACT_SUM_AT + 2)];
+    for (half, x_sum) in half_sums.into_iter().enumerate() {
+        let values = 16 * half..16 * half + 16;
+        let sum: i32 = (values.clone().zip(&a[values]))
+            .map(|(i, &x)| i32::from(code(format, block, r, QK * k + i)) * i32::from(x as i8))
+            .sum::<i32>()
+            - format.bias() * x_sum;
+        let dw = f16_at(block, nvfp4_scales_at(2 * k + half) + 2 * r);
+        acc = (dw * dy).mul_add(sum as f32, acc);
+    }
+    acc
 }
 
 fn f16_at(block: &[u8], at: usize) -> f32 {

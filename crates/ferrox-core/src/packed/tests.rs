@@ -5,9 +5,10 @@ use super::*;
 use crate::matrix::WeightMatrix;
 use layout::Q8K_CODES_AT;
 
-const TYPES: [GgmlType; 17] = [
+const TYPES: [GgmlType; 18] = [
     GgmlType::Iq4Xs,
     GgmlType::Mxfp4,
+    GgmlType::Nvfp4,
     GgmlType::Iq4Nl,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -85,6 +86,10 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         });
     for (block, part, xb) in parts {
         crate::kernels::quantize_activation(GgmlType::Q8_0, xb, &mut q8).unwrap();
+        if ty == GgmlType::Nvfp4 {
+            acc = nvfp4_part_from_file(block, part, &q8, acc);
+            continue;
+        }
         // Signed values, or for Q4_1/Q5_1 the unsigned codes (their minimum comes after).
         let values: Vec<i32> = (0..32)
             .map(|i| (i, 32 * part + i))
@@ -133,6 +138,41 @@ fn from_file_blocks(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         }
     }
     acc
+}
+
+/// Part `part` (sub-blocks `2·part` and `2·part + 1`) of an NVFP4 file block against its
+/// Q8_0 activation block `q8`: per sub-block the exact integer sum of levels times codes,
+/// then a fused multiply-add of its scale times the activation's.
+fn nvfp4_part_from_file(block: &[u8], part: usize, q8: &[u8], mut acc: f32) -> f32 {
+    let dy = half::f16::from_le_bytes([q8[0], q8[1]]).to_f32();
+    for half in 0..2 {
+        let s = 2 * part + half;
+        // Sub-block s: bytes 4 + 8s.., value v in byte v % 8, the high nibble from v = 8.
+        let sum: i32 = (0..16)
+            .map(|v| {
+                let nibble = block[4 + 8 * s + v % 8] >> (4 * (v / 8)) & 15;
+                let level = crate::quant::fp4::LEVELS[usize::from(nibble)];
+                i32::from(level) * i32::from(q8[2 + 16 * half + v] as i8)
+            })
+            .sum();
+        let dw = crate::quant::fp4::ue4m3_half(block[s]);
+        acc = (dw * dy).mul_add(sum as f32, acc);
+    }
+    acc
+}
+
+/// Every NVFP4 scale byte, halved as ggml reads it, is an f16 value exactly: the packed
+/// groups keep them as f16.
+#[test]
+fn nvfp4_scales_are_f16_values() {
+    for byte in 0..=255u8 {
+        let d = crate::quant::fp4::ue4m3_half(byte);
+        assert_eq!(
+            half::f16::from_f32(d).to_f32().to_bits(),
+            d.to_bits(),
+            "{byte:#x}"
+        );
+    }
 }
 
 /// [`from_file_blocks`] for the K-quants, with ggml's Q8_K activations.
@@ -352,6 +392,22 @@ fn low_bit_products_take_every_code_exactly() {
         for n in [1, 2, 4, 5, 8] {
             assert_products_follow_the_file_blocks(ty, &m, &bytes, n, 30 + n as u64);
         }
+    }
+}
+
+/// NVFP4 blocks of random bytes (every nibble, every scale byte ggml can read, bit 7 set
+/// or not) give the file blocks' exact products on every instruction set and for the
+/// decode and prompt token counts.
+#[test]
+fn nvfp4_products_take_every_byte_exactly() {
+    let ty = GgmlType::Nvfp4;
+    let (rows, cols) = (32, 1024);
+    let mut rng = StdRng::seed_from_u64(41);
+    let mut bytes = vec![0u8; rows * quant::row_byte_len(ty, cols).unwrap()];
+    rng.fill(&mut bytes[..]);
+    let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+    for n in [1, 2, 3, 4, 8] {
+        assert_products_follow_the_file_blocks(ty, &m, &bytes, n, 50 + n as u64);
     }
 }
 
