@@ -341,6 +341,24 @@ fn assert_products_follow_the_file_blocks(
     }
 }
 
+/// Prompts of the 32-value formats (more tokens than one sweep serves, in panels) give the
+/// file blocks' exact products on every instruction set.
+#[test]
+fn prompt_products_follow_the_file_blocks_exactly() {
+    for ty in TYPES {
+        if PackedFormat::of(ty).unwrap().is_k() {
+            continue;
+        }
+        for (rows, cols) in shapes(ty, &[(32, 256)]) {
+            let bytes = random_rows(ty, rows, cols, 3);
+            let m = PackedMatrix::pack(ty, rows, cols, &bytes, |_| {}).unwrap();
+            for n in [9, 16, 21] {
+                assert_products_follow_the_file_blocks(ty, &m, &bytes, n, 60 + n as u64);
+            }
+        }
+    }
+}
+
 /// Q8_0 codes anywhere in the byte range (a writer other than `llama-quantize` may store
 /// −128, which ggml's quantizer never does) give the file blocks' exact products on every
 /// instruction set and for any number of tokens per pass.
