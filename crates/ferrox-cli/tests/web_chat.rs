@@ -66,7 +66,15 @@ fn wait_healthy(server: &mut Served, port: u16, log: &std::path::Path) {
 /// Starts `ferrox serve ARGS --port P --api-key page-key`, runs `node SCRIPT URL page-key
 /// EXTRA...` in the page's directory against it (headless chromium), and returns the
 /// script's report, the one JSON line it prints.
+///
+/// One page at a time: two servers starting together can be handed the same free port,
+/// and the one still loading its model then finds the other's `/health` answering (a page
+/// meant for the server without images once drove the one with them).
 fn drive_page(serve_args: &[&std::ffi::OsStr], script: &str, extra: &[&str]) -> serde_json::Value {
+    static ONE_PAGE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_PAGE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = web_dir();
     assert!(
         dir.join("node_modules/playwright-core").is_dir(),
