@@ -5,7 +5,8 @@
 //!
 //! `cargo run --release -p ferrox-core --example attention_depth -- [POSITIONS] [QUERIES]
 //! [CACHE] [PAGE]` (16384, 7, every cache and one run of all positions by default; CACHE:
-//! flash, f16, q8_0, q4_0, q8_0/f16 for q8_0 keys with f16 values; PAGE: positions per run,
+//! flash, f16, q8_0, q4_0, q8_0/f16 for q8_0 keys with f16 values, f16/q8_0 the other way;
+//! PAGE: positions per run,
 //! as the server's paged memory hands them over, 16 there). Prints the fastest of many
 //! runs and the rate at which the cache's bytes were read.
 
@@ -102,6 +103,7 @@ fn main() {
         ("q8_0", KvType::Q8_0, KvType::Q8_0),
         ("q4_0", KvType::Q4_0, KvType::Q4_0),
         ("q8_0/f16", KvType::Q8_0, KvType::F16),
+        ("f16/q8_0", KvType::F16, KvType::Q8_0),
     ] {
         if !chosen(name) {
             continue;

@@ -124,12 +124,12 @@ impl TypedGroup {
         {
             quantize_activation(dot.vec_dot_type(), q, out)?;
         }
-        // f16 keys on AVX-512, whole steps of 32: every key against the whole group at once,
-        // the queries widened once (the row kernel's panel widens them for every key and
-        // reduces each query's sum on its own).
+        // f16 keys on AVX2 or AVX-512, whole steps of 32: every key against the whole group
+        // at once, the queries widened once (the row kernel's panel widens them for every
+        // key and reduces each query's sum on its own).
         let widened = cfg!(target_arch = "x86_64")
             && keys == KvType::F16
-            && self.isa == Isa::Avx512Vnni
+            && self.isa.has_avx2()
             && dk.is_multiple_of(32)
             && n > 0;
         if widened {
@@ -173,13 +173,17 @@ impl TypedGroup {
             if let (true, Some(queries)) = (self.f16_keys_widened, &self.f16_key_queries) {
                 let keys = (keys.0, keys.1, nb);
                 let dk = shape.head_dim_k;
+                let wide = self.isa == Isa::Avx512Vnni;
                 macro_rules! widened {
                     ($($g:literal)*) => {
                         // SAFETY: set for f16 keys of whole steps of 32 on an available
-                        // AVX-512 (`start_with`); `nb` keys lie in the run.
-                        match n {
-                            $($g => unsafe {
+                        // AVX2 or AVX-512 (`start_with`); `nb` keys lie in the run.
+                        match (n, wide) {
+                            $(($g, true) => unsafe {
                                 x86::f16_key_scores_512::<$g>(keys, (queries, dk), &mut scores)
+                            },)*
+                            $(($g, false) => unsafe {
+                                x86::f16_key_scores_256::<$g>(keys, (queries, dk), &mut scores)
                             },)*
                             _ => unreachable!("one to eight queries"),
                         }
@@ -625,6 +629,87 @@ mod x86 {
         }
     }
 
+    /// [`f16_key_scores_512`] on AVX2: for each pair the bits of the AVX2 F16 row kernel
+    /// (`float_dot::<F16Lanes, _>`: four eight-lane accumulators over steps of 32, reduced as
+    /// `GGML_F32x8_REDUCE`), the last two horizontal adds made for four queries at once. The
+    /// queries go two at a time over each key (eight accumulators and the key's four
+    /// vectors fit the sixteen registers; the row kernel's panels of four and eight queries
+    /// keep 16 and 32 accumulators, spilled), the key re-read from the first-level cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; the keys lie in `keys`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_key_scores_256<const G: usize>(
+        (keys, stride, n): (&[u8], usize, usize),
+        (queries, dk): (&[f32], usize),
+        scores: &mut crate::online_softmax::KeyBlock,
+    ) {
+        assert!(dk.is_multiple_of(32) && queries.len() >= G * dk && G <= MAX_GROUP);
+        assert!(n <= scores.len() && (n == 0 || keys.len() >= (n - 1) * stride + 2 * dk));
+        for (j, scores) in scores.iter_mut().enumerate().take(n) {
+            let mut quarters = [_mm_setzero_ps(); 8];
+            // SAFETY: key `j`'s `dk` values lie in `keys`, each query's in `queries`
+            // (asserted).
+            unsafe {
+                let key = keys.as_ptr().add(j * stride);
+                for g0 in (0..G).step_by(2) {
+                    let q = queries.as_ptr().add(g0 * dk);
+                    if g0 + 1 < G {
+                        let [a, b] = f16_key_quarters::<2>(key, q, dk);
+                        [quarters[g0], quarters[g0 + 1]] = [a, b];
+                    } else {
+                        [quarters[g0]] = f16_key_quarters::<1>(key, q, dk);
+                    }
+                }
+            }
+            for (four, out) in quarters
+                .chunks_exact(4)
+                .zip(scores.chunks_mut(4))
+                .take(G.div_ceil(4))
+            {
+                let sums =
+                    _mm_hadd_ps(_mm_hadd_ps(four[0], four[1]), _mm_hadd_ps(four[2], four[3]));
+                let mut lanes = [0f32; 4];
+                _mm_storeu_ps(lanes.as_mut_ptr(), sums);
+                out.copy_from_slice(&lanes[..out.len()]);
+            }
+        }
+    }
+
+    /// One f16 key at `key` against the `P` queries from `q` (`dk` values apart): each
+    /// query's four accumulators reduced as the row kernel does, up to the last 128 bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `dk` values at `key` (f16) and `P · dk` at
+    /// `q` are readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_key_quarters<const P: usize>(
+        key: *const u8,
+        q: *const f32,
+        dk: usize,
+    ) -> [__m128; P] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; P];
+        for at in (0..dk).step_by(32) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let k: [__m256; 4] = std::array::from_fn(|i| {
+                    _mm256_cvtph_ps(_mm_loadu_si128(key.add(2 * (at + 8 * i)).cast()))
+                });
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    let q = q.add(p * dk + at);
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(k[i], _mm256_loadu_ps(q.add(8 * i)), *acc);
+                    }
+                }
+            }
+        }
+        acc.map(|a| {
+            let v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+            _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
+        })
+    }
+
     /// [`super::through_f16`] of eight values.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -901,20 +986,29 @@ mod tests {
         check!(1 2 3 4 5 6 7 8);
     }
 
-    /// f16 keys scored for the whole group at once on AVX-512 give the row kernel's bits
-    /// for every key and query (any head of whole steps of 32, keys at any stride).
+    /// f16 keys scored for the whole group at once on AVX2 and AVX-512 give the row
+    /// kernel's bits for every key and query (any head of whole steps of 32, keys at any
+    /// stride).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn f16_keys_scored_together_give_the_row_kernel_bits() {
-        if !Isa::Avx512Vnni.is_available() {
-            eprintln!("no AVX-512 here: f16 keys go through the row kernel (tested above)");
-            return;
+        assert!(Isa::Avx2.is_available(), "the x86 test machines have AVX2");
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if isa.is_available() {
+                f16_keys_scored_together_on(isa);
+            } else {
+                eprintln!("no {isa:?} here: its f16 key scores are not tested");
+            }
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn f16_keys_scored_together_on(isa: Isa) {
         for (dk, n_keys) in [(32, 3), (64, BLOCK_KEYS), (128, 13), (256, 5)] {
             let stride = KvType::F16.bytes(3 * dk);
             let mut keys = vec![0u8; n_keys * stride];
             quantize_row(KvType::F16.ggml(), &values(n_keys * 3 * dk, 7), &mut keys).unwrap();
-            let dot = RowDot::with_isa(Isa::Avx512Vnni, KvType::F16.ggml(), dk).unwrap();
+            let dot = RowDot::with_isa(isa, KvType::F16.ggml(), dk).unwrap();
             let query_bytes = dot.activation_bytes();
             let raw = values(MAX_GROUP * dk, 8);
             let mut rounded = vec![0u8; MAX_GROUP * query_bytes];
@@ -933,13 +1027,17 @@ mod tests {
                     let mut want: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
                     score_block(&dot, ((&keys, stride), n_keys), (&rounded, query_bytes, $g), &mut want);
                     let mut got: KeyBlock = [[0.0; MAX_GROUP]; BLOCK_KEYS];
-                    // SAFETY: AVX-512 is available; `n_keys` keys of `dk` at `stride`.
+                    // SAFETY: `isa` is available; `n_keys` keys of `dk` at `stride`.
                     unsafe {
-                        x86::f16_key_scores_512::<$g>((&keys, stride, n_keys), (&widened, dk), &mut got)
+                        if isa == Isa::Avx512Vnni {
+                            x86::f16_key_scores_512::<$g>((&keys, stride, n_keys), (&widened, dk), &mut got)
+                        } else {
+                            x86::f16_key_scores_256::<$g>((&keys, stride, n_keys), (&widened, dk), &mut got)
+                        }
                     };
                     for j in 0..n_keys {
                         for g in 0..$g {
-                            assert_eq!(got[j][g].to_bits(), want[j][g].to_bits(), "head {dk}, key {j}, query {g} of {}", $g);
+                            assert_eq!(got[j][g].to_bits(), want[j][g].to_bits(), "{isa:?}: head {dk}, key {j}, query {g} of {}", $g);
                         }
                     }
                 )*};
