@@ -614,18 +614,27 @@ mod x86 {
                         _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps::<1>(s));
                     *quarter = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
                 }
-                for (four, out) in quarters
-                    .chunks_exact(4)
-                    .zip(scores.chunks_mut(4))
-                    .take(G.div_ceil(4))
-                {
-                    let sums =
-                        _mm_hadd_ps(_mm_hadd_ps(four[0], four[1]), _mm_hadd_ps(four[2], four[3]));
-                    let mut lanes = [0f32; 4];
-                    _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-                    out.copy_from_slice(&lanes[..out.len()]);
-                }
+                reduce_quarters::<G>(&quarters, scores);
             }
+        }
+    }
+
+    /// `scores[..G]`: each query's last 128 bits of the row kernel's reduction (`quarters`)
+    /// summed by its two horizontal adds, made for four queries at once (the same sums:
+    /// `hadd` adds the same pairs in the same order for each).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce_quarters<const G: usize>(quarters: &[__m128; 8], scores: &mut [f32; MAX_GROUP]) {
+        for (four, out) in quarters
+            .chunks_exact(4)
+            .zip(scores.chunks_mut(4))
+            .take(G.div_ceil(4))
+        {
+            let sums = _mm_hadd_ps(_mm_hadd_ps(four[0], four[1]), _mm_hadd_ps(four[2], four[3]));
+            let mut lanes = [0f32; 4];
+            // SAFETY: four writable f32; `storeu` has no alignment requirement.
+            unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), sums) };
+            out.copy_from_slice(&lanes[..out.len()]);
         }
     }
 
@@ -662,17 +671,7 @@ mod x86 {
                     }
                 }
             }
-            for (four, out) in quarters
-                .chunks_exact(4)
-                .zip(scores.chunks_mut(4))
-                .take(G.div_ceil(4))
-            {
-                let sums =
-                    _mm_hadd_ps(_mm_hadd_ps(four[0], four[1]), _mm_hadd_ps(four[2], four[3]));
-                let mut lanes = [0f32; 4];
-                _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-                out.copy_from_slice(&lanes[..out.len()]);
-            }
+            reduce_quarters::<G>(&quarters, scores);
         }
     }
 
