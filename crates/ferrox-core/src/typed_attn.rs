@@ -585,8 +585,7 @@ mod x86 {
         (queries, dk): (&[f32], usize),
         scores: &mut crate::online_softmax::KeyBlock,
     ) {
-        assert!(dk.is_multiple_of(32) && queries.len() >= G * dk && G <= MAX_GROUP);
-        assert!(n <= scores.len() && (n == 0 || keys.len() >= (n - 1) * stride + 2 * dk));
+        check_grouped_scores::<G>((keys, stride, n), (queries, dk), scores);
         for (j, scores) in scores.iter_mut().enumerate().take(n) {
             // SAFETY: key `j`'s `dk` values lie in `keys`, each query's in `queries`
             // (asserted).
@@ -617,6 +616,17 @@ mod x86 {
                 reduce_quarters::<G>(&quarters, scores);
             }
         }
+    }
+
+    /// The grouped f16 key scores' contract: whole steps of 32, every query's and key's
+    /// values in place, at most a block of keys.
+    fn check_grouped_scores<const G: usize>(
+        (keys, stride, n): (&[u8], usize, usize),
+        (queries, dk): (&[f32], usize),
+        scores: &crate::online_softmax::KeyBlock,
+    ) {
+        assert!(dk.is_multiple_of(32) && queries.len() >= G * dk && G <= MAX_GROUP);
+        assert!(n <= scores.len() && (n == 0 || keys.len() >= (n - 1) * stride + 2 * dk));
     }
 
     /// `scores[..G]`: each query's last 128 bits of the row kernel's reduction (`quarters`)
@@ -653,8 +663,7 @@ mod x86 {
         (queries, dk): (&[f32], usize),
         scores: &mut crate::online_softmax::KeyBlock,
     ) {
-        assert!(dk.is_multiple_of(32) && queries.len() >= G * dk && G <= MAX_GROUP);
-        assert!(n <= scores.len() && (n == 0 || keys.len() >= (n - 1) * stride + 2 * dk));
+        check_grouped_scores::<G>((keys, stride, n), (queries, dk), scores);
         for (j, scores) in scores.iter_mut().enumerate().take(n) {
             let mut quarters = [_mm_setzero_ps(); 8];
             // SAFETY: key `j`'s `dk` values lie in `keys`, each query's in `queries`
