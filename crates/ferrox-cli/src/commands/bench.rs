@@ -249,6 +249,17 @@ fn stddev(x: &[f64]) -> f64 {
     (x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (x.len() - 1) as f64).sqrt()
 }
 
+/// One combination of cache types under test: its engine's bench and state, and per test
+/// ferrox's measurement with each peer's beside it.
+struct Combination<'a> {
+    kv: KvStorage,
+    /// How it is named beside a test where there are several combinations.
+    label: String,
+    bench: Bench<'a>,
+    state: State,
+    results: Vec<(Measurement, Vec<PeerMeasurement>)>,
+}
+
 struct Bench<'a> {
     decoder: &'a AnyEngine,
     bos: Option<TokenId>,
@@ -498,40 +509,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let reader = (!args.compare.is_empty())
         .then(|| ReadSweep::new(threads))
         .flatten();
-    // The same seed for every combination: each is given the same tokens.
-    let mut benches: Vec<Bench> = loaded
+    let several = variants.len() > 1;
+    let mut combinations: Vec<Combination> = variants
         .iter()
-        .map(|l| Bench {
-            decoder: &l.engine,
-            bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
-            rng: rand::rngs::StdRng::seed_from_u64(1234),
-            depth: args.n_depth,
-            reader: reader.as_ref(),
+        .zip(&loaded)
+        .map(|(variant, l)| {
+            let kv = variant.kv_storage();
+            Ok(Combination {
+                kv,
+                // Named beside a test where there are several.
+                label: match several {
+                    true => format!(" (K {}, V {})", kv.keys.name(), kv.values.name()),
+                    false => String::new(),
+                },
+                // The same seed for every combination: each is given the same tokens.
+                bench: Bench {
+                    decoder: &l.engine,
+                    bos: vocab.add_bos().then(|| vocab.bos()).flatten(),
+                    rng: rand::rngs::StdRng::seed_from_u64(1234),
+                    depth: args.n_depth,
+                    reader: reader.as_ref(),
+                },
+                state: l.engine.new_state()?,
+                results: Vec::new(),
+            })
         })
-        .collect();
-    let mut states: Vec<State> = loaded
-        .iter()
-        .map(|l| l.engine.new_state())
-        .collect::<Result<_, _>>()?;
-    // Per combination, per test: ferrox's result and each peer's.
-    let mut results: Vec<Vec<Measurement>> = variants.iter().map(|_| Vec::new()).collect();
-    let mut peer_results: Vec<Vec<Vec<PeerMeasurement>>> =
-        variants.iter().map(|_| Vec::new()).collect();
+        .collect::<anyhow::Result<_>>()?;
     let tests: Vec<(usize, usize)> = [(args.n_prompt, 0), (0, args.n_gen)]
         .into_iter()
         .filter(|t| t.0 + t.1 > 0)
         .collect();
     // Positions held at the end of the longest test.
     let deepest = args.n_depth + tests.iter().map(|t| t.0 + t.1).max().unwrap_or(0);
-    let several = variants.len() > 1;
-    // How a combination is named beside a test where there are several.
-    let label = |v: usize| match several {
-        true => {
-            let kv = variants[v].kv_storage();
-            format!(" (K {}, V {})", kv.keys.name(), kv.values.name())
-        }
-        false => String::new(),
-    };
     let bar = indicatif::ProgressBar::new((tests.len() * args.repetitions) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:20}] {pos}/{len} {msg} {elapsed}")
@@ -539,30 +548,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     for (n_prompt, n_gen) in tests {
         let name = test_name(n_prompt, n_gen, args.n_depth);
-        for (v, (bench, state)) in benches.iter_mut().zip(&mut states).enumerate() {
-            bar.set_message(format!("{name}{} ferrox warm-up", label(v)));
-            bench.timed(state, n_prompt, n_gen)?;
-        }
-        let mut measured: Vec<Measurement> = variants
-            .iter()
-            .map(|_| Measurement {
+        for c in &mut combinations {
+            bar.set_message(format!("{name}{} ferrox warm-up", c.label));
+            c.bench.timed(&mut c.state, n_prompt, n_gen)?;
+            let measurement = Measurement {
                 name: name.clone(),
                 n_prompt,
                 n_gen,
                 n_depth: args.n_depth,
                 samples_ns: Vec::with_capacity(args.repetitions),
                 bandwidth: Vec::new(),
-            })
-            .collect();
-        let mut beside: Vec<Vec<PeerMeasurement>> = variants
-            .iter()
-            .map(|_| {
-                args.compare
-                    .iter()
-                    .map(|_| PeerMeasurement::default())
-                    .collect()
-            })
-            .collect();
+            };
+            let peers = args.compare.iter().map(|_| PeerMeasurement::default());
+            c.results.push((measurement, peers.collect()));
+        }
         // The read bandwidth just before and just after each peer's run, for decode tests.
         let bandwidth = || {
             reader
@@ -574,20 +573,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // repetition: a shared host's speed drifts within a minute, and each turn sees the
         // same drift.
         for _ in 0..args.repetitions {
-            for v in 0..variants.len() {
-                bar.set_message(format!("{name}{} ferrox", label(v)));
-                benches[v].repetition(&mut states[v], &mut measured[v])?;
-                let peer_options = (!args.no_repack, variants[v].kv_storage(), args.numa);
-                for (peer, peer_measured) in args.compare.iter().zip(&mut beside[v]) {
-                    bar.set_message(format!("{name}{} {}", label(v), peer.name));
+            for c in &mut combinations {
+                bar.set_message(format!("{name}{} ferrox", c.label));
+                let (measured, beside) = c.results.last_mut().expect("this test's entry");
+                c.bench.repetition(&mut c.state, measured)?;
+                let peer_options = (!args.no_repack, c.kv, args.numa);
+                for (peer, peer_measured) in args.compare.iter().zip(beside) {
+                    bar.set_message(format!("{name}{} {}", c.label, peer.name));
                     let before = bandwidth();
-                    let ts = llama_bench(
-                        &peer.binary,
-                        &first.path,
-                        &measured[v],
-                        threads,
-                        peer_options,
-                    )?;
+                    let ts =
+                        llama_bench(&peer.binary, &first.path, measured, threads, peer_options)?;
                     peer_measured.samples_ts.push(ts);
                     peer_measured
                         .bandwidth
@@ -595,10 +590,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
             bar.inc(1);
-        }
-        for (v, (m, others)) in measured.into_iter().zip(beside).enumerate() {
-            results[v].push(m);
-            peer_results[v].push(others);
         }
     }
     bar.finish_and_clear();
@@ -616,9 +607,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     if args.json {
         let mut rows: Vec<Value> = Vec::new();
-        for (v, variant) in variants.iter().enumerate() {
-            let kv = variant.kv_storage();
-            for (m, others) in results[v].iter().zip(&peer_results[v]) {
+        for c in &combinations {
+            let kv = c.kv;
+            for (m, others) in &c.results {
                 let samples_ns = &m.samples_ns;
                 let avg_ns = samples_ns.iter().sum::<u64>() / samples_ns.len() as u64;
                 let ns: Vec<f64> = samples_ns.iter().map(|&x| x as f64).collect();
@@ -671,7 +662,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     row["bound_share"] = json!(share);
                 }
                 row["weight_memory"] = weight_memory_json(&memory);
-                row["kv_bytes_per_position"] = json!(states[v].bytes_per_position());
+                row["kv_bytes_per_position"] = json!(c.state.bytes_per_position());
                 rows.push(row);
             }
         }
@@ -686,13 +677,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     println!("| model                          |       size |     params | backend    | threads |{type_head}            test |                  t/s |");
     println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: |{type_rule} --------------: | -------------------: |");
-    for (v, variant) in variants.iter().enumerate() {
-        let kv = variant.kv_storage();
+    for c in &combinations {
         let types = match several {
-            true => format!(" {:>6} | {:>6} |", kv.keys.name(), kv.values.name()),
+            true => format!(" {:>6} | {:>6} |", c.kv.keys.name(), c.kv.values.name()),
             false => String::new(),
         };
-        for m in &results[v] {
+        for (m, _) in &c.results {
             println!(
                 "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} |{types} {:>15} | {:>20} |",
                 model_type(decoder),
@@ -706,11 +696,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     println!("\nmodel: {file_name}");
-    for (l, state) in loaded.iter().zip(&states) {
-        let kv_per_position = state.bytes_per_position();
+    for c in &combinations {
+        let kv_per_position = c.state.bytes_per_position();
         println!(
             "sequence memory: {kv_per_position:.0} bytes per position ({}), {:.1} MiB at the deepest test",
-            cache_types(&l.engine),
+            cache_types(c.bench.decoder),
             kv_per_position * deepest as f64 / (1 << 20) as f64
         );
     }
@@ -739,9 +729,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             rule += " ---: | ---: |";
         }
         println!("{head}\n{rule}");
-        for v in 0..variants.len() {
-            for (m, others) in results[v].iter().zip(&peer_results[v]) {
-                let mut line = format!("| {}{} | {:.2} |", m.name, label(v), m.avg_ts());
+        for c in &combinations {
+            for (m, others) in &c.results {
+                let mut line = format!("| {}{} | {:.2} |", m.name, c.label, m.avg_ts());
                 for other in others {
                     line += &format!(
                         " {:.2} | {:.3} |",
@@ -753,12 +743,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    for v in 0..variants.len() {
-        for (m, others) in results[v].iter().zip(&peer_results[v]) {
+    for c in &combinations {
+        for (m, others) in &c.results {
             let Some(share) = m.bound_share(bytes_per_token) else {
                 continue;
             };
-            let name = format!("{}{}", m.name, label(v));
+            let name = format!("{}{}", m.name, c.label);
             let bw = mean(&m.bandwidth);
             println!(
                 "\n{name}: read bandwidth ({threads} threads) measured before each repetition: {:.1} GB/s; weights read per token: {:.1} MB; decode bound: {:.1} t/s",
